@@ -1,0 +1,3 @@
+from solrl_cli.app import main
+
+main()

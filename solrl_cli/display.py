@@ -1,0 +1,67 @@
+"""The terminal view of a run: one subscriber to the engine's events, nothing more."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from solrl_core import events as ev
+
+
+def fmt(x: float | None) -> str:
+    """Rewards live on very different scales (JPEG KB/500 vs. 0..1 scores): 4 significant digits."""
+    return "-" if x is None else f"{x:.4g}"
+
+
+class TerminalDisplay:
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console(highlight=False)
+        self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                 TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.description}"),
+                                 console=self.console, transient=True)
+        self.task: int | None = None
+
+    def __call__(self, event: ev.Event) -> None:
+        handler = getattr(self, f"on_{event.kind}", None)
+        if handler:
+            handler(event)
+
+    def on_run_started(self, e: ev.RunStarted) -> None:
+        c = self.console
+        verb = f"resuming at iteration {e.start_iteration}" if e.resumed else "starting"
+        c.print(f"[bold]solrl[/] {verb}: preset [cyan]{e.preset}[/], {e.iterations} iterations")
+        c.print(f"  device {e.device}, full precision {e.dtype}, explore precision {e.explore_precision}")
+        c.print(f"  {e.plan}")
+        c.print(f"  run dir [cyan]{e.run_dir}[/]  (config.toml, events.jsonl, checkpoints/)")
+        self.progress.start()
+        self.task = self.progress.add_task("", total=e.iterations, completed=e.start_iteration)
+
+    def on_quantization_report(self, e: ev.QuantizationReport) -> None:
+        self.console.print(f"  explore copy: {e.summary} (details: {e.path})")
+
+    def on_iteration(self, e: ev.IterationFinished) -> None:
+        s = e.seconds
+        draft = f" draft {fmt(e.draft.mean)}" if e.draft else ""
+        parts = [f"{k} {s[k]:.2f}s" for k in ("explore", "regenerate", "reward", "train", "sync") if s.get(k)]
+        warn = f" [yellow]{e.nonfinite_losses} non-finite losses zeroed[/]" if e.nonfinite_losses else ""
+        self.console.print(f"iter {e.iteration:>4}/{e.iterations}  reward {fmt(e.final.mean)}{draft}  "
+                           f"loss {e.loss['loss']:.4f} kl {e.loss['kl']:.3g}  |  {' '.join(parts)}  total {s['total']:.2f}s{warn}")
+        if self.task is not None:
+            self.progress.update(self.task, completed=e.iteration, description=f"reward {fmt(e.final.mean)}")
+
+    def on_checkpoint(self, e: ev.CheckpointSaved) -> None:
+        self.console.print(f"  checkpoint {e.path} ({e.seconds:.2f}s)")
+
+    def on_warning(self, e: ev.Warning) -> None:
+        self.console.print(f"[yellow]warning:[/] {e.message}")
+
+    def on_run_finished(self, e: ev.RunFinished) -> None:
+        self.progress.stop()
+        c = self.console
+        if e.reason == "interrupted":
+            c.print(f"[yellow]stopped after iteration {e.iteration}[/]; continue with `solrl train --resume <run dir>`")
+        else:
+            c.print(f"[green]done[/]: {e.iteration} iterations in {e.seconds:.1f}s")
+        if e.first_reward is not None and e.last3_reward is not None:
+            c.print(f"  mean Stage-2 reward: first iteration {fmt(e.first_reward)}, last 3 iterations {fmt(e.last3_reward)} "
+                    f"(change {e.last3_reward - e.first_reward:+.4g})")

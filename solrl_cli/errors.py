@@ -1,0 +1,42 @@
+"""Errors become one line and a fix; the traceback only with SOLRL_DEBUG=1."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Iterator
+
+import typer
+from rich.console import Console
+
+from solrl_core.errors import SolrlError
+
+err_console = Console(stderr=True, highlight=False)
+
+
+def debug() -> bool:
+    return os.environ.get("SOLRL_DEBUG", "") not in ("", "0")
+
+
+@contextlib.contextmanager
+def user_errors() -> Iterator[None]:
+    try:
+        yield
+    except SolrlError as exc:
+        if debug():
+            raise
+        err_console.print(f"[bold red]error:[/] {exc.message}")
+        if exc.fix:
+            err_console.print(f"  [bold]fix:[/] {exc.fix}")
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        err_console.print("stopped.")
+        raise typer.Exit(130) from None
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as exc:  # noqa: BLE001 - unexpected: say so plainly, keep the traceback one env var away
+        if debug():
+            raise
+        err_console.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc}")
+        err_console.print("  [bold]fix:[/] rerun with SOLRL_DEBUG=1 for the traceback, and report it")
+        raise typer.Exit(1) from None

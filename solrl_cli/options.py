@@ -1,0 +1,21 @@
+"""Options shared by commands, defined once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+Model = Annotated[Optional[str], typer.Option("--model", "-m", help="Model preset (see `solrl presets`). Default: tiny.")]
+Family = Annotated[Optional[str], typer.Option("--family", "-f", help="Family preset: sol_rl, naive_scaling, compile, naive_quant, diffusionnft. Default: sol_rl.")]
+Reward = Annotated[Optional[str], typer.Option("--reward", "-r", help="Reward preset. Default: the model preset's reward.")]
+Preset = Annotated[Optional[str], typer.Option("--preset", help="All three at once: <model>_<family>_<reward>.")]
+ConfigFile = Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML or YAML file of settings, applied over the presets.")]
+Sets = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override one setting: section.key=value (repeatable).")]
+Prompts = Annotated[Optional[str], typer.Option("--prompts", "-p", help="Built-in prompt set name, or a .txt (one per line) / .jsonl file.")]
+RunDir = Annotated[Optional[Path], typer.Option("--run-dir", "-o", help="Output folder. Default: runs/<time>-<preset>.")]
+Iterations = Annotated[Optional[int], typer.Option("--iterations", "-n", min=1, help="Training iterations.")]
+Seed = Annotated[Optional[int], typer.Option("--seed", help="Run seed.")]
+Device = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
+ExplorePrecision = Annotated[Optional[str], typer.Option("--explore-precision", help="auto, nvfp4-emulated, bf16 or fp32.")]

@@ -1,0 +1,319 @@
+"""Typed, frozen run configuration.
+
+A config is built in layers, each overriding the last: dataclass defaults (the official Sol-RL
+defaults for an 8-GPU node) < model preset < family preset < reward preset < `--config FILE` <
+`--set section.key=value` < explicit CLI flags. `resolve_config` in presets.py does the layering;
+this module holds the schema, the cross-field rules (`validate`) and the (de)serialisation.
+Each field's `help` metadata is the documentation shown by `solrl train --help-config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from solrl_core.errors import SolrlError, close_matches
+
+FAMILIES = ("sol_rl", "naive_scaling", "compile", "naive_quant", "diffusionnft")
+SELECTION_MODES = ("best_worst", "random", "mean_deviation", "extremes_random")
+EXPLORE_PRECISIONS = ("auto", "nvfp4-emulated", "bf16", "fp32")
+DTYPES = ("auto", "bf16", "fp32")
+SOLVERS = ("euler",)
+AGGREGATIONS = ("sum", "advantage")
+
+
+def _f(default: Any, help: str) -> Any:
+    """A dataclass field whose help text travels with it."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str = _f("tiny", "Model preset name (informational; the loader decides what is built).")
+    loader: str = _f("tiny", "Which loader builds the model: tiny, sana, flux1, sd3.")
+    hub_id: str = _f("", "Hugging Face hub id of the base model.")
+    path: str = _f("", "Local folder with the base model; used instead of hub_id when set.")
+    weights: str = _f("", "Weights file for the tiny model ('' = random init from init_seed).")
+    init_seed: int = _f(0, "Seed of the random init when no weights are given.")
+    resolution: int = _f(1024, "Image side in pixels.")
+    lora_rank: int = _f(32, "LoRA rank r.")
+    lora_alpha: int = _f(64, "LoRA alpha (scale = alpha / r).")
+    lora_targets: tuple[str, ...] = _f(
+        ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
+         "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"),
+        "Module-name suffixes that get LoRA adapters.",
+    )
+    quant_skip: tuple[str, ...] = _f(
+        ("patch_embed", "time_embed", "caption_projection", "caption_norm", "proj_out", "norm_out"),
+        "Module-name substrings never quantized in the explore copy (embedders, final layer).",
+    )
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    steps: int = _f(10, "Full rollout steps (Stage 2, and every rollout of the non-explore families).")
+    solver: str = _f("euler", "ODE solver on the sigma grid: euler.")
+    shift: float = _f(1.0, "Sigma shift s: sigma' = s*sigma / (1 + (s-1)*sigma); 1.0 = plain linspace(1, 0).")
+    guidance: float = _f(1.0, "Classifier-free guidance scale; 1.0 = CFG off (the official setting).")
+    rollout_batch: int = _f(24, "Samples generated per forward batch.")
+
+
+@dataclass(frozen=True)
+class ExploreConfig:
+    group_size: int = _f(96, "N: seeds explored per prompt in Stage 1.")
+    steps: int = _f(6, "Preview steps of the Stage-1 rollout (sol_rl).")
+    precision: str = _f("auto", "Explore precision: auto, nvfp4-emulated, bf16, fp32.")
+
+
+@dataclass(frozen=True)
+class SelectionConfig:
+    group_size: int = _f(24, "K: seeds per prompt kept for training (even; K/2 best and K/2 worst).")
+    mode: str = _f("best_worst", "How K of N are kept: best_worst, random, mean_deviation, extremes_random.")
+
+
+@dataclass(frozen=True)
+class AlgorithmConfig:
+    family: str = _f("sol_rl", "sol_rl, naive_scaling, compile, naive_quant or diffusionnft.")
+    nft_beta: float = _f(1.0, "DiffusionNFT mixing beta of the implicit positive/negative policies (not the KL weight).")
+    kl_beta: float = _f(1e-4, "Weight of the KL-like penalty mean((v - v_ref)^2) (not the NFT beta).")
+    adv_clip_max: float = _f(5.0, "Advantages are clipped to [-adv_clip_max, adv_clip_max].")
+    timestep_fraction: float = _f(0.6, "Share of the rollout sigma grid trained per sample.")
+    old_decay_rate: float = _f(0.001, "Old-policy decay d = min(rate * step, max).")
+    old_decay_max: float = _f(0.5, "Upper bound of the old-policy decay.")
+    ema_max_decay: float = _f(0.9, "EMA decay min((1+s)/(10+s), max) of the evaluation weights.")
+
+
+@dataclass(frozen=True)
+class OptimizerConfig:
+    lr: float = _f(3e-4, "AdamW learning rate (LoRA parameters only).")
+    beta1: float = _f(0.9, "AdamW beta1.")
+    beta2: float = _f(0.999, "AdamW beta2.")
+    weight_decay: float = _f(1e-4, "AdamW weight decay.")
+    eps: float = _f(1e-8, "AdamW epsilon.")
+    grad_clip: float = _f(1.0, "Gradient-norm clip; 0 disables.")
+    micro_batch: int = _f(16, "Training micro-batch (samples per forward/backward).")
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    weights: dict[str, float] = _f({"jpeg_compressibility": 1.0}, "Reward name -> weight.")
+    aggregation: str = _f("sum", "sum: weighted sum of raw rewards; advantage: normalise each, then weight.")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    iterations: int = _f(300, "Training iterations (one optimizer step each).")
+    prompts_per_iteration: int = _f(48, "Prompt groups per iteration.")
+    prompts: str = _f("general", "Built-in prompt set name, or a .txt / .jsonl file.")
+    seed: int = _f(0, "Run seed: prompts, noise seeds, timesteps and training noise derive from it.")
+    run_dir: str = _f("", "Output folder ('' = runs/<time>-<preset>).")
+    checkpoint_every: int = _f(10, "Save a checkpoint every this many iterations (and at the end).")
+    keep_checkpoints: int = _f(2, "How many recent checkpoints to keep.")
+    device: str = _f("auto", "cpu, cuda, cuda:N or auto.")
+    dtype: str = _f("auto", "Full-precision dtype: auto (bf16 on CUDA, fp32 on CPU), bf16, fp32.")
+    threads: int = _f(0, "CPU threads for torch (0 = torch's default).")
+
+
+@dataclass(frozen=True)
+class Config:
+    preset: str = _f("", "The preset this config was built from, as <model>_<family>_<reward>.")
+    model: ModelConfig = field(default_factory=ModelConfig)
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)
+    explore: ExploreConfig = field(default_factory=ExploreConfig)
+    selection: SelectionConfig = field(default_factory=SelectionConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def validate(self) -> "Config":
+        """Cross-field rules. Raises SolrlError naming the knob and the fix."""
+        n, k = self.explore.group_size, self.selection.group_size
+        family = self.algorithm.family
+        _choice("algorithm.family", family, FAMILIES)
+        _choice("selection.mode", self.selection.mode, SELECTION_MODES)
+        _choice("explore.precision", self.explore.precision, EXPLORE_PRECISIONS)
+        _choice("run.dtype", self.run.dtype, DTYPES)
+        _choice("sampler.solver", self.sampler.solver, SOLVERS)
+        _choice("reward.aggregation", self.reward.aggregation, AGGREGATIONS)
+        if k < 2 or k % 2:
+            raise SolrlError(f"selection.group_size K={k} must be an even number >= 2",
+                             "K/2 best and K/2 worst seeds are kept: use e.g. --set selection.group_size=24")
+        if family != "diffusionnft" and k > n:
+            raise SolrlError(f"K={k} kept seeds is more than the N={n} explored",
+                             f"raise explore.group_size to at least {k} or lower selection.group_size")
+        if self.explore.steps > self.sampler.steps:
+            raise SolrlError(f"explore.steps={self.explore.steps} preview steps exceed sampler.steps={self.sampler.steps} full steps",
+                             "preview steps must be <= full steps: lower explore.steps")
+        for name, value in (("sampler.steps", self.sampler.steps), ("explore.steps", self.explore.steps),
+                            ("run.iterations", self.run.iterations), ("run.prompts_per_iteration", self.run.prompts_per_iteration),
+                            ("sampler.rollout_batch", self.sampler.rollout_batch), ("optimizer.micro_batch", self.optimizer.micro_batch),
+                            ("run.checkpoint_every", self.run.checkpoint_every), ("run.keep_checkpoints", self.run.keep_checkpoints),
+                            ("model.lora_rank", self.model.lora_rank), ("model.resolution", self.model.resolution)):
+            if value < 1:
+                raise SolrlError(f"{name}={value} must be at least 1", f"--set {name}=<positive integer>")
+        if not 0.0 < self.algorithm.timestep_fraction <= 1.0:
+            raise SolrlError(f"algorithm.timestep_fraction={self.algorithm.timestep_fraction} must be in (0, 1]",
+                             "the official values are 0.6 (SANA, SD3) and 0.4 (FLUX)")
+        if int(self.sampler.steps * self.algorithm.timestep_fraction) < 1:
+            raise SolrlError("no timestep would be trained: sampler.steps * algorithm.timestep_fraction < 1",
+                             "raise algorithm.timestep_fraction or sampler.steps")
+        if self.algorithm.nft_beta <= 0:
+            raise SolrlError("algorithm.nft_beta must be > 0", "the official value is 1.0")
+        if self.sampler.guidance != 1.0:
+            raise SolrlError(f"sampler.guidance={self.sampler.guidance}: classifier-free guidance is not supported",
+                             "Sol-RL trains and samples without CFG: keep sampler.guidance=1.0")
+        if not self.reward.weights:
+            raise SolrlError("no reward configured", "pass --reward NAME or --set reward.weights=NAME=1.0")
+        return self
+
+
+def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise SolrlError(f"unknown {name} '{value}'", close_matches(value, choices))
+
+
+_SECTION_TYPES = {"model": ModelConfig, "sampler": SamplerConfig, "explore": ExploreConfig,
+                  "selection": SelectionConfig, "algorithm": AlgorithmConfig, "optimizer": OptimizerConfig,
+                  "reward": RewardConfig, "run": RunConfig}
+
+
+def to_dict(config: Config) -> dict[str, Any]:
+    """Plain nested dict (tuples become lists) for TOML/JSON."""
+    def plain(v: Any) -> Any:
+        if isinstance(v, tuple):
+            return [plain(x) for x in v]
+        if isinstance(v, dict):
+            return {k: plain(x) for k, x in v.items()}
+        return v
+    return {k: plain(v) for k, v in dataclasses.asdict(config).items()}
+
+
+def from_dict(data: dict[str, Any], base: Config | None = None, source: str = "config") -> Config:
+    """Overlay a nested dict on `base`, checking every key and type. Unknown keys are errors."""
+    config = base or Config()
+    updates: dict[str, Any] = {}
+    for key, value in data.items():
+        if key == "preset":
+            updates["preset"] = _coerce(str, value, "preset", source)
+            continue
+        if key not in _SECTION_TYPES:
+            raise SolrlError(f"unknown config section '{key}' in {source}",
+                             close_matches(key, list(_SECTION_TYPES) + ["preset"]))
+        if not isinstance(value, dict):
+            raise SolrlError(f"'{key}' in {source} must be a table of settings", f"write it as [{key}] with key = value lines")
+        section = getattr(config, key)
+        updates[key] = _overlay_section(section, value, key, source)
+    return dataclasses.replace(config, **updates)
+
+
+def _overlay_section(section: Any, values: dict[str, Any], prefix: str, source: str) -> Any:
+    hints = typing.get_type_hints(type(section))
+    names = [f.name for f in fields(section)]
+    changes = {}
+    for name, raw in values.items():
+        if name not in names:
+            raise SolrlError(f"unknown setting '{prefix}.{name}' in {source}", close_matches(name, names))
+        changes[name] = _coerce(hints[name], raw, f"{prefix}.{name}", source)
+    return dataclasses.replace(section, **changes)
+
+
+def set_value(config: Config, assignment: str) -> Config:
+    """Apply one `section.key=value` override (value parsed for the field's type)."""
+    if "=" not in assignment:
+        raise SolrlError(f"--set '{assignment}' is not of the form section.key=value", "example: --set explore.group_size=32")
+    path, text = assignment.split("=", 1)
+    path = path.strip()
+    if "." not in path:
+        raise SolrlError(f"--set '{path}' needs a section", "example: --set optimizer.lr=1e-4; sections: " + ", ".join(_SECTION_TYPES))
+    section, key = path.split(".", 1)
+    if section not in _SECTION_TYPES:
+        raise SolrlError(f"unknown config section '{section}' in --set {assignment}", close_matches(section, list(_SECTION_TYPES)))
+    names = [f.name for f in fields(_SECTION_TYPES[section])]
+    if key not in names:
+        raise SolrlError(f"unknown setting '{path}' in --set", close_matches(key, names))
+    hint = typing.get_type_hints(_SECTION_TYPES[section])[key]
+    return from_dict({section: {key: _parse_text(hint, text.strip(), path)}}, config, source="--set")
+
+
+def _parse_text(hint: Any, text: str, name: str) -> Any:
+    """Turn the text of a --set value into the field's type."""
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        return tuple(p.strip() for p in text.split(",") if p.strip())
+    if origin is dict:
+        out: dict[str, float] = {}
+        for part in filter(None, (p.strip() for p in text.split(","))):
+            k, _, w = part.partition("=")
+            out[k.strip()] = _coerce(float, w or "1.0", name, "--set")
+        return out
+    if hint is bool:
+        low = text.lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise SolrlError(f"--set {name}={text}: expected true or false", f"--set {name}=true")
+    return _coerce(hint, text, name, "--set")
+
+
+def _coerce(hint: Any, value: Any, name: str, source: str) -> Any:
+    """Check/convert one value to the field's type; a wrong type is a clear error."""
+    origin = typing.get_origin(hint)
+    try:
+        if origin is tuple:
+            if isinstance(value, str) or not isinstance(value, (list, tuple)):
+                raise TypeError
+            return tuple(str(v) for v in value)
+        if origin is dict:
+            if not isinstance(value, dict):
+                raise TypeError
+            return {str(k): float(v) for k, v in value.items()}
+        if hint is bool:
+            if not isinstance(value, bool):
+                raise TypeError
+            return value
+        if hint is int:
+            if isinstance(value, bool):
+                raise TypeError
+            if isinstance(value, float) and not value.is_integer():
+                raise TypeError
+            return int(value)
+        if hint is float:
+            if isinstance(value, bool):
+                raise TypeError
+            return float(value)
+        if hint is str:
+            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+                raise TypeError
+            return str(value)
+    except (TypeError, ValueError):
+        pass
+    else:
+        raise AssertionError(f"unsupported config type {hint!r}")
+    kind = {int: "an integer", float: "a number", str: "text", bool: "true or false"}.get(hint, _type_name(hint))
+    raise SolrlError(f"{name}={value!r} in {source} must be {kind}", f"fix the value of {name}")
+
+
+def _type_name(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin is tuple:
+        return "a list of names (comma-separated with --set)"
+    if origin is dict:
+        return "a table name = weight (NAME=W,NAME=W with --set)"
+    return str(hint)
+
+
+def help_table() -> list[tuple[str, str, str]]:
+    """(key, default, help) for every setting, for `--help-config`."""
+    rows = []
+    for section, cls in _SECTION_TYPES.items():
+        for f in fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+            rows.append((f"{section}.{f.name}", repr(default), f.metadata.get("help", "")))
+    return rows
+

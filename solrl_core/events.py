@@ -1,0 +1,138 @@
+"""Typed events out of the engine. Renderers (terminal, JSONL log, a later TUI) subscribe to a bus.
+
+The engine never formats output itself: every number a user sees travels as one of these events,
+so a live run and a replay of `events.jsonl` show the same thing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar
+
+PHASES = ("explore", "selection", "regenerate", "reward", "train", "sync", "total")
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: ClassVar[str] = "event"
+    time: float = field(default_factory=time.time, kw_only=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"event": self.kind, **dataclasses.asdict(self)}
+
+
+@dataclass(frozen=True)
+class RunStarted(Event):
+    kind: ClassVar[str] = "run_started"
+    run_dir: str
+    preset: str
+    device: str
+    dtype: str
+    explore_precision: str
+    plan: str
+    start_iteration: int
+    iterations: int
+    resumed: bool
+    config: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class QuantizationReport(Event):
+    kind: ClassVar[str] = "quantization_report"
+    summary: str
+    path: str
+
+
+@dataclass(frozen=True)
+class RewardStats:
+    mean: float
+    std: float
+    best: float
+    worst: float
+    components: dict[str, float]
+
+
+@dataclass(frozen=True)
+class IterationFinished(Event):
+    kind: ClassVar[str] = "iteration"
+    iteration: int
+    iterations: int
+    seconds: dict[str, float]
+    draft: RewardStats | None
+    final: RewardStats
+    loss: dict[str, float]
+    nonfinite_losses: int
+    grad_norm: float
+    old_decay: float
+
+
+@dataclass(frozen=True)
+class CheckpointSaved(Event):
+    kind: ClassVar[str] = "checkpoint"
+    iteration: int
+    path: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Warning(Event):  # noqa: A001 - the event's name on the wire is "warning"
+    kind: ClassVar[str] = "warning"
+    message: str
+
+
+@dataclass(frozen=True)
+class RunFinished(Event):
+    kind: ClassVar[str] = "run_finished"
+    reason: str  # "completed" | "interrupted"
+    iteration: int
+    seconds: float
+    first_reward: float | None
+    last3_reward: float | None
+
+
+Subscriber = Callable[[Event], None]
+
+
+class EventBus:
+    """Fan-out of events to subscribers, in subscription order."""
+
+    def __init__(self) -> None:
+        self._subscribers: list[Subscriber] = []
+
+    def subscribe(self, fn: Subscriber) -> None:
+        self._subscribers.append(fn)
+
+    def emit(self, event: Event) -> None:
+        for fn in self._subscribers:
+            fn(event)
+
+
+class JsonlLog:
+    """Appends every event as one JSON line; flushed per event so a crash loses nothing written."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fh = open(self.path, "a", encoding="utf-8")
+
+    def __call__(self, event: Event) -> None:
+        self._fh.write(json.dumps(event.to_dict()) + "\n")
+        self._fh.flush()
+
+    def close(self) -> None:
+        self._fh.close()
+
+
+def read_events(path: str | Path) -> list[dict[str, Any]]:
+    """Parse an events.jsonl file (a torn last line from a crash is skipped)."""
+    out = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out

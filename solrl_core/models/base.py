@@ -1,0 +1,54 @@
+"""What the engine needs from a text-to-image flow model, whatever its architecture."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Conditioning:
+    """Text conditioning of a batch: token embeddings and their attention mask."""
+
+    embeds: torch.Tensor  # [B, L, D]
+    mask: torch.Tensor  # [B, L]
+
+    def __getitem__(self, index: torch.Tensor | slice | list[int]) -> "Conditioning":
+        return Conditioning(self.embeds[index], self.mask[index])
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> "Conditioning":
+        return Conditioning(self.embeds.to(device=device, dtype=dtype or self.embeds.dtype), self.mask.to(device))
+
+    @staticmethod
+    def cat(parts: list["Conditioning"]) -> "Conditioning":
+        return Conditioning(torch.cat([p.embeds for p in parts]), torch.cat([p.mask for p in parts]))
+
+
+# velocity(module, latents [B,C,H,W], sigmas [B], cond) -> predicted flow velocity (noise - x0)
+VelocityFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, Conditioning], torch.Tensor]
+
+
+@dataclass
+class DiffusionModel:
+    """A loaded model: the transformer the policy adapts, plus the pieces around it."""
+
+    transformer: nn.Module
+    encode: Callable[[list[str]], Conditioning]
+    decode: Callable[[torch.Tensor], torch.Tensor]  # latents -> images [B,3,H,W] in [0,1]
+    velocity: VelocityFn
+    latent_shape: tuple[int, int, int]
+    description: str
+
+
+def sana_velocity(module: nn.Module, latents: torch.Tensor, sigmas: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+    """SANA's transformer takes timesteps on the 0..1000 scale and predicts the velocity directly."""
+    return module(
+        hidden_states=latents,
+        encoder_hidden_states=cond.embeds.to(latents.dtype),
+        timestep=sigmas.to(latents.dtype) * 1000.0,
+        encoder_attention_mask=cond.mask,
+        return_dict=False,
+    )[0]

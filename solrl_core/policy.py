@@ -1,0 +1,127 @@
+"""The trained policy: one base transformer carrying two peft LoRA adapters.
+
+`default` is trained; `old` is the lagged rollout policy (old <- d*old + (1-d)*default after each
+step); the reference policy is the base with adapters disabled. One base, no full copies, so a
+12B model fits once. An EMA of `default` is kept for evaluation only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from pathlib import Path
+from typing import Iterator
+
+import torch
+from peft import LoraConfig
+from peft.tuners.tuners_utils import BaseTunerLayer
+from peft.utils import get_peft_model_state_dict
+from torch import nn
+
+from solrl_core.config import ModelConfig
+from solrl_core.errors import SolrlError
+
+TRAINED, OLD = "default", "old"
+LORA_FILE = "pytorch_lora_weights.safetensors"
+
+
+class Policy:
+    def __init__(self, transformer: nn.Module, cfg: ModelConfig) -> None:
+        self.transformer = transformer
+        self.lora_config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, init_lora_weights="gaussian",
+                                      target_modules=list(cfg.lora_targets))
+        transformer.requires_grad_(False)
+        try:
+            with warnings.catch_warnings():  # peft warns that a second adapter is a second adapter
+                warnings.simplefilter("ignore", UserWarning)
+                transformer.add_adapter(self.lora_config, adapter_name=TRAINED)
+                transformer.add_adapter(self.lora_config, adapter_name=OLD)
+        except ValueError as exc:
+            raise SolrlError(f"LoRA targets {list(cfg.lora_targets)} match no module of the model: {exc}",
+                             "set model.lora_targets to module-name suffixes of the transformer") from exc
+        self.layers = [m for m in transformer.modules() if isinstance(m, BaseTunerLayer)]
+        self._params = {name: dict(self._adapter_params(name)) for name in (TRAINED, OLD)}
+        with torch.no_grad():
+            for key, p in self._params[OLD].items():
+                p.copy_(self._params[TRAINED][key])
+        self._activate(TRAINED)
+        self.ema = {k: p.detach().clone() for k, p in self._params[TRAINED].items()}
+
+    def _adapter_params(self, adapter: str) -> Iterator[tuple[str, nn.Parameter]]:
+        tag = f".{adapter}."
+        for name, p in self.transformer.named_parameters():
+            if tag in name and "lora_" in name:
+                yield name.replace(tag, "."), p
+
+    def _activate(self, adapter: str | None) -> None:
+        for layer in self.layers:
+            if adapter is None:
+                layer.enable_adapters(False)
+            else:
+                layer.enable_adapters(True)
+                layer.set_adapter(adapter)
+        # Only the trained adapter ever takes gradients, whatever is active.
+        for p in self._params[OLD].values():
+            p.requires_grad_(False)
+        for p in self._params[TRAINED].values():
+            p.requires_grad_(True)
+
+    @contextlib.contextmanager
+    def use(self, adapter: str | None) -> Iterator[nn.Module]:
+        """Run the transformer as `default`, `old`, or the reference (None: adapters disabled)."""
+        self._activate(adapter)
+        try:
+            yield self.transformer
+        finally:
+            self._activate(TRAINED)
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return list(self._params[TRAINED].values())
+
+    @torch.no_grad()
+    def update_old(self, decay: float) -> None:
+        """old <- decay * old + (1 - decay) * default."""
+        for key, old in self._params[OLD].items():
+            old.mul_(decay).add_(self._params[TRAINED][key], alpha=1 - decay)
+
+    @torch.no_grad()
+    def update_ema(self, decay: float) -> None:
+        for key, p in self._params[TRAINED].items():
+            self.ema[key].mul_(decay).add_(p.detach(), alpha=1 - decay)
+
+    def state(self, adapter: str) -> dict[str, torch.Tensor]:
+        """Adapter tensors keyed without the adapter name ('...to_q.lora_A.weight')."""
+        if adapter == "ema":
+            return {k: v.detach().cpu().clone() for k, v in self.ema.items()}
+        return {k: p.detach().cpu().clone() for k, p in self._params[adapter].items()}
+
+    @torch.no_grad()
+    def load_state(self, adapter: str, state: dict[str, torch.Tensor]) -> None:
+        target = self.ema if adapter == "ema" else self._params[adapter]
+        if set(state) != set(target):
+            raise SolrlError(f"saved '{adapter}' adapter does not match this model ({len(set(state) ^ set(target))} keys differ)",
+                             "resume with the same model and LoRA settings the run was started with")
+        for key, value in state.items():
+            target[key].copy_(value.to(target[key].device, target[key].dtype))
+
+    @torch.no_grad()
+    def merged_weights(self, adapter: str = OLD) -> dict[str, torch.Tensor]:
+        """Base weight + scale * B @ A of every adapted layer, keyed as in the plain base model."""
+        out = {}
+        for name, module in self.transformer.named_modules():
+            if isinstance(module, BaseTunerLayer) and adapter in module.lora_A:
+                out[f"{name}.weight"] = module.get_base_layer().weight + module.get_delta_weight(adapter)
+        return out
+
+    def save_lora(self, directory: str | Path, adapter: str = TRAINED) -> Path:
+        """Write the adapter as diffusers' `pipe.load_lora_weights(directory)` reads it."""
+        from diffusers import SanaPipeline
+
+        if adapter == "ema":
+            state = {k: v.clone() for k, v in self.ema.items()}
+        else:
+            state = get_peft_model_state_dict(self.transformer, adapter_name=adapter)
+        metadata = {k: (sorted(v) if isinstance(v, set) else v) for k, v in self.lora_config.to_dict().items()}
+        SanaPipeline.save_lora_weights(str(directory), transformer_lora_layers=state, safe_serialization=True,
+                                       transformer_lora_adapter_metadata=metadata)
+        return Path(directory) / LORA_FILE

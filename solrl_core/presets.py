@@ -1,0 +1,128 @@
+"""Presets are TOML files on disk, found by name; a run's config is layered from them.
+
+Precedence, lowest first: dataclass defaults < model preset < family preset < reward preset <
+`--config FILE` < `--set section.key=value` < explicit CLI flags. A preset name
+`<model>_<family>_<reward>` names the three parts at once.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+from solrl_core.config import Config, from_dict, set_value
+from solrl_core.errors import SolrlError, close_matches
+
+KINDS = ("models", "families", "rewards")
+
+
+@dataclass(frozen=True)
+class Preset:
+    kind: str
+    name: str
+    description: str
+    values: dict[str, Any]
+    path: str
+
+
+def _preset_root() -> Any:
+    return resources.files("solrl_presets")
+
+
+def list_presets(kind: str | None = None) -> list[Preset]:
+    """Every shipped preset of one kind (or all), sorted by name."""
+    out = []
+    for k in ([kind] if kind else KINDS):
+        folder = _preset_root() / k
+        for entry in sorted(folder.iterdir(), key=lambda e: e.name):
+            if entry.name.endswith(".toml"):
+                out.append(_read(k, entry))
+    return out
+
+
+def _read(kind: str, entry: Any) -> Preset:
+    try:
+        data = tomllib.loads(entry.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as exc:  # a broken shipped file is our bug, but say where
+        raise SolrlError(f"preset file {entry} is not valid TOML: {exc}", "reinstall solrl") from exc
+    description = str(data.pop("description", ""))
+    return Preset(kind, entry.name[:-5], description, data, str(entry))
+
+
+def names(kind: str) -> list[str]:
+    return [p.name for p in list_presets(kind)]
+
+
+def get_preset(kind: str, name: str) -> Preset:
+    entry = _preset_root() / kind / f"{name}.toml"
+    if not entry.is_file():
+        singular = kind[:-1] if kind != "families" else "family"
+        raise SolrlError(f"unknown {singular} '{name}'", close_matches(name, names(kind)) + f" (list them with: solrl presets)")
+    return _read(kind, entry)
+
+
+def split_preset_name(name: str) -> tuple[str, str, str]:
+    """'tiny_sol_rl_jpeg_compressibility' -> ('tiny', 'sol_rl', 'jpeg_compressibility')."""
+    for model in sorted(names("models"), key=len, reverse=True):
+        if not name.startswith(model + "_"):
+            continue
+        rest = name[len(model) + 1:]
+        for family in sorted(names("families"), key=len, reverse=True):
+            if rest.startswith(family + "_") and rest[len(family) + 1:] in names("rewards"):
+                return model, family, rest[len(family) + 1:]
+    every = [f"{m}_{f}_{r}" for m in names("models") for f in names("families") for r in names("rewards")]
+    raise SolrlError(f"unknown preset '{name}'", close_matches(name, every) + " Names are <model>_<family>_<reward>.")
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a TOML or YAML config file into a nested dict."""
+    p = Path(path)
+    if not p.is_file():
+        raise SolrlError(f"config file {p} does not exist", "check the path given to --config")
+    text = p.read_text(encoding="utf-8")
+    try:
+        if p.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        elif p.suffix == ".toml":
+            data = tomllib.loads(text)
+        else:
+            raise SolrlError(f"config file {p} must end in .toml, .yaml or .yml", "rename it or convert it")
+    except (tomllib.TOMLDecodeError, ValueError) as exc:
+        raise SolrlError(f"config file {p} could not be parsed: {exc}", "fix the syntax error it names") from exc
+    if not isinstance(data, dict):
+        raise SolrlError(f"config file {p} must hold a table of sections", "see `solrl train --dump-config` for the layout")
+    return data
+
+
+def resolve_config(
+    model: str = "tiny",
+    family: str = "sol_rl",
+    reward: str | None = None,
+    preset: str | None = None,
+    config_file: str | Path | None = None,
+    sets: Iterable[str] = (),
+    flags: dict[str, dict[str, Any]] | None = None,
+) -> Config:
+    """Build and validate a run config from presets, a file, --set overrides and explicit flags."""
+    if preset:
+        model, family, reward = split_preset_name(preset)
+    parts = [get_preset("models", model), get_preset("families", family)]
+    if reward:
+        parts.append(get_preset("rewards", reward))
+    config = Config()
+    for part in parts:
+        config = from_dict(part.values, config, source=f"preset {part.kind}/{part.name}")
+    name = f"{model}_{family}_{reward or next(iter(config.reward.weights))}"
+    config = from_dict({"preset": name, "model": {"name": model}}, config)
+    if config_file:
+        config = from_dict(load_config_file(config_file), config, source=str(config_file))
+    for assignment in sets:
+        config = set_value(config, assignment)
+    if flags:
+        config = from_dict({k: v for k, v in flags.items() if v}, config, source="command-line flags")
+    return config.validate()

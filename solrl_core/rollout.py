@@ -1,0 +1,98 @@
+"""Rollouts as values: which seeds were generated for which prompts, by which copy, and their scores.
+
+A `RolloutCopy` is the frozen network rollouts run on: the base weights with the `old` adapter
+merged in, optionally re-quantized (explore precision) or torch.compile'd. It is refreshed after
+every optimizer step. Full-precision rollouts of the non-compiled families need no copy: they run
+on the policy with its `old` adapter active, so a large model is held once.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from solrl_core.models.base import Conditioning, DiffusionModel
+from solrl_core.quantize import QuantReport, quantize_model, requantize
+from solrl_core.rewards import RewardSet
+from solrl_core.sampler import noise_for_seeds, sample
+
+
+@dataclass(frozen=True)
+class RolloutBatch:
+    prompts: list[str]  # per sample
+    groups: torch.Tensor  # [B] prompt-group index of each sample
+    seeds: torch.Tensor  # [B] integer noise seeds
+    latents: torch.Tensor  # [B, C, H, W] final clean latents
+    sigmas: torch.Tensor  # the sigma grid the rollout integrated
+    rewards: torch.Tensor  # [B] total reward
+    components: dict[str, torch.Tensor]  # [B] per reward
+    seconds_generate: float
+    seconds_reward: float
+
+    def subset(self, index: torch.Tensor) -> "RolloutBatch":
+        idx = index.tolist()
+        return replace(self, prompts=[self.prompts[i] for i in idx], groups=self.groups[index], seeds=self.seeds[index],
+                       latents=self.latents[index], rewards=self.rewards[index],
+                       components={k: v[index] for k, v in self.components.items()})
+
+
+class RolloutCopy:
+    """A merged, frozen copy of the base transformer at a rollout precision."""
+
+    def __init__(self, base: nn.Module, precision: str, quant_skip: tuple[str, ...], compile: bool = False) -> None:
+        self.precision = precision
+        self.module = copy.deepcopy(base).requires_grad_(False).eval()
+        if precision == "bf16":
+            self.module.to(torch.bfloat16)
+        self.report: QuantReport | None = None
+        if precision == "nvfp4-emulated":
+            self.report = quantize_model(self.module, quant_skip)
+        self.forward: nn.Module = torch.compile(self.module) if compile else self.module
+
+    @torch.no_grad()
+    def refresh(self, merged: dict[str, torch.Tensor]) -> None:
+        """Load base + old-adapter weights and re-quantize (weights are quantized once per refresh)."""
+        missing_ok = self.module.load_state_dict(merged, strict=False)
+        if missing_ok.unexpected_keys:
+            raise RuntimeError(f"rollout copy does not hold {missing_ok.unexpected_keys[:3]}")
+        if self.report is not None:
+            requantize(self.module)
+
+
+def generate(model: DiffusionModel, network: nn.Module, cond: Conditioning, seeds: torch.Tensor,
+             sigmas: torch.Tensor, batch_size: int, solver: str, dtype: torch.dtype) -> torch.Tensor:
+    """Final latents of one seed per row of `cond`, generated `batch_size` at a time."""
+    device = next(network.parameters()).device
+    out = []
+    for start in range(0, seeds.numel(), batch_size):
+        chunk = slice(start, start + batch_size)
+        noise = noise_for_seeds(seeds[chunk], model.latent_shape, device, dtype)
+        part = cond[chunk].to(device)
+        out.append(sample(lambda x, s, c: model.velocity(network, x, s, c), noise, part, sigmas, solver).float())
+    return torch.cat(out)
+
+
+def rollout(model: DiffusionModel, network: nn.Module, prompts: list[str], groups: torch.Tensor, seeds: torch.Tensor,
+            cond: Conditioning, sigmas: torch.Tensor, rewards: RewardSet, batch_size: int, solver: str,
+            dtype: torch.dtype) -> RolloutBatch:
+    """Generate and score one latents per (prompt, seed)."""
+    t0 = time.perf_counter()
+    latents = generate(model, network, cond, seeds, sigmas, batch_size, solver, dtype)
+    images = model.decode(latents)
+    _sync(images)
+    t1 = time.perf_counter()
+    scores = rewards(images, prompts)
+    t2 = time.perf_counter()
+    return RolloutBatch(prompts=prompts, groups=groups, seeds=seeds, latents=latents, sigmas=sigmas,
+                        rewards=scores.total, components=scores.components,
+                        seconds_generate=t1 - t0, seconds_reward=t2 - t1)
+
+
+def _sync(t: torch.Tensor) -> None:
+    """Wait for queued GPU work so a phase's time is its own."""
+    if t.is_cuda:
+        torch.cuda.synchronize(t.device)

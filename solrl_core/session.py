@@ -1,0 +1,190 @@
+"""Everything a run needs before its first iteration, resolved once and reported.
+
+`open_session` checks every input first (config, prompts, rewards, resume folder, model weights)
+and only then creates the run directory, so bad input never leaves a half-written run behind.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+import tomllib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import tomli_w
+import torch
+
+from solrl_core.checkpoint import list_checkpoints, load_checkpoint
+from solrl_core.config import Config, from_dict, to_dict
+from solrl_core.errors import SolrlError
+from solrl_core.models import DiffusionModel, load_model
+from solrl_core.models.base import Conditioning
+from solrl_core.policy import OLD, Policy
+from solrl_core.prompts import load_prompts
+from solrl_core.rewards import RewardSet
+from solrl_core.rollout import RolloutCopy
+
+CONFIG_FILE = "config.toml"
+EVENTS_FILE = "events.jsonl"
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """What each stage of an iteration does, derived from the family."""
+
+    family: str
+    explore_seeds: int  # seeds rolled out per prompt in Stage 1
+    explore_steps: int
+    explore_precision: str  # resolved: nvfp4-emulated | bf16 | fp32
+    keep: int  # K
+    regenerate: bool  # Stage 2 regenerates the kept seeds at full precision
+    full_precision: str
+    full_steps: int
+    compiled: bool
+
+    def describe(self) -> str:
+        stage1 = f"Stage 1: {self.explore_seeds} seeds/prompt at {self.explore_precision}, {self.explore_steps} steps"
+        if self.keep == self.explore_seeds:
+            return f"{stage1} -> train on all of them"
+        stage2 = (f" -> Stage 2: regenerate the kept {self.keep} at {self.full_precision}, {self.full_steps} steps -> train"
+                  if self.regenerate else f" -> train directly on the kept {self.keep}")
+        return stage1 + f" -> keep {self.keep}" + stage2 + (" (torch.compile'd rollout copy)" if self.compiled else "")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise SolrlError(f"run.device '{name}' is not a device", "use auto, cpu, cuda or cuda:N") from exc
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise SolrlError(f"run.device '{name}' asked for CUDA but torch sees no GPU", "use --device cpu, or install a CUDA build of torch")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> tuple[str, torch.dtype]:
+    if name == "auto":
+        name = "bf16" if device.type == "cuda" else "fp32"
+    return name, {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
+
+
+def plan_stages(cfg: Config, full_precision: str) -> StagePlan:
+    family, k = cfg.algorithm.family, cfg.selection.group_size
+    low = cfg.explore.precision
+    if low == "auto":  # no real NVFP4/FP8 backend yet: the exact emulation is the only low precision
+        low = "nvfp4-emulated"
+    full_steps = cfg.sampler.steps
+    if family == "sol_rl":
+        return StagePlan(family, cfg.explore.group_size, cfg.explore.steps, low, k, True, full_precision, full_steps, False)
+    if family == "naive_quant":
+        return StagePlan(family, cfg.explore.group_size, full_steps, low, k, False, full_precision, full_steps, False)
+    if family == "diffusionnft":
+        return StagePlan(family, k, full_steps, full_precision, k, False, full_precision, full_steps, False)
+    return StagePlan(family, cfg.explore.group_size, full_steps, full_precision, k, False, full_precision, full_steps,
+                     family == "compile")
+
+
+@dataclass
+class Session:
+    config: Config
+    run_dir: Path
+    device: torch.device
+    dtype_name: str
+    dtype: torch.dtype
+    plan: StagePlan
+    model: DiffusionModel
+    policy: Policy
+    explore_copy: RolloutCopy | None  # None: Stage 1 runs on the policy's old adapter
+    optimizer: torch.optim.Optimizer
+    rewards: RewardSet
+    prompts: list[str]
+    iteration: int = 0
+    step: int = 0
+    history: list[float] = field(default_factory=list)
+    resumed: bool = False
+    _cond_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+
+    def conditioning(self, prompts: list[str]) -> Conditioning:
+        """Text conditioning per prompt, each unique prompt encoded once per run."""
+        new = [p for p in dict.fromkeys(prompts) if p not in self._cond_cache]
+        if new:
+            enc = self.model.encode(new)
+            for i, p in enumerate(new):
+                self._cond_cache[p] = (enc.embeds[i], enc.mask[i])
+        return Conditioning(torch.stack([self._cond_cache[p][0] for p in prompts]),
+                            torch.stack([self._cond_cache[p][1] for p in prompts]))
+
+    def loop_state(self) -> dict:
+        return {"iteration": self.iteration, "step": self.step, "history": self.history}
+
+
+def load_run_config(run_dir: str | Path) -> Config:
+    """The resolved config saved in a run directory (for --resume, eval and infer)."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise SolrlError(f"run directory {path} does not exist", "pass the folder a previous `solrl train` wrote")
+    cfg_file = path / CONFIG_FILE
+    if not cfg_file.is_file():
+        raise SolrlError(f"{path} is not a solrl run directory (no {CONFIG_FILE})", "pass the folder a previous `solrl train` wrote")
+    try:
+        data = tomllib.loads(cfg_file.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SolrlError(f"{cfg_file} is corrupt: {exc}", "restore it, or start a new run") from exc
+    return from_dict(data, Config(), source=str(cfg_file)).validate()
+
+
+def open_session(cfg: Config, resume: bool = False) -> Session:
+    """Validate inputs, load the model, create (or reopen) the run directory, restore a checkpoint."""
+    cfg.validate()
+    prompts = load_prompts(cfg.run.prompts)
+    rewards = RewardSet(cfg.reward.weights)
+    device = resolve_device(cfg.run.device)
+    dtype_name, dtype = resolve_dtype(cfg.run.dtype, device)
+    if cfg.run.threads > 0:
+        torch.set_num_threads(cfg.run.threads)
+    run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else _fresh_run_dir(cfg.preset)
+    checkpoint = None
+    if resume:
+        found = list_checkpoints(run_dir)
+        if not found:
+            raise SolrlError(f"{run_dir} holds no complete checkpoint to resume from", "start it again without --resume")
+        checkpoint = found[-1]
+    elif (run_dir / CONFIG_FILE).exists():
+        raise SolrlError(f"{run_dir} already holds a run", f"continue it with `solrl train --resume {run_dir}` or pick another --run-dir")
+    plan = plan_stages(cfg, dtype_name)
+
+    model = load_model(cfg.model, device, dtype)
+    base = copy.deepcopy(model.transformer) if plan.explore_precision != dtype_name or plan.compiled else None
+    policy = Policy(model.transformer, cfg.model)
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.optimizer.lr, betas=(cfg.optimizer.beta1, cfg.optimizer.beta2),
+                                  weight_decay=cfg.optimizer.weight_decay, eps=cfg.optimizer.eps)
+    explore_copy = None
+    if base is not None:
+        explore_copy = RolloutCopy(base, plan.explore_precision, cfg.model.quant_skip, compile=plan.compiled)
+        del base
+    session = Session(cfg, run_dir, device, dtype_name, dtype, plan, model, policy, explore_copy, optimizer, rewards, prompts)
+    if checkpoint is not None:
+        state = load_checkpoint(checkpoint, policy, optimizer)
+        session.iteration, session.step, session.history = state["iteration"], state["step"], state["history"]
+        session.resumed = True
+    if explore_copy is not None:
+        explore_copy.refresh(policy.merged_weights(OLD))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if not resume:
+        (run_dir / CONFIG_FILE).write_text(tomli_w.dumps(to_dict(replace(cfg, run=replace(cfg.run, run_dir=str(run_dir))))))
+    if explore_copy is not None and explore_copy.report is not None:
+        (run_dir / "quantization_report.json").write_text(json.dumps(explore_copy.report.to_dict(), indent=2))
+    return session
+
+
+def _fresh_run_dir(preset: str) -> Path:
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = Path("runs") / f"{stamp}-{preset or 'run'}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = Path("runs") / f"{stamp}-{preset or 'run'}-{n}"
+    return path
