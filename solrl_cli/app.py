@@ -17,7 +17,7 @@ from solrl_cli.errors import user_errors
 
 app = typer.Typer(name="solrl", no_args_is_help=False, add_completion=False, pretty_exceptions_enable=False,
                   help="Sol-RL post-training for text-to-image flow models: FP4 explore, full-precision train.")
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=True)
 
 PRECEDENCE = "defaults < model preset < family preset < reward preset < --config FILE < --set < explicit flags"
 

@@ -25,9 +25,9 @@ def user_errors() -> Iterator[None]:
     except SolrlError as exc:
         if debug():
             raise
-        err_console.print(f"[bold red]error:[/] {exc.message}")
+        err_console.print(f"[bold red]error:[/] {exc.message}", soft_wrap=True)
         if exc.fix:
-            err_console.print(f"  [bold]fix:[/] {exc.fix}")
+            err_console.print(f"  [bold]fix:[/] {exc.fix}", soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         err_console.print("stopped.")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
+import os
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -173,11 +174,19 @@ def open_session(cfg: Config, resume: bool = False) -> Session:
     if explore_copy is not None:
         explore_copy.refresh(policy.merged_weights(OLD))
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not resume:
-        (run_dir / CONFIG_FILE).write_text(tomli_w.dumps(to_dict(replace(cfg, run=replace(cfg.run, run_dir=str(run_dir))))))
+    session.config = replace(cfg, run=replace(cfg.run, run_dir=str(run_dir)))
+    # Rewritten on resume too: `--resume --iterations N` extends the run for every later resume.
+    write_atomic(run_dir / CONFIG_FILE, tomli_w.dumps(to_dict(session.config)))
     if explore_copy is not None and explore_copy.report is not None:
-        (run_dir / "quantization_report.json").write_text(json.dumps(explore_copy.report.to_dict(), indent=2))
+        write_atomic(run_dir / "quantization_report.json", json.dumps(explore_copy.report.to_dict(), indent=2))
     return session
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a small file so that a reader sees the old or the new content, never a torn one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def _fresh_run_dir(preset: str) -> Path:

@@ -1,0 +1,117 @@
+"""The command line: clear one-line errors, nothing written on bad input, and a working default."""
+
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from solrl_cli.app import app
+from tests.conftest import FAST
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SOLRL_DEBUG", raising=False)
+    return tmp_path
+
+
+def _fast_args(*extra):
+    args = []
+    for s in FAST:
+        args += ["--set", s]
+    return [*args, *extra]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--model", "tinny"], "did you mean 'tiny'"),
+    (["--family", "sol-rl"], "did you mean 'sol_rl'"),
+    (["--reward", "jpeg_compress"], "did you mean 'jpeg_compressibility'"),
+    (["--set", "selection.group_size=64"], "more than the N=16"),
+    (["--set", "selection.group_size=7"], "even number"),
+    (["--set", "explore.steps=11"], "preview steps"),
+    (["--set", "explore.groupsize=8"], "did you mean 'group_size'"),
+    (["--set", "optimizer.lr=high"], "must be a number"),
+    (["--prompts", "missing.txt"], "does not exist"),
+    (["--resume", "nowhere"], "does not exist"),
+    (["--config", "nope.toml"], "does not exist"),
+    (["--explore-precision", "nvfp4"], "unknown explore.precision"),
+])
+def test_bad_input_is_one_clear_line_and_writes_nothing(args, message, in_tmp):
+    result = runner.invoke(app, ["train", *args])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "error:" in result.output and "fix:" in result.output
+    assert "Traceback" not in result.output
+    assert not (in_tmp / "runs").exists()
+
+
+def test_bad_prompt_file_names_the_line(in_tmp):
+    (in_tmp / "p.jsonl").write_text('{"prompt": "a red circle"}\n{"text": "no prompt key"}\n')
+    result = runner.invoke(app, ["train", "--prompts", "p.jsonl"])
+    assert result.exit_code == 2 and "line 2" in result.output
+    assert not (in_tmp / "runs").exists()
+
+
+def test_resume_of_a_folder_that_is_not_a_run(in_tmp):
+    (in_tmp / "somedir").mkdir()
+    result = runner.invoke(app, ["train", "--resume", "somedir"])
+    assert result.exit_code == 2 and "not a solrl run directory" in result.output
+
+
+def test_resume_of_a_corrupt_checkpoint(in_tmp):
+    ok = runner.invoke(app, ["train", *_fast_args("--iterations", "1", "--run-dir", "r")])
+    assert ok.exit_code == 0, ok.output
+    ckpt = in_tmp / "r" / "checkpoints" / "iter_000001"
+    (ckpt / "optimizer.pt").write_bytes(b"not a torch file")
+    result = runner.invoke(app, ["train", "--resume", "r", "--iterations", "2"])
+    assert result.exit_code == 2 and "corrupt" in result.output and "iter_000001" in result.output
+
+
+def test_debug_env_shows_the_traceback(monkeypatch):
+    monkeypatch.setenv("SOLRL_DEBUG", "1")
+    result = runner.invoke(app, ["train", "--model", "tinny"])
+    assert result.exit_code != 0 and result.exception is not None
+
+
+def test_dump_config_prints_resolved_toml_and_writes_nothing(in_tmp):
+    import tomllib
+
+    result = runner.invoke(app, ["train", "--family", "naive_scaling", "--set", "optimizer.lr=0.001", "--dump-config"])
+    assert result.exit_code == 0
+    data = tomllib.loads(result.output)
+    assert data["preset"] == "tiny_naive_scaling_jpeg_compressibility"
+    assert data["optimizer"]["lr"] == 0.001 and data["algorithm"]["family"] == "naive_scaling"
+    assert not (in_tmp / "runs").exists()
+
+
+def test_presets_listing_shows_every_kind():
+    result = runner.invoke(app, ["presets"])
+    assert result.exit_code == 0
+    for name in ("tiny", "sana", "flux1", "sd3", "sol_rl", "naive_scaling", "compile", "naive_quant", "diffusionnft",
+                 "jpeg_compressibility", "jpeg_incompressibility", "general"):
+        assert name in result.output
+
+
+def test_real_model_loading_is_refused_plainly_before_any_run_dir():
+    result = runner.invoke(app, ["train", "--model", "sana"])
+    assert result.exit_code == 2 and "not available in this version" in result.output
+    assert not Path("runs").exists()
+
+
+def test_train_writes_a_run_and_resume_extends_it(in_tmp):
+    result = runner.invoke(app, ["train", *_fast_args("--iterations", "2", "--run-dir", "r")])
+    assert result.exit_code == 0, result.output
+    assert "mean Stage-2 reward: first iteration" in result.output
+    run = in_tmp / "r"
+    assert {"config.toml", "events.jsonl", "checkpoints"} <= {p.name for p in run.iterdir()}
+    again = runner.invoke(app, ["train", "--run-dir", "r", *_fast_args("--iterations", "2")])
+    assert again.exit_code == 2 and "already holds a run" in again.output
+    more = runner.invoke(app, ["train", "--resume", "r", "--iterations", "3"])
+    assert more.exit_code == 0, more.output
+    assert "resuming at iteration 2" in more.output and "iter    3/3" in more.output
+    assert (run / "checkpoints" / "iter_000003").is_dir()
+    conflict = runner.invoke(app, ["train", "--resume", "r", "--model", "tiny"])
+    assert conflict.exit_code == 2 and "--resume continues a run" in conflict.output

@@ -1,0 +1,103 @@
+"""Config layering, validation, and every shipped preset."""
+
+import itertools
+
+import pytest
+
+from solrl_core.config import Config, from_dict, set_value, to_dict
+from solrl_core.errors import SolrlError
+from solrl_core.presets import list_presets, names, resolve_config, split_preset_name
+
+
+@pytest.mark.parametrize("model,family,reward", list(itertools.product(names("models"), names("families"), names("rewards"))))
+def test_every_shipped_preset_combination_resolves_and_validates(model, family, reward):
+    cfg = resolve_config(model, family, reward)
+    assert cfg.preset == f"{model}_{family}_{reward}"
+    assert split_preset_name(cfg.preset) == (model, family, reward)
+    assert cfg.algorithm.family == family
+
+
+def test_real_model_presets_carry_the_official_defaults():
+    cfg = resolve_config("sana", "sol_rl", "jpeg_compressibility")
+    assert (cfg.explore.group_size, cfg.selection.group_size, cfg.explore.steps, cfg.sampler.steps) == (96, 24, 6, 10)
+    assert (cfg.model.lora_rank, cfg.model.lora_alpha, cfg.optimizer.lr) == (32, 64, 3e-4)
+    assert (cfg.algorithm.nft_beta, cfg.algorithm.kl_beta, cfg.run.prompts_per_iteration) == (1.0, 1e-4, 48)
+    assert resolve_config("flux1").algorithm.timestep_fraction == 0.4
+    assert resolve_config("flux1").model.lora_targets == ("to_q", "to_k", "to_v", "to_out.0")
+
+
+def test_precedence_preset_then_file_then_set_then_flags(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text("[optimizer]\nlr = 0.5\nmicro_batch = 3\n[run]\nseed = 4\n")
+    cfg = resolve_config("tiny", config_file=f, sets=["optimizer.lr=0.25", "run.seed=5"], flags={"run": {"seed": 6}})
+    assert cfg.optimizer.micro_batch == 3  # file over preset
+    assert cfg.optimizer.lr == 0.25  # --set over file
+    assert cfg.run.seed == 6  # flag over --set
+
+
+def test_yaml_config_file(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("selection:\n  group_size: 6\n")
+    assert resolve_config("tiny", config_file=f).selection.group_size == 6
+
+
+def test_round_trip_through_dict():
+    cfg = resolve_config("flux1", "naive_quant", "jpeg_incompressibility")
+    assert from_dict(to_dict(cfg), Config()) == cfg
+
+
+@pytest.mark.parametrize("assignment,expect", [
+    ("explore.group_size=32", ("explore", "group_size", 32)),
+    ("optimizer.lr=1e-5", ("optimizer", "lr", 1e-5)),
+    ("model.lora_targets=to_q,to_k", ("model", "lora_targets", ("to_q", "to_k"))),
+    ("reward.weights=jpeg_compressibility=1,jpeg_incompressibility=0.5",
+     ("reward", "weights", {"jpeg_compressibility": 1.0, "jpeg_incompressibility": 0.5})),
+])
+def test_set_parses_each_field_type(assignment, expect):
+    section, key, value = expect
+    assert getattr(getattr(set_value(Config(), assignment), section), key) == value
+
+
+@pytest.mark.parametrize("assignment,message", [
+    ("explore.group_sise=3", "did you mean 'group_size'"),
+    ("explor.steps=3", "did you mean 'explore'"),
+    ("explore.group_size=abc", "must be an integer"),
+    ("explore.group_size=2.5", "must be an integer"),
+    ("optimizer.lr=fast", "must be a number"),
+    ("nodot=3", "needs a section"),
+    ("explore.steps", "section.key=value"),
+])
+def test_bad_set_is_a_clear_error(assignment, message):
+    with pytest.raises(SolrlError) as err:
+        set_value(Config(), assignment)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("sets,message", [
+    (["selection.group_size=32"], "more than the N=16"),
+    (["selection.group_size=5"], "must be an even number"),
+    (["explore.steps=12"], "exceed sampler.steps"),
+    (["selection.mode=best"], "unknown selection.mode"),
+    (["explore.precision=fp4"], "unknown explore.precision"),
+    (["sampler.guidance=4.5"], "not supported"),
+])
+def test_impossible_configs_are_rejected(sets, message):
+    with pytest.raises(SolrlError) as err:
+        resolve_config("tiny", sets=sets)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"model": "tinny"}, "did you mean 'tiny'"),
+    ({"family": "solrl"}, "did you mean 'sol_rl'"),
+    ({"reward": "jpeg"}, "unknown reward 'jpeg'"),
+    ({"preset": "tiny_sol_rl_jpeg"}, "unknown preset"),
+])
+def test_unknown_presets_suggest_close_matches(kwargs, message):
+    with pytest.raises(SolrlError) as err:
+        resolve_config(**kwargs)
+    assert message in str(err.value)
+
+
+def test_every_preset_file_has_a_description():
+    assert all(p.description for p in list_presets())
