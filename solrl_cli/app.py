@@ -60,7 +60,9 @@ def train(
             return
         bus = events.EventBus()
         bus.subscribe(TerminalDisplay(console))
-        run_training(cfg, bus, resume=bool(resume))
+        session = run_training(cfg, bus, resume=bool(resume))
+        if session.iteration < session.config.run.iterations:
+            raise typer.Exit(130)  # stopped by a signal: saved, but not finished
 
 
 def _resume_config(run_dir, saved, model, family, reward, preset, config, sets, flags):  # type: ignore[no-untyped-def]

@@ -52,12 +52,15 @@ class TerminalDisplay:
     def on_checkpoint(self, e: ev.CheckpointSaved) -> None:
         self.console.print(f"  checkpoint {e.path} ({e.seconds:.2f}s)")
 
-    def on_warning(self, e: ev.Warning) -> None:
+    def on_warning(self, e: ev.RunWarning) -> None:
         self.console.print(f"[yellow]warning:[/] {e.message}")
 
     def on_run_finished(self, e: ev.RunFinished) -> None:
         self.progress.stop()
         c = self.console
+        if e.reason == "failed":
+            c.print(f"[red]failed during iteration {e.iteration + 1}[/]; the last checkpoint is intact: `solrl train --resume <run dir>`")
+            return
         if e.reason == "interrupted":
             c.print(f"[yellow]stopped after iteration {e.iteration}[/]; continue with `solrl train --resume <run dir>`")
         else:

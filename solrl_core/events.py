@@ -79,7 +79,7 @@ class CheckpointSaved(Event):
 
 
 @dataclass(frozen=True)
-class Warning(Event):  # noqa: A001 - the event's name on the wire is "warning"
+class RunWarning(Event):
     kind: ClassVar[str] = "warning"
     message: str
 
@@ -87,7 +87,7 @@ class Warning(Event):  # noqa: A001 - the event's name on the wire is "warning"
 @dataclass(frozen=True)
 class RunFinished(Event):
     kind: ClassVar[str] = "run_finished"
-    reason: str  # "completed" | "interrupted"
+    reason: str  # "completed" | "interrupted" | "failed"
     iteration: int
     seconds: float
     first_reward: float | None

@@ -46,8 +46,9 @@ class RolloutCopy:
     def __init__(self, base: nn.Module, precision: str, quant_skip: tuple[str, ...], compile: bool = False) -> None:
         self.precision = precision
         self.module = copy.deepcopy(base).requires_grad_(False).eval()
-        if precision == "bf16":
-            self.module.to(torch.bfloat16)
+        if precision in ("bf16", "fp32"):
+            self.module.to({"bf16": torch.bfloat16, "fp32": torch.float32}[precision])
+        self.dtype = next(self.module.parameters()).dtype  # emulated NVFP4 computes in the base dtype
         self.report: QuantReport | None = None
         if precision == "nvfp4-emulated":
             self.report = quantize_model(self.module, quant_skip)

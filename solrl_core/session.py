@@ -106,6 +106,8 @@ class Session:
     step: int = 0
     history: list[float] = field(default_factory=list)
     resumed: bool = False
+    rank: int = 0  # torch.distributed comes later: one process owns every prompt group for now
+    world_size: int = 1
     _cond_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
     def conditioning(self, prompts: list[str]) -> Conditioning:

@@ -36,7 +36,7 @@ from solrl_core.checkpoint import save_checkpoint
 from solrl_core.config import Config, to_dict
 from solrl_core.nft import group_advantages, nft_loss
 from solrl_core.policy import OLD
-from solrl_core.prompts import prompts_for_iteration
+from solrl_core.prompts import prompts_for_iteration, shard
 from solrl_core.rollout import RolloutBatch, rollout
 from solrl_core.sampler import sigma_grid
 from solrl_core.selection import select
@@ -96,6 +96,9 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
                 if flag.requested and not last:
                     reason = "interrupted"
                     break
+        except BaseException:
+            reason = "failed"
+            raise
         finally:
             hist = session.history
             bus.emit(ev.RunFinished(reason=reason, iteration=session.iteration, seconds=time.perf_counter() - started,
@@ -109,7 +112,7 @@ def run_iteration(session: Session, bus: ev.EventBus) -> None:
     cfg, plan = session.config, session.plan
     t_start = time.perf_counter()
     rng = np.random.default_rng([cfg.run.seed, session.iteration])
-    prompts = prompts_for_iteration(session.prompts, cfg.run.prompts_per_iteration, rng)
+    prompts = shard(prompts_for_iteration(session.prompts, cfg.run.prompts_per_iteration, rng), session.rank, session.world_size)
     drafts = explore(session, prompts, rng)
     t0 = time.perf_counter()
     keep = select_seeds(session, drafts, rng)
@@ -232,8 +235,7 @@ def _rollout_network(session: Session, explore: bool) -> tuple[contextlib.Abstra
     """The network a rollout runs on: the explore/compiled copy, or the policy's old adapter."""
     copy_ = session.explore_copy
     if explore and copy_ is not None:
-        dtype = torch.bfloat16 if copy_.precision == "bf16" else session.dtype
-        return contextlib.nullcontext(copy_.forward), dtype
+        return contextlib.nullcontext(copy_.forward), copy_.dtype
     return session.policy.use(OLD), session.dtype
 
 

@@ -32,3 +32,13 @@ def test_extremes_random_always_holds_the_extremes():
 
 def test_keeping_all_returns_all():
     assert sorted(select(REWARDS, 8, "best_worst", np.random.default_rng(0)).tolist()) == list(range(8))
+
+
+def test_prompt_groups_shard_whole_and_in_order():
+    from solrl_core.errors import SolrlError
+    from solrl_core.prompts import shard
+
+    groups = [f"p{i}" for i in range(6)]
+    assert [shard(groups, r, 3) for r in range(3)] == [["p0", "p1"], ["p2", "p3"], ["p4", "p5"]]
+    with pytest.raises(SolrlError, match="multiple of 4"):
+        shard(groups, 0, 4)

@@ -115,3 +115,54 @@ def test_default_run_raises_the_reward(fast_sets):
     session, _ = _run(fast_sets("run.iterations=12", "explore.group_size=16", "selection.group_size=8",
                                 "run.prompts_per_iteration=4"))
     assert np.mean(session.history[-3:]) > session.history[0]
+
+
+def test_crash_reports_failed_and_leaves_the_last_checkpoint_whole(fast_sets, monkeypatch):
+    import solrl_core.trainer as trainer
+
+    calls = {"n": 0}
+    real_update = trainer.update
+
+    def failing_update(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise RuntimeError("simulated crash")
+        return real_update(*args, **kwargs)
+
+    monkeypatch.setattr(trainer, "update", failing_update)
+    seen = []
+    bus = ev.EventBus()
+    bus.subscribe(seen.append)
+    cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("run.iterations=3", "run.checkpoint_every=1"))
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        train(cfg, bus, stop=StopFlag())
+    finished = [e for e in seen if isinstance(e, ev.RunFinished)][0]
+    assert finished.reason == "failed" and finished.iteration == 1
+    ckpts = cfg.run.run_dir + "/checkpoints"
+    import os
+    assert sorted(os.listdir(ckpts)) == ["iter_000001"]  # no temporary leftovers
+
+
+def test_sigint_stops_at_a_safe_point_and_saves(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import FAST
+
+    args = [sys.executable, "-m", "solrl_cli", "train", "--iterations", "200", "--run-dir", str(tmp_path / "r")]
+    for s in FAST:
+        args += ["--set", s]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp_path)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("iter    1/"):
+            proc.send_signal(signal.SIGINT)
+            break
+    out = "".join(lines) + proc.stdout.read()
+    assert proc.wait(timeout=120) == 130, out
+    assert "stopped after iteration" in out
+    saved = os.listdir(tmp_path / "r" / "checkpoints")
+    assert len(saved) == 1 and saved[0].startswith("iter_")
