@@ -138,16 +138,11 @@ def run_iteration(session: Session, bus: ev.EventBus) -> None:
 
 def explore(session: Session, prompts: list[str], rng: np.random.Generator) -> RolloutBatch:
     """Stage 1: every prompt's N seeds at the explore precision and step count, scored."""
-    plan = session.plan
-    n = plan.explore_seeds
+    n = session.plan.explore_seeds
     seeds = torch.as_tensor(rng.integers(0, 2**31 - 1, size=len(prompts) * n), dtype=torch.long)
     groups = torch.arange(len(prompts)).repeat_interleave(n)
     flat = [p for p in prompts for _ in range(n)]
-    network, dtype = _rollout_network(session, explore=True)
-    with network as net:
-        return rollout(session.model, net, flat, groups, seeds, session.conditioning(flat),
-                       sigma_grid(plan.explore_steps, session.config.sampler.shift), session.rewards,
-                       session.config.sampler.rollout_batch, session.config.sampler.solver, dtype)
+    return _rollout(session, flat, groups, seeds, session.plan.explore_steps, explore=True)
 
 
 def select_seeds(session: Session, drafts: RolloutBatch, rng: np.random.Generator) -> torch.Tensor:
@@ -162,11 +157,21 @@ def select_seeds(session: Session, drafts: RolloutBatch, rng: np.random.Generato
 
 def regenerate(session: Session, kept: RolloutBatch) -> RolloutBatch:
     """Stage 2: the kept seeds again, same noise (same seeds), full precision and full steps."""
-    network, dtype = _rollout_network(session, explore=False)
+    return _rollout(session, kept.prompts, kept.groups, kept.seeds, session.plan.full_steps, explore=False)
+
+
+def _rollout(session: Session, prompts: list[str], groups: torch.Tensor, seeds: torch.Tensor, steps: int,
+             explore: bool) -> RolloutBatch:
+    """Generate and score on the explore copy (explore=True, when there is one) or the old adapter."""
+    sampler = session.config.sampler
+    copy_ = session.explore_copy
+    if explore and copy_ is not None:
+        network, dtype = contextlib.nullcontext(copy_.forward), copy_.dtype
+    else:
+        network, dtype = session.policy.use(OLD), session.dtype
     with network as net:
-        return rollout(session.model, net, kept.prompts, kept.groups, kept.seeds, session.conditioning(kept.prompts),
-                       sigma_grid(session.plan.full_steps, session.config.sampler.shift), session.rewards,
-                       session.config.sampler.rollout_batch, session.config.sampler.solver, dtype)
+        return rollout(session.model, net, prompts, groups, seeds, session.conditioning(prompts),
+                       sigma_grid(steps, sampler.shift), session.rewards, sampler.rollout_batch, sampler.solver, dtype)
 
 
 def update(session: Session, batch: RolloutBatch, rng: np.random.Generator) -> dict[str, float]:
@@ -229,14 +234,6 @@ def sync(session: Session) -> float:
         session.explore_copy.refresh(session.policy.merged_weights(OLD))
     session.step += 1
     return decay
-
-
-def _rollout_network(session: Session, explore: bool) -> tuple[contextlib.AbstractContextManager, torch.dtype]:
-    """The network a rollout runs on: the explore/compiled copy, or the policy's old adapter."""
-    copy_ = session.explore_copy
-    if explore and copy_ is not None:
-        return contextlib.nullcontext(copy_.forward), copy_.dtype
-    return session.policy.use(OLD), session.dtype
 
 
 def _autocast(session: Session) -> contextlib.AbstractContextManager:
