@@ -122,6 +122,9 @@ def config_help() -> None:
 def _quiet_third_party() -> None:
     """Library chatter (optional-backend probes, deprecations) is not the user's business."""
     if os.environ.get("SOLRL_DEBUG", "") in ("", "0"):
+        # diffusers and transformers reset their loggers' level on import: their own variables win.
+        os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
+        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
         warnings.filterwarnings("ignore", category=UserWarning)
         warnings.filterwarnings("ignore", category=FutureWarning)
         warnings.filterwarnings("ignore", category=DeprecationWarning)

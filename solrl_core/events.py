@@ -106,6 +106,9 @@ class EventBus:
     def subscribe(self, fn: Subscriber) -> None:
         self._subscribers.append(fn)
 
+    def unsubscribe(self, fn: Subscriber) -> None:
+        self._subscribers.remove(fn)
+
     def emit(self, event: Event) -> None:
         for fn in self._subscribers:
             fn(event)

@@ -104,6 +104,7 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
             bus.emit(ev.RunFinished(reason=reason, iteration=session.iteration, seconds=time.perf_counter() - started,
                                     first_reward=hist[0] if hist else None,
                                     last3_reward=float(np.mean(hist[-3:])) if hist else None))
+            bus.unsubscribe(log)
             log.close()
     return session
 

@@ -166,3 +166,12 @@ def test_sigint_stops_at_a_safe_point_and_saves(tmp_path):
     assert "stopped after iteration" in out
     saved = os.listdir(tmp_path / "r" / "checkpoints")
     assert len(saved) == 1 and saved[0].startswith("iter_")
+
+
+def test_one_bus_serves_consecutive_runs(fast_sets):
+    bus = ev.EventBus()
+    seen = []
+    bus.subscribe(seen.append)
+    for name in ("one", "two"):
+        train(resolve_config("tiny", "diffusionnft", sets=fast_sets("run.iterations=1", run_dir=name)), bus, stop=StopFlag())
+    assert [e.kind for e in seen].count("run_finished") == 2
