@@ -20,6 +20,8 @@ class TerminalDisplay:
                                  TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.description}"),
                                  console=self.console, transient=True)
         self.task: int | None = None
+        self.first_eval: ev.EvalFinished | None = None
+        self.last_eval: ev.EvalFinished | None = None
 
     def __call__(self, event: ev.Event) -> None:
         handler = getattr(self, f"on_{event.kind}", None)
@@ -49,6 +51,13 @@ class TerminalDisplay:
         if self.task is not None:
             self.progress.update(self.task, completed=e.iteration, description=f"reward {fmt(e.final.mean)}")
 
+    def on_eval(self, e: ev.EvalFinished) -> None:
+        if self.first_eval is None:
+            self.first_eval = e
+        self.last_eval = e
+        extras = "".join(f"  {k.split('.')[-1]} {v:.3f}" for k, v in e.extras.items())
+        self.console.print(f"  eval ({e.weights} weights, {e.prompts}, {e.samples} images): reward {fmt(e.mean)}{extras}  ({e.seconds:.1f}s)")
+
     def on_checkpoint(self, e: ev.CheckpointSaved) -> None:
         self.console.print(f"  checkpoint {e.path} ({e.seconds:.2f}s)")
 
@@ -68,3 +77,10 @@ class TerminalDisplay:
         if e.first_reward is not None and e.last3_reward is not None:
             c.print(f"  mean Stage-2 reward: first iteration {fmt(e.first_reward)}, last 3 iterations {fmt(e.last3_reward)} "
                     f"(change {e.last3_reward - e.first_reward:+.4g})")
+        a, b = self.first_eval, self.last_eval
+        if a is not None and b is not None and a is not b:
+            line = f"  eval on {b.prompts}: {a.weights} {fmt(a.mean)} -> {b.weights} {fmt(b.mean)} (iteration {b.iteration})"
+            for key, after in b.extras.items():
+                if key in a.extras:
+                    line += f"; {key.split('.')[-1]} {a.extras[key]:.3f} -> {after:.3f}"
+            c.print(line)

@@ -60,6 +60,7 @@ class SamplerConfig:
     shift: float = _f(1.0, "Sigma shift s: sigma' = s*sigma / (1 + (s-1)*sigma); 1.0 = plain linspace(1, 0).")
     guidance: float = _f(1.0, "Classifier-free guidance scale; 1.0 = CFG off (the official setting).")
     rollout_batch: int = _f(24, "Samples generated per forward batch.")
+    eval_steps: int = _f(40, "Steps of evaluation rollouts (official: 40 SANA/SD3, 28 FLUX).")
 
 
 @dataclass(frozen=True)
@@ -116,6 +117,9 @@ class RunConfig:
     device: str = _f("auto", "cpu, cuda, cuda:N or auto.")
     dtype: str = _f("auto", "Full-precision dtype: auto (bf16 on CUDA, fp32 on CPU), bf16, fp32.")
     threads: int = _f(0, "CPU threads for torch (0 = torch's default).")
+    eval_prompts: str = _f("", "Prompt set or file evaluated with the EMA weights during training ('' = none).")
+    eval_every: int = _f(20, "Evaluate every this many iterations (and before the first and after the last).")
+    eval_seeds: int = _f(4, "Fixed noise seeds per evaluation prompt (the same for every evaluation).")
 
 
 @dataclass(frozen=True)
@@ -153,7 +157,9 @@ class Config:
                             ("run.iterations", self.run.iterations), ("run.prompts_per_iteration", self.run.prompts_per_iteration),
                             ("sampler.rollout_batch", self.sampler.rollout_batch), ("optimizer.micro_batch", self.optimizer.micro_batch),
                             ("run.checkpoint_every", self.run.checkpoint_every), ("run.keep_checkpoints", self.run.keep_checkpoints),
-                            ("model.lora_rank", self.model.lora_rank), ("model.resolution", self.model.resolution)):
+                            ("model.lora_rank", self.model.lora_rank), ("model.resolution", self.model.resolution),
+                            ("sampler.eval_steps", self.sampler.eval_steps), ("run.eval_every", self.run.eval_every),
+                            ("run.eval_seeds", self.run.eval_seeds)):
             if value < 1:
                 raise SolrlError(f"{name}={value} must be at least 1", f"--set {name}=<positive integer>")
         if not 0.0 < self.algorithm.timestep_fraction <= 1.0:

@@ -71,6 +71,19 @@ class IterationFinished(Event):
 
 
 @dataclass(frozen=True)
+class EvalFinished(Event):
+    kind: ClassVar[str] = "eval"
+    iteration: int
+    weights: str  # "base" | "ema"
+    prompts: str
+    samples: int
+    mean: float
+    components: dict[str, float]
+    extras: dict[str, float]  # reward-defined statistics, e.g. tinyworld_geneval.strict_accuracy
+    seconds: float
+
+
+@dataclass(frozen=True)
 class CheckpointSaved(Event):
     kind: ClassVar[str] = "checkpoint"
     iteration: int

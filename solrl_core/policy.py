@@ -75,6 +75,28 @@ class Policy:
         finally:
             self._activate(TRAINED)
 
+    @contextlib.contextmanager
+    def weights(self, which: str) -> Iterator[nn.Module]:
+        """The transformer as `base` (no adapter), `trained` (the live adapter) or `ema` (the EMA
+        swapped into the trained adapter's slot for the duration, then restored exactly)."""
+        if which == "base":
+            with self.use(None) as net:
+                yield net
+            return
+        if which == "trained":
+            with self.use(TRAINED) as net:
+                yield net
+            return
+        if which != "ema":
+            raise ValueError(f"unknown weights {which}")
+        live = self.state(TRAINED)
+        self.load_state(TRAINED, self.ema)
+        try:
+            with self.use(TRAINED) as net:
+                yield net
+        finally:
+            self.load_state(TRAINED, live)
+
     def trainable_parameters(self) -> list[nn.Parameter]:
         return list(self._params[TRAINED].values())
 

@@ -102,6 +102,7 @@ class Session:
     optimizer: torch.optim.Optimizer
     rewards: RewardSet
     prompts: list[str]
+    eval_prompts: list[str]  # empty: no evaluation during training
     iteration: int = 0
     step: int = 0
     history: list[float] = field(default_factory=list)
@@ -143,7 +144,9 @@ def open_session(cfg: Config, resume: bool = False) -> Session:
     """Validate inputs, load the model, create (or reopen) the run directory, restore a checkpoint."""
     cfg.validate()
     prompts = load_prompts(cfg.run.prompts)
+    eval_prompts = load_prompts(cfg.run.eval_prompts) if cfg.run.eval_prompts else []
     rewards = RewardSet(cfg.reward.weights)
+    rewards.check_prompts(prompts + eval_prompts)
     device = resolve_device(cfg.run.device)
     dtype_name, dtype = resolve_dtype(cfg.run.dtype, device)
     if cfg.run.threads > 0:
@@ -168,7 +171,8 @@ def open_session(cfg: Config, resume: bool = False) -> Session:
     if base is not None:
         explore_copy = RolloutCopy(base, plan.explore_precision, cfg.model.quant_skip, compile=plan.compiled)
         del base
-    session = Session(cfg, run_dir, device, dtype_name, dtype, plan, model, policy, explore_copy, optimizer, rewards, prompts)
+    session = Session(cfg, run_dir, device, dtype_name, dtype, plan, model, policy, explore_copy, optimizer, rewards, prompts,
+                      eval_prompts)
     if checkpoint is not None:
         state = load_checkpoint(checkpoint, policy, optimizer)
         session.iteration, session.step, session.history = state["iteration"], state["step"], state["history"]

@@ -88,9 +88,13 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
     with contextlib.ExitStack() as stack:
         flag = stop or stack.enter_context(graceful_stop())
         try:
+            if session.eval_prompts and session.iteration == 0:
+                _evaluate(session, bus, "base")
             while session.iteration < cfg.run.iterations:
                 run_iteration(session, bus)
                 last = session.iteration == cfg.run.iterations
+                if session.eval_prompts and (last or session.iteration % cfg.run.eval_every == 0):
+                    _evaluate(session, bus, "ema")
                 if flag.requested or last or session.iteration % cfg.run.checkpoint_every == 0:
                     _checkpoint(session, bus)
                 if flag.requested and not last:
@@ -247,6 +251,16 @@ def _stats(batch: RolloutBatch) -> ev.RewardStats:
     r = batch.rewards.float()
     return ev.RewardStats(mean=float(r.mean()), std=float(r.std(unbiased=False)), best=float(r.max()), worst=float(r.min()),
                           components={k: float(v.float().mean()) for k, v in batch.components.items()})
+
+
+def _evaluate(session: Session, bus: ev.EventBus, weights: str) -> None:
+    from solrl_core.evaluation import evaluate
+
+    result = evaluate(session, session.eval_prompts, session.config.run.eval_seeds, weights)
+    bus.emit(ev.EvalFinished(iteration=session.iteration, weights=weights, prompts=session.config.run.eval_prompts,
+                             samples=len(result.seeds), mean=result.mean,
+                             components={k: float(v.mean()) for k, v in result.scores.components.items()},
+                             extras=result.extras, seconds=result.seconds))
 
 
 def _checkpoint(session: Session, bus: ev.EventBus) -> None:

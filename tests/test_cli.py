@@ -82,7 +82,7 @@ def test_dump_config_prints_resolved_toml_and_writes_nothing(in_tmp):
     result = runner.invoke(app, ["train", "--family", "naive_scaling", "--set", "optimizer.lr=0.001", "--dump-config"])
     assert result.exit_code == 0
     data = tomllib.loads(result.output)
-    assert data["preset"] == "tiny_naive_scaling_jpeg_compressibility"
+    assert data["preset"] == "tiny_naive_scaling_tinyworld_geneval"
     assert data["optimizer"]["lr"] == 0.001 and data["algorithm"]["family"] == "naive_scaling"
     assert not (in_tmp / "runs").exists()
 
@@ -90,7 +90,7 @@ def test_dump_config_prints_resolved_toml_and_writes_nothing(in_tmp):
 def test_presets_listing_shows_every_kind():
     result = runner.invoke(app, ["presets"])
     assert result.exit_code == 0
-    for name in ("tiny", "sana", "flux1", "sd3", "sol_rl", "naive_scaling", "compile", "naive_quant", "diffusionnft",
+    for name in ("tiny", "tiny_random", "tinyworld_geneval", "tinyworld_heldout", "sana", "flux1", "sd3", "sol_rl", "naive_scaling", "compile", "naive_quant", "diffusionnft",
                  "jpeg_compressibility", "jpeg_incompressibility", "general"):
         assert name in result.output
 

@@ -63,8 +63,8 @@ def test_explore_runs_on_the_quantized_copy(fast_sets):
     drafts = explore(session, ["a red circle"], rng)
     kept = drafts.subset(select_seeds(session, drafts, rng))
     finals = regenerate(session, kept)
-    diff = (finals.latents - kept.latents).abs().max()
-    assert 0 < diff < 0.5 * kept.latents.abs().max()  # NVFP4 changes the images, a little
+    diff = (finals.latents - kept.latents).abs().mean()
+    assert 0 < diff < 0.15 * finals.latents.abs().mean()  # NVFP4 changes the images, a little
     report = json.loads((session.run_dir / "quantization_report.json").read_text())
     names = {e["name"] for e in report["entries"] if e["quantized"]}
     assert any(n.endswith("attn1.to_q") for n in names) and any(n.endswith("ff.conv_inverted") for n in names)
@@ -110,10 +110,12 @@ def test_saved_lora_loads_in_plain_diffusers(fast_sets):
     assert not torch.allclose(tuned, untuned, atol=1e-5)  # the LoRA did change the model
 
 
-def test_default_run_raises_the_reward(fast_sets):
-    # The behaviour the embedded default promises, at a size a test can afford: JPEG reward goes up.
-    session, _ = _run(fast_sets("run.iterations=12", "explore.group_size=16", "selection.group_size=8",
-                                "run.prompts_per_iteration=4"))
+def test_random_tiny_model_raises_the_jpeg_reward(fast_sets):
+    # Random weights can still climb a pixel statistic: the JPEG reward goes up within a few steps.
+    bus = ev.EventBus()
+    cfg = resolve_config("tiny_random", "sol_rl", sets=fast_sets("run.iterations=12", "explore.group_size=16",
+                                                                  "selection.group_size=8", "run.prompts_per_iteration=4"))
+    session = train(cfg, bus, stop=StopFlag())
     assert np.mean(session.history[-3:]) > session.history[0]
 
 
@@ -175,3 +177,28 @@ def test_one_bus_serves_consecutive_runs(fast_sets):
     for name in ("one", "two"):
         train(resolve_config("tiny", "diffusionnft", sets=fast_sets("run.iterations=1", run_dir=name)), bus, stop=StopFlag())
     assert [e.kind for e in seen].count("run_finished") == 2
+
+
+def test_evaluation_runs_on_base_then_ema_weights_and_restores_the_live_adapter(fast_sets):
+    sets = fast_sets("run.iterations=2", "run.eval_prompts=tinyworld_heldout", "run.eval_every=1", "run.eval_seeds=1")
+    session, seen = _run(sets)
+    evals = [e for e in seen if isinstance(e, ev.EvalFinished)]
+    assert [(e.weights, e.iteration) for e in evals] == [("base", 0), ("ema", 1), ("ema", 2)]
+    assert evals[0].samples == 64 and 0.0 <= evals[0].mean <= 1.0
+    assert "tinyworld_geneval.strict_accuracy" in evals[0].extras
+    live = session.policy.state("default")
+    with session.policy.weights("ema"):
+        pass
+    after = session.policy.state("default")
+    assert all(torch.equal(live[k], after[k]) for k in live)
+    assert not all(torch.equal(live[k], session.policy.state("ema")[k]) for k in live)
+
+
+def test_prompts_outside_the_rewards_grammar_are_refused_before_anything_is_written(tmp_path):
+    from solrl_core.errors import SolrlError
+
+    (tmp_path / "p.txt").write_text("a photo of a cat\n")
+    cfg = resolve_config("tiny", sets=[f"run.run_dir={tmp_path / 'r'}", f"run.prompts={tmp_path / 'p.txt'}"])
+    with pytest.raises(SolrlError, match="a photo of a cat"):
+        train(cfg, ev.EventBus(), stop=StopFlag())
+    assert not (tmp_path / "r").exists()
