@@ -22,8 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import tempfile
 from pathlib import Path
 
@@ -34,6 +32,7 @@ from solrl_core.config import FAMILIES
 from solrl_core.evaluation import evaluate
 from solrl_core.presets import resolve_config
 from solrl_core.trainer import StopFlag, train
+from _common import device_name  # benchmarks/ is on sys.path when a script runs
 
 DEFAULT_FAMILIES = ("sol_rl", "naive_scaling", "diffusionnft")
 STRICT = "tinyworld_geneval.strict_accuracy"
@@ -63,13 +62,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def device_name(device: str) -> str:
-    d = torch.device(device)
-    if d.type == "cuda":
-        return f"{device} ({torch.cuda.get_device_name(d)})"
-    info = Path("/proc/cpuinfo")
-    names = [ln.split(":", 1)[1].strip() for ln in info.read_text().splitlines() if ln.startswith("model name")] if info.is_file() else []
-    return f"cpu ({platform.machine()}, {names[0] if names else platform.processor() or 'unknown model'}, {os.cpu_count()} cores)"
 
 
 def run_family(family: str, args: argparse.Namespace, root: Path) -> dict:

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import statistics
 import tempfile
 from pathlib import Path
@@ -30,6 +28,7 @@ from solrl_core import events as ev
 from solrl_core.config import FAMILIES
 from solrl_core.presets import resolve_config
 from solrl_core.trainer import train
+from _common import device_name  # benchmarks/ is on sys.path when a script runs
 
 DEFAULT_FAMILIES = ("sol_rl", "naive_scaling", "diffusionnft")
 
@@ -85,16 +84,6 @@ def run_family(family: str, args: argparse.Namespace, root: Path) -> dict:
             "trained": prompts * plan.keep, "iterations": iterations}
 
 
-def device_name(device: str) -> str:
-    d = torch.device(device)
-    if d.type == "cuda":
-        return f"{device} ({torch.cuda.get_device_name(d)})"
-    model = platform.processor()
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        names = [ln.split(":", 1)[1].strip() for ln in cpuinfo.read_text().splitlines() if ln.startswith("model name")]
-        model = names[0] if names else model
-    return f"cpu ({platform.machine()}, {model or 'unknown model'}, {os.cpu_count()} cores)"
 
 
 def means(result: dict, warmup: int) -> dict[str, float]:

@@ -23,8 +23,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
-import platform
 import statistics
 import tempfile
 import time
@@ -39,6 +37,7 @@ from solrl_core.rollout import generate
 from solrl_core.sampler import sigma_grid
 from solrl_core.selection import select
 from solrl_core.session import open_session
+from _common import device_name  # benchmarks/ is on sys.path when a script runs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -58,12 +57,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def device_name(device: torch.device) -> str:
-    if device.type == "cuda":
-        return f"{device} ({torch.cuda.get_device_name(device)})"
-    info = Path("/proc/cpuinfo")
-    names = [ln.split(":", 1)[1].strip() for ln in info.read_text().splitlines() if ln.startswith("model name")] if info.is_file() else []
-    return f"cpu ({platform.machine()}, {names[0] if names else platform.processor() or 'unknown model'}, {os.cpu_count()} cores)"
 
 
 def ranked(r: np.ndarray) -> np.ndarray:
@@ -92,6 +85,8 @@ def compare(draft: np.ndarray, final: np.ndarray, hit_k: list[int], keep: int) -
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.seeds < 2 * max(args.hit_k):
+        raise SystemExit(f"--seeds {args.seeds} is too few for top/bottom-{max(args.hit_k)} hit rates: use at least {2 * max(args.hit_k)}")
     with tempfile.TemporaryDirectory(prefix="solrl-rank-") as tmp:
         cfg = resolve_config(args.model, "sol_rl", sets=[
             f"explore.steps={args.preview_steps}", f"sampler.steps={args.full_steps}", f"run.prompts={args.prompt_set}",
@@ -121,6 +116,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"  rolled out {name}: {P * S} rollouts in {seconds[name]:.2f} s (generate + decode)", flush=True)
     q, f6, ref = arms
     keep = cfg.selection.group_size
+    if keep > S:
+        raise SystemExit(f"K={keep} (selection.group_size) is more than --seeds {S}: raise --seeds or --set selection.group_size")
     comparisons = [(q, ref), (f6, ref), (q, f6)]
     per = {f"{a} vs {b}": [compare(rewards[a][i], rewards[b][i], args.hit_k, keep) for i in range(P)] for a, b in comparisons}
     ks = args.hit_k

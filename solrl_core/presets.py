@@ -60,7 +60,7 @@ def get_preset(kind: str, name: str) -> Preset:
     entry = _preset_root() / kind / f"{name}.toml"
     if not entry.is_file():
         singular = kind[:-1] if kind != "families" else "family"
-        raise SolrlError(f"unknown {singular} '{name}'", close_matches(name, names(kind)) + f" (list them with: solrl presets)")
+        raise SolrlError(f"unknown {singular} '{name}'", close_matches(name, names(kind)) + " (list them with: solrl presets)")
     return _read(kind, entry)
 
 
