@@ -28,11 +28,10 @@ from pathlib import Path
 import torch
 
 from solrl_core import events as ev
-from solrl_core.config import FAMILIES
 from solrl_core.evaluation import evaluate
 from solrl_core.presets import resolve_config
 from solrl_core.trainer import StopFlag, train
-from _common import device_name  # benchmarks/ is on sys.path when a script runs
+from _common import add_common_args, add_families_arg, device_name  # benchmarks/ is on sys.path when a script runs
 
 DEFAULT_FAMILIES = ("sol_rl", "naive_scaling", "diffusionnft")
 STRICT = "tinyworld_geneval.strict_accuracy"
@@ -41,9 +40,8 @@ NEVER = 10**9  # run.iterations: the budget, not the iteration count, ends a run
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny", help="model preset (default: tiny, the pre-trained tiny world)")
-    p.add_argument("--families", nargs="+", default=list(DEFAULT_FAMILIES), choices=FAMILIES, metavar="FAMILY",
-                   help=f"families to train, in order (default: {' '.join(DEFAULT_FAMILIES)})")
+    add_common_args(p, "write every family's series here")
+    add_families_arg(p, DEFAULT_FAMILIES)
     p.add_argument("--budget-seconds", type=float, default=150.0, help="training seconds per family (default: 150)")
     p.add_argument("--eval-every", type=int, default=5, help="run.eval_every: iterations between evaluations (default: 5)")
     p.add_argument("--eval-seeds", type=int, default=2, help="run.eval_seeds: seeds per held-out prompt (default: 2)")
@@ -51,11 +49,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--n", type=int, help="N, explore.group_size (default: the model preset's)")
     p.add_argument("--k", type=int, help="K, selection.group_size (default: the model preset's)")
     p.add_argument("--seed", type=int, default=0, help="run.seed shared by every family (default: 0)")
-    p.add_argument("--device", default="auto", help="run.device (default: auto)")
-    p.add_argument("--threads", type=int, default=0, help="run.threads (0 = torch's default)")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="extra config override applied to every family (repeatable)")
-    p.add_argument("--json", type=Path, metavar="PATH", help="write every family's series here")
     args = p.parse_args(argv)
     if args.budget_seconds <= 0:
         p.error("--budget-seconds must be positive")

@@ -25,30 +25,23 @@ from pathlib import Path
 import torch
 
 from solrl_core import events as ev
-from solrl_core.config import FAMILIES
 from solrl_core.presets import resolve_config
 from solrl_core.trainer import train
-from _common import device_name  # benchmarks/ is on sys.path when a script runs
+from _common import add_common_args, add_families_arg, device_name  # benchmarks/ is on sys.path when a script runs
 
 DEFAULT_FAMILIES = ("sol_rl", "naive_scaling", "diffusionnft")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny", help="model preset (default: tiny)")
-    p.add_argument("--families", nargs="+", default=list(DEFAULT_FAMILIES), choices=FAMILIES, metavar="FAMILY",
-                   help=f"families to time, in order (default: {' '.join(DEFAULT_FAMILIES)}; choices: {', '.join(FAMILIES)})")
+    add_common_args(p, 'write the raw per-iteration timings here')
+    add_families_arg(p, DEFAULT_FAMILIES)
     p.add_argument("--iterations", type=int, default=6, help="iterations per family, warm-up included (default: 6)")
     p.add_argument("--warmup", type=int, default=1, help="leading iterations of each family left out of the means (default: 1)")
     p.add_argument("--n", type=int, default=16, help="N: seeds explored per prompt, explore.group_size (default: 16)")
     p.add_argument("--k", type=int, default=8, help="K: seeds kept per prompt, selection.group_size (default: 8)")
     p.add_argument("--prompts-per-iteration", type=int, default=4, help="prompt groups per iteration (default: 4)")
     p.add_argument("--seed", type=int, default=0, help="run seed shared by every family (default: 0)")
-    p.add_argument("--device", default="auto", help="run.device: auto, cpu, cuda, cuda:N (default: auto)")
-    p.add_argument("--threads", type=int, default=0, help="run.threads, CPU threads for torch (0 = torch's default)")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="extra config override applied to every family (repeatable)")
-    p.add_argument("--json", type=Path, metavar="PATH", help="write the raw per-iteration timings here")
     args = p.parse_args(argv)
     if args.warmup < 0 or args.iterations <= args.warmup:
         p.error(f"--iterations ({args.iterations}) must exceed --warmup ({args.warmup}) so something is measured")

@@ -26,7 +26,6 @@ import json
 import statistics
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -37,12 +36,12 @@ from solrl_core.rollout import generate
 from solrl_core.sampler import sigma_grid
 from solrl_core.selection import select
 from solrl_core.session import open_session
-from _common import device_name  # benchmarks/ is on sys.path when a script runs
+from _common import add_common_args, device_name  # benchmarks/ is on sys.path when a script runs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="tiny", help="model preset (default: tiny, the pre-trained tiny world)")
+    add_common_args(p, 'write every reward and per-prompt statistic here')
     p.add_argument("--prompt-set", default="tinyworld_train", help="prompt set; its first --prompts prompts are used")
     p.add_argument("--prompts", type=int, default=16, help="P: prompts (default: 16)")
     p.add_argument("--seeds", type=int, default=32, help="S: seeds per prompt (default: 32)")
@@ -50,10 +49,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--preview-steps", type=int, default=6, help="steps of the two draft arms (default: 6)")
     p.add_argument("--full-steps", type=int, default=10, help="steps of the reference arm (default: 10)")
     p.add_argument("--hit-k", type=int, nargs="+", default=[4, 8], help="K of the top/bottom-K hit rates (default: 4 8)")
-    p.add_argument("--device", default="auto", help="run.device (default: auto)")
-    p.add_argument("--threads", type=int, default=0, help="run.threads (0 = torch's default)")
-    p.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.KEY=VALUE", help="extra config override")
-    p.add_argument("--json", type=Path, metavar="PATH", help="write every reward and per-prompt statistic here")
     return p.parse_args(argv)
 
 
