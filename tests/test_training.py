@@ -145,7 +145,8 @@ def test_crash_reports_failed_and_leaves_the_last_checkpoint_whole(fast_sets, mo
     assert sorted(os.listdir(ckpts)) == ["iter_000001"]  # no temporary leftovers
 
 
-def test_sigint_stops_at_a_safe_point_and_saves(tmp_path):
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_a_signal_stops_at_a_safe_point_and_saves(tmp_path, signame):
     import os
     import signal
     import subprocess
@@ -161,7 +162,7 @@ def test_sigint_stops_at_a_safe_point_and_saves(tmp_path):
     for line in proc.stdout:
         lines.append(line)
         if line.startswith("iter    1/"):
-            proc.send_signal(signal.SIGINT)
+            proc.send_signal(getattr(signal, signame))
             break
     out = "".join(lines) + proc.stdout.read()
     assert proc.wait(timeout=120) == 130, out
