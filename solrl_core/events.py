@@ -142,13 +142,3 @@ class JsonlLog:
     def close(self) -> None:
         self._fh.close()
 
-
-def read_events(path: str | Path) -> list[dict[str, Any]]:
-    """Parse an events.jsonl file (a torn last line from a crash is skipped)."""
-    out = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:
-            continue
-    return out

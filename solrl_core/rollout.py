@@ -8,7 +8,6 @@ on the policy with its `old` adapter active, so a large model is held once.
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass, replace
 
@@ -43,9 +42,10 @@ class RolloutBatch:
 class RolloutCopy:
     """A merged, frozen copy of the base transformer at a rollout precision."""
 
-    def __init__(self, base: nn.Module, precision: str, quant_skip: tuple[str, ...], compile: bool = False) -> None:
+    def __init__(self, module: nn.Module, precision: str, quant_skip: tuple[str, ...], compile: bool = False) -> None:
+        """Takes ownership of `module` (a copy of the base transformer, without adapters)."""
         self.precision = precision
-        self.module = copy.deepcopy(base).requires_grad_(False).eval()
+        self.module = module.requires_grad_(False).eval()
         if precision in ("bf16", "fp32"):
             self.module.to({"bf16": torch.bfloat16, "fp32": torch.float32}[precision])
         self.dtype = next(self.module.parameters()).dtype  # emulated NVFP4 computes in the base dtype
@@ -57,9 +57,9 @@ class RolloutCopy:
     @torch.no_grad()
     def refresh(self, merged: dict[str, torch.Tensor]) -> None:
         """Load base + old-adapter weights and re-quantize (weights are quantized once per refresh)."""
-        missing_ok = self.module.load_state_dict(merged, strict=False)
-        if missing_ok.unexpected_keys:
-            raise RuntimeError(f"rollout copy does not hold {missing_ok.unexpected_keys[:3]}")
+        result = self.module.load_state_dict(merged, strict=False)
+        if result.unexpected_keys:
+            raise RuntimeError(f"rollout copy does not hold {result.unexpected_keys[:3]}")
         if self.report is not None:
             requantize(self.module)
 

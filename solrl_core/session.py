@@ -163,14 +163,13 @@ def open_session(cfg: Config, resume: bool = False) -> Session:
     plan = plan_stages(cfg, dtype_name)
 
     model = load_model(cfg.model, device, dtype)
-    base = copy.deepcopy(model.transformer) if plan.explore_precision != dtype_name or plan.compiled else None
+    explore_copy = None
+    if plan.explore_precision != dtype_name or plan.compiled:  # copied before the adapters are added
+        explore_copy = RolloutCopy(copy.deepcopy(model.transformer), plan.explore_precision, cfg.model.quant_skip,
+                                   compile=plan.compiled)
     policy = Policy(model.transformer, cfg.model)
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.optimizer.lr, betas=(cfg.optimizer.beta1, cfg.optimizer.beta2),
                                   weight_decay=cfg.optimizer.weight_decay, eps=cfg.optimizer.eps)
-    explore_copy = None
-    if base is not None:
-        explore_copy = RolloutCopy(base, plan.explore_precision, cfg.model.quant_skip, compile=plan.compiled)
-        del base
     session = Session(cfg, run_dir, device, dtype_name, dtype, plan, model, policy, explore_copy, optimizer, rewards, prompts,
                       eval_prompts)
     if checkpoint is not None:
