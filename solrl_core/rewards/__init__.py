@@ -1,22 +1,24 @@
 """Rewards score a batch of images against their prompts: one float per image.
 
 A reward is any object with a `name` and `__call__(images, prompts) -> Tensor[B]`, where images are
-float tensors [B, 3, H, W] in [0, 1]. Optionally `check_prompts(prompts)` rejects prompts it cannot
-score (called before a run writes anything) and `summary(scores) -> dict` adds named statistics
-(e.g. GenEval-style strict accuracy) to evaluations. Several rewards combine as a weighted sum (`RewardSet`).
-New rewards register their constructor in `BUILDERS` once; presets in presets/rewards/ name them.
+float tensors [B, 3, H, W] in [0, 1] on any device, and the result is a float32 CPU tensor. Model
+rewards run on the context's device, in eval mode, under no_grad. Optionally a reward has
+`check_prompts(prompts)` (rejects prompts it cannot score, called before a run writes anything) and
+`summary(scores) -> dict` (named statistics for evaluations, e.g. GenEval-style strict accuracy).
+
+Each reward registers one `RewardSpec`: how to build it from a `RewardContext` (device, dtype and an
+optional local path for its weights), where its weights come from, and what it needs installed.
+Heavy backends are imported only when built, so `import solrl_core` stays light.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
 import torch
 
 from solrl_core.errors import SolrlError, close_matches
-from solrl_core.rewards.jpeg import JpegSize
-from solrl_core.rewards.tinyworld import TinyWorldReward
 
 
 class Reward(Protocol):
@@ -25,11 +27,116 @@ class Reward(Protocol):
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor: ...
 
 
-BUILDERS: dict[str, Callable[[], Reward]] = {
-    "jpeg_compressibility": lambda: JpegSize("jpeg_compressibility", sign=-1.0, scale=1 / 500),
-    "jpeg_incompressibility": lambda: JpegSize("jpeg_incompressibility", sign=1.0, scale=1.0),
-    "tinyworld_geneval": TinyWorldReward,
-}
+@dataclass(frozen=True)
+class RewardContext:
+    """What a reward needs to load: where to run and where its weights are."""
+
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    dtype: torch.dtype = torch.float32
+    path: str = ""  # a local folder or file from reward.paths; '' = the hub id (or the HF cache offline)
+    batch_size: int = 32  # images per forward pass of a model reward
+
+
+@dataclass(frozen=True)
+class RewardSpec:
+    name: str
+    build: Callable[[RewardContext], Reward]
+    description: str
+    weights: str = ""  # where the weights come from, for errors and `doctor`; '' = needs none
+    extra: str = ""  # the pip extra that installs its backend; '' = core install
+
+
+def _jpeg(name: str, sign: float, scale: float) -> Callable[[RewardContext], Reward]:
+    def build(ctx: RewardContext) -> Reward:
+        from solrl_core.rewards.jpeg import JpegSize
+
+        return JpegSize(name, sign=sign, scale=scale)
+    return build
+
+
+def _tinyworld(ctx: RewardContext) -> Reward:
+    from solrl_core.rewards.tinyworld import TinyWorldReward
+
+    return TinyWorldReward()
+
+
+def _imagereward(ctx: RewardContext) -> Reward:
+    from solrl_core.rewards.imagereward import ImageRewardScore
+
+    return ImageRewardScore.load(ctx)
+
+
+def _pickscore(ctx: RewardContext) -> Reward:
+    from solrl_core.rewards.clip_rewards import PickScore
+
+    return PickScore.load(ctx)
+
+
+def _clipscore(ctx: RewardContext) -> Reward:
+    from solrl_core.rewards.clip_rewards import ClipScore
+
+    return ClipScore.load(ctx)
+
+
+def _hpsv2(ctx: RewardContext) -> Reward:
+    from solrl_core.rewards.hpsv2 import HPSv2
+
+    return HPSv2.load(ctx)
+
+
+SPECS: dict[str, RewardSpec] = {s.name: s for s in (
+    RewardSpec("jpeg_compressibility", _jpeg("jpeg_compressibility", -1.0, 1 / 500),
+               "Smaller JPEG files score higher: -size_KB / 500 (PIL, quality 95)"),
+    RewardSpec("jpeg_incompressibility", _jpeg("jpeg_incompressibility", 1.0, 1.0),
+               "Larger JPEG files score higher: +size_KB (PIL, quality 95)"),
+    RewardSpec("tinyworld_geneval", _tinyworld,
+               "GenEval-style partial score of a tiny-world image against its caption, in [0, 1]"),
+    RewardSpec("imagereward", _imagereward, "ImageReward-v1.0 (BLIP ViT-L + BERT cross-attention + MLP head)",
+               weights="hub THUDM/ImageReward (ImageReward.pt, med_config.json) + tokenizer bert-base-uncased",
+               extra="rewards"),
+    RewardSpec("pickscore", _pickscore, "PickScore_v1: logit_scale * cos(text, image) / 26",
+               weights="hub yuvalkirstain/PickScore_v1 + processor laion/CLIP-ViT-H-14-laion2B-s32B-b79K"),
+    RewardSpec("clipscore", _clipscore, "CLIP ViT-L/14: logit_scale * cos(text, image) / 100",
+               weights="hub openai/clip-vit-large-patch14"),
+    RewardSpec("hpsv2", _hpsv2, "HPS v2.1 through open_clip ViT-H-14: image . text features",
+               weights="hub xswu/HPSv2 (HPS_v2.1_compressed.pt)", extra="rewards"),
+)}
+
+
+def reward_names() -> list[str]:
+    return list(SPECS)
+
+
+def build_reward(name: str, ctx: RewardContext | None = None) -> Reward:
+    """One reward by name, loaded for `ctx` (CPU, fp32, hub weights when omitted)."""
+    spec = SPECS.get(name)
+    if spec is None:
+        raise SolrlError(f"unknown reward '{name}'", close_matches(name, reward_names()))
+    try:
+        return spec.build(ctx or RewardContext())
+    except ImportError as exc:
+        install = f"pip install 'solrl[{spec.extra}]'" if spec.extra else "pip install solrl"
+        raise SolrlError(f"reward '{name}' cannot import its backend ({exc})", f"install it with `{install}`") from exc
+
+
+def parse_weights(spec: str) -> dict[str, float]:
+    """'imagereward=1.0,pickscore=0.5' (or a bare 'name', weight 1) -> {name: weight}."""
+    weights: dict[str, float] = {}
+    for part in (p.strip() for p in spec.split(",")):
+        if not part:
+            continue
+        name, _, value = part.partition("=")
+        name = name.strip()
+        try:
+            weight = float(value) if value.strip() else 1.0
+        except ValueError as exc:
+            raise SolrlError(f"reward weight '{value}' for '{name}' is not a number", "write it like imagereward=1.0,pickscore=0.5") from exc
+        if name in weights:
+            raise SolrlError(f"reward '{name}' is named twice in '{spec}'", "name each reward once")
+        weights[name] = weight
+    if not weights:
+        raise SolrlError("no reward named", "write it like imagereward=1.0,pickscore=0.5")
+    return weights
 
 
 @dataclass(frozen=True)
@@ -41,14 +148,22 @@ class Scores:
 
 
 class RewardSet:
-    """Several rewards with weights; `aggregation` decides how they meet the advantage."""
+    """Several rewards with weights. `total` is always the weighted sum of raw scores; how the
+    components meet the advantage (sum or per-reward normalisation) is `nft.combined_advantages`."""
 
-    def __init__(self, weights: dict[str, float]) -> None:
-        unknown = [n for n in weights if n not in BUILDERS]
+    def __init__(self, weights: dict[str, float], ctx: RewardContext | None = None,
+                 paths: dict[str, str] | None = None) -> None:
+        unknown = [n for n in weights if n not in SPECS]
         if unknown:
-            raise SolrlError(f"unknown reward '{unknown[0]}'", close_matches(unknown[0], list(BUILDERS)))
+            raise SolrlError(f"unknown reward '{unknown[0]}'", close_matches(unknown[0], reward_names()))
+        stray = [n for n in (paths or {}) if n not in weights]
+        if stray:
+            raise SolrlError(f"reward.paths names '{stray[0]}', which is not among the run's rewards ({', '.join(weights)})",
+                             "remove it, or add the reward with --reward")
+        base = ctx or RewardContext()
         self.weights = dict(weights)
-        self.rewards = {n: BUILDERS[n]() for n in weights}
+        self.rewards = {n: build_reward(n, RewardContext(base.device, base.dtype, (paths or {}).get(n, ""), base.batch_size))
+                        for n in weights}
 
     def check_prompts(self, prompts: list[str]) -> None:
         for reward in self.rewards.values():
