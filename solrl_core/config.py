@@ -102,7 +102,13 @@ class OptimizerConfig:
 @dataclass(frozen=True)
 class RewardConfig:
     weights: dict[str, float] = _f({"jpeg_compressibility": 1.0}, "Reward name -> weight.")
-    aggregation: str = _f("sum", "sum: weighted sum of raw rewards; advantage: normalise each, then weight.")
+    aggregation: str = _f("sum", "sum: advantage of the weighted sum of raw rewards; advantage: each reward's own "
+                                 "group advantage, then the weighted sum (robust to rewards on different scales).")
+    paths: dict[str, str] = _f({}, "Reward name -> local folder (or file) with its weights; unset = hub id / HF cache.")
+    batch_size: int = _f(32, "Images per forward pass of a model reward.")
+    health_min_std: float = _f(1e-6, "A reward whose std over the batch, or within every prompt group, is at most this "
+                                     "is near-constant (a failed load or broken preprocessing): warned about.")
+    health_patience: int = _f(3, "Stop the run after this many consecutive near-constant iterations of one reward (0 = never).")
 
 
 @dataclass(frozen=True)
@@ -174,7 +180,20 @@ class Config:
             raise SolrlError(f"sampler.guidance={self.sampler.guidance}: classifier-free guidance is not supported",
                              "Sol-RL trains and samples without CFG: keep sampler.guidance=1.0")
         if not self.reward.weights:
-            raise SolrlError("no reward configured", "pass --reward NAME or --set reward.weights=NAME=1.0")
+            raise SolrlError("no reward configured", "pass --reward NAME or --reward NAME=W,NAME=W")
+        if self.reward.batch_size < 1:
+            raise SolrlError(f"reward.batch_size={self.reward.batch_size} must be at least 1", "--set reward.batch_size=32")
+        if self.reward.health_patience < 0 or self.reward.health_min_std < 0:
+            raise SolrlError("reward.health_patience and reward.health_min_std must be >= 0", "0 turns the stop off")
+        from solrl_core.rewards import reward_names
+
+        unknown = [n for n in self.reward.weights if n not in reward_names()]
+        if unknown:
+            raise SolrlError(f"unknown reward '{unknown[0]}'", close_matches(unknown[0], reward_names()) + " (list them with: solrl presets)")
+        stray = [n for n in self.reward.paths if n not in self.reward.weights]
+        if stray:
+            raise SolrlError(f"reward.paths names '{stray[0]}', which is not among the run's rewards ({', '.join(self.reward.weights)})",
+                             "remove it, or add the reward with --reward")
         return self
 
 
@@ -240,9 +259,16 @@ def set_value(config: Config, assignment: str) -> Config:
     if section not in _SECTION_TYPES:
         raise SolrlError(f"unknown config section '{section}' in --set {assignment}", close_matches(section, list(_SECTION_TYPES)))
     names = [f.name for f in fields(_SECTION_TYPES[section])]
+    hints = typing.get_type_hints(_SECTION_TYPES[section])
+    entry = None
+    if key not in names and "." in key and typing.get_origin(hints.get(key.split(".", 1)[0])) is dict:
+        key, entry = key.split(".", 1)  # section.table.entry=value sets one entry of a table
     if key not in names:
         raise SolrlError(f"unknown setting '{path}' in --set", close_matches(key, names))
-    hint = typing.get_type_hints(_SECTION_TYPES[section])[key]
+    hint = hints[key]
+    if entry is not None:
+        value = {**getattr(getattr(config, section), key), entry: _coerce(typing.get_args(hint)[1], text.strip(), path, "--set")}
+        return from_dict({section: {key: value}}, config, source="--set")
     return from_dict({section: {key: _parse_text(hint, text.strip(), path)}}, config, source="--set")
 
 
@@ -252,10 +278,11 @@ def _parse_text(hint: Any, text: str, name: str) -> Any:
     if origin is tuple:
         return tuple(p.strip() for p in text.split(",") if p.strip())
     if origin is dict:
-        out: dict[str, float] = {}
+        value_type = typing.get_args(hint)[1]
+        out: dict[str, Any] = {}
         for part in filter(None, (p.strip() for p in text.split(","))):
             k, _, w = part.partition("=")
-            out[k.strip()] = _coerce(float, w or "1.0", name, "--set")
+            out[k.strip()] = _coerce(value_type, w or ("1.0" if value_type is float else ""), name, "--set")
         return out
     if hint is bool:
         low = text.lower()
@@ -278,7 +305,8 @@ def _coerce(hint: Any, value: Any, name: str, source: str) -> Any:
         if origin is dict:
             if not isinstance(value, dict):
                 raise TypeError
-            return {str(k): float(v) for k, v in value.items()}
+            value_type = typing.get_args(hint)[1]
+            return {str(k): _coerce(value_type, v, f"{name}.{k}", source) for k, v in value.items()}
         if hint is bool:
             if not isinstance(value, bool):
                 raise TypeError
@@ -310,7 +338,7 @@ def _type_name(hint: Any) -> str:
     if origin is tuple:
         return "a list of names (comma-separated with --set)"
     if origin is dict:
-        return "a table name = weight (NAME=W,NAME=W with --set)"
+        return "a table name = value (NAME=V,NAME=V with --set)"
     return str(hint)
 
 

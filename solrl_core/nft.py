@@ -7,6 +7,7 @@ an implicit negative one (pushed toward low-advantage ones), as in DiffusionNFT 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,19 @@ def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, clip: float) -
         means[members] = rewards[members].mean()
     std = rewards.std(unbiased=False) if rewards.numel() > 1 else torch.tensor(0.0)
     return ((rewards - means) / (std + 1e-4)).clamp(-clip, clip)
+
+
+def combined_advantages(total: torch.Tensor, components: dict[str, torch.Tensor], weights: dict[str, float],
+                        groups: torch.Tensor, aggregation: str, clip: float) -> torch.Tensor:
+    """Advantages of several rewards. 'sum': of the weighted sum of raw scores. 'advantage': each
+    reward's own group advantage (so a reward on a large scale cannot drown the others), weighted
+    and summed, then clipped. With one reward of weight 1 both are the same."""
+    if aggregation == "sum":
+        return group_advantages(total, groups, clip)
+    if aggregation != "advantage":
+        raise ValueError(f"unknown aggregation {aggregation!r}")
+    combined = sum(w * group_advantages(components[n], groups, math.inf) for n, w in weights.items())
+    return torch.as_tensor(combined).clamp(-clip, clip)
 
 
 @dataclass(frozen=True)

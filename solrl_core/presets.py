@@ -7,14 +7,16 @@ Precedence, lowest first: dataclass defaults < model preset < family preset < re
 
 from __future__ import annotations
 
-import tomllib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
+import tomllib
+
 from solrl_core.config import Config, from_dict, set_value
 from solrl_core.errors import SolrlError, close_matches
+from solrl_core.rewards import parse_weights
 
 KINDS = ("models", "families", "rewards")
 
@@ -112,12 +114,17 @@ def resolve_config(
     if preset:
         model, family, reward = split_preset_name(preset)
     parts = [get_preset("models", model), get_preset("families", family)]
-    if reward:
+    weights = None
+    if reward and ("=" in reward or "," in reward):
+        weights = parse_weights(reward)  # several rewards: 'imagereward=1.0,pickscore=0.5'
+    elif reward:
         parts.append(get_preset("rewards", reward))
     config = Config()
     for part in parts:
         config = from_dict(part.values, config, source=f"preset {part.kind}/{part.name}")
-    name = f"{model}_{family}_{reward or next(iter(config.reward.weights))}"
+    if weights is not None:
+        config = from_dict({"reward": {"weights": weights}}, config, source="--reward")
+    name = f"{model}_{family}_{'+'.join(config.reward.weights) if weights else reward or next(iter(config.reward.weights))}"
     config = from_dict({"preset": name, "model": {"name": model}}, config)
     if config_file:
         config = from_dict(load_config_file(config_file), config, source=str(config_file))

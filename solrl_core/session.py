@@ -24,7 +24,8 @@ from solrl_core.models import DiffusionModel, load_model
 from solrl_core.models.base import Conditioning
 from solrl_core.policy import OLD, Policy
 from solrl_core.prompts import load_prompts
-from solrl_core.rewards import RewardSet
+from solrl_core.rewards import RewardContext, RewardSet
+from solrl_core.rewards.health import RewardHealth
 from solrl_core.rollout import RolloutCopy
 
 CONFIG_FILE = "config.toml"
@@ -107,6 +108,7 @@ class Session:
     step: int = 0
     history: list[float] = field(default_factory=list)
     resumed: bool = False
+    health: RewardHealth = field(default_factory=lambda: RewardHealth(min_std=0.0, patience=0))
     rank: int = 0  # torch.distributed comes later: one process owns every prompt group for now
     world_size: int = 1
     _cond_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
@@ -122,7 +124,8 @@ class Session:
                             torch.stack([self._cond_cache[p][1] for p in prompts]))
 
     def loop_state(self) -> dict:
-        return {"iteration": self.iteration, "step": self.step, "history": self.history}
+        return {"iteration": self.iteration, "step": self.step, "history": self.history,
+                "reward_streaks": dict(self.health.streaks)}
 
 
 def load_run_config(run_dir: str | Path) -> Config:
@@ -145,9 +148,10 @@ def open_session(cfg: Config, resume: bool = False) -> Session:
     cfg.validate()
     prompts = load_prompts(cfg.run.prompts)
     eval_prompts = load_prompts(cfg.run.eval_prompts) if cfg.run.eval_prompts else []
-    rewards = RewardSet(cfg.reward.weights)
-    rewards.check_prompts(prompts + eval_prompts)
     device = resolve_device(cfg.run.device)
+    rewards = RewardSet(cfg.reward.weights, RewardContext(device, torch.float32, batch_size=cfg.reward.batch_size),
+                        paths=cfg.reward.paths)
+    rewards.check_prompts(prompts + eval_prompts)
     dtype_name, dtype = resolve_dtype(cfg.run.dtype, device)
     if cfg.run.threads > 0:
         torch.set_num_threads(cfg.run.threads)
@@ -171,10 +175,11 @@ def open_session(cfg: Config, resume: bool = False) -> Session:
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.optimizer.lr, betas=(cfg.optimizer.beta1, cfg.optimizer.beta2),
                                   weight_decay=cfg.optimizer.weight_decay, eps=cfg.optimizer.eps)
     session = Session(cfg, run_dir, device, dtype_name, dtype, plan, model, policy, explore_copy, optimizer, rewards, prompts,
-                      eval_prompts)
+                      eval_prompts, health=RewardHealth(cfg.reward.health_min_std, cfg.reward.health_patience))
     if checkpoint is not None:
         state = load_checkpoint(checkpoint, policy, optimizer)
         session.iteration, session.step, session.history = state["iteration"], state["step"], state["history"]
+        session.health.streaks = dict(state.get("reward_streaks", {}))
         session.resumed = True
     if explore_copy is not None:
         explore_copy.refresh(policy.merged_weights(OLD))

@@ -34,7 +34,7 @@ import torch
 from solrl_core import events as ev
 from solrl_core.checkpoint import save_checkpoint
 from solrl_core.config import Config, to_dict
-from solrl_core.nft import group_advantages, nft_loss
+from solrl_core.nft import combined_advantages, nft_loss
 from solrl_core.policy import OLD
 from solrl_core.prompts import prompts_for_iteration, shard
 from solrl_core.rollout import RolloutBatch, rollout
@@ -95,8 +95,11 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
                 last = session.iteration == cfg.run.iterations
                 if session.eval_prompts and (last or session.iteration % cfg.run.eval_every == 0):
                     _evaluate(session, bus, "ema")
-                if flag.requested or last or session.iteration % cfg.run.checkpoint_every == 0:
+                failure = session.health.failure()
+                if failure or flag.requested or last or session.iteration % cfg.run.checkpoint_every == 0:
                     _checkpoint(session, bus)
+                if failure:
+                    raise failure
                 if flag.requested and not last:
                     reason = "interrupted"
                     break
@@ -119,6 +122,7 @@ def run_iteration(session: Session, bus: ev.EventBus) -> None:
     rng = np.random.default_rng([cfg.run.seed, session.iteration])
     prompts = shard(prompts_for_iteration(session.prompts, cfg.run.prompts_per_iteration, rng), session.rank, session.world_size)
     drafts = explore(session, prompts, rng)
+    _check_rewards(session, bus, drafts)
     t0 = time.perf_counter()
     keep = select_seeds(session, drafts, rng)
     t_select = time.perf_counter() - t0
@@ -153,9 +157,10 @@ def explore(session: Session, prompts: list[str], rng: np.random.Generator) -> R
 def select_seeds(session: Session, drafts: RolloutBatch, rng: np.random.Generator) -> torch.Tensor:
     """Indices into `drafts` of the K seeds kept for each prompt group."""
     keep = []
+    ranking = _advantages(session, drafts, math.inf)  # within a group, ranks like the reward the update sees
     for g in drafts.groups.unique(sorted=True):
         members = torch.nonzero(drafts.groups == g).flatten()
-        chosen = select(drafts.rewards[members], session.plan.keep, session.config.selection.mode, rng)
+        chosen = select(ranking[members], session.plan.keep, session.config.selection.mode, rng)
         keep.append(members[chosen])
     return torch.cat(keep)
 
@@ -184,7 +189,7 @@ def update(session: Session, batch: RolloutBatch, rng: np.random.Generator) -> d
     cfg, policy, model = session.config, session.policy, session.model
     alg = cfg.algorithm
     device = session.device
-    adv = group_advantages(batch.rewards, batch.groups, alg.adv_clip_max).to(device)
+    adv = _advantages(session, batch, alg.adv_clip_max).to(device)
     grid = batch.sigmas[:-1]
     per_sample = max(1, int(session.plan.full_steps * alg.timestep_fraction))
     per_sample = min(per_sample, grid.numel())
@@ -239,6 +244,17 @@ def sync(session: Session) -> float:
         session.explore_copy.refresh(session.policy.merged_weights(OLD))
     session.step += 1
     return decay
+
+
+def _advantages(session: Session, batch: RolloutBatch, clip: float) -> torch.Tensor:
+    reward = session.config.reward
+    return combined_advantages(batch.rewards, batch.components, reward.weights, batch.groups, reward.aggregation, clip)
+
+
+def _check_rewards(session: Session, bus: ev.EventBus, batch: RolloutBatch) -> None:
+    """Warn about near-constant rewards (see rewards/health.py)."""
+    for finding in session.health.check(batch.components, batch.groups):
+        bus.emit(ev.RunWarning(message=finding.message))
 
 
 def _autocast(session: Session) -> contextlib.AbstractContextManager:
