@@ -87,6 +87,122 @@ def _print_config(cfg) -> None:  # type: ignore[no-untyped-def]
     print(tomli_w.dumps(to_dict(cfg)), end="")
 
 
+@app.command("eval")
+def eval_(
+    run: Annotated[Optional[Path], typer.Argument(help="A run folder: its newest checkpoint is scored against the base model. Omit to score a base model.")] = None,
+    model: opt.Model = None,
+    reward: opt.Reward = None,
+    prompts: opt.Prompts = None,
+    seeds: Annotated[Optional[int], typer.Option("--seeds", min=1, help="Fixed seeds per prompt. Default: run.eval_seeds.")] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="Sampling steps. Default: sampler.eval_steps.")] = None,
+    weights: Annotated[str, typer.Option("--weights", help="Tuned weights to score besides the base: ema, trained or ema,trained.")] = "ema",
+    checkpoint: Annotated[Optional[str], typer.Option("--checkpoint", help="Checkpoint folder name (iter_000030) or path. Default: the newest.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output folder. Default: RUN/eval/<time>, or runs/eval-<time>.")] = None,
+    save_images: Annotated[bool, typer.Option("--save-images", help="Keep every image as PNG under OUT/images/.")] = False,
+    set_: opt.Sets = None,
+    device: opt.Device = None,
+) -> None:
+    """Score the base model, or a run's checkpoint against its base, with one or more rewards."""
+    import datetime as dt
+
+    from solrl_core import events
+    from solrl_core.checkpoint import list_checkpoints
+    from solrl_core.config import from_dict, set_value
+    from solrl_core.errors import SolrlError
+    from solrl_core.evaluation import EvalRequest, evaluate_weights
+    from solrl_core.presets import resolve_config
+    from solrl_core.prompts import load_prompts
+    from solrl_core.rewards import parse_weights
+    from solrl_core.session import load_run_config
+    from solrl_cli.display import TerminalDisplay
+
+    with user_errors():
+        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        tuned = tuple(w.strip() for w in weights.split(",") if w.strip())
+        bad = [w for w in tuned if w not in ("ema", "trained")]
+        if bad or not tuned:
+            raise SolrlError(f"--weights {weights}: expected ema, trained or both", "for example --weights ema,trained")
+        if run is not None:
+            if model:
+                raise SolrlError("--model is taken from the run's saved config", "drop --model, or omit RUN to score a base model")
+            cfg = load_run_config(run)
+            found = list_checkpoints(run)
+            ckpt = _pick_checkpoint(run, found, checkpoint)
+            order = ("base", *tuned)
+            out_dir = out or run / "eval" / stamp
+        else:
+            if checkpoint:
+                raise SolrlError("--checkpoint needs a RUN folder", "pass the run folder as the first argument")
+            cfg = resolve_config(model or "tiny", "sol_rl")
+            ckpt, order = None, ("base",)
+            out_dir = out or Path("runs") / f"eval-{stamp}"
+        if reward:
+            names = parse_weights(reward) if ("=" in reward or "," in reward) else _reward_preset_weights(reward)
+            paths = {k: v for k, v in cfg.reward.paths.items() if k in names}
+            cfg = from_dict({"reward": {"weights": names, "paths": paths}}, cfg, source="--reward")
+        for assignment in set_ or ():
+            cfg = set_value(cfg, assignment)
+        changes = {"run": {"device": device} if device else {}, "sampler": {"eval_steps": steps} if steps else {}}
+        cfg = from_dict(changes, cfg, source="command-line flags").validate()
+        prompt_spec = prompts or cfg.run.eval_prompts or cfg.run.prompts
+        req = EvalRequest(config=cfg, prompts=load_prompts(prompt_spec), per_prompt=seeds or cfg.run.eval_seeds,
+                          weights=order, checkpoint=ckpt, out_dir=Path(out_dir), save_images=save_images, prompt_set=prompt_spec)
+        console.print(f"[bold]solrl eval[/bold]  {ckpt or cfg.model.name + ' (base)'}  prompts {prompt_spec} "
+                      f"({len(req.prompts)} x {req.per_prompt} seeds)  steps {cfg.sampler.eval_steps}  "
+                      f"rewards {', '.join(cfg.reward.weights)}")
+        bus = events.EventBus()
+        bus.subscribe(TerminalDisplay(console))
+        results = evaluate_weights(req, bus)
+        _print_eval_table(results, req)
+
+
+def _pick_checkpoint(run: Path, found: list[Path], name: Optional[str]) -> Path:
+    from solrl_core.errors import SolrlError
+
+    if not found:
+        raise SolrlError(f"{run} holds no complete checkpoint", "train it for at least one checkpoint interval first")
+    if name is None:
+        return found[-1]
+    for path in found:
+        if name in (path.name, str(path)):
+            return path
+    raise SolrlError(f"no checkpoint '{name}' in {run}", "choose one of: " + ", ".join(p.name for p in found))
+
+
+def _reward_preset_weights(name: str) -> dict[str, float]:
+    from solrl_core.presets import get_preset
+    from solrl_core.rewards import reward_names
+
+    if name in reward_names():
+        return {name: 1.0}
+    return dict(get_preset("rewards", name).values["reward"]["weights"])
+
+
+def _print_eval_table(results, req) -> None:  # type: ignore[no-untyped-def]
+    from solrl_core.evaluation import summary
+    from solrl_core.session import resolve_device
+
+    table = Table(title=f"{req.prompt_set}: {len(req.prompts)} prompts x {req.per_prompt} seeds, {req.config.sampler.eval_steps} "
+                        f"steps, on {resolve_device(req.config.run.device)}  (delta: versus base)")
+    for col in ("weights", "reward", "mean", "std", "delta"):
+        table.add_column(col, justify="left" if col in ("weights", "reward") else "right")
+    stats = summary(results)
+    several = len(req.config.reward.weights) > 1
+    for weights, entry in stats.items():
+        for name, row in entry["rewards"].items():
+            if name == "total" and not several:
+                continue
+            delta = "" if weights == results[0].weights else f"{row['delta']:+.4f}"
+            table.add_row(weights, name if name != "total" else "weighted sum", f"{row['mean']:.4f}", f"{row['std']:.4f}", delta)
+        for key, value in entry["extras"].items():
+            base = stats[results[0].weights]["extras"].get(key)
+            delta = "" if weights == results[0].weights or base is None else f"{value - base:+.4f}"
+            table.add_row(weights, key, f"{value:.4f}", "", delta)
+    console.print(table)
+    console.print(f"per-image scores: {req.out_dir / 'samples.jsonl'}   summary: {req.out_dir / 'summary.json'}"
+                  + (f"   images: {req.out_dir / 'images'}" if req.save_images else ""))
+
+
 @app.command()
 def presets() -> None:
     """List the built-in model, family and reward presets and prompt sets."""

@@ -78,17 +78,26 @@ def _fsync_tree(folder: Path) -> None:
                 os.fsync(fh.fileno())
 
 
-def load_checkpoint(path: Path, policy: Policy, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """Restore adapters, optimizer and RNG states; return the loop state. Corruption is a clear error."""
+def load_adapters(path: Path, policy: Policy) -> None:
+    """The trained, old and EMA adapters of a checkpoint into `policy` (for resume, eval and infer)."""
     try:
         for adapter, sub in ((TRAINED, path), (OLD, path / "old"), ("ema", path / "ema")):
             tensors = load_file(str(sub / LORA_FILE))
             policy.load_state(adapter, {k.removeprefix("transformer."): v for k, v in tensors.items()})
+    except SolrlError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any failure to read means the checkpoint cannot be trusted
+        raise SolrlError(f"checkpoint {path} is unreadable or corrupt: {type(exc).__name__}: {exc}",
+                         "delete that folder to resume from the previous checkpoint") from exc
+
+
+def load_checkpoint(path: Path, policy: Policy, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Restore adapters, optimizer and RNG states; return the loop state. Corruption is a clear error."""
+    load_adapters(path, policy)
+    try:
         optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
         rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=False)
         state = json.loads((path / "trainer_state.json").read_text())
-    except SolrlError:
-        raise
     except Exception as exc:  # noqa: BLE001 - any failure to read means the checkpoint cannot be trusted
         raise SolrlError(f"checkpoint {path} is unreadable or corrupt: {type(exc).__name__}: {exc}",
                          "delete that folder to resume from the previous checkpoint") from exc

@@ -1,17 +1,25 @@
-"""Evaluation: fixed prompts x fixed seeds at the eval step count, scored, for base or EMA weights.
+"""Evaluation: fixed prompts x fixed seeds at the eval step count, scored, for base or tuned weights.
 
-The same (prompt, seed) pairs are used for every evaluation of a run, so two evaluations differ
-only by the weights: a rise is the model's, not the noise's.
+The same (prompt, seed) pairs are used for every evaluation, during training and by `solrl eval`,
+so two evaluations differ only by the weights: a rise is the model's, not the noise's.
+`evaluate` scores a live training session; `evaluate_weights` loads a model (and a run's checkpoint)
+on its own and scores several weight sets, writing one JSONL row per image.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
-from solrl_core.rewards import Scores
+from solrl_core import events as ev
+from solrl_core.config import Config, SamplerConfig
+from solrl_core.models.base import Conditioning, DiffusionModel
+from solrl_core.policy import Policy
+from solrl_core.rewards import RewardSet, Scores
 from solrl_core.rollout import generate
 from solrl_core.sampler import sigma_grid
 from solrl_core.session import Session
@@ -40,12 +48,101 @@ def eval_seeds(n_prompts: int, per_prompt: int) -> torch.Tensor:
 @torch.no_grad()
 def evaluate(session: Session, prompts: list[str], per_prompt: int, weights: str) -> Evaluation:
     """Score `weights` ("base": adapters off, "ema": the EMA adapter, "trained": the live adapter)."""
+    flat = [p for p in prompts for _ in range(per_prompt)]
+    return _score(session.model, session.policy, session.rewards, session.config.sampler, session.dtype, prompts, per_prompt,
+                  weights, session.conditioning(flat))[0]
+
+
+@torch.no_grad()
+def _score(model: DiffusionModel, policy: Policy, rewards: RewardSet, sampler: SamplerConfig, dtype: torch.dtype,
+           prompts: list[str], per_prompt: int, weights: str, cond: Conditioning) -> tuple[Evaluation, torch.Tensor]:
     t0 = time.perf_counter()
     flat = [p for p in prompts for _ in range(per_prompt)]
     seeds = eval_seeds(len(prompts), per_prompt)
-    cfg = session.config.sampler
-    with session.policy.weights(weights) as net:
-        latents = generate(session.model, net, session.conditioning(flat), seeds, sigma_grid(cfg.eval_steps, cfg.shift),
-                           cfg.rollout_batch, cfg.solver, session.dtype)
-    scores = session.rewards(session.model.decode(latents), flat)
-    return Evaluation(weights, prompts, seeds, scores, session.rewards.summary(scores), time.perf_counter() - t0)
+    with policy.weights(weights) as net:
+        latents = generate(model, net, cond, seeds, sigma_grid(sampler.eval_steps, sampler.shift), sampler.rollout_batch,
+                           sampler.solver, dtype)
+    images = torch.cat([model.decode(latents[i:i + sampler.rollout_batch]) for i in range(0, len(flat), sampler.rollout_batch)])
+    scores = rewards(images, flat)
+    return Evaluation(weights, prompts, seeds, scores, rewards.summary(scores), time.perf_counter() - t0), images
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    """What `solrl eval` scores: `weights` in order ('base' first gives the deltas), on these prompts."""
+
+    config: Config  # model, sampler (eval_steps), rewards and device of the evaluation
+    prompts: list[str]
+    per_prompt: int
+    weights: tuple[str, ...]
+    checkpoint: Path | None  # a run's checkpoint folder; None = base model only
+    out_dir: Path
+    save_images: bool = False
+    prompt_set: str = ""  # the name or file the prompts came from, for the record
+
+
+def evaluate_weights(req: EvalRequest, bus: ev.EventBus) -> list[Evaluation]:
+    """Load the model once, score each weight set, write `samples.jsonl` and `summary.json` in out_dir."""
+    from solrl_core.checkpoint import load_adapters
+    from solrl_core.models import load_model
+    from solrl_core.rewards import RewardContext
+    from solrl_core.session import resolve_device, resolve_dtype, write_atomic
+
+    cfg = req.config
+    device = resolve_device(cfg.run.device)
+    _, dtype = resolve_dtype(cfg.run.dtype, device)
+    if cfg.run.threads > 0:
+        torch.set_num_threads(cfg.run.threads)
+    rewards = RewardSet(cfg.reward.weights, RewardContext(device, torch.float32, batch_size=cfg.reward.batch_size),
+                        paths=cfg.reward.paths)
+    rewards.check_prompts(req.prompts)
+    model = load_model(cfg.model, device, dtype)
+    policy = Policy(model.transformer, cfg.model)
+    if req.checkpoint is not None:
+        load_adapters(req.checkpoint, policy)
+    flat = [p for p in req.prompts for _ in range(req.per_prompt)]
+    with torch.no_grad():  # each prompt encoded once, then repeated for its seeds
+        parts = [model.encode(req.prompts[i:i + 64]) for i in range(0, len(req.prompts), 64)]
+    conditioning = Conditioning(torch.cat([c.embeds for c in parts]).repeat_interleave(req.per_prompt, dim=0),
+                                torch.cat([c.mask for c in parts]).repeat_interleave(req.per_prompt, dim=0))
+    req.out_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    with open(req.out_dir / "samples.jsonl", "w", encoding="utf-8") as rows:
+        for weights in req.weights:
+            result, images = _score(model, policy, rewards, cfg.sampler, dtype, req.prompts, req.per_prompt, weights, conditioning)
+            results.append(result)
+            for i, prompt in enumerate(flat):
+                row = {"weights": weights, "prompt": prompt, "seed": int(result.seeds[i]), "reward": float(result.scores.total[i]),
+                       **{f"reward.{k}": float(v[i]) for k, v in result.scores.components.items()}}
+                if req.save_images:
+                    path = req.out_dir / "images" / weights / f"{i:05d}.png"
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    _save_png(images[i], path)
+                    row["image"] = str(path.relative_to(req.out_dir))
+                rows.write(json.dumps(row) + "\n")
+            bus.emit(ev.EvalFinished(iteration=0, weights=weights, prompts=req.prompt_set or f"{len(req.prompts)} prompts", samples=len(flat),
+                                     mean=result.mean, components={k: float(v.mean()) for k, v in result.scores.components.items()},
+                                     extras=result.extras, seconds=result.seconds))
+    write_atomic(req.out_dir / "summary.json", json.dumps(summary(results), indent=2))
+    return results
+
+
+def summary(results: list[Evaluation]) -> dict:
+    """Per weight set and reward: mean, std and the delta of the mean versus the first (base) set."""
+    base = results[0]
+    out: dict = {}
+    for r in results:
+        table = {}
+        for name, values in {"total": r.scores.total, **r.scores.components}.items():
+            ref = base.scores.total if name == "total" else base.scores.components[name]
+            table[name] = {"mean": float(values.mean()), "std": float(values.std(unbiased=False)),
+                           "delta": float(values.mean() - ref.mean())}
+        out[r.weights] = {"rewards": table, "extras": r.extras, "samples": int(r.seeds.numel()), "seconds": r.seconds}
+    return out
+
+
+def _save_png(image: torch.Tensor, path: Path) -> None:
+    from PIL import Image
+
+    arr = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+    Image.fromarray(arr).save(path)

@@ -115,3 +115,31 @@ def test_train_writes_a_run_and_resume_extends_it(in_tmp):
     assert (run / "checkpoints" / "iter_000003").is_dir()
     conflict = runner.invoke(app, ["train", "--resume", "r", "--model", "tiny"])
     assert conflict.exit_code == 2 and "--resume continues a run" in conflict.output
+
+
+def test_eval_scores_a_run_against_its_base_and_writes_every_image(in_tmp):
+    import json
+
+    assert runner.invoke(app, ["train", *_fast_args("--iterations", "1", "--run-dir", "r")]).exit_code == 0
+    Path("p.txt").write_text("a red circle\na blue square left of a green triangle\n")
+    result = runner.invoke(app, ["eval", "r", "--prompts", "p.txt", "--seeds", "2", "--steps", "2", "--out", "ev",
+                                 "--weights", "ema,trained", "--save-images"])
+    assert result.exit_code == 0, result.output
+    assert "tinyworld_geneval" in result.output and "strict_accuracy" in result.output and "delta" in result.output
+    rows = [json.loads(line) for line in Path("ev/samples.jsonl").read_text().splitlines()]
+    assert [r["weights"] for r in rows] == ["base"] * 4 + ["ema"] * 4 + ["trained"] * 4
+    assert all(Path("ev", r["image"]).is_file() for r in rows)
+    assert rows[0]["seed"] == rows[4]["seed"]  # same seeds for every weight set
+    summary = json.loads(Path("ev/summary.json").read_text())
+    assert summary["base"]["rewards"]["tinyworld_geneval"]["delta"] == 0.0
+    ema = summary["ema"]["rewards"]["tinyworld_geneval"]
+    assert ema["delta"] == pytest.approx(ema["mean"] - summary["base"]["rewards"]["tinyworld_geneval"]["mean"])
+
+
+def test_eval_errors_are_one_line(in_tmp):
+    result = runner.invoke(app, ["eval", "nowhere"])
+    assert result.exit_code == 2 and "does not exist" in result.output
+    result = runner.invoke(app, ["eval", "--weights", "best"])
+    assert result.exit_code == 2 and "expected ema, trained" in result.output
+    result = runner.invoke(app, ["eval", "--reward", "imagereward=1,pikscore=1"])
+    assert result.exit_code == 2 and "did you mean 'pickscore'" in result.output
