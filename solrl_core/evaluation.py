@@ -103,8 +103,7 @@ def evaluate_weights(req: EvalRequest, bus: ev.EventBus) -> list[Evaluation]:
     flat = [p for p in req.prompts for _ in range(req.per_prompt)]
     with torch.no_grad():  # each prompt encoded once, then repeated for its seeds
         parts = [model.encode(req.prompts[i:i + 64]) for i in range(0, len(req.prompts), 64)]
-    conditioning = Conditioning(torch.cat([c.embeds for c in parts]).repeat_interleave(req.per_prompt, dim=0),
-                                torch.cat([c.mask for c in parts]).repeat_interleave(req.per_prompt, dim=0))
+    conditioning = Conditioning.cat(parts)[torch.arange(len(req.prompts)).repeat_interleave(req.per_prompt)]
     req.out_dir.mkdir(parents=True, exist_ok=True)
     results = []
     with open(req.out_dir / "samples.jsonl", "w", encoding="utf-8") as rows:

@@ -111,17 +111,17 @@ class Session:
     health: RewardHealth = field(default_factory=lambda: RewardHealth(min_std=0.0, patience=0))
     rank: int = 0  # torch.distributed comes later: one process owns every prompt group for now
     world_size: int = 1
-    _cond_cache: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    _cond_cache: dict[str, Conditioning] = field(default_factory=dict)
 
     def conditioning(self, prompts: list[str]) -> Conditioning:
-        """Text conditioning per prompt, each unique prompt encoded once per run."""
+        """Text conditioning per prompt, each unique prompt encoded once per run (text encoders
+        can then leave the GPU: see the model loaders)."""
         new = [p for p in dict.fromkeys(prompts) if p not in self._cond_cache]
         if new:
             enc = self.model.encode(new)
             for i, p in enumerate(new):
-                self._cond_cache[p] = (enc.embeds[i], enc.mask[i])
-        return Conditioning(torch.stack([self._cond_cache[p][0] for p in prompts]),
-                            torch.stack([self._cond_cache[p][1] for p in prompts]))
+                self._cond_cache[p] = enc[i:i + 1]
+        return Conditioning.cat([self._cond_cache[p] for p in prompts])
 
     def loop_state(self) -> dict:
         return {"iteration": self.iteration, "step": self.step, "history": self.history,

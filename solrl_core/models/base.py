@@ -11,20 +11,24 @@ from torch import nn
 
 @dataclass(frozen=True)
 class Conditioning:
-    """Text conditioning of a batch: token embeddings and their attention mask."""
+    """Text conditioning of a batch: token embeddings, their attention mask, and (FLUX, SD3) the
+    pooled text embedding."""
 
     embeds: torch.Tensor  # [B, L, D]
     mask: torch.Tensor  # [B, L]
+    pooled: torch.Tensor | None = None  # [B, P]
 
     def __getitem__(self, index: torch.Tensor | slice | list[int]) -> "Conditioning":
-        return Conditioning(self.embeds[index], self.mask[index])
+        return Conditioning(self.embeds[index], self.mask[index], None if self.pooled is None else self.pooled[index])
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> "Conditioning":
-        return Conditioning(self.embeds.to(device=device, dtype=dtype or self.embeds.dtype), self.mask.to(device))
+        pooled = None if self.pooled is None else self.pooled.to(device=device, dtype=dtype or self.pooled.dtype)
+        return Conditioning(self.embeds.to(device=device, dtype=dtype or self.embeds.dtype), self.mask.to(device), pooled)
 
     @staticmethod
     def cat(parts: list["Conditioning"]) -> "Conditioning":
-        return Conditioning(torch.cat([p.embeds for p in parts]), torch.cat([p.mask for p in parts]))
+        pooled = None if parts[0].pooled is None else torch.cat([p.pooled for p in parts])  # type: ignore[misc]
+        return Conditioning(torch.cat([p.embeds for p in parts]), torch.cat([p.mask for p in parts]), pooled)
 
 
 # velocity(module, latents [B,C,H,W], sigmas [B], cond) -> predicted flow velocity (noise - x0)
