@@ -25,6 +25,7 @@ PRECEDENCE = "defaults < model preset < family preset < reward preset < --config
 @app.command()
 def train(
     model: opt.Model = None,
+    model_path: opt.ModelPath = None,
     family: opt.Family = None,
     reward: opt.Reward = None,
     preset: opt.Preset = None,
@@ -49,7 +50,7 @@ def train(
     with user_errors():
         flags = {"run": {"prompts": prompts, "run_dir": str(run_dir) if run_dir else None, "iterations": iterations,
                          "seed": seed, "device": device},
-                 "explore": {"precision": explore_precision}}
+                 "explore": {"precision": explore_precision}, "model": {"path": str(model_path) if model_path else None}}
         flags = {sec: {k: v for k, v in vals.items() if v is not None} for sec, vals in flags.items()}
         if resume:
             cfg = _resume_config(resume, load_run_config(resume), model, family, reward, preset, config, set_, flags)
@@ -71,11 +72,12 @@ def _resume_config(run_dir, saved, model, family, reward, preset, config, sets, 
 
     if any((model, family, reward, preset, config)) or set(flags["run"]) - {"iterations", "device"} or flags["explore"]:
         raise SolrlError("--resume continues a run with the config saved in its folder",
-                         "only --iterations, --device and --set may be given with --resume")
+                         "only --iterations, --device, --model-path and --set may be given with --resume")
     cfg = saved
     for assignment in sets or ():
         cfg = set_value(cfg, assignment)
-    return from_dict({"run": {**flags["run"], "run_dir": str(run_dir)}}, cfg, source="command-line flags").validate()
+    return from_dict({"run": {**flags["run"], "run_dir": str(run_dir)}, "model": flags["model"]}, cfg,
+                     source="command-line flags").validate()
 
 
 def _print_config(cfg) -> None:  # type: ignore[no-untyped-def]
@@ -91,6 +93,7 @@ def _print_config(cfg) -> None:  # type: ignore[no-untyped-def]
 def eval_(
     run: Annotated[Optional[Path], typer.Argument(help="A run folder: its newest checkpoint is scored against the base model. Omit to score a base model.")] = None,
     model: opt.Model = None,
+    model_path: opt.ModelPath = None,
     reward: opt.Reward = None,
     prompts: opt.Prompts = None,
     seeds: Annotated[Optional[int], typer.Option("--seeds", min=1, help="Fixed seeds per prompt. Default: run.eval_seeds.")] = None,
@@ -106,36 +109,19 @@ def eval_(
     import datetime as dt
 
     from solrl_core import events
-    from solrl_core.checkpoint import list_checkpoints
     from solrl_core.config import from_dict, set_value
     from solrl_core.errors import SolrlError
     from solrl_core.evaluation import EvalRequest, evaluate_weights
-    from solrl_core.presets import resolve_config
     from solrl_core.prompts import load_prompts
     from solrl_core.rewards import parse_weights
-    from solrl_core.session import load_run_config
     from solrl_cli.display import TerminalDisplay
 
     with user_errors():
         stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        tuned = tuple(w.strip() for w in weights.split(",") if w.strip())
-        bad = [w for w in tuned if w not in ("ema", "trained")]
-        if bad or not tuned:
-            raise SolrlError(f"--weights {weights}: expected ema, trained or both", "for example --weights ema,trained")
-        if run is not None:
-            if model:
-                raise SolrlError("--model is taken from the run's saved config", "drop --model, or omit RUN to score a base model")
-            cfg = load_run_config(run)
-            found = list_checkpoints(run)
-            ckpt = _pick_checkpoint(run, found, checkpoint)
-            order = ("base", *tuned)
-            out_dir = out or run / "eval" / stamp
-        else:
-            if checkpoint:
-                raise SolrlError("--checkpoint needs a RUN folder", "pass the run folder as the first argument")
-            cfg = resolve_config(model or "tiny", "sol_rl")
-            ckpt, order = None, ("base",)
-            out_dir = out or Path("runs") / f"eval-{stamp}"
+        tuned = _weight_sets(weights)
+        cfg, ckpt = _model_and_checkpoint(run, model, model_path, checkpoint)
+        order = ("base", *tuned) if ckpt is not None else ("base",)
+        out_dir = out or (run / "eval" / stamp if run is not None else Path("runs") / f"eval-{stamp}")
         if reward:
             names = parse_weights(reward) if ("=" in reward or "," in reward) else _reward_preset_weights(reward)
             paths = {k: v for k, v in cfg.reward.paths.items() if k in names}
@@ -154,6 +140,119 @@ def eval_(
         bus.subscribe(TerminalDisplay(console))
         results = evaluate_weights(req, bus)
         _print_eval_table(results, req)
+
+
+@app.command()
+def infer(
+    run: Annotated[Optional[Path], typer.Argument(help="A run folder: images from its checkpoint next to the base model's. Omit for a base model alone.")] = None,
+    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="A prompt (repeatable).")] = None,
+    prompts: opt.Prompts = None,
+    model: opt.Model = None,
+    model_path: opt.ModelPath = None,
+    seeds: Annotated[int, typer.Option("--seeds", min=1, help="Images per prompt, from seeds SEED..SEED+n-1.")] = 2,
+    seed: Annotated[int, typer.Option("--seed", help="First seed.")] = 0,
+    steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="Sampling steps. Default: sampler.eval_steps.")] = None,
+    weights: Annotated[str, typer.Option("--weights", help="Tuned weights beside the base: ema, trained or ema,trained.")] = "ema",
+    checkpoint: Annotated[Optional[str], typer.Option("--checkpoint", help="Checkpoint folder name or path. Default: the newest ('last').")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output folder. Default: RUN/infer/<time>, or runs/infer-<time>.")] = None,
+    grid: Annotated[bool, typer.Option("--grid/--no-grid", help="Write grid.png: one row per (prompt, seed), one column per weight set.")] = True,
+    device: opt.Device = None,
+) -> None:
+    """Generate images from fixed seeds with the base model and a run's tuned weights, side by side."""
+    import datetime as dt
+
+    from solrl_core import events
+    from solrl_core.config import from_dict
+    from solrl_core.errors import SolrlError
+    from solrl_core.inference import InferRequest, infer as run_infer, load_tuned
+    from solrl_core.prompts import load_prompts
+    from solrl_cli.display import TerminalDisplay
+
+    with user_errors():
+        tuned = _weight_sets(weights)
+        cfg, ckpt = _model_and_checkpoint(run, model, model_path, checkpoint)
+        if device:
+            cfg = from_dict({"run": {"device": device}}, cfg, source="--device")
+        if prompt and prompts:
+            raise SolrlError("both --prompt and --prompts given", "use one: --prompt TEXT (repeatable) or --prompts FILE_OR_SET")
+        texts = [p for p in (prompt or []) if p.strip()] or load_prompts(prompts or cfg.run.eval_prompts or cfg.run.prompts)
+        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+        out_dir = out or (run / "infer" / stamp if run is not None else Path("runs") / f"infer-{stamp}")
+        req = InferRequest(prompts=texts, seeds=list(range(seed, seed + seeds)), weights=("base", *tuned) if ckpt else ("base",),
+                           steps=steps or cfg.sampler.eval_steps, out_dir=Path(out_dir), grid=grid)
+        console.print(f"[bold]solrl infer[/bold]  {ckpt or cfg.model.name + ' (base)'}  {len(texts)} prompts x {seeds} seeds  "
+                      f"steps {req.steps}  weights {', '.join(req.weights)}")
+        bus = events.EventBus()
+        bus.subscribe(TerminalDisplay(console))
+        rows = run_infer(load_tuned(cfg, ckpt), req, bus)
+        console.print(f"images: {req.out_dir}   index: {rows}" + (f"   grid: {req.out_dir / 'grid.png'}" if grid else ""))
+
+
+@app.command()
+def export(
+    run: Annotated[Path, typer.Argument(help="A run folder.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Folder to write.")],
+    weights: Annotated[str, typer.Option("--weights", help="ema or trained.")] = "ema",
+    checkpoint: Annotated[Optional[str], typer.Option("--checkpoint", help="Checkpoint folder name or path. Default: the newest.")] = None,
+    merge: Annotated[bool, typer.Option("--merge", help="Write the full transformer with the LoRA merged in, instead of the LoRA alone.")] = False,
+    model_path: opt.ModelPath = None,
+) -> None:
+    """Export a run's tuned weights: the LoRA in diffusers' format, or (--merge) a merged transformer."""
+    import json
+    import shutil
+
+    from solrl_core.errors import SolrlError
+    from solrl_core.inference import export_merged, load_tuned
+    from solrl_core.policy import LORA_FILE
+
+    with user_errors():
+        sets = _weight_sets(weights)
+        if len(sets) != 1:
+            raise SolrlError("--weights takes one weight set for export", "--weights ema or --weights trained")
+        which = sets[0]
+        cfg, ckpt = _model_and_checkpoint(run, None, model_path, checkpoint)
+        if out.exists() and any(out.iterdir()):
+            raise SolrlError(f"{out} exists and is not empty", "choose a new --out folder")
+        out.mkdir(parents=True, exist_ok=True)
+        if merge:
+            path = export_merged(load_tuned(cfg, ckpt), which, out)
+            cls = json.loads((path / "config.json").read_text())["_class_name"]
+            console.print(f"merged transformer ({which} weights of {ckpt.name}) -> {path}  (load with diffusers' "
+                          f"{cls}.from_pretrained('{path}'))")
+        else:
+            source = ckpt / LORA_FILE if which == "trained" else ckpt / "ema" / LORA_FILE
+            shutil.copy2(source, out / LORA_FILE)
+            console.print(f"LoRA ({which} weights of {ckpt.name}) -> {out / LORA_FILE}  (load with pipe.load_lora_weights('{out}'))")
+
+
+def _weight_sets(text: str) -> tuple[str, ...]:
+    from solrl_core.errors import SolrlError
+
+    sets = tuple(w.strip() for w in text.split(",") if w.strip())
+    if not sets or any(w not in ("ema", "trained") for w in sets):
+        raise SolrlError(f"--weights {text}: expected ema, trained or both", "for example --weights ema,trained")
+    return sets
+
+
+def _model_and_checkpoint(run: Optional[Path], model: Optional[str], model_path: Optional[Path], checkpoint: Optional[str]):  # type: ignore[no-untyped-def]
+    """The config and checkpoint of a run folder, or a base model preset with no checkpoint."""
+    from solrl_core.checkpoint import list_checkpoints
+    from solrl_core.config import from_dict
+    from solrl_core.errors import SolrlError
+    from solrl_core.presets import resolve_config
+    from solrl_core.session import load_run_config
+
+    if run is not None:
+        if model:
+            raise SolrlError("--model is taken from the run's saved config", "drop --model, or omit RUN to use a base model")
+        cfg, ckpt = load_run_config(run), _pick_checkpoint(run, list_checkpoints(run), checkpoint)
+    else:
+        if checkpoint:
+            raise SolrlError("--checkpoint needs a RUN folder", "pass the run folder as the first argument")
+        cfg, ckpt = resolve_config(model or "tiny", "sol_rl"), None
+    if model_path:
+        cfg = from_dict({"model": {"path": str(model_path)}}, cfg, source="--model-path")
+    return cfg, ckpt
 
 
 def _pick_checkpoint(run: Path, found: list[Path], name: Optional[str]) -> Path:

@@ -58,6 +58,9 @@ class TerminalDisplay:
         extras = "".join(f"  {k.split('.')[-1]} {v:.3f}" for k, v in e.extras.items())
         self.console.print(f"  eval ({e.weights} weights, {e.prompts}, {e.samples} images): reward {fmt(e.mean)}{extras}  ({e.seconds:.1f}s)")
 
+    def on_images_written(self, e: ev.ImagesWritten) -> None:
+        self.console.print(f"  {e.weights} weights: {e.count} images in {e.seconds:.1f}s -> {e.folder}")
+
     def on_checkpoint(self, e: ev.CheckpointSaved) -> None:
         self.console.print(f"  checkpoint {e.path} ({e.seconds:.2f}s)")
 

@@ -83,27 +83,18 @@ class EvalRequest:
 
 def evaluate_weights(req: EvalRequest, bus: ev.EventBus) -> list[Evaluation]:
     """Load the model once, score each weight set, write `samples.jsonl` and `summary.json` in out_dir."""
-    from solrl_core.checkpoint import load_adapters
-    from solrl_core.models import load_model
+    from solrl_core.inference import encode_each, load_tuned, save_png
     from solrl_core.rewards import RewardContext
-    from solrl_core.session import resolve_device, resolve_dtype, write_atomic
+    from solrl_core.session import resolve_device, write_atomic
 
     cfg = req.config
-    device = resolve_device(cfg.run.device)
-    _, dtype = resolve_dtype(cfg.run.dtype, device)
-    if cfg.run.threads > 0:
-        torch.set_num_threads(cfg.run.threads)
-    rewards = RewardSet(cfg.reward.weights, RewardContext(device, torch.float32, batch_size=cfg.reward.batch_size),
-                        paths=cfg.reward.paths)
+    rewards = RewardSet(cfg.reward.weights, RewardContext(resolve_device(cfg.run.device), torch.float32,
+                                                          batch_size=cfg.reward.batch_size), paths=cfg.reward.paths)
     rewards.check_prompts(req.prompts)
-    model = load_model(cfg.model, device, dtype)
-    policy = Policy(model.transformer, cfg.model)
-    if req.checkpoint is not None:
-        load_adapters(req.checkpoint, policy)
+    loaded = load_tuned(cfg, req.checkpoint)
+    model, policy, dtype = loaded.model, loaded.policy, loaded.dtype
     flat = [p for p in req.prompts for _ in range(req.per_prompt)]
-    with torch.no_grad():  # each prompt encoded once, then repeated for its seeds
-        parts = [model.encode(req.prompts[i:i + 64]) for i in range(0, len(req.prompts), 64)]
-    conditioning = Conditioning.cat(parts)[torch.arange(len(req.prompts)).repeat_interleave(req.per_prompt)]
+    conditioning = encode_each(model, req.prompts, req.per_prompt)
     req.out_dir.mkdir(parents=True, exist_ok=True)
     results = []
     with open(req.out_dir / "samples.jsonl", "w", encoding="utf-8") as rows:
@@ -116,7 +107,7 @@ def evaluate_weights(req: EvalRequest, bus: ev.EventBus) -> list[Evaluation]:
                 if req.save_images:
                     path = req.out_dir / "images" / weights / f"{i:05d}.png"
                     path.parent.mkdir(parents=True, exist_ok=True)
-                    _save_png(images[i], path)
+                    save_png(images[i], path)
                     row["image"] = str(path.relative_to(req.out_dir))
                 rows.write(json.dumps(row) + "\n")
             bus.emit(ev.EvalFinished(iteration=0, weights=weights, prompts=req.prompt_set or f"{len(req.prompts)} prompts", samples=len(flat),
@@ -140,8 +131,4 @@ def summary(results: list[Evaluation]) -> dict:
     return out
 
 
-def _save_png(image: torch.Tensor, path: Path) -> None:
-    from PIL import Image
 
-    arr = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
-    Image.fromarray(arr).save(path)

@@ -98,6 +98,15 @@ class RunWarning(Event):
 
 
 @dataclass(frozen=True)
+class ImagesWritten(Event):
+    kind: ClassVar[str] = "images_written"
+    weights: str
+    count: int
+    seconds: float
+    folder: str
+
+
+@dataclass(frozen=True)
 class RunFinished(Event):
     kind: ClassVar[str] = "run_finished"
     reason: str  # "completed" | "interrupted" | "failed"

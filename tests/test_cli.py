@@ -143,3 +143,51 @@ def test_eval_errors_are_one_line(in_tmp):
     assert result.exit_code == 2 and "expected ema, trained" in result.output
     result = runner.invoke(app, ["eval", "--reward", "imagereward=1,pikscore=1"])
     assert result.exit_code == 2 and "did you mean 'pickscore'" in result.output
+
+
+def test_infer_writes_base_and_tuned_images_a_grid_and_an_index(in_tmp):
+    import json
+
+    from PIL import Image
+
+    assert runner.invoke(app, ["train", *_fast_args("--iterations", "1", "--run-dir", "r")]).exit_code == 0
+    result = runner.invoke(app, ["infer", "r", "--prompt", "a red circle", "--prompt", "two blue squares", "--seeds", "2",
+                                 "--steps", "2", "--out", "im"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in Path("im/images.jsonl").read_text().splitlines()]
+    assert len(rows) == 8 and {r["weights"] for r in rows} == {"base", "ema"}
+    assert [r["seed"] for r in rows[:4]] == [0, 1, 0, 1]
+    assert all(Path("im", r["path"]).is_file() for r in rows)
+    grid = Image.open("im/grid.png")
+    assert grid.width > grid.height / 4 * 1.5  # two columns side by side, four rows
+    bad = runner.invoke(app, ["infer", "r", "--prompt", "x", "--prompts", "tiny"])
+    assert bad.exit_code == 2 and "both --prompt and --prompts" in bad.output
+
+
+def test_export_writes_the_lora_or_a_merged_transformer_equal_to_the_tuned_model(in_tmp):
+    import torch
+    from diffusers import SanaTransformer2DModel
+
+    from solrl_core.checkpoint import list_checkpoints
+    from solrl_core.inference import encode_each, load_tuned
+    from solrl_core.session import load_run_config
+
+    assert runner.invoke(app, ["train", *_fast_args("--iterations", "1", "--run-dir", "r")]).exit_code == 0
+    lora = runner.invoke(app, ["export", "r", "--out", "lora"])
+    assert lora.exit_code == 0 and Path("lora/pytorch_lora_weights.safetensors").is_file(), lora.output
+    merged = runner.invoke(app, ["export", "r", "--out", "full", "--merge", "--weights", "trained"])
+    assert merged.exit_code == 0, merged.output
+    again = runner.invoke(app, ["export", "r", "--out", "full"])
+    assert again.exit_code == 2 and "not empty" in again.output
+
+    loaded = load_tuned(load_run_config("r"), list_checkpoints(Path("r"))[-1])
+    plain = SanaTransformer2DModel.from_pretrained("full/transformer")
+    cond = encode_each(loaded.model, ["a red circle", "a blue square"], 1)
+    x, s = torch.randn(2, *loaded.model.latent_shape), torch.tensor([0.8, 0.3])
+    with torch.no_grad(), loaded.policy.weights("trained") as net:
+        tuned = loaded.model.velocity(net, x, s, cond)
+        with loaded.policy.weights("base") as base:
+            untuned = loaded.model.velocity(base, x, s, cond)
+        exported = loaded.model.velocity(plain, x, s, cond)
+    assert torch.allclose(exported, tuned, atol=1e-5)
+    assert not torch.allclose(exported, untuned, atol=1e-5)

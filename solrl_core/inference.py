@@ -1,0 +1,162 @@
+"""Using a trained run: images from fixed seeds (`solrl infer`), and merged-weight export.
+
+`load_tuned` loads the base model once and, for a run, its checkpoint's adapters; any weight set
+(base, trained, ema) is then a switch on the same transformer (`Policy.weights`). Images for the
+same (prompt, seed) come from the same noise whatever the weights, so a grid of base next to tuned
+shows what training changed and nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from solrl_core import events as ev
+from solrl_core.config import Config
+from solrl_core.models.base import Conditioning, DiffusionModel
+from solrl_core.policy import TRAINED, Policy
+from solrl_core.rollout import generate
+from solrl_core.sampler import sigma_grid
+
+
+@dataclass
+class Loaded:
+    config: Config
+    model: DiffusionModel
+    policy: Policy
+    device: torch.device
+    dtype: torch.dtype
+
+
+def load_tuned(cfg: Config, checkpoint: Path | None) -> Loaded:
+    """The model of `cfg` with LoRA adapters, loaded from `checkpoint` when given (else untrained)."""
+    from solrl_core.checkpoint import load_adapters
+    from solrl_core.models import load_model
+    from solrl_core.session import resolve_device, resolve_dtype
+
+    device = resolve_device(cfg.run.device)
+    _, dtype = resolve_dtype(cfg.run.dtype, device)
+    if cfg.run.threads > 0:
+        torch.set_num_threads(cfg.run.threads)
+    model = load_model(cfg.model, device, dtype)
+    policy = Policy(model.transformer, cfg.model)
+    if checkpoint is not None:
+        load_adapters(checkpoint, policy)
+    return Loaded(cfg, model, policy, device, dtype)
+
+
+def encode_each(model: DiffusionModel, prompts: list[str], per_prompt: int, chunk: int = 64) -> Conditioning:
+    """Each prompt encoded once, repeated `per_prompt` times (prompt-major order)."""
+    with torch.no_grad():
+        parts = [model.encode(prompts[i:i + chunk]) for i in range(0, len(prompts), chunk)]
+    return Conditioning.cat(parts)[torch.arange(len(prompts)).repeat_interleave(per_prompt)]
+
+
+@torch.no_grad()
+def render(loaded: Loaded, cond: Conditioning, seeds: torch.Tensor, weights: str, steps: int) -> torch.Tensor:
+    """Images [B, 3, H, W] in [0, 1] for one seed per conditioning row, with `weights`."""
+    sampler = loaded.config.sampler
+    with loaded.policy.weights(weights) as net:
+        latents = generate(loaded.model, net, cond, seeds, sigma_grid(steps, sampler.shift), sampler.rollout_batch,
+                           sampler.solver, loaded.dtype)
+    step = sampler.rollout_batch
+    return torch.cat([loaded.model.decode(latents[i:i + step]).float().cpu() for i in range(0, latents.shape[0], step)])
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    prompts: list[str]
+    seeds: list[int]  # the same seeds for every prompt
+    weights: tuple[str, ...]  # e.g. ("base", "ema")
+    steps: int
+    out_dir: Path
+    grid: bool = True
+
+
+def infer(loaded: Loaded, req: InferRequest, bus: ev.EventBus) -> Path:
+    """Write every image as PNG, `images.jsonl` (weights, prompt, seed, path) and `grid.png`
+    (one row per (prompt, seed), one column per weight set). Returns the JSONL path."""
+    req.out_dir.mkdir(parents=True, exist_ok=True)
+    per = len(req.seeds)
+    flat = [p for p in req.prompts for _ in range(per)]
+    seeds = torch.tensor(req.seeds * len(req.prompts), dtype=torch.long)
+    cond = encode_each(loaded.model, req.prompts, per)
+    columns = {}
+    rows_path = req.out_dir / "images.jsonl"
+    with open(rows_path, "w", encoding="utf-8") as rows:
+        for weights in req.weights:
+            t0 = time.perf_counter()
+            images = render(loaded, cond, seeds, weights, req.steps)
+            columns[weights] = images
+            for i, prompt in enumerate(flat):
+                path = req.out_dir / weights / f"{i // per:03d}_seed{int(seeds[i])}.png"
+                path.parent.mkdir(exist_ok=True)
+                save_png(images[i], path)
+                rows.write(json.dumps({"weights": weights, "prompt": prompt, "seed": int(seeds[i]),
+                                       "path": str(path.relative_to(req.out_dir))}) + "\n")
+            bus.emit(ev.ImagesWritten(weights=weights, count=len(flat), seconds=time.perf_counter() - t0,
+                                      folder=str(req.out_dir / weights)))
+    if req.grid:
+        grid = make_grid(columns)
+        grid.save(req.out_dir / "grid.png")
+    return rows_path
+
+
+def save_png(image: torch.Tensor, path: Path) -> None:
+    from PIL import Image
+
+    Image.fromarray(to_uint8(image)).save(path)
+
+
+def to_uint8(image: torch.Tensor):  # noqa: ANN201 - numpy array [H, W, 3]
+    return (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+
+
+def make_grid(columns: dict[str, torch.Tensor], min_cell: int = 128):  # noqa: ANN201 - PIL image
+    """Columns of images side by side under their weight names; small images are enlarged (nearest)
+    to at least `min_cell` pixels so a 32 px tiny-world image is visible."""
+    from PIL import Image, ImageDraw
+
+    names = list(columns)
+    count, _, h, w = columns[names[0]].shape
+    scale = max(1, -(-min_cell // max(h, w)))
+    ch, cw, header, pad = h * scale, w * scale, 16, 2
+    grid = Image.new("RGB", (len(names) * (cw + pad) + pad, header + count * (ch + pad) + pad), (255, 255, 255))
+    draw = ImageDraw.Draw(grid)
+    for c, name in enumerate(names):
+        x = pad + c * (cw + pad)
+        draw.text((x + 2, 2), name, fill=(0, 0, 0))
+        for r in range(count):
+            cell = Image.fromarray(to_uint8(columns[name][r])).resize((cw, ch), Image.NEAREST)
+            grid.paste(cell, (x, header + pad + r * (ch + pad)))
+    return grid
+
+
+def export_merged(loaded: Loaded, weights: str, out_dir: Path) -> Path:
+    """The transformer with the `weights` adapter merged into its base weights, saved with
+    diffusers' `save_pretrained` into out_dir/transformer (loadable with the transformer class's
+    `from_pretrained`, no peft needed)."""
+    import copy
+
+    if weights == "base":
+        raise ValueError("the base weights have nothing to merge")
+    transformer = loaded.model.transformer
+    with loaded.policy.weights(weights):
+        merged = loaded.policy.merged_weights(TRAINED)
+        plain = {}
+        for key, value in transformer.state_dict().items():
+            if "lora_" in key:
+                continue
+            name = key.replace(".base_layer.", ".")
+            plain[name] = merged.get(name, value).detach().clone()
+    fresh = type(transformer).from_config(copy.deepcopy(dict(transformer.config)))
+    missing, unexpected = fresh.load_state_dict(plain, strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"merged weights do not fit {type(transformer).__name__}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    target = out_dir / "transformer"
+    fresh.to(torch.float32 if loaded.dtype == torch.float32 else loaded.dtype).save_pretrained(str(target))
+    return target
