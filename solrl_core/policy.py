@@ -28,6 +28,7 @@ LORA_FILE = "pytorch_lora_weights.safetensors"
 class Policy:
     def __init__(self, transformer: nn.Module, cfg: ModelConfig) -> None:
         self.transformer = transformer
+        self.loader = cfg.loader
         self.lora_config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, init_lora_weights="gaussian",
                                       target_modules=list(cfg.lora_targets))
         transformer.requires_grad_(False)
@@ -136,14 +137,17 @@ class Policy:
         return out
 
     def save_lora(self, directory: str | Path, adapter: str = TRAINED) -> Path:
-        """Write the adapter as diffusers' `pipe.load_lora_weights(directory)` reads it."""
-        from diffusers import SanaPipeline
+        """Write the adapter as diffusers' `pipe.load_lora_weights(directory)` reads it, through the
+        model's own pipeline class (the tiny model is a SANA)."""
+        import diffusers
+
+        pipeline = getattr(diffusers, {"flux1": "FluxPipeline", "sd3": "StableDiffusion3Pipeline"}.get(self.loader, "SanaPipeline"))
 
         if adapter == "ema":
             state = {k: v.clone() for k, v in self.ema.items()}
         else:
             state = get_peft_model_state_dict(self.transformer, adapter_name=adapter)
         metadata = {k: (sorted(v) if isinstance(v, set) else v) for k, v in self.lora_config.to_dict().items()}
-        SanaPipeline.save_lora_weights(str(directory), transformer_lora_layers=state, safe_serialization=True,
+        pipeline.save_lora_weights(str(directory), transformer_lora_layers=state, safe_serialization=True,
                                        transformer_lora_adapter_metadata=metadata)
         return Path(directory) / LORA_FILE

@@ -1,4 +1,6 @@
-"""Model loaders by name. A model preset names its loader; the loader builds a DiffusionModel."""
+"""Model loaders by name. A model preset names its loader; the loader builds a DiffusionModel:
+`tiny` (models/tiny.py, built offline) or a real diffusers model, `sana`, `flux1` or `sd3`
+(models/diffusers_models.py, from model.path or the hub)."""
 
 from __future__ import annotations
 
@@ -10,13 +12,16 @@ from solrl_core.models.base import Conditioning, DiffusionModel
 
 __all__ = ["Conditioning", "DiffusionModel", "load_model"]
 
+LOADERS = ("tiny", "sana", "flux1", "sd3")
+
 
 def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> DiffusionModel:
     if cfg.loader == "tiny":
         from solrl_core.models.tiny import build_tiny
 
         return build_tiny(cfg, device, dtype)
-    if cfg.loader in ("sana", "flux1", "sd3"):
-        raise SolrlError(f"loading the real '{cfg.loader}' model ({cfg.hub_id}) is not available in this version of solrl",
-                         "train the built-in tiny model (--model tiny) for now; its config can be inspected with --dump-config")
-    raise SolrlError(f"unknown model loader '{cfg.loader}'", "model.loader must be one of: tiny, sana, flux1, sd3")
+    if cfg.loader in LOADERS:
+        from solrl_core.models.diffusers_models import load_diffusers_model
+
+        return load_diffusers_model(cfg, device, dtype)
+    raise SolrlError(f"unknown model loader '{cfg.loader}'", f"model.loader must be one of: {', '.join(LOADERS)}")

@@ -1,0 +1,259 @@
+"""The real-model loaders (SANA, FLUX.1, SD3) on tiny random pipelines of the real architectures,
+saved in the hub's diffusers layout: parity with diffusers' own pipelines, one training iteration,
+LoRA targets, and the errors for broken folders and missing hub weights. Offline, CPU, seconds."""
+
+from __future__ import annotations
+
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from peft.tuners.tuners_utils import BaseTunerLayer
+
+from solrl_core import events as ev
+from solrl_core.errors import SolrlError
+from solrl_core.models import load_model
+from solrl_core.models.base import Conditioning
+from solrl_core.models.diffusers_models import select_files, weight_choice
+from solrl_core.policy import Policy
+from solrl_core.presets import resolve_config
+from solrl_core.sampler import noise_for_seeds, sample, sigma_grid
+from solrl_core.trainer import StopFlag, train
+from tests.tiny_pipelines import BUILDERS, save_tiny_pipeline
+
+LOADERS = ("sana", "flux1", "sd3")
+CPU = torch.device("cpu")
+FAST = ("model.resolution=32", "model.lora_rank=4", "model.lora_alpha=8", "explore.group_size=4", "selection.group_size=2",
+        "explore.steps=1", "sampler.steps=2", "sampler.eval_steps=2", "run.prompts_per_iteration=1", "run.iterations=1",
+        "sampler.rollout_batch=4", "optimizer.micro_batch=2", "algorithm.timestep_fraction=0.5", "run.threads=2",
+        "run.device=cpu", "run.prompts=tiny")
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    """One saved tiny pipeline per loader, shared read-only by the tests of this module."""
+    root = tmp_path_factory.mktemp("pipelines")
+    return {name: save_tiny_pipeline(name, root / name) for name in LOADERS}
+
+
+def _model_config(name: str, folder, *extra: str):  # type: ignore[no-untyped-def]
+    return resolve_config(name, "sol_rl", "jpeg_compressibility", sets=[*FAST, f"model.path={folder}", *extra]).model
+
+
+def _pipeline(name: str, folder):  # type: ignore[no-untyped-def]
+    """diffusers' own pipeline on the same folder, with a plain (unshifted) Euler flow scheduler."""
+    from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
+
+    pipe = DiffusionPipeline.from_pretrained(str(folder))
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler()
+    return pipe
+
+
+@pytest.mark.parametrize("name", LOADERS)
+def test_rollout_matches_the_diffusers_pipeline(name, folders):
+    # Same prompt, same noise, same sigmas: our encode + velocity + Euler sampler + decode must give
+    # the pipeline's own latents and images. This pins each model's timestep scale (SANA and SD3
+    # sigma * 1000, FLUX sigma), FLUX's packing, ids and guidance, and the VAE shift/scale.
+    torch.manual_seed(0)
+    model = load_model(_model_config(name, folders[name]), CPU, torch.float32)
+    prompts = ["a red circle", "two blue squares"]
+    cond = model.encode(prompts)
+    noise = noise_for_seeds([3, 4], model.latent_shape, CPU)
+    sigmas = sigma_grid(2)
+    ours = sample(lambda x, s, c: model.velocity(model.transformer, x, s, c), noise, cond, sigmas)
+    pipe = _pipeline(name, folders[name])
+    kwargs = dict(prompt=prompts, num_inference_steps=2, sigmas=sigmas[:-1].tolist(), guidance_scale=1.0, height=32, width=32)
+    if name == "sana":
+        kwargs["use_resolution_binning"] = False
+    latents = noise
+    if name == "flux1":
+        from solrl_core.models.flux import pack
+
+        latents = pack(noise)
+    theirs = pipe(latents=latents, output_type="latent", **kwargs)[0]
+    if name == "flux1":
+        from solrl_core.models.flux import unpack
+
+        theirs = unpack(theirs, *model.latent_shape[1:])
+    assert torch.allclose(ours, theirs, atol=1e-5), (ours - theirs).abs().max()
+    images = pipe(latents=latents, output_type="pt", **kwargs)[0]
+    assert torch.allclose(model.decode(ours), images, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", LOADERS)
+def test_one_training_iteration(name, folders, tmp_path):
+    cfg = resolve_config(name, "sol_rl", "jpeg_compressibility",
+                         sets=[*FAST, f"model.path={folders[name]}", f"run.run_dir={tmp_path / 'run'}"])
+    bus = ev.EventBus()
+    seen: list[object] = []
+    bus.subscribe(seen.append)
+    session = train(cfg, bus, stop=StopFlag())
+    (it,) = [e for e in seen if isinstance(e, ev.IterationFinished)]
+    assert np.isfinite(it.final.mean) and np.isfinite(it.draft.mean) and np.isfinite(it.loss["loss"]) and np.isfinite(it.grad_norm)
+    assert session.model.latent_shape[1:] == (16, 16)
+    ckpt = tmp_path / "run" / "checkpoints" / "iter_000001"
+    assert (ckpt / "pytorch_lora_weights.safetensors").is_file()
+    # The saved LoRA loads through the model's own diffusers pipeline and reproduces the tuned model.
+    pipe = _pipeline(name, folders[name])
+    pipe.load_lora_weights(str(ckpt))
+    cond = session.conditioning(["a red circle"])
+    x, s = torch.randn(1, *session.model.latent_shape), torch.tensor([0.7])
+    with torch.no_grad():
+        tuned = session.model.velocity(session.policy.transformer, x, s, cond)
+        reloaded = session.model.velocity(pipe.transformer, x, s, cond)
+        with session.policy.use(None) as base:
+            untuned = session.model.velocity(base, x, s, cond)
+    assert torch.allclose(tuned, reloaded, atol=1e-5), (tuned - reloaded).abs().max()
+    assert not torch.allclose(tuned, untuned, atol=1e-6)
+
+
+def _expected_lora_modules(name: str, transformer: torch.nn.Module) -> set[str]:
+    if name == "sana":
+        return {f"transformer_blocks.{i}.attn{a}.{p}" for i in range(len(transformer.transformer_blocks))
+                for a in (1, 2) for p in ("to_q", "to_k", "to_v", "to_out.0")}
+    if name == "flux1":
+        return ({f"transformer_blocks.{i}.attn.{p}" for i in range(len(transformer.transformer_blocks))
+                 for p in ("to_q", "to_k", "to_v", "to_out.0")}
+                | {f"single_transformer_blocks.{i}.attn.{p}" for i in range(len(transformer.single_transformer_blocks))
+                   for p in ("to_q", "to_k", "to_v")})  # single blocks have no to_out
+    last = len(transformer.transformer_blocks) - 1  # context-pre-only: no to_add_out
+    return {f"transformer_blocks.{i}.attn.{p}" for i in range(last + 1)
+            for p in ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
+            if not (i == last and p == "to_add_out")}
+
+
+@pytest.mark.parametrize("name", LOADERS)
+def test_lora_targets_are_exactly_the_attention_projections(name):
+    torch.manual_seed(0)
+    transformer = BUILDERS[name]().transformer
+    cfg = resolve_config(name, "sol_rl", "jpeg_compressibility").model
+    policy = Policy(transformer, cfg)
+    hit = {n for n, m in transformer.named_modules() if isinstance(m, BaseTunerLayer)}
+    assert hit and hit == _expected_lora_modules(name, transformer)
+    assert policy.trainable_parameters()
+
+
+@pytest.mark.parametrize("name, missing", [("sana", "vae"), ("flux1", "text_encoder_2"), ("sd3", "tokenizer_3")])
+def test_a_folder_missing_a_subfolder_is_named(name, missing, folders, tmp_path):
+    broken = shutil.copytree(folders[name], tmp_path / name)
+    shutil.rmtree(broken / missing)
+    with pytest.raises(SolrlError) as err:
+        load_model(_model_config(name, broken), CPU, torch.float32)
+    assert f"{missing}/" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_folder_without_model_index_or_weights_is_named(folders, tmp_path):
+    broken = shutil.copytree(folders["sana"], tmp_path / "sana")
+    (broken / "transformer" / "diffusion_pytorch_model.safetensors").unlink()
+    with pytest.raises(SolrlError, match="weights in transformer/"):
+        load_model(_model_config("sana", broken), CPU, torch.float32)
+    (broken / "model_index.json").unlink()
+    with pytest.raises(SolrlError, match="model_index.json"):
+        load_model(_model_config("sana", broken), CPU, torch.float32)
+
+
+def test_resolution_must_fit_the_latent_grid(folders):
+    with pytest.raises(SolrlError, match="multiple of 4"):
+        load_model(_model_config("flux1", folders["flux1"], "model.resolution=30"), CPU, torch.float32)
+
+
+@pytest.mark.parametrize("name", ["sana", "sana_600m", "sana15", "flux1", "sd3"])
+def test_missing_hub_weights_offline_name_the_hub_id(name, tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    for var, value in (("HF_HUB_OFFLINE", "1"), ("HF_HOME", str(tmp_path)), ("HF_HUB_CACHE", str(tmp_path / "hub"))):
+        monkeypatch.setenv(var, value)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    cfg = resolve_config(name, "sol_rl", "jpeg_compressibility").model
+    with pytest.raises(SolrlError) as err:
+        load_model(cfg, CPU, torch.float32)
+    text = str(err.value)
+    assert cfg.hub_id in err.value.message and "--model-path" in err.value.fix and "model.path=" in err.value.fix
+    assert ("HF_TOKEN" in err.value.fix) == (cfg.loader in ("flux1", "sd3"))
+    assert "\n" not in text
+
+
+def test_hub_download_picks_one_weight_variant_and_skips_root_checkpoints():
+    files = ["model_index.json", "flux1-dev.safetensors", "ae.safetensors", "README.md",
+             "transformer/config.json", "transformer/diffusion_pytorch_model.safetensors.index.json",
+             "transformer/diffusion_pytorch_model-00001-of-00002.safetensors",
+             "transformer/diffusion_pytorch_model-00002-of-00002.safetensors",
+             "vae/config.json", "vae/diffusion_pytorch_model.safetensors", "vae/diffusion_pytorch_model.bf16.safetensors",
+             "text_encoder/config.json", "text_encoder/model.bf16-00001-of-00002.safetensors",
+             "text_encoder/model.bf16-00002-of-00002.safetensors", "text_encoder/model.safetensors.index.bf16.json",
+             "text_encoder/flax_model.msgpack", "tokenizer/tokenizer_config.json", "tokenizer/tokenizer.json",
+             "tokenizer/merges.txt", "tokenizer/spiece.model", "scheduler/scheduler_config.json"]
+    subs = ("transformer", "vae", "text_encoder", "tokenizer")
+    bf16 = set(select_files(files, subs, torch.bfloat16))
+    assert "vae/diffusion_pytorch_model.bf16.safetensors" in bf16 and "vae/diffusion_pytorch_model.safetensors" not in bf16
+    assert {"flux1-dev.safetensors", "ae.safetensors", "scheduler/scheduler_config.json", "README.md",
+            "text_encoder/flax_model.msgpack"}.isdisjoint(bf16)
+    assert {"transformer/diffusion_pytorch_model-00002-of-00002.safetensors", "text_encoder/model.safetensors.index.bf16.json",
+            "tokenizer/tokenizer.json", "tokenizer/merges.txt", "tokenizer/spiece.model", "model_index.json"} <= bf16
+    fp32 = set(select_files(files, subs, torch.float32))
+    assert "vae/diffusion_pytorch_model.safetensors" in fp32 and "vae/diffusion_pytorch_model.bf16.safetensors" not in fp32
+    assert "text_encoder/model.bf16-00001-of-00002.safetensors" in fp32  # the only weights there
+    assert weight_choice(["config.json", "model.bf16-00001-of-00002.safetensors"], torch.float32) == ("bf16", "safetensors")
+
+
+def _field(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    s = s.view(-1, *[1] * (x.dim() - 1))
+    return torch.sin(3 * x) * (1 + s) - 0.5 * x + s ** 2
+
+
+@pytest.mark.parametrize("shift, steps", [(3.0, 10), (1.0, 6), (1.8776, 28)])
+def test_dpm2_matches_diffusers_dpm_solver_multistep(shift, steps):
+    from diffusers import DPMSolverMultistepScheduler
+
+    scheduler = DPMSolverMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction", flow_shift=shift,
+                                            solver_order=2, algorithm_type="dpmsolver++", final_sigmas_type="zero")
+    scheduler.set_timesteps(steps)
+    x = torch.randn(3, 4, 5, 5, generator=torch.Generator().manual_seed(0))
+    ref = x.clone()
+    for i, t in enumerate(scheduler.timesteps):
+        ref = scheduler.step(_field(ref, torch.full((3,), float(scheduler.sigmas[i]))), t, ref).prev_sample
+    cond = Conditioning(torch.zeros(3, 1, 1), torch.ones(3, 1))
+    ours = sample(lambda y, s, c: _field(y, s), x, cond, scheduler.sigmas.float(), "dpm2")
+    assert torch.allclose(ours, ref, atol=1e-4)
+
+
+def test_dpm2_on_our_grid_is_finite_and_first_order_is_euler():
+    x = torch.randn(2, 3, 4, 4, generator=torch.Generator().manual_seed(1))
+    cond = Conditioning(torch.zeros(2, 1, 1), torch.ones(2, 1))
+    one = sigma_grid(1)
+    assert torch.equal(sample(lambda y, s, c: _field(y, s), x, cond, one, "dpm2"),
+                       sample(lambda y, s, c: _field(y, s), x, cond, one, "euler"))
+    out = sample(lambda y, s, c: _field(y, s), x, cond, sigma_grid(10, 3.0), "dpm2")
+    assert out.isfinite().all()
+    # A straight flow (constant velocity) is integrated exactly by both solvers.
+    target = torch.randn_like(x)
+    exact = sample(lambda y, s, c: x - target, x, cond, sigma_grid(7, 2.0), "dpm2")
+    assert torch.allclose(exact, target, atol=1e-5)
+
+
+def _fake_hub_cache(tmp_path, monkeypatch, repo: str, folder):  # type: ignore[no-untyped-def]
+    """An offline HF cache holding `folder` as the snapshot of `repo` (the cache's own layout)."""
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hub"
+    storage = cache / f"models--{repo.replace('/', '--')}"
+    commit = "0" * 40
+    (storage / "refs").mkdir(parents=True)
+    (storage / "refs" / "main").write_text(commit)
+    shutil.copytree(folder, storage / "snapshots" / commit)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    return storage / "snapshots" / commit
+
+
+def test_a_cached_hub_snapshot_loads_offline_and_an_incomplete_one_is_named(folders, tmp_path, monkeypatch):
+    snapshot = _fake_hub_cache(tmp_path, monkeypatch, "someone/tiny-sd3", folders["sd3"])
+    cfg = resolve_config("sd3", "sol_rl", "jpeg_compressibility", sets=[*FAST, "model.hub_id=someone/tiny-sd3"]).model
+    model = load_model(cfg, CPU, torch.float32)
+    assert "someone/tiny-sd3" in model.description and model.latent_shape == (4, 16, 16)
+    shutil.rmtree(snapshot / "text_encoder_3")
+    with pytest.raises(SolrlError, match=r"cached snapshot of someone/tiny-sd3 .* text_encoder_3/"):
+        load_model(cfg, CPU, torch.float32)

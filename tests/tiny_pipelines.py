@@ -1,0 +1,131 @@
+"""Tiny random SANA, FLUX.1 and SD3.5 pipelines of the real architectures, saved in the hub's
+diffusers layout (model_index.json + one subfolder per component) with no download.
+
+Sizes follow diffusers' own tests (REFERENCE.md section 9). Tokenizers are the real classes
+(GemmaTokenizer, CLIPTokenizer, T5Tokenizer) built from a few-hundred-entry vocabulary: a
+character-level BPE for Gemma and CLIP, a word-plus-character Unigram for T5.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import torch
+
+WORDS = ("a an the photo of cat dog red blue green circle square and on in with left right above below "
+         "one two three small large").split()
+CHARS = string.ascii_lowercase + string.digits + ".,'\"!?:-"
+
+
+def gemma_tokenizer():  # type: ignore[no-untyped-def]
+    from transformers import GemmaTokenizerFast
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
+    vocab = {tok: i for i, tok in enumerate([*specials, "▁", *CHARS])}
+    return GemmaTokenizerFast(vocab=vocab, merges=[])
+
+
+def clip_tokenizer():  # type: ignore[no-untyped-def]
+    from transformers import CLIPTokenizer
+
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for c in CHARS:
+        vocab[c] = len(vocab)
+        vocab[c + "</w>"] = len(vocab)
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
+
+
+def t5_tokenizer():  # type: ignore[no-untyped-def]
+    from transformers import T5TokenizerFast
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
+    pieces += [("▁" + w, -1.0) for w in WORDS] + [(c, -5.0) for c in CHARS]
+    return T5TokenizerFast(vocab=pieces, extra_ids=0)
+
+
+def clip_encoder(tokenizer, hidden: int, projection: int, with_projection: bool):  # type: ignore[no-untyped-def]
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    config = CLIPTextConfig(hidden_size=hidden, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
+                            vocab_size=len(tokenizer), projection_dim=projection, max_position_embeddings=77,
+                            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id)
+    return (CLIPTextModelWithProjection if with_projection else CLIPTextModel)(config).eval()
+
+
+def t5_encoder(tokenizer, d_model: int):  # type: ignore[no-untyped-def]
+    from transformers import T5Config, T5EncoderModel
+
+    return T5EncoderModel(T5Config(d_model=d_model, d_ff=37, d_kv=8, num_layers=1, num_heads=4, vocab_size=len(tokenizer),
+                                   relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1)).eval()
+
+
+def kl_vae(latent_channels: int):  # type: ignore[no-untyped-def]
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(sample_size=32, in_channels=3, out_channels=3, block_out_channels=(4, 4),
+                         down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                         layers_per_block=1, latent_channels=latent_channels, norm_num_groups=1, use_quant_conv=False,
+                         use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035)
+
+
+def sana_pipeline():  # type: ignore[no-untyped-def]
+    from diffusers import AutoencoderDC, FlowMatchEulerDiscreteScheduler, SanaPipeline, SanaTransformer2DModel
+    from transformers import Gemma2Config, Gemma2Model
+
+    tokenizer = gemma_tokenizer()
+    text_encoder = Gemma2Model(Gemma2Config(head_dim=16, hidden_size=8, intermediate_size=64, num_attention_heads=2,
+                                            num_hidden_layers=1, num_key_value_heads=2, vocab_size=len(tokenizer),
+                                            pad_token_id=0)).eval()
+    blocks = ("ResBlock", "EfficientViTBlock")
+    vae = AutoencoderDC(in_channels=3, latent_channels=4, attention_head_dim=2, encoder_block_types=blocks,
+                        decoder_block_types=blocks, encoder_block_out_channels=(8, 8), decoder_block_out_channels=(8, 8),
+                        encoder_qkv_multiscales=((), (5,)), decoder_qkv_multiscales=((), (5,)),
+                        encoder_layers_per_block=(1, 1), decoder_layers_per_block=(1, 1), downsample_block_type="conv",
+                        upsample_block_type="interpolate", decoder_norm_types="rms_norm", decoder_act_fns="silu",
+                        scaling_factor=0.41407)
+    transformer = SanaTransformer2DModel(patch_size=1, in_channels=4, out_channels=4, num_layers=1, num_attention_heads=2,
+                                         attention_head_dim=4, num_cross_attention_heads=2, cross_attention_head_dim=4,
+                                         cross_attention_dim=8, caption_channels=8, sample_size=16)
+    return SanaPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
+                        scheduler=FlowMatchEulerDiscreteScheduler(shift=7.0))
+
+
+def flux_pipeline():  # type: ignore[no-untyped-def]
+    from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+
+    tokenizer, tokenizer_2 = clip_tokenizer(), t5_tokenizer()
+    transformer = FluxTransformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+                                         num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
+                                         axes_dims_rope=[4, 4, 8], guidance_embeds=True)
+    return FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=kl_vae(1), transformer=transformer,
+                        text_encoder=clip_encoder(tokenizer, 32, 32, with_projection=False), tokenizer=tokenizer,
+                        text_encoder_2=t5_encoder(tokenizer_2, 32), tokenizer_2=tokenizer_2)
+
+
+def sd3_pipeline():  # type: ignore[no-untyped-def]
+    from diffusers import FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+
+    tokenizer, tokenizer_2, tokenizer_3 = clip_tokenizer(), clip_tokenizer(), t5_tokenizer()
+    # SD3.5-Large's block layout (qk RMSNorm, cropped position embedding), two layers so that the
+    # last, context-pre-only block (no to_add_out) is there too.
+    transformer = SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
+                                        num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32,
+                                        pooled_projection_dim=64, out_channels=4, qk_norm="rms_norm", pos_embed_max_size=24)
+    return StableDiffusion3Pipeline(
+        transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0), vae=kl_vae(4),
+        text_encoder=clip_encoder(tokenizer, 16, 32, with_projection=True), tokenizer=tokenizer,
+        text_encoder_2=clip_encoder(tokenizer_2, 16, 32, with_projection=True), tokenizer_2=tokenizer_2,
+        text_encoder_3=t5_encoder(tokenizer_3, 32), tokenizer_3=tokenizer_3)
+
+
+BUILDERS = {"sana": sana_pipeline, "flux1": flux_pipeline, "sd3": sd3_pipeline}
+
+
+def save_tiny_pipeline(loader: str, folder: str | Path, seed: int = 0) -> Path:
+    """Build the tiny random pipeline of `loader` and save it as a hub-layout diffusers folder."""
+    torch.manual_seed(seed)
+    pipe = BUILDERS[loader]()
+    pipe.save_pretrained(str(folder))
+    return Path(folder)
