@@ -58,6 +58,11 @@ class TerminalDisplay:
         extras = "".join(f"  {k.split('.')[-1]} {v:.3f}" for k, v in e.extras.items())
         self.console.print(f"  eval ({e.weights} weights, {e.prompts}, {e.samples} images): reward {fmt(e.mean)}{extras}  ({e.seconds:.1f}s)")
 
+    def on_rank_check(self, e: ev.RankCheckResult) -> None:
+        cor = " ".join(f"{n} {v:.3f}" if v is not None else f"{n} - (constant)" for n, v in (("rho", e.rho), ("tau", e.tau)))
+        self.console.print(f"  rank check (iteration {e.iteration}, '{e.prompt[:40]}', {e.seeds} seeds, draft vs full): {cor}  "
+                           f"mean draft {fmt(e.draft_mean)} full {fmt(e.full_mean)}  ({e.seconds:.1f}s)")
+
     def on_images_written(self, e: ev.ImagesWritten) -> None:
         self.console.print(f"  {e.weights} weights: {e.count} images in {e.seconds:.1f}s -> {e.folder}")
 

@@ -20,7 +20,7 @@ FAMILIES = ("sol_rl", "naive_scaling", "compile", "naive_quant", "diffusionnft")
 SELECTION_MODES = ("best_worst", "random", "mean_deviation", "extremes_random")
 EXPLORE_PRECISIONS = ("auto", "nvfp4-emulated", "bf16", "fp32")
 DTYPES = ("auto", "bf16", "fp32")
-SOLVERS = ("euler",)
+SOLVERS = ("euler", "dpm2")
 AGGREGATIONS = ("sum", "advantage")
 
 
@@ -56,7 +56,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class SamplerConfig:
     steps: int = _f(10, "Full rollout steps (Stage 2, and every rollout of the non-explore families).")
-    solver: str = _f("euler", "ODE solver on the sigma grid: euler.")
+    solver: str = _f("euler", "ODE solver on the sigma grid: euler, or dpm2 (DPM-Solver++(2M), the official SD3/FLUX sampler).")
     shift: float = _f(1.0, "Sigma shift s: sigma' = s*sigma / (1 + (s-1)*sigma); 1.0 = plain linspace(1, 0).")
     guidance: float = _f(1.0, "Classifier-free guidance scale; 1.0 = CFG off (the official setting).")
     rollout_batch: int = _f(24, "Samples generated per forward batch.")
@@ -68,6 +68,8 @@ class ExploreConfig:
     group_size: int = _f(96, "N: seeds explored per prompt in Stage 1.")
     steps: int = _f(6, "Preview steps of the Stage-1 rollout (sol_rl).")
     precision: str = _f("auto", "Explore precision: auto, nvfp4-emulated, bf16, fp32.")
+    rank_check_every: int = _f(0, "Every this many iterations, regenerate all N Stage-1 seeds of the iteration's first prompt "
+                                  "at full precision and full steps, and log Spearman rho and Kendall tau (0 = off).")
 
 
 @dataclass(frozen=True)
@@ -156,6 +158,8 @@ class Config:
         if family != "diffusionnft" and k > n:
             raise SolrlError(f"K={k} kept seeds is more than the N={n} explored",
                              f"raise explore.group_size to at least {k} or lower selection.group_size")
+        if self.explore.rank_check_every < 0:
+            raise SolrlError("explore.rank_check_every must be >= 0", "0 turns the in-run rank check off")
         if self.explore.steps > self.sampler.steps:
             raise SolrlError(f"explore.steps={self.explore.steps} preview steps exceed sampler.steps={self.sampler.steps} full steps",
                              "preview steps must be <= full steps: lower explore.steps")

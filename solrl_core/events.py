@@ -98,6 +98,22 @@ class RunWarning(Event):
 
 
 @dataclass(frozen=True)
+class RankCheckResult(Event):
+    """In-run check of the Stage-1 proxy: one prompt's N draft rewards against the same seeds at full
+    precision and full steps."""
+
+    kind: ClassVar[str] = "rank_check"
+    iteration: int
+    prompt: str
+    seeds: int
+    rho: float | None  # None: one side was constant
+    tau: float | None
+    draft_mean: float
+    full_mean: float
+    seconds: float
+
+
+@dataclass(frozen=True)
 class ImagesWritten(Event):
     kind: ClassVar[str] = "images_written"
     weights: str

@@ -18,8 +18,8 @@ import torch
 from solrl_core import events as ev
 from solrl_core.config import Config
 from solrl_core.models.base import Conditioning, DiffusionModel
-from solrl_core.policy import TRAINED, Policy
-from solrl_core.rollout import generate
+from solrl_core.policy import OLD, TRAINED, Policy
+from solrl_core.rollout import RolloutCopy, generate
 from solrl_core.sampler import sigma_grid
 
 
@@ -29,24 +29,34 @@ class Loaded:
     model: DiffusionModel
     policy: Policy
     device: torch.device
+    dtype_name: str
     dtype: torch.dtype
+    explore_copy: RolloutCopy | None = None  # base + old adapter at the explore precision, when asked for
 
 
-def load_tuned(cfg: Config, checkpoint: Path | None) -> Loaded:
-    """The model of `cfg` with LoRA adapters, loaded from `checkpoint` when given (else untrained)."""
+def load_tuned(cfg: Config, checkpoint: Path | None, explore: bool = False) -> Loaded:
+    """The model of `cfg` with LoRA adapters, loaded from `checkpoint` when given (else untrained);
+    with `explore`, also the Stage-1 copy at cfg's explore precision, refreshed from base + old."""
+    import copy
+
     from solrl_core.checkpoint import load_adapters
     from solrl_core.models import load_model
-    from solrl_core.session import resolve_device, resolve_dtype
+    from solrl_core.session import explore_precision, resolve_device, resolve_dtype
 
     device = resolve_device(cfg.run.device)
-    _, dtype = resolve_dtype(cfg.run.dtype, device)
+    dtype_name, dtype = resolve_dtype(cfg.run.dtype, device)
     if cfg.run.threads > 0:
         torch.set_num_threads(cfg.run.threads)
     model = load_model(cfg.model, device, dtype)
+    explore_copy = None
+    if explore:  # copied before the adapters are added, as a training session does
+        explore_copy = RolloutCopy(copy.deepcopy(model.transformer), explore_precision(cfg), cfg.model.quant_skip)
     policy = Policy(model.transformer, cfg.model)
     if checkpoint is not None:
         load_adapters(checkpoint, policy)
-    return Loaded(cfg, model, policy, device, dtype)
+    if explore_copy is not None:
+        explore_copy.refresh(policy.merged_weights(OLD))
+    return Loaded(cfg, model, policy, device, dtype_name, dtype, explore_copy)
 
 
 def encode_each(model: DiffusionModel, prompts: list[str], per_prompt: int, chunk: int = 64) -> Conditioning:

@@ -73,11 +73,14 @@ def resolve_dtype(name: str, device: torch.device) -> tuple[str, torch.dtype]:
     return name, {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
 
 
+def explore_precision(cfg: Config) -> str:
+    """The explore copy's precision; `auto` is the exact NVFP4 emulation (no real NVFP4/FP8 kernel yet)."""
+    return "nvfp4-emulated" if cfg.explore.precision == "auto" else cfg.explore.precision
+
+
 def plan_stages(cfg: Config, full_precision: str) -> StagePlan:
     family, k = cfg.algorithm.family, cfg.selection.group_size
-    low = cfg.explore.precision
-    if low == "auto":  # no real NVFP4/FP8 backend yet: the exact emulation is the only low precision
-        low = "nvfp4-emulated"
+    low = explore_precision(cfg)
     full_steps = cfg.sampler.steps
     if family == "sol_rl":
         return StagePlan(family, cfg.explore.group_size, cfg.explore.steps, low, k, True, full_precision, full_steps, False)

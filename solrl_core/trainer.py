@@ -123,6 +123,9 @@ def run_iteration(session: Session, bus: ev.EventBus) -> None:
     prompts = shard(prompts_for_iteration(session.prompts, cfg.run.prompts_per_iteration, rng), session.rank, session.world_size)
     drafts = explore(session, prompts, rng)
     _check_rewards(session, bus, drafts)
+    every = cfg.explore.rank_check_every
+    if every and plan.regenerate and session.iteration % every == 0:
+        _rank_check(session, bus, drafts)
     t0 = time.perf_counter()
     keep = select_seeds(session, drafts, rng)
     t_select = time.perf_counter() - t0
@@ -249,6 +252,21 @@ def sync(session: Session) -> float:
 def _advantages(session: Session, batch: RolloutBatch, clip: float) -> torch.Tensor:
     reward = session.config.reward
     return combined_advantages(batch.rewards, batch.components, reward.weights, batch.groups, reward.aggregation, clip)
+
+
+def _rank_check(session: Session, bus: ev.EventBus, drafts: RolloutBatch) -> None:
+    """Regenerate every Stage-1 seed of the first prompt at full precision and steps; log rho, tau.
+    Uses no random draw, so it does not change the run it observes."""
+    from solrl_core.rankcheck import group_correlation
+
+    t0 = time.perf_counter()
+    members = torch.nonzero(drafts.groups == drafts.groups[0]).flatten()
+    group = drafts.subset(members)
+    full = _rollout(session, group.prompts, group.groups, group.seeds, session.plan.full_steps, explore=False)
+    rho, tau = group_correlation(group.rewards, full.rewards)
+    bus.emit(ev.RankCheckResult(iteration=session.iteration + 1, prompt=group.prompts[0], seeds=len(members), rho=rho, tau=tau,
+                                draft_mean=float(group.rewards.mean()), full_mean=float(full.rewards.mean()),
+                                seconds=time.perf_counter() - t0))
 
 
 def _check_rewards(session: Session, bus: ev.EventBus, batch: RolloutBatch) -> None:
