@@ -234,6 +234,177 @@ def _weight_sets(text: str) -> tuple[str, ...]:
     return sets
 
 
+@app.command("explore")
+def explore_cmd(
+    run: Annotated[Optional[Path], typer.Argument(help="A run folder: explore with its checkpoint's rollout (old) adapter. Omit for a base model.")] = None,
+    prompt: Annotated[Optional[list[str]], typer.Option("--prompt", help="A prompt (repeatable).")] = None,
+    prompts: opt.Prompts = None,
+    model: opt.Model = None,
+    model_path: opt.ModelPath = None,
+    reward: opt.Reward = None,
+    n: Annotated[Optional[int], typer.Option("--n", min=2, help="Seeds per prompt. Default: explore.group_size.")] = None,
+    k: Annotated[Optional[int], typer.Option("--k", min=2, help="Seeds selected per prompt. Default: selection.group_size.")] = None,
+    steps: Annotated[Optional[int], typer.Option("--steps", min=1, help="Preview steps. Default: explore.steps.")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Prompt i uses seeds SEED + i*N ... SEED + i*N + N-1.")] = 0,
+    explore_precision: opt.ExplorePrecision = None,
+    checkpoint: Annotated[Optional[str], typer.Option("--checkpoint", help="Checkpoint folder name or path. Default: the newest.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output folder. Default: RUN/explore/<time>, or runs/explore-<time>.")] = None,
+    set_: opt.Sets = None,
+    device: opt.Device = None,
+) -> None:
+    """Stage 1 alone: N seeds per prompt at the explore precision and preview steps, scored, ranked, K selected."""
+    import json
+
+    import torch
+
+    from solrl_core.inference import load_tuned, make_grid
+    from solrl_core.session import resolve_device
+    from solrl_core.stage1 import explore_only
+
+    with user_errors():
+        cfg, ckpt, texts, out_dir = _tool_setup("explore", run, prompt, prompts, model, model_path, reward, checkpoint, out, set_,
+                                                device, explore_precision,
+                                                {"explore": {"group_size": n, "steps": steps}, "selection": {"group_size": k}})
+        rewards = _reward_set(cfg)
+        rewards.check_prompts(texts)
+        loaded = load_tuned(cfg, ckpt, explore=True)
+        n_, k_ = cfg.explore.group_size, cfg.selection.group_size
+        console.print(f"[bold]solrl explore[/bold]  {ckpt or cfg.model.name + ' (base)'}  {len(texts)} prompts x {n_} seeds at "
+                      f"{loaded.explore_copy.precision}, {cfg.explore.steps} steps  -> keep {k_} ({cfg.selection.mode})  "
+                      f"on {resolve_device(cfg.run.device)}")
+        result = explore_only(loaded, rewards, texts, n_, k_, cfg.selection.mode, seed, cfg.explore.steps)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with open(out_dir / "seeds.jsonl", "w", encoding="utf-8") as fh:
+            for i, text in enumerate(texts):
+                chosen = set(result.selected[i].tolist())
+                for j in range(n_):
+                    fh.write(json.dumps({"prompt": text, "seed": int(result.seeds[i, j]), "reward": float(result.rewards[i, j]),
+                                         **{f"reward.{c}": float(v[i, j]) for c, v in result.components.items()},
+                                         "rank": int(result.ranks[i, j]), "selected": j in chosen}) + "\n")
+        half = k_ // 2
+        order = torch.argsort(result.rewards, dim=1, descending=True, stable=True)
+        columns = {f"best {r + 1}": result.images[range(len(texts)), order[:, r]] for r in range(half)}
+        columns.update({f"worst {half - r}": result.images[range(len(texts)), order[:, n_ - half + r]] for r in range(half)})
+        make_grid(columns).save(out_dir / "grid.png")
+        table = Table(title=f"selected seeds ({result.seconds:.1f}s for {len(texts) * n_} rollouts + rewards, measured)")
+        for col in ("prompt", "best seeds (reward)", "worst seeds (reward)"):
+            table.add_column(col)
+        for i, text in enumerate(texts):
+            sel = result.selected[i].tolist()
+            fmt = lambda idx: ", ".join(f"{int(result.seeds[i, j])} ({float(result.rewards[i, j]):.3f})" for j in idx)  # noqa: E731
+            table.add_row(text[:60], fmt(sel[:half]), fmt(sel[half:]))
+        console.print(table)
+        console.print(f"every seed: {out_dir / 'seeds.jsonl'}   grid of best and worst: {out_dir / 'grid.png'}")
+
+
+@app.command("rank-check")
+def rank_check(
+    run: Annotated[Optional[Path], typer.Argument(help="A run folder: check with its checkpoint's rollout (old) adapter. Omit for a base model.")] = None,
+    prompts: opt.Prompts = None,
+    model: opt.Model = None,
+    model_path: opt.ModelPath = None,
+    reward: opt.Reward = None,
+    count: Annotated[int, typer.Option("--count", min=1, help="Use the first COUNT prompts of the set.")] = 16,
+    seeds: Annotated[int, typer.Option("--seeds", min=4, help="Seeds per prompt.")] = 32,
+    seed: Annotated[int, typer.Option("--seed", help="Prompt i uses seeds SEED + i*S ... SEED + i*S + S-1.")] = 0,
+    preview_steps: Annotated[Optional[int], typer.Option("--preview-steps", min=1, help="Default: explore.steps.")] = None,
+    full_steps: Annotated[Optional[int], typer.Option("--full-steps", min=1, help="Default: sampler.steps.")] = None,
+    hit_k: Annotated[Optional[list[int]], typer.Option("--hit-k", min=1, help="K of the top/bottom-K hit rates (repeatable). Default: 4 and 8.")] = None,
+    explore_precision: opt.ExplorePrecision = None,
+    checkpoint: Annotated[Optional[str], typer.Option("--checkpoint", help="Checkpoint folder name or path. Default: the newest.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output folder. Default: RUN/rank_check/<time>, or runs/rank-check-<time>.")] = None,
+    set_: opt.Sets = None,
+    device: opt.Device = None,
+) -> None:
+    """Measure whether the cheap Stage-1 rollout ranks seeds like the full one: four arms, rho, tau, hit rates."""
+    import json
+
+    from solrl_core.errors import SolrlError
+    from solrl_core.inference import load_tuned
+    from solrl_core.plots import rank_check_figure
+    from solrl_core.rankcheck import check
+    from solrl_core.session import resolve_device, write_atomic
+
+    with user_errors():
+        cfg, ckpt, texts, out_dir = _tool_setup("rank_check", run, None, prompts, model, model_path, reward, checkpoint, out, set_,
+                                                device, explore_precision,
+                                                {"explore": {"steps": preview_steps}, "sampler": {"steps": full_steps}})
+        ks = sorted(set(hit_k or [4, 8]))
+        if seeds < 2 * max(ks):
+            raise SolrlError(f"--seeds {seeds} is too few for top/bottom-{max(ks)} hit rates", f"use --seeds {2 * max(ks)} or more")
+        keep = min(cfg.selection.group_size, seeds - seeds % 2)
+        texts = texts[:count]
+        rewards = _reward_set(cfg)
+        rewards.check_prompts(texts)
+        loaded = load_tuned(cfg, ckpt, explore=True)
+        where = resolve_device(cfg.run.device)
+        console.print(f"[bold]solrl rank-check[/bold]  {ckpt or cfg.model.name + ' (base)'}  {len(texts)} prompts x {seeds} seeds  "
+                      f"on {where}  rewards {', '.join(cfg.reward.weights)}")
+        result = check(loaded, rewards, texts, seeds, seed, cfg.explore.steps, cfg.sampler.steps, ks, keep,
+                       progress=lambda arm, s: console.print(f"  {arm}: {len(texts) * seeds} rollouts scored in {s:.1f}s"))
+        table = Table(title=f"against the reference {result.arms[-1]}, means over prompts, on {where}",
+                      caption=f"rho, tau: over prompts where both arms vary (n of them); top/bot K: hit rates; sel: mean "
+                              f"reference reward of the best_worst {keep} this arm selects (ref: what the reference selects); s: seconds")
+        table.add_column("arm", no_wrap=True)
+        for col in ("rho", "tau", "n", *[f"top{k}" for k in ks], *[f"bot{k}" for k in ks], "sel", "ref", "s"):
+            table.add_column(col, justify="right", no_wrap=True)
+        for arm in result.arms:
+            m = result.overall.get(arm)
+            if m is None:
+                table.add_row(arm + " ref", *[""] * (5 + 2 * len(ks)), f"{result.seconds[arm]:.1f}")
+                continue
+            cor = [f"{m[c]:.3f}" if m[c] is not None else "-" for c in ("rho", "tau")]
+            table.add_row(arm, *cor, f"{m['defined']}/{m['prompts']}", *[f"{m[f'top{k}']:.2f}" for k in ks],
+                          *[f"{m[f'bottom{k}']:.2f}" for k in ks], f"{m['sel_draft']:.3f}", f"{m['sel_final']:.3f}",
+                          f"{result.seconds[arm]:.1f}")
+        console.print(table)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        meta = {"device": str(where), "model": loaded.model.description, "checkpoint": str(ckpt) if ckpt else None,
+                "rewards": cfg.reward.weights}
+        write_atomic(out_dir / "rank_check.json", json.dumps({"meta": meta, **result.to_dict()}, indent=2))
+        rank_check_figure(result, out_dir / "rank_check.png",
+                          f"{loaded.model.description} | {len(texts)} prompts x {seeds} seeds | {where}")
+        console.print(f"json: {out_dir / 'rank_check.json'}   plot: {out_dir / 'rank_check.png'}")
+
+
+def _tool_setup(kind, run, prompt, prompts, model, model_path, reward, checkpoint, out, sets, device, explore_precision, flags):  # type: ignore[no-untyped-def]
+    """Config, checkpoint, prompts and output folder shared by explore and rank-check."""
+    import datetime as dt
+
+    from solrl_core.config import from_dict, set_value
+    from solrl_core.errors import SolrlError
+    from solrl_core.prompts import load_prompts
+    from solrl_core.rewards import parse_weights
+
+    cfg, ckpt = _model_and_checkpoint(run, model, model_path, checkpoint)
+    if reward:
+        names = parse_weights(reward) if ("=" in reward or "," in reward) else _reward_preset_weights(reward)
+        cfg = from_dict({"reward": {"weights": names, "paths": {k: v for k, v in cfg.reward.paths.items() if k in names}}}, cfg,
+                        source="--reward")
+    for assignment in sets or ():
+        cfg = set_value(cfg, assignment)
+    flags = {sec: {k: v for k, v in vals.items() if v is not None} for sec, vals in flags.items()}
+    flags["run"] = {"device": device} if device else {}
+    flags["explore"] = {**flags.get("explore", {}), **({"precision": explore_precision} if explore_precision else {})}
+    cfg = from_dict(flags, cfg, source="command-line flags").validate()
+    if prompt and prompts:
+        raise SolrlError("both --prompt and --prompts given", "use one: --prompt TEXT (repeatable) or --prompts FILE_OR_SET")
+    texts = [p for p in (prompt or []) if p.strip()] or load_prompts(prompts or cfg.run.prompts)
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    out_dir = out or (run / kind / stamp if run is not None else Path("runs") / f"{kind.replace('_', '-')}-{stamp}")
+    return cfg, ckpt, texts, Path(out_dir)
+
+
+def _reward_set(cfg):  # type: ignore[no-untyped-def]
+    import torch
+
+    from solrl_core.rewards import RewardContext, RewardSet
+    from solrl_core.session import resolve_device
+
+    return RewardSet(cfg.reward.weights, RewardContext(resolve_device(cfg.run.device), torch.float32,
+                                                       batch_size=cfg.reward.batch_size), paths=cfg.reward.paths)
+
+
 def _model_and_checkpoint(run: Optional[Path], model: Optional[str], model_path: Optional[Path], checkpoint: Optional[str]):  # type: ignore[no-untyped-def]
     """The config and checkpoint of a run folder, or a base model preset with no checkpoint."""
     from solrl_core.checkpoint import list_checkpoints
@@ -332,6 +503,15 @@ def config_help() -> None:
     for row in help_table():
         table.add_row(*row)
     console.print(table)
+
+
+def _register_tools() -> None:
+    from solrl_cli.doctor_cmd import doctor
+
+    app.command("doctor")(doctor)
+
+
+_register_tools()
 
 
 def _quiet_third_party() -> None:

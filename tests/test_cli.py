@@ -95,9 +95,15 @@ def test_presets_listing_shows_every_kind():
         assert name in result.output
 
 
-def test_real_model_loading_is_refused_plainly_before_any_run_dir():
-    result = runner.invoke(app, ["train", "--model", "sana"])
-    assert result.exit_code == 2 and "not available in this version" in result.output
+def test_missing_real_model_weights_offline_are_one_line_before_any_run_dir(monkeypatch, in_tmp):
+    import huggingface_hub.constants as hub
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(in_tmp / "hub"))
+    result = runner.invoke(app, ["train", "--model", "flux1"])
+    assert result.exit_code == 2, result.output
+    assert "black-forest-labs/FLUX.1-dev" in result.output and "--model-path" in result.output and "HF_TOKEN" in result.output
     assert not Path("runs").exists()
 
 

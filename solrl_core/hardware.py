@@ -1,0 +1,227 @@
+"""Facts about this machine: its GPUs, the low precisions each can run, and Transformer Engine.
+
+Everything heavy (torch, Transformer Engine) is imported inside the functions, so importing this
+module costs nothing and works on any machine. Used by `solrl doctor` (solrl_core/doctor.py).
+
+Precisions, as the explore (Stage-1) copy would use them:
+- ``nvfp4``: real NVFP4 GEMMs through Transformer Engine. Needs compute capability >= 10.0
+  (Blackwell) AND Transformer Engine installed AND its own availability check saying yes.
+- ``fp8``: FP8 GEMMs; needs compute capability >= 8.9 (Ada, Hopper and newer) and a backend:
+  Transformer Engine whose FP8 check says yes, or torchao (its float8 configs).
+- ``nvfp4-emulated``: solrl's exact NVFP4 emulation in plain torch (solrl_core/nvfp4.py): anywhere.
+- ``bf16``: on a GPU of compute capability >= 8.0 (Ampere), or on the CPU.
+- ``fp32``: anywhere.
+
+Transformer Engine's availability API moved between releases, so it is probed over the names each
+release has (first found wins), all returning ``(supported, reason)``:
+``transformer_engine.pytorch.is_nvfp4_available(return_reason=True)`` /
+``is_fp8_available(return_reason=True)`` (TE 2.x top level, defined in ``pytorch/quantization.py``),
+``transformer_engine.pytorch.quantization.check_nvfp4_support()`` / ``check_fp8_support()``,
+``transformer_engine.pytorch.fp8.check_nvfp4_support()`` / ``check_fp8_support()`` (older layout),
+and ``FP8GlobalStateManager.is_nvfp4_available()`` / ``is_fp8_available()`` in either module.
+TE answers for the current CUDA device and caches the answer per process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.metadata
+import importlib.util
+import sys
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+PRECISIONS = ("nvfp4", "fp8", "nvfp4-emulated", "bf16", "fp32")
+NVFP4_CC = (10, 0)
+FP8_CC = (8, 9)
+BF16_CC = (8, 0)
+TE_INSTALL = "pip install transformer-engine[pytorch] on a CUDA machine"
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    capability: tuple[int, int]
+    memory_gib: float
+
+    def describe(self) -> str:
+        return f"cuda:{self.index} {self.name}, compute capability {self.capability[0]}.{self.capability[1]}, {self.memory_gib:.0f} GiB"
+
+
+class TEStatus(NamedTuple):
+    installed: bool
+    version: str | None
+    reason: str  # why it is missing, or '' when installed
+
+
+# A TE support probe: (kind, gpu) -> (supported, reason), or None when no TE answer can be had.
+TeProbe = Callable[[str, "GpuInfo | None"], "tuple[bool, str] | None"]
+
+
+def gpus() -> list[GpuInfo]:
+    """The CUDA GPUs torch can see (none on a CPU-only machine or build)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return []
+    out = []
+    for i in range(torch.cuda.device_count()):
+        props = torch.cuda.get_device_properties(i)
+        out.append(GpuInfo(i, props.name, (props.major, props.minor), props.total_memory / 2**30))
+    return out
+
+
+def transformer_engine_status() -> TEStatus:
+    """Whether Transformer Engine's PyTorch part imports here, its version, and why not if it does not."""
+    import torch
+
+    if _find_spec("transformer_engine") is None:
+        if torch.version.cuda is None:
+            return TEStatus(False, None, "not installed; it needs CUDA (this torch is a CPU-only build): "
+                                         f"{TE_INSTALL}")
+        if not torch.cuda.is_available():
+            return TEStatus(False, None, f"not installed; it needs CUDA and a GPU, and this machine has no GPU: {TE_INSTALL}")
+        return TEStatus(False, None, f"not installed: {TE_INSTALL}")
+    try:
+        import transformer_engine  # noqa: F401
+        import transformer_engine.pytorch  # noqa: F401
+    except Exception as exc:  # noqa: BLE001 - ImportError, or OSError/RuntimeError from its CUDA libraries
+        return TEStatus(False, _te_version(), f"installed but does not import: {type(exc).__name__}: {_first_line(exc)}")
+    return TEStatus(True, _te_version(), "")
+
+
+def _find_spec(name: str) -> object | None:
+    try:
+        return importlib.util.find_spec(name)
+    except (ImportError, ValueError):  # ValueError: a module in sys.modules without a spec
+        return sys.modules.get(name)
+
+
+def _te_version() -> str | None:
+    module = sys.modules.get("transformer_engine")
+    version = getattr(module, "__version__", None)
+    if version:
+        return str(version)
+    for dist in ("transformer_engine", "transformer-engine", "transformer_engine_torch", "transformer-engine-cu12"):
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+# (module, dotted attribute, takes return_reason) in the order they are tried; see the module docstring.
+_TE_CHECKS = {
+    "nvfp4": (("transformer_engine.pytorch", "is_nvfp4_available", True),
+              ("transformer_engine.pytorch.quantization", "check_nvfp4_support", False),
+              ("transformer_engine.pytorch.fp8", "check_nvfp4_support", False),
+              ("transformer_engine.pytorch.quantization", "FP8GlobalStateManager.is_nvfp4_available", False),
+              ("transformer_engine.pytorch.fp8", "FP8GlobalStateManager.is_nvfp4_available", False)),
+    "fp8": (("transformer_engine.pytorch", "is_fp8_available", True),
+            ("transformer_engine.pytorch.quantization", "check_fp8_support", False),
+            ("transformer_engine.pytorch.fp8", "check_fp8_support", False),
+            ("transformer_engine.pytorch.quantization", "FP8GlobalStateManager.is_fp8_available", False),
+            ("transformer_engine.pytorch.fp8", "FP8GlobalStateManager.is_fp8_available", False)),
+}
+
+
+def te_support(kind: str, gpu: GpuInfo | None) -> tuple[bool, str] | None:
+    """Transformer Engine's own answer for `kind` ('nvfp4' or 'fp8') on `gpu`: (supported, reason).
+    None when TE is not importable or none of the known check functions exists."""
+    if gpu is None or not transformer_engine_status().installed:
+        return None
+    import torch
+
+    # TE asks about the current device; a CPU-only torch (tests with a stand-in TE) has none to set.
+    on_gpu = torch.cuda.device(gpu.index) if torch.cuda.is_available() else contextlib.nullcontext()
+    for module_name, attr, takes_reason in _TE_CHECKS[kind]:
+        fn = _resolve(module_name, attr)
+        if fn is None:
+            continue
+        try:
+            with on_gpu:
+                answer = fn(return_reason=True) if takes_reason else fn()
+        except Exception as exc:  # noqa: BLE001 - a broken TE install is an answer too
+            return False, f"Transformer Engine's {attr}() failed: {type(exc).__name__}: {_first_line(exc)}"
+        if isinstance(answer, tuple):
+            return bool(answer[0]), str(answer[1]) if len(answer) > 1 else ""
+        return bool(answer), ""
+    return None
+
+
+def _resolve(module_name: str, attr: str) -> Callable | None:
+    try:
+        obj = importlib.import_module(module_name)
+    except Exception:  # noqa: BLE001
+        return None
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj if callable(obj) else None
+
+
+def torchao_version() -> str | None:
+    try:
+        return importlib.metadata.version("torchao")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def explore_precisions(gpu: GpuInfo | None, te: TeProbe | None = None,
+                       torchao: str | None | bool = True) -> dict[str, tuple[bool, str]]:
+    """Which explore precisions run on `gpu` (None: the CPU), each with why or why not.
+
+    `te` answers Transformer Engine's checks (default: `te_support`, the installed TE); `torchao`
+    is torchao's version, None when absent (default True: look it up). Both are parameters so the
+    rules can be tested with made-up GPUs."""
+    probe = te if te is not None else te_support
+    ao = torchao_version() if torchao is True else (torchao or None)
+    out: dict[str, tuple[bool, str]] = {}
+    if gpu is None:
+        out["nvfp4"] = (False, "no GPU: NVFP4 GEMMs need an NVIDIA GPU of compute capability >= 10.0 (Blackwell)")
+        out["fp8"] = (False, "no GPU: FP8 GEMMs need an NVIDIA GPU of compute capability >= 8.9 (Ada, Hopper)")
+        out["nvfp4-emulated"] = (True, "exact NVFP4 emulation in torch, runs anywhere")
+        out["bf16"] = (True, "bf16 on the CPU")
+        out["fp32"] = (True, "always")
+        return out
+    cc = f"{gpu.capability[0]}.{gpu.capability[1]}"
+    if gpu.capability < NVFP4_CC:
+        out["nvfp4"] = (False, f"compute capability {cc} < 10.0: NVFP4 GEMMs need Blackwell (B200, GB200)")
+    else:
+        answer = probe("nvfp4", gpu)
+        if answer is None:
+            out["nvfp4"] = (False, f"compute capability {cc} is enough, but Transformer Engine is not available "
+                                   f"({transformer_engine_status().reason or 'no NVFP4 check found in it'})")
+        else:
+            out["nvfp4"] = (answer[0], "Transformer Engine NVFP4BlockScaling" if answer[0] else
+                            f"Transformer Engine says no: {answer[1] or 'no reason given'}")
+    if gpu.capability < FP8_CC:
+        out["fp8"] = (False, f"compute capability {cc} < 8.9: FP8 GEMMs need Ada or Hopper and newer")
+    else:
+        answer = probe("fp8", gpu)
+        if answer is not None and answer[0]:
+            out["fp8"] = (True, "Transformer Engine FP8")
+        elif ao:
+            out["fp8"] = (True, f"torchao {ao} float8")
+        elif answer is not None:
+            out["fp8"] = (False, f"Transformer Engine says no: {answer[1] or 'no reason given'}; torchao not installed")
+        else:
+            out["fp8"] = (False, f"compute capability {cc} is enough, but neither Transformer Engine nor torchao is "
+                                 f"installed ({TE_INSTALL}, or pip install torchao)")
+    out["nvfp4-emulated"] = (True, "exact NVFP4 emulation in torch, runs anywhere")
+    out["bf16"] = ((True, f"compute capability {cc}") if gpu.capability >= BF16_CC
+                   else (False, f"compute capability {cc} < 8.0: no native bf16 (Ampere and newer)"))
+    out["fp32"] = (True, "always")
+    return out
+
+
+def supported(precisions: dict[str, tuple[bool, str]]) -> list[str]:
+    return [name for name, (ok, _) in precisions.items() if ok]
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

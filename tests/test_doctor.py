@@ -1,0 +1,230 @@
+"""solrl doctor: the machine checks, the explore-precision rules, and the command's table, JSON and exit code."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import json
+import sys
+import types
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from solrl_cli.doctor_cmd import doctor
+from solrl_core import doctor as doc
+from solrl_core import hardware
+from solrl_core.hardware import GpuInfo
+from solrl_core.presets import resolve_config
+
+app = typer.Typer()
+app.command("doctor")(doctor)
+
+
+@app.callback()
+def _root() -> None:
+    """Keeps `doctor` a subcommand, as in the real app."""
+
+
+runner = CliRunner()
+WIDE = {"COLUMNS": "300"}  # one table row per line, so the assertions see whole sentences
+
+H100 = GpuInfo(0, "NVIDIA H100 80GB HBM3", (9, 0), 79.1)
+B200 = GpuInfo(0, "NVIDIA B200", (10, 0), 178.4)
+REWARD_PACKAGES = ("ImageReward", "open_clip", "torchvision")
+
+
+def _te(nvfp4=None, fp8=None):
+    """A stand-in for Transformer Engine's answers: kind -> (supported, reason) or None (no TE)."""
+    return lambda kind, gpu: {"nvfp4": nvfp4, "fp8": fp8}[kind]
+
+
+@pytest.fixture(autouse=True)
+def cpu_machine(monkeypatch):
+    """Every test sees this machine as it is in CI: no GPU (tests that want one patch it in)."""
+    monkeypatch.setattr(hardware, "gpus", lambda: [])
+    monkeypatch.delenv("SOLRL_DEBUG", raising=False)
+
+
+def _invoke(*args):
+    return runner.invoke(app, ["doctor", *args], env=WIDE)
+
+
+def _by_name(entries):
+    return {e["name"]: e for e in entries}
+
+
+# --- the command -----------------------------------------------------------------------------------
+
+def test_tiny_model_passes_on_this_machine():
+    result = _invoke()
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
+    assert any("python" in r and "Python 3." in r and "pass" in r for r in rows)
+    assert any("torch" in r and "torch 2." in r for r in rows)
+    assert "nothing blocks this run" in result.stdout
+
+
+def test_nvfp4_on_flux_fails_and_names_what_works_here():
+    result = _invoke("--model", "flux1", "--explore-precision", "nvfp4")
+    assert result.exit_code == 1, result.output
+    assert "this machine supports: nvfp4-emulated, bf16, fp32" in result.stdout
+    assert "--explore-precision nvfp4-emulated" in result.stdout
+
+
+def test_json_lists_every_check():
+    result = _invoke("--json")
+    assert result.exit_code == 0, result.output
+    entries = json.loads(result.stdout)
+    assert entries and all({"name", "status", "detail", "fix", "needed_by_run"} <= set(e) for e in entries)
+    assert all(e["status"] in ("pass", "warn", "fail") for e in entries)
+    names = _by_name(entries)
+    assert {"python", "torch", "model weights", "explore precision", "memory estimate"} <= set(names)
+    assert names["memory estimate"]["detail"].startswith("skipped: no GPU")
+
+
+@pytest.mark.skipif(any(importlib.util.find_spec(p) is None for p in REWARD_PACKAGES),
+                    reason='needs the reward backends: pip install -e ".[rewards]"')
+def test_reward_backends_import_here():
+    entries = _by_name(json.loads(_invoke("--reward", "imagereward=1.0,hpsv2=0.5,pickscore=0.5", "--json").stdout))
+    backends = {n: e for n, e in entries.items() if n.startswith("reward backend")}
+    assert len(backends) == 3
+    assert all(e["status"] == "pass" and e["needed_by_run"] for e in backends.values()), backends
+    assert entries["torchvision"]["status"] == "pass"
+
+
+def test_offline_with_an_empty_cache_fails_on_missing_weights(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    cache = tmp_path / "hf" / "hub"
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # huggingface_hub read the env at import
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    result = _invoke("--model", "sana", "--reward", "imagereward", "--json")
+    assert result.exit_code == 1, result.output
+    entries = _by_name(json.loads(result.stdout))
+    model = entries["model weights"]
+    assert model["status"] == "fail" and model["needed_by_run"]
+    assert "Efficient-Large-Model/Sana_1600M_1024px_BF16_diffusers" in model["fix"] and "--model-path" in model["fix"]
+    weights = entries["reward weights imagereward"]
+    assert weights["status"] == "fail" and weights["needed_by_run"]
+    assert "THUDM/ImageReward" in weights["fix"] and "bert-base-uncased" in weights["fix"]
+    assert "reward.paths.imagereward" in weights["fix"]
+    assert "HF_HUB_OFFLINE=1" in entries["hub mode"]["detail"]
+
+
+def test_local_reward_folder_and_model_path_are_checked(tmp_path):
+    ir = tmp_path / "ir"
+    (ir / "tokenizer").mkdir(parents=True)
+    (ir / "ImageReward.pt").write_bytes(b"")
+    (ir / "med_config.json").write_text("{}")
+    cfg = resolve_config("sana", "sol_rl", "imagereward", sets=[f"reward.paths.imagereward={ir}",
+                                                                f"model.path={tmp_path / 'nowhere'}"])
+    checks = {c.name: c for c in doc.run_checks(cfg)}
+    assert checks["reward weights imagereward"].status == "pass"
+    assert checks["model weights"].status == "fail" and "nowhere" in checks["model weights"].detail
+
+
+# --- explore precisions: the rules, with made-up GPUs ---------------------------------------------
+
+def test_hopper_runs_fp8_but_not_nvfp4():
+    p = hardware.explore_precisions(H100, te=_te(nvfp4=(True, ""), fp8=(True, "")), torchao=None)
+    assert p["fp8"][0] and not p["nvfp4"][0]
+    assert "10.0" in p["nvfp4"][1]
+    assert hardware.supported(p) == ["fp8", "nvfp4-emulated", "bf16", "fp32"]
+
+
+def test_fp8_through_torchao_when_te_is_absent():
+    assert hardware.explore_precisions(H100, te=_te(), torchao="0.18.0")["fp8"] == (True, "torchao 0.18.0 float8")
+    ok, why = hardware.explore_precisions(H100, te=_te(), torchao=None)["fp8"]
+    assert not ok and "Transformer Engine" in why
+
+
+def test_blackwell_runs_nvfp4_when_transformer_engine_says_yes():
+    p = hardware.explore_precisions(B200, te=_te(nvfp4=(True, ""), fp8=(True, "")), torchao=None)
+    assert p["nvfp4"][0] and p["fp8"][0]
+
+
+def test_blackwell_without_transformer_engine_has_no_nvfp4_and_says_why():
+    ok, why = hardware.explore_precisions(B200, te=_te(), torchao=None)["nvfp4"]
+    assert not ok and "Transformer Engine is not available" in why
+    ok, why = hardware.explore_precisions(B200, te=_te(nvfp4=(False, "driver too old")), torchao=None)["nvfp4"]
+    assert not ok and "driver too old" in why
+
+
+def test_cpu_and_old_gpus():
+    cpu = hardware.explore_precisions(None)
+    assert hardware.supported(cpu) == ["nvfp4-emulated", "bf16", "fp32"]
+    turing = hardware.explore_precisions(GpuInfo(0, "T4", (7, 5), 15.0), te=_te(), torchao="0.18.0")
+    assert hardware.supported(turing) == ["nvfp4-emulated", "fp32"]
+
+
+def test_transformer_engine_probed_over_its_known_api_names(monkeypatch):
+    """TE >= 2.9 answers through te.pytorch.is_nvfp4_available(return_reason=True); older releases
+    through transformer_engine.pytorch.fp8.check_fp8_support(): both are found."""
+    def module(name, **attrs):
+        mod = types.ModuleType(name)
+        mod.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        mod.__dict__.update(attrs)
+        monkeypatch.setitem(sys.modules, name, mod)
+        return mod
+
+    reason = "Device compute capability 10.0 or higher required for NVFP4 execution."
+    module("transformer_engine", __version__="2.9.0")
+    module("transformer_engine.pytorch", is_nvfp4_available=lambda return_reason=False: (False, reason) if return_reason else False)
+    module("transformer_engine.pytorch.fp8", check_fp8_support=lambda: (True, ""))
+    assert hardware.transformer_engine_status() == (True, "2.9.0", "")
+    assert hardware.te_support("nvfp4", H100) == (False, reason)
+    assert hardware.te_support("fp8", H100) == (True, "")
+    assert hardware.te_support("fp8", None) is None
+
+
+def test_explore_precision_check_with_a_gpu(monkeypatch):
+    monkeypatch.setattr(hardware, "gpus", lambda: [H100])
+    monkeypatch.setattr(hardware, "te_support", lambda kind, gpu: None)
+    checks = {c.name: c for c in doc.run_checks(resolve_config("flux1", "sol_rl"), nproc=2, explore_precision="nvfp4")}
+    assert checks["explore precision"].status == "fail" and "compute capability 9.0 < 10.0" in checks["explore precision"].detail
+    assert checks["processes"].status == "fail" and checks["processes"].fix == "--nproc-per-node 1"
+    assert checks["run device"].status == "pass" and "H100" in checks["run device"].detail
+    assert checks["gpu cuda:0"].needed_by_run
+
+
+def test_unused_explore_precision_does_not_block_other_families():
+    checks = {c.name: c for c in doc.run_checks(resolve_config("tiny", "diffusionnft"), explore_precision="nvfp4")}
+    assert checks["explore precision"].status == "warn" and not checks["explore precision"].needed_by_run
+    assert not doc.failed_for_run(list(checks.values()))
+
+
+# --- memory estimate and small helpers -------------------------------------------------------------
+
+def test_memory_estimate_orders_and_limits():
+    flux = resolve_config("flux1", "sol_rl")
+    emulated, real = doc.estimate_memory(flux, "auto"), doc.estimate_memory(flux, "nvfp4")
+    assert emulated.explore_copy == pytest.approx(4 * real.explore_copy)  # two bf16 copies vs half a bf16 copy
+    assert doc.estimate_memory(resolve_config("flux1", "naive_scaling"), "auto").explore_copy == 0
+    assert doc.estimate_memory(resolve_config("flux1", "compile"), "auto").explore_copy == pytest.approx(real.policy)
+    assert doc._memory(flux, GpuInfo(0, "small", (9, 0), 24.0), "nvfp4").status == "fail"
+    assert doc._memory(resolve_config("sana", "sol_rl"), H100, "auto").status == "pass"
+    assert "estimate" in doc._memory(flux, H100, "nvfp4").detail
+
+
+def test_matching_torchvision():
+    assert doc.matching_torchvision("2.13.0+cpu") == "0.28.0"
+    assert doc.matching_torchvision("2.4.1") == "0.19.1"
+
+
+def test_reward_file_table_matches_the_backends():
+    pytest.importorskip("open_clip")
+    from solrl_core.rewards import SPECS, clip_rewards, hpsv2, imagereward
+
+    assert set(doc.REWARD_FILES) == {n for n, s in SPECS.items() if s.weights}
+    repos = {name: {repo for repo, _ in needs} for name, needs in doc.REWARD_FILES.items()}
+    files = {name: {f for _, names in needs for f in names} for name, needs in doc.REWARD_FILES.items()}
+    assert repos["imagereward"] == {imagereward.HUB_ID, imagereward.TOKENIZER_ID}
+    assert {imagereward.CHECKPOINT, imagereward.MED_CONFIG} <= files["imagereward"]
+    assert repos["pickscore"] == {clip_rewards.PickScore.model_id, clip_rewards.PickScore.processor_id}
+    assert repos["clipscore"] == {clip_rewards.ClipScore.model_id, clip_rewards.ClipScore.processor_id}
+    assert repos["hpsv2"] == {hpsv2.HUB_REPO} and files["hpsv2"] == {hpsv2.CHECKPOINT}
