@@ -38,6 +38,7 @@ def train(
     device: opt.Device = None,
     explore_precision: opt.ExplorePrecision = None,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue the run in this folder from its newest checkpoint.")] = None,
+    tui: Annotated[bool, typer.Option("--tui", help="Watch the run in a terminal UI; q asks whether to stop safely with a checkpoint.")] = False,
     dump_config: Annotated[bool, typer.Option("--dump-config", help="Print the resolved config as TOML and exit.")] = False,
 ) -> None:
     """Train with Sol-RL (or another family). With no arguments: the built-in tiny model on this machine."""
@@ -59,9 +60,14 @@ def train(
         if dump_config:
             _print_config(cfg)
             return
-        bus = events.EventBus()
-        bus.subscribe(TerminalDisplay(console))
-        session = run_training(cfg, bus, resume=bool(resume))
+        if tui:
+            from solrl_cli.tui import run_tui_training
+
+            session = run_tui_training(cfg, resume=bool(resume))
+        else:
+            bus = events.EventBus()
+            bus.subscribe(TerminalDisplay(console))
+            session = run_training(cfg, bus, resume=bool(resume))
         if session.iteration < session.config.run.iterations:
             raise typer.Exit(130)  # stopped by a signal: saved, but not finished
 
@@ -507,8 +513,10 @@ def config_help() -> None:
 
 def _register_tools() -> None:
     from solrl_cli.doctor_cmd import doctor
+    from solrl_cli.monitor_cmd import monitor
 
     app.command("doctor")(doctor)
+    app.command("monitor")(monitor)
 
 
 _register_tools()

@@ -1,0 +1,24 @@
+"""`solrl monitor RUN_DIR`: the live view of a run another process is writing, or a replay of a finished one."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from solrl_cli.errors import user_errors
+
+
+def monitor(run_dir: Annotated[Path, typer.Argument(help="A run folder (it holds events.jsonl).")]) -> None:
+    """Watch a run in a terminal UI: timings, rewards, losses, evaluations, warnings. q exits; the run goes on."""
+    from solrl_core.errors import SolrlError
+    from solrl_cli.tui import EVENTS_FILE, run_monitor
+
+    with user_errors():
+        run_dir = Path(run_dir)
+        if not (run_dir / EVENTS_FILE).is_file():
+            what = "does not exist" if not run_dir.exists() else f"has no {EVENTS_FILE}"
+            raise SolrlError(f"{run_dir} {what}", "pass a run folder written by `solrl train` (it holds config.toml and "
+                                                  f"{EVENTS_FILE}; the default is runs/<time>-<preset>)")
+        run_monitor(run_dir)

@@ -1,0 +1,191 @@
+"""The TUI consumes events only: a recorded events.jsonl drives it headless (Textual's run_test pilot)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+import time
+
+import pytest
+import typer
+from rich.console import Console
+
+from solrl_core import events as ev
+from solrl_cli.tui import JsonlTail, QueueSource, RunState, SolrlMonitor, StopScreen
+
+SIZE = (160, 45)
+CONFIG = {"algorithm": {"family": "sol_rl"}, "run": {"prompts_per_iteration": 8}, "explore": {"group_size": 16, "steps": 6},
+          "selection": {"group_size": 8}, "sampler": {"steps": 10}, "reward": {"weights": {"tinyworld_geneval": 1.0}}}
+
+
+def iteration(i: int, total: int = 30) -> ev.IterationFinished:
+    seconds = {"explore": 2.0 + i / 100, "selection": 0.001, "regenerate": 1.0 + i / 100, "reward": 0.2, "train": 1.5,
+               "sync": 0.02, "total": 4.75 + i / 50}
+    def stats(mean: float) -> ev.RewardStats:
+        return ev.RewardStats(mean=mean, std=0.3, best=1.0, worst=0.0, components={"tinyworld_geneval": mean})
+    return ev.IterationFinished(iteration=i, iterations=total, seconds=seconds, draft=stats(0.4 + i / 100),
+                                final=stats(0.5 + i / 100), loss={"loss": 1.5 - i / 100, "policy": 1.49 - i / 100, "kl": 0.001 * i},
+                                nonfinite_losses=0, grad_norm=0.2, old_decay=0.001 * (i - 1))
+
+
+def write_log(path, iterations: int = 3) -> ev.JsonlLog:
+    """A recorded run: start, quantization, base eval, iterations, a warning, an EMA eval."""
+    log = ev.JsonlLog(path)
+    log(ev.RunStarted(run_dir=str(path.parent), preset="tiny_sol_rl_tinyworld_geneval", device="cpu", dtype="fp32",
+                      explore_precision="nvfp4-emulated", plan="Stage 1: 16 seeds/prompt at nvfp4-emulated, 6 steps -> keep 8",
+                      start_iteration=0, iterations=30, resumed=False, config=CONFIG))
+    log(ev.QuantizationReport(summary="quantized 40 of 51 layers", path="q.json"))
+    log(ev.EvalFinished(iteration=0, weights="base", prompts="tinyworld_heldout", samples=256, mean=0.5254, components={},
+                        extras={"tinyworld_geneval.strict_accuracy": 0.184}, seconds=4.8))
+    for i in range(1, iterations + 1):
+        log(iteration(i))
+    log(ev.RunWarning(message="reward tinyworld_geneval is near-constant within every prompt group"))
+    log(ev.EvalFinished(iteration=3, weights="ema", prompts="tinyworld_heldout", samples=256, mean=0.6113, components={},
+                        extras={"tinyworld_geneval.strict_accuracy": 0.293}, seconds=4.4))
+    return log
+
+
+def screen_text(app: SolrlMonitor) -> str:
+    console = Console(width=SIZE[0], height=SIZE[1], file=io.StringIO(), record=True, force_terminal=True)
+    console.print(app.screen._compositor.render_update(full=True))
+    return console.export_text()
+
+
+def test_tail_waits_for_a_partial_last_line(tmp_path):
+    path = tmp_path / "events.jsonl"
+    tail = JsonlTail(path)
+    assert tail.poll() == []  # not written yet
+    path.write_text('{"event": "warning", "message": "a"}\n{"event": "warn')
+    assert [e["message"] for e in tail.poll()] == ["a"]
+    with open(path, "a") as fh:
+        fh.write('ing", "message": "b"}\nnot json\n')
+    got = tail.poll()
+    assert got[0]["message"] == "b" and "unreadable" in got[1]["message"]
+
+
+def test_state_drops_iterations_a_resume_repeats():
+    state = RunState()
+    for i in (1, 2, 3):
+        state.apply(iteration(i).to_dict())
+    state.apply({"event": "run_started", "start_iteration": 2, "iterations": 30, "resumed": True})
+    state.apply(iteration(3).to_dict())
+    assert [it["iteration"] for it in state.iterations] == [1, 2, 3] and state.count == 3
+    assert state.rolling("train") == pytest.approx(1.5)
+
+
+def test_monitor_replays_follows_pauses_and_switches(tmp_path):
+    log = write_log(tmp_path / "events.jsonl")
+    tail = JsonlTail(tmp_path / "events.jsonl")
+    tail.poll_interval = 0.05
+
+    async def scenario() -> None:
+        app = SolrlMonitor(tail)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause(0.2)
+            text = screen_text(app)
+            assert "tiny_sol_rl_tinyworld_geneval" in text and "iteration 3/30" in text
+            assert "reward 0.53 (draft 0.43)" in text  # latest Stage-2 and Stage-1 means
+            assert "explore" in text and "2.03" in text  # iteration 3's explore seconds
+            assert "explore speed-up per rollout" in text and "GPU:" in text
+            app.save_screenshot("main.svg", path=str(tmp_path))
+            svg = (tmp_path / "main.svg").read_text()
+            assert "tiny_sol_rl_tinyworld_geneval" in svg and "regenerate" in svg
+
+            log(iteration(4))  # the run goes on: the monitor follows the file
+            await pilot.pause(0.3)
+            assert "iteration 4/30" in screen_text(app)
+
+            await pilot.press("p")
+            log(iteration(5))
+            await pilot.pause(0.3)
+            text = screen_text(app)
+            assert "iteration 4/30" in text and "PAUSED" in text
+            await pilot.press("p")
+            await pilot.pause(0.3)
+            assert "iteration 5/30" in screen_text(app)
+
+            await pilot.press("2")
+            text = screen_text(app)
+            assert "Stage-2 final mean" in text and "0.55" in text and "Stage-1 draft worst" in text
+            await pilot.press("3")
+            assert "grad norm" in screen_text(app)
+            await pilot.press("4")
+            text = screen_text(app)
+            assert "0.6113" in text and "strict_accuracy 0.293" in text
+            await pilot.press("tab")
+            assert "near-constant within every prompt group" in screen_text(app)
+            await pilot.press("q")
+        assert not app.is_running
+
+    asyncio.run(scenario())
+    log.close()
+
+
+def test_train_tui_quit_asks_then_stops_safely():
+    source, stopped = QueueSource(), threading.Event()
+    bus = ev.EventBus()
+    bus.subscribe(source)
+    bus.emit(iteration(1))
+
+    async def scenario() -> None:
+        app = SolrlMonitor(source, stop=stopped.set)
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause(0.3)
+            await pilot.press("q")
+            assert isinstance(app.screen, StopScreen)
+            await pilot.press("c")  # cancel: training goes on
+            assert not stopped.is_set() and app.is_running
+            await pilot.press("q", "s")
+            assert stopped.is_set()
+            await pilot.pause(0.3)
+            assert app.is_running and "stopping: finishing iteration 2" in screen_text(app)
+            bus.emit(iteration(2))  # the trainer finishes its iteration, saves, returns
+            source.done.set()
+            await pilot.pause(0.5)
+            assert not app.is_running  # it left by itself once the trainer returned
+        assert app.state.iteration == 2
+
+    asyncio.run(scenario())
+
+
+def test_run_tui_training_joins_the_trainer(monkeypatch):
+    """Any way out of the app sets the stop flag and waits for the iteration and checkpoint."""
+    import sys
+    import types
+
+    from solrl_cli import tui
+
+    saved = []
+
+    def fake_train(config, bus, resume=False, stop=None):
+        i = 0
+        while not stop.requested:
+            i += 1
+            bus.emit(iteration(i))
+            time.sleep(0.02)
+        time.sleep(0.2)  # the iteration in flight, then its checkpoint
+        saved.append(i)
+        return "session"
+
+    async def headless(self) -> None:
+        async with self.run_test(size=SIZE) as pilot:
+            await pilot.pause(0.2)
+            await pilot.press("q", "s")
+            await pilot.pause(0.5)
+
+    class StopFlag:
+        requested = False
+
+    # a stand-in for solrl_core.trainer (importing the real one loads torch, seconds on a small CPU)
+    monkeypatch.setitem(sys.modules, "solrl_core.trainer", types.SimpleNamespace(StopFlag=StopFlag, train=fake_train))
+    monkeypatch.setattr(tui.SolrlMonitor, "run", lambda self: asyncio.run(headless(self)))
+    assert tui.run_tui_training(config=None) == "session" and len(saved) == 1
+
+
+def test_monitor_command_needs_events(tmp_path):
+    from solrl_cli.monitor_cmd import monitor
+
+    with pytest.raises(typer.Exit) as exc:
+        monitor(tmp_path)
+    assert exc.value.exit_code == 2
