@@ -153,6 +153,10 @@ class RunState:
             self.warning_count += 1
         elif kind == "checkpoint":
             self.log.append(f"{_clock(e)} checkpoint iteration {e['iteration']} -> {e['path']} ({e['seconds']:.2f}s)")
+        elif kind == "rank_check":
+            cor = "  ".join(f"{n} {e[n]:.3f}" if e[n] is not None else f"{n} - (constant)" for n in ("rho", "tau"))
+            self.log.append(f"{_clock(e)} rank check iteration {e['iteration']} ({e['seeds']} seeds of one prompt, draft vs "
+                            f"full): {cor}")
         elif kind == "images_written":
             self.log.append(f"{_clock(e)} {e['count']} images ({e['weights']} weights) -> {e['folder']}")
         elif kind == "run_finished":

@@ -5,6 +5,11 @@ place, so a folder with that name is always complete. It holds the trained adapt
 LoRA format (`pytorch_lora_weights.safetensors`, loadable with `pipe.load_lora_weights`), the old
 and EMA adapters in the same format under `old/` and `ema/`, the optimizer, the loop state and the
 RNG states. The newest complete folder is the one `--resume` continues from.
+
+Nothing in it depends on the number of processes: the adapters and the optimizer state of the LoRA
+parameters are replicated on every rank, and the RNG states are rank 0's (the one process that
+writes). Every random draw of an iteration derives from (run seed, iteration) anyway, so a run
+saved on 8 GPUs resumes on 1, or on 4, and draws the same prompts, seeds and noise.
 """
 
 from __future__ import annotations

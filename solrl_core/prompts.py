@@ -70,10 +70,18 @@ def prompts_for_iteration(prompts: list[str], count: int, rng: np.random.Generat
     return [prompts[i] for i in order[:count]]
 
 
+def check_split(count: int, world_size: int) -> None:
+    """Each prompt group lives whole on one rank, so the groups must split evenly over the ranks."""
+    if count % world_size == 0:
+        return
+    below, above = count // world_size * world_size, (count // world_size + 1) * world_size
+    choices = f"{below} or {above}" if below else f"{above}"
+    raise SolrlError(f"{count} prompt groups do not split evenly over {world_size} processes (each group runs whole on one)",
+                     f"use --set run.prompts_per_iteration={choices} (a multiple of {world_size}), or another process count")
+
+
 def shard(groups: list[str], rank: int, world_size: int) -> list[str]:
-    """The prompt groups this rank owns: each group whole on one rank, contiguous slices."""
-    if len(groups) % world_size:
-        raise SolrlError(f"{len(groups)} prompt groups do not split evenly over {world_size} processes",
-                         f"set run.prompts_per_iteration to a multiple of {world_size}")
+    """The prompt groups this rank owns: each group whole on one rank, contiguous slices in rank order."""
+    check_split(len(groups), world_size)
     per = len(groups) // world_size
     return groups[rank * per:(rank + 1) * per]

@@ -2,6 +2,9 @@
 
 `open_session` checks every input first (config, prompts, rewards, resume folder, model weights)
 and only then creates the run directory, so bad input never leaves a half-written run behind.
+
+Under torchrun every rank opens its own session (a full model replica); rank 0 alone chooses the
+run directory and the checkpoint to resume, and alone writes to the run directory.
 """
 
 from __future__ import annotations
@@ -17,13 +20,14 @@ from pathlib import Path
 import tomli_w
 import torch
 
+from solrl_core import distributed
 from solrl_core.checkpoint import list_checkpoints, load_checkpoint
 from solrl_core.config import Config, from_dict, to_dict
 from solrl_core.errors import SolrlError
 from solrl_core.models import DiffusionModel, load_model
 from solrl_core.models.base import Conditioning
-from solrl_core.policy import OLD, Policy
-from solrl_core.prompts import load_prompts
+from solrl_core.policy import OLD, TRAINED, Policy
+from solrl_core.prompts import check_split, load_prompts
 from solrl_core.rewards import RewardContext, RewardSet
 from solrl_core.rewards.health import RewardHealth
 from solrl_core.rollout import RolloutCopy
@@ -112,7 +116,7 @@ class Session:
     history: list[float] = field(default_factory=list)
     resumed: bool = False
     health: RewardHealth = field(default_factory=lambda: RewardHealth(min_std=0.0, patience=0))
-    rank: int = 0  # torch.distributed comes later: one process owns every prompt group for now
+    rank: int = 0  # this process among world_size (torchrun); it owns prompt groups rank*P/W .. (rank+1)*P/W - 1
     world_size: int = 1
     _cond_cache: dict[str, Conditioning] = field(default_factory=dict)
 
@@ -149,24 +153,20 @@ def load_run_config(run_dir: str | Path) -> Config:
 def open_session(cfg: Config, resume: bool = False) -> Session:
     """Validate inputs, load the model, create (or reopen) the run directory, restore a checkpoint."""
     cfg.validate()
+    rank, world = distributed.rank(), distributed.world_size()
+    check_split(cfg.run.prompts_per_iteration, world)
     prompts = load_prompts(cfg.run.prompts)
     eval_prompts = load_prompts(cfg.run.eval_prompts) if cfg.run.eval_prompts else []
     device = resolve_device(cfg.run.device)
+    if world > 1 and device.type == "cuda":  # one GPU per process, whatever cuda:N the config names
+        device = torch.device("cuda", torch.cuda.current_device())
     rewards = RewardSet(cfg.reward.weights, RewardContext(device, torch.float32, batch_size=cfg.reward.batch_size),
                         paths=cfg.reward.paths)
     rewards.check_prompts(prompts + eval_prompts)
     dtype_name, dtype = resolve_dtype(cfg.run.dtype, device)
     if cfg.run.threads > 0:
         torch.set_num_threads(cfg.run.threads)
-    run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else _fresh_run_dir(cfg.preset)
-    checkpoint = None
-    if resume:
-        found = list_checkpoints(run_dir)
-        if not found:
-            raise SolrlError(f"{run_dir} holds no complete checkpoint to resume from", "start it again without --resume")
-        checkpoint = found[-1]
-    elif (run_dir / CONFIG_FILE).exists():
-        raise SolrlError(f"{run_dir} already holds a run", f"continue it with `solrl train --resume {run_dir}` or pick another --run-dir")
+    run_dir, checkpoint = _claim_run_dir(cfg, resume)
     plan = plan_stages(cfg, dtype_name)
 
     model = load_model(cfg.model, device, dtype)
@@ -178,21 +178,55 @@ def open_session(cfg: Config, resume: bool = False) -> Session:
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.optimizer.lr, betas=(cfg.optimizer.beta1, cfg.optimizer.beta2),
                                   weight_decay=cfg.optimizer.weight_decay, eps=cfg.optimizer.eps)
     session = Session(cfg, run_dir, device, dtype_name, dtype, plan, model, policy, explore_copy, optimizer, rewards, prompts,
-                      eval_prompts, health=RewardHealth(cfg.reward.health_min_std, cfg.reward.health_patience))
-    if checkpoint is not None:
+                      eval_prompts, health=RewardHealth(cfg.reward.health_min_std, cfg.reward.health_patience),
+                      rank=rank, world_size=world)
+    if checkpoint is not None:  # every rank reads it: resuming across nodes needs the run dir on a shared filesystem
         state = load_checkpoint(checkpoint, policy, optimizer)
         session.iteration, session.step, session.history = state["iteration"], state["step"], state["history"]
         session.health.streaks = dict(state.get("reward_streaks", {}))
         session.resumed = True
+    if world > 1:  # a LoRA's random init (and anything else) must start equal on every replica: rank 0's
+        for adapter in (TRAINED, OLD, "ema"):
+            policy.load_state(adapter, distributed.broadcast_tensors(policy.state(adapter)))
     if explore_copy is not None:
         explore_copy.refresh(policy.merged_weights(OLD))
-    run_dir.mkdir(parents=True, exist_ok=True)
     session.config = replace(cfg, run=replace(cfg.run, run_dir=str(run_dir)))
-    # Rewritten on resume too: `--resume --iterations N` extends the run for every later resume.
-    write_atomic(run_dir / CONFIG_FILE, tomli_w.dumps(to_dict(session.config)))
-    if explore_copy is not None and explore_copy.report is not None:
-        write_atomic(run_dir / "quantization_report.json", json.dumps(explore_copy.report.to_dict(), indent=2))
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        # Rewritten on resume too: `--resume --iterations N` extends the run for every later resume.
+        write_atomic(run_dir / CONFIG_FILE, tomli_w.dumps(to_dict(session.config)))
+        if explore_copy is not None and explore_copy.report is not None:
+            write_atomic(run_dir / "quantization_report.json", json.dumps(explore_copy.report.to_dict(), indent=2))
+    distributed.barrier()  # the run directory exists before any rank goes on
     return session
+
+
+def _claim_run_dir(cfg: Config, resume: bool) -> tuple[Path, Path | None]:
+    """The run directory and the checkpoint to resume from, decided by rank 0 (a fresh directory's
+    name holds the time, and another rank must not mistake rank 0's new config for an older run);
+    an error there is raised on every rank."""
+    outcome: tuple = ()
+    if distributed.is_main():
+        try:
+            outcome = ("ok", *_run_dir_and_checkpoint(cfg, resume))
+        except SolrlError as exc:
+            outcome = ("error", exc.message, exc.fix)
+    outcome = distributed.broadcast_object(outcome)
+    if outcome[0] == "error":
+        raise SolrlError(outcome[1], outcome[2])
+    return outcome[1], outcome[2]
+
+
+def _run_dir_and_checkpoint(cfg: Config, resume: bool) -> tuple[Path, Path | None]:
+    run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else _fresh_run_dir(cfg.preset)
+    if resume:
+        found = list_checkpoints(run_dir)
+        if not found:
+            raise SolrlError(f"{run_dir} holds no complete checkpoint to resume from", "start it again without --resume")
+        return run_dir, found[-1]
+    if (run_dir / CONFIG_FILE).exists():
+        raise SolrlError(f"{run_dir} already holds a run", f"continue it with `solrl train --resume {run_dir}` or pick another --run-dir")
+    return run_dir, None
 
 
 def write_atomic(path: Path, text: str) -> None:
