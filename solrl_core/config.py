@@ -18,7 +18,7 @@ from solrl_core.errors import SolrlError, close_matches
 
 FAMILIES = ("sol_rl", "naive_scaling", "compile", "naive_quant", "diffusionnft")
 SELECTION_MODES = ("best_worst", "random", "mean_deviation", "extremes_random")
-EXPLORE_PRECISIONS = ("auto", "nvfp4-emulated", "bf16", "fp32")
+EXPLORE_PRECISIONS = ("auto", "nvfp4", "fp8", "nvfp4-emulated", "bf16", "fp32")
 DTYPES = ("auto", "bf16", "fp32")
 SOLVERS = ("euler", "dpm2")
 AGGREGATIONS = ("sum", "advantage")
@@ -67,7 +67,8 @@ class SamplerConfig:
 class ExploreConfig:
     group_size: int = _f(96, "N: seeds explored per prompt in Stage 1.")
     steps: int = _f(6, "Preview steps of the Stage-1 rollout (sol_rl).")
-    precision: str = _f("auto", "Explore precision: auto, nvfp4-emulated, bf16, fp32.")
+    precision: str = _f("auto", "Explore precision: auto (the exact NVFP4 emulation in this version), nvfp4 (Blackwell + "
+                                "Transformer Engine), fp8 (Ada/Hopper), nvfp4-emulated, bf16, fp32. Checked against this machine.")
     rank_check_every: int = _f(0, "Every this many iterations, regenerate all N Stage-1 seeds of the iteration's first prompt "
                                   "at full precision and full steps, and log Spearman rho and Kendall tau (0 = off).")
 

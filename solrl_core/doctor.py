@@ -607,11 +607,11 @@ def _explore(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
     unused = "" if uses else f"; the {family} family does not use it (its rollouts run at full precision)"
     here = hardware.supported(precisions)
     if not ok:
-        usable = [p for p in here if p in EXPLORE_PRECISIONS] or here
+        usable = [p for p in here if p in hardware.IMPLEMENTED_EXPLORE] or here
         fix = f"this machine supports: {', '.join(here)}; use --explore-precision {usable[0]}"
         return Check("explore precision", FAIL if uses else WARN, f"{name} is not supported on {where}: {why}{unused}", fix, uses)
-    if resolved not in EXPLORE_PRECISIONS:
-        return Check("explore precision", WARN, f"{name} runs on {where} ({why}), but this solrl's train does not offer it "
-                     f"yet (explore.precision: {', '.join(EXPLORE_PRECISIONS)}){unused}",
+    if resolved not in hardware.IMPLEMENTED_EXPLORE:
+        return Check("explore precision", WARN, f"{name} runs on {where} ({why}), but this solrl's rollouts do not use it "
+                     f"yet (implemented: {', '.join(hardware.IMPLEMENTED_EXPLORE)}){unused}",
                      f"use --explore-precision {'nvfp4-emulated' if 'nvfp4' in resolved else 'bf16'} for now", uses)
     return Check("explore precision", PASS, f"{name} on {where}: {why}{unused}", "", uses)

@@ -225,3 +225,33 @@ def supported(precisions: dict[str, tuple[bool, str]]) -> list[str]:
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+# Explore-copy backends this version of solrl runs. Real NVFP4 (Transformer Engine) and FP8 kernels
+# are detected by doctor but not yet used for rollouts.
+IMPLEMENTED_EXPLORE = ("nvfp4-emulated", "bf16", "fp32")
+
+
+def require_explore_precision(precision: str, device: object) -> None:
+    """Refuse an explore precision this machine, or this version, cannot run; name what would work."""
+    import torch
+
+    from solrl_core.errors import SolrlError
+
+    dev = torch.device(device)  # type: ignore[arg-type]
+    gpu = None
+    if dev.type == "cuda":
+        index = dev.index if dev.index is not None else torch.cuda.current_device()
+        gpu = next((g for g in gpus() if g.index == index), None)
+    precisions = explore_precisions(gpu)
+    if precision not in precisions:
+        raise SolrlError(f"unknown explore precision '{precision}'", f"choose one of: auto, {', '.join(precisions)}")
+    ok, why = precisions[precision]
+    works = [p for p in supported(precisions) if p in IMPLEMENTED_EXPLORE]
+    where = gpu.describe() if gpu else "the CPU"
+    if not ok:
+        raise SolrlError(f"explore precision {precision} does not run on {where}: {why}",
+                         f"this machine supports: {', '.join(works)}; use --explore-precision {works[0]}")
+    if precision not in IMPLEMENTED_EXPLORE:
+        raise SolrlError(f"{where} supports {precision} ({why}), but real {precision} explore kernels are not in this "
+                         "version of solrl", "use --explore-precision nvfp4-emulated (exact NVFP4 numerics, no speed-up)")

@@ -40,6 +40,7 @@ def load_tuned(cfg: Config, checkpoint: Path | None, explore: bool = False) -> L
     import copy
 
     from solrl_core.checkpoint import load_adapters
+    from solrl_core.hardware import require_explore_precision
     from solrl_core.models import load_model
     from solrl_core.session import explore_precision, resolve_device, resolve_dtype
 
@@ -50,6 +51,7 @@ def load_tuned(cfg: Config, checkpoint: Path | None, explore: bool = False) -> L
     model = load_model(cfg.model, device, dtype)
     explore_copy = None
     if explore:  # copied before the adapters are added, as a training session does
+        require_explore_precision(explore_precision(cfg), device)
         explore_copy = RolloutCopy(copy.deepcopy(model.transformer), explore_precision(cfg), cfg.model.quant_skip)
     policy = Policy(model.transformer, cfg.model)
     if checkpoint is not None:
