@@ -3,7 +3,7 @@
 The engine's rank check (`solrl_core/rankcheck.py`, also `solrl rank-check`) on the base model: P
 prompts x S seeds through four arms, explore precision x {preview, full} steps and full precision x
 {preview, full} steps, each compared per prompt with the full-precision full-step reference
-(Spearman rho, Kendall tau-b, top/bottom-K hit rates, reward of the best_worst selection). This
+(Spearman rho, Kendall tau-b, top/bottom-K hit rates, reward gap of the best_worst selection). This
 script prints the per-prompt rows as well as the overall table, plus the machine it ran on.
 
     python benchmarks/rank_fidelity.py                       # 16 prompts x 32 seeds, 6 vs 10 steps
@@ -60,21 +60,21 @@ def main(argv: list[str] | None = None) -> None:
           f"reward {', '.join(cfg.reward.weights)} | hit K {', '.join(map(str, ks))} | best_worst K={keep}")
     hits = "".join(f" {f'top{k}':>5} {f'bot{k}':>5}" for k in ks)
     for arm in result.arms[:-1]:
-        print(f"\n{arm} vs {ref}  (rho Spearman, tau Kendall tau-b; '-': undefined, an arm is constant; sel: mean {ref} "
-              f"reward of the best_worst {keep} chosen by {arm} / by {ref})")
-        head = f"{'#':>2} {'prompt':<42} {'mean arm':>9} {'mean ref':>9} {'rho':>6} {'tau':>6}{hits} {'sel a':>6} {'sel r':>6}"
+        print(f"\n{arm} vs {ref}  (rho Spearman, tau Kendall tau-b; '-': undefined, an arm is constant; gap: {ref} reward "
+              f"of the best {keep // 2} minus the worst {keep // 2} chosen by {arm} / by {ref})")
+        head = f"{'#':>2} {'prompt':<42} {'mean arm':>9} {'mean ref':>9} {'rho':>6} {'tau':>6}{hits} {'gap a':>6} {'gap r':>6}"
         print(head + "\n" + "-" * len(head))
         for i, (prompt, s) in enumerate(zip(prompts, result.per_prompt[arm], strict=True)):
             cor = " ".join(f"{s[c]:>6.3f}" if s[c] is not None else f"{'-':>6}" for c in ("rho", "tau"))
             print(f"{i:>2} {prompt[:42]:<42} {result.rewards[arm][i].mean():>9.3f} {result.rewards[ref][i].mean():>9.3f} {cor}" +
-                  "".join(f" {s[f'top{k}']:>5.2f} {s[f'bottom{k}']:>5.2f}" for k in ks) + f" {s['sel_draft']:>6.3f} {s['sel_final']:>6.3f}")
+                  "".join(f" {s[f'top{k}']:>5.2f} {s[f'bottom{k}']:>5.2f}" for k in ks) + f" {s['gap_draft']:>6.3f} {s['gap_final']:>6.3f}")
 
     print("\noverall (means over prompts; rho/tau over the prompts where both arms vary)")
     for arm, m in result.overall.items():
         cor = " ".join(f"{c} {m[c]:.3f}" if m[c] is not None else f"{c} -" for c in ("rho", "tau"))
         print(f"{arm} vs {ref}: {cor} (defined on {m['defined']}/{m['prompts']} prompts) | "
               + " ".join(f"top{k} {m[f'top{k}']:.3f} bottom{k} {m[f'bottom{k}']:.3f}" for k in ks)
-              + f" | best_worst {keep} mean {ref} reward: chosen by arm {m['sel_draft']:.3f}, by {ref} {m['sel_final']:.3f}")
+              + f" | best_worst {keep} reward gap in {ref}: chosen by arm {m['gap_draft']:.3f}, by {ref} {m['gap_final']:.3f}")
     print("mean reward over all P x S rollouts: " + " | ".join(f"{n} {r.mean():.3f}" for n, r in result.rewards.items()))
     print("seconds per arm (generate + decode + reward): " + " | ".join(f"{n} {s:.2f}" for n, s in result.seconds.items()))
     if args.json:

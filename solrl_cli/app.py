@@ -349,10 +349,11 @@ def rank_check(
         result = check(loaded, rewards, texts, seeds, seed, cfg.explore.steps, cfg.sampler.steps, ks, keep,
                        progress=lambda arm, s: console.print(f"  {arm}: {len(texts) * seeds} rollouts scored in {s:.1f}s"))
         table = Table(title=f"against the reference {result.arms[-1]}, means over prompts, on {where}",
-                      caption=f"rho, tau: over prompts where both arms vary (n of them); top/bot K: hit rates; sel: mean "
-                              f"reference reward of the best_worst {keep} this arm selects (ref: what the reference selects); s: seconds")
+                      caption=f"rho, tau: over prompts where both arms vary (n of them); top/bot K: hit rates; gap: reference "
+                              f"reward of the best {keep // 2} minus the worst {keep // 2} this arm selects (ref gap: when the "
+                              "reference selects, the largest possible); s: seconds")
         table.add_column("arm", no_wrap=True)
-        for col in ("rho", "tau", "n", *[f"top{k}" for k in ks], *[f"bot{k}" for k in ks], "sel", "ref", "s"):
+        for col in ("rho", "tau", "n", *[f"top{k}" for k in ks], *[f"bot{k}" for k in ks], "gap", "ref gap", "s"):
             table.add_column(col, justify="right", no_wrap=True)
         for arm in result.arms:
             m = result.overall.get(arm)
@@ -361,7 +362,7 @@ def rank_check(
                 continue
             cor = [f"{m[c]:.3f}" if m[c] is not None else "-" for c in ("rho", "tau")]
             table.add_row(arm, *cor, f"{m['defined']}/{m['prompts']}", *[f"{m[f'top{k}']:.2f}" for k in ks],
-                          *[f"{m[f'bottom{k}']:.2f}" for k in ks], f"{m['sel_draft']:.3f}", f"{m['sel_final']:.3f}",
+                          *[f"{m[f'bottom{k}']:.2f}" for k in ks], f"{m['gap_draft']:.3f}", f"{m['gap_final']:.3f}",
                           f"{result.seconds[arm]:.1f}")
         console.print(table)
         out_dir.mkdir(parents=True, exist_ok=True)

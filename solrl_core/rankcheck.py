@@ -12,8 +12,9 @@ Per prompt, each arm is compared with the reference: Spearman rho, Kendall tau-b
 reward may tie; a prompt where either arm is constant has no defined correlation and is counted
 apart, never dropped silently), top-K and bottom-K hit rates (overlap of the K best, resp. worst,
 seeds by the arm's reward with those by the reference, ranked by a stable sort as
-`selection.select` ranks), and the mean reference reward of the best_worst selection made by the
-arm versus by the reference itself.
+`selection.select` ranks), and the reward gap of the best_worst selection: the reference reward of
+the K/2 seeds the arm calls best minus that of the K/2 it calls worst, next to the same gap when the
+reference selects (the largest possible). The training signal is that contrast.
 """
 
 from __future__ import annotations
@@ -84,7 +85,9 @@ def compare(draft: np.ndarray, final: np.ndarray, hit_k: list[int], keep: int) -
         out[f"bottom{k}"] = len(set(d[-k:]) & set(f[-k:])) / k
     rng = np.random.default_rng(0)  # best_worst draws nothing; select() only needs one to exist
     by_draft, by_final = (select(torch.as_tensor(x), keep, "best_worst", rng).numpy() for x in (draft, final))
-    out["sel_draft"], out["sel_final"] = float(final[by_draft].mean()), float(final[by_final].mean())
+    half = keep // 2
+    for name, idx in (("draft", by_draft), ("final", by_final)):  # reference rewards of what each side selects
+        out[f"gap_{name}"] = float(final[idx[:half]].mean() - final[idx[half:]].mean())
     return out
 
 

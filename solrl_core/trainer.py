@@ -8,12 +8,20 @@
 
 The other families are the same loop with stages switched off (session.plan_stages).
 
+Many GPUs (torchrun, see distributed.py): the iteration's prompt groups are split over the ranks,
+each group whole on one rank. Every random draw is made for the whole iteration on every rank and
+each rank takes its slice, and the rewards are all-gathered before advantages, selection, reward
+health and logged stats, so a run on W processes computes what one process would (to float
+rounding). LoRA gradients are averaged over ranks before clipping; rank 0 alone writes and speaks.
+
 Where this differs from the official NVlabs/Sana sol_rl code, and why:
 - The explore copy is quantized with real 16-element NVFP4 block scaling (emulated exactly in torch,
   2D 16x16 weight tiles, 1D activation blocks), not the per-tensor FP8 E2M1 `DelayedScaling`
   recipe the official code builds; SANA's 1x1-conv feed-forward is quantized too.
 - Every random draw (prompts, noise seeds, selection, train timesteps, training noise) derives from
-  (run seed, iteration), so a resumed run repeats an uninterrupted one exactly.
+  (run seed, iteration), so a resumed run repeats an uninterrupted one exactly, on any number of GPUs.
+- The update's gradient is the mean over every (sample, train timestep) pair of the iteration; with
+  micro-batches of unequal size it does not over-weight the samples of the last, smaller one.
 - Stage-1 draft rewards are kept and reported next to Stage-2 rewards; the official code drops them.
 - Full-precision rollouts run on the policy with its `old` adapter active rather than a merged
   copy (one copy of a large model in memory); only the explore and compiled copies are separate.
@@ -26,11 +34,13 @@ import math
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
 import torch
 
+from solrl_core import distributed
 from solrl_core import events as ev
 from solrl_core.checkpoint import save_checkpoint
 from solrl_core.config import Config, to_dict
@@ -44,7 +54,8 @@ from solrl_core.session import EVENTS_FILE, Session, open_session
 
 
 class StopFlag:
-    """Set by SIGINT/SIGTERM: the loop finishes its iteration, saves, and returns."""
+    """Set by SIGINT/SIGTERM: the loop finishes its iteration, saves, and returns. With several
+    processes, a flag set on any rank stops every rank after the same iteration."""
 
     def __init__(self) -> None:
         self.requested = False
@@ -71,13 +82,24 @@ def graceful_stop() -> Iterator[StopFlag]:
 
 
 def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag | None = None) -> Session:
-    """Run (or continue) training to config.run.iterations; returns the final session."""
+    """Run (or continue) training to config.run.iterations; returns the final session.
+
+    Under torchrun each process calls this; it joins the process group from the environment."""
+    distributed.init_from_env()
     session = open_session(config, resume=resume)
-    log = ev.JsonlLog(session.run_dir / EVENTS_FILE)
-    bus.subscribe(log)
+    log = None
+    if session.rank == 0:
+        log = ev.JsonlLog(session.run_dir / EVENTS_FILE)
+        bus.subscribe(log)
+    else:
+        bus = ev.EventBus()  # rank 0 alone speaks: the other ranks' events reach no subscriber
     cfg, plan = session.config, session.plan
+    described = plan.describe()
+    if session.world_size > 1:
+        p = cfg.run.prompts_per_iteration
+        described += f"; {p} prompt groups over {session.world_size} processes, {p // session.world_size} each"
     bus.emit(ev.RunStarted(run_dir=str(session.run_dir), preset=cfg.preset, device=str(session.device),
-                           dtype=session.dtype_name, explore_precision=plan.explore_precision, plan=plan.describe(),
+                           dtype=session.dtype_name, explore_precision=plan.explore_precision, plan=described,
                            start_iteration=session.iteration, iterations=cfg.run.iterations, resumed=session.resumed,
                            config=to_dict(cfg)))
     copy_ = session.explore_copy
@@ -95,12 +117,13 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
                 last = session.iteration == cfg.run.iterations
                 if session.eval_prompts and (last or session.iteration % cfg.run.eval_every == 0):
                     _evaluate(session, bus, "ema")
-                failure = session.health.failure()
-                if failure or flag.requested or last or session.iteration % cfg.run.checkpoint_every == 0:
+                failure = session.health.failure()  # from gathered rewards: the same on every rank
+                stopping = distributed.any_true(flag.requested)
+                if failure or stopping or last or session.iteration % cfg.run.checkpoint_every == 0:
                     _checkpoint(session, bus)
                 if failure:
                     raise failure
-                if flag.requested and not last:
+                if stopping and not last:
                     reason = "interrupted"
                     break
         except BaseException:
@@ -111,8 +134,9 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
             bus.emit(ev.RunFinished(reason=reason, iteration=session.iteration, seconds=time.perf_counter() - started,
                                     first_reward=hist[0] if hist else None,
                                     last3_reward=float(np.mean(hist[-3:])) if hist else None))
-            bus.unsubscribe(log)
-            log.close()
+            if log is not None:
+                bus.unsubscribe(log)
+                log.close()
     return session
 
 
@@ -122,50 +146,90 @@ def run_iteration(session: Session, bus: ev.EventBus) -> None:
     rng = np.random.default_rng([cfg.run.seed, session.iteration])
     prompts = shard(prompts_for_iteration(session.prompts, cfg.run.prompts_per_iteration, rng), session.rank, session.world_size)
     drafts = explore(session, prompts, rng)
-    _check_rewards(session, bus, drafts)
+    t0 = time.perf_counter()
+    draft_scores = gather_scores(session, drafts)
+    t_gather = time.perf_counter() - t0
+    _check_rewards(session, bus, draft_scores)
     every = cfg.explore.rank_check_every
-    if every and plan.regenerate and session.iteration % every == 0:
+    if every and plan.regenerate and session.iteration % every == 0 and session.rank == 0:  # the first group is rank 0's
         _rank_check(session, bus, drafts)
     t0 = time.perf_counter()
-    keep = select_seeds(session, drafts, rng)
-    t_select = time.perf_counter() - t0
+    keep = select_seeds(session, drafts, rng, draft_scores)
+    t_select = time.perf_counter() - t0 + t_gather
     finals = regenerate(session, drafts.subset(keep)) if plan.regenerate else drafts.subset(keep)
     t0 = time.perf_counter()
-    losses = update(session, finals, rng)
+    final_scores = gather_scores(session, finals)
+    losses = update(session, finals, rng, final_scores)
     t_train = time.perf_counter() - t0
     t0 = time.perf_counter()
     decay = sync(session)
     t_sync = time.perf_counter() - t0
     session.iteration += 1
-    session.history.append(float(finals.rewards.mean()))
+    session.history.append(float(final_scores.rewards.mean()))
     seconds = {"explore": drafts.seconds_generate, "selection": t_select,
                "regenerate": finals.seconds_generate if plan.regenerate else 0.0,
                "reward": drafts.seconds_reward + (finals.seconds_reward if plan.regenerate else 0.0),
                "train": t_train, "sync": t_sync, "total": time.perf_counter() - t_start}
+    if session.world_size > 1:  # each phase as long as its slowest rank
+        slowest = distributed.all_reduce(torch.tensor(list(seconds.values()), dtype=torch.float64), "max")
+        seconds = dict(zip(seconds, slowest.tolist()))
     bus.emit(ev.IterationFinished(iteration=session.iteration, iterations=cfg.run.iterations, seconds=seconds,
-                                  draft=_stats(drafts) if plan.keep < plan.explore_seeds else None,
-                                  final=_stats(finals), loss={k: losses[k] for k in ("loss", "policy", "kl")}, nonfinite_losses=int(losses["nonfinite"]),
+                                  draft=_stats(draft_scores) if plan.keep < plan.explore_seeds else None,
+                                  final=_stats(final_scores), loss={k: losses[k] for k in ("loss", "policy", "kl")}, nonfinite_losses=int(losses["nonfinite"]),
                                   grad_norm=losses["grad_norm"], old_decay=decay))
 
 
 def explore(session: Session, prompts: list[str], rng: np.random.Generator) -> RolloutBatch:
-    """Stage 1: every prompt's N seeds at the explore precision and step count, scored."""
+    """Stage 1: every prompt's N seeds at the explore precision and step count, scored.
+
+    `prompts` are this rank's groups. Seeds are drawn for every rank's groups and this rank takes its
+    slice, so a prompt group gets the same seeds whatever the number of processes; group indices are
+    global (rank r's first group is r * len(prompts))."""
     n = session.plan.explore_seeds
-    seeds = torch.as_tensor(rng.integers(0, 2**31 - 1, size=len(prompts) * n), dtype=torch.long)
-    groups = torch.arange(len(prompts)).repeat_interleave(n)
+    mine = slice(session.rank * len(prompts) * n, (session.rank + 1) * len(prompts) * n)
+    seeds = torch.as_tensor(rng.integers(0, 2**31 - 1, size=len(prompts) * n * session.world_size)[mine], dtype=torch.long)
+    groups = session.rank * len(prompts) + torch.arange(len(prompts)).repeat_interleave(n)
     flat = [p for p in prompts for _ in range(n)]
     return _rollout(session, flat, groups, seeds, session.plan.explore_steps, explore=True)
 
 
-def select_seeds(session: Session, drafts: RolloutBatch, rng: np.random.Generator) -> torch.Tensor:
-    """Indices into `drafts` of the K seeds kept for each prompt group."""
+@dataclass(frozen=True)
+class GlobalScores:
+    """One stage's rewards on every rank, in global sample order (rank 0's samples first)."""
+
+    rewards: torch.Tensor  # [W * B] total reward
+    components: dict[str, torch.Tensor]  # [W * B] per reward
+    groups: torch.Tensor  # [W * B] global prompt-group index
+    local: slice  # this rank's samples
+
+
+def gather_scores(session: Session, batch: RolloutBatch) -> GlobalScores:
+    """The rewards of `batch` on every rank, gathered (one process: the batch's own)."""
+    n = len(batch.prompts)
+    local = slice(session.rank * n, (session.rank + 1) * n)
+    if session.world_size == 1:
+        return GlobalScores(batch.rewards, batch.components, batch.groups, local)
+    names = sorted(batch.components)
+    table = distributed.all_gather_tensor(torch.stack([batch.rewards.float(), *(batch.components[k].float() for k in names)], dim=1))
+    return GlobalScores(table[:, 0], {k: table[:, 1 + i] for i, k in enumerate(names)},
+                        distributed.all_gather_tensor(batch.groups), local)
+
+
+def select_seeds(session: Session, drafts: RolloutBatch, rng: np.random.Generator,
+                 scores: GlobalScores | None = None) -> torch.Tensor:
+    """Indices into `drafts` of the K seeds kept for each of this rank's prompt groups.
+
+    Every rank selects for every group (cheap: it sorts rewards) so that a random selection mode
+    draws from `rng` as one process would, then keeps its own groups' picks."""
+    scores = scores if scores is not None else gather_scores(session, drafts)
     keep = []
-    ranking = _advantages(session, drafts, math.inf)  # within a group, ranks like the reward the update sees
-    for g in drafts.groups.unique(sorted=True):
-        members = torch.nonzero(drafts.groups == g).flatten()
+    ranking = _advantages(session, scores, math.inf)  # within a group, ranks like the reward the update sees
+    for g in scores.groups.unique(sorted=True):
+        members = torch.nonzero(scores.groups == g).flatten()
         chosen = select(ranking[members], session.plan.keep, session.config.selection.mode, rng)
         keep.append(members[chosen])
-    return torch.cat(keep)
+    kept = torch.cat(keep)
+    return kept[(kept >= scores.local.start) & (kept < scores.local.stop)] - scores.local.start
 
 
 def regenerate(session: Session, kept: RolloutBatch) -> RolloutBatch:
@@ -187,30 +251,39 @@ def _rollout(session: Session, prompts: list[str], groups: torch.Tensor, seeds: 
                        sigma_grid(steps, sampler.shift), session.rewards, sampler.rollout_batch, sampler.solver, dtype)
 
 
-def update(session: Session, batch: RolloutBatch, rng: np.random.Generator) -> dict[str, float]:
-    """One optimizer step of the DiffusionNFT loss, accumulated over micro-batches and timesteps."""
+def update(session: Session, batch: RolloutBatch, rng: np.random.Generator, scores: GlobalScores | None = None) -> dict[str, float]:
+    """One optimizer step of the DiffusionNFT loss, accumulated over micro-batches and timesteps.
+
+    The gradient is the mean over every (sample, train timestep) pair of every rank: each rank
+    weighs a micro-batch's mean loss by its share of the rank's pairs, and the ranks (which hold
+    equally many samples) average their gradients. Each sample's timesteps and training noise come
+    from its own generator, seeded for the global batch, so neither the split over ranks nor the
+    micro-batch size changes them."""
     cfg, policy, model = session.config, session.policy, session.model
     alg = cfg.algorithm
     device = session.device
-    adv = _advantages(session, batch, alg.adv_clip_max).to(device)
+    scores = scores if scores is not None else gather_scores(session, batch)
+    adv = _advantages(session, scores, alg.adv_clip_max)[scores.local].to(device)  # std over every rank's rewards
     grid = batch.sigmas[:-1]
     per_sample = max(1, int(session.plan.full_steps * alg.timestep_fraction))
     per_sample = min(per_sample, grid.numel())
-    gen = torch.Generator().manual_seed(int(rng.integers(0, 2**63 - 1)))
-    picks = torch.stack([torch.randperm(grid.numel(), generator=gen)[:per_sample] for _ in range(len(batch.prompts))])
+    n = len(batch.prompts)
+    gens = [torch.Generator().manual_seed(int(s)) for s in rng.integers(0, 2**63 - 1, size=n * session.world_size)[scores.local]]
+    picks = torch.stack([torch.randperm(grid.numel(), generator=g)[:per_sample] for g in gens])
     cond = session.conditioning(batch.prompts)
     micro = cfg.optimizer.micro_batch
-    chunks = [slice(i, i + micro) for i in range(0, len(batch.prompts), micro)]
-    total_parts = per_sample * len(chunks)
+    chunks = [range(i, min(i + micro, n)) for i in range(0, n, micro)]
+    pairs = n * per_sample
     params = policy.trainable_parameters()
     session.optimizer.zero_grad(set_to_none=True)
     sums = {"loss": 0.0, "policy": 0.0, "kl": 0.0}
     nonfinite = 0
     for j in range(per_sample):
-        for chunk in chunks:
+        for members in chunks:
+            chunk = slice(members.start, members.stop)
             x0 = batch.latents[chunk].to(device)
             sigma = grid[picks[chunk, j]].to(device)
-            eps = torch.randn(x0.shape, generator=gen).to(device)
+            eps = torch.stack([torch.randn(x0.shape[1:], generator=gens[i]) for i in members]).to(device)
             s = sigma.view(-1, 1, 1, 1)
             xt = (1 - s) * x0 + s * eps
             c = cond[chunk].to(device)
@@ -226,13 +299,20 @@ def update(session: Session, batch: RolloutBatch, rng: np.random.Generator) -> d
             if not torch.isfinite(terms.loss):
                 nonfinite += x0.shape[0] - terms.nonfinite
                 continue
-            (terms.loss / total_parts).backward()
-            sums["loss"] += float(terms.loss.detach()) / total_parts
-            sums["policy"] += float(terms.policy) / total_parts
-            sums["kl"] += float(terms.kl) / total_parts
+            weight = len(members) / pairs  # the loss is a mean over the micro-batch's samples
+            (terms.loss * weight).backward()
+            sums["loss"] += float(terms.loss.detach()) * weight
+            sums["policy"] += float(terms.policy) * weight
+            sums["kl"] += float(terms.kl) * weight
+    distributed.all_reduce_mean_grads(params)  # every rank now holds the same gradient, so takes the same step
     clip = cfg.optimizer.grad_clip
     grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
     session.optimizer.step()
+    if session.world_size > 1:
+        total = distributed.all_reduce(torch.tensor([sums["loss"], sums["policy"], sums["kl"], nonfinite], dtype=torch.float64))
+        sums = {"loss": float(total[0]) / session.world_size, "policy": float(total[1]) / session.world_size,
+                "kl": float(total[2]) / session.world_size}
+        nonfinite = int(total[3])
     return {**sums, "nonfinite": nonfinite, "grad_norm": float(grad_norm)}
 
 
@@ -249,9 +329,10 @@ def sync(session: Session) -> float:
     return decay
 
 
-def _advantages(session: Session, batch: RolloutBatch, clip: float) -> torch.Tensor:
+def _advantages(session: Session, scores: GlobalScores, clip: float) -> torch.Tensor:
+    """Advantages of every rank's samples (the std is over all of them)."""
     reward = session.config.reward
-    return combined_advantages(batch.rewards, batch.components, reward.weights, batch.groups, reward.aggregation, clip)
+    return combined_advantages(scores.rewards, scores.components, reward.weights, scores.groups, reward.aggregation, clip)
 
 
 def _rank_check(session: Session, bus: ev.EventBus, drafts: RolloutBatch) -> None:
@@ -269,9 +350,9 @@ def _rank_check(session: Session, bus: ev.EventBus, drafts: RolloutBatch) -> Non
                                 seconds=time.perf_counter() - t0))
 
 
-def _check_rewards(session: Session, bus: ev.EventBus, batch: RolloutBatch) -> None:
-    """Warn about near-constant rewards (see rewards/health.py)."""
-    for finding in session.health.check(batch.components, batch.groups):
+def _check_rewards(session: Session, bus: ev.EventBus, scores: GlobalScores) -> None:
+    """Warn about near-constant rewards (see rewards/health.py), over every rank's scores."""
+    for finding in session.health.check(scores.components, scores.groups):
         bus.emit(ev.RunWarning(message=finding.message))
 
 
@@ -281,25 +362,31 @@ def _autocast(session: Session) -> contextlib.AbstractContextManager:
     return contextlib.nullcontext()
 
 
-def _stats(batch: RolloutBatch) -> ev.RewardStats:
-    r = batch.rewards.float()
+def _stats(scores: GlobalScores) -> ev.RewardStats:
+    r = scores.rewards.float()
     return ev.RewardStats(mean=float(r.mean()), std=float(r.std(unbiased=False)), best=float(r.max()), worst=float(r.min()),
-                          components={k: float(v.float().mean()) for k, v in batch.components.items()})
+                          components={k: float(v.float().mean()) for k, v in scores.components.items()})
 
 
 def _evaluate(session: Session, bus: ev.EventBus, weights: str) -> None:
+    """On rank 0 alone (every rank holds the same weights); the others wait."""
     from solrl_core.evaluation import evaluate
 
-    result = evaluate(session, session.eval_prompts, session.config.run.eval_seeds, weights)
-    bus.emit(ev.EvalFinished(iteration=session.iteration, weights=weights, prompts=session.config.run.eval_prompts,
-                             samples=len(result.seeds), mean=result.mean,
-                             components={k: float(v.mean()) for k, v in result.scores.components.items()},
-                             extras=result.extras, seconds=result.seconds))
+    if session.rank == 0:
+        result = evaluate(session, session.eval_prompts, session.config.run.eval_seeds, weights)
+        bus.emit(ev.EvalFinished(iteration=session.iteration, weights=weights, prompts=session.config.run.eval_prompts,
+                                 samples=len(result.seeds), mean=result.mean,
+                                 components={k: float(v.mean()) for k, v in result.scores.components.items()},
+                                 extras=result.extras, seconds=result.seconds))
+    distributed.barrier()
 
 
 def _checkpoint(session: Session, bus: ev.EventBus) -> None:
-    t0 = time.perf_counter()
-    path = save_checkpoint(session.run_dir, session.iteration, session.policy, session.optimizer,
-                           session.loop_state(), session.config.run.keep_checkpoints)
-    bus.emit(ev.CheckpointSaved(iteration=session.iteration, path=str(path), seconds=time.perf_counter() - t0))
+    """Rank 0 writes (the state is replicated); the others wait, so no rank exits before it is saved."""
+    if session.rank == 0:
+        t0 = time.perf_counter()
+        path = save_checkpoint(session.run_dir, session.iteration, session.policy, session.optimizer,
+                               session.loop_state(), session.config.run.keep_checkpoints)
+        bus.emit(ev.CheckpointSaved(iteration=session.iteration, path=str(path), seconds=time.perf_counter() - t0))
+    distributed.barrier()
 

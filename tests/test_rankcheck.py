@@ -41,8 +41,8 @@ def test_hit_rates_and_selected_reward():
     out = compare(draft, final, [1, 2], keep=2)
     assert out["top1"] == 1.0 and out["top2"] == 0.5  # draft's best two {0, 1}; final's {0, 2}
     assert out["bottom1"] == 0.0 and out["bottom2"] == 0.5  # draft's worst two {2, 3}; final's {3, 1}
-    assert out["sel_draft"] == pytest.approx((1.0 + 0.9) / 2)  # draft keeps its best (0) and worst (2) seeds
-    assert out["sel_final"] == pytest.approx((1.0 + 0.0) / 2)  # the reference keeps 0 and 3
+    assert out["gap_draft"] == pytest.approx(1.0 - 0.9)  # draft keeps its best (0) and worst (2) seeds
+    assert out["gap_final"] == pytest.approx(1.0 - 0.0)  # the reference keeps 0 and 3
 
 
 @pytest.fixture
