@@ -44,6 +44,8 @@ class RolloutCopy:
 
     def __init__(self, module: nn.Module, precision: str, quant_skip: tuple[str, ...], compile: bool = False) -> None:
         """Takes ownership of `module` (a copy of the base transformer, without adapters)."""
+        if precision not in ("nvfp4-emulated", "bf16", "fp32"):
+            raise ValueError(f"no rollout backend for precision {precision!r} (hardware.require_explore_precision says why)")
         self.precision = precision
         self.module = module.requires_grad_(False).eval()
         if precision in ("bf16", "fp32"):
