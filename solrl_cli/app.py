@@ -39,6 +39,10 @@ def train(
     explore_precision: opt.ExplorePrecision = None,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue the run in this folder from its newest checkpoint.")] = None,
     tui: Annotated[bool, typer.Option("--tui", help="Watch the run in a terminal UI; q asks whether to stop safely with a checkpoint.")] = False,
+    nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", min=1, help="Processes (one per GPU) on this node; above 1 they are started through torchrun.")] = 1,
+    nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Nodes in the run; start the same command on each with its --node-rank.")] = 1,
+    node_rank: Annotated[int, typer.Option("--node-rank", min=0, help="This node's index, 0 to nnodes-1.")] = 0,
+    rdzv_endpoint: Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="HOST:PORT of node 0 (needed with --nnodes > 1).")] = None,
     dump_config: Annotated[bool, typer.Option("--dump-config", help="Print the resolved config as TOML and exit.")] = False,
 ) -> None:
     """Train with Sol-RL (or another family). With no arguments: the built-in tiny model on this machine."""
@@ -60,6 +64,13 @@ def train(
         if dump_config:
             _print_config(cfg)
             return
+        if nproc_per_node > 1 or nnodes > 1:  # torch.distributed's own launcher re-runs this command per process
+            import sys
+
+            from solrl_cli.launch import launch
+
+            raise typer.Exit(launch(nproc_per_node, nnodes, node_rank, rdzv_endpoint, sys.argv[1:],
+                                    prompts_per_iteration=cfg.run.prompts_per_iteration))
         if tui:
             from solrl_cli.tui import run_tui_training
 

@@ -24,6 +24,7 @@ from solrl_core import distributed
 from solrl_core.checkpoint import list_checkpoints, load_checkpoint
 from solrl_core.config import Config, from_dict, to_dict
 from solrl_core.errors import SolrlError
+from solrl_core.hardware import require_explore_precision
 from solrl_core.models import DiffusionModel, load_model
 from solrl_core.models.base import Conditioning
 from solrl_core.policy import OLD, TRAINED, Policy
@@ -166,8 +167,10 @@ def open_session(cfg: Config, resume: bool = False) -> Session:
     dtype_name, dtype = resolve_dtype(cfg.run.dtype, device)
     if cfg.run.threads > 0:
         torch.set_num_threads(cfg.run.threads)
-    run_dir, checkpoint = _claim_run_dir(cfg, resume)
     plan = plan_stages(cfg, dtype_name)
+    if plan.explore_precision != dtype_name:  # before anything is written: a refused precision leaves no run dir
+        require_explore_precision(plan.explore_precision, device)
+    run_dir, checkpoint = _claim_run_dir(cfg, resume)
 
     model = load_model(cfg.model, device, dtype)
     explore_copy = None

@@ -37,7 +37,8 @@ def _fast_args(*extra):
     (["--prompts", "missing.txt"], "does not exist"),
     (["--resume", "nowhere"], "does not exist"),
     (["--config", "nope.toml"], "does not exist"),
-    (["--explore-precision", "nvfp4"], "unknown explore.precision"),
+    (["--explore-precision", "nvfp4"], "use --explore-precision nvfp4-emulated"),
+    (["--explore-precision", "fp4"], "unknown explore.precision"),
 ])
 def test_bad_input_is_one_clear_line_and_writes_nothing(args, message, in_tmp):
     result = runner.invoke(app, ["train", *args])

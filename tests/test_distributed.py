@@ -1,0 +1,168 @@
+"""Several processes on a CPU (gloo): a 2-rank run computes what a 1-rank run does, its checkpoint
+resumes on 1 rank, an uneven split is a clear error, and rank 0 alone writes."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from safetensors.torch import load_file
+
+from solrl_core import events as ev
+from solrl_core.config import from_dict
+from solrl_core.errors import SolrlError
+from solrl_core.presets import resolve_config
+from solrl_core.session import load_run_config
+from solrl_core.trainer import StopFlag, train
+from tests.conftest import FAST
+
+# Rollout and micro-batches of 4: one rank (8 Stage-2 samples) and two (4 each) batch alike, so
+# only the gradient all-reduce's summation order can differ.
+SETS = (*FAST, "run.threads=1", "sampler.rollout_batch=4", "optimizer.micro_batch=4", "run.eval_seeds=1")
+
+
+def _sets(root: Path, run: str, *extra: str) -> list[str]:
+    return [*SETS, f"run.run_dir={root / run}", f"run.eval_prompts={root / 'eval.txt'}", *extra]
+
+
+def _worker(rank: int, world: int, port: int, root: Path) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    seen: list[ev.Event] = []
+    bus = ev.EventBus()
+    bus.subscribe(seen.append)
+    session = train(resolve_config("tiny", "sol_rl", sets=_sets(root, "two", "run.iterations=2")), bus, stop=StopFlag())
+    error = ""
+    try:
+        train(resolve_config("tiny", "sol_rl", sets=_sets(root, "bad", "run.prompts_per_iteration=3")), ev.EventBus(), stop=StopFlag())
+    except SolrlError as exc:
+        error = str(exc)
+    report = {"rank": session.rank, "world": session.world_size, "events": len(seen), "error": error}
+    (root / "results" / f"rank{rank}.json").write_text(json.dumps(report))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _spawn(world: int, root: Path, limit: float = 240.0) -> None:
+    ctx = mp.spawn(_worker, args=(world, _free_port(), root), nprocs=world, join=False)
+    deadline = time.monotonic() + limit
+    while not ctx.join(timeout=2):
+        if time.monotonic() > deadline:
+            for p in ctx.processes:
+                p.terminate()
+            pytest.fail(f"the {world}-rank run did not finish in {limit:.0f}s")
+
+
+def _events(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+def _adapters(run_dir: Path, iteration: int) -> dict[str, torch.Tensor]:
+    ckpt = run_dir / "checkpoints" / f"iter_{iteration:06d}"
+    return {f"{sub}/{k}": v for sub in ("", "old", "ema")
+            for k, v in load_file(str(ckpt / sub / "pytorch_lora_weights.safetensors")).items()}
+
+
+def _resume(run_dir: Path, iterations: int) -> list[ev.Event]:
+    seen: list[ev.Event] = []
+    bus = ev.EventBus()
+    bus.subscribe(seen.append)
+    cfg = from_dict({"run": {"iterations": iterations}}, load_run_config(run_dir), source="test").validate()
+    train(cfg, bus, resume=True, stop=StopFlag())
+    return seen
+
+
+def test_two_ranks_equal_one_rank_and_resume_on_one(tmp_path):
+    (tmp_path / "eval.txt").write_text("a red circle\n")
+    (tmp_path / "results").mkdir()
+    _spawn(2, tmp_path)
+    train(resolve_config("tiny", "sol_rl", sets=_sets(tmp_path, "one", "run.iterations=2")), ev.EventBus(), stop=StopFlag())
+    one, two = tmp_path / "one", tmp_path / "two"
+
+    # Rank 0 alone wrote and spoke: one event log line per event, the same files as one process.
+    reports = [json.loads((tmp_path / "results" / f"rank{r}.json").read_text()) for r in range(2)]
+    assert [(r["rank"], r["world"]) for r in reports] == [(0, 2), (1, 2)]
+    assert reports[0]["events"] > 0 and reports[1]["events"] == 0
+    kinds = [e["event"] for e in _events(two)]
+    assert kinds.count("run_started") == 1 and kinds.count("iteration") == 2 and kinds.count("run_finished") == 1
+    assert kinds.count("eval") == 2 and kinds.count("checkpoint") == 1
+    assert sorted(p.name for p in two.iterdir()) == sorted(p.name for p in one.iterdir())
+    assert "over 2 processes, 1 each" in _events(two)[0]["plan"]
+
+    # The same rewards (Stage 1 and Stage 2, gathered over ranks), losses and evaluations.
+    its = {name: [e for e in _events(d) if e["event"] == "iteration"] for name, d in (("one", one), ("two", two))}
+    for a, b in zip(its["one"], its["two"]):
+        for stage in ("draft", "final"):
+            assert b[stage]["mean"] == pytest.approx(a[stage]["mean"], abs=1e-6)
+            assert b[stage]["std"] == pytest.approx(a[stage]["std"], abs=1e-6)
+        assert b["loss"]["loss"] == pytest.approx(a["loss"]["loss"], rel=1e-4)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+    evals = [[e["mean"] for e in _events(d) if e["event"] == "eval"] for d in (one, two)]
+    assert evals[1] == pytest.approx(evals[0], abs=1e-6)
+
+    # The same adapters (trained, old, EMA) in the final checkpoint.
+    a, b = _adapters(one, 2), _adapters(two, 2)
+    assert a.keys() == b.keys()
+    assert any(v.abs().max() > 0 for k, v in a.items() if "lora_B" in k)  # training moved them
+    for k in a:  # only the gradient sum's order differs; Adam's step magnifies such rounding a little
+        assert torch.allclose(a[k], b[k], atol=1e-5), k
+
+    # A 2-rank checkpoint resumes on 1 rank, and goes on as the 1-rank run does.
+    resumed = [e for e in _resume(two, 3) if isinstance(e, ev.IterationFinished)]
+    straight = [e for e in _resume(one, 3) if isinstance(e, ev.IterationFinished)]
+    assert [e.iteration for e in resumed] == [3]
+    assert resumed[0].final.mean == pytest.approx(straight[0].final.mean, abs=1e-6)
+    a, b = _adapters(one, 3), _adapters(two, 3)
+    assert all(torch.allclose(a[k], b[k], atol=1e-5) for k in a)
+
+    # 3 prompt groups on 2 processes: the same clear error on both ranks, and nothing written.
+    for report in reports:
+        assert "3 prompt groups do not split evenly over 2 processes" in report["error"]
+        assert "run.prompts_per_iteration=2 or 4" in report["error"]
+    assert not (tmp_path / "bad").exists()
+
+
+def test_uneven_split_names_the_nearest_counts():
+    from solrl_core.prompts import check_split
+
+    with pytest.raises(SolrlError, match=r"48 prompt groups .* 5 processes.*prompts_per_iteration=45 or 50"):
+        check_split(48, 5)
+    with pytest.raises(SolrlError, match=r"prompts_per_iteration=4 \("):
+        check_split(3, 4)
+    check_split(48, 8)
+
+
+def test_one_process_helpers_are_the_identity():
+    from solrl_core import distributed
+
+    assert "RANK" not in os.environ
+    assert distributed.init_from_env() == (0, 1, 0) and not distributed.is_initialized()
+    t = torch.arange(3.0)
+    assert distributed.all_gather_tensor(t) is t and distributed.broadcast_object({"a": 1}) == {"a": 1}
+    assert distributed.any_true(True) and not distributed.any_true(False)
+    p = torch.nn.Parameter(torch.ones(2))
+    p.grad = torch.full((2,), 3.0)
+    distributed.all_reduce_mean_grads([p])
+    assert torch.equal(p.grad, torch.full((2,), 3.0))
+
+
+def test_launcher_reruns_train_under_torchrun_without_its_own_flags():
+    from solrl_cli.launch import torchrun_args
+
+    args = torchrun_args(2, argv=["train", "--nproc-per-node", "2", "--iterations", "3", "--nnodes=1", "--set", "run.seed=1"])
+    assert args == ["--nproc-per-node", "2", "--nnodes", "1", "--standalone", "-m", "solrl_cli", "train",
+                    "--iterations", "3", "--set", "run.seed=1"]
+    multi = torchrun_args(8, 2, 1, "node0:29500", ["--iterations", "3"])
+    assert multi[:8] == ["--nproc-per-node", "8", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "node0:29500"]
+    with pytest.raises(SolrlError, match="rdzv-endpoint"):
+        torchrun_args(8, 2, 1, None, [])
