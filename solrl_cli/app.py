@@ -64,6 +64,7 @@ def train(
         if dump_config:
             _print_config(cfg)
             return
+        _preflight(cfg, nproc_per_node)
         if nproc_per_node > 1 or nnodes > 1:  # torch.distributed's own launcher re-runs this command per process
             import sys
 
@@ -81,6 +82,20 @@ def train(
             session = run_training(cfg, bus, resume=bool(resume))
         if session.iteration < session.config.run.iterations:
             raise typer.Exit(130)  # stopped by a signal: saved, but not finished
+
+
+def _preflight(cfg, nproc: int) -> None:  # type: ignore[no-untyped-def]
+    """The doctor checks this run depends on, before anything big loads. The memory figure is an
+    estimate, so it never blocks a run (doctor shows it)."""
+    from solrl_core.doctor import failed_for_run, run_checks
+    from solrl_core.errors import SolrlError
+
+    failed = [c for c in failed_for_run(run_checks(cfg, nproc)) if c.name != "memory estimate"]
+    failed.sort(key=lambda c: c.name != "explore precision")  # the root cause when TE rows fail with it
+    if failed:
+        first = failed[0]
+        more = f" (and {len(failed) - 1} more: `solrl doctor` lists them)" if len(failed) > 1 else ""
+        raise SolrlError(f"{first.name}: {first.detail}{more}", first.fix or "run `solrl doctor` for details")
 
 
 def _resume_config(run_dir, saved, model, family, reward, preset, config, sets, flags):  # type: ignore[no-untyped-def]
@@ -173,13 +188,14 @@ def infer(
     checkpoint: Annotated[Optional[str], typer.Option("--checkpoint", help="Checkpoint folder name or path. Default: the newest ('last').")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output folder. Default: RUN/infer/<time>, or runs/infer-<time>.")] = None,
     grid: Annotated[bool, typer.Option("--grid/--no-grid", help="Write grid.png: one row per (prompt, seed), one column per weight set.")] = True,
+    set_: opt.Sets = None,
     device: opt.Device = None,
 ) -> None:
     """Generate images from fixed seeds with the base model and a run's tuned weights, side by side."""
     import datetime as dt
 
     from solrl_core import events
-    from solrl_core.config import from_dict
+    from solrl_core.config import from_dict, set_value
     from solrl_core.errors import SolrlError
     from solrl_core.inference import InferRequest, infer as run_infer, load_tuned
     from solrl_core.prompts import load_prompts
@@ -188,6 +204,8 @@ def infer(
     with user_errors():
         tuned = _weight_sets(weights)
         cfg, ckpt = _model_and_checkpoint(run, model, model_path, checkpoint)
+        for assignment in set_ or ():
+            cfg = set_value(cfg, assignment)
         if device:
             cfg = from_dict({"run": {"device": device}}, cfg, source="--device")
         if prompt and prompts:

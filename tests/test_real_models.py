@@ -257,3 +257,20 @@ def test_a_cached_hub_snapshot_loads_offline_and_an_incomplete_one_is_named(fold
     shutil.rmtree(snapshot / "text_encoder_3")
     with pytest.raises(SolrlError, match=r"cached snapshot of someone/tiny-sd3 .* text_encoder_3/"):
         load_model(cfg, CPU, torch.float32)
+
+
+@pytest.mark.parametrize("name", LOADERS)
+def test_infer_runs_on_the_real_architecture_from_a_local_folder(name, folders, tmp_path, monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    from solrl_cli.app import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["infer", "--model", name, "--model-path", str(folders[name]), "--prompt", "a red circle",
+                                      "--seeds", "2", "--steps", "2", "--out", "im", "--set", "model.resolution=32",
+                                      "--set", "run.device=cpu"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "im" / "images.jsonl").read_text().splitlines()]
+    assert [r["seed"] for r in rows] == [0, 1] and all((tmp_path / "im" / r["path"]).is_file() for r in rows)
