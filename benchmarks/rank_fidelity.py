@@ -22,7 +22,7 @@ from solrl_core.inference import load_tuned
 from solrl_core.presets import resolve_config
 from solrl_core.prompts import load_prompts
 from solrl_core.rankcheck import check
-from solrl_core.rewards import RewardContext, RewardSet
+from solrl_core.rewards import RewardSet
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,8 +48,7 @@ def main(argv: list[str] | None = None) -> None:
     prompts = load_prompts(args.prompt_set)[:args.prompts]
     keep = min(cfg.selection.group_size, args.seeds)
     loaded = load_tuned(cfg, None, explore=True)
-    rewards = RewardSet(cfg.reward.weights, RewardContext(loaded.device, torch.float32, batch_size=cfg.reward.batch_size),
-                        paths=cfg.reward.paths)
+    rewards = RewardSet.from_config(cfg.reward, loaded.device)
     result = check(loaded, rewards, prompts, args.seeds, args.seed_base, args.preview_steps, args.full_steps, args.hit_k, keep,
                    progress=lambda arm, s: print(f"  {arm}: {len(prompts) * args.seeds} rollouts scored in {s:.2f} s", flush=True))
     ks, ref = args.hit_k, result.arms[-1]

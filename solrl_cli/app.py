@@ -142,10 +142,8 @@ def eval_(
 
     from solrl_core import events
     from solrl_core.config import from_dict, set_value
-    from solrl_core.errors import SolrlError
     from solrl_core.evaluation import EvalRequest, evaluate_weights
     from solrl_core.prompts import load_prompts
-    from solrl_core.rewards import parse_weights
     from solrl_cli.display import TerminalDisplay
 
     with user_errors():
@@ -154,10 +152,7 @@ def eval_(
         cfg, ckpt = _model_and_checkpoint(run, model, model_path, checkpoint)
         order = ("base", *tuned) if ckpt is not None else ("base",)
         out_dir = out or (run / "eval" / stamp if run is not None else Path("runs") / f"eval-{stamp}")
-        if reward:
-            names = parse_weights(reward) if ("=" in reward or "," in reward) else _reward_preset_weights(reward)
-            paths = {k: v for k, v in cfg.reward.paths.items() if k in names}
-            cfg = from_dict({"reward": {"weights": names, "paths": paths}}, cfg, source="--reward")
+        cfg = _override_rewards(cfg, reward)
         for assignment in set_ or ():
             cfg = set_value(cfg, assignment)
         changes = {"run": {"device": device} if device else {}, "sampler": {"eval_steps": steps} if steps else {}}
@@ -410,13 +405,9 @@ def _tool_setup(kind, run, prompt, prompts, model, model_path, reward, checkpoin
     from solrl_core.config import from_dict, set_value
     from solrl_core.errors import SolrlError
     from solrl_core.prompts import load_prompts
-    from solrl_core.rewards import parse_weights
 
     cfg, ckpt = _model_and_checkpoint(run, model, model_path, checkpoint)
-    if reward:
-        names = parse_weights(reward) if ("=" in reward or "," in reward) else _reward_preset_weights(reward)
-        cfg = from_dict({"reward": {"weights": names, "paths": {k: v for k, v in cfg.reward.paths.items() if k in names}}}, cfg,
-                        source="--reward")
+    cfg = _override_rewards(cfg, reward)
     for assignment in sets or ():
         cfg = set_value(cfg, assignment)
     flags = {sec: {k: v for k, v in vals.items() if v is not None} for sec, vals in flags.items()}
@@ -432,13 +423,22 @@ def _tool_setup(kind, run, prompt, prompts, model, model_path, reward, checkpoin
 
 
 def _reward_set(cfg):  # type: ignore[no-untyped-def]
-    import torch
-
-    from solrl_core.rewards import RewardContext, RewardSet
+    from solrl_core.rewards import RewardSet
     from solrl_core.session import resolve_device
 
-    return RewardSet(cfg.reward.weights, RewardContext(resolve_device(cfg.run.device), torch.float32,
-                                                       batch_size=cfg.reward.batch_size), paths=cfg.reward.paths)
+    return RewardSet.from_config(cfg.reward, resolve_device(cfg.run.device))
+
+
+def _override_rewards(cfg, reward: Optional[str]):  # type: ignore[no-untyped-def]
+    """--reward on a loaded config: a preset or reward name, or NAME=W,NAME=W; keeps the matching paths."""
+    from solrl_core.config import from_dict
+    from solrl_core.rewards import parse_weights
+
+    if not reward:
+        return cfg
+    names = parse_weights(reward) if ("=" in reward or "," in reward) else _reward_preset_weights(reward)
+    return from_dict({"reward": {"weights": names, "paths": {k: v for k, v in cfg.reward.paths.items() if k in names}}}, cfg,
+                     source="--reward")
 
 
 def _model_and_checkpoint(run: Optional[Path], model: Optional[str], model_path: Optional[Path], checkpoint: Optional[str]):  # type: ignore[no-untyped-def]

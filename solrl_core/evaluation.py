@@ -17,6 +17,7 @@ import torch
 
 from solrl_core import events as ev
 from solrl_core.config import Config, SamplerConfig
+from solrl_core.inference import decode_in_chunks
 from solrl_core.models.base import Conditioning, DiffusionModel
 from solrl_core.policy import Policy
 from solrl_core.rewards import RewardSet, Scores
@@ -62,7 +63,7 @@ def _score(model: DiffusionModel, policy: Policy, rewards: RewardSet, sampler: S
     with policy.weights(weights) as net:
         latents = generate(model, net, cond, seeds, sigma_grid(sampler.eval_steps, sampler.shift), sampler.rollout_batch,
                            sampler.solver, dtype)
-    images = torch.cat([model.decode(latents[i:i + sampler.rollout_batch]) for i in range(0, len(flat), sampler.rollout_batch)])
+    images = decode_in_chunks(model, latents, sampler.rollout_batch)
     scores = rewards(images, flat)
     return Evaluation(weights, prompts, seeds, scores, rewards.summary(scores), time.perf_counter() - t0), images
 
@@ -84,12 +85,10 @@ class EvalRequest:
 def evaluate_weights(req: EvalRequest, bus: ev.EventBus) -> list[Evaluation]:
     """Load the model once, score each weight set, write `samples.jsonl` and `summary.json` in out_dir."""
     from solrl_core.inference import encode_each, load_tuned, save_png
-    from solrl_core.rewards import RewardContext
     from solrl_core.session import resolve_device, write_atomic
 
     cfg = req.config
-    rewards = RewardSet(cfg.reward.weights, RewardContext(resolve_device(cfg.run.device), torch.float32,
-                                                          batch_size=cfg.reward.batch_size), paths=cfg.reward.paths)
+    rewards = RewardSet.from_config(cfg.reward, resolve_device(cfg.run.device))
     rewards.check_prompts(req.prompts)
     loaded = load_tuned(cfg, req.checkpoint)
     model, policy, dtype = loaded.model, loaded.policy, loaded.dtype

@@ -69,14 +69,19 @@ def encode_each(model: DiffusionModel, prompts: list[str], per_prompt: int, chun
 
 
 @torch.no_grad()
+def decode_in_chunks(model: DiffusionModel, latents: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Images [B, 3, H, W] in [0, 1] on the CPU, decoded `chunk` latents at a time (VAE memory)."""
+    return torch.cat([model.decode(latents[i:i + chunk]).float().cpu() for i in range(0, latents.shape[0], chunk)])
+
+
+@torch.no_grad()
 def render(loaded: Loaded, cond: Conditioning, seeds: torch.Tensor, weights: str, steps: int) -> torch.Tensor:
     """Images [B, 3, H, W] in [0, 1] for one seed per conditioning row, with `weights`."""
     sampler = loaded.config.sampler
     with loaded.policy.weights(weights) as net:
         latents = generate(loaded.model, net, cond, seeds, sigma_grid(steps, sampler.shift), sampler.rollout_batch,
                            sampler.solver, loaded.dtype)
-    step = sampler.rollout_batch
-    return torch.cat([loaded.model.decode(latents[i:i + step]).float().cpu() for i in range(0, latents.shape[0], step)])
+    return decode_in_chunks(loaded.model, latents, sampler.rollout_batch)
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,7 @@ def check(loaded: Loaded, rewards: RewardSet, prompts: list[str], per_prompt: in
           full_steps: int, hit_k: list[int], keep: int, progress: Callable[[str, float], None] | None = None) -> RankCheck:
     """The four arms on `loaded` (its explore copy and its policy's old adapter), seeds
     seed_base + i*S ... for prompt i, scored with `rewards`."""
-    from solrl_core.inference import encode_each
+    from solrl_core.inference import decode_in_chunks, encode_each
     from solrl_core.policy import OLD
     from solrl_core.rollout import generate
     from solrl_core.sampler import sigma_grid
@@ -179,7 +179,7 @@ def check(loaded: Loaded, rewards: RewardSet, prompts: list[str], per_prompt: in
 
     def images(net: torch.nn.Module, dtype: torch.dtype, steps: int) -> torch.Tensor:
         latents = generate(loaded.model, net, cond, seeds, sigma_grid(steps, smp.shift), smp.rollout_batch, smp.solver, dtype)
-        return torch.cat([loaded.model.decode(latents[i:i + smp.rollout_batch]) for i in range(0, len(flat), smp.rollout_batch)])
+        return decode_in_chunks(loaded.model, latents, smp.rollout_batch)
 
     low, full = copy_.precision, loaded.dtype_name
     arms = [Arm(f"{low}@{preview_steps}", lambda: contextlib.nullcontext(copy_.forward), copy_.dtype, preview_steps),

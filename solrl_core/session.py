@@ -29,7 +29,7 @@ from solrl_core.models import DiffusionModel, load_model
 from solrl_core.models.base import Conditioning
 from solrl_core.policy import OLD, TRAINED, Policy
 from solrl_core.prompts import check_split, load_prompts
-from solrl_core.rewards import RewardContext, RewardSet
+from solrl_core.rewards import RewardSet
 from solrl_core.rewards.health import RewardHealth
 from solrl_core.rollout import RolloutCopy
 
@@ -161,8 +161,7 @@ def open_session(cfg: Config, resume: bool = False) -> Session:
     device = resolve_device(cfg.run.device)
     if world > 1 and device.type == "cuda":  # one GPU per process, whatever cuda:N the config names
         device = torch.device("cuda", torch.cuda.current_device())
-    rewards = RewardSet(cfg.reward.weights, RewardContext(device, torch.float32, batch_size=cfg.reward.batch_size),
-                        paths=cfg.reward.paths)
+    rewards = RewardSet.from_config(cfg.reward, device)
     rewards.check_prompts(prompts + eval_prompts)
     dtype_name, dtype = resolve_dtype(cfg.run.dtype, device)
     if cfg.run.threads > 0:

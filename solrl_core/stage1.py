@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from solrl_core.inference import Loaded, encode_each
+from solrl_core.inference import Loaded, decode_in_chunks, encode_each
 from solrl_core.rewards import RewardSet
 from solrl_core.rollout import generate
 from solrl_core.sampler import sigma_grid
@@ -45,8 +45,7 @@ def explore_only(loaded: Loaded, rewards: RewardSet, prompts: list[str], n: int,
     cond = encode_each(loaded.model, prompts, n)
     latents = generate(loaded.model, copy_.forward, cond, seeds, sigma_grid(steps, smp.shift), smp.rollout_batch, smp.solver,
                        copy_.dtype)
-    images = torch.cat([loaded.model.decode(latents[i:i + smp.rollout_batch]).float().cpu()
-                        for i in range(0, len(flat), smp.rollout_batch)])
+    images = decode_in_chunks(loaded.model, latents, smp.rollout_batch)
     scores = rewards(images, flat)
     total = scores.total.view(len(prompts), n)
     order = torch.argsort(total, dim=1, descending=True, stable=True)

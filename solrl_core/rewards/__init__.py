@@ -14,11 +14,14 @@ Heavy backends are imported only when built, so `import solrl_core` stays light.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import torch
 
 from solrl_core.errors import SolrlError, close_matches
+
+if TYPE_CHECKING:
+    from solrl_core.config import RewardConfig
 
 
 class Reward(Protocol):
@@ -164,6 +167,11 @@ class RewardSet:
         self.weights = dict(weights)
         self.rewards = {n: build_reward(n, RewardContext(base.device, base.dtype, (paths or {}).get(n, ""), base.batch_size))
                         for n in weights}
+
+    @classmethod
+    def from_config(cls, reward: "RewardConfig", device: torch.device) -> "RewardSet":
+        """The rewards of a run's `reward` config section, loaded on `device` in fp32."""
+        return cls(reward.weights, RewardContext(device, torch.float32, batch_size=reward.batch_size), paths=reward.paths)
 
     def check_prompts(self, prompts: list[str]) -> None:
         for reward in self.rewards.values():

@@ -20,7 +20,7 @@ from transformers import CLIPModel, CLIPProcessor
 
 from solrl_core.errors import SolrlError
 from solrl_core.rewards import RewardContext
-from solrl_core.rewards.preprocess import resize_crop_normalize
+from solrl_core.rewards.preprocess import resize_crop_normalize, score_in_batches
 from solrl_core.rewards.weights import local_fix, local_folder
 
 MAX_TOKENS = 77  # CLIP's text context; longer prompts are truncated as the official scorers do
@@ -79,20 +79,17 @@ class ClipSimilarity:
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        if len(prompts) != len(images):
-            raise ValueError(f"{len(images)} images but {len(prompts)} prompts")
-        scores = []
-        for i in range(0, len(images), self.batch_size):
-            pixels = resize_crop_normalize(images[i:i + self.batch_size].to(self.device), self.size, self.crop,
-                                           self.mean, self.std).to(self.dtype)
-            tokens = self.tokenizer(prompts[i:i + self.batch_size], padding="max_length", max_length=MAX_TOKENS,
-                                    truncation=True, return_tensors="pt").to(self.device)
-            image_emb = F.normalize(_embedding(self.model.get_image_features(pixel_values=pixels)).float(), dim=-1)
-            text_emb = F.normalize(_embedding(self.model.get_text_features(
-                input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"])).float(), dim=-1)
-            cos = (image_emb * text_emb).sum(-1)  # the diagonal of image_emb @ text_emb.T
-            scores.append(self.model.logit_scale.float().exp() * cos / self.divisor)
-        return torch.cat(scores).float().cpu()
+        return score_in_batches(images, prompts, self.batch_size, self._score)
+
+    def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        pixels = resize_crop_normalize(images.to(self.device), self.size, self.crop, self.mean, self.std).to(self.dtype)
+        tokens = self.tokenizer(prompts, padding="max_length", max_length=MAX_TOKENS, truncation=True,
+                                return_tensors="pt").to(self.device)
+        image_emb = F.normalize(_embedding(self.model.get_image_features(pixel_values=pixels)).float(), dim=-1)
+        text_emb = F.normalize(_embedding(self.model.get_text_features(
+            input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"])).float(), dim=-1)
+        cos = (image_emb * text_emb).sum(-1)  # the diagonal of image_emb @ text_emb.T
+        return self.model.logit_scale.float().exp() * cos / self.divisor
 
 
 class PickScore(ClipSimilarity):

@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from solrl_core.errors import SolrlError
 from solrl_core.rewards import RewardContext
-from solrl_core.rewards.preprocess import resize_crop_normalize
+from solrl_core.rewards.preprocess import resize_crop_normalize, score_in_batches
 from solrl_core.rewards.weights import hub_file, local_folder
 
 CHECKPOINT = "HPS_v2.1_compressed.pt"
@@ -89,14 +89,10 @@ class HPSv2:
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        if len(prompts) != len(images):
-            raise ValueError(f"{len(images)} images but {len(prompts)} prompts")
-        scores = []
-        for i in range(0, len(images), self.batch_size):
-            pixels = resize_crop_normalize(images[i:i + self.batch_size].to(self.device), self.size, self.size,
-                                           self.mean, self.std).to(self.dtype)
-            tokens = self.tokenizer(prompts[i:i + self.batch_size]).to(self.device)
-            image = F.normalize(self.model.encode_image(pixels).float(), dim=-1)
-            text = F.normalize(self.model.encode_text(tokens).float(), dim=-1)
-            scores.append((image * text).sum(-1))  # the diagonal of image @ text.T
-        return torch.cat(scores).float().cpu()
+        return score_in_batches(images, prompts, self.batch_size, self._score)
+
+    def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        pixels = resize_crop_normalize(images.to(self.device), self.size, self.size, self.mean, self.std).to(self.dtype)
+        image = F.normalize(self.model.encode_image(pixels).float(), dim=-1)
+        text = F.normalize(self.model.encode_text(self.tokenizer(prompts).to(self.device)).float(), dim=-1)
+        return (image * text).sum(-1)  # the diagonal of image @ text.T

@@ -27,7 +27,7 @@ from torch import nn
 
 from solrl_core.errors import SolrlError
 from solrl_core.rewards import RewardContext
-from solrl_core.rewards.preprocess import resize_crop_normalize
+from solrl_core.rewards.preprocess import resize_crop_normalize, score_in_batches
 from solrl_core.rewards.weights import hub_file, local_fix, local_folder
 
 NAME = "imagereward"
@@ -183,13 +183,10 @@ class ImageRewardScore:
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        if len(prompts) != images.shape[0]:
-            raise ValueError(f"{images.shape[0]} images but {len(prompts)} prompts")
-        out = []
-        for start in range(0, len(prompts), self.batch_size):
-            chunk = slice(start, start + self.batch_size)
-            pixels = resize_crop_normalize(images[chunk].to(self.device), self.image_size).to(self.dtype)
-            tokens = self.tokenizer(prompts[chunk], padding="max_length", truncation=True, max_length=MAX_TOKENS,
-                                    return_tensors="pt").to(self.device)
-            out.append(self.net(pixels, tokens.input_ids, tokens.attention_mask).float().cpu())
-        return torch.cat(out) if out else torch.zeros(0)
+        return score_in_batches(images, prompts, self.batch_size, self._score)
+
+    def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        pixels = resize_crop_normalize(images.to(self.device), self.image_size).to(self.dtype)
+        tokens = self.tokenizer(prompts, padding="max_length", truncation=True, max_length=MAX_TOKENS,
+                                return_tensors="pt").to(self.device)
+        return self.net(pixels, tokens.input_ids, tokens.attention_mask)

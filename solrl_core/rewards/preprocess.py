@@ -8,7 +8,7 @@ rounding (tests compare the two)."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -33,3 +33,13 @@ def resize_crop_normalize(images: torch.Tensor, size: int, crop: int | None = No
     m = torch.tensor(mean, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
     s = torch.tensor(std, device=x.device, dtype=x.dtype).view(1, 3, 1, 1)
     return (x - m) / s
+
+
+def score_in_batches(images: torch.Tensor, prompts: list[str], batch_size: int,
+                     score: Callable[[torch.Tensor, list[str]], torch.Tensor]) -> torch.Tensor:
+    """`score` over chunks of `batch_size` (image, prompt) pairs, as one float32 CPU tensor [B]."""
+    if len(prompts) != images.shape[0]:
+        raise ValueError(f"{images.shape[0]} images but {len(prompts)} prompts")
+    out = [score(images[i:i + batch_size], prompts[i:i + batch_size]).float().cpu()
+           for i in range(0, len(prompts), batch_size)]
+    return torch.cat(out) if out else torch.zeros(0)
