@@ -19,4 +19,4 @@ RunDir = Annotated[Optional[Path], typer.Option("--run-dir", "-o", help="Output 
 Iterations = Annotated[Optional[int], typer.Option("--iterations", "-n", min=1, help="Training iterations.")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Run seed.")]
 Device = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
-ExplorePrecision = Annotated[Optional[str], typer.Option("--explore-precision", help="auto, nvfp4-emulated, bf16 or fp32.")]
+ExplorePrecision = Annotated[Optional[str], typer.Option("--explore-precision", help="auto, fp8 (GPU, compute capability >= 8.9), nvfp4-emulated, bf16 or fp32.")]

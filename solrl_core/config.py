@@ -67,8 +67,11 @@ class SamplerConfig:
 class ExploreConfig:
     group_size: int = _f(96, "N: seeds explored per prompt in Stage 1.")
     steps: int = _f(6, "Preview steps of the Stage-1 rollout (sol_rl).")
-    precision: str = _f("auto", "Explore precision: auto (the exact NVFP4 emulation in this version), nvfp4 (Blackwell + "
-                                "Transformer Engine), fp8 (Ada/Hopper), nvfp4-emulated, bf16, fp32. Checked against this machine.")
+    precision: str = _f("auto", "Explore precision: auto (the exact NVFP4 emulation in this version), fp8 (real E4M3 "
+                                "GEMMs, compute capability >= 8.9), nvfp4-emulated, bf16, fp32; nvfp4 (Blackwell + Transformer "
+                                "Engine) is detected but not run yet. Checked against this machine.")
+    compile: bool = _f(False, "torch.compile the explore copy: fuses the fp8 / emulated-NVFP4 input quantization into the "
+                              "neighbouring kernels; compiles once at start and keeps the graph across refreshes.")
     rank_check_every: int = _f(0, "Every this many iterations, regenerate all N Stage-1 seeds of the iteration's first prompt "
                                   "at full precision and full steps, and log Spearman rho and Kendall tau (0 = off).")
 

@@ -1,7 +1,7 @@
 """`solrl doctor`: can this machine run the requested run, and if not, what to do about it.
 
 `run_checks(cfg)` returns one `Check` per fact: the software stack (Python, torch and its CUDA
-build, Transformer Engine, torchao, diffusers/transformers/peft and the combinations known to
+build, Transformer Engine, diffusers/transformers/peft and the combinations known to
 break), the GPUs and the explore precisions each supports, the reward backends and weights, the
 base model's weights (local folder or Hugging Face cache; gated repositories and HF_TOKEN; the
 HF_HUB_OFFLINE state), free disk for what is still to download, processes versus GPUs, a peak GPU
@@ -79,7 +79,6 @@ REWARD_LOCAL_FILES = {"imagereward": ("ImageReward.pt", "med_config.json"), "pic
 class _Machine:
     gpus: list[GpuInfo]
     te: hardware.TEStatus
-    torchao: str | None
     offline: bool
     cache: Path
 
@@ -87,7 +86,7 @@ class _Machine:
 def _machine() -> _Machine:
     from huggingface_hub import constants
 
-    return _Machine(hardware.gpus(), hardware.transformer_engine_status(), hardware.torchao_version(),
+    return _Machine(hardware.gpus(), hardware.transformer_engine_status(),
                     bool(constants.HF_HUB_OFFLINE), Path(constants.HF_HUB_CACHE))
 
 
@@ -105,9 +104,9 @@ def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None
     elif m.gpus:
         gpu = m.gpus[0]
     checks += _gpus(m, gpu)
-    # Transformer Engine / torchao matter to the run only when its Stage 1 runs at the explore precision.
+    # Transformer Engine matters to the run only when its Stage 1 runs at the explore precision.
     low = requested if cfg is not None and cfg.algorithm.family in EXPLORE_FAMILIES else None
-    checks += [_transformer_engine(m, gpu, low), _torchao(m, low)]
+    checks.append(_transformer_engine(m, gpu, low))
     checks += [_library(name) for name in ("diffusers", "transformers", "peft")]
     checks += _combinations(rewards)
     checks.append(_torchvision(rewards))
@@ -184,14 +183,14 @@ def _gpus(m: _Machine, run_gpu: GpuInfo | None) -> list[Check]:
         return [Check("gpus", PASS, "none visible to torch: runs use the CPU", "", False)]
     out = []
     for gpu in m.gpus:
-        ok = hardware.supported(hardware.explore_precisions(gpu, torchao=m.torchao))
+        ok = hardware.supported(hardware.explore_precisions(gpu))
         out.append(Check(f"gpu cuda:{gpu.index}", PASS, f"{gpu.name}, compute capability {gpu.capability[0]}.{gpu.capability[1]}, "
                          f"{gpu.memory_gib:.0f} GiB; explore precisions here: {', '.join(ok)}", "", gpu == run_gpu))
     return out
 
 
 def _transformer_engine(m: _Machine, gpu: GpuInfo | None, requested: str | None) -> Check:
-    needed = requested == "nvfp4" or (requested == "fp8" and not m.torchao)
+    needed = requested == "nvfp4"
     if m.te.installed:
         parts = [f"Transformer Engine {m.te.version or '(version unknown)'}"]
         if gpu is not None:
@@ -202,19 +201,11 @@ def _transformer_engine(m: _Machine, gpu: GpuInfo | None, requested: str | None)
         else:
             parts.append("no GPU to ask about NVFP4/FP8")
         return Check("transformer engine", PASS, "; ".join(parts), "", needed)
-    capable = gpu is not None and gpu.capability >= hardware.FP8_CC
+    capable = gpu is not None and gpu.capability >= hardware.NVFP4_CC
     status = FAIL if needed else WARN if capable else PASS
-    detail = m.te.reason + ("" if needed or capable else " (optional: only real NVFP4/FP8 explore copies use it)")
+    detail = m.te.reason + ("" if needed or capable else " (optional: only a real NVFP4 explore copy would use it)")
     fix = hardware.TE_INSTALL if status != PASS else ""
     return Check("transformer engine", status, detail, fix, needed)
-
-
-def _torchao(m: _Machine, requested: str | None) -> Check:
-    needed = requested == "fp8" and not m.te.installed
-    if m.torchao:
-        return Check("torchao", PASS, f"torchao {m.torchao} (float8 configs need compute capability >= 8.9)", "", needed)
-    return Check("torchao", FAIL if needed else PASS, "not installed (optional: a float8 backend)",
-                 "pip install torchao" if needed else "", needed)
 
 
 def _dist_version(name: str) -> str | None:
@@ -533,5 +524,5 @@ def _explore(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
     if resolved not in hardware.IMPLEMENTED_EXPLORE:
         return Check("explore precision", WARN, f"{name} runs on {where} ({why}), but this solrl's rollouts do not use it "
                      f"yet (implemented: {', '.join(hardware.IMPLEMENTED_EXPLORE)}){unused}",
-                     f"use --explore-precision {'nvfp4-emulated' if 'nvfp4' in resolved else 'bf16'} for now", uses)
+                     "use --explore-precision fp8 (Ada, Hopper, Blackwell) or nvfp4-emulated for now", uses)
     return Check("explore precision", PASS, f"{name} on {where}: {why}{unused}", "", uses)

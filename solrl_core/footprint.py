@@ -38,10 +38,11 @@ MODEL_SIZES_BY_HUB_ID = {
 REWARD_DOWNLOAD_GB = {"imagereward": 1.8, "pickscore": 4.0, "clipscore": 1.7, "hpsv2": 2.0}
 
 # Explore-copy bytes per transformer parameter, by precision; None: the run dtype's own width.
-# nvfp4/fp8 (Transformer Engine): half a bf16 copy, as the real low-precision weights plus scales and
-# TE's work buffers. nvfp4-emulated keeps the copy's weights AND a cached fake-quantized weight of
-# the same dtype (quantize.py), so two copies at the run dtype.
-COPY_BYTES = {"nvfp4": 1.0, "fp8": 1.0, "bf16": 2.0, "fp32": 4.0}
+# nvfp4 (Transformer Engine): half a bf16 copy, as the real low-precision weights plus scales and
+# TE's work buffers. fp8 and nvfp4-emulated keep the copy's weights at the run dtype (reloaded at each
+# refresh) AND a cached quantized weight (quantize.py): 1 byte more per weight for fp8, a second
+# copy at the run dtype for the emulation.
+COPY_BYTES = {"nvfp4": 1.0, "bf16": 2.0, "fp32": 4.0}
 OVERHEAD_GIB = 1.5  # CUDA context, LoRA + AdamW state, one VAE decode chunk, allocator slack
 
 
@@ -72,7 +73,8 @@ def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16
         policy        = transformer params x bytes of the run dtype (the LoRA adapters are negligible)
         explore copy  = transformer params x COPY_BYTES[precision] when the run keeps a rollout copy (an explore
                         precision other than the run dtype, or the compile family's compiled copy);
-                        nvfp4-emulated: 2 x the run dtype (weights + cached fake-quantized weights)
+                        nvfp4-emulated: 2 x the run dtype (weights + cached fake-quantized weights);
+                        fp8: the run dtype + 1 byte (weights + cached e4m3 weights)
         vae           = VAE params x bytes of the run dtype
         peak          = policy + explore copy + vae + max(text encoders while encoding, activations) + overhead
         activations   = optimizer.micro_batch x activation GiB per sample (bf16, gradient checkpointing)
@@ -86,7 +88,8 @@ def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16
     gib = 1e9 / 2**30  # billions of bytes -> GiB
     copy = 0.0
     if plan.explore_precision != dtype_name or plan.compiled:
-        per_param = 2 * width if plan.explore_precision == "nvfp4-emulated" else COPY_BYTES.get(plan.explore_precision, width)
+        per_param = {"nvfp4-emulated": 2 * width, "fp8": width + 1}.get(plan.explore_precision) \
+            or COPY_BYTES.get(plan.explore_precision, width)
         copy = size.transformer_b * per_param * gib
     return MemoryEstimate(policy=size.transformer_b * width * gib, explore_copy=copy, vae=size.vae_b * width * gib,
                           text_encoders=size.text_encoders_b * width * gib,

@@ -6,8 +6,8 @@ module costs nothing and works on any machine. Used by `solrl doctor` (solrl_cor
 Precisions, as the explore (Stage-1) copy would use them:
 - ``nvfp4``: real NVFP4 GEMMs through Transformer Engine. Needs compute capability >= 10.0
   (Blackwell) AND Transformer Engine installed AND its own availability check saying yes.
-- ``fp8``: FP8 GEMMs; needs compute capability >= 8.9 (Ada, Hopper and newer) and a backend:
-  Transformer Engine whose FP8 check says yes, or torchao (its float8 configs).
+- ``fp8``: real FP8 (E4M3) GEMMs through torch's own ``torch._scaled_mm`` (solrl_core/fp8.py);
+  needs compute capability >= 8.9 (Ada, Hopper and newer) and nothing beyond torch.
 - ``nvfp4-emulated``: solrl's exact NVFP4 emulation in plain torch (solrl_core/nvfp4.py): anywhere.
 - ``bf16``: on a GPU of compute capability >= 8.0 (Ampere), or on the CPU.
 - ``fp32``: anywhere.
@@ -163,22 +163,12 @@ def _resolve(module_name: str, attr: str) -> Callable | None:
     return obj if callable(obj) else None
 
 
-def torchao_version() -> str | None:
-    try:
-        return importlib.metadata.version("torchao")
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def explore_precisions(gpu: GpuInfo | None, te: TeProbe | None = None,
-                       torchao: str | None | bool = True) -> dict[str, tuple[bool, str]]:
+def explore_precisions(gpu: GpuInfo | None, te: TeProbe | None = None) -> dict[str, tuple[bool, str]]:
     """Which explore precisions run on `gpu` (None: the CPU), each with why or why not.
 
-    `te` answers Transformer Engine's checks (default: `te_support`, the installed TE); `torchao`
-    is torchao's version, None when absent (default True: look it up). Both are parameters so the
-    rules can be tested with made-up GPUs."""
+    `te` answers Transformer Engine's checks (default: `te_support`, the installed TE); a parameter
+    so the rules can be tested with made-up GPUs."""
     probe = te if te is not None else te_support
-    ao = torchao_version() if torchao is True else (torchao or None)
     out: dict[str, tuple[bool, str]] = {}
     if gpu is None:
         out["nvfp4"] = (False, "no GPU: NVFP4 GEMMs need an NVIDIA GPU of compute capability >= 10.0 (Blackwell)")
@@ -201,16 +191,7 @@ def explore_precisions(gpu: GpuInfo | None, te: TeProbe | None = None,
     if gpu.capability < FP8_CC:
         out["fp8"] = (False, f"compute capability {cc} < 8.9: FP8 GEMMs need Ada or Hopper and newer")
     else:
-        answer = probe("fp8", gpu)
-        if answer is not None and answer[0]:
-            out["fp8"] = (True, "Transformer Engine FP8")
-        elif ao:
-            out["fp8"] = (True, f"torchao {ao} float8")
-        elif answer is not None:
-            out["fp8"] = (False, f"Transformer Engine says no: {answer[1] or 'no reason given'}; torchao not installed")
-        else:
-            out["fp8"] = (False, f"compute capability {cc} is enough, but neither Transformer Engine nor torchao is "
-                                 f"installed ({TE_INSTALL}, or pip install torchao)")
+        out["fp8"] = (True, "FP8 e4m3 GEMMs through torch._scaled_mm")
     out["nvfp4-emulated"] = (True, "exact NVFP4 emulation in torch, runs anywhere")
     out["bf16"] = ((True, f"compute capability {cc}") if gpu.capability >= BF16_CC
                    else (False, f"compute capability {cc} < 8.0: no native bf16 (Ampere and newer)"))
@@ -227,9 +208,9 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-# Explore-copy backends this version of solrl runs. Real NVFP4 (Transformer Engine) and FP8 kernels
-# are detected by doctor but not yet used for rollouts.
-IMPLEMENTED_EXPLORE = ("nvfp4-emulated", "bf16", "fp32")
+# Explore-copy backends this version of solrl runs. Real NVFP4 (Transformer Engine) is detected by
+# doctor but not yet used for rollouts.
+IMPLEMENTED_EXPLORE = ("fp8", "nvfp4-emulated", "bf16", "fp32")
 
 
 def require_explore_precision(precision: str, device: object) -> None:
@@ -254,4 +235,6 @@ def require_explore_precision(precision: str, device: object) -> None:
                          f"this machine supports: {', '.join(works)}; use --explore-precision {works[0]}")
     if precision not in IMPLEMENTED_EXPLORE:
         raise SolrlError(f"{where} supports {precision} ({why}), but real {precision} explore kernels are not in this "
-                         "version of solrl", "use --explore-precision nvfp4-emulated (exact NVFP4 numerics, no speed-up)")
+                         "version of solrl", "use --explore-precision fp8 (real FP8 GEMMs) or nvfp4-emulated (exact NVFP4 "
+                         "numerics, no speed-up)" if "fp8" in works else "use --explore-precision nvfp4-emulated (exact "
+                         "NVFP4 numerics, no speed-up)")

@@ -1,10 +1,11 @@
-"""Swap the GEMM layers of an explore copy of a model for emulated NVFP4 ones.
+"""Swap the GEMM layers of an explore copy of a model for low-precision ones.
 
-Sol-RL samples rollouts with an NVFP4 copy of the policy. Without a Blackwell GPU we emulate it:
-every eligible nn.Linear, and every 1x1 nn.Conv2d (SANA's GLUMBConv feed-forward in diffusers is
-built from 1x1 convs, so a Linear-only swap would leave its MLP in high precision), is wrapped so
-that its weight is fake-quantized once (16x16 tiles) and its input on every call (1x16 blocks
-along the reduction dim), see `solrl_core.nvfp4`. Embedders, the patch embed and the final layer
+Sol-RL samples rollouts with an NVFP4 copy of the policy. Every eligible nn.Linear, and every 1x1
+nn.Conv2d (SANA's GLUMBConv feed-forward in diffusers is built from 1x1 convs, so a Linear-only
+swap would leave its MLP in high precision), is wrapped for one explore precision:
+- `nvfp4-emulated`: the weight is fake-quantized once (16x16 tiles) and the input on every call
+  (1x16 blocks along the reduction dim), see `solrl_core.nvfp4`: exact NVFP4 numerics, anywhere.
+- `fp8`: real E4M3 GEMMs through `torch._scaled_mm`, see `solrl_core.fp8`. Embedders, the patch embed and the final layer
 are left alone by name, as the official explore model does, and every decision is reported.
 
 The wrappers register the wrapped layer's own Parameter objects under the same names, so
@@ -24,15 +25,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from solrl_core import fp8
 from solrl_core.nvfp4 import BLOCK, fake_quantize_1d, fake_quantize_2d
 
 
-class _EmulatedNVFP4(nn.Module):
-    """Shared part of the wrappers: shared parameters, the cached weight, requantize."""
+class _QuantizedGemm(nn.Module):
+    """Shared part of the wrappers: the wrapped layer's parameters, a cached quantized weight
+    (`requantize`), and the original layer for unwrapping."""
 
+    PRECISION = ""  # the explore precision this wrapper implements
+    LAYER_KIND = ""  # "linear" | "conv1x1"
     weight: nn.Parameter
     bias: nn.Parameter | None
-    weight_q: Tensor
 
     def __init__(self, module: nn.Linear | nn.Conv2d) -> None:
         super().__init__()
@@ -41,9 +45,13 @@ class _EmulatedNVFP4(nn.Module):
         object.__setattr__(self, "_wrapped", module)
         self.register_parameter("weight", module.weight)
         self.register_parameter("bias", module.bias)
-        # Not persistent: a cache derived from `weight`, never saved or loaded.
-        self.register_buffer("weight_q", torch.empty(0), persistent=False)
+        self._register_caches()
         self.requantize()
+
+    def _register_caches(self) -> None:
+        """Register the non-persistent buffers `requantize` fills (caches derived from `weight`,
+        never saved or loaded)."""
+        raise NotImplementedError
 
     @property
     def wrapped(self) -> nn.Module:
@@ -53,18 +61,40 @@ class _EmulatedNVFP4(nn.Module):
         module.bias = self.bias
         return module
 
-    @torch.no_grad()
     def requantize(self) -> None:
-        """Recompute the cached NVFP4 weight from the current (high-precision) weight."""
-        w = self.weight.detach()
-        self.weight_q = fake_quantize_2d(w.reshape(w.shape[0], -1)).reshape(w.shape)
+        """Recompute the cached quantized weight from the current (high-precision) weight."""
+        raise NotImplementedError
+
+    def _store(self, name: str, value: Tensor) -> None:
+        """Set a cache buffer, in place when its shape, dtype and device are unchanged, so a
+        torch.compile'd copy keeps its graph across refreshes."""
+        old: Tensor = getattr(self, name)
+        if old.shape == value.shape and old.dtype == value.dtype and old.device == value.device:
+            old.copy_(value)
+        else:
+            setattr(self, name, value)
 
     def extra_repr(self) -> str:
-        return f"nvfp4 emulated, wraps {object.__getattribute__(self, '_wrapped')!r}"
+        return f"{self.PRECISION}, wraps {object.__getattribute__(self, '_wrapped')!r}"
+
+
+class _EmulatedNVFP4(_QuantizedGemm):
+    PRECISION = "nvfp4-emulated"
+    weight_q: Tensor
+
+    def _register_caches(self) -> None:
+        self.register_buffer("weight_q", torch.empty(0), persistent=False)
+
+    @torch.no_grad()
+    def requantize(self) -> None:
+        w = self.weight.detach()
+        self._store("weight_q", fake_quantize_2d(w.reshape(w.shape[0], -1)).reshape(w.shape))
 
 
 class EmulatedNVFP4Linear(_EmulatedNVFP4):
     """nn.Linear with NVFP4 weight (16x16 tiles) and input (1x16 blocks); bias stays as is."""
+
+    LAYER_KIND = "linear"
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__(linear)
@@ -82,6 +112,8 @@ class EmulatedNVFP4Conv1x1(_EmulatedNVFP4):
     C: the input is permuted to channels-last for quantization and back for the conv.
     """
 
+    LAYER_KIND = "conv1x1"
+
     def __init__(self, conv: nn.Conv2d) -> None:
         super().__init__(conv)
         self.in_channels = conv.in_channels
@@ -92,7 +124,64 @@ class EmulatedNVFP4Conv1x1(_EmulatedNVFP4):
         return F.conv2d(x_q, self.weight_q, self.bias)
 
 
-_WRAPPERS = (EmulatedNVFP4Linear, EmulatedNVFP4Conv1x1)
+class _Fp8(_QuantizedGemm):
+    """Real FP8 GEMMs (`solrl_core.fp8`): e4m3 weight with one scale per output row, cached;
+    e4m3 input with one scale per row, computed on every call."""
+
+    PRECISION = "fp8"
+    weight_q: Tensor
+    weight_scale: Tensor
+    rowwise: bool
+
+    def _register_caches(self) -> None:
+        self.register_buffer("weight_q", torch.empty(0), persistent=False)
+        self.register_buffer("weight_scale", torch.empty(0), persistent=False)
+
+    @torch.no_grad()
+    def requantize(self) -> None:
+        """Also after a move or a dtype change: the scaling follows the weight's device."""
+        w = self.weight.detach()
+        self.rowwise = fp8.rowwise_supported(w.device)
+        q, scale = fp8.quantize(w.reshape(w.shape[0], -1), self.rowwise)
+        self._store("weight_q", q)
+        self._store("weight_scale", scale.reshape(1, -1).contiguous())
+
+
+class Fp8Linear(_Fp8):
+    """nn.Linear through an FP8 GEMM; bias added in the input's dtype."""
+
+    LAYER_KIND = "linear"
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear)
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+
+    def forward(self, x: Tensor) -> Tensor:
+        return fp8.linear(x, self.weight_q, self.weight_scale, self.bias, self.rowwise)
+
+
+class Fp8Conv1x1(_Fp8):
+    """1x1 nn.Conv2d through an FP8 GEMM over channels (one input scale per pixel)."""
+
+    LAYER_KIND = "conv1x1"
+
+    def __init__(self, conv: nn.Conv2d) -> None:
+        super().__init__(conv)
+        self.in_channels = conv.in_channels
+        self.out_channels = conv.out_channels
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = fp8.linear(x.movedim(-3, -1), self.weight_q, self.weight_scale, self.bias, self.rowwise)
+        return y.movedim(-1, -3)
+
+
+# precision -> (wrapper for nn.Linear, wrapper for 1x1 nn.Conv2d)
+WRAPPERS: dict[str, tuple[type[_QuantizedGemm], type[_QuantizedGemm]]] = {
+    "nvfp4-emulated": (EmulatedNVFP4Linear, EmulatedNVFP4Conv1x1),
+    "fp8": (Fp8Linear, Fp8Conv1x1),
+}
+
 
 
 @dataclass(frozen=True)
@@ -150,9 +239,11 @@ def _count(n: int) -> str:
 
 
 def _kind(module: nn.Module) -> str:
-    if isinstance(module, (nn.Linear, EmulatedNVFP4Linear)):
+    if isinstance(module, _QuantizedGemm):
+        return module.LAYER_KIND
+    if isinstance(module, nn.Linear):
         return "linear"
-    if isinstance(module, EmulatedNVFP4Conv1x1) or tuple(module.kernel_size) == (1, 1):
+    if tuple(module.kernel_size) == (1, 1):
         return "conv1x1"
     return "conv2d"
 
@@ -185,39 +276,51 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent_name), child, module)
 
 
-def quantize_model(model: nn.Module, skip: Sequence[str]) -> QuantReport:
-    """Wrap every eligible Linear and 1x1 Conv2d of `model` in place; report on all of them.
+def quantize_model(model: nn.Module, skip: Sequence[str], precision: str = "nvfp4-emulated") -> QuantReport:
+    """Wrap every eligible Linear and 1x1 Conv2d of `model` in place for `precision` (a key of
+    WRAPPERS); report on all of them.
 
     A layer is eligible when its qualified name contains none of the `skip` substrings and its
-    weight's out and in dims are divisible by 16. Safe to call again: existing wrappers are kept
-    (or unwrapped if a `skip` pattern now names them), never wrapped twice.
+    weight's out and in dims are divisible by 16. Safe to call again: existing wrappers of this
+    precision are kept, others are swapped, and layers a `skip` pattern now names are unwrapped;
+    nothing is ever wrapped twice.
     """
+    if precision not in WRAPPERS:
+        raise ValueError(f"no quantized layers for precision {precision!r}; known: {', '.join(WRAPPERS)}")
     if isinstance(skip, str):
         skip = (skip,)
+    linear_cls, conv_cls = WRAPPERS[precision]
     entries: list[LayerEntry] = []
     for name, module in list(model.named_modules()):
-        if isinstance(module, _WRAPPERS):
-            reason = _skip_reason(name, module.wrapped, skip)
-            if reason:
-                _set_submodule(model, name, module.wrapped)
+        if isinstance(module, _QuantizedGemm):
+            if module.PRECISION == precision:
+                layer: nn.Module = module
+            else:
+                layer = module.wrapped
+                _set_submodule(model, name, layer)
         elif isinstance(module, (nn.Linear, nn.Conv2d)):
-            reason = _skip_reason(name, module, skip)
-            if not reason:
-                wrapper = (
-                    EmulatedNVFP4Linear(module)
-                    if isinstance(module, nn.Linear)
-                    else EmulatedNVFP4Conv1x1(module)
-                )
-                _set_submodule(model, name, wrapper)
+            layer = module
         else:
             continue
-        shape = tuple(module.weight.shape)
-        entries.append(LayerEntry(name, _kind(module), shape, not reason, reason))
+        original = layer.wrapped if isinstance(layer, _QuantizedGemm) else layer
+        reason = _skip_reason(name, original, skip)
+        if reason and layer is not original:
+            _set_submodule(model, name, original)
+        elif not reason and layer is original:
+            _set_submodule(model, name, (linear_cls if isinstance(original, nn.Linear) else conv_cls)(original))
+        entries.append(LayerEntry(name, _kind(original), tuple(original.weight.shape), not reason, reason))
     return QuantReport(tuple(entries))
 
 
+def unwrap_model(model: nn.Module) -> None:
+    """Put every wrapped layer back, in place: the model at its own precision again."""
+    for name, module in list(model.named_modules()):
+        if isinstance(module, _QuantizedGemm):
+            _set_submodule(model, name, module.wrapped)
+
+
 def requantize(model: nn.Module) -> None:
-    """Refresh every wrapper's cached NVFP4 weight, after new weights were loaded."""
+    """Refresh every wrapper's cached quantized weight, after new weights were loaded."""
     for module in model.modules():
-        if isinstance(module, _WRAPPERS):
+        if isinstance(module, _QuantizedGemm):
             module.requantize()

@@ -44,16 +44,16 @@ class RolloutCopy:
 
     def __init__(self, module: nn.Module, precision: str, quant_skip: tuple[str, ...], compile: bool = False) -> None:
         """Takes ownership of `module` (a copy of the base transformer, without adapters)."""
-        if precision not in ("nvfp4-emulated", "bf16", "fp32"):
+        if precision not in ("nvfp4-emulated", "fp8", "bf16", "fp32"):
             raise ValueError(f"no rollout backend for precision {precision!r} (hardware.require_explore_precision says why)")
         self.precision = precision
         self.module = module.requires_grad_(False).eval()
         if precision in ("bf16", "fp32"):
             self.module.to({"bf16": torch.bfloat16, "fp32": torch.float32}[precision])
-        self.dtype = next(self.module.parameters()).dtype  # emulated NVFP4 computes in the base dtype
+        self.dtype = next(self.module.parameters()).dtype  # nvfp4-emulated and fp8 compute in the base dtype
         self.report: QuantReport | None = None
-        if precision == "nvfp4-emulated":
-            self.report = quantize_model(self.module, quant_skip)
+        if precision in ("nvfp4-emulated", "fp8"):
+            self.report = quantize_model(self.module, quant_skip, precision)
         self.forward: nn.Module = torch.compile(self.module) if compile else self.module
 
     @torch.no_grad()

@@ -175,7 +175,7 @@ def open_session(cfg: Config, resume: bool = False) -> Session:
     explore_copy = None
     if plan.explore_precision != dtype_name or plan.compiled:  # copied before the adapters are added
         explore_copy = RolloutCopy(copy.deepcopy(model.transformer), plan.explore_precision, cfg.model.quant_skip,
-                                   compile=plan.compiled)
+                                   compile=plan.compiled or cfg.explore.compile)
     policy = Policy(model.transformer, cfg.model)
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.optimizer.lr, betas=(cfg.optimizer.beta1, cfg.optimizer.beta2),
                                   weight_decay=cfg.optimizer.weight_decay, eps=cfg.optimizer.eps)

@@ -131,34 +131,35 @@ def test_local_reward_folder_and_model_path_are_checked(tmp_path):
 # --- explore precisions: the rules, with made-up GPUs ---------------------------------------------
 
 def test_hopper_runs_fp8_but_not_nvfp4():
-    p = hardware.explore_precisions(H100, te=_te(nvfp4=(True, ""), fp8=(True, "")), torchao=None)
+    p = hardware.explore_precisions(H100, te=_te(nvfp4=(True, ""), fp8=(True, "")))
     assert p["fp8"][0] and not p["nvfp4"][0]
     assert "10.0" in p["nvfp4"][1]
     assert hardware.supported(p) == ["fp8", "nvfp4-emulated", "bf16", "fp32"]
 
 
-def test_fp8_through_torchao_when_te_is_absent():
-    assert hardware.explore_precisions(H100, te=_te(), torchao="0.18.0")["fp8"] == (True, "torchao 0.18.0 float8")
-    ok, why = hardware.explore_precisions(H100, te=_te(), torchao=None)["fp8"]
-    assert not ok and "Transformer Engine" in why
+def test_fp8_needs_only_torch_on_ada_and_newer():
+    for gpu in (H100, B200, GpuInfo(0, "NVIDIA L40S", (8, 9), 48.0)):
+        assert hardware.explore_precisions(gpu, te=_te())["fp8"] == (True, "FP8 e4m3 GEMMs through torch._scaled_mm")
+    ok, why = hardware.explore_precisions(GpuInfo(0, "NVIDIA A100", (8, 0), 80.0), te=_te())["fp8"]
+    assert not ok and "8.0 < 8.9" in why
 
 
 def test_blackwell_runs_nvfp4_when_transformer_engine_says_yes():
-    p = hardware.explore_precisions(B200, te=_te(nvfp4=(True, ""), fp8=(True, "")), torchao=None)
+    p = hardware.explore_precisions(B200, te=_te(nvfp4=(True, ""), fp8=(True, "")))
     assert p["nvfp4"][0] and p["fp8"][0]
 
 
 def test_blackwell_without_transformer_engine_has_no_nvfp4_and_says_why():
-    ok, why = hardware.explore_precisions(B200, te=_te(), torchao=None)["nvfp4"]
+    ok, why = hardware.explore_precisions(B200, te=_te())["nvfp4"]
     assert not ok and "Transformer Engine is not available" in why
-    ok, why = hardware.explore_precisions(B200, te=_te(nvfp4=(False, "driver too old")), torchao=None)["nvfp4"]
+    ok, why = hardware.explore_precisions(B200, te=_te(nvfp4=(False, "driver too old")))["nvfp4"]
     assert not ok and "driver too old" in why
 
 
 def test_cpu_and_old_gpus():
     cpu = hardware.explore_precisions(None)
     assert hardware.supported(cpu) == ["nvfp4-emulated", "bf16", "fp32"]
-    turing = hardware.explore_precisions(GpuInfo(0, "T4", (7, 5), 15.0), te=_te(), torchao="0.18.0")
+    turing = hardware.explore_precisions(GpuInfo(0, "T4", (7, 5), 15.0), te=_te())
     assert hardware.supported(turing) == ["nvfp4-emulated", "fp32"]
 
 
