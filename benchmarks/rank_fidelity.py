@@ -8,6 +8,7 @@ script prints the per-prompt rows as well as the overall table, plus the machine
 
     python benchmarks/rank_fidelity.py                       # 16 prompts x 32 seeds, 6 vs 10 steps
     python benchmarks/rank_fidelity.py --prompts 8 --seeds 16 --json /tmp/rank.json
+    python benchmarks/rank_fidelity.py --set explore.precision=fp8 --numerics-only   # fp8 ranking on a CPU
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed-base", type=int, default=0, help="prompt i uses seeds base + i*S ... base + i*S + S-1 (default: 0)")
     p.add_argument("--preview-steps", type=int, default=6, help="steps of the preview arms (default: 6)")
     p.add_argument("--full-steps", type=int, default=10, help="steps of the full arms (default: 10)")
+    p.add_argument("--numerics-only", action="store_true",
+                   help="run an explore precision this machine has no fast kernel for through torch's reference kernels "
+                        "(--set explore.precision=fp8 on a CPU): its ranking, not its speed")
     p.add_argument("--hit-k", type=int, nargs="+", default=[4, 8], help="K of the top/bottom-K hit rates (default: 4 8)")
     return p.parse_args(argv)
 
@@ -47,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
         f"run.threads={args.threads}", *args.sets])
     prompts = load_prompts(args.prompt_set)[:args.prompts]
     keep = min(cfg.selection.group_size, args.seeds)
-    loaded = load_tuned(cfg, None, explore=True)
+    loaded = load_tuned(cfg, None, explore=True, numerics_only=args.numerics_only)
     rewards = RewardSet.from_config(cfg.reward, loaded.device)
     result = check(loaded, rewards, prompts, args.seeds, args.seed_base, args.preview_steps, args.full_steps, args.hit_k, keep,
                    progress=lambda arm, s: print(f"  {arm}: {len(prompts) * args.seeds} rollouts scored in {s:.2f} s", flush=True))

@@ -34,9 +34,11 @@ class Loaded:
     explore_copy: RolloutCopy | None = None  # base + old adapter at the explore precision, when asked for
 
 
-def load_tuned(cfg: Config, checkpoint: Path | None, explore: bool = False) -> Loaded:
+def load_tuned(cfg: Config, checkpoint: Path | None, explore: bool = False, numerics_only: bool = False) -> Loaded:
     """The model of `cfg` with LoRA adapters, loaded from `checkpoint` when given (else untrained);
-    with `explore`, also the Stage-1 copy at cfg's explore precision, refreshed from base + old."""
+    with `explore`, also the Stage-1 copy at cfg's explore precision, refreshed from base + old.
+    `numerics_only` skips the hardware check of that precision: for measuring its numerics where it
+    has only a reference kernel (fp8 on a CPU: torch._scaled_mm's CPU kernel, no speed-up)."""
     import copy
 
     from solrl_core.checkpoint import load_adapters
@@ -51,7 +53,8 @@ def load_tuned(cfg: Config, checkpoint: Path | None, explore: bool = False) -> L
     model = load_model(cfg.model, device, dtype)
     explore_copy = None
     if explore:  # copied before the adapters are added, as a training session does
-        require_explore_precision(explore_precision(cfg), device)
+        if not numerics_only:
+            require_explore_precision(explore_precision(cfg), device)
         explore_copy = RolloutCopy(copy.deepcopy(model.transformer), explore_precision(cfg), cfg.model.quant_skip)
     policy = Policy(model.transformer, cfg.model)
     if checkpoint is not None:

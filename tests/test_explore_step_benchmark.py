@@ -1,0 +1,43 @@
+"""benchmarks/explore_step.py runs end to end at tiny sizes on a CPU: every backend builds, steps
+and refreshes through the explore copy's own wrappers. Nothing here checks a timing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture
+def explore_step(monkeypatch):
+    pytest.importorskip("diffusers")
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sys.modules.pop("explore_step", None)
+    import explore_step
+
+    return explore_step
+
+
+def test_every_backend_steps_and_refreshes_at_tiny_size(explore_step, tmp_path, capsys):
+    out = tmp_path / "step.json"
+    explore_step.main(["--size", "tiny", "--device", "cpu", "--backends", "bf16", "fp8", "nvfp4-emulated",
+                       "--batch", "2", "--warmup", "1", "--repeats", "1", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    for model in ("sana", "flux"):
+        steps = {r["backend"]: r for r in rows if r["model"] == model and "seconds" in r}
+        assert set(steps) == {"bf16", "fp8", "nvfp4-emulated"}
+        assert all(r["seconds"] > 0 for r in steps.values())
+        assert steps["fp8"]["layers"].startswith("quantized ") and steps["bf16"]["layers"] == "bf16 weights and GEMMs"
+        refresh = {r["backend"] for r in rows if r["model"] == model and "refresh_seconds" in r}
+        assert refresh == {"fp8", "nvfp4-emulated"}
+    text = capsys.readouterr().out
+    assert "speed-up over eager bf16" in text and "fp8 refresh" in text
+
+
+def test_real_sizes_on_a_cpu_are_refused(explore_step):
+    with pytest.raises(SystemExit, match="real sizes need a GPU"):
+        explore_step.main(["--device", "cpu"])
