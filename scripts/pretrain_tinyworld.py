@@ -1,6 +1,6 @@
 """Pre-train the tiny-world base model: flow matching on synthetic scenes, on a CPU.
 
-    python scripts/pretrain_tinyworld.py --steps 4000 --out /tmp/tinyworld
+    python scripts/pretrain_tinyworld.py --steps 8000 --save-every 1000 --out /tmp/tinyworld   # the shipped base: step_08000
     python scripts/pretrain_tinyworld.py --evaluate /tmp/tinyworld/step_*   # pick a snapshot
 
 Writes a snapshot folder (config.json + model.safetensors, loadable as `model.weights`) every
@@ -61,7 +61,7 @@ def evaluate_snapshot(folder: str, split: str, per_prompt: int = 4, steps: int =
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--evaluate", nargs="+", metavar="FOLDER", help="score snapshot folders instead of training")
-    ap.add_argument("--steps", type=int, default=4000)
+    ap.add_argument("--steps", type=int, default=8000)
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--warmup", type=int, default=100)
