@@ -201,9 +201,10 @@ class LayerEntry:
 
 @dataclass(frozen=True)
 class QuantReport:
-    """Which layers run in emulated NVFP4, written to the run directory and shown to the user."""
+    """Which layers run at the explore precision, written to the run directory and shown to the user."""
 
     entries: tuple[LayerEntry, ...]
+    precision: str = "nvfp4-emulated"
 
     @property
     def quantized(self) -> tuple[LayerEntry, ...]:
@@ -214,8 +215,9 @@ class QuantReport:
         return tuple(e for e in self.entries if not e.quantized)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form: counts first, then one record per layer."""
+        """JSON-ready form: the precision and counts first, then one record per layer."""
         return {
+            "precision": self.precision,
             "quantized_layers": len(self.quantized),
             "total_layers": len(self.entries),
             "quantized_weights": sum(e.numel for e in self.quantized),
@@ -309,7 +311,7 @@ def quantize_model(model: nn.Module, skip: Sequence[str], precision: str = "nvfp
         elif not reason and layer is original:
             _set_submodule(model, name, (linear_cls if isinstance(original, nn.Linear) else conv_cls)(original))
         entries.append(LayerEntry(name, _kind(original), tuple(original.weight.shape), not reason, reason))
-    return QuantReport(tuple(entries))
+    return QuantReport(tuple(entries), precision)
 
 
 def unwrap_model(model: nn.Module) -> None:
