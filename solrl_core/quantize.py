@@ -66,8 +66,8 @@ class _QuantizedGemm(nn.Module):
         raise NotImplementedError
 
     def _store(self, name: str, value: Tensor) -> None:
-        """Set a cache buffer, in place when its shape, dtype and device are unchanged, so a
-        torch.compile'd copy keeps its graph across refreshes."""
+        """Set a cache buffer, in place when its shape, dtype and device are unchanged, so whatever
+        holds the old tensor (a compiled graph, a captured CUDA graph) reads the new values."""
         old: Tensor = getattr(self, name)
         if old.shape == value.shape and old.dtype == value.dtype and old.device == value.device:
             old.copy_(value)

@@ -143,7 +143,7 @@ def test_requantize_follows_new_weights_in_place():
     model.load_state_dict(new)
     stale = model(x)
     requantize(model)
-    assert model.proj.weight_q is cache  # same storage: a compiled copy keeps its graph
+    assert model.proj.weight_q is cache  # same storage: a compiled or captured graph reads the new values
     fresh = model(x)
     reference = _Block()
     reference.load_state_dict(new)
@@ -171,3 +171,32 @@ def test_an_fp8_explore_copy_generates_close_to_full_precision():
     out = {p: generate(model, c.forward, cond, seeds, sigmas, 2, "euler", torch.float32) for p, c in copies.items()}
     err = (out["fp8"] - out["fp32"]).abs().mean() / out["fp32"].abs().mean()
     assert 0 < err < 0.05
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["fp8", "nvfp4-emulated"])
+def test_a_compiled_copy_follows_refreshes_without_recompiling(precision):
+    """explore.compile: refreshed weights reach the compiled graph, and the refresh (in-place
+    re-quantization) does not trigger a recompile."""
+    import torch._dynamo
+
+    torch._dynamo.reset()  # no graphs left from other tests: every compile here is this test's own
+    torch.manual_seed(5)
+    model = _Block()
+    quantize_model(model, ("embed", "out"), precision)
+    compiled = torch.compile(model)
+    x = torch.randn(3, 5, 16)
+    with torch.no_grad():
+        first = compiled(x)
+        new = {k: v + 0.1 * torch.randn_like(v) for k, v in model.state_dict().items()}
+        model.load_state_dict(new)
+        requantize(model)
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            second = compiled(x)
+    reference = _Block()
+    reference.load_state_dict(new)
+    quantize_model(reference, ("embed", "out"), precision)
+    with torch.no_grad():
+        expected = reference(x)
+    assert not torch.allclose(first, second)
+    assert torch.allclose(second, expected, rtol=1e-4, atol=1e-4)
