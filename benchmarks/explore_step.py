@@ -135,7 +135,7 @@ def measure(model: str, args: argparse.Namespace, device: torch.device) -> list[
     net, inputs = build(model, args.size, device, torch.bfloat16)
     params = sum(p.numel() for p in net.parameters())
     x = inputs(args.batch)
-    state = {k: v for k, v in net.state_dict().items()}  # the same tensors: refresh copies them onto themselves
+    state = net.state_dict()  # the same tensors: refresh copies them onto themselves
     rows = []
     print(f"\n{model}: {params / 1e9:.2f}B parameters, batch {args.batch}, {args.size} config, on {device_name(device)}", flush=True)
     # One model, re-wrapped in place per backend (two copies of FLUX-12B would not fit); torchao's
@@ -148,14 +148,13 @@ def measure(model: str, args: argparse.Namespace, device: torch.device) -> list[
                 print(f"  {backend:<26} skipped: torchao does not import ({type(exc).__name__}: {exc})", flush=True)
                 continue
         unwrap_model(net)
-        target = net
         try:
-            what = apply_backend(target, backend, skip)
+            what = apply_backend(net, backend, skip)
         except Exception as exc:  # noqa: BLE001 - one backend failing must not hide the others
             print(f"  {backend:<16} failed to build: {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
             continue
         for compiled in ((False, True) if args.compile else (False,)):
-            fn = torch.compile(target) if compiled else target
+            fn = torch.compile(net) if compiled else net
             label = backend + (" +compile" if compiled else "")
             try:
                 with torch.no_grad():

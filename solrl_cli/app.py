@@ -138,8 +138,6 @@ def eval_(
     device: opt.Device = None,
 ) -> None:
     """Score the base model, or a run's checkpoint against its base, with one or more rewards."""
-    import datetime as dt
-
     from solrl_core import events
     from solrl_core.config import from_dict, set_value
     from solrl_core.evaluation import EvalRequest, evaluate_weights
@@ -147,11 +145,10 @@ def eval_(
     from solrl_cli.display import TerminalDisplay
 
     with user_errors():
-        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
         tuned = _weight_sets(weights)
         cfg, ckpt = _model_and_checkpoint(run, model, model_path, checkpoint)
         order = ("base", *tuned) if ckpt is not None else ("base",)
-        out_dir = out or (run / "eval" / stamp if run is not None else Path("runs") / f"eval-{stamp}")
+        out_dir = _output_folder(out, run, "eval")
         cfg = _override_rewards(cfg, reward)
         for assignment in set_ or ():
             cfg = set_value(cfg, assignment)
@@ -187,13 +184,9 @@ def infer(
     device: opt.Device = None,
 ) -> None:
     """Generate images from fixed seeds with the base model and a run's tuned weights, side by side."""
-    import datetime as dt
-
     from solrl_core import events
     from solrl_core.config import from_dict, set_value
-    from solrl_core.errors import SolrlError
     from solrl_core.inference import InferRequest, infer as run_infer, load_tuned
-    from solrl_core.prompts import load_prompts
     from solrl_cli.display import TerminalDisplay
 
     with user_errors():
@@ -203,11 +196,8 @@ def infer(
             cfg = set_value(cfg, assignment)
         if device:
             cfg = from_dict({"run": {"device": device}}, cfg, source="--device")
-        if prompt and prompts:
-            raise SolrlError("both --prompt and --prompts given", "use one: --prompt TEXT (repeatable) or --prompts FILE_OR_SET")
-        texts = [p for p in (prompt or []) if p.strip()] or load_prompts(prompts or cfg.run.eval_prompts or cfg.run.prompts)
-        stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-        out_dir = out or (run / "infer" / stamp if run is not None else Path("runs") / f"infer-{stamp}")
+        texts = _prompt_texts(prompt, prompts, cfg.run.eval_prompts or cfg.run.prompts)
+        out_dir = _output_folder(out, run, "infer")
         req = InferRequest(prompts=texts, seeds=list(range(seed, seed + seeds)), weights=("base", *tuned) if ckpt else ("base",),
                            steps=steps or cfg.sampler.eval_steps, out_dir=Path(out_dir), grid=grid)
         console.print(f"[bold]solrl infer[/bold]  {ckpt or cfg.model.name + ' (base)'}  {len(texts)} prompts x {seeds} seeds  "
@@ -400,11 +390,7 @@ def rank_check(
 
 def _tool_setup(kind, run, prompt, prompts, model, model_path, reward, checkpoint, out, sets, device, explore_precision, flags):  # type: ignore[no-untyped-def]
     """Config, checkpoint, prompts and output folder shared by explore and rank-check."""
-    import datetime as dt
-
     from solrl_core.config import from_dict, set_value
-    from solrl_core.errors import SolrlError
-    from solrl_core.prompts import load_prompts
 
     cfg, ckpt = _model_and_checkpoint(run, model, model_path, checkpoint)
     cfg = _override_rewards(cfg, reward)
@@ -414,12 +400,25 @@ def _tool_setup(kind, run, prompt, prompts, model, model_path, reward, checkpoin
     flags["run"] = {"device": device} if device else {}
     flags["explore"] = {**flags.get("explore", {}), **({"precision": explore_precision} if explore_precision else {})}
     cfg = from_dict(flags, cfg, source="command-line flags").validate()
+    return cfg, ckpt, _prompt_texts(prompt, prompts, cfg.run.prompts), _output_folder(out, run, kind)
+
+
+def _prompt_texts(prompt: Optional[list[str]], prompts: Optional[str], default: str) -> list[str]:
+    """The --prompt texts, else the --prompts file or set, else `default` (a prompt set or file)."""
+    from solrl_core.errors import SolrlError
+    from solrl_core.prompts import load_prompts
+
     if prompt and prompts:
         raise SolrlError("both --prompt and --prompts given", "use one: --prompt TEXT (repeatable) or --prompts FILE_OR_SET")
-    texts = [p for p in (prompt or []) if p.strip()] or load_prompts(prompts or cfg.run.prompts)
+    return [p for p in (prompt or []) if p.strip()] or load_prompts(prompts or default)
+
+
+def _output_folder(out: Optional[Path], run: Optional[Path], kind: str) -> Path:
+    """--out, else RUN/<kind>/<time> for a run, else runs/<kind>-<time>."""
+    import datetime as dt
+
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out_dir = out or (run / kind / stamp if run is not None else Path("runs") / f"{kind.replace('_', '-')}-{stamp}")
-    return cfg, ckpt, texts, Path(out_dir)
+    return Path(out or (run / kind / stamp if run is not None else Path("runs") / f"{kind.replace('_', '-')}-{stamp}"))
 
 
 def _reward_set(cfg):  # type: ignore[no-untyped-def]

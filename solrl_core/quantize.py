@@ -35,6 +35,7 @@ class _QuantizedGemm(nn.Module):
 
     PRECISION = ""  # the explore precision this wrapper implements
     LAYER_KIND = ""  # "linear" | "conv1x1"
+    CACHES: tuple[str, ...] = ()  # the buffers `requantize` fills
     weight: nn.Parameter
     bias: nn.Parameter | None
 
@@ -45,13 +46,12 @@ class _QuantizedGemm(nn.Module):
         object.__setattr__(self, "_wrapped", module)
         self.register_parameter("weight", module.weight)
         self.register_parameter("bias", module.bias)
-        self._register_caches()
+        for dim in ("in_features", "out_features", "in_channels", "out_channels"):
+            if hasattr(module, dim):
+                setattr(self, dim, getattr(module, dim))
+        for name in self.CACHES:  # not persistent: derived from `weight`, never saved or loaded
+            self.register_buffer(name, torch.empty(0), persistent=False)
         self.requantize()
-
-    def _register_caches(self) -> None:
-        """Register the non-persistent buffers `requantize` fills (caches derived from `weight`,
-        never saved or loaded)."""
-        raise NotImplementedError
 
     @property
     def wrapped(self) -> nn.Module:
@@ -80,10 +80,8 @@ class _QuantizedGemm(nn.Module):
 
 class _EmulatedNVFP4(_QuantizedGemm):
     PRECISION = "nvfp4-emulated"
+    CACHES = ("weight_q",)
     weight_q: Tensor
-
-    def _register_caches(self) -> None:
-        self.register_buffer("weight_q", torch.empty(0), persistent=False)
 
     @torch.no_grad()
     def requantize(self) -> None:
@@ -95,11 +93,6 @@ class EmulatedNVFP4Linear(_EmulatedNVFP4):
     """nn.Linear with NVFP4 weight (16x16 tiles) and input (1x16 blocks); bias stays as is."""
 
     LAYER_KIND = "linear"
-
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__(linear)
-        self.in_features = linear.in_features
-        self.out_features = linear.out_features
 
     def forward(self, x: Tensor) -> Tensor:
         return F.linear(fake_quantize_1d(x), self.weight_q, self.bias)
@@ -114,11 +107,6 @@ class EmulatedNVFP4Conv1x1(_EmulatedNVFP4):
 
     LAYER_KIND = "conv1x1"
 
-    def __init__(self, conv: nn.Conv2d) -> None:
-        super().__init__(conv)
-        self.in_channels = conv.in_channels
-        self.out_channels = conv.out_channels
-
     def forward(self, x: Tensor) -> Tensor:
         x_q = fake_quantize_1d(x.movedim(-3, -1)).movedim(-1, -3)
         return F.conv2d(x_q, self.weight_q, self.bias)
@@ -129,13 +117,10 @@ class _Fp8(_QuantizedGemm):
     e4m3 input with one scale per row, computed on every call."""
 
     PRECISION = "fp8"
+    CACHES = ("weight_q", "weight_scale")
     weight_q: Tensor
     weight_scale: Tensor
     rowwise: bool
-
-    def _register_caches(self) -> None:
-        self.register_buffer("weight_q", torch.empty(0), persistent=False)
-        self.register_buffer("weight_scale", torch.empty(0), persistent=False)
 
     @torch.no_grad()
     def requantize(self) -> None:
@@ -152,11 +137,6 @@ class Fp8Linear(_Fp8):
 
     LAYER_KIND = "linear"
 
-    def __init__(self, linear: nn.Linear) -> None:
-        super().__init__(linear)
-        self.in_features = linear.in_features
-        self.out_features = linear.out_features
-
     def forward(self, x: Tensor) -> Tensor:
         return fp8.linear(x, self.weight_q, self.weight_scale, self.bias, self.rowwise)
 
@@ -165,11 +145,6 @@ class Fp8Conv1x1(_Fp8):
     """1x1 nn.Conv2d through an FP8 GEMM over channels (one input scale per pixel)."""
 
     LAYER_KIND = "conv1x1"
-
-    def __init__(self, conv: nn.Conv2d) -> None:
-        super().__init__(conv)
-        self.in_channels = conv.in_channels
-        self.out_channels = conv.out_channels
 
     def forward(self, x: Tensor) -> Tensor:
         y = fp8.linear(x.movedim(-3, -1), self.weight_q, self.weight_scale, self.bias, self.rowwise)
