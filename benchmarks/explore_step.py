@@ -15,7 +15,9 @@ model presets' quant_skip):
 With --compile each backend is also timed torch.compile'd (fuses the input quantization). It also
 times the explore copy's refresh (load the merged weights, re-quantize), the per-iteration cost the
 paper puts at about 2%, and prints it next to one iteration's explore forwards (derived: step time x
-preview steps x N seeds / batch, for one prompt group).
+preview steps x N seeds / batch, for one prompt group). Each backend's output is also compared with
+the bf16 output on the same inputs (relative RMS error): a check that its kernels compute the right
+thing on this device, not a quality figure.
 
     python benchmarks/explore_step.py                          # SANA and FLUX, on the GPU
     python benchmarks/explore_step.py --models sana --compile --json /tmp/step.json
@@ -112,6 +114,11 @@ def time_call(fn: Callable[[], object], device: torch.device, warmup: int, repea
     return statistics.median(times)
 
 
+def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
+    """||out - reference|| / ||reference||, in fp32."""
+    return float((out.float() - reference).norm() / reference.norm().clamp(min=1e-12))
+
+
 def apply_backend(net: nn.Module, backend: str, skip: tuple[str, ...]) -> str:
     """Turn `net` (bf16, unwrapped) into `backend` in place; a one-line description of what changed."""
     if backend == "bf16":
@@ -136,6 +143,8 @@ def measure(model: str, args: argparse.Namespace, device: torch.device) -> list[
     params = sum(p.numel() for p in net.parameters())
     x = inputs(args.batch)
     state = net.state_dict()  # the same tensors: refresh copies them onto themselves
+    with torch.no_grad():
+        reference = net(**x)[0].float()
     rows = []
     print(f"\n{model}: {params / 1e9:.2f}B parameters, batch {args.batch}, {args.size} config, on {device_name(device)}", flush=True)
     # One model, re-wrapped in place per backend (two copies of FLUX-12B would not fit); torchao's
@@ -151,7 +160,7 @@ def measure(model: str, args: argparse.Namespace, device: torch.device) -> list[
         try:
             what = apply_backend(net, backend, skip)
         except Exception as exc:  # noqa: BLE001 - one backend failing must not hide the others
-            print(f"  {backend:<16} failed to build: {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
+            print(f"  {backend:<26} failed to build: {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
             continue
         for compiled in ((False, True) if args.compile else (False,)):
             fn = torch.compile(net) if compiled else net
@@ -159,11 +168,12 @@ def measure(model: str, args: argparse.Namespace, device: torch.device) -> list[
             try:
                 with torch.no_grad():
                     seconds = time_call(lambda fn=fn: fn(**x), device, args.warmup, args.repeats)
+                    error = relative_error(fn(**x)[0], reference)
             except Exception as exc:  # noqa: BLE001
                 print(f"  {label:<26} failed: {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
                 continue
-            rows.append(dict(model=model, backend=backend, compiled=compiled, seconds=seconds, layers=what))
-            print(f"  {label:<26} {seconds * 1e3:9.2f} ms/step   ({what})", flush=True)
+            rows.append(dict(model=model, backend=backend, compiled=compiled, seconds=seconds, rel_error=error, layers=what))
+            print(f"  {label:<26} {seconds * 1e3:9.2f} ms/step   error vs bf16 {100 * error:6.2f}%   ({what})", flush=True)
         if backend in ("fp8", "nvfp4-emulated"):
             def refresh() -> None:
                 net.load_state_dict(state, strict=False)

@@ -48,7 +48,7 @@ def linear(x: Tensor, weight_q: Tensor, weight_scale: Tensor, bias: Tensor | Non
     """F.linear with an FP8 GEMM: `weight_q` (out, in) e4m3 row-major and `weight_scale` (1, out)
     (or (1, 1)) from `quantize(weight, rowwise)`, the input quantized here, the result in x's dtype."""
     lead, k = x.shape[:-1], x.shape[-1]
-    x2 = x.reshape(-1, k)
+    x2 = x.reshape(-1, k).contiguous()  # CUDA's FP8 GEMM takes a row-major first operand only
     x_q, x_scale = quantize(x2, rowwise)
     # CUDA's row-wise kernel writes bf16 only; the CPU kernel writes fp32 (exact reference numerics).
     out_dtype = torch.bfloat16 if x.is_cuda else torch.float32

@@ -32,10 +32,13 @@ def test_every_backend_steps_and_refreshes_at_tiny_size(explore_step, tmp_path, 
         assert set(steps) == {"bf16", "fp8", "nvfp4-emulated"}
         assert all(r["seconds"] > 0 for r in steps.values())
         assert steps["fp8"]["layers"].startswith("quantized ") and steps["bf16"]["layers"] == "bf16 weights and GEMMs"
+        # The output check: bf16 against itself is exact; FP8 (8 bits) lands closer to it than NVFP4 (4 bits).
+        assert steps["bf16"]["rel_error"] == 0.0
+        assert 0.0 < steps["fp8"]["rel_error"] < steps["nvfp4-emulated"]["rel_error"] < 0.5
         refresh = {r["backend"] for r in rows if r["model"] == model and "refresh_seconds" in r}
         assert refresh == {"fp8", "nvfp4-emulated"}
     text = capsys.readouterr().out
-    assert "speed-up over eager bf16" in text and "fp8 refresh" in text
+    assert "speed-up over eager bf16" in text and "fp8 refresh" in text and "error vs bf16" in text
 
 
 def test_real_sizes_on_a_cpu_are_refused(explore_step):
