@@ -5,8 +5,9 @@ nn.Conv2d (SANA's GLUMBConv feed-forward in diffusers is built from 1x1 convs, s
 swap would leave its MLP in high precision), is wrapped for one explore precision:
 - `nvfp4-emulated`: the weight is fake-quantized once (16x16 tiles) and the input on every call
   (1x16 blocks along the reduction dim), see `solrl_core.nvfp4`: exact NVFP4 numerics, anywhere.
-- `fp8`: real E4M3 GEMMs through `torch._scaled_mm`, see `solrl_core.fp8`. Embedders, the patch embed and the final layer
-are left alone by name, as the official explore model does, and every decision is reported.
+- `fp8`: real E4M3 GEMMs through `torch._scaled_mm`, see `solrl_core.fp8`.
+Embedders, the patch embed and the final layer are left alone by name, as the official explore
+model does, and every decision is reported.
 
 The wrappers register the wrapped layer's own Parameter objects under the same names, so
 `state_dict()` keys are unchanged and weights can be loaded into the copy as before; call
@@ -156,7 +157,6 @@ WRAPPERS: dict[str, tuple[type[_QuantizedGemm], type[_QuantizedGemm]]] = {
     "nvfp4-emulated": (EmulatedNVFP4Linear, EmulatedNVFP4Conv1x1),
     "fp8": (Fp8Linear, Fp8Conv1x1),
 }
-
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from solrl_core.models.base import Conditioning, DiffusionModel
-from solrl_core.quantize import QuantReport, quantize_model, requantize
+from solrl_core.hardware import IMPLEMENTED_EXPLORE
+from solrl_core.quantize import WRAPPERS, QuantReport, quantize_model, requantize
 from solrl_core.rewards import RewardSet
 from solrl_core.sampler import noise_for_seeds, sample
 
@@ -44,7 +45,7 @@ class RolloutCopy:
 
     def __init__(self, module: nn.Module, precision: str, quant_skip: tuple[str, ...], compile: bool = False) -> None:
         """Takes ownership of `module` (a copy of the base transformer, without adapters)."""
-        if precision not in ("nvfp4-emulated", "fp8", "bf16", "fp32"):
+        if precision not in IMPLEMENTED_EXPLORE:
             raise ValueError(f"no rollout backend for precision {precision!r} (hardware.require_explore_precision says why)")
         self.precision = precision
         self.module = module.requires_grad_(False).eval()
@@ -52,7 +53,7 @@ class RolloutCopy:
             self.module.to({"bf16": torch.bfloat16, "fp32": torch.float32}[precision])
         self.dtype = next(self.module.parameters()).dtype  # nvfp4-emulated and fp8 compute in the base dtype
         self.report: QuantReport | None = None
-        if precision in ("nvfp4-emulated", "fp8"):
+        if precision in WRAPPERS:
             self.report = quantize_model(self.module, quant_skip, precision)
         self.forward: nn.Module = torch.compile(self.module) if compile else self.module
 
