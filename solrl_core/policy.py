@@ -3,6 +3,11 @@
 `default` is trained; `old` is the lagged rollout policy (old <- d*old + (1-d)*default after each
 step); the reference policy is the base with adapters disabled. One base, no full copies, so a
 12B model fits once. An EMA of `default` is kept for evaluation only.
+
+The adapters are fp32 whatever the base dtype, as the official code gets them from peft's
+`get_peft_model` / `add_adapter` (`autocast_adapter_dtype=True`): so are the EMA and AdamW's moments.
+In bf16 a LoRA weight's rounding step is about as large as one Adam step at lr 3e-4, so bf16 adapters
+would lose most updates. The base stays in the run dtype; autocast runs the mixed matmuls.
 """
 
 from __future__ import annotations
@@ -14,7 +19,7 @@ from typing import Iterator
 
 import torch
 from peft import LoraConfig
-from peft.tuners.tuners_utils import BaseTunerLayer
+from peft.tuners.tuners_utils import BaseTunerLayer, cast_adapter_dtype
 from peft.utils import get_peft_model_state_dict
 from torch import nn
 
@@ -37,6 +42,8 @@ class Policy:
                 warnings.simplefilter("ignore", UserWarning)
                 transformer.add_adapter(self.lora_config, adapter_name=TRAINED)
                 transformer.add_adapter(self.lora_config, adapter_name=OLD)
+            for name in (TRAINED, OLD):  # diffusers' add_adapter creates them in the base dtype; peft's own cast
+                cast_adapter_dtype(transformer, name, autocast_adapter_dtype=True)
         except ValueError as exc:
             raise SolrlError(f"LoRA targets {list(cfg.lora_targets)} match no module of the model: {exc}",
                              "set model.lora_targets to module-name suffixes of the transformer") from exc
@@ -129,11 +136,13 @@ class Policy:
 
     @torch.no_grad()
     def merged_weights(self, adapter: str = OLD) -> dict[str, torch.Tensor]:
-        """Base weight + scale * B @ A of every adapted layer, keyed as in the plain base model."""
+        """Base weight + scale * B @ A of every adapted layer, keyed as in the plain base model, summed
+        in fp32 and returned in the base weight's dtype."""
         out = {}
         for name, module in self.transformer.named_modules():
             if isinstance(module, BaseTunerLayer) and adapter in module.lora_A:
-                out[f"{name}.weight"] = module.get_base_layer().weight + module.get_delta_weight(adapter)
+                base = module.get_base_layer().weight
+                out[f"{name}.weight"] = (base.float() + module.get_delta_weight(adapter).float()).to(base.dtype)
         return out
 
     def save_lora(self, directory: str | Path, adapter: str = TRAINED) -> Path:

@@ -14,17 +14,35 @@ each rank takes its slice, and the rewards are all-gathered before advantages, s
 health and logged stats, so a run on W processes computes what one process would (to float
 rounding). LoRA gradients are averaged over ranks before clipping; rank 0 alone writes and speaks.
 
-Where this differs from the official NVlabs/Sana sol_rl code, and why:
+Checked line by line against the official code (NVlabs/Sana train_scripts/sol_rl/train_sana.py,
+train_sd3.py, train_flux1.py, train_utils.py, configs/sol_rl/): the loss, the advantages, the trained
+timesteps, the selection, the ODE samplers, the sigma grids, the prompt encodings, the quantized-layer
+rule, fp32 adapters under bf16 autocast, the grad clips (SD3 0.002, SANA and FLUX 1.0) and the
+old-policy decay and EMA schedules (counted with the step just taken, as the official `global_step`
+after its increment) are the official ones. Where this differs from it, and why:
 - The explore copy is quantized with real 16-element NVFP4 block scaling (emulated exactly in torch,
-  2D 16x16 weight tiles, 1D activation blocks), not the per-tensor FP8 E2M1 `DelayedScaling`
-  recipe the official code builds; SANA's 1x1-conv feed-forward is quantized too.
+  2D 16x16 weight tiles, 1D activation blocks) or real FP8 GEMMs, not the per-tensor FP8 E2M1
+  `DelayedScaling` recipe the official code builds (which is not NVFP4). Its layer set is the
+  official one (name skips, then max(in, out) <= nvfp4_min_dim). The official SANA is a native
+  checkpoint with a Linear feed-forward and fused projections; diffusers' SANA has a 1x1-conv
+  feed-forward (quantized as the linear it is) and split q/k/v: the size rule is applied to the
+  official fused shape (`model.quant_fused`), so the same layers are quantized.
+- LoRA on SANA adapts diffusers' split attn1.to_q/to_k/to_v and attn2.to_k/to_v, where the official
+  code puts one adapter on the fused attn.qkv and cross_attn.kv_linear (about 1.5x the adapter
+  parameters here, and a different low-rank parametrization). diffusers' SANA has no fused-projection
+  path (its linear-attention processor reads the split layers), and the saved LoRA must load through
+  `SanaPipeline.load_lora_weights`. SD3 and FLUX are diffusers models in the official code too: same
+  targets there.
 - Every random draw (prompts, noise seeds, selection, train timesteps, training noise) derives from
   (run seed, iteration), so a resumed run repeats an uninterrupted one exactly, on any number of GPUs.
 - The update's gradient is the mean over every (sample, train timestep) pair of the iteration; with
   micro-batches of unequal size it does not over-weight the samples of the last, smaller one.
 - Stage-1 draft rewards are kept and reported next to Stage-2 rewards; the official code drops them.
 - Full-precision rollouts run on the policy with its `old` adapter active rather than a merged
-  copy (one copy of a large model in memory); only the explore and compiled copies are separate.
+  compiled copy (one copy of a large model in memory); only the explore and compiled copies are
+  separate.
+- `model.prompt_instruction` (off, as the official code) can prefix SANA prompts with the complex
+  human instruction that SanaPipeline.__call__ adds by default.
 """
 
 from __future__ import annotations
@@ -243,12 +261,12 @@ def _rollout(session: Session, prompts: list[str], groups: torch.Tensor, seeds: 
     sampler = session.config.sampler
     copy_ = session.explore_copy
     if explore and copy_ is not None:
-        network, dtype = contextlib.nullcontext(copy_.forward), copy_.dtype
+        network, dtype, cast = contextlib.nullcontext(copy_.forward), copy_.dtype, contextlib.nullcontext()
     else:
-        network, dtype = session.policy.use(OLD), session.dtype
-    with network as net:
+        network, dtype, cast = session.policy.use(OLD), session.dtype, _autocast(session)
+    with network as net, cast:
         return rollout(session.model, net, prompts, groups, seeds, session.conditioning(prompts),
-                       sigma_grid(steps, sampler.shift), session.rewards, sampler.rollout_batch, sampler.solver, dtype)
+                       sigma_grid(steps, sampler.shift, sampler.sigma_grid), session.rewards, sampler.rollout_batch, sampler.solver, dtype)
 
 
 def update(session: Session, batch: RolloutBatch, rng: np.random.Generator, scores: GlobalScores | None = None) -> dict[str, float]:
@@ -317,15 +335,18 @@ def update(session: Session, batch: RolloutBatch, rng: np.random.Generator, scor
 
 
 def sync(session: Session) -> float:
-    """After the step: old <- d*old + (1-d)*new, EMA, explore copy refreshed. Returns d."""
+    """After the step: old <- d*old + (1-d)*new, EMA, explore copy refreshed. Returns d.
+
+    Both schedules count the optimizer step just taken (1 after the first), as the official code's
+    `return_decay(global_step)` and `ema.step(params, global_step)` do after its increment."""
     alg = session.config.algorithm
+    session.step += 1
     step = session.step
     decay = min(alg.old_decay_rate * step, alg.old_decay_max)
     session.policy.update_old(decay)
     session.policy.update_ema(min((1 + step) / (10 + step), alg.ema_max_decay))
     if session.explore_copy is not None:
         session.explore_copy.refresh(session.policy.merged_weights(OLD))
-    session.step += 1
     return decay
 
 
@@ -357,8 +378,14 @@ def _check_rewards(session: Session, bus: ev.EventBus, scores: GlobalScores) -> 
 
 
 def _autocast(session: Session) -> contextlib.AbstractContextManager:
-    if session.device.type == "cuda" and session.dtype == torch.bfloat16:
-        return torch.autocast("cuda", dtype=torch.bfloat16)
+    """bf16 autocast around the policy's forwards when the base is bf16 (the adapters are fp32), on
+    CUDA and on a CPU alike, so the bf16 path runs the same way in the CPU test suite."""
+    return autocast(session.device, session.dtype)
+
+
+def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    if dtype == torch.bfloat16:
+        return torch.autocast(device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 
