@@ -4,7 +4,8 @@ Builds random-init transformers with the published configurations of SANA-1.6B (
 32x32x32, 300 caption tokens) and FLUX.1-dev 12B (512 px, 1024 image + 512 text tokens), in bf16
 on the GPU, and times one transformer forward (one denoising step) at the official rollout batch
 (24) per backend, through the same wrappers the explore copy uses (`solrl_core/quantize.py`, the
-model presets' quant_skip):
+model presets' layer rule: the official skip names and min-dim; at --size tiny the min-dim is scaled
+by the tiny width over the real one, so the same layers are quantized):
 
     bf16            the reference
     fp8             solrl's fp8 explore copy: e4m3 GEMMs through torch._scaled_mm, row-wise scales
@@ -29,6 +30,7 @@ Random weights: speed only, nothing here is a quality measurement.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -41,7 +43,7 @@ from _common import device_name  # benchmarks/ is on sys.path when a script runs
 from torch import nn
 
 from solrl_core.presets import resolve_config
-from solrl_core.quantize import quantize_model, requantize, unwrap_model
+from solrl_core.quantize import LayerRule, plan_layers, quantize_model, requantize, unwrap_model
 
 # Published transformer configurations (the hub's transformer/config.json), and tiny ones with the
 # same structure for a CPU smoke run.
@@ -119,26 +121,38 @@ def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
     return float((out.float() - reference).norm() / reference.norm().clamp(min=1e-12))
 
 
-def apply_backend(net: nn.Module, backend: str, skip: tuple[str, ...]) -> str:
+def hidden_width(config: dict) -> int:
+    return config["num_attention_heads"] * config["attention_head_dim"]
+
+
+def layer_rule(model: str, size: str) -> LayerRule:
+    """The model preset's rule; at tiny size its min-dim scaled to the tiny width."""
+    rule = LayerRule.of(resolve_config(PRESET[model], "sol_rl").model)
+    if size == "real":
+        return rule
+    ratio = hidden_width(CONFIGS[(model, "tiny")]) / hidden_width(CONFIGS[(model, "real")])
+    return dataclasses.replace(rule, min_dim=round(rule.min_dim * ratio))
+
+
+def apply_backend(net: nn.Module, backend: str, rule: LayerRule) -> str:
     """Turn `net` (bf16, unwrapped) into `backend` in place; a one-line description of what changed."""
     if backend == "bf16":
         return "bf16 weights and GEMMs"
     if backend in ("fp8", "nvfp4-emulated"):
-        return quantize_model(net, skip, backend).summary()
+        return quantize_model(net, rule, backend).summary()
     from torchao.quantization import (
         Float8DynamicActivationFloat8WeightConfig,
         PerRow,
         quantize_,
     )
 
-    names = [n for n, m in net.named_modules() if isinstance(m, nn.Linear) and not any(p in n for p in skip)
-             and m.in_features % 16 == 0 and m.out_features % 16 == 0]
+    names = {e.name for e in plan_layers(net, rule) if e.quantized and e.kind == "linear"}
     quantize_(net, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()), filter_fn=lambda m, n: n in names)
     return f"torchao float8 (per row) on {len(names)} nn.Linear layers"
 
 
 def measure(model: str, args: argparse.Namespace, device: torch.device) -> list[dict]:
-    skip = tuple(resolve_config(PRESET[model], "sol_rl").model.quant_skip)
+    rule = layer_rule(model, args.size)
     net, inputs = build(model, args.size, device, torch.bfloat16)
     params = sum(p.numel() for p in net.parameters())
     x = inputs(args.batch)
@@ -158,7 +172,7 @@ def measure(model: str, args: argparse.Namespace, device: torch.device) -> list[
                 continue
         unwrap_model(net)
         try:
-            what = apply_backend(net, backend, skip)
+            what = apply_backend(net, backend, rule)
         except Exception as exc:  # noqa: BLE001 - one backend failing must not hide the others
             print(f"  {backend:<26} failed to build: {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
             continue

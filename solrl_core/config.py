@@ -21,6 +21,7 @@ SELECTION_MODES = ("best_worst", "random", "mean_deviation", "extremes_random")
 EXPLORE_PRECISIONS = ("auto", "nvfp4", "fp8", "nvfp4-emulated", "bf16", "fp32")
 DTYPES = ("auto", "bf16", "fp32")
 SOLVERS = ("euler", "dpm2")
+SIGMA_GRIDS = ("linspace", "scheduler")
 AGGREGATIONS = ("sum", "advantage")
 
 
@@ -51,6 +52,13 @@ class ModelConfig:
         ("patch_embed", "time_embed", "caption_projection", "caption_norm", "proj_out", "norm_out"),
         "Module-name substrings never quantized in the explore copy (embedders, final layer).",
     )
+    quant_min_dim: int = _f(0, "Layers with max(in, out) <= this stay in high precision in the explore copy (the official "
+                               "nvfp4_min_dim: SANA 2240, SD3.5-L 2432, FLUX.1 1000); 0 = no size rule.")
+    quant_fused: tuple[str, ...] = _f((), "Groups of sibling projections the official model holds as one fused layer, as "
+                                          "'a+b' suffixes (SANA: attn2.to_k+attn2.to_v is cross_attn.kv_linear): the size "
+                                          "rule sees the group's summed output width.")
+    prompt_instruction: bool = _f(False, "SANA: prefix prompts with SanaPipeline's complex human instruction (diffusers' "
+                                         "default); the official Sol-RL code encodes prompts without it.")
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,9 @@ class SamplerConfig:
     steps: int = _f(10, "Full rollout steps (Stage 2, and every rollout of the non-explore families).")
     solver: str = _f("euler", "ODE solver on the sigma grid: euler, or dpm2 (DPM-Solver++(2M), the official SD3/FLUX sampler).")
     shift: float = _f(1.0, "Sigma shift s: sigma' = s*sigma / (1 + (s-1)*sigma); 1.0 = plain linspace(1, 0).")
+    sigma_grid: str = _f("linspace", "How the sigma grid is built: linspace (linspace(1, 1/n) then shifted: the SANA and "
+                                     "FLUX pipelines) or scheduler (FlowMatchEulerDiscreteScheduler.set_timesteps with a "
+                                     "static shift, whose last sigma is shift(shift(1/1000)): the SD3/3.5 pipelines).")
     guidance: float = _f(1.0, "Classifier-free guidance scale; 1.0 = CFG off (the official setting).")
     rollout_batch: int = _f(24, "Samples generated per forward batch.")
     eval_steps: int = _f(40, "Steps of evaluation rollouts (official: 40 SANA/SD3, 28 FLUX).")
@@ -155,6 +166,7 @@ class Config:
         _choice("explore.precision", self.explore.precision, EXPLORE_PRECISIONS)
         _choice("run.dtype", self.run.dtype, DTYPES)
         _choice("sampler.solver", self.sampler.solver, SOLVERS)
+        _choice("sampler.sigma_grid", self.sampler.sigma_grid, SIGMA_GRIDS)
         _choice("reward.aggregation", self.reward.aggregation, AGGREGATIONS)
         if k < 2 or k % 2:
             raise SolrlError(f"selection.group_size K={k} must be an even number >= 2",
@@ -176,6 +188,12 @@ class Config:
                             ("run.eval_seeds", self.run.eval_seeds)):
             if value < 1:
                 raise SolrlError(f"{name}={value} must be at least 1", f"--set {name}=<positive integer>")
+        if self.model.quant_min_dim < 0:
+            raise SolrlError(f"model.quant_min_dim={self.model.quant_min_dim} must be >= 0", "0 turns the size rule off")
+        bad = [g for g in self.model.quant_fused if len([m for m in g.split("+") if m]) < 2]
+        if bad:
+            raise SolrlError(f"model.quant_fused entry '{bad[0]}' is not a group of two or more projections",
+                             "write each group as suffixes joined by '+', e.g. attn2.to_k+attn2.to_v")
         if not 0.0 < self.algorithm.timestep_fraction <= 1.0:
             raise SolrlError(f"algorithm.timestep_fraction={self.algorithm.timestep_fraction} must be in (0, 1]",
                              "the official values are 0.6 (SANA, SD3) and 0.4 (FLUX)")

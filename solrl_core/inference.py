@@ -19,6 +19,7 @@ from solrl_core import events as ev
 from solrl_core.config import Config
 from solrl_core.models.base import Conditioning, DiffusionModel
 from solrl_core.policy import OLD, TRAINED, Policy
+from solrl_core.quantize import LayerRule
 from solrl_core.rollout import RolloutCopy, generate
 from solrl_core.sampler import sigma_grid
 
@@ -55,7 +56,7 @@ def load_tuned(cfg: Config, checkpoint: Path | None, explore: bool = False, nume
     if explore:  # copied before the adapters are added, as a training session does
         if not numerics_only:
             require_explore_precision(explore_precision(cfg), device)
-        explore_copy = RolloutCopy(copy.deepcopy(model.transformer), explore_precision(cfg), cfg.model.quant_skip)
+        explore_copy = RolloutCopy(copy.deepcopy(model.transformer), explore_precision(cfg), LayerRule.of(cfg.model))
     policy = Policy(model.transformer, cfg.model)
     if checkpoint is not None:
         load_adapters(checkpoint, policy)
@@ -82,7 +83,7 @@ def render(loaded: Loaded, cond: Conditioning, seeds: torch.Tensor, weights: str
     """Images [B, 3, H, W] in [0, 1] for one seed per conditioning row, with `weights`."""
     sampler = loaded.config.sampler
     with loaded.policy.weights(weights) as net:
-        latents = generate(loaded.model, net, cond, seeds, sigma_grid(steps, sampler.shift), sampler.rollout_batch,
+        latents = generate(loaded.model, net, cond, seeds, sigma_grid(steps, sampler.shift, sampler.sigma_grid), sampler.rollout_batch,
                            sampler.solver, loaded.dtype)
     return decode_in_chunks(loaded.model, latents, sampler.rollout_batch)
 

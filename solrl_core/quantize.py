@@ -6,8 +6,14 @@ swap would leave its MLP in high precision), is wrapped for one explore precisio
 - `nvfp4-emulated`: the weight is fake-quantized once (16x16 tiles) and the input on every call
   (1x16 blocks along the reduction dim), see `solrl_core.nvfp4`: exact NVFP4 numerics, anywhere.
 - `fp8`: real E4M3 GEMMs through `torch._scaled_mm`, see `solrl_core.fp8`.
-Embedders, the patch embed and the final layer are left alone by name, as the official explore
-model does, and every decision is reported.
+Which layers stay in high precision is the official explore model's rule (NVlabs/Sana
+train_scripts/sol_rl/train_utils.py, `replace_linear_with_te`): a name containing one of the model's
+skip substrings (`nvfp4_skip_modules`: embedders, the final layer, SANA's self-attention qkv), then any
+layer with max(in_features, out_features) <= the model's `nvfp4_min_dim`, then (ours) a layer the
+low-precision GEMM cannot take (a conv that is not 1x1, dims not multiples of 16). diffusers splits
+projections the official SANA fuses (`cross_attn.kv_linear` is `attn2.to_k` + `attn2.to_v`): the
+size rule is applied to the fused shape, so the split layers get the fused layer's verdict. Every
+decision is reported with the rule that made it.
 
 The wrappers register the wrapped layer's own Parameter objects under the same names, so
 `state_dict()` keys are unchanged and weights can be loaded into the copy as before; call
@@ -160,6 +166,26 @@ WRAPPERS: dict[str, tuple[type[_QuantizedGemm], type[_QuantizedGemm]]] = {
 
 
 @dataclass(frozen=True)
+class LayerRule:
+    """Which layers of an explore copy stay in high precision (see the module docstring)."""
+
+    skip: tuple[str, ...] = ()  # name substrings (official nvfp4_skip_modules)
+    min_dim: int = 0  # max(in, out) <= min_dim stays (official nvfp4_min_dim); 0 = off
+    fused: tuple[str, ...] = ()  # "a+b" sibling suffixes the official model holds as one layer
+
+    @classmethod
+    def of(cls, model_cfg: Any) -> "LayerRule":
+        """The rule a model preset declares (`model.quant_skip`, `quant_min_dim`, `quant_fused`)."""
+        return cls(tuple(model_cfg.quant_skip), int(model_cfg.quant_min_dim), tuple(model_cfg.quant_fused))
+
+    def describe(self) -> str:
+        parts = [f"skip names {', '.join(self.skip) or 'none'}"]
+        if self.min_dim:
+            parts.append(f"skip max(in, out) <= {self.min_dim}" + (f" (fused: {', '.join(self.fused)})" if self.fused else ""))
+        return "; ".join(parts)
+
+
+@dataclass(frozen=True)
 class LayerEntry:
     """One Linear/Conv2d of the model and what quantize_model did with it."""
 
@@ -168,6 +194,7 @@ class LayerEntry:
     shape: tuple[int, ...]
     quantized: bool
     reason: str  # why it was skipped; "" when quantized
+    rule: str = ""  # the rule that skipped it: "name" | "min_dim" | "kernel"; "" when quantized
 
     @property
     def numel(self) -> int:
@@ -180,6 +207,7 @@ class QuantReport:
 
     entries: tuple[LayerEntry, ...]
     precision: str = "nvfp4-emulated"
+    rule: LayerRule = LayerRule()
 
     @property
     def quantized(self) -> tuple[LayerEntry, ...]:
@@ -189,23 +217,35 @@ class QuantReport:
     def skipped(self) -> tuple[LayerEntry, ...]:
         return tuple(e for e in self.entries if not e.quantized)
 
+    def skipped_by(self) -> dict[str, int]:
+        """How many layers each rule kept in high precision."""
+        out: dict[str, int] = {}
+        for e in self.skipped:
+            out[e.rule] = out.get(e.rule, 0) + 1
+        return out
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form: the precision and counts first, then one record per layer."""
+        """JSON-ready form: the precision, the rule and the counts first, then one record per layer."""
         return {
             "precision": self.precision,
+            "rule": {"skip": list(self.rule.skip), "min_dim": self.rule.min_dim, "fused": list(self.rule.fused)},
             "quantized_layers": len(self.quantized),
             "total_layers": len(self.entries),
             "quantized_weights": sum(e.numel for e in self.quantized),
             "total_weights": sum(e.numel for e in self.entries),
+            "skipped_by_rule": self.skipped_by(),
             "entries": [{**asdict(e), "shape": list(e.shape)} for e in self.entries],
         }
 
     def summary(self) -> str:
         q, total = self.quantized, self.entries
-        return (
-            f"quantized {len(q)} of {len(total)} layers "
-            f"({_count(sum(e.numel for e in q))} of {_count(sum(e.numel for e in total))} weights)"
-        )
+        text = (f"quantized {len(q)} of {len(total)} layers "
+                f"({_count(sum(e.numel for e in q))} of {_count(sum(e.numel for e in total))} weights)")
+        by = self.skipped_by()
+        if by:
+            labels = {"name": "by name", "min_dim": f"by max(in, out) <= {self.rule.min_dim}", "kernel": "not a plain GEMM"}
+            text += "; kept in high precision: " + ", ".join(f"{n} {labels.get(r, r)}" for r, n in sorted(by.items()))
+        return text
 
 
 def _count(n: int) -> str:
@@ -225,27 +265,64 @@ def _kind(module: nn.Module) -> str:
     return "conv2d"
 
 
-def _skip_reason(name: str, module: nn.Linear | nn.Conv2d, skip: Sequence[str]) -> str:
-    """Why this layer stays in high precision, or "" when it can be quantized."""
-    for pattern in skip:
+def _dims(module: nn.Module) -> tuple[int, int]:
+    """(out, in) of a Linear or a conv seen as a GEMM."""
+    return module.weight.shape[0], math.prod(module.weight.shape[1:])
+
+
+def _fused_width(name: str, layers: dict[str, nn.Module], fused: Sequence[str]) -> tuple[str, int] | None:
+    """(group, summed output width) when `name` is a member of a fused group whose siblings all exist."""
+    for group in fused:
+        members = [m for m in group.split("+") if m]
+        for member in members:
+            if name == member or name.endswith("." + member):
+                parent = name[: len(name) - len(member)]
+                siblings = [layers.get(parent + m) for m in members]
+                if all(s is not None for s in siblings):
+                    return group, sum(_dims(s)[0] for s in siblings)  # type: ignore[arg-type]
+    return None
+
+
+def _skip(name: str, module: nn.Linear | nn.Conv2d, rule: LayerRule, layers: dict[str, nn.Module]) -> tuple[str, str]:
+    """(rule, reason) this layer stays in high precision for, or ("", "") when it is quantized.
+    The official order: name patterns, then the size rule; then what our GEMMs cannot take."""
+    for pattern in rule.skip:
         if pattern and pattern in name:
-            return f"skip pattern '{pattern}'"
+            return "name", f"skip pattern '{pattern}'"
     if name == "":
-        return "the model itself is the layer"
+        return "kernel", "the model itself is the layer"
+    out_dim, in_dim = _dims(module)
+    if rule.min_dim > 0:
+        fused = _fused_width(name, layers, rule.fused)
+        width = max(in_dim, fused[1] if fused else out_dim)
+        if width <= rule.min_dim:
+            where = f" (fused {fused[0]})" if fused else ""
+            return "min_dim", f"max(in, out) = {width}{where} <= min_dim {rule.min_dim}"
     if isinstance(module, nn.Conv2d):
         kh, kw = module.kernel_size
         if (kh, kw) != (1, 1):
-            return f"conv kernel {kh}x{kw}"
+            return "kernel", f"conv kernel {kh}x{kw}"
         if module.groups != 1:
-            return f"grouped conv (groups={module.groups})"
+            return "kernel", f"grouped conv (groups={module.groups})"
         if tuple(module.stride) != (1, 1):
-            return f"conv stride {module.stride[0]}x{module.stride[1]}"
+            return "kernel", f"conv stride {module.stride[0]}x{module.stride[1]}"
         if tuple(module.padding) != (0, 0) or module.padding_mode != "zeros":
-            return "conv padding"
-    out_dim, in_dim = module.weight.shape[0], math.prod(module.weight.shape[1:])
+            return "kernel", "conv padding"
     if out_dim % BLOCK or in_dim % BLOCK:
-        return f"shape not divisible by {BLOCK}"
-    return ""
+        return "kernel", f"shape not divisible by {BLOCK}"
+    return "", ""
+
+
+def plan_layers(model: nn.Module, rule: LayerRule) -> list[LayerEntry]:
+    """What `quantize_model` would do with each Linear / Conv2d of `model`, changing nothing (works
+    on the meta device, so a real-size model's layer set can be checked without its weights)."""
+    layers = {name: (m.wrapped if isinstance(m, _QuantizedGemm) else m) for name, m in model.named_modules()
+              if isinstance(m, (_QuantizedGemm, nn.Linear, nn.Conv2d))}
+    entries = []
+    for name, layer in layers.items():
+        which, reason = _skip(name, layer, rule, layers)
+        entries.append(LayerEntry(name, _kind(layer), tuple(layer.weight.shape), not which, reason, which))
+    return entries
 
 
 def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
@@ -253,40 +330,28 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent_name), child, module)
 
 
-def quantize_model(model: nn.Module, skip: Sequence[str], precision: str = "nvfp4-emulated") -> QuantReport:
+def quantize_model(model: nn.Module, skip: Sequence[str] | LayerRule, precision: str = "nvfp4-emulated") -> QuantReport:
     """Wrap every eligible Linear and 1x1 Conv2d of `model` in place for `precision` (a key of
     WRAPPERS); report on all of them.
 
-    A layer is eligible when its qualified name contains none of the `skip` substrings and its
-    weight's out and in dims are divisible by 16. Safe to call again: existing wrappers of this
-    precision are kept, others are swapped, and layers a `skip` pattern now names are unwrapped;
-    nothing is ever wrapped twice.
+    `skip` is the model's LayerRule (or, for a name-only rule, its skip substrings). Safe to call
+    again: existing wrappers of this precision are kept, others are swapped, and layers the rule now
+    skips are unwrapped; nothing is ever wrapped twice.
     """
     if precision not in WRAPPERS:
         raise ValueError(f"no quantized layers for precision {precision!r}; known: {', '.join(WRAPPERS)}")
-    if isinstance(skip, str):
-        skip = (skip,)
+    rule = skip if isinstance(skip, LayerRule) else LayerRule(skip=(skip,) if isinstance(skip, str) else tuple(skip))
     linear_cls, conv_cls = WRAPPERS[precision]
-    entries: list[LayerEntry] = []
-    for name, module in list(model.named_modules()):
-        if isinstance(module, _QuantizedGemm):
-            if module.PRECISION == precision:
-                layer: nn.Module = module
-            else:
-                layer = module.wrapped
-                _set_submodule(model, name, layer)
-        elif isinstance(module, (nn.Linear, nn.Conv2d)):
-            layer = module
-        else:
-            continue
-        original = layer.wrapped if isinstance(layer, _QuantizedGemm) else layer
-        reason = _skip_reason(name, original, skip)
-        if reason and layer is not original:
-            _set_submodule(model, name, original)
-        elif not reason and layer is original:
-            _set_submodule(model, name, (linear_cls if isinstance(original, nn.Linear) else conv_cls)(original))
-        entries.append(LayerEntry(name, _kind(original), tuple(original.weight.shape), not reason, reason))
-    return QuantReport(tuple(entries), precision)
+    entries = plan_layers(model, rule)
+    for entry in entries:
+        current = model.get_submodule(entry.name) if entry.name else model
+        original = current.wrapped if isinstance(current, _QuantizedGemm) else current
+        if not entry.quantized:
+            if current is not original:
+                _set_submodule(model, entry.name, original)
+        elif not (isinstance(current, _QuantizedGemm) and current.PRECISION == precision):
+            _set_submodule(model, entry.name, (linear_cls if isinstance(original, nn.Linear) else conv_cls)(original))
+    return QuantReport(tuple(entries), precision, rule)
 
 
 def unwrap_model(model: nn.Module) -> None:

@@ -16,7 +16,7 @@ from torch import nn
 
 from solrl_core.models.base import Conditioning, DiffusionModel
 from solrl_core.hardware import IMPLEMENTED_EXPLORE
-from solrl_core.quantize import WRAPPERS, QuantReport, quantize_model, requantize
+from solrl_core.quantize import WRAPPERS, LayerRule, QuantReport, quantize_model, requantize
 from solrl_core.rewards import RewardSet
 from solrl_core.sampler import noise_for_seeds, sample
 
@@ -43,7 +43,7 @@ class RolloutBatch:
 class RolloutCopy:
     """A merged, frozen copy of the base transformer at a rollout precision."""
 
-    def __init__(self, module: nn.Module, precision: str, quant_skip: tuple[str, ...], compile: bool = False) -> None:
+    def __init__(self, module: nn.Module, precision: str, rule: LayerRule, compile: bool = False) -> None:
         """Takes ownership of `module` (a copy of the base transformer, without adapters)."""
         if precision not in IMPLEMENTED_EXPLORE:
             raise ValueError(f"no rollout backend for precision {precision!r} (hardware.require_explore_precision says why)")
@@ -54,7 +54,7 @@ class RolloutCopy:
         self.dtype = next(self.module.parameters()).dtype  # nvfp4-emulated and fp8 compute in the base dtype
         self.report: QuantReport | None = None
         if precision in WRAPPERS:
-            self.report = quantize_model(self.module, quant_skip, precision)
+            self.report = quantize_model(self.module, rule, precision)
         self.forward: nn.Module = torch.compile(self.module) if compile else self.module
 
     @torch.no_grad()

@@ -31,6 +31,7 @@ from solrl_core.policy import OLD, TRAINED, Policy
 from solrl_core.prompts import check_split, load_prompts
 from solrl_core.rewards import RewardSet
 from solrl_core.rewards.health import RewardHealth
+from solrl_core.quantize import LayerRule
 from solrl_core.rollout import RolloutCopy
 
 CONFIG_FILE = "config.toml"
@@ -174,7 +175,7 @@ def open_session(cfg: Config, resume: bool = False) -> Session:
     model = load_model(cfg.model, device, dtype)
     explore_copy = None
     if plan.explore_precision != dtype_name or plan.compiled:  # copied before the adapters are added
-        explore_copy = RolloutCopy(copy.deepcopy(model.transformer), plan.explore_precision, cfg.model.quant_skip,
+        explore_copy = RolloutCopy(copy.deepcopy(model.transformer), plan.explore_precision, LayerRule.of(cfg.model),
                                    compile=plan.compiled or cfg.explore.compile)
     policy = Policy(model.transformer, cfg.model)
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.optimizer.lr, betas=(cfg.optimizer.beta1, cfg.optimizer.beta2),
