@@ -61,7 +61,7 @@ def _score(model: DiffusionModel, policy: Policy, rewards: RewardSet, sampler: S
     flat = [p for p in prompts for _ in range(per_prompt)]
     seeds = eval_seeds(len(prompts), per_prompt)
     with policy.weights(weights) as net:
-        latents = generate(model, net, cond, seeds, sigma_grid(sampler.eval_steps, sampler.shift), sampler.rollout_batch,
+        latents = generate(model, net, cond, seeds, sigma_grid(sampler.eval_steps, sampler.shift, sampler.sigma_grid), sampler.rollout_batch,
                            sampler.solver, dtype)
     images = decode_in_chunks(model, latents, sampler.rollout_batch)
     scores = rewards(images, flat)

@@ -178,7 +178,7 @@ def check(loaded: Loaded, rewards: RewardSet, prompts: list[str], per_prompt: in
     cond = encode_each(loaded.model, prompts, per_prompt)
 
     def images(net: torch.nn.Module, dtype: torch.dtype, steps: int) -> torch.Tensor:
-        latents = generate(loaded.model, net, cond, seeds, sigma_grid(steps, smp.shift), smp.rollout_batch, smp.solver, dtype)
+        latents = generate(loaded.model, net, cond, seeds, sigma_grid(steps, smp.shift, smp.sigma_grid), smp.rollout_batch, smp.solver, dtype)
         return decode_in_chunks(loaded.model, latents, smp.rollout_batch)
 
     low, full = copy_.precision, loaded.dtype_name

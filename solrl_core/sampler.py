@@ -33,12 +33,31 @@ def noise_for_seeds(seeds: list[int] | torch.Tensor, shape: tuple[int, ...], dev
     return torch.stack(out).to(device=device, dtype=dtype)
 
 
-def sigma_grid(steps: int, shift: float = 1.0) -> torch.Tensor:
-    """steps + 1 sigmas from 1 to 0 (linspace, optionally shifted as SD3/FLUX schedulers do)."""
-    sigmas = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
-    if shift != 1.0:
-        sigmas = shift * sigmas / (1.0 + (shift - 1.0) * sigmas)
-    return sigmas.float()
+NUM_TRAIN_TIMESTEPS = 1000  # diffusers' FlowMatchEulerDiscreteScheduler default, as SD3/3.5 ship it
+
+
+def _shifted(sigmas: torch.Tensor, shift: float) -> torch.Tensor:
+    return sigmas if shift == 1.0 else shift * sigmas / (1.0 + (shift - 1.0) * sigmas)
+
+
+def sigma_grid(steps: int, shift: float = 1.0, kind: str = "linspace") -> torch.Tensor:
+    """steps + 1 sigmas from 1 to 0, built the way the model's diffusers pipeline builds them.
+
+    linspace   linspace(1, 1/steps, steps), shifted, then 0: SanaPipeline (shift 1) and FluxPipeline
+               (which passes these sigmas and shifts them by exp(mu)).
+    scheduler  FlowMatchEulerDiscreteScheduler(shift).set_timesteps(steps), as StableDiffusion3Pipeline
+               calls it: linspace(1, sigma_min, steps) with sigma_min = shift(1/1000) (the shifted
+               training grid's smallest sigma), shifted again, then 0. At shift 3 its last non-zero
+               sigma is 0.0089 for any step count, where linspace ends at shift(1/steps) (0.25 at 10).
+    """
+    if kind == "linspace":
+        sigmas = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
+        return _shifted(sigmas, shift).float()
+    if kind != "scheduler":
+        raise ValueError(f"unknown sigma grid {kind!r}")
+    sigma_min = float(_shifted(torch.tensor(1.0 / NUM_TRAIN_TIMESTEPS, dtype=torch.float64), shift))
+    sigmas = _shifted(torch.linspace(1.0, sigma_min, steps, dtype=torch.float64), shift)
+    return torch.cat([sigmas, sigmas.new_zeros(1)]).float()
 
 
 @torch.no_grad()

@@ -43,7 +43,7 @@ def explore_only(loaded: Loaded, rewards: RewardSet, prompts: list[str], n: int,
     flat = [p for p in prompts for _ in range(n)]
     seeds = seed_base + torch.arange(len(prompts) * n, dtype=torch.long)
     cond = encode_each(loaded.model, prompts, n)
-    latents = generate(loaded.model, copy_.forward, cond, seeds, sigma_grid(steps, smp.shift), smp.rollout_batch, smp.solver,
+    latents = generate(loaded.model, copy_.forward, cond, seeds, sigma_grid(steps, smp.shift, smp.sigma_grid), smp.rollout_batch, smp.solver,
                        copy_.dtype)
     images = decode_in_chunks(loaded.model, latents, smp.rollout_batch)
     scores = rewards(images, flat)

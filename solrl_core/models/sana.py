@@ -1,8 +1,10 @@
 """SANA (SanaTransformer2DModel, DC-AE, Gemma2 text encoder) as a DiffusionModel.
 
-Prompts are encoded exactly as diffusers' SanaPipeline does (its own `encode_prompt`): the
-complex human instruction prefixed, max_sequence_length 300, the first token plus the last 299 kept,
-with their attention mask. Latents are the DC-AE's `latent_channels` at resolution / 32 (for the
+Prompts are encoded by diffusers' SanaPipeline's own `encode_prompt` as the official Sol-RL code
+calls it (NVlabs/Sana diffusion/post_training/diffusers_patch/text_encode.py, `encode_sana_prompt`):
+no complex human instruction, max_sequence_length 300, with the attention mask. `model.prompt_instruction`
+prefixes the instruction that `SanaPipeline.__call__` uses by default (the first token plus the last
+299 then kept), for users who sample their model through the pipeline's defaults. Latents are the DC-AE's `latent_channels` at resolution / 32 (for the
 released models), scaled by the VAE's scaling factor as the pipeline does.
 """
 
@@ -33,7 +35,9 @@ def build_sana(parts: Components) -> DiffusionModel:
     latent_shape = (config.in_channels, side, side)
     # The pipeline object is only a holder for its prompt encoding; it owns no sampling here.
     pipe = SanaPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=None, transformer=None, scheduler=None)
-    instruction = inspect.signature(SanaPipeline.__call__).parameters["complex_human_instruction"].default
+    instruction = None
+    if parts.cfg.prompt_instruction:
+        instruction = inspect.signature(SanaPipeline.__call__).parameters["complex_human_instruction"].default
     encoders = TextEncoders([text_encoder], parts.device)
     scaling = vae.config.scaling_factor
 
