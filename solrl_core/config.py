@@ -22,6 +22,7 @@ EXPLORE_PRECISIONS = ("auto", "nvfp4", "fp8", "nvfp4-emulated", "bf16", "fp32")
 DTYPES = ("auto", "bf16", "fp32")
 SOLVERS = ("euler", "dpm2")
 SIGMA_GRIDS = ("linspace", "scheduler")
+SWITCHES = ("auto", "true", "false")  # a setting solrl decides for this machine unless told
 AGGREGATIONS = ("sum", "advantage")
 
 
@@ -71,6 +72,12 @@ class SamplerConfig:
                                      "static shift, whose last sigma is shift(shift(1/1000)): the SD3/3.5 pipelines).")
     guidance: float = _f(1.0, "Classifier-free guidance scale; 1.0 = CFG off (the official setting).")
     rollout_batch: int = _f(24, "Samples generated per forward batch.")
+    rollout_copy: str = _f("auto", "Full-precision rollouts (Stage 2, the full-precision families, the rank check) and the "
+                                   "update's v_old on a separate copy of base + old adapter merged, refreshed after each "
+                                   "step, as the official code does: auto (when the memory estimate says it fits), true, "
+                                   "false (the policy with its old adapter active: one copy of the model).")
+    compile: str = _f("auto", "torch.compile the full-precision rollout copy: auto (on CUDA), true, false. Compiled bf16 is "
+                              "the official baseline; naive_scaling with compile=false is the eager one.")
     eval_steps: int = _f(40, "Steps of evaluation rollouts (official: 40 SANA/SD3, 28 FLUX).")
 
 
@@ -78,11 +85,13 @@ class SamplerConfig:
 class ExploreConfig:
     group_size: int = _f(96, "N: seeds explored per prompt in Stage 1.")
     steps: int = _f(6, "Preview steps of the Stage-1 rollout (sol_rl).")
-    precision: str = _f("auto", "Explore precision: auto (the exact NVFP4 emulation in this version), fp8 (real E4M3 "
-                                "GEMMs, compute capability >= 8.9), nvfp4-emulated, bf16, fp32; nvfp4 (Blackwell + Transformer "
+    precision: str = _f("auto", "Explore precision: auto (on a GPU the fastest measured there: fp8 on compute capability "
+                                ">= 8.9, else the run dtype; on a CPU the exact NVFP4 emulation), fp8 (real E4M3 GEMMs, "
+                                "compute capability >= 8.9), nvfp4-emulated, bf16, fp32; nvfp4 (Blackwell + Transformer "
                                 "Engine) is detected but not run yet. Checked against this machine.")
-    compile: bool = _f(False, "torch.compile the explore copy: fuses the fp8 / emulated-NVFP4 input quantization into the "
-                              "neighbouring kernels; compiles once at start and keeps the graph across refreshes.")
+    compile: str = _f("auto", "torch.compile the explore copy (auto: on CUDA; true; false): fuses the fp8 / emulated-NVFP4 "
+                              "input quantization into the neighbouring kernels; compiles once at start and keeps the graph "
+                              "across refreshes.")
     rank_check_every: int = _f(0, "Every this many iterations, regenerate all N Stage-1 seeds of the iteration's first prompt "
                                   "at full precision and full steps, and log Spearman rho and Kendall tau (0 = off).")
 
@@ -114,6 +123,8 @@ class OptimizerConfig:
     eps: float = _f(1e-8, "AdamW epsilon.")
     grad_clip: float = _f(1.0, "Gradient-norm clip; 0 disables.")
     micro_batch: int = _f(16, "Training micro-batch (samples per forward/backward).")
+    checkpointing: str = _f("auto", "Gradient checkpointing of the trained forward: auto (on CUDA when the memory estimate "
+                                    "without it does not fit this GPU; off on a CPU), true, false.")
 
 
 @dataclass(frozen=True)
@@ -168,6 +179,9 @@ class Config:
         _choice("sampler.solver", self.sampler.solver, SOLVERS)
         _choice("sampler.sigma_grid", self.sampler.sigma_grid, SIGMA_GRIDS)
         _choice("reward.aggregation", self.reward.aggregation, AGGREGATIONS)
+        for name, value in (("sampler.rollout_copy", self.sampler.rollout_copy), ("sampler.compile", self.sampler.compile),
+                            ("explore.compile", self.explore.compile), ("optimizer.checkpointing", self.optimizer.checkpointing)):
+            _choice(name, value, SWITCHES)
         if k < 2 or k % 2:
             raise SolrlError(f"selection.group_size K={k} must be an even number >= 2",
                              "K/2 best and K/2 worst seeds are kept: use e.g. --set selection.group_size=24")
@@ -348,7 +362,9 @@ def _coerce(hint: Any, value: Any, name: str, source: str) -> Any:
                 raise TypeError
             return float(value)
         if hint is str:
-            if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            if isinstance(value, bool):  # an auto/true/false switch that an older config wrote as a TOML bool
+                return "true" if value else "false"
+            if not isinstance(value, (str, int, float)):
                 raise TypeError
             return str(value)
     except (TypeError, ValueError):

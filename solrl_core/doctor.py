@@ -481,13 +481,21 @@ def _processes(nproc: int, m: _Machine, gpu: GpuInfo | None) -> Check:
 def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
     if gpu is None:
         return Check("memory estimate", PASS, "skipped: no GPU (the run uses the CPU's memory)", "", False)
+    import torch
+
+    from solrl_core.resolve import resolve_machine
+
     precision = requested if requested in set(EXPLORE_PRECISIONS) | set(hardware.PRECISIONS) else "auto"
     dtype_name = "bf16" if cfg.run.dtype == "auto" else cfg.run.dtype
-    est = estimate_memory(cfg, precision, dtype_name)
+    asked = dataclasses.replace(cfg, explore=dataclasses.replace(cfg.explore, precision=precision))
+    machine = resolve_machine(asked, torch.device("cuda", gpu.index), dtype_name, gpu=gpu)
+    est = estimate_memory(asked, machine.explore_precision, dtype_name, machine.checkpointing, machine.rollout_copy)
     detail = (f"estimate {est.peak:.1f} GiB of {gpu.memory_gib:.0f} GiB on cuda:{gpu.index} ({model_size(cfg).label}, "
-              f"approximate): policy {est.policy:.1f} + explore copy {est.explore_copy:.1f} + vae {est.vae:.1f} + "
-              f"max(text encoders {est.text_encoders:.1f}, activations {est.activations:.1f} for micro-batch "
-              f"{cfg.optimizer.micro_batch}) + {est.overhead:.1f} overhead")
+              f"approximate): policy {est.policy:.1f} + explore copy {est.explore_copy:.1f} ({machine.explore_precision}) "
+              f"+ rollout copy {est.rollout_copy:.1f} + vae {est.vae:.1f} + max(text encoders {est.text_encoders:.1f}, "
+              f"activations {est.activations:.1f} for micro-batch {cfg.optimizer.micro_batch}, gradient checkpointing "
+              f"{'on' if machine.checkpointing else 'off'}) + {est.overhead:.1f} overhead; "
+              f"rollout copy: {machine.rollout_copy_why}")
     fix = ("lower optimizer.micro_batch (--set optimizer.micro_batch=N), use a GPU with more memory, or an explore "
            "precision with a smaller copy")
     if est.peak > gpu.memory_gib:
@@ -498,7 +506,7 @@ def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
 
 
 def _explore(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
-    from solrl_core.session import plan_stages
+    from solrl_core.resolve import auto_explore_precision
 
     requested = requested or cfg.explore.precision
     family = cfg.algorithm.family
@@ -508,9 +516,10 @@ def _explore(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
         return Check("explore precision", FAIL, f"unknown explore precision '{requested}'", f"choose one of: {', '.join(known)}",
                      True)
     dtype_name = ("bf16" if gpu is not None else "fp32") if cfg.run.dtype == "auto" else cfg.run.dtype
-    sol = dataclasses.replace(cfg, explore=dataclasses.replace(cfg.explore, precision=requested),
-                              algorithm=dataclasses.replace(cfg.algorithm, family="sol_rl"))
-    resolved = plan_stages(sol, dtype_name).explore_precision
+    if requested == "auto":
+        resolved, auto_why = auto_explore_precision(gpu, dtype_name)
+    else:
+        resolved, auto_why = requested, ""
     precisions = hardware.explore_precisions(gpu)
     ok, why = precisions.get(resolved, (False, "not a precision solrl knows"))
     where = f"cuda:{gpu.index} ({gpu.name})" if gpu is not None else "the CPU"
@@ -525,4 +534,5 @@ def _explore(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
         return Check("explore precision", WARN, f"{name} runs on {where} ({why}), but this solrl's rollouts do not use it "
                      f"yet (implemented: {', '.join(hardware.IMPLEMENTED_EXPLORE)}){unused}",
                      "use --explore-precision fp8 (Ada, Hopper, Blackwell) or nvfp4-emulated for now", uses)
-    return Check("explore precision", PASS, f"{name} on {where}: {why}{unused}", "", uses)
+    chosen = f" ({auto_why})" if auto_why else ""
+    return Check("explore precision", PASS, f"{name} on {where}: {why}{chosen}{unused}", "", uses)

@@ -21,18 +21,22 @@ class ModelSize:
     vae_b: float
     download_gb: float  # the hub download (model_index.json + the subfolders solrl needs, one weight variant)
     activation_gib: float  # training activations per micro-batch sample in bf16, gradient checkpointing on
+    activation_full_gib: float = 0.0  # the same without gradient checkpointing
 
 
 # By loader; a hub id listed in MODEL_SIZES_BY_HUB_ID overrides its loader's entry.
+# activation_full_gib: SANA's from one H100 measurement (forward+backward at micro-batch 16, fp32 LoRA under
+# bf16 autocast: 62.2 GiB peak without checkpointing, 10.9 GiB with, so about 3.2 GiB more per sample);
+# FLUX's and SD3's scaled from their checkpointed figures by the same ratio: APPROXIMATE.
 MODEL_SIZES = {
-    "tiny": ModelSize("tiny world model", 0.0013, 0.0, 0.0, 0.0, 0.0),
-    "sana": ModelSize("SANA 1.6B + Gemma2-2B text encoder + DC-AE", 1.6, 2.6, 0.32, 12.0, 0.35),
-    "flux1": ModelSize("FLUX.1-dev 12B + T5-XXL + CLIP-L", 11.9, 4.9, 0.08, 34.0, 0.9),
-    "sd3": ModelSize("SD3.5-Large 8B + T5-XXL + CLIP-L + CLIP-G", 8.1, 5.6, 0.08, 30.0, 1.5),
+    "tiny": ModelSize("tiny world model", 0.0013, 0.0, 0.0, 0.0, 0.0, 0.0),
+    "sana": ModelSize("SANA 1.6B + Gemma2-2B text encoder + DC-AE", 1.6, 2.6, 0.32, 12.0, 0.35, 3.55),
+    "flux1": ModelSize("FLUX.1-dev 12B + T5-XXL + CLIP-L", 11.9, 4.9, 0.08, 34.0, 0.9, 9.1),
+    "sd3": ModelSize("SD3.5-Large 8B + T5-XXL + CLIP-L + CLIP-G", 8.1, 5.6, 0.08, 30.0, 1.5, 15.2),
 }
 MODEL_SIZES_BY_HUB_ID = {
     "Efficient-Large-Model/Sana_600M_1024px_diffusers":
-        ModelSize("SANA 0.6B + Gemma2-2B text encoder + DC-AE", 0.6, 2.6, 0.32, 10.0, 0.2),
+        ModelSize("SANA 0.6B + Gemma2-2B text encoder + DC-AE", 0.6, 2.6, 0.32, 10.0, 0.2, 2.0),
 }
 # Approximate download of each reward's weights, GB.
 REWARD_DOWNLOAD_GB = {"imagereward": 1.8, "pickscore": 4.0, "clipscore": 1.7, "hpsv2": 2.0}
@@ -60,37 +64,44 @@ class MemoryEstimate:
     text_encoders: float
     activations: float
     overhead: float
+    rollout_copy: float = 0.0  # counted in the peak only when the run keeps one
+    rollout_copy_size: float = 0.0  # what a full-precision rollout copy would take, kept or not
 
     @property
     def peak(self) -> float:
         # The text encoders are on the GPU only while encoding (models/diffusers_models.py), before training.
-        return self.policy + self.explore_copy + self.vae + max(self.text_encoders, self.activations) + self.overhead
+        return (self.policy + self.explore_copy + self.rollout_copy + self.vae + max(self.text_encoders, self.activations)
+                + self.overhead)
 
 
-def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16") -> MemoryEstimate:
-    """Peak GPU memory ESTIMATE for one process, GiB, from approximate model sizes (`MODEL_SIZES`):
+def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16", checkpointing: bool = True,
+                    rollout_copy: bool = False) -> MemoryEstimate:
+    """Peak GPU memory ESTIMATE for one process, GiB, from approximate model sizes (`MODEL_SIZES`);
+    `explore_precision` is the resolved one (see resolve.py):
 
         policy        = transformer params x bytes of the run dtype (the LoRA adapters are negligible)
-        explore copy  = transformer params x COPY_BYTES[precision] when the run keeps a rollout copy (an explore
-                        precision other than the run dtype, or the compile family's compiled copy);
-                        nvfp4-emulated: 2 x the run dtype (weights + cached fake-quantized weights);
-                        fp8: the run dtype + 1 byte (weights + cached e4m3 weights)
+        explore copy  = transformer params x COPY_BYTES[precision] when the family explores at a precision other
+                        than the run dtype; nvfp4-emulated: 2 x the run dtype (weights + cached fake-quantized
+                        weights); fp8: the run dtype + 1 byte (weights + cached e4m3 weights)
+        rollout copy  = transformer params x bytes of the run dtype, when kept (sampler.rollout_copy)
         vae           = VAE params x bytes of the run dtype
-        peak          = policy + explore copy + vae + max(text encoders while encoding, activations) + overhead
-        activations   = optimizer.micro_batch x activation GiB per sample (bf16, gradient checkpointing)
+        activations   = optimizer.micro_batch x activation GiB per sample (bf16; with or without checkpointing)
+        peak          = policy + copies + vae + max(text encoders while encoding, activations) + overhead
     """
     from solrl_core.session import plan_stages
 
     size = model_size(cfg)
     width = {"bf16": 2.0, "fp32": 4.0}[dtype_name]
-    eff = dataclasses.replace(cfg, explore=dataclasses.replace(cfg.explore, precision=explore_precision))
-    plan = plan_stages(eff, dtype_name)
+    plan = plan_stages(cfg, dtype_name, explore_precision)
     gib = 1e9 / 2**30  # billions of bytes -> GiB
     copy = 0.0
-    if plan.explore_precision != dtype_name or plan.compiled:
+    if plan.explore_precision != dtype_name:
         per_param = {"nvfp4-emulated": 2 * width, "fp8": width + 1}.get(plan.explore_precision) \
             or COPY_BYTES.get(plan.explore_precision, width)
         copy = size.transformer_b * per_param * gib
+    per_sample = size.activation_gib if checkpointing else size.activation_full_gib
+    full_copy = size.transformer_b * width * gib
     return MemoryEstimate(policy=size.transformer_b * width * gib, explore_copy=copy, vae=size.vae_b * width * gib,
                           text_encoders=size.text_encoders_b * width * gib,
-                          activations=cfg.optimizer.micro_batch * size.activation_gib * width / 2, overhead=OVERHEAD_GIB)
+                          activations=cfg.optimizer.micro_batch * per_sample * width / 2, overhead=OVERHEAD_GIB,
+                          rollout_copy=full_copy if rollout_copy else 0.0, rollout_copy_size=full_copy)

@@ -45,7 +45,8 @@ def load_tuned(cfg: Config, checkpoint: Path | None, explore: bool = False, nume
     from solrl_core.checkpoint import load_adapters
     from solrl_core.hardware import require_explore_precision
     from solrl_core.models import load_model
-    from solrl_core.session import explore_precision, resolve_device, resolve_dtype
+    from solrl_core.resolve import resolve_machine
+    from solrl_core.session import resolve_device, resolve_dtype
 
     device = resolve_device(cfg.run.device)
     dtype_name, dtype = resolve_dtype(cfg.run.dtype, device)
@@ -54,9 +55,10 @@ def load_tuned(cfg: Config, checkpoint: Path | None, explore: bool = False, nume
     model = load_model(cfg.model, device, dtype)
     explore_copy = None
     if explore:  # copied before the adapters are added, as a training session does
+        precision = resolve_machine(cfg, device, dtype_name).explore_precision
         if not numerics_only:
-            require_explore_precision(explore_precision(cfg), device)
-        explore_copy = RolloutCopy(copy.deepcopy(model.transformer), explore_precision(cfg), LayerRule.of(cfg.model))
+            require_explore_precision(precision, device)
+        explore_copy = RolloutCopy(copy.deepcopy(model.transformer), precision, LayerRule.of(cfg.model))
     policy = Policy(model.transformer, cfg.model)
     if checkpoint is not None:
         load_adapters(checkpoint, policy)

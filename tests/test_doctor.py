@@ -203,10 +203,13 @@ def test_unused_explore_precision_does_not_block_other_families():
 
 def test_memory_estimate_orders_and_limits():
     flux = resolve_config("flux1", "sol_rl")
-    emulated, real = doc.estimate_memory(flux, "auto"), doc.estimate_memory(flux, "nvfp4")
+    emulated, real = doc.estimate_memory(flux, "nvfp4-emulated"), doc.estimate_memory(flux, "nvfp4")
     assert emulated.explore_copy == pytest.approx(4 * real.explore_copy)  # two bf16 copies vs half a bf16 copy
-    assert doc.estimate_memory(resolve_config("flux1", "naive_scaling"), "auto").explore_copy == 0
-    assert doc.estimate_memory(resolve_config("flux1", "compile"), "auto").explore_copy == pytest.approx(real.policy)
+    assert doc.estimate_memory(resolve_config("flux1", "naive_scaling"), "bf16").explore_copy == 0
+    with_copy = doc.estimate_memory(resolve_config("flux1", "compile"), "bf16", rollout_copy=True)
+    assert with_copy.rollout_copy == pytest.approx(real.policy) and with_copy.peak > real.peak - real.explore_copy
+    no_ckpt = doc.estimate_memory(flux, "nvfp4", checkpointing=False)
+    assert no_ckpt.activations > 5 * real.activations
     assert doc._memory(flux, GpuInfo(0, "small", (9, 0), 24.0), "nvfp4").status == "fail"
     assert doc._memory(resolve_config("sana", "sol_rl"), H100, "auto").status == "pass"
     assert "estimate" in doc._memory(flux, H100, "nvfp4").detail

@@ -9,13 +9,46 @@ import torch
 from solrl_core import hardware
 from solrl_core.errors import SolrlError
 from solrl_core.presets import resolve_config
-from solrl_core.session import plan_stages
+from solrl_core.resolve import resolve_machine
+
+H100 = hardware.GpuInfo(0, "NVIDIA H100 80GB HBM3", (9, 0), 79.6)
+A100 = hardware.GpuInfo(0, "NVIDIA A100-SXM4-40GB", (8, 0), 39.4)
+L4 = hardware.GpuInfo(0, "NVIDIA L4", (8, 9), 22.0)
+CUDA = torch.device("cuda", 0)
 
 
-def test_auto_on_a_cpu_is_the_exact_emulation():
+def test_auto_on_a_cpu_is_the_exact_emulation_uncompiled_with_a_rollout_copy():
     cfg = resolve_config("tiny", "sol_rl", sets=["explore.precision=auto"])
-    assert plan_stages(cfg, "fp32").explore_precision == "nvfp4-emulated"
+    machine = resolve_machine(cfg, torch.device("cpu"), "fp32")
+    assert machine.explore_precision == "nvfp4-emulated" and "CPU" in machine.explore_why
+    assert not machine.explore_compile and not machine.rollout_compile and not machine.checkpointing
+    assert machine.rollout_copy
     hardware.require_explore_precision("nvfp4-emulated", "cpu")
+
+
+def test_auto_on_a_gpu_is_fp8_compiled_from_ada_on_and_never_the_emulation():
+    sana = resolve_config("sana", "sol_rl")
+    h100 = resolve_machine(sana, CUDA, "bf16", gpu=H100)
+    assert (h100.explore_precision, h100.explore_compile, h100.rollout_compile) == ("fp8", True, True)
+    assert "9.0" in h100.explore_why
+    a100 = resolve_machine(sana, CUDA, "bf16", gpu=A100)
+    assert a100.explore_precision == "bf16" and "below 8.9" in a100.explore_why
+    off = resolve_machine(resolve_config("sana", "sol_rl", sets=["explore.compile=false", "sampler.compile=false"]), CUDA,
+                          "bf16", gpu=H100)
+    assert not off.explore_compile and not off.rollout_compile
+
+
+def test_the_rollout_copy_and_checkpointing_follow_the_memory_estimate():
+    sana = resolve_config("sana", "sol_rl")
+    h100 = resolve_machine(sana, CUDA, "bf16", gpu=H100)
+    assert h100.rollout_copy and not h100.checkpointing  # SANA-1.6B at micro-batch 16 fits 80 GB without it
+    flux_small = resolve_machine(resolve_config("flux1", "sol_rl"), CUDA, "bf16", gpu=L4)
+    assert not flux_small.rollout_copy and "old adapter" in flux_small.rollout_copy_why
+    assert flux_small.checkpointing and "over" in flux_small.checkpointing_why
+    forced = resolve_machine(resolve_config("flux1", "sol_rl", sets=["sampler.rollout_copy=true",
+                                                                     "optimizer.checkpointing=false"]), CUDA, "bf16", gpu=L4)
+    assert forced.rollout_copy and not forced.checkpointing
+    assert resolve_machine(resolve_config("flux1", "compile"), CUDA, "bf16", gpu=L4).rollout_copy  # the family is the copy
 
 
 @pytest.mark.parametrize("precision, why", [("nvfp4", "compute capability >= 10.0"), ("fp8", "compute capability >= 8.9")])

@@ -1,0 +1,105 @@
+"""What this machine gets, resolved once at the start of a run from the config's `auto` switches.
+
+- explore precision `auto`: on a GPU the fastest explore this version has measured there: fp8
+  (compiled) on compute capability >= 8.9, where it beat compiled bf16 on an H100 (docs/BENCHMARKS.md),
+  else the run dtype (no real low precision; never the NVFP4 emulation, which is slower than bf16
+  on a GPU); on a CPU the exact NVFP4 emulation, the numerics the paper's explore copy has.
+- `explore.compile` / `sampler.compile` `auto`: on CUDA (eager fp8 is slower than eager bf16, and
+  the official baselines are compiled); off on a CPU, where a compile costs about a minute per copy.
+- `sampler.rollout_copy` `auto`: a merged full-precision copy of the transformer for the full-precision
+  rollouts and the update's v_old when the memory estimate (footprint.py) says it fits this GPU.
+- `optimizer.checkpointing` `auto`: on CUDA, gradient checkpointing only when the estimate without it
+  does not fit this GPU; off on a CPU.
+
+Each choice carries the reason, which the start-up line and `solrl doctor` show.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from solrl_core.config import Config
+from solrl_core.hardware import FP8_CC, GpuInfo, gpus
+
+FIT_SHARE = 0.9  # of a GPU's memory the estimate may use: the rest is the allocator's and the estimate's slack
+
+
+@dataclass(frozen=True)
+class MachinePlan:
+    explore_precision: str
+    explore_why: str
+    explore_compile: bool
+    rollout_copy: bool
+    rollout_copy_why: str
+    rollout_compile: bool
+    checkpointing: bool
+    checkpointing_why: str
+
+    def describe(self) -> str:
+        return (f"explore {self.explore_precision} ({self.explore_why}); "
+                f"rollout copy {'on' if self.rollout_copy else 'off'} ({self.rollout_copy_why}); "
+                f"gradient checkpointing {'on' if self.checkpointing else 'off'} ({self.checkpointing_why})")
+
+
+def gpu_of(device: torch.device) -> GpuInfo | None:
+    if device.type != "cuda":
+        return None
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return next((g for g in gpus() if g.index == index), None)
+
+
+def auto_explore_precision(gpu: GpuInfo | None, dtype_name: str) -> tuple[str, str]:
+    """(precision, why) for `explore.precision = auto`."""
+    if gpu is None:
+        return "nvfp4-emulated", "auto on a CPU: the exact NVFP4 emulation (no real low-precision kernel runs here)"
+    cc = f"{gpu.capability[0]}.{gpu.capability[1]}"
+    if gpu.capability >= FP8_CC:
+        return "fp8", (f"auto on compute capability {cc}: FP8 GEMMs, compiled, the fastest explore this version has "
+                       "measured on a GPU")
+    return dtype_name, f"auto on compute capability {cc}: no real low precision below 8.9, so the run dtype"
+
+
+def _switch(value: str, auto: bool) -> bool:
+    return auto if value == "auto" else value == "true"
+
+
+def resolve_machine(cfg: Config, device: torch.device, dtype_name: str, gpu: GpuInfo | None = None) -> MachinePlan:
+    """The auto switches of `cfg` on this device (`gpu` given for tests with made-up GPUs)."""
+    from solrl_core.footprint import estimate_memory
+
+    gpu = gpu if gpu is not None else gpu_of(device)
+    cuda = device.type == "cuda"
+    if cfg.explore.precision == "auto":
+        precision, why = auto_explore_precision(gpu, dtype_name)
+    else:
+        precision, why = cfg.explore.precision, "as configured"
+    family = cfg.algorithm.family
+    estimate = estimate_memory(cfg, precision, dtype_name, checkpointing=True, rollout_copy=False)
+    budget = gpu.memory_gib * FIT_SHARE if gpu is not None else None
+    copy_needed = family == "compile"  # the compile family is the compiled copy
+    if cfg.sampler.rollout_copy != "auto" and not copy_needed:
+        copy, copy_why = cfg.sampler.rollout_copy == "true", "as configured"
+    elif copy_needed:
+        copy, copy_why = True, "the compile family rolls out on a compiled copy"
+    elif budget is None:
+        copy, copy_why = True, "no GPU memory limit to respect"
+    else:
+        need = estimate.peak + estimate.rollout_copy_size
+        copy = need <= budget
+        copy_why = (f"estimated peak {need:.1f} GiB with it, {'within' if copy else 'over'} {budget:.1f} GiB "
+                    f"({FIT_SHARE:.0%} of {gpu.name})") + ("" if copy else ": rollouts use the policy's old adapter")
+    if cfg.optimizer.checkpointing != "auto":
+        ckpt, ckpt_why = cfg.optimizer.checkpointing == "true", "as configured"
+    elif budget is None:
+        ckpt, ckpt_why = False, "off on a CPU"
+    else:
+        full = estimate_memory(cfg, precision, dtype_name, checkpointing=False, rollout_copy=copy).peak
+        ckpt = full > budget
+        ckpt_why = (f"estimated peak without it {full:.1f} GiB, {'over' if ckpt else 'within'} {budget:.1f} GiB at "
+                    f"micro-batch {cfg.optimizer.micro_batch}")
+    return MachinePlan(explore_precision=precision, explore_why=why, explore_compile=_switch(cfg.explore.compile, cuda),
+                       rollout_copy=copy, rollout_copy_why=copy_why,
+                       rollout_compile=copy and (family == "compile" or _switch(cfg.sampler.compile, cuda)),
+                       checkpointing=ckpt, checkpointing_why=ckpt_why)
