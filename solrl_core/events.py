@@ -38,6 +38,7 @@ class RunStarted(Event):
     iterations: int
     resumed: bool
     config: dict[str, Any]
+    machine: str = ""  # what the auto switches chose here, and why (resolve.py)
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,20 @@ class IterationFinished(Event):
     nonfinite_losses: int
     grad_norm: float
     old_decay: float
+    # Peak memory of each phase, GiB: the GPU's peak allocated (CUDA), or on a CPU the process's peak
+    # resident memory so far (which only grows). `memory_source` says which.
+    peak_memory: dict[str, float] | None = None
+    memory_source: str = ""
+
+
+@dataclass(frozen=True)
+class CompileFinished(Event):
+    """A rollout copy compiled (torch.compile, on a warm-up call) before the first iteration, so the
+    first iteration is not read as a slow one."""
+
+    kind: ClassVar[str] = "compile"
+    target: str  # "explore copy" | "rollout copy"
+    seconds: float
 
 
 @dataclass(frozen=True)

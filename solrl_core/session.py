@@ -32,6 +32,7 @@ from solrl_core.prompts import check_split, load_prompts
 from solrl_core.rewards import RewardSet
 from solrl_core.rewards.health import RewardHealth
 from solrl_core.quantize import LayerRule
+from solrl_core.resolve import MachinePlan, resolve_machine
 from solrl_core.rollout import RolloutCopy
 
 CONFIG_FILE = "config.toml"
@@ -40,25 +41,30 @@ EVENTS_FILE = "events.jsonl"
 
 @dataclass(frozen=True)
 class StagePlan:
-    """What each stage of an iteration does, derived from the family."""
+    """What each stage of an iteration does, derived from the family and the machine (resolve.py)."""
 
     family: str
     explore_seeds: int  # seeds rolled out per prompt in Stage 1
     explore_steps: int
-    explore_precision: str  # resolved: nvfp4-emulated | bf16 | fp32
+    explore_precision: str  # resolved: nvfp4-emulated | fp8 | bf16 | fp32
     keep: int  # K
     regenerate: bool  # Stage 2 regenerates the kept seeds at full precision
     full_precision: str
     full_steps: int
-    compiled: bool
+    rollout_copy: bool = False  # full-precision rollouts and v_old on a merged copy (else the policy's old adapter)
+    rollout_compiled: bool = False
+    explore_compiled: bool = False
 
     def describe(self) -> str:
-        stage1 = f"Stage 1: {self.explore_seeds} seeds/prompt at {self.explore_precision}, {self.explore_steps} steps"
+        on = (" on the compiled rollout copy" if self.rollout_compiled else " on the rollout copy") if self.rollout_copy else ""
+        low = self.explore_precision != self.full_precision
+        stage1 = (f"Stage 1: {self.explore_seeds} seeds/prompt at {self.explore_precision}"
+                  f"{' (compiled)' if low and self.explore_compiled else on if not low else ''}, {self.explore_steps} steps")
         if self.keep == self.explore_seeds:
             return f"{stage1} -> train on all of them"
-        stage2 = (f" -> Stage 2: regenerate the kept {self.keep} at {self.full_precision}, {self.full_steps} steps -> train"
+        stage2 = (f" -> Stage 2: regenerate the kept {self.keep} at {self.full_precision}{on}, {self.full_steps} steps -> train"
                   if self.regenerate else f" -> train directly on the kept {self.keep}")
-        return stage1 + f" -> keep {self.keep}" + stage2 + (" (torch.compile'd rollout copy)" if self.compiled else "")
+        return stage1 + f" -> keep {self.keep}" + stage2
 
 
 def resolve_device(name: str) -> torch.device:
@@ -79,23 +85,23 @@ def resolve_dtype(name: str, device: torch.device) -> tuple[str, torch.dtype]:
     return name, {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
 
 
-def explore_precision(cfg: Config) -> str:
-    """The explore copy's precision; `auto` is the exact NVFP4 emulation (no real NVFP4/FP8 kernel yet)."""
-    return "nvfp4-emulated" if cfg.explore.precision == "auto" else cfg.explore.precision
-
-
-def plan_stages(cfg: Config, full_precision: str) -> StagePlan:
+def plan_stages(cfg: Config, full_precision: str, explore_precision: str, machine: "MachinePlan | None" = None) -> StagePlan:
+    """The family's stages with the resolved explore precision (and, from `machine`, the copies)."""
     family, k = cfg.algorithm.family, cfg.selection.group_size
-    low = explore_precision(cfg)
     full_steps = cfg.sampler.steps
+    copies = {}
+    if machine is not None:
+        copies = dict(rollout_copy=machine.rollout_copy, rollout_compiled=machine.rollout_compile,
+                      explore_compiled=machine.explore_compile)
     if family == "sol_rl":
-        return StagePlan(family, cfg.explore.group_size, cfg.explore.steps, low, k, True, full_precision, full_steps, False)
+        return StagePlan(family, cfg.explore.group_size, cfg.explore.steps, explore_precision, k, True, full_precision,
+                         full_steps, **copies)
     if family == "naive_quant":
-        return StagePlan(family, cfg.explore.group_size, full_steps, low, k, False, full_precision, full_steps, False)
+        return StagePlan(family, cfg.explore.group_size, full_steps, explore_precision, k, False, full_precision, full_steps,
+                         **copies)
     if family == "diffusionnft":
-        return StagePlan(family, k, full_steps, full_precision, k, False, full_precision, full_steps, False)
-    return StagePlan(family, cfg.explore.group_size, full_steps, full_precision, k, False, full_precision, full_steps,
-                     family == "compile")
+        return StagePlan(family, k, full_steps, full_precision, k, False, full_precision, full_steps, **copies)
+    return StagePlan(family, cfg.explore.group_size, full_steps, full_precision, k, False, full_precision, full_steps, **copies)
 
 
 @dataclass
@@ -108,7 +114,7 @@ class Session:
     plan: StagePlan
     model: DiffusionModel
     policy: Policy
-    explore_copy: RolloutCopy | None  # None: Stage 1 runs on the policy's old adapter
+    explore_copy: RolloutCopy | None  # None: Stage 1 runs at full precision (below)
     optimizer: torch.optim.Optimizer
     rewards: RewardSet
     prompts: list[str]
@@ -120,6 +126,8 @@ class Session:
     health: RewardHealth = field(default_factory=lambda: RewardHealth(min_std=0.0, patience=0))
     rank: int = 0  # this process among world_size (torchrun); it owns prompt groups rank*P/W .. (rank+1)*P/W - 1
     world_size: int = 1
+    rollout_copy: RolloutCopy | None = None  # None: full-precision rollouts and v_old on the policy's old adapter
+    machine: MachinePlan | None = None
     _cond_cache: dict[str, Conditioning] = field(default_factory=dict)
 
     def conditioning(self, prompts: list[str]) -> Conditioning:
@@ -131,6 +139,17 @@ class Session:
             for i, p in enumerate(new):
                 self._cond_cache[p] = enc[i:i + 1]
         return Conditioning.cat([self._cond_cache[p] for p in prompts])
+
+    def copies(self) -> list[RolloutCopy]:
+        return [c for c in (self.explore_copy, self.rollout_copy) if c is not None]
+
+    def refresh_copies(self) -> None:
+        """Load base + old adapter (merged once) into every rollout copy, re-quantizing the explore copy."""
+        copies = self.copies()
+        if copies:
+            merged = self.policy.merged_weights(OLD)
+            for c in copies:
+                c.refresh(merged)
 
     def loop_state(self) -> dict:
         return {"iteration": self.iteration, "step": self.step, "history": self.history,
@@ -167,22 +186,28 @@ def open_session(cfg: Config, resume: bool = False) -> Session:
     dtype_name, dtype = resolve_dtype(cfg.run.dtype, device)
     if cfg.run.threads > 0:
         torch.set_num_threads(cfg.run.threads)
-    plan = plan_stages(cfg, dtype_name)
+    machine = resolve_machine(cfg, device, dtype_name)
+    plan = plan_stages(cfg, dtype_name, machine.explore_precision, machine)
     if plan.explore_precision != dtype_name:  # before anything is written: a refused precision leaves no run dir
         require_explore_precision(plan.explore_precision, device)
     run_dir, checkpoint = _claim_run_dir(cfg, resume)
 
     model = load_model(cfg.model, device, dtype)
-    explore_copy = None
-    if plan.explore_precision != dtype_name or plan.compiled:  # copied before the adapters are added
+    explore_copy = rollout_copy = None  # copied before the adapters are added
+    if plan.explore_precision != dtype_name:
         explore_copy = RolloutCopy(copy.deepcopy(model.transformer), plan.explore_precision, LayerRule.of(cfg.model),
-                                   compile=plan.compiled or cfg.explore.compile)
+                                   compile=plan.explore_compiled)
+    if plan.rollout_copy:
+        rollout_copy = RolloutCopy(copy.deepcopy(model.transformer), dtype_name, LayerRule.of(cfg.model),
+                                   compile=plan.rollout_compiled)
+    if machine.checkpointing:  # acts only where gradients are on: the trained forward
+        model.transformer.enable_gradient_checkpointing()
     policy = Policy(model.transformer, cfg.model)
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.optimizer.lr, betas=(cfg.optimizer.beta1, cfg.optimizer.beta2),
                                   weight_decay=cfg.optimizer.weight_decay, eps=cfg.optimizer.eps)
     session = Session(cfg, run_dir, device, dtype_name, dtype, plan, model, policy, explore_copy, optimizer, rewards, prompts,
                       eval_prompts, health=RewardHealth(cfg.reward.health_min_std, cfg.reward.health_patience),
-                      rank=rank, world_size=world)
+                      rank=rank, world_size=world, rollout_copy=rollout_copy, machine=machine)
     if checkpoint is not None:  # every rank reads it: resuming across nodes needs the run dir on a shared filesystem
         state = load_checkpoint(checkpoint, policy, optimizer)
         session.iteration, session.step, session.history = state["iteration"], state["step"], state["history"]
@@ -191,8 +216,7 @@ def open_session(cfg: Config, resume: bool = False) -> Session:
     if world > 1:  # a LoRA's random init (and anything else) must start equal on every replica: rank 0's
         for adapter in (TRAINED, OLD, "ema"):
             policy.load_state(adapter, distributed.broadcast_tensors(policy.state(adapter)))
-    if explore_copy is not None:
-        explore_copy.refresh(policy.merged_weights(OLD))
+    session.refresh_copies()
     session.config = replace(cfg, run=replace(cfg.run, run_dir=str(run_dir)))
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)

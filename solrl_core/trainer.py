@@ -38,9 +38,11 @@ after its increment) are the official ones. Where this differs from it, and why:
 - The update's gradient is the mean over every (sample, train timestep) pair of the iteration; with
   micro-batches of unequal size it does not over-weight the samples of the last, smaller one.
 - Stage-1 draft rewards are kept and reported next to Stage-2 rewards; the official code drops them.
-- Full-precision rollouts run on the policy with its `old` adapter active rather than a merged
-  compiled copy (one copy of a large model in memory); only the explore and compiled copies are
-  separate.
+- Full-precision rollouts and the update's v_old run, as in the official code, on a copy of base +
+  `old` merged (refreshed after each step; compiled on CUDA) when the memory estimate says it fits
+  (`sampler.rollout_copy`); where it does not, on the policy with its `old` adapter active (one copy
+  of the model), said at start-up. Gradient checkpointing is chosen from the same estimate
+  (`optimizer.checkpointing`), where the official code never checkpoints.
 - `model.prompt_instruction` (off, as the official code) can prefix SANA prompts with the complex
   human instruction that SanaPipeline.__call__ adds by default.
 """
@@ -63,6 +65,8 @@ from solrl_core import events as ev
 from solrl_core.checkpoint import save_checkpoint
 from solrl_core.config import Config, to_dict
 from solrl_core.nft import combined_advantages, nft_loss
+from solrl_core.memory import PhaseMemory
+from solrl_core.models.base import Conditioning
 from solrl_core.policy import OLD
 from solrl_core.prompts import prompts_for_iteration, shard
 from solrl_core.rollout import RolloutBatch, rollout
@@ -119,10 +123,11 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
     bus.emit(ev.RunStarted(run_dir=str(session.run_dir), preset=cfg.preset, device=str(session.device),
                            dtype=session.dtype_name, explore_precision=plan.explore_precision, plan=described,
                            start_iteration=session.iteration, iterations=cfg.run.iterations, resumed=session.resumed,
-                           config=to_dict(cfg)))
+                           config=to_dict(cfg), machine=session.machine.describe() if session.machine else ""))
     copy_ = session.explore_copy
     if copy_ is not None and copy_.report is not None:
         bus.emit(ev.QuantizationReport(summary=copy_.report.summary(), path=str(session.run_dir / "quantization_report.json")))
+    warm_up_compiled(session, bus)
     started = time.perf_counter()
     reason = "completed"
     with contextlib.ExitStack() as stack:
@@ -161,9 +166,11 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
 def run_iteration(session: Session, bus: ev.EventBus) -> None:
     cfg, plan = session.config, session.plan
     t_start = time.perf_counter()
+    memory = PhaseMemory(session.device)
     rng = np.random.default_rng([cfg.run.seed, session.iteration])
     prompts = shard(prompts_for_iteration(session.prompts, cfg.run.prompts_per_iteration, rng), session.rank, session.world_size)
-    drafts = explore(session, prompts, rng)
+    with memory.phase("explore"):
+        drafts = explore(session, prompts, rng)
     t0 = time.perf_counter()
     draft_scores = gather_scores(session, drafts)
     t_gather = time.perf_counter() - t0
@@ -174,13 +181,16 @@ def run_iteration(session: Session, bus: ev.EventBus) -> None:
     t0 = time.perf_counter()
     keep = select_seeds(session, drafts, rng, draft_scores)
     t_select = time.perf_counter() - t0 + t_gather
-    finals = regenerate(session, drafts.subset(keep)) if plan.regenerate else drafts.subset(keep)
+    with memory.phase("regenerate"):
+        finals = regenerate(session, drafts.subset(keep)) if plan.regenerate else drafts.subset(keep)
     t0 = time.perf_counter()
     final_scores = gather_scores(session, finals)
-    losses = update(session, finals, rng, final_scores)
+    with memory.phase("train"):
+        losses = update(session, finals, rng, final_scores)
     t_train = time.perf_counter() - t0
     t0 = time.perf_counter()
-    decay = sync(session)
+    with memory.phase("sync"):
+        decay = sync(session)
     t_sync = time.perf_counter() - t0
     session.iteration += 1
     session.history.append(float(final_scores.rewards.mean()))
@@ -188,13 +198,33 @@ def run_iteration(session: Session, bus: ev.EventBus) -> None:
                "regenerate": finals.seconds_generate if plan.regenerate else 0.0,
                "reward": drafts.seconds_reward + (finals.seconds_reward if plan.regenerate else 0.0),
                "train": t_train, "sync": t_sync, "total": time.perf_counter() - t_start}
-    if session.world_size > 1:  # each phase as long as its slowest rank
-        slowest = distributed.all_reduce(torch.tensor(list(seconds.values()), dtype=torch.float64), "max")
-        seconds = dict(zip(seconds, slowest.tolist()))
+    peaks = {k: v for k, v in memory.peaks.items() if k != "regenerate" or plan.regenerate}
+    if session.world_size > 1:  # each phase as long (and as large) as its slowest rank's
+        slowest = distributed.all_reduce(torch.tensor([*seconds.values(), *peaks.values()], dtype=torch.float64), "max").tolist()
+        seconds, peaks = dict(zip(seconds, slowest)), dict(zip(peaks, slowest[len(seconds):]))
+    peaks["total"] = max(peaks.values())
     bus.emit(ev.IterationFinished(iteration=session.iteration, iterations=cfg.run.iterations, seconds=seconds,
                                   draft=_stats(draft_scores) if plan.keep < plan.explore_seeds else None,
                                   final=_stats(final_scores), loss={k: losses[k] for k in ("loss", "policy", "kl")}, nonfinite_losses=int(losses["nonfinite"]),
-                                  grad_norm=losses["grad_norm"], old_decay=decay))
+                                  grad_norm=losses["grad_norm"], old_decay=decay, peak_memory=peaks,
+                                  memory_source=memory.source))
+
+
+def warm_up_compiled(session: Session, bus: ev.EventBus) -> None:
+    """Compile each torch.compile'd copy on one call at the rollout batch before the first iteration,
+    and report the time as its own event: a compile is a one-time cost, not a slow iteration."""
+    for target, copy_ in (("explore copy", session.explore_copy), ("rollout copy", session.rollout_copy)):
+        if copy_ is None or copy_.forward is copy_.module:
+            continue
+        t0 = time.perf_counter()
+        batch = session.config.sampler.rollout_batch
+        cond = session.conditioning(session.prompts[:1] * batch).to(session.device)
+        x = torch.zeros(batch, *session.model.latent_shape, device=session.device, dtype=copy_.dtype)
+        with torch.no_grad():
+            out = session.model.velocity(copy_.forward, x, torch.ones(batch, device=session.device), cond)
+        if out.is_cuda:
+            torch.cuda.synchronize(out.device)
+        bus.emit(ev.CompileFinished(target=target, seconds=time.perf_counter() - t0))
 
 
 def explore(session: Session, prompts: list[str], rng: np.random.Generator) -> RolloutBatch:
@@ -257,10 +287,11 @@ def regenerate(session: Session, kept: RolloutBatch) -> RolloutBatch:
 
 def _rollout(session: Session, prompts: list[str], groups: torch.Tensor, seeds: torch.Tensor, steps: int,
              explore: bool) -> RolloutBatch:
-    """Generate and score on the explore copy (explore=True, when there is one) or the old adapter."""
+    """Generate and score on the explore copy (explore=True, when there is one), else at full precision:
+    on the rollout copy (base + old merged) when the run keeps one, or on the policy's old adapter."""
     sampler = session.config.sampler
-    copy_ = session.explore_copy
-    if explore and copy_ is not None:
+    copy_ = session.explore_copy if explore and session.explore_copy is not None else session.rollout_copy
+    if copy_ is not None:
         network, dtype, cast = contextlib.nullcontext(copy_.forward), copy_.dtype, contextlib.nullcontext()
     else:
         network, dtype, cast = session.policy.use(OLD), session.dtype, _autocast(session)
@@ -305,10 +336,9 @@ def update(session: Session, batch: RolloutBatch, rng: np.random.Generator, scor
             s = sigma.view(-1, 1, 1, 1)
             xt = (1 - s) * x0 + s * eps
             c = cond[chunk].to(device)
-            with torch.no_grad(), _autocast(session):
-                with policy.use(OLD) as net:
-                    v_old = model.velocity(net, xt, sigma, c).float()
-                with policy.use(None) as net:
+            with torch.no_grad():
+                v_old = _old_velocity(session, xt, sigma, c)
+                with _autocast(session), policy.use(None) as net:
                     v_ref = model.velocity(net, xt, sigma, c).float()
             with _autocast(session):
                 v = model.velocity(policy.transformer, xt, sigma, c).float()
@@ -334,6 +364,16 @@ def update(session: Session, batch: RolloutBatch, rng: np.random.Generator, scor
     return {**sums, "nonfinite": nonfinite, "grad_norm": float(grad_norm)}
 
 
+def _old_velocity(session: Session, xt: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+    """v_old: on the rollout copy (base + old merged, no adapter overhead; called outside autocast in
+    its own dtype, as its rollouts are, so a compiled copy keeps its graph), else the old adapter."""
+    full = session.rollout_copy
+    if full is not None:
+        return session.model.velocity(full.forward, xt.to(full.dtype), sigma, cond).float()
+    with _autocast(session), session.policy.use(OLD) as net:
+        return session.model.velocity(net, xt, sigma, cond).float()
+
+
 def sync(session: Session) -> float:
     """After the step: old <- d*old + (1-d)*new, EMA, explore copy refreshed. Returns d.
 
@@ -345,8 +385,7 @@ def sync(session: Session) -> float:
     decay = min(alg.old_decay_rate * step, alg.old_decay_max)
     session.policy.update_old(decay)
     session.policy.update_ema(min((1 + step) / (10 + step), alg.ema_max_decay))
-    if session.explore_copy is not None:
-        session.explore_copy.refresh(session.policy.merged_weights(OLD))
+    session.refresh_copies()
     return decay
 
 

@@ -10,8 +10,8 @@ component is loaded on its own with `from_pretrained(folder, subfolder=...)`.
 
 Precision and memory, per model:
 - the transformer and the VAE run in the run dtype (bf16 on CUDA, fp32 on CPU), as diffusers'
-  pipelines do when loaded with `torch_dtype=torch.bfloat16`; gradient checkpointing is enabled on
-  the transformer on CUDA (it only acts when gradients are on: rollouts are unaffected);
+  pipelines do when loaded with `torch_dtype=torch.bfloat16` (gradient checkpointing is the session's
+  choice, from the memory estimate: resolve.py);
 - the text encoders are loaded in the run dtype and kept on the CPU: `encode` moves them to the
   run device, encodes, and moves them back, so they take no GPU memory between calls (the session
   encodes each prompt once per run and caches the conditioning, on the CPU);
@@ -232,10 +232,7 @@ class Components:
                              "check that the folder is a diffusers pipeline of the model the preset names") from exc
 
     def transformer(self, cls: type) -> nn.Module:
-        module = self.model(cls, "transformer").to(self.device)
-        if self.device.type == "cuda":
-            module.enable_gradient_checkpointing()
-        return module
+        return self.model(cls, "transformer").to(self.device)  # gradient checkpointing: the session decides
 
     def vae(self, cls: type) -> Any:
         return self.model(cls, "vae").to(self.device)

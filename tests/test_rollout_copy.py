@@ -1,0 +1,88 @@
+"""The full-precision rollout copy (base + old adapter merged): it computes what the adapter path
+computes, follows every refresh in place, and leaves the update's loss and gradient unchanged; the
+gradient-checkpointing switch does not change them either; each iteration reports peak memory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from solrl_core import events as ev
+from solrl_core.policy import OLD, TRAINED
+from solrl_core.presets import resolve_config
+from solrl_core.session import open_session
+from solrl_core.trainer import StopFlag, _rollout, explore, regenerate, select_seeds, sync, train, update
+
+
+def _session(fast_sets, *extra: str, run_dir: str = "run"):
+    cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("run.eval_prompts=", *extra, run_dir=run_dir))
+    return open_session(cfg)
+
+
+def _perturb(policy, seed: int) -> None:
+    """Give both adapters distinct non-zero weights, so v, v_old and v_ref all differ."""
+    g = torch.Generator().manual_seed(seed)
+    for name in (TRAINED, OLD):
+        state = {k: v + 0.02 * torch.randn(v.shape, generator=g) for k, v in policy.state(name).items()}
+        policy.load_state(name, state)
+
+
+def _full_latents(session, seeds):
+    """Full-precision, full-step latents of `seeds`: the rollout copy if the session has one."""
+    n = len(seeds)
+    return _rollout(session, ["a red circle"] * n, torch.zeros(n, dtype=torch.long), torch.tensor(seeds),
+                    session.plan.full_steps, explore=False).latents
+
+
+def test_the_copy_equals_the_adapter_path_and_follows_each_refresh_in_place(fast_sets):
+    with_copy = _session(fast_sets, "sampler.rollout_copy=true", run_dir="a")
+    without = _session(fast_sets, "sampler.rollout_copy=false", run_dir="b")
+    assert with_copy.rollout_copy is not None and without.rollout_copy is None
+    module = with_copy.rollout_copy.module
+    pointers = [p.data_ptr() for p in module.parameters()]
+    for seed in (1, 2):  # two refreshes with different old adapters
+        _perturb(with_copy.policy, seed)
+        for name in (TRAINED, OLD):
+            without.policy.load_state(name, with_copy.policy.state(name))
+        with_copy.refresh_copies()
+        ours, theirs = _full_latents(with_copy, [5, 6, 7]), _full_latents(without, [5, 6, 7])
+        assert torch.allclose(ours, theirs, atol=1e-4), (ours - theirs).abs().max()
+    assert with_copy.rollout_copy.module is module  # refreshed in place: not rebuilt, a compiled graph stays valid
+    assert [p.data_ptr() for p in module.parameters()] == pointers
+    before = _full_latents(with_copy, [5])
+    with_copy.policy.update_old(0.0)  # old <- default: the copy must follow at the next sync
+    sync(with_copy)
+    assert not torch.allclose(_full_latents(with_copy, [5]), before, atol=1e-4)
+
+
+@pytest.mark.parametrize("extra", [("sampler.rollout_copy=true",), ("optimizer.checkpointing=true",)])
+def test_the_update_loss_and_gradient_are_unchanged(fast_sets, extra):
+    base = _session(fast_sets, "sampler.rollout_copy=false", "optimizer.checkpointing=false", run_dir="base")
+    other = _session(fast_sets, *extra, run_dir="other")
+    _perturb(base.policy, 3)
+    for name in (TRAINED, OLD):
+        other.policy.load_state(name, base.policy.state(name))
+    other.refresh_copies()
+    rng = np.random.default_rng(0)
+    drafts = explore(base, ["a red circle", "two blue squares"], rng)
+    batch = regenerate(base, drafts.subset(select_seeds(base, drafts, rng)))
+    results = [update(s, batch, np.random.default_rng(7)) for s in (base, other)]
+    for key in ("loss", "policy", "kl"):
+        assert results[0][key] == pytest.approx(results[1][key], rel=1e-5, abs=1e-9), key
+    grads = [torch.cat([p.grad.flatten() for p in s.policy.trainable_parameters()]) for s in (base, other)]
+    assert grads[0].abs().max() > 0
+    assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7), (grads[0] - grads[1]).abs().max()
+
+
+def test_each_iteration_reports_peak_memory_per_phase(fast_sets):
+    bus = ev.EventBus()
+    seen: list[object] = []
+    bus.subscribe(seen.append)
+    train(resolve_config("tiny", "sol_rl", sets=fast_sets("run.iterations=1", "run.eval_prompts=")), bus, stop=StopFlag())
+    (it,) = [e for e in seen if isinstance(e, ev.IterationFinished)]
+    assert set(it.peak_memory) == {"explore", "regenerate", "train", "sync", "total"}
+    assert all(v > 0 for v in it.peak_memory.values()) and it.memory_source == "process peak RSS"
+    assert it.peak_memory["total"] == max(v for k, v in it.peak_memory.items() if k != "total")
+    (started,) = [e for e in seen if isinstance(e, ev.RunStarted)]
+    assert "rollout copy on" in started.machine and "explore nvfp4-emulated" in started.machine
