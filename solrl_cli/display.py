@@ -13,6 +13,15 @@ def fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.4g}"
 
 
+def memory_text(e: ev.IterationFinished) -> str:
+    """'  peak 3.41 GiB (train, cuda peak allocated)': the largest phase and what was measured."""
+    peaks = {k: v for k, v in (e.peak_memory or {}).items() if k != "total"}
+    if not peaks:
+        return ""
+    phase = max(peaks, key=peaks.__getitem__)
+    return f"  peak {peaks[phase]:.2f} GiB ({phase}, {e.memory_source})"
+
+
 class TerminalDisplay:
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or Console(highlight=False)
@@ -34,6 +43,8 @@ class TerminalDisplay:
         c.print(f"[bold]solrl[/] {verb}: preset [cyan]{e.preset}[/], {e.iterations} iterations")
         c.print(f"  device {e.device}, full precision {e.dtype}, explore precision {e.explore_precision}")
         c.print(f"  {e.plan}")
+        if e.machine:
+            c.print(f"  this machine: {e.machine}")
         c.print(f"  run dir [cyan]{e.run_dir}[/]  (config.toml, events.jsonl, checkpoints/)")
         self.progress.start()
         self.task = self.progress.add_task("", total=e.iterations, completed=e.start_iteration)
@@ -47,9 +58,13 @@ class TerminalDisplay:
         parts = [f"{k} {s[k]:.2f}s" for k in ("explore", "regenerate", "reward", "train", "sync") if s.get(k)]
         warn = f" [yellow]{e.nonfinite_losses} non-finite losses zeroed[/]" if e.nonfinite_losses else ""
         self.console.print(f"iter {e.iteration:>4}/{e.iterations}  reward {fmt(e.final.mean)}{draft}  "
-                           f"loss {e.loss['loss']:.4f} kl {e.loss['kl']:.3g}  |  {' '.join(parts)}  total {s['total']:.2f}s{warn}")
+                           f"loss {e.loss['loss']:.4f} kl {e.loss['kl']:.3g}  |  {' '.join(parts)}  total {s['total']:.2f}s"
+                           f"{memory_text(e)}{warn}")
         if self.task is not None:
             self.progress.update(self.task, completed=e.iteration, description=f"reward {fmt(e.final.mean)}")
+
+    def on_compile(self, e: ev.CompileFinished) -> None:
+        self.console.print(f"  compiled the {e.target} in {e.seconds:.1f}s (once, before the first iteration)")
 
     def on_eval(self, e: ev.EvalFinished) -> None:
         if self.first_eval is None:

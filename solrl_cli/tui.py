@@ -111,15 +111,19 @@ class TablePanel(VerticalScroll):
 
 
 def time_view(s: RunState) -> Table:
-    table = Table(title=f"seconds per phase, iterations seen: {s.count}", title_justify="left", box=None, padding=(0, 2))
-    for col in ("phase", "last", f"mean last {ROLLING}", "mean all", "share"):
+    latest = s.iterations[-1] if s.iterations else {}
+    peaks, source = latest.get("peak_memory") or {}, latest.get("memory_source", "")
+    title = f"seconds per phase, iterations seen: {s.count}" + (f"; peak GiB of the last iteration: {source}" if peaks else "")
+    table = Table(title=title, title_justify="left", box=None, padding=(0, 2))
+    for col in ("phase", "last", f"mean last {ROLLING}", "mean all", "share", "peak GiB"):
         table.add_column(col, justify="left" if col == "phase" else "right")
-    last = s.iterations[-1]["seconds"] if s.iterations else {}
+    last = latest.get("seconds", {})
     total = s.rolling("total")
     for phase in PHASES:
         mean = s.rolling(phase)
         share = f"{100 * mean / total:.0f}%" if mean is not None and total and phase != "total" else ""
-        table.add_row(phase, _num(last.get(phase)), _num(mean), _num(s.phase_sums[phase] / s.count if s.count else None), share)
+        table.add_row(phase, _num(last.get(phase)), _num(mean), _num(s.phase_sums[phase] / s.count if s.count else None), share,
+                      _num(peaks.get(phase)))
     return table
 
 

@@ -1,0 +1,48 @@
+"""benchmarks/gpu_iteration.py runs `solrl train`'s code end to end at tiny size on a CPU and reports
+phases, peak memory and ratios against the compiled baseline. Nothing here checks a timing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture
+def gpu_iteration(monkeypatch):
+    pytest.importorskip("diffusers")
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    sys.modules.pop("gpu_iteration", None)
+    import gpu_iteration
+
+    return gpu_iteration
+
+
+def test_families_train_through_the_same_code_at_tiny_size(gpu_iteration, tmp_path, capsys):
+    out = tmp_path / "it.json"
+    gpu_iteration.main(["--size", "tiny", "--device", "cpu", "--models", "sana", "--families", "sol_rl", "naive_scaling",
+                        "--n", "4", "--k", "2", "--rollout-batch", "4", "--iterations", "2", "--warmup", "1",
+                        "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["family"] for r in rows] == ["sol_rl", "naive_scaling"]
+    sol, naive = rows
+    assert sol["seconds"]["regenerate"] > 0 and naive["seconds"]["regenerate"] == 0
+    assert all(r["peak_gib"]["total"] > 0 and r["iterations_measured"] == 1 for r in rows)
+    assert "rollout copy on" in sol["machine"]
+    assert "no ratio against the compiled baseline" in capsys.readouterr().out
+
+
+def test_ratios_are_against_the_compile_family(gpu_iteration, capsys):
+    def row(family, explore, regenerate, total):
+        return {"model": "sana", "family": family, "seconds": {"explore": explore, "regenerate": regenerate, "reward": 0.0,
+                                                               "train": 1.0, "sync": 0.0, "total": total},
+                "peak_gib": {"total": 1.0}, "memory_source": "cuda peak allocated", "compile_seconds": {},
+                "iterations_measured": 2}
+
+    gpu_iteration.report([row("sol_rl", 2.0, 1.0, 6.0), row("compile", 6.0, 0.0, 9.0)], "cuda:0 (test)")
+    text = capsys.readouterr().out
+    assert "sol_rl vs compile: total 1.50x, rollout (explore + regenerate) 2.00x" in text
