@@ -211,17 +211,21 @@ def run_iteration(session: Session, bus: ev.EventBus) -> None:
 
 
 def warm_up_compiled(session: Session, bus: ev.EventBus) -> None:
-    """Compile each torch.compile'd copy on one call at the rollout batch before the first iteration,
-    and report the time as its own event: a compile is a one-time cost, not a slow iteration."""
-    for target, copy_ in (("explore copy", session.explore_copy), ("rollout copy", session.rollout_copy)):
+    """Compile each torch.compile'd copy on warm-up calls before the first iteration, and report the
+    time as its own event: a compile is a one-time cost, not a slow iteration. The rollout copy is
+    called at the rollout batch and at the training micro-batch (its v_old), so the second shape
+    turns on torch.compile's dynamic batch size here rather than mid-iteration."""
+    cfg = session.config
+    for target, copy_, batches in (("explore copy", session.explore_copy, (cfg.sampler.rollout_batch,)),
+                                   ("rollout copy", session.rollout_copy, (cfg.sampler.rollout_batch, cfg.optimizer.micro_batch))):
         if copy_ is None or copy_.forward is copy_.module:
             continue
         t0 = time.perf_counter()
-        batch = session.config.sampler.rollout_batch
-        cond = session.conditioning(session.prompts[:1] * batch).to(session.device)
-        x = torch.zeros(batch, *session.model.latent_shape, device=session.device, dtype=copy_.dtype)
-        with torch.no_grad():
-            out = session.model.velocity(copy_.forward, x, torch.ones(batch, device=session.device), cond)
+        for batch in dict.fromkeys(batches):
+            cond = session.conditioning(session.prompts[:1] * batch).to(session.device)
+            x = torch.zeros(batch, *session.model.latent_shape, device=session.device, dtype=copy_.dtype)
+            with torch.no_grad():
+                out = session.model.velocity(copy_.forward, x, torch.ones(batch, device=session.device), cond)
         if out.is_cuda:
             torch.cuda.synchronize(out.device)
         bus.emit(ev.CompileFinished(target=target, seconds=time.perf_counter() - t0))
@@ -375,7 +379,7 @@ def _old_velocity(session: Session, xt: torch.Tensor, sigma: torch.Tensor, cond:
 
 
 def sync(session: Session) -> float:
-    """After the step: old <- d*old + (1-d)*new, EMA, explore copy refreshed. Returns d.
+    """After the step: old <- d*old + (1-d)*new, EMA, rollout copies refreshed. Returns d.
 
     Both schedules count the optimizer step just taken (1 after the first), as the official code's
     `return_decay(global_step)` and `ema.step(params, global_step)` do after its increment."""
@@ -419,12 +423,8 @@ def _check_rewards(session: Session, bus: ev.EventBus, scores: GlobalScores) -> 
 def _autocast(session: Session) -> contextlib.AbstractContextManager:
     """bf16 autocast around the policy's forwards when the base is bf16 (the adapters are fp32), on
     CUDA and on a CPU alike, so the bf16 path runs the same way in the CPU test suite."""
-    return autocast(session.device, session.dtype)
-
-
-def autocast(device: torch.device, dtype: torch.dtype) -> contextlib.AbstractContextManager:
-    if dtype == torch.bfloat16:
-        return torch.autocast(device.type, dtype=torch.bfloat16)
+    if session.dtype == torch.bfloat16:
+        return torch.autocast(session.device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()
 
 

@@ -38,6 +38,9 @@ def test_each_family_completes_two_iterations(family, fast_sets):
     assert kinds[0] == "run_started" and kinds[-1] == "run_finished" and kinds.count("iteration") == 2
     regenerates = its[0].seconds["regenerate"] > 0
     assert regenerates == (family == "sol_rl")
+    compiled = [e.target for e in seen if isinstance(e, ev.CompileFinished)]
+    assert compiled == (["rollout copy"] if family == "compile" else [])  # compiled once, before iteration 1
+    assert session.rollout_copy is not None  # auto on a CPU: v_old (and full-precision rollouts) on the merged copy
     assert (its[0].draft is not None) == (family != "diffusionnft")
 
 
