@@ -392,7 +392,7 @@ def _model_weights(cfg: Config, m: _Machine) -> tuple[Check, float]:
 
     layout = LAYOUTS.get(mc.loader)
     if layout is None:
-        return Check(row, FAIL, f"unknown model loader '{mc.loader}'", "model.loader must be tiny, sana, flux1 or sd3", True), 0.0
+        return Check(row, FAIL, f"unknown model loader '{mc.loader}'", "model.loader must be one of: tiny, " + ", ".join(LAYOUTS), True), 0.0
     size = model_size(cfg)
     local_fix = f"pass a local {layout.name} diffusers folder with --model-path DIR"
     if mc.path:

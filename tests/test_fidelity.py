@@ -164,10 +164,11 @@ def test_the_report_says_which_rule_kept_each_layer(fast_sets):
 
 # --- sigma grids as the pipelines build them ------------------------------------------------------
 
+@pytest.mark.parametrize("name", ["sd3", "sd35_medium"])
 @pytest.mark.parametrize("steps", [10, 6])
-def test_sd3_grid_is_the_sd35_schedulers_own(steps):
-    cfg = resolve_config("sd3", "sol_rl").sampler
-    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0)  # SD3.5-Large's scheduler config
+def test_sd3_grid_is_the_sd35_schedulers_own(steps, name):
+    cfg = resolve_config(name, "sol_rl").sampler
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0)  # SD3.5-Large's and -Medium's scheduler config
     scheduler.set_timesteps(steps)
     ours = sigma_grid(steps, cfg.shift, cfg.sigma_grid)
     assert torch.allclose(ours, scheduler.sigmas.float(), atol=1e-6), (ours, scheduler.sigmas)

@@ -1,4 +1,4 @@
-"""The real-model loaders (SANA, FLUX.1, SD3) on tiny random pipelines of the real architectures,
+"""The real-model loaders (SANA, FLUX.1, SD3, SD3.5-Medium) on tiny random pipelines of the real architectures,
 saved in the hub's diffusers layout: parity with diffusers' own pipelines, one training iteration,
 LoRA targets, and the errors for broken folders and missing hub weights. Offline, CPU, seconds."""
 
@@ -22,7 +22,7 @@ from solrl_core.sampler import noise_for_seeds, sample, sigma_grid
 from solrl_core.trainer import StopFlag, train
 from tests.tiny_pipelines import BUILDERS, save_tiny_pipeline
 
-LOADERS = ("sana", "flux1", "sd3")
+LOADERS = ("sana", "flux1", "sd3", "sd35_medium")  # model presets, each with a tiny pipeline in tests/tiny_pipelines.py
 CPU = torch.device("cpu")
 FAST = ("model.resolution=32", "model.lora_rank=4", "model.lora_alpha=8", "explore.group_size=4", "selection.group_size=2",
         "explore.steps=1", "sampler.steps=2", "sampler.eval_steps=2", "run.prompts_per_iteration=1", "run.iterations=1",
@@ -141,6 +141,7 @@ def _expected_lora_modules(name: str, transformer: torch.nn.Module) -> set[str]:
                  for p in ("to_q", "to_k", "to_v", "to_out.0")}
                 | {f"single_transformer_blocks.{i}.attn.{p}" for i in range(len(transformer.single_transformer_blocks))
                    for p in ("to_q", "to_k", "to_v")})  # single blocks have no to_out
+    # SD3 and SD3.5-M: the joint attention only; SD3.5-M's dual attention (attn2) is not a target.
     last = len(transformer.transformer_blocks) - 1  # context-pre-only: no to_add_out
     return {f"transformer_blocks.{i}.attn.{p}" for i in range(last + 1)
             for p in ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
@@ -155,6 +156,8 @@ def test_lora_targets_are_exactly_the_attention_projections(name):
     policy = Policy(transformer, cfg)
     hit = {n for n, m in transformer.named_modules() if isinstance(m, BaseTunerLayer)}
     assert hit and hit == _expected_lora_modules(name, transformer)
+    if name == "sd35_medium":  # the MMDiT-X layout is really there, and its second attention is left alone
+        assert transformer.transformer_blocks[0].attn2 is not None and not any(".attn2." in n for n in hit)
     assert policy.trainable_parameters()
 
 
@@ -182,7 +185,7 @@ def test_resolution_must_fit_the_latent_grid(folders):
         load_model(_model_config("flux1", folders["flux1"], "model.resolution=30"), CPU, torch.float32)
 
 
-@pytest.mark.parametrize("name", ["sana", "sana_600m", "sana15", "flux1", "sd3"])
+@pytest.mark.parametrize("name", ["sana", "sana_600m", "sana15", "flux1", "sd3", "sd35_medium"])
 def test_missing_hub_weights_offline_name_the_hub_id(name, tmp_path, monkeypatch):
     from huggingface_hub import constants
 

@@ -120,7 +120,20 @@ def sd3_pipeline():  # type: ignore[no-untyped-def]
         text_encoder_3=t5_encoder(tokenizer_3, 32), tokenizer_3=tokenizer_3)
 
 
-BUILDERS = {"sana": sana_pipeline, "flux1": flux_pipeline, "sd3": sd3_pipeline}
+def sd35_medium_pipeline():  # type: ignore[no-untyped-def]
+    from diffusers import SD3Transformer2DModel
+
+    # SD3.5-Medium's MMDiT-X block layout: qk RMSNorm and a second (dual) self-attention on the image
+    # stream in the first blocks (dual_attention_layers), here block 0 of 2.
+    pipe = sd3_pipeline()
+    pipe.transformer = SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
+                                             num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32,
+                                             pooled_projection_dim=64, out_channels=4, qk_norm="rms_norm",
+                                             dual_attention_layers=(0,), pos_embed_max_size=24)
+    return pipe
+
+
+BUILDERS = {"sana": sana_pipeline, "flux1": flux_pipeline, "sd3": sd3_pipeline, "sd35_medium": sd35_medium_pipeline}
 
 
 def save_tiny_pipeline(loader: str, folder: str | Path, seed: int = 0) -> Path:

@@ -48,12 +48,14 @@ _SMALL_FILES = (".json", ".txt", ".model")  # configs, tokenizer vocabularies (v
 
 @dataclass(frozen=True)
 class Layout:
-    """What one model needs from a diffusers folder."""
+    """What one model needs from a diffusers folder, and which code builds it."""
 
     name: str  # shown to the user
     models: tuple[str, ...]  # subfolders holding config.json and weights
     tokenizers: tuple[str, ...]  # subfolders holding tokenizer_config.json
     gated: bool  # the hub repo asks for a licence acceptance and a token
+    builder: str  # "module:function" taking Components and returning the DiffusionModel
+    pipeline: str  # the diffusers pipeline class whose save_lora_weights / load_lora_weights the LoRA follows
 
     @property
     def subfolders(self) -> tuple[str, ...]:
@@ -61,24 +63,24 @@ class Layout:
 
 
 LAYOUTS = {
-    "sana": Layout("SANA", ("transformer", "vae", "text_encoder"), ("tokenizer",), gated=False),
+    "sana": Layout("SANA", ("transformer", "vae", "text_encoder"), ("tokenizer",), gated=False,
+                   builder="solrl_core.models.sana:build_sana", pipeline="SanaPipeline"),
     "flux1": Layout("FLUX.1", ("transformer", "vae", "text_encoder", "text_encoder_2"), ("tokenizer", "tokenizer_2"),
-                    gated=True),
+                    gated=True, builder="solrl_core.models.flux:build_flux", pipeline="FluxPipeline"),
     "sd3": Layout("SD3", ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"),
-                  ("tokenizer", "tokenizer_2", "tokenizer_3"), gated=True),
+                  ("tokenizer", "tokenizer_2", "tokenizer_3"), gated=True,
+                  builder="solrl_core.models.sd3:build_sd3", pipeline="StableDiffusion3Pipeline"),
 }
 
 
 def load_diffusers_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> DiffusionModel:
+    import importlib
+
     layout = LAYOUTS[cfg.loader]
     folder = model_folder(cfg, layout, dtype)
     check_layout(folder, layout, cfg)
-    if cfg.loader == "sana":
-        from solrl_core.models.sana import build_sana as build
-    elif cfg.loader == "flux1":
-        from solrl_core.models.flux import build_flux as build
-    else:
-        from solrl_core.models.sd3 import build_sd3 as build
+    module, function = layout.builder.split(":")
+    build = getattr(importlib.import_module(module), function)
     return build(Components(folder, cfg, device, dtype))
 
 
