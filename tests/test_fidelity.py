@@ -189,6 +189,22 @@ def test_flux_grid_is_the_flux_pipelines(steps):
     assert torch.allclose(ours, scheduler.sigmas.float(), atol=1e-4), (ours, scheduler.sigmas)
 
 
+@pytest.mark.parametrize("steps", [10, 28, 3])
+def test_qwen_image_grid_is_the_qwen_image_pipelines(steps):
+    # Qwen/Qwen-Image's scheduler/scheduler_config.json, and QwenImagePipeline's sigmas and mu.
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
+
+    cfg = resolve_config("qwen_image", "sol_rl")
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_shift=0.5, max_shift=0.9,
+                                                          base_image_seq_len=256, max_image_seq_len=8192, shift_terminal=0.02,
+                                                          time_shift_type="exponential")
+    mu = calculate_shift((cfg.model.resolution // 16) ** 2, 256, 8192, 0.5, 0.9)  # 8x VAE, 2x2 packing
+    scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps).tolist(), mu=mu)
+    ours = sigma_grid(steps, cfg.sampler.shift, cfg.sampler.sigma_grid)
+    assert torch.allclose(ours, scheduler.sigmas.float(), atol=1e-4), (ours, scheduler.sigmas)
+    assert abs(float(ours[-2]) - 0.02) < 1e-6
+
+
 def test_sana_grid_is_plain_linspace():
     cfg = resolve_config("sana", "sol_rl").sampler
     assert torch.allclose(sigma_grid(10, cfg.shift, cfg.sigma_grid), torch.linspace(1, 0, 11))

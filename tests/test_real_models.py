@@ -22,8 +22,10 @@ from solrl_core.sampler import noise_for_seeds, sample, sigma_grid
 from solrl_core.trainer import StopFlag, train
 from tests.tiny_pipelines import BUILDERS, save_tiny_pipeline
 
-LOADERS = ("sana", "flux1", "sd3", "sd35_medium")  # model presets, each with a tiny pipeline in tests/tiny_pipelines.py
+LOADERS = ("sana", "flux1", "sd3", "sd35_medium", "qwen_image")  # model presets, each with a tiny pipeline in tests/tiny_pipelines.py
 CPU = torch.device("cpu")
+PACKED = ("flux1", "qwen_image")  # pipelines that take and return 2x2-packed latent tokens
+LATENT_SIDE = {"qwen_image": 8}  # at 32px: the tiny Qwen-Image VAE downsamples 4x, the others 2x
 FAST = ("model.resolution=32", "model.lora_rank=4", "model.lora_alpha=8", "explore.group_size=4", "selection.group_size=2",
         "explore.steps=1", "sampler.steps=2", "sampler.eval_steps=2", "run.prompts_per_iteration=1", "run.iterations=1",
         "sampler.rollout_batch=4", "optimizer.micro_batch=2", "algorithm.timestep_fraction=0.5", "run.threads=2",
@@ -67,12 +69,12 @@ def test_rollout_matches_the_diffusers_pipeline(name, folders):
     if name == "sana":  # solrl encodes as the official code does: no complex human instruction
         kwargs.update(use_resolution_binning=False, complex_human_instruction=None)
     latents = noise
-    if name == "flux1":
+    if name in PACKED:
         from solrl_core.models.flux import pack
 
         latents = pack(noise)
     theirs = pipe(latents=latents, output_type="latent", **kwargs)[0]
-    if name == "flux1":
+    if name in PACKED:
         from solrl_core.models.flux import unpack
 
         theirs = unpack(theirs, *model.latent_shape[1:])
@@ -115,7 +117,7 @@ def test_one_training_iteration(name, folders, tmp_path):
     (it,) = [e for e in seen if isinstance(e, ev.IterationFinished)]
     assert np.isfinite(it.final.mean) and np.isfinite(it.draft.mean) and np.isfinite(it.loss["loss"]) and np.isfinite(it.grad_norm)
     assert it.final.std > 0 and it.grad_norm > 0, "the kept samples tied: nothing was trained"
-    assert session.model.latent_shape[1:] == (16, 16)
+    assert session.model.latent_shape[1:] == (LATENT_SIDE.get(name, 16),) * 2
     ckpt = tmp_path / "run" / "checkpoints" / "iter_000001"
     assert (ckpt / "pytorch_lora_weights.safetensors").is_file()
     # The saved LoRA loads through the model's own diffusers pipeline and reproduces the tuned model.
@@ -141,6 +143,9 @@ def _expected_lora_modules(name: str, transformer: torch.nn.Module) -> set[str]:
                  for p in ("to_q", "to_k", "to_v", "to_out.0")}
                 | {f"single_transformer_blocks.{i}.attn.{p}" for i in range(len(transformer.single_transformer_blocks))
                    for p in ("to_q", "to_k", "to_v")})  # single blocks have no to_out
+    if name == "qwen_image":  # every block's joint attention, image and text streams (no context-pre-only block)
+        return {f"transformer_blocks.{i}.attn.{p}" for i in range(len(transformer.transformer_blocks))
+                for p in ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")}
     # SD3 and SD3.5-M: the joint attention only; SD3.5-M's dual attention (attn2) is not a target.
     last = len(transformer.transformer_blocks) - 1  # context-pre-only: no to_add_out
     return {f"transformer_blocks.{i}.attn.{p}" for i in range(last + 1)
@@ -185,7 +190,7 @@ def test_resolution_must_fit_the_latent_grid(folders):
         load_model(_model_config("flux1", folders["flux1"], "model.resolution=30"), CPU, torch.float32)
 
 
-@pytest.mark.parametrize("name", ["sana", "sana_600m", "sana15", "flux1", "sd3", "sd35_medium"])
+@pytest.mark.parametrize("name", ["sana", "sana_600m", "sana15", "flux1", "sd3", "sd35_medium", "qwen_image"])
 def test_missing_hub_weights_offline_name_the_hub_id(name, tmp_path, monkeypatch):
     from huggingface_hub import constants
 

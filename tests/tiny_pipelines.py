@@ -133,7 +133,44 @@ def sd35_medium_pipeline():  # type: ignore[no-untyped-def]
     return pipe
 
 
-BUILDERS = {"sana": sana_pipeline, "flux1": flux_pipeline, "sd3": sd3_pipeline, "sd35_medium": sd35_medium_pipeline}
+def qwen_tokenizer():  # type: ignore[no-untyped-def]
+    """A byte-level BPE Qwen2 tokenizer over the 256 byte symbols (no merges), with the chat markers
+    and a Qwen3-style chat template (Z-Image calls apply_chat_template with enable_thinking)."""
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import Qwen2TokenizerFast
+
+    tokenizer = Qwen2TokenizerFast(vocab={c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}, merges=[])
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+        "<think>\n\n</think>\n\n{% endif %}{% endif %}")
+    return tokenizer
+
+
+def qwen_image_pipeline():  # type: ignore[no-untyped-def]
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline, QwenImageTransformer2DModel
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    tokenizer = qwen_tokenizer()
+    # Sizes from diffusers' tests/pipelines/qwenimage/test_qwenimage.py.
+    transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16,
+                                              num_attention_heads=3, joint_attention_dim=16, guidance_embeds=False,
+                                              axes_dims_rope=(8, 4, 4))
+    vae = AutoencoderKLQwenImage(base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1, temperal_downsample=[False, True],
+                                 latents_mean=[0.1, -0.2, 0.05, 0.0], latents_std=[1.5, 0.8, 1.2, 2.0])
+    config = Qwen2_5_VLConfig(
+        text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "rope_theta": 1000000.0, "vocab_size": len(tokenizer),
+                     "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"}},
+        vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16},
+        hidden_size=16, vocab_size=len(tokenizer))
+    return QwenImagePipeline(transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(),
+                             text_encoder=Qwen2_5_VLForConditionalGeneration(config).eval(), tokenizer=tokenizer)
+
+
+BUILDERS = {"sana": sana_pipeline, "flux1": flux_pipeline, "sd3": sd3_pipeline, "sd35_medium": sd35_medium_pipeline,
+            "qwen_image": qwen_image_pipeline}
 
 
 def save_tiny_pipeline(loader: str, folder: str | Path, seed: int = 0) -> Path:

@@ -35,7 +35,7 @@ from torch import nn
 
 from solrl_core.config import ModelConfig
 from solrl_core.errors import SolrlError
-from solrl_core.models.base import DiffusionModel
+from solrl_core.models.base import Conditioning, DiffusionModel
 
 DECODE_CHUNK = 4  # images per VAE decode call: a 1024px decode holds GBs of activations per image
 
@@ -70,6 +70,8 @@ LAYOUTS = {
     "sd3": Layout("SD3", ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"),
                   ("tokenizer", "tokenizer_2", "tokenizer_3"), gated=True,
                   builder="solrl_core.models.sd3:build_sd3", pipeline="StableDiffusion3Pipeline"),
+    "qwen_image": Layout("Qwen-Image", ("transformer", "vae", "text_encoder"), ("tokenizer",), gated=False,
+                         builder="solrl_core.models.qwen_image:build_qwen_image", pipeline="QwenImagePipeline"),
 }
 
 
@@ -279,6 +281,13 @@ class TextEncoders:
             for m in self.modules:
                 m.to("cpu")
             torch.cuda.empty_cache()
+
+
+def trim_padding(cond: Conditioning) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch's text embeddings and mask cut to its longest prompt (the encoders pad every prompt
+    to the model's max_sequence_length so that prompts encoded apart batch together)."""
+    length = max(int(cond.mask.sum(dim=1).max()), 1)
+    return cond.embeds[:, :length], cond.mask[:, :length].to(cond.embeds.device)
 
 
 def chunked_decode(vae_decode: Callable[[torch.Tensor], torch.Tensor], latents: torch.Tensor) -> torch.Tensor:
