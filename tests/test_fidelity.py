@@ -205,6 +205,19 @@ def test_qwen_image_grid_is_the_qwen_image_pipelines(steps):
     assert abs(float(ours[-2]) - 0.02) < 1e-6
 
 
+@pytest.mark.parametrize("steps", [6, 10])
+def test_zimage_grid_is_the_zimage_pipelines(steps):
+    # Tongyi-MAI/Z-Image-Turbo's scheduler (static shift 3, no dynamic shifting: the pipeline's mu is
+    # unused) on ZImagePipeline's default sigmas, get_default_z_image_sigmas.
+    from diffusers.pipelines.z_image.pipeline_z_image import get_default_z_image_sigmas
+
+    cfg = resolve_config("zimage", "sol_rl").sampler
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=False)
+    scheduler.set_timesteps(sigmas=get_default_z_image_sigmas(steps), mu=0.7)
+    ours = sigma_grid(steps, cfg.shift, cfg.sigma_grid)
+    assert torch.allclose(ours, scheduler.sigmas.float(), atol=1e-6), (ours, scheduler.sigmas)
+
+
 def test_sana_grid_is_plain_linspace():
     cfg = resolve_config("sana", "sol_rl").sampler
     assert torch.allclose(sigma_grid(10, cfg.shift, cfg.sigma_grid), torch.linspace(1, 0, 11))

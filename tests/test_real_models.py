@@ -22,7 +22,7 @@ from solrl_core.sampler import noise_for_seeds, sample, sigma_grid
 from solrl_core.trainer import StopFlag, train
 from tests.tiny_pipelines import BUILDERS, save_tiny_pipeline
 
-LOADERS = ("sana", "flux1", "sd3", "sd35_medium", "qwen_image")  # model presets, each with a tiny pipeline in tests/tiny_pipelines.py
+LOADERS = ("sana", "flux1", "sd3", "sd35_medium", "qwen_image", "zimage")  # model presets, each with a tiny pipeline in tests/tiny_pipelines.py
 CPU = torch.device("cpu")
 PACKED = ("flux1", "qwen_image")  # pipelines that take and return 2x2-packed latent tokens
 LATENT_SIDE = {"qwen_image": 8}  # at 32px: the tiny Qwen-Image VAE downsamples 4x, the others 2x
@@ -66,6 +66,8 @@ def test_rollout_matches_the_diffusers_pipeline(name, folders):
     ours = sample(lambda x, s, c: model.velocity(model.transformer, x, s, c), noise, cond, sigmas)
     pipe = _pipeline(name, folders[name])
     kwargs = dict(prompt=prompts, num_inference_steps=2, sigmas=sigmas[:-1].tolist(), guidance_scale=1.0, height=32, width=32)
+    if name == "zimage":  # the Turbo model samples without CFG
+        kwargs.update(guidance_scale=0.0)
     if name == "sana":  # solrl encodes as the official code does: no complex human instruction
         kwargs.update(use_resolution_binning=False, complex_human_instruction=None)
     latents = noise
@@ -73,13 +75,14 @@ def test_rollout_matches_the_diffusers_pipeline(name, folders):
         from solrl_core.models.flux import pack
 
         latents = pack(noise)
-    theirs = pipe(latents=latents, output_type="latent", **kwargs)[0]
+    # A fresh prompt list per call: ZImagePipeline's encode_prompt rewrites the list it is given.
+    theirs = pipe(latents=latents, output_type="latent", **{**kwargs, "prompt": list(prompts)})[0]
     if name in PACKED:
         from solrl_core.models.flux import unpack
 
         theirs = unpack(theirs, *model.latent_shape[1:])
     assert torch.allclose(ours, theirs, atol=1e-5), (ours - theirs).abs().max()
-    images = pipe(latents=latents, output_type="pt", **kwargs)[0]
+    images = pipe(latents=latents, output_type="pt", **{**kwargs, "prompt": list(prompts)})[0]
     assert torch.allclose(model.decode(ours), images, atol=1e-4)
 
 
@@ -146,6 +149,10 @@ def _expected_lora_modules(name: str, transformer: torch.nn.Module) -> set[str]:
     if name == "qwen_image":  # every block's joint attention, image and text streams (no context-pre-only block)
         return {f"transformer_blocks.{i}.attn.{p}" for i in range(len(transformer.transformer_blocks))
                 for p in ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")}
+    if name == "zimage":  # the main layers' and both refiners' attention
+        blocks = [f"{part}.{i}" for part in ("layers", "noise_refiner", "context_refiner")
+                  for i in range(len(getattr(transformer, part)))]
+        return {f"{b}.attention.{p}" for b in blocks for p in ("to_q", "to_k", "to_v", "to_out.0")}
     # SD3 and SD3.5-M: the joint attention only; SD3.5-M's dual attention (attn2) is not a target.
     last = len(transformer.transformer_blocks) - 1  # context-pre-only: no to_add_out
     return {f"transformer_blocks.{i}.attn.{p}" for i in range(last + 1)
@@ -190,7 +197,7 @@ def test_resolution_must_fit_the_latent_grid(folders):
         load_model(_model_config("flux1", folders["flux1"], "model.resolution=30"), CPU, torch.float32)
 
 
-@pytest.mark.parametrize("name", ["sana", "sana_600m", "sana15", "flux1", "sd3", "sd35_medium", "qwen_image"])
+@pytest.mark.parametrize("name", ["sana", "sana_600m", "sana15", "flux1", "sd3", "sd35_medium", "qwen_image", "zimage"])
 def test_missing_hub_weights_offline_name_the_hub_id(name, tmp_path, monkeypatch):
     from huggingface_hub import constants
 

@@ -169,8 +169,24 @@ def qwen_image_pipeline():  # type: ignore[no-untyped-def]
                              text_encoder=Qwen2_5_VLForConditionalGeneration(config).eval(), tokenizer=tokenizer)
 
 
+def zimage_pipeline():  # type: ignore[no-untyped-def]
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
+    from transformers import Qwen3Config, Qwen3Model
+
+    tokenizer = qwen_tokenizer()
+    # Sizes from diffusers' tests/pipelines/z_image/test_z_image.py.
+    transformer = ZImageTransformer2DModel(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=32, n_layers=2,
+                                           n_refiner_layers=1, n_heads=2, n_kv_heads=2, norm_eps=1e-5, qk_norm=True,
+                                           cap_feat_dim=16, rope_theta=256.0, t_scale=1000.0, axes_dims=[8, 4, 4],
+                                           axes_lens=[256, 32, 32])
+    text_encoder = Qwen3Model(Qwen3Config(hidden_size=16, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                          num_key_value_heads=2, vocab_size=len(tokenizer), max_position_embeddings=512)).eval()
+    return ZImagePipeline(transformer=transformer, vae=kl_vae(4), scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+                          text_encoder=text_encoder, tokenizer=tokenizer)
+
+
 BUILDERS = {"sana": sana_pipeline, "flux1": flux_pipeline, "sd3": sd3_pipeline, "sd35_medium": sd35_medium_pipeline,
-            "qwen_image": qwen_image_pipeline}
+            "qwen_image": qwen_image_pipeline, "zimage": zimage_pipeline}
 
 
 def save_tiny_pipeline(loader: str, folder: str | Path, seed: int = 0) -> Path:

@@ -72,6 +72,8 @@ LAYOUTS = {
                   builder="solrl_core.models.sd3:build_sd3", pipeline="StableDiffusion3Pipeline"),
     "qwen_image": Layout("Qwen-Image", ("transformer", "vae", "text_encoder"), ("tokenizer",), gated=False,
                          builder="solrl_core.models.qwen_image:build_qwen_image", pipeline="QwenImagePipeline"),
+    "zimage": Layout("Z-Image", ("transformer", "vae", "text_encoder"), ("tokenizer",), gated=False,
+                     builder="solrl_core.models.zimage:build_zimage", pipeline="ZImagePipeline"),
 }
 
 
