@@ -491,10 +491,21 @@ def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
     fix = ("lower optimizer.micro_batch (--set optimizer.micro_batch=N), use a GPU with more memory, or an explore "
            "precision with a smaller copy")
     if est.peak > gpu.memory_gib:
-        return Check("memory estimate", FAIL, detail, fix, True)
+        return Check("memory estimate", FAIL, detail, fix + _fitting_precisions(cfg, gpu, dtype_name), True)
     if est.peak > 0.9 * gpu.memory_gib:
         return Check("memory estimate", WARN, detail + " (within 10%)", fix, True)
     return Check("memory estimate", PASS, detail, "", True)
+
+
+def _fitting_precisions(cfg: Config, gpu: GpuInfo, dtype_name: str) -> str:
+    """The explore precisions usable on this GPU whose estimate fits in its memory, as a fix hint."""
+    usable = [p for p in hardware.supported(hardware.explore_precisions(gpu)) if p in hardware.IMPLEMENTED_EXPLORE]
+    fits = [(p, estimate_memory(cfg, p, dtype_name).peak) for p in usable]
+    fits = [f"--explore-precision {p} (estimate {peak:.0f} GiB{', no separate copy' if p == dtype_name else ''})"
+            for p, peak in fits if peak <= gpu.memory_gib]
+    if not fits:
+        return "; no explore precision usable here fits by this estimate"
+    return "; fits here by this estimate: " + ", ".join(fits)
 
 
 def _explore(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
