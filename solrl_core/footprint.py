@@ -36,7 +36,7 @@ MODEL_SIZES_BY_HUB_ID = {
     "Efficient-Large-Model/Sana_600M_1024px_diffusers":
         ModelSize("SANA 0.6B + Gemma2-2B text encoder + DC-AE", 0.6, 2.6, 0.32, 10.0, 0.2),
     "stabilityai/stable-diffusion-3.5-medium":
-        ModelSize("SD3.5-Medium 2.5B + T5-XXL + CLIP-L + CLIP-G", 2.5, 5.6, 0.08, 17.0, 0.3),
+        ModelSize("SD3.5-Medium 2.5B + T5-XXL + CLIP-L + CLIP-G", 2.24, 5.6, 0.08, 17.0, 0.3),
 }
 # Approximate download of each reward's weights, GB.
 REWARD_DOWNLOAD_GB = {"imagereward": 1.8, "pickscore": 4.0, "clipscore": 1.7, "hpsv2": 2.0}

@@ -43,7 +43,8 @@ DECODE_CHUNK = 4  # images per VAE decode call: a 1024px decode holds GBs of act
 _WEIGHT = re.compile(r"^(?P<stem>diffusion_pytorch_model|model|pytorch_model)"
                      r"(?:\.(?P<v1>bf16|fp16|fp32))?(?:-\d+-of-\d+)?\.(?P<fmt>safetensors|bin)"
                      r"(?:\.index(?:\.(?P<v2>bf16|fp16|fp32))?\.json)?$")
-_SMALL_FILES = (".json", ".txt", ".model")  # configs, tokenizer vocabularies (vocab.json, merges.txt, spiece.model)
+_SMALL_FILES = (".json", ".txt", ".model", ".jinja")  # configs, tokenizer vocabularies (vocab.json, merges.txt,
+# spiece.model) and chat templates (chat_template.jinja: the Qwen tokenizers of Z-Image and Qwen-Image)
 
 
 @dataclass(frozen=True)
