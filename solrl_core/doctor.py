@@ -479,15 +479,22 @@ def _processes(nproc: int, m: _Machine, gpu: GpuInfo | None) -> Check:
 
 
 def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
-    if gpu is None:
-        return Check("memory estimate", PASS, "skipped: no GPU (the run uses the CPU's memory)", "", False)
     precision = requested if requested in set(EXPLORE_PRECISIONS) | set(hardware.PRECISIONS) else "auto"
     dtype_name = "bf16" if cfg.run.dtype == "auto" else cfg.run.dtype
     est = estimate_memory(cfg, precision, dtype_name)
-    detail = (f"estimate {est.peak:.1f} GiB of {gpu.memory_gib:.0f} GiB on cuda:{gpu.index} ({model_size(cfg).label}, "
-              f"approximate): policy {est.policy:.1f} + explore copy {est.explore_copy:.1f} + vae {est.vae:.1f} + "
-              f"max(text encoders {est.text_encoders:.1f}, activations {est.activations:.1f} for micro-batch "
-              f"{cfg.optimizer.micro_batch}) + {est.overhead:.1f} overhead")
+    parts = (f"({model_size(cfg).label}, approximate): policy {est.policy:.1f} + explore copy {est.explore_copy:.1f} + "
+             f"vae {est.vae:.1f} + max(text encoders {est.text_encoders:.1f}, activations {est.activations:.1f} for "
+             f"micro-batch {cfg.optimizer.micro_batch}) + {est.overhead:.1f} overhead")
+    if gpu is None:
+        detail = "skipped: no GPU (the run uses the CPU's memory)"
+        if cfg.model.loader != "tiny":
+            from solrl_core.session import plan_stages
+
+            eff = dataclasses.replace(cfg, explore=dataclasses.replace(cfg.explore, precision=precision))
+            resolved = plan_stages(eff, dtype_name).explore_precision
+            detail += f"; on a GPU in {dtype_name} with a {resolved} explore copy: estimate {est.peak:.1f} GiB {parts}"
+        return Check("memory estimate", PASS, detail, "", False)
+    detail = f"estimate {est.peak:.1f} GiB of {gpu.memory_gib:.0f} GiB on cuda:{gpu.index} {parts}"
     fix = ("lower optimizer.micro_batch (--set optimizer.micro_batch=N), use a GPU with more memory, or an explore "
            "precision with a smaller copy")
     if est.peak > gpu.memory_gib:

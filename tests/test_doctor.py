@@ -243,3 +243,10 @@ def test_new_model_presets_have_their_own_footprint_and_a_20b_model_names_what_f
     assert check.status == "fail" and "Qwen-Image" in check.detail
     assert "--explore-precision bf16" in check.fix and "no separate copy" in check.fix
     assert doc._memory(resolve_config("zimage", "sol_rl"), H100, "auto").status == "pass"
+
+
+def test_memory_estimate_without_a_gpu_still_gives_a_real_models_figure():
+    check = doc._memory(resolve_config("qwen_image", "sol_rl"), None, None)
+    assert check.status == "pass" and check.detail.startswith("skipped: no GPU")
+    assert "on a GPU in bf16" in check.detail and "Qwen-Image 20B" in check.detail and "GiB" in check.detail
+    assert "on a GPU" not in doc._memory(resolve_config("tiny", "sol_rl"), None, None).detail
