@@ -35,7 +35,7 @@ def _f(default: Any, help: str) -> Any:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = _f("tiny", "Model preset name (informational; the loader decides what is built).")
-    loader: str = _f("tiny", "Which loader builds the model: tiny, sana, flux1, sd3, qwen_image, zimage.")
+    loader: str = _f("tiny", "Which loader builds the model: tiny, sana, flux1, sd3, qwen_image, zimage, flux2.")
     hub_id: str = _f("", "Hugging Face hub id of the base model.")
     path: str = _f("", "Local folder with the base model; used instead of hub_id when set.")
     weights: str = _f("", "Weights file for the tiny model ('' = random init from init_seed).")

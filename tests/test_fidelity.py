@@ -218,6 +218,21 @@ def test_zimage_grid_is_the_zimage_pipelines(steps):
     assert torch.allclose(ours, scheduler.sigmas.float(), atol=1e-6), (ours, scheduler.sigmas)
 
 
+def test_flux2_klein_grid_is_the_klein_pipelines_at_its_four_steps():
+    # Flux2KleinPipeline: linspace(1, 1/n, n) sigmas and mu = compute_empirical_mu(image tokens, n), on
+    # a scheduler with FLUX.2's dynamic exponential time shift; the preset's 4 distilled steps everywhere.
+    from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
+
+    cfg = resolve_config("flux2_klein", "sol_rl")
+    steps = cfg.sampler.steps
+    assert steps == cfg.sampler.eval_steps == cfg.explore.steps == 4
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, time_shift_type="exponential", shift=3.0)
+    mu = compute_empirical_mu((cfg.model.resolution // 16) ** 2, steps)  # 8x VAE, 2x2 patches
+    scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps).tolist(), mu=mu)
+    ours = sigma_grid(steps, cfg.sampler.shift, cfg.sampler.sigma_grid)
+    assert torch.allclose(ours, scheduler.sigmas.float(), atol=1e-5), (ours, scheduler.sigmas)
+
+
 def test_sana_grid_is_plain_linspace():
     cfg = resolve_config("sana", "sol_rl").sampler
     assert torch.allclose(sigma_grid(10, cfg.shift, cfg.sigma_grid), torch.linspace(1, 0, 11))

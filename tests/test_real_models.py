@@ -22,10 +22,11 @@ from solrl_core.sampler import noise_for_seeds, sample, sigma_grid
 from solrl_core.trainer import StopFlag, train
 from tests.tiny_pipelines import BUILDERS, save_tiny_pipeline
 
-LOADERS = ("sana", "flux1", "sd3", "sd35_medium", "qwen_image", "zimage")  # model presets, each with a tiny pipeline in tests/tiny_pipelines.py
+LOADERS = ("sana", "flux1", "sd3", "sd35_medium", "qwen_image", "zimage", "flux2_klein")  # model presets, each with a tiny pipeline in tests/tiny_pipelines.py
 CPU = torch.device("cpu")
 PACKED = ("flux1", "qwen_image")  # pipelines that take and return 2x2-packed latent tokens
-LATENT_SIDE = {"qwen_image": 8}  # at 32px: the tiny Qwen-Image VAE downsamples 4x, the others 2x
+# At 32px: the tiny Qwen-Image VAE downsamples 4x, the others 2x; FLUX.2's latents are 2x2 patches.
+LATENT_SIDE = {"qwen_image": 8, "flux2_klein": 8}
 FAST = ("model.resolution=32", "model.lora_rank=4", "model.lora_alpha=8", "explore.group_size=4", "selection.group_size=2",
         "explore.steps=1", "sampler.steps=2", "sampler.eval_steps=2", "run.prompts_per_iteration=1", "run.iterations=1",
         "sampler.rollout_batch=4", "optimizer.micro_batch=2", "algorithm.timestep_fraction=0.5", "run.threads=2",
@@ -81,6 +82,14 @@ def test_rollout_matches_the_diffusers_pipeline(name, folders):
         from solrl_core.models.flux import unpack
 
         theirs = unpack(theirs, *model.latent_shape[1:])
+    if name == "flux2_klein":  # the pipeline returns the VAE latent: un-normalised, un-patched
+        from diffusers import Flux2KleinPipeline
+
+        bn = pipe.vae.bn
+        std = torch.sqrt(bn.running_var + pipe.vae.config.batch_norm_eps).view(1, -1, 1, 1)
+        ours_vae = Flux2KleinPipeline._unpatchify_latents(ours * std + bn.running_mean.view(1, -1, 1, 1))
+        assert torch.allclose(ours_vae, theirs, atol=1e-5), (ours_vae - theirs).abs().max()
+        theirs = ours  # compared above in the pipeline's space
     assert torch.allclose(ours, theirs, atol=1e-5), (ours - theirs).abs().max()
     images = pipe(latents=latents, output_type="pt", **{**kwargs, "prompt": list(prompts)})[0]
     assert torch.allclose(model.decode(ours), images, atol=1e-4)
@@ -153,6 +162,10 @@ def _expected_lora_modules(name: str, transformer: torch.nn.Module) -> set[str]:
         blocks = [f"{part}.{i}" for part in ("layers", "noise_refiner", "context_refiner")
                   for i in range(len(getattr(transformer, part)))]
         return {f"{b}.attention.{p}" for b in blocks for p in ("to_q", "to_k", "to_v", "to_out.0")}
+    if name == "flux2_klein":  # double-stream attention, and the single-stream fused QKV (+ MLP in) projection
+        return ({f"transformer_blocks.{i}.attn.{p}" for i in range(len(transformer.transformer_blocks))
+                 for p in ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")}
+                | {f"single_transformer_blocks.{i}.attn.to_qkv_mlp_proj" for i in range(len(transformer.single_transformer_blocks))})
     # SD3 and SD3.5-M: the joint attention only; SD3.5-M's dual attention (attn2) is not a target.
     last = len(transformer.transformer_blocks) - 1  # context-pre-only: no to_add_out
     return {f"transformer_blocks.{i}.attn.{p}" for i in range(last + 1)
@@ -197,7 +210,7 @@ def test_resolution_must_fit_the_latent_grid(folders):
         load_model(_model_config("flux1", folders["flux1"], "model.resolution=30"), CPU, torch.float32)
 
 
-@pytest.mark.parametrize("name", ["sana", "sana_600m", "sana15", "flux1", "sd3", "sd35_medium", "qwen_image", "zimage"])
+@pytest.mark.parametrize("name", ["sana", "sana_600m", "sana15", "flux1", "sd3", "sd35_medium", "qwen_image", "zimage", "flux2_klein"])
 def test_missing_hub_weights_offline_name_the_hub_id(name, tmp_path, monkeypatch):
     from huggingface_hub import constants
 

@@ -185,8 +185,31 @@ def zimage_pipeline():  # type: ignore[no-untyped-def]
                           text_encoder=text_encoder, tokenizer=tokenizer)
 
 
+def flux2_klein_pipeline():  # type: ignore[no-untyped-def]
+    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = qwen_tokenizer()
+    # Sizes from diffusers' tests/pipelines/flux2/test_pipeline_flux2_klein.py, with a 2x VAE, non-trivial
+    # batch-norm statistics, and 28 text layers so that the pipeline's default layers (9, 18, 27) exist.
+    transformer = Flux2Transformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+                                          num_attention_heads=2, joint_attention_dim=48, timestep_guidance_channels=256,
+                                          axes_dims_rope=[4, 4, 4, 4], guidance_embeds=False)
+    text_encoder = Qwen3ForCausalLM(Qwen3Config(hidden_size=16, intermediate_size=16, num_hidden_layers=28, num_attention_heads=2,
+                                                num_key_value_heads=2, vocab_size=len(tokenizer),
+                                                max_position_embeddings=512)).eval()
+    vae = AutoencoderKLFlux2(sample_size=32, in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+                             up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(4, 4), layers_per_block=1,
+                             latent_channels=1, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False)
+    vae.bn.running_mean.copy_(torch.randn(4) * 0.3)
+    vae.bn.running_var.copy_(torch.rand(4) + 0.5)
+    return Flux2KleinPipeline(transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(),
+                              text_encoder=text_encoder, tokenizer=tokenizer, is_distilled=True)
+
+
 BUILDERS = {"sana": sana_pipeline, "flux1": flux_pipeline, "sd3": sd3_pipeline, "sd35_medium": sd35_medium_pipeline,
-            "qwen_image": qwen_image_pipeline, "zimage": zimage_pipeline}
+            "qwen_image": qwen_image_pipeline, "zimage": zimage_pipeline,
+            "flux2_klein": flux2_klein_pipeline}
 
 
 def save_tiny_pipeline(loader: str, folder: str | Path, seed: int = 0) -> Path:

@@ -75,6 +75,8 @@ LAYOUTS = {
                          builder="solrl_core.models.qwen_image:build_qwen_image", pipeline="QwenImagePipeline"),
     "zimage": Layout("Z-Image", ("transformer", "vae", "text_encoder"), ("tokenizer",), gated=False,
                      builder="solrl_core.models.zimage:build_zimage", pipeline="ZImagePipeline"),
+    "flux2": Layout("FLUX.2 [klein]", ("transformer", "vae", "text_encoder"), ("tokenizer",), gated=False,
+                    builder="solrl_core.models.flux2:build_flux2", pipeline="Flux2KleinPipeline"),
 }
 
 
