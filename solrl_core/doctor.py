@@ -121,7 +121,7 @@ def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None
     checks += reward_checks
     checks.append(_disk(m, model_download, reward_download, cfg))
     checks.append(_processes(nproc, m, gpu))
-    checks.append(_memory(cfg, gpu, requested))
+    checks.append(_memory(cfg, gpu, requested) if gpu is not None else _memory_without_gpu(cfg, requested))
     checks.append(_explore(cfg, gpu, requested))
     return checks
 
@@ -478,32 +478,6 @@ def _processes(nproc: int, m: _Machine, gpu: GpuInfo | None) -> Check:
                  f"--nproc-per-node {n}", True)
 
 
-def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
-    precision = requested if requested in set(EXPLORE_PRECISIONS) | set(hardware.PRECISIONS) else "auto"
-    dtype_name = "bf16" if cfg.run.dtype == "auto" else cfg.run.dtype
-    est = estimate_memory(cfg, precision, dtype_name)
-    parts = (f"({model_size(cfg).label}, approximate): policy {est.policy:.1f} + explore copy {est.explore_copy:.1f} + "
-             f"vae {est.vae:.1f} + max(text encoders {est.text_encoders:.1f}, activations {est.activations:.1f} for "
-             f"micro-batch {cfg.optimizer.micro_batch}) + {est.overhead:.1f} overhead")
-    if gpu is None:
-        detail = "skipped: no GPU (the run uses the CPU's memory)"
-        if cfg.model.loader != "tiny":
-            from solrl_core.session import plan_stages
-
-            eff = dataclasses.replace(cfg, explore=dataclasses.replace(cfg.explore, precision=precision))
-            resolved = plan_stages(eff, dtype_name).explore_precision
-            detail += f"; on a GPU in {dtype_name} with a {resolved} explore copy: estimate {est.peak:.1f} GiB {parts}"
-        return Check("memory estimate", PASS, detail, "", False)
-    detail = f"estimate {est.peak:.1f} GiB of {gpu.memory_gib:.0f} GiB on cuda:{gpu.index} {parts}"
-    fix = ("lower optimizer.micro_batch (--set optimizer.micro_batch=N), use a GPU with more memory, or an explore "
-           "precision with a smaller copy")
-    if est.peak > gpu.memory_gib:
-        return Check("memory estimate", FAIL, detail, fix + _fitting_precisions(cfg, gpu, dtype_name), True)
-    if est.peak > 0.9 * gpu.memory_gib:
-        return Check("memory estimate", WARN, detail + " (within 10%)", fix, True)
-    return Check("memory estimate", PASS, detail, "", True)
-
-
 def _fitting_precisions(cfg: Config, gpu: GpuInfo, dtype_name: str) -> str:
     """The explore precisions usable on this GPU whose estimate fits in its memory, as a fix hint."""
     usable = [p for p in hardware.supported(hardware.explore_precisions(gpu)) if p in hardware.IMPLEMENTED_EXPLORE]
@@ -513,6 +487,40 @@ def _fitting_precisions(cfg: Config, gpu: GpuInfo, dtype_name: str) -> str:
     if not fits:
         return "; no explore precision usable here fits by this estimate"
     return "; fits here by this estimate: " + ", ".join(fits)
+
+
+def _memory_without_gpu(cfg: Config, requested: str | None) -> Check:
+    """No GPU here: a real model still gets the estimate of a bf16 GPU run (explore copy as asked,
+    fp8 for auto), so its memory needs are known before a GPU is chosen."""
+    check = _memory(cfg, None, requested)
+    if cfg.model.loader == "tiny":
+        return check
+    precision = requested if requested in hardware.IMPLEMENTED_EXPLORE else "fp8"
+    est = estimate_memory(cfg, precision, "bf16")
+    detail = (f"{check.detail}; on a GPU in bf16 with a {precision} explore copy: estimate {est.peak:.1f} GiB "
+              f"({model_size(cfg).label}, approximate): policy {est.policy:.1f} + explore copy {est.explore_copy:.1f} + "
+              f"vae {est.vae:.1f} + max(text encoders {est.text_encoders:.1f}, activations {est.activations:.1f} for "
+              f"micro-batch {cfg.optimizer.micro_batch}) + {est.overhead:.1f} overhead")
+    return dataclasses.replace(check, detail=detail)
+
+
+def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
+    if gpu is None:
+        return Check("memory estimate", PASS, "skipped: no GPU (the run uses the CPU's memory)", "", False)
+    precision = requested if requested in set(EXPLORE_PRECISIONS) | set(hardware.PRECISIONS) else "auto"
+    dtype_name = "bf16" if cfg.run.dtype == "auto" else cfg.run.dtype
+    est = estimate_memory(cfg, precision, dtype_name)
+    detail = (f"estimate {est.peak:.1f} GiB of {gpu.memory_gib:.0f} GiB on cuda:{gpu.index} ({model_size(cfg).label}, "
+              f"approximate): policy {est.policy:.1f} + explore copy {est.explore_copy:.1f} + vae {est.vae:.1f} + "
+              f"max(text encoders {est.text_encoders:.1f}, activations {est.activations:.1f} for micro-batch "
+              f"{cfg.optimizer.micro_batch}) + {est.overhead:.1f} overhead")
+    fix = ("lower optimizer.micro_batch (--set optimizer.micro_batch=N), use a GPU with more memory, or an explore "
+           "precision with a smaller copy")
+    if est.peak > gpu.memory_gib:
+        return Check("memory estimate", FAIL, detail, fix + _fitting_precisions(cfg, gpu, dtype_name), True)
+    if est.peak > 0.9 * gpu.memory_gib:
+        return Check("memory estimate", WARN, detail + " (within 10%)", fix, True)
+    return Check("memory estimate", PASS, detail, "", True)
 
 
 def _explore(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:

@@ -247,7 +247,10 @@ def test_new_model_presets_have_their_own_footprint_and_a_20b_model_names_what_f
 
 
 def test_memory_estimate_without_a_gpu_still_gives_a_real_models_figure():
-    check = doc._memory(resolve_config("qwen_image", "sol_rl"), None, None)
-    assert check.status == "pass" and check.detail.startswith("skipped: no GPU")
-    assert "on a GPU in bf16" in check.detail and "Qwen-Image 20B" in check.detail and "GiB" in check.detail
-    assert "on a GPU" not in doc._memory(resolve_config("tiny", "sol_rl"), None, None).detail
+    check = doc._memory_without_gpu(resolve_config("qwen_image", "sol_rl"), None)
+    assert check.status == "pass" and check.detail.startswith("skipped: no GPU") and not check.needed_by_run
+    assert "on a GPU in bf16 with a fp8 explore copy" in check.detail and "Qwen-Image 20B" in check.detail
+    assert "with a bf16 explore copy" in doc._memory_without_gpu(resolve_config("qwen_image", "sol_rl"), "bf16").detail
+    assert "on a GPU" not in doc._memory_without_gpu(resolve_config("tiny", "sol_rl"), None).detail
+    names = {c.name: c for c in doc.run_checks(resolve_config("qwen_image", "sol_rl"))}
+    assert "Qwen-Image 20B" in names["memory estimate"].detail or names["memory estimate"].detail.startswith("estimate")
