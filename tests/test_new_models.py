@@ -1,6 +1,7 @@
-"""The explore-copy rules of the presets beyond the official three (SD3.5-Medium, Qwen-Image,
-Z-Image; FLUX.2 [klein]'s published configuration is not pinned here) on the published transformer configurations, built on the meta device (no weights): each
-preset's comment says which layers its rule keeps, and this pins it."""
+"""The explore-copy rules of the presets beyond the official three (SD3.5-Medium, Qwen-Image and
+Z-Image; FLUX.2 [klein]'s published configuration is not pinned here) on the published transformer
+configurations, built on the meta device (no weights): each preset's comment says which layers its
+rule keeps, and this pins it."""
 
 from __future__ import annotations
 

@@ -22,7 +22,8 @@ from solrl_core.sampler import noise_for_seeds, sample, sigma_grid
 from solrl_core.trainer import StopFlag, train
 from tests.tiny_pipelines import BUILDERS, save_tiny_pipeline
 
-LOADERS = ("sana", "flux1", "sd3", "sd35_medium", "qwen_image", "zimage", "flux2_klein")  # model presets, each with a tiny pipeline in tests/tiny_pipelines.py
+# Model presets, each with a tiny pipeline of its architecture in tests/tiny_pipelines.py.
+LOADERS = ("sana", "flux1", "sd3", "sd35_medium", "qwen_image", "zimage", "flux2_klein")
 CPU = torch.device("cpu")
 PACKED = ("flux1", "qwen_image")  # pipelines that take and return 2x2-packed latent tokens
 # At 32px: the tiny Qwen-Image VAE downsamples 4x, the others 2x; FLUX.2's latents are 2x2 patches.
@@ -31,6 +32,11 @@ FAST = ("model.resolution=32", "model.lora_rank=4", "model.lora_alpha=8", "explo
         "explore.steps=1", "sampler.steps=2", "sampler.eval_steps=2", "run.prompts_per_iteration=1", "run.iterations=1",
         "sampler.rollout_batch=4", "optimizer.micro_batch=2", "algorithm.timestep_fraction=0.5", "run.threads=2",
         "run.device=cpu", "run.prompts=tiny")
+
+
+def _marked(slow: tuple[str, ...]) -> list:  # type: ignore[type-arg]
+    """LOADERS as parameters, those in `slow` (over ten seconds on a 2-core CPU) marked slow."""
+    return [pytest.param(name, marks=pytest.mark.slow) if name in slow else name for name in LOADERS]
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +59,7 @@ def _pipeline(name: str, folder):  # type: ignore[no-untyped-def]
     return pipe
 
 
-@pytest.mark.parametrize("name", LOADERS)
+@pytest.mark.parametrize("name", _marked(("zimage", "flux2_klein")))
 def test_rollout_matches_the_diffusers_pipeline(name, folders):
     # Same prompt, same noise, same sigmas: our encode + velocity + Euler sampler + decode must give
     # the pipeline's own latents and images. This pins each model's timestep scale (SANA and SD3
@@ -117,7 +123,7 @@ def test_sana_prompts_carry_no_instruction_unless_asked(folders):
     assert resolve_config("sana", "sol_rl").model.prompt_instruction is False
 
 
-@pytest.mark.parametrize("name", LOADERS)
+@pytest.mark.parametrize("name", _marked(("sd35_medium", "zimage", "flux2_klein")))
 def test_one_training_iteration(name, folders, tmp_path):
     # run.seed=1: with seed 0 the tiny SANA's two kept images tie on JPEG size, so nothing would train.
     cfg = resolve_config(name, "sol_rl", "jpeg_compressibility",
