@@ -9,10 +9,9 @@ import torch
 from solrl_core.config import ModelConfig
 from solrl_core.errors import SolrlError
 from solrl_core.models.base import Conditioning, DiffusionModel
+from solrl_core.models.diffusers_models import LAYOUTS
 
 __all__ = ["Conditioning", "DiffusionModel", "load_model"]
-
-from solrl_core.models.diffusers_models import LAYOUTS
 
 LOADERS = ("tiny", *LAYOUTS)
 
