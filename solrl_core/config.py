@@ -21,7 +21,7 @@ SELECTION_MODES = ("best_worst", "random", "mean_deviation", "extremes_random")
 EXPLORE_PRECISIONS = ("auto", "nvfp4", "fp8", "nvfp4-emulated", "bf16", "fp32")
 DTYPES = ("auto", "bf16", "fp32")
 SOLVERS = ("euler", "dpm2")
-SIGMA_GRIDS = ("linspace", "scheduler")
+SIGMA_GRIDS = ("linspace", "scheduler", "qwen_image")
 SWITCHES = ("auto", "true", "false")  # a setting solrl decides for this machine unless told
 AGGREGATIONS = ("sum", "advantage")
 
@@ -36,7 +36,7 @@ def _f(default: Any, help: str) -> Any:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = _f("tiny", "Model preset name (informational; the loader decides what is built).")
-    loader: str = _f("tiny", "Which loader builds the model: tiny, sana, flux1, sd3.")
+    loader: str = _f("tiny", "Which loader builds the model: tiny, sana, flux1, sd3, qwen_image, zimage, flux2.")
     hub_id: str = _f("", "Hugging Face hub id of the base model.")
     path: str = _f("", "Local folder with the base model; used instead of hub_id when set.")
     weights: str = _f("", "Weights file for the tiny model ('' = random init from init_seed).")
@@ -69,7 +69,8 @@ class SamplerConfig:
     shift: float = _f(1.0, "Sigma shift s: sigma' = s*sigma / (1 + (s-1)*sigma); 1.0 = plain linspace(1, 0).")
     sigma_grid: str = _f("linspace", "How the sigma grid is built: linspace (linspace(1, 1/n) then shifted: the SANA and "
                                      "FLUX pipelines) or scheduler (FlowMatchEulerDiscreteScheduler.set_timesteps with a "
-                                     "static shift, whose last sigma is shift(shift(1/1000)): the SD3/3.5 pipelines).")
+                                     "static shift, whose last sigma is shift(shift(1/1000)): the SD3/3.5 pipelines) or "
+                                     "qwen_image (linspace, shifted, stretched to end at 0.02: the Qwen-Image pipeline).")
     guidance: float = _f(1.0, "Classifier-free guidance scale; 1.0 = CFG off (the official setting).")
     rollout_batch: int = _f(24, "Samples generated per forward batch.")
     rollout_copy: str = _f("auto", "Full-precision rollouts (Stage 2, the full-precision families, the rank check) and the "

@@ -121,7 +121,7 @@ def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None
     checks += reward_checks
     checks.append(_disk(m, model_download, reward_download, cfg))
     checks.append(_processes(nproc, m, gpu))
-    checks.append(_memory(cfg, gpu, requested))
+    checks.append(_memory(cfg, gpu, requested) if gpu is not None else _memory_without_gpu(cfg, requested))
     checks.append(_explore(cfg, gpu, requested))
     return checks
 
@@ -392,7 +392,7 @@ def _model_weights(cfg: Config, m: _Machine) -> tuple[Check, float]:
 
     layout = LAYOUTS.get(mc.loader)
     if layout is None:
-        return Check(row, FAIL, f"unknown model loader '{mc.loader}'", "model.loader must be tiny, sana, flux1 or sd3", True), 0.0
+        return Check(row, FAIL, f"unknown model loader '{mc.loader}'", "model.loader must be one of: tiny, " + ", ".join(LAYOUTS), True), 0.0
     size = model_size(cfg)
     local_fix = f"pass a local {layout.name} diffusers folder with --model-path DIR"
     if mc.path:
@@ -478,6 +478,32 @@ def _processes(nproc: int, m: _Machine, gpu: GpuInfo | None) -> Check:
                  f"--nproc-per-node {n}", True)
 
 
+def _fitting_precisions(cfg: Config, gpu: GpuInfo, dtype_name: str) -> str:
+    """The explore precisions usable on this GPU whose estimate fits in its memory, as a fix hint."""
+    usable = [p for p in hardware.supported(hardware.explore_precisions(gpu)) if p in hardware.IMPLEMENTED_EXPLORE]
+    fits = [(p, estimate_memory(cfg, p, dtype_name).peak) for p in usable]
+    fits = [f"--explore-precision {p} (estimate {peak:.0f} GiB{', no separate copy' if p == dtype_name else ''})"
+            for p, peak in fits if peak <= gpu.memory_gib]
+    if not fits:
+        return "; no explore precision usable here fits by this estimate"
+    return "; fits here by this estimate: " + ", ".join(fits)
+
+
+def _memory_without_gpu(cfg: Config, requested: str | None) -> Check:
+    """No GPU here: a real model still gets the estimate of a bf16 GPU run (explore copy as asked,
+    fp8 for auto), so its memory needs are known before a GPU is chosen."""
+    check = _memory(cfg, None, requested)
+    if cfg.model.loader == "tiny":
+        return check
+    precision = requested if requested in hardware.IMPLEMENTED_EXPLORE else "fp8"
+    est = estimate_memory(cfg, precision, "bf16")
+    detail = (f"{check.detail}; on a GPU in bf16 with a {precision} explore copy: estimate {est.peak:.1f} GiB "
+              f"({model_size(cfg).label}, approximate): policy {est.policy:.1f} + explore copy {est.explore_copy:.1f} + "
+              f"vae {est.vae:.1f} + max(text encoders {est.text_encoders:.1f}, activations {est.activations:.1f} for "
+              f"micro-batch {cfg.optimizer.micro_batch}) + {est.overhead:.1f} overhead")
+    return dataclasses.replace(check, detail=detail)
+
+
 def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
     if gpu is None:
         return Check("memory estimate", PASS, "skipped: no GPU (the run uses the CPU's memory)", "", False)
@@ -499,7 +525,7 @@ def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
     fix = ("lower optimizer.micro_batch (--set optimizer.micro_batch=N), use a GPU with more memory, or an explore "
            "precision with a smaller copy")
     if est.peak > gpu.memory_gib:
-        return Check("memory estimate", FAIL, detail, fix, True)
+        return Check("memory estimate", FAIL, detail, fix + _fitting_precisions(cfg, gpu, dtype_name), True)
     if est.peak > 0.9 * gpu.memory_gib:
         return Check("memory estimate", WARN, detail + " (within 10%)", fix, True)
     return Check("memory estimate", PASS, detail, "", True)

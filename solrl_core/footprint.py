@@ -27,16 +27,21 @@ class ModelSize:
 # By loader; a hub id listed in MODEL_SIZES_BY_HUB_ID overrides its loader's entry.
 # activation_full_gib: SANA's from one H100 measurement (forward+backward at micro-batch 16, fp32 LoRA under
 # bf16 autocast: 62.2 GiB peak without checkpointing, 10.9 GiB with, so about 3.2 GiB more per sample);
-# FLUX's and SD3's scaled from their checkpointed figures by the same ratio: APPROXIMATE.
+# every other model's scaled from its checkpointed figure by the same ratio (about 10x): APPROXIMATE.
 MODEL_SIZES = {
     "tiny": ModelSize("tiny world model", 0.0013, 0.0, 0.0, 0.0, 0.0, 0.0),
     "sana": ModelSize("SANA 1.6B + Gemma2-2B text encoder + DC-AE", 1.6, 2.6, 0.32, 12.0, 0.35, 3.55),
     "flux1": ModelSize("FLUX.1-dev 12B + T5-XXL + CLIP-L", 11.9, 4.9, 0.08, 34.0, 0.9, 9.1),
     "sd3": ModelSize("SD3.5-Large 8B + T5-XXL + CLIP-L + CLIP-G", 8.1, 5.6, 0.08, 30.0, 1.5, 15.2),
+    "flux2": ModelSize("FLUX.2 [klein] 4B + Qwen3-4B + FLUX.2 VAE", 3.9, 4.0, 0.08, 16.0, 0.3, 3.0),
+    "zimage": ModelSize("Z-Image 6B + Qwen3-4B + FLUX VAE", 6.2, 4.0, 0.08, 21.0, 0.4, 4.0),
+    "qwen_image": ModelSize("Qwen-Image 20B + Qwen2.5-VL-7B + Qwen-Image VAE", 20.4, 8.3, 0.13, 58.0, 1.0, 10.1),
 }
 MODEL_SIZES_BY_HUB_ID = {
     "Efficient-Large-Model/Sana_600M_1024px_diffusers":
         ModelSize("SANA 0.6B + Gemma2-2B text encoder + DC-AE", 0.6, 2.6, 0.32, 10.0, 0.2, 2.0),
+    "stabilityai/stable-diffusion-3.5-medium":
+        ModelSize("SD3.5-Medium 2.5B + T5-XXL + CLIP-L + CLIP-G", 2.24, 5.6, 0.08, 17.0, 0.3, 3.0),
 }
 # Approximate download of each reward's weights, GB.
 REWARD_DOWNLOAD_GB = {"imagereward": 1.8, "pickscore": 4.0, "clipscore": 1.7, "hpsv2": 2.0}

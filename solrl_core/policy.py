@@ -150,7 +150,9 @@ class Policy:
         model's own pipeline class (the tiny model is a SANA)."""
         import diffusers
 
-        pipeline = getattr(diffusers, {"flux1": "FluxPipeline", "sd3": "StableDiffusion3Pipeline"}.get(self.loader, "SanaPipeline"))
+        from solrl_core.models.diffusers_models import LAYOUTS
+
+        pipeline = getattr(diffusers, LAYOUTS[self.loader].pipeline if self.loader in LAYOUTS else "SanaPipeline")
 
         if adapter == "ema":
             state = {k: v.clone() for k, v in self.ema.items()}

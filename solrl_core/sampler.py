@@ -34,6 +34,7 @@ def noise_for_seeds(seeds: list[int] | torch.Tensor, shape: tuple[int, ...], dev
 
 
 NUM_TRAIN_TIMESTEPS = 1000  # diffusers' FlowMatchEulerDiscreteScheduler default, as SD3/3.5 ship it
+QWEN_IMAGE_SHIFT_TERMINAL = 0.02  # Qwen/Qwen-Image scheduler/scheduler_config.json: shift_terminal
 
 
 def _shifted(sigmas: torch.Tensor, shift: float) -> torch.Tensor:
@@ -49,10 +50,19 @@ def sigma_grid(steps: int, shift: float = 1.0, kind: str = "linspace") -> torch.
                calls it: linspace(1, sigma_min, steps) with sigma_min = shift(1/1000) (the shifted
                training grid's smallest sigma), shifted again, then 0. At shift 3 its last non-zero
                sigma is 0.0089 for any step count, where linspace ends at shift(1/steps) (0.25 at 10).
+    qwen_image linspace(1, 1/steps, steps), shifted, then stretched so that its last non-zero sigma is
+               QWEN_IMAGE_SHIFT_TERMINAL (FlowMatchEulerDiscreteScheduler.stretch_shift_to_terminal),
+               then 0: QwenImagePipeline with Qwen-Image's scheduler, whose exponential time shift
+               by mu is the shift exp(mu) here.
     """
     if kind == "linspace":
         sigmas = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
         return _shifted(sigmas, shift).float()
+    if kind == "qwen_image":
+        sigmas = _shifted(torch.linspace(1.0, 1.0 / steps, steps, dtype=torch.float64), shift)
+        one_minus = 1.0 - sigmas
+        sigmas = 1.0 - one_minus / (one_minus[-1] / (1.0 - QWEN_IMAGE_SHIFT_TERMINAL))
+        return torch.cat([sigmas, sigmas.new_zeros(1)]).float()
     if kind != "scheduler":
         raise ValueError(f"unknown sigma grid {kind!r}")
     sigma_min = float(_shifted(torch.tensor(1.0 / NUM_TRAIN_TIMESTEPS, dtype=torch.float64), shift))

@@ -232,3 +232,28 @@ def test_reward_file_table_matches_the_backends():
     assert repos["pickscore"] == {clip_rewards.PickScore.model_id, clip_rewards.PickScore.processor_id}
     assert repos["clipscore"] == {clip_rewards.ClipScore.model_id, clip_rewards.ClipScore.processor_id}
     assert repos["hpsv2"] == {hpsv2.HUB_REPO} and files["hpsv2"] == {hpsv2.CHECKPOINT}
+
+
+def test_new_model_presets_have_their_own_footprint_and_a_20b_model_names_what_fits():
+    from solrl_core.footprint import MODEL_SIZES
+
+    names = ("sd35_medium", "qwen_image", "zimage", "flux2_klein")
+    labels = {name: doc.model_size(resolve_config(name, "sol_rl")).label for name in names}
+    assert len(set(labels.values())) == 4 and MODEL_SIZES["sana"].label not in labels.values()
+    assert "SD3.5-Medium" in labels["sd35_medium"] and "Qwen-Image 20B" in labels["qwen_image"]
+    # Qwen-Image's 20B transformer with an emulated-NVFP4 copy cannot fit on an 80 GB H100; the check
+    # says so before anything loads, and names the precision that fits (bf16: rollouts on the policy).
+    check = doc._memory(resolve_config("qwen_image", "sol_rl"), H100, "auto")
+    assert check.status == "fail" and "Qwen-Image" in check.detail
+    assert "--explore-precision bf16" in check.fix and "no separate copy" in check.fix
+    assert doc._memory(resolve_config("zimage", "sol_rl"), H100, "auto").status == "pass"
+
+
+def test_memory_estimate_without_a_gpu_still_gives_a_real_models_figure():
+    check = doc._memory_without_gpu(resolve_config("qwen_image", "sol_rl"), None)
+    assert check.status == "pass" and check.detail.startswith("skipped: no GPU") and not check.needed_by_run
+    assert "on a GPU in bf16 with a fp8 explore copy" in check.detail and "Qwen-Image 20B" in check.detail
+    assert "with a bf16 explore copy" in doc._memory_without_gpu(resolve_config("qwen_image", "sol_rl"), "bf16").detail
+    assert "on a GPU" not in doc._memory_without_gpu(resolve_config("tiny", "sol_rl"), None).detail
+    names = {c.name: c for c in doc.run_checks(resolve_config("qwen_image", "sol_rl"))}
+    assert "Qwen-Image 20B" in names["memory estimate"].detail or names["memory estimate"].detail.startswith("estimate")

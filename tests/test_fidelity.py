@@ -164,10 +164,11 @@ def test_the_report_says_which_rule_kept_each_layer(fast_sets):
 
 # --- sigma grids as the pipelines build them ------------------------------------------------------
 
+@pytest.mark.parametrize("name", ["sd3", "sd35_medium"])
 @pytest.mark.parametrize("steps", [10, 6])
-def test_sd3_grid_is_the_sd35_schedulers_own(steps):
-    cfg = resolve_config("sd3", "sol_rl").sampler
-    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0)  # SD3.5-Large's scheduler config
+def test_sd3_grid_is_the_sd35_schedulers_own(steps, name):
+    cfg = resolve_config(name, "sol_rl").sampler
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0)  # SD3.5-Large's and -Medium's scheduler config
     scheduler.set_timesteps(steps)
     ours = sigma_grid(steps, cfg.shift, cfg.sigma_grid)
     assert torch.allclose(ours, scheduler.sigmas.float(), atol=1e-6), (ours, scheduler.sigmas)
@@ -186,6 +187,50 @@ def test_flux_grid_is_the_flux_pipelines(steps):
     scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps).tolist(), mu=mu)
     ours = sigma_grid(steps, cfg.sampler.shift, cfg.sampler.sigma_grid)
     assert torch.allclose(ours, scheduler.sigmas.float(), atol=1e-4), (ours, scheduler.sigmas)
+
+
+@pytest.mark.parametrize("steps", [10, 28, 3])
+def test_qwen_image_grid_is_the_qwen_image_pipelines(steps):
+    # Qwen/Qwen-Image's scheduler/scheduler_config.json, and QwenImagePipeline's sigmas and mu.
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift
+
+    cfg = resolve_config("qwen_image", "sol_rl")
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_shift=0.5, max_shift=0.9,
+                                                          base_image_seq_len=256, max_image_seq_len=8192, shift_terminal=0.02,
+                                                          time_shift_type="exponential")
+    mu = calculate_shift((cfg.model.resolution // 16) ** 2, 256, 8192, 0.5, 0.9)  # 8x VAE, 2x2 packing
+    scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps).tolist(), mu=mu)
+    ours = sigma_grid(steps, cfg.sampler.shift, cfg.sampler.sigma_grid)
+    assert torch.allclose(ours, scheduler.sigmas.float(), atol=1e-4), (ours, scheduler.sigmas)
+    assert abs(float(ours[-2]) - 0.02) < 1e-6
+
+
+@pytest.mark.parametrize("steps", [6, 10])
+def test_zimage_grid_is_the_zimage_pipelines(steps):
+    # Tongyi-MAI/Z-Image-Turbo's scheduler (static shift 3, no dynamic shifting: the pipeline's mu is
+    # unused) on ZImagePipeline's default sigmas, get_default_z_image_sigmas.
+    from diffusers.pipelines.z_image.pipeline_z_image import get_default_z_image_sigmas
+
+    cfg = resolve_config("zimage", "sol_rl").sampler
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(shift=3.0, use_dynamic_shifting=False)
+    scheduler.set_timesteps(sigmas=get_default_z_image_sigmas(steps), mu=0.7)
+    ours = sigma_grid(steps, cfg.shift, cfg.sigma_grid)
+    assert torch.allclose(ours, scheduler.sigmas.float(), atol=1e-6), (ours, scheduler.sigmas)
+
+
+def test_flux2_klein_grid_is_the_klein_pipelines_at_its_four_steps():
+    # Flux2KleinPipeline: linspace(1, 1/n, n) sigmas and mu = compute_empirical_mu(image tokens, n), on
+    # a scheduler with FLUX.2's dynamic exponential time shift; the preset's 4 distilled steps everywhere.
+    from diffusers.pipelines.flux2.pipeline_flux2_klein import compute_empirical_mu
+
+    cfg = resolve_config("flux2_klein", "sol_rl")
+    steps = cfg.sampler.steps
+    assert steps == cfg.sampler.eval_steps == cfg.explore.steps == 4
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, time_shift_type="exponential", shift=3.0)
+    mu = compute_empirical_mu((cfg.model.resolution // 16) ** 2, steps)  # 8x VAE, 2x2 patches
+    scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps).tolist(), mu=mu)
+    ours = sigma_grid(steps, cfg.sampler.shift, cfg.sampler.sigma_grid)
+    assert torch.allclose(ours, scheduler.sigmas.float(), atol=1e-5), (ours, scheduler.sigmas)
 
 
 def test_sana_grid_is_plain_linspace():

@@ -1,4 +1,4 @@
-"""The real-model loaders (SANA, FLUX.1, SD3) on tiny random pipelines of the real architectures,
+"""The real-model loaders (SANA, FLUX.1, SD3, SD3.5-Medium) on tiny random pipelines of the real architectures,
 saved in the hub's diffusers layout: parity with diffusers' own pipelines, one training iteration,
 LoRA targets, and the errors for broken folders and missing hub weights. Offline, CPU, seconds."""
 
@@ -22,12 +22,21 @@ from solrl_core.sampler import noise_for_seeds, sample, sigma_grid
 from solrl_core.trainer import StopFlag, train
 from tests.tiny_pipelines import BUILDERS, save_tiny_pipeline
 
-LOADERS = ("sana", "flux1", "sd3")
+# Model presets, each with a tiny pipeline of its architecture in tests/tiny_pipelines.py.
+LOADERS = ("sana", "flux1", "sd3", "sd35_medium", "qwen_image", "zimage", "flux2_klein")
 CPU = torch.device("cpu")
+PACKED = ("flux1", "qwen_image")  # pipelines that take and return 2x2-packed latent tokens
+# At 32px: the tiny Qwen-Image VAE downsamples 4x, the others 2x; FLUX.2's latents are 2x2 patches.
+LATENT_SIDE = {"qwen_image": 8, "flux2_klein": 8}
 FAST = ("model.resolution=32", "model.lora_rank=4", "model.lora_alpha=8", "explore.group_size=4", "selection.group_size=2",
         "explore.steps=1", "sampler.steps=2", "sampler.eval_steps=2", "run.prompts_per_iteration=1", "run.iterations=1",
         "sampler.rollout_batch=4", "optimizer.micro_batch=2", "algorithm.timestep_fraction=0.5", "run.threads=2",
         "run.device=cpu", "run.prompts=tiny")
+
+
+def _marked(slow: tuple[str, ...]) -> list:  # type: ignore[type-arg]
+    """LOADERS as parameters, those in `slow` (over ten seconds on a 2-core CPU) marked slow."""
+    return [pytest.param(name, marks=pytest.mark.slow) if name in slow else name for name in LOADERS]
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +59,7 @@ def _pipeline(name: str, folder):  # type: ignore[no-untyped-def]
     return pipe
 
 
-@pytest.mark.parametrize("name", LOADERS)
+@pytest.mark.parametrize("name", _marked(("zimage", "flux2_klein")))
 def test_rollout_matches_the_diffusers_pipeline(name, folders):
     # Same prompt, same noise, same sigmas: our encode + velocity + Euler sampler + decode must give
     # the pipeline's own latents and images. This pins each model's timestep scale (SANA and SD3
@@ -64,20 +73,31 @@ def test_rollout_matches_the_diffusers_pipeline(name, folders):
     ours = sample(lambda x, s, c: model.velocity(model.transformer, x, s, c), noise, cond, sigmas)
     pipe = _pipeline(name, folders[name])
     kwargs = dict(prompt=prompts, num_inference_steps=2, sigmas=sigmas[:-1].tolist(), guidance_scale=1.0, height=32, width=32)
+    if name == "zimage":  # the Turbo model samples without CFG
+        kwargs.update(guidance_scale=0.0)
     if name == "sana":  # solrl encodes as the official code does: no complex human instruction
         kwargs.update(use_resolution_binning=False, complex_human_instruction=None)
     latents = noise
-    if name == "flux1":
+    if name in PACKED:
         from solrl_core.models.flux import pack
 
         latents = pack(noise)
-    theirs = pipe(latents=latents, output_type="latent", **kwargs)[0]
-    if name == "flux1":
+    # A fresh prompt list per call: ZImagePipeline's encode_prompt rewrites the list it is given.
+    theirs = pipe(latents=latents, output_type="latent", **{**kwargs, "prompt": list(prompts)})[0]
+    if name in PACKED:
         from solrl_core.models.flux import unpack
 
         theirs = unpack(theirs, *model.latent_shape[1:])
+    if name == "flux2_klein":  # the pipeline returns the VAE latent: un-normalised, un-patched
+        from diffusers import Flux2KleinPipeline
+
+        bn = pipe.vae.bn
+        std = torch.sqrt(bn.running_var + pipe.vae.config.batch_norm_eps).view(1, -1, 1, 1)
+        ours_vae = Flux2KleinPipeline._unpatchify_latents(ours * std + bn.running_mean.view(1, -1, 1, 1))
+        assert torch.allclose(ours_vae, theirs, atol=1e-5), (ours_vae - theirs).abs().max()
+        theirs = ours  # compared above in the pipeline's space
     assert torch.allclose(ours, theirs, atol=1e-5), (ours - theirs).abs().max()
-    images = pipe(latents=latents, output_type="pt", **kwargs)[0]
+    images = pipe(latents=latents, output_type="pt", **{**kwargs, "prompt": list(prompts)})[0]
     assert torch.allclose(model.decode(ours), images, atol=1e-4)
 
 
@@ -103,7 +123,7 @@ def test_sana_prompts_carry_no_instruction_unless_asked(folders):
     assert resolve_config("sana", "sol_rl").model.prompt_instruction is False
 
 
-@pytest.mark.parametrize("name", LOADERS)
+@pytest.mark.parametrize("name", _marked(("sd35_medium", "zimage", "flux2_klein")))
 def test_one_training_iteration(name, folders, tmp_path):
     # run.seed=1: with seed 0 the tiny SANA's two kept images tie on JPEG size, so nothing would train.
     cfg = resolve_config(name, "sol_rl", "jpeg_compressibility",
@@ -115,7 +135,7 @@ def test_one_training_iteration(name, folders, tmp_path):
     (it,) = [e for e in seen if isinstance(e, ev.IterationFinished)]
     assert np.isfinite(it.final.mean) and np.isfinite(it.draft.mean) and np.isfinite(it.loss["loss"]) and np.isfinite(it.grad_norm)
     assert it.final.std > 0 and it.grad_norm > 0, "the kept samples tied: nothing was trained"
-    assert session.model.latent_shape[1:] == (16, 16)
+    assert session.model.latent_shape[1:] == (LATENT_SIDE.get(name, 16),) * 2
     ckpt = tmp_path / "run" / "checkpoints" / "iter_000001"
     assert (ckpt / "pytorch_lora_weights.safetensors").is_file()
     # The saved LoRA loads through the model's own diffusers pipeline and reproduces the tuned model.
@@ -141,6 +161,18 @@ def _expected_lora_modules(name: str, transformer: torch.nn.Module) -> set[str]:
                  for p in ("to_q", "to_k", "to_v", "to_out.0")}
                 | {f"single_transformer_blocks.{i}.attn.{p}" for i in range(len(transformer.single_transformer_blocks))
                    for p in ("to_q", "to_k", "to_v")})  # single blocks have no to_out
+    if name == "qwen_image":  # every block's joint attention, image and text streams (no context-pre-only block)
+        return {f"transformer_blocks.{i}.attn.{p}" for i in range(len(transformer.transformer_blocks))
+                for p in ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")}
+    if name == "zimage":  # the main layers' and both refiners' attention
+        blocks = [f"{part}.{i}" for part in ("layers", "noise_refiner", "context_refiner")
+                  for i in range(len(getattr(transformer, part)))]
+        return {f"{b}.attention.{p}" for b in blocks for p in ("to_q", "to_k", "to_v", "to_out.0")}
+    if name == "flux2_klein":  # double-stream attention, and the single-stream fused QKV (+ MLP in) projection
+        return ({f"transformer_blocks.{i}.attn.{p}" for i in range(len(transformer.transformer_blocks))
+                 for p in ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")}
+                | {f"single_transformer_blocks.{i}.attn.to_qkv_mlp_proj" for i in range(len(transformer.single_transformer_blocks))})
+    # SD3 and SD3.5-M: the joint attention only; SD3.5-M's dual attention (attn2) is not a target.
     last = len(transformer.transformer_blocks) - 1  # context-pre-only: no to_add_out
     return {f"transformer_blocks.{i}.attn.{p}" for i in range(last + 1)
             for p in ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")
@@ -155,6 +187,8 @@ def test_lora_targets_are_exactly_the_attention_projections(name):
     policy = Policy(transformer, cfg)
     hit = {n for n, m in transformer.named_modules() if isinstance(m, BaseTunerLayer)}
     assert hit and hit == _expected_lora_modules(name, transformer)
+    if name == "sd35_medium":  # the MMDiT-X layout is really there, and its second attention is left alone
+        assert transformer.transformer_blocks[0].attn2 is not None and not any(".attn2." in n for n in hit)
     assert policy.trainable_parameters()
 
 
@@ -182,7 +216,7 @@ def test_resolution_must_fit_the_latent_grid(folders):
         load_model(_model_config("flux1", folders["flux1"], "model.resolution=30"), CPU, torch.float32)
 
 
-@pytest.mark.parametrize("name", ["sana", "sana_600m", "sana15", "flux1", "sd3"])
+@pytest.mark.parametrize("name", ["sana", "sana_600m", "sana15", "flux1", "sd3", "sd35_medium", "qwen_image", "zimage", "flux2_klein"])
 def test_missing_hub_weights_offline_name_the_hub_id(name, tmp_path, monkeypatch):
     from huggingface_hub import constants
 

@@ -120,7 +120,96 @@ def sd3_pipeline():  # type: ignore[no-untyped-def]
         text_encoder_3=t5_encoder(tokenizer_3, 32), tokenizer_3=tokenizer_3)
 
 
-BUILDERS = {"sana": sana_pipeline, "flux1": flux_pipeline, "sd3": sd3_pipeline}
+def sd35_medium_pipeline():  # type: ignore[no-untyped-def]
+    from diffusers import SD3Transformer2DModel
+
+    # SD3.5-Medium's MMDiT-X block layout: qk RMSNorm and a second (dual) self-attention on the image
+    # stream in the first blocks (dual_attention_layers), here block 0 of 2.
+    pipe = sd3_pipeline()
+    pipe.transformer = SD3Transformer2DModel(sample_size=16, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
+                                             num_attention_heads=4, caption_projection_dim=32, joint_attention_dim=32,
+                                             pooled_projection_dim=64, out_channels=4, qk_norm="rms_norm",
+                                             dual_attention_layers=(0,), pos_embed_max_size=24)
+    return pipe
+
+
+def qwen_tokenizer():  # type: ignore[no-untyped-def]
+    """A byte-level BPE Qwen2 tokenizer over the 256 byte symbols (no merges), with the chat markers
+    and a Qwen3-style chat template (Z-Image calls apply_chat_template with enable_thinking)."""
+    from tokenizers.pre_tokenizers import ByteLevel
+    from transformers import Qwen2TokenizerFast
+
+    tokenizer = Qwen2TokenizerFast(vocab={c: i for i, c in enumerate(sorted(ByteLevel.alphabet()))}, merges=[])
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking is defined and not enable_thinking %}"
+        "<think>\n\n</think>\n\n{% endif %}{% endif %}")
+    return tokenizer
+
+
+def qwen_image_pipeline():  # type: ignore[no-untyped-def]
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImagePipeline, QwenImageTransformer2DModel
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+
+    tokenizer = qwen_tokenizer()
+    # Sizes from diffusers' tests/pipelines/qwenimage/test_qwenimage.py.
+    transformer = QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=2, attention_head_dim=16,
+                                              num_attention_heads=3, joint_attention_dim=16, guidance_embeds=False,
+                                              axes_dims_rope=(8, 4, 4))
+    vae = AutoencoderKLQwenImage(base_dim=24, z_dim=4, dim_mult=[1, 2, 4], num_res_blocks=1, temperal_downsample=[False, True],
+                                 latents_mean=[0.1, -0.2, 0.05, 0.0], latents_std=[1.5, 0.8, 1.2, 2.0])
+    config = Qwen2_5_VLConfig(
+        text_config={"hidden_size": 16, "intermediate_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+                     "num_key_value_heads": 2, "rope_theta": 1000000.0, "vocab_size": len(tokenizer),
+                     "rope_scaling": {"mrope_section": [1, 1, 2], "rope_type": "default", "type": "default"}},
+        vision_config={"depth": 2, "hidden_size": 16, "intermediate_size": 16, "num_heads": 2, "out_hidden_size": 16},
+        hidden_size=16, vocab_size=len(tokenizer))
+    return QwenImagePipeline(transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(),
+                             text_encoder=Qwen2_5_VLForConditionalGeneration(config).eval(), tokenizer=tokenizer)
+
+
+def zimage_pipeline():  # type: ignore[no-untyped-def]
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
+    from transformers import Qwen3Config, Qwen3Model
+
+    tokenizer = qwen_tokenizer()
+    # Sizes from diffusers' tests/pipelines/z_image/test_z_image.py.
+    transformer = ZImageTransformer2DModel(all_patch_size=(2,), all_f_patch_size=(1,), in_channels=4, dim=32, n_layers=2,
+                                           n_refiner_layers=1, n_heads=2, n_kv_heads=2, norm_eps=1e-5, qk_norm=True,
+                                           cap_feat_dim=16, rope_theta=256.0, t_scale=1000.0, axes_dims=[8, 4, 4],
+                                           axes_lens=[256, 32, 32])
+    text_encoder = Qwen3Model(Qwen3Config(hidden_size=16, intermediate_size=16, num_hidden_layers=2, num_attention_heads=2,
+                                          num_key_value_heads=2, vocab_size=len(tokenizer), max_position_embeddings=512)).eval()
+    return ZImagePipeline(transformer=transformer, vae=kl_vae(4), scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+                          text_encoder=text_encoder, tokenizer=tokenizer)
+
+
+def flux2_klein_pipeline():  # type: ignore[no-untyped-def]
+    from diffusers import AutoencoderKLFlux2, FlowMatchEulerDiscreteScheduler, Flux2KleinPipeline, Flux2Transformer2DModel
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    tokenizer = qwen_tokenizer()
+    # Sizes from diffusers' tests/pipelines/flux2/test_pipeline_flux2_klein.py, with a 2x VAE, non-trivial
+    # batch-norm statistics, and 28 text layers so that the pipeline's default layers (9, 18, 27) exist.
+    transformer = Flux2Transformer2DModel(patch_size=1, in_channels=4, num_layers=1, num_single_layers=1, attention_head_dim=16,
+                                          num_attention_heads=2, joint_attention_dim=48, timestep_guidance_channels=256,
+                                          axes_dims_rope=[4, 4, 4, 4], guidance_embeds=False)
+    text_encoder = Qwen3ForCausalLM(Qwen3Config(hidden_size=16, intermediate_size=16, num_hidden_layers=28, num_attention_heads=2,
+                                                num_key_value_heads=2, vocab_size=len(tokenizer),
+                                                max_position_embeddings=512)).eval()
+    vae = AutoencoderKLFlux2(sample_size=32, in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
+                             up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(4, 4), layers_per_block=1,
+                             latent_channels=1, norm_num_groups=1, use_quant_conv=False, use_post_quant_conv=False)
+    vae.bn.running_mean.copy_(torch.randn(4) * 0.3)
+    vae.bn.running_var.copy_(torch.rand(4) + 0.5)
+    return Flux2KleinPipeline(transformer=transformer, vae=vae, scheduler=FlowMatchEulerDiscreteScheduler(),
+                              text_encoder=text_encoder, tokenizer=tokenizer, is_distilled=True)
+
+
+BUILDERS = {"sana": sana_pipeline, "flux1": flux_pipeline, "sd3": sd3_pipeline, "sd35_medium": sd35_medium_pipeline,
+            "qwen_image": qwen_image_pipeline, "zimage": zimage_pipeline,
+            "flux2_klein": flux2_klein_pipeline}
 
 
 def save_tiny_pipeline(loader: str, folder: str | Path, seed: int = 0) -> Path:

@@ -1,6 +1,6 @@
 """Model loaders by name. A model preset names its loader; the loader builds a DiffusionModel:
-`tiny` (models/tiny.py, built offline) or a real diffusers model, `sana`, `flux1` or `sd3`
-(models/diffusers_models.py, from model.path or the hub)."""
+`tiny` (models/tiny.py, built offline) or a real diffusers model named in
+models/diffusers_models.py's LAYOUTS (from model.path or the hub)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ import torch
 from solrl_core.config import ModelConfig
 from solrl_core.errors import SolrlError
 from solrl_core.models.base import Conditioning, DiffusionModel
+from solrl_core.models.diffusers_models import LAYOUTS
 
 __all__ = ["Conditioning", "DiffusionModel", "load_model"]
 
-LOADERS = ("tiny", "sana", "flux1", "sd3")
+LOADERS = ("tiny", *LAYOUTS)
 
 
 def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> DiffusionModel:

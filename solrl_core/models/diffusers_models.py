@@ -35,7 +35,7 @@ from torch import nn
 
 from solrl_core.config import ModelConfig
 from solrl_core.errors import SolrlError
-from solrl_core.models.base import DiffusionModel
+from solrl_core.models.base import Conditioning, DiffusionModel
 
 DECODE_CHUNK = 4  # images per VAE decode call: a 1024px decode holds GBs of activations per image
 
@@ -43,17 +43,20 @@ DECODE_CHUNK = 4  # images per VAE decode call: a 1024px decode holds GBs of act
 _WEIGHT = re.compile(r"^(?P<stem>diffusion_pytorch_model|model|pytorch_model)"
                      r"(?:\.(?P<v1>bf16|fp16|fp32))?(?:-\d+-of-\d+)?\.(?P<fmt>safetensors|bin)"
                      r"(?:\.index(?:\.(?P<v2>bf16|fp16|fp32))?\.json)?$")
-_SMALL_FILES = (".json", ".txt", ".model")  # configs, tokenizer vocabularies (vocab.json, merges.txt, spiece.model)
+_SMALL_FILES = (".json", ".txt", ".model", ".jinja")  # configs, tokenizer vocabularies (vocab.json, merges.txt,
+# spiece.model) and chat templates (chat_template.jinja: the Qwen tokenizers of Z-Image and Qwen-Image)
 
 
 @dataclass(frozen=True)
 class Layout:
-    """What one model needs from a diffusers folder."""
+    """What one model needs from a diffusers folder, and which code builds it."""
 
     name: str  # shown to the user
     models: tuple[str, ...]  # subfolders holding config.json and weights
     tokenizers: tuple[str, ...]  # subfolders holding tokenizer_config.json
     gated: bool  # the hub repo asks for a licence acceptance and a token
+    builder: str  # "module:function" taking Components and returning the DiffusionModel
+    pipeline: str  # the diffusers pipeline class whose save_lora_weights / load_lora_weights the LoRA follows
 
     @property
     def subfolders(self) -> tuple[str, ...]:
@@ -61,24 +64,30 @@ class Layout:
 
 
 LAYOUTS = {
-    "sana": Layout("SANA", ("transformer", "vae", "text_encoder"), ("tokenizer",), gated=False),
+    "sana": Layout("SANA", ("transformer", "vae", "text_encoder"), ("tokenizer",), gated=False,
+                   builder="solrl_core.models.sana:build_sana", pipeline="SanaPipeline"),
     "flux1": Layout("FLUX.1", ("transformer", "vae", "text_encoder", "text_encoder_2"), ("tokenizer", "tokenizer_2"),
-                    gated=True),
+                    gated=True, builder="solrl_core.models.flux:build_flux", pipeline="FluxPipeline"),
     "sd3": Layout("SD3", ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"),
-                  ("tokenizer", "tokenizer_2", "tokenizer_3"), gated=True),
+                  ("tokenizer", "tokenizer_2", "tokenizer_3"), gated=True,
+                  builder="solrl_core.models.sd3:build_sd3", pipeline="StableDiffusion3Pipeline"),
+    "qwen_image": Layout("Qwen-Image", ("transformer", "vae", "text_encoder"), ("tokenizer",), gated=False,
+                         builder="solrl_core.models.qwen_image:build_qwen_image", pipeline="QwenImagePipeline"),
+    "zimage": Layout("Z-Image", ("transformer", "vae", "text_encoder"), ("tokenizer",), gated=False,
+                     builder="solrl_core.models.zimage:build_zimage", pipeline="ZImagePipeline"),
+    "flux2": Layout("FLUX.2 [klein]", ("transformer", "vae", "text_encoder"), ("tokenizer",), gated=False,
+                    builder="solrl_core.models.flux2:build_flux2", pipeline="Flux2KleinPipeline"),
 }
 
 
 def load_diffusers_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> DiffusionModel:
+    import importlib
+
     layout = LAYOUTS[cfg.loader]
     folder = model_folder(cfg, layout, dtype)
     check_layout(folder, layout, cfg)
-    if cfg.loader == "sana":
-        from solrl_core.models.sana import build_sana as build
-    elif cfg.loader == "flux1":
-        from solrl_core.models.flux import build_flux as build
-    else:
-        from solrl_core.models.sd3 import build_sd3 as build
+    module, function = layout.builder.split(":")
+    build = getattr(importlib.import_module(module), function)
     return build(Components(folder, cfg, device, dtype))
 
 
@@ -274,6 +283,13 @@ class TextEncoders:
             for m in self.modules:
                 m.to("cpu")
             torch.cuda.empty_cache()
+
+
+def trim_padding(cond: Conditioning) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch's text embeddings and mask cut to its longest prompt (the encoders pad every prompt
+    to the model's max_sequence_length so that prompts encoded apart batch together)."""
+    length = max(int(cond.mask.sum(dim=1).max()), 1)
+    return cond.embeds[:, :length], cond.mask[:, :length].to(cond.embeds.device)
 
 
 def chunked_decode(vae_decode: Callable[[torch.Tensor], torch.Tensor], latents: torch.Tensor) -> torch.Tensor:
