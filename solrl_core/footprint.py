@@ -4,7 +4,6 @@ none is a measurement."""
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
 from solrl_core.config import Config

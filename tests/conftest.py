@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 # Small enough that one iteration takes well under a second on 2 CPU cores.
@@ -18,3 +21,17 @@ def fast_sets(tmp_path):
     def make(*extra: str, run_dir: str = "run") -> list[str]:
         return [*FAST, f"run.run_dir={tmp_path / run_dir}", *extra]
     return make
+
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture
+def benchmark_module(monkeypatch):
+    """Import a script of benchmarks/ fresh, as `python benchmarks/NAME.py` would find its imports."""
+    def load(name: str):  # type: ignore[no-untyped-def]
+        pytest.importorskip("diffusers")
+        monkeypatch.syspath_prepend(str(BENCHMARKS))
+        sys.modules.pop(name, None)
+        return __import__(name)
+    return load

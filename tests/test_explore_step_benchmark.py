@@ -4,22 +4,13 @@ and refreshes through the explore copy's own wrappers. Nothing here checks a tim
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
 
 @pytest.fixture
-def explore_step(monkeypatch):
-    pytest.importorskip("diffusers")
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    sys.modules.pop("explore_step", None)
-    import explore_step
-
-    return explore_step
+def explore_step(benchmark_module):
+    return benchmark_module("explore_step")
 
 
 def test_every_backend_steps_and_refreshes_at_tiny_size(explore_step, tmp_path, capsys):

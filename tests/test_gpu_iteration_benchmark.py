@@ -4,22 +4,13 @@ phases, peak memory and ratios against the compiled baseline. Nothing here check
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-
 
 @pytest.fixture
-def gpu_iteration(monkeypatch):
-    pytest.importorskip("diffusers")
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    sys.modules.pop("gpu_iteration", None)
-    import gpu_iteration
-
-    return gpu_iteration
+def gpu_iteration(benchmark_module):
+    return benchmark_module("gpu_iteration")
 
 
 def test_families_train_through_the_same_code_at_tiny_size(gpu_iteration, tmp_path, capsys):

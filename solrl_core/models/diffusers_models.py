@@ -292,6 +292,14 @@ def trim_padding(cond: Conditioning) -> tuple[torch.Tensor, torch.Tensor]:
     return cond.embeds[:, :length], cond.mask[:, :length].to(cond.embeds.device)
 
 
+def scaled_decode(vae: Any, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """latents -> images through `vae`, undoing its scaling factor (and shift factor, where it has one)
+    as the pipelines do, in chunks."""
+    scaling, shift = vae.config.scaling_factor, getattr(vae.config, "shift_factor", None) or 0.0
+    return lambda latents: chunked_decode(
+        lambda z: vae.decode(z.to(device, vae.dtype) / scaling + shift, return_dict=False)[0], latents)
+
+
 def chunked_decode(vae_decode: Callable[[torch.Tensor], torch.Tensor], latents: torch.Tensor) -> torch.Tensor:
     """VAE output in [-1, 1] -> images [B, 3, H, W] float32 in [0, 1], DECODE_CHUNK images at a time."""
     out = []

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from solrl_core.models.base import Conditioning, DiffusionModel
-from solrl_core.models.diffusers_models import Components, TextEncoders, chunked_decode
+from solrl_core.models.diffusers_models import Components, TextEncoders, scaled_decode
 
 MAX_SEQUENCE_LENGTH = 512
 GUIDANCE = 1.0
@@ -35,7 +35,6 @@ def build_flux(parts: Components) -> DiffusionModel:
     channels = vae.config.latent_channels
     latent_shape = (channels, side, side)
     encoders = TextEncoders([text_encoder, text_encoder_2], parts.device)
-    scaling, shift = vae.config.scaling_factor, vae.config.shift_factor or 0.0
 
     def encode(prompts: list[str]) -> Conditioning:
         with encoders.on_device():
@@ -43,11 +42,7 @@ def build_flux(parts: Components) -> DiffusionModel:
         mask = torch.ones(embeds.shape[:2], dtype=torch.long)
         return Conditioning(embeds.cpu(), mask, pooled.cpu())
 
-    def decode(latents: torch.Tensor) -> torch.Tensor:
-        return chunked_decode(lambda z: vae.decode(z.to(parts.device, vae.dtype) / scaling + shift, return_dict=False)[0],
-                              latents)
-
-    return DiffusionModel(transformer=transformer, encode=encode, decode=decode,
+    return DiffusionModel(transformer=transformer, encode=encode, decode=scaled_decode(vae, parts.device),
                           velocity=flux_velocity_fn(bool(transformer.config.guidance_embeds)),
                           latent_shape=latent_shape, description=parts.describe("FLUX.1", transformer, latent_shape))
 

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from solrl_core.models.base import Conditioning, DiffusionModel
-from solrl_core.models.diffusers_models import Components, TextEncoders, chunked_decode
+from solrl_core.models.diffusers_models import Components, TextEncoders, scaled_decode
 
 MAX_SEQUENCE_LENGTH = 300
 
@@ -39,7 +39,6 @@ def build_sana(parts: Components) -> DiffusionModel:
     if parts.cfg.prompt_instruction:
         instruction = inspect.signature(SanaPipeline.__call__).parameters["complex_human_instruction"].default
     encoders = TextEncoders([text_encoder], parts.device)
-    scaling = vae.config.scaling_factor
 
     def encode(prompts: list[str]) -> Conditioning:
         with encoders.on_device():
@@ -48,10 +47,7 @@ def build_sana(parts: Components) -> DiffusionModel:
                                                     complex_human_instruction=instruction)
         return Conditioning(embeds.cpu(), mask.cpu())
 
-    def decode(latents: torch.Tensor) -> torch.Tensor:
-        return chunked_decode(lambda z: vae.decode(z.to(parts.device, vae.dtype) / scaling, return_dict=False)[0], latents)
-
-    return DiffusionModel(transformer=transformer, encode=encode, decode=decode,
+    return DiffusionModel(transformer=transformer, encode=encode, decode=scaled_decode(vae, parts.device),
                           velocity=sana_velocity_fn(config.timestep_scale, config.in_channels, config.out_channels),
                           latent_shape=latent_shape, description=parts.describe("SANA", transformer, latent_shape))
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from solrl_core.models.base import Conditioning, DiffusionModel
-from solrl_core.models.diffusers_models import Components, TextEncoders, chunked_decode
+from solrl_core.models.diffusers_models import Components, TextEncoders, scaled_decode
 
 MAX_SEQUENCE_LENGTH = 256
 
@@ -35,7 +35,6 @@ def build_sd3(parts: Components) -> DiffusionModel:
     side = parts.latent_side(factor * transformer.config.patch_size, factor)
     latent_shape = (transformer.config.in_channels, side, side)
     on_device = TextEncoders(encoders, parts.device).on_device
-    scaling, shift = vae.config.scaling_factor, vae.config.shift_factor or 0.0
 
     def encode(prompts: list[str]) -> Conditioning:
         with on_device():
@@ -45,11 +44,7 @@ def build_sd3(parts: Components) -> DiffusionModel:
         mask = torch.ones(embeds.shape[:2], dtype=torch.long)
         return Conditioning(embeds.cpu(), mask, pooled.cpu())
 
-    def decode(latents: torch.Tensor) -> torch.Tensor:
-        return chunked_decode(lambda z: vae.decode(z.to(parts.device, vae.dtype) / scaling + shift, return_dict=False)[0],
-                              latents)
-
-    return DiffusionModel(transformer=transformer, encode=encode, decode=decode, velocity=sd3_velocity,
+    return DiffusionModel(transformer=transformer, encode=encode, decode=scaled_decode(vae, parts.device), velocity=sd3_velocity,
                           latent_shape=latent_shape, description=parts.describe("SD3", transformer, latent_shape))
 
 

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from solrl_core.models.base import Conditioning, DiffusionModel
-from solrl_core.models.diffusers_models import Components, TextEncoders, chunked_decode
+from solrl_core.models.diffusers_models import Components, TextEncoders, scaled_decode
 
 MAX_SEQUENCE_LENGTH = 512  # ZImagePipeline.__call__'s default
 
@@ -36,7 +36,6 @@ def build_zimage(parts: Components) -> DiffusionModel:
     side = parts.latent_side(factor * 2, factor)  # the transformer's 2x2 patches
     latent_shape = (transformer.config.in_channels, side, side)
     encoders = TextEncoders([text_encoder], parts.device)
-    scaling, shift = vae.config.scaling_factor, vae.config.shift_factor or 0.0
 
     def encode(prompts: list[str]) -> Conditioning:
         with encoders.on_device():  # encode_prompt rewrites the list it is given: pass a copy
@@ -48,11 +47,7 @@ def build_zimage(parts: Components) -> DiffusionModel:
             padded[i, :len(e)], mask[i, :len(e)] = e, 1
         return Conditioning(padded.cpu(), mask)
 
-    def decode(latents: torch.Tensor) -> torch.Tensor:
-        return chunked_decode(lambda z: vae.decode(z.to(parts.device, vae.dtype) / scaling + shift, return_dict=False)[0],
-                              latents)
-
-    return DiffusionModel(transformer=transformer, encode=encode, decode=decode, velocity=zimage_velocity,
+    return DiffusionModel(transformer=transformer, encode=encode, decode=scaled_decode(vae, parts.device), velocity=zimage_velocity,
                           latent_shape=latent_shape, description=parts.describe("Z-Image", transformer, latent_shape))
 
 
