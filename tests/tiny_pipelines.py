@@ -170,7 +170,7 @@ def qwen_image_pipeline():  # type: ignore[no-untyped-def]
 
 
 def zimage_pipeline():  # type: ignore[no-untyped-def]
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
+    from diffusers import FlowMatchEulerDiscreteScheduler, ZImagePipeline, ZImageTransformer2DModel
     from transformers import Qwen3Config, Qwen3Model
 
     tokenizer = qwen_tokenizer()
