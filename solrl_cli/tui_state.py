@@ -130,8 +130,8 @@ class RunState:
             self.nonfinite += e.get("nonfinite_losses", 0)
         elif kind == "eval":
             self.evals.append(e)
-        elif kind == "warning":
-            self.warnings.append(e)
+        elif kind == "warning" or kind in FAULT_EVENTS:
+            self.warnings.append(e if kind == "warning" else {**e, "message": fault_message(e)})
             self.warning_count += 1
         elif kind == "checkpoint":
             self.log.append(f"{_clock(e)} checkpoint iteration {e['iteration']} -> {e['path']} ({e['seconds']:.2f}s)")
@@ -206,6 +206,27 @@ class RunState:
     def eta(self) -> float | None:
         per = self.rolling("total")
         return None if per is None or self.finished else per * max(self.total - self.iteration, 0)
+
+
+FAULT_EVENTS = ("oom_backoff", "samples_dropped", "step_skipped")
+
+
+def fault_message(e: dict[str, Any]) -> str:
+    """One line for a fault the run survived (solrl_core/faults), shown as a warning by every view."""
+    kind = e["event"]
+    if kind == "oom_backoff":
+        return (f"out of GPU memory in the {e['phase']} (iteration {e['iteration']}): {e['setting']} {e['old']} -> {e['new']}, "
+                "iteration redone")
+    if kind == "samples_dropped":
+        named = ", ".join(f"'{name}' {count}" for name, count in e["rewards"].items())
+        where = "not selected" if e["stage"] == "explore" else "left out of the update"
+        groups = f"; {e['groups_skipped']} of {e['groups']} prompt groups skipped" if e["groups_skipped"] else ""
+        return (f"non-finite rewards in iteration {e['iteration']} ({e['stage']}): {named}; {e['dropped']} of {e['samples']} "
+                f"samples {where}{groups}")
+    if kind == "step_skipped":
+        limit = f" (the run stops at {e['limit']})" if e["limit"] else ""
+        return f"optimizer step of iteration {e['iteration']} skipped: {e['reason']}, {e['in_a_row']} in a row{limit}"
+    return str(e)
 
 
 def _clock(e: dict[str, Any]) -> str:
