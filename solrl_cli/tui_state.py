@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import queue
 import statistics
 import threading
@@ -164,13 +165,14 @@ class RunState:
         return self.iterations[-1]["iterations"] if self.iterations else 0
 
     def series(self, *path: str) -> list[float]:
-        """One number per kept iteration, e.g. series("final", "mean"); iterations lacking it are skipped."""
+        """One number per kept iteration, e.g. series("final", "mean"); iterations lacking it (or where it is
+        NaN: an iteration whose rewards were all non-finite, or that made no step) are skipped."""
         out = []
         for it in self.iterations:
             value: Any = it
             for key in path:
                 value = value.get(key) if isinstance(value, dict) else None
-            if isinstance(value, (int, float)):
+            if isinstance(value, (int, float)) and math.isfinite(value):
                 out.append(float(value))
         return out
 
@@ -219,8 +221,10 @@ def fault_message(e: dict[str, Any]) -> str:
                 "iteration redone")
     if kind == "samples_dropped":
         named = ", ".join(f"'{name}' {count}" for name, count in e["rewards"].items())
-        where = "not selected" if e["stage"] == "explore" else "left out of the update"
-        groups = f"; {e['groups_skipped']} of {e['groups']} prompt groups skipped" if e["groups_skipped"] else ""
+        explore = e["stage"] == "explore"
+        where = "not selected" if explore else "left out of the update"
+        lost = "had no finite draft" if explore else "skipped"
+        groups = f"; {e['groups_skipped']} of {e['groups']} prompt groups {lost}" if e["groups_skipped"] else ""
         return (f"non-finite rewards in iteration {e['iteration']} ({e['stage']}): {named}; {e['dropped']} of {e['samples']} "
                 f"samples {where}{groups}")
     if kind == "step_skipped":
