@@ -37,7 +37,8 @@ def train(
     seed: opt.Seed = None,
     device: opt.Device = None,
     explore_precision: opt.ExplorePrecision = None,
-    resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue the run in this folder from its newest checkpoint.")] = None,
+    resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue the run in this folder from its newest checkpoint (checked against its manifest).")] = None,
+    checkpoint: Annotated[Optional[str], typer.Option("--checkpoint", help="With --resume: the checkpoint to continue from (iter_000030); newer ones are set aside. Default: the newest.")] = None,
     tui: Annotated[bool, typer.Option("--tui", help="Watch the run in a terminal UI; q asks whether to stop safely with a checkpoint.")] = False,
     nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", min=1, help="Processes (one per GPU) on this node; above 1 they are started through torchrun.")] = 1,
     nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Nodes in the run; start the same command on each with its --node-rank.")] = 1,
@@ -75,11 +76,11 @@ def train(
         if tui:
             from solrl_cli.tui import run_tui_training
 
-            session = run_tui_training(cfg, resume=bool(resume))
+            session = run_tui_training(cfg, resume=bool(resume), checkpoint=checkpoint)
         else:
             bus = events.EventBus()
             bus.subscribe(TerminalDisplay(console))
-            session = run_training(cfg, bus, resume=bool(resume))
+            session = run_training(cfg, bus, resume=bool(resume), checkpoint=checkpoint)
         if session.iteration < session.config.run.iterations:
             raise typer.Exit(130)  # stopped by a signal: saved, but not finished
 
@@ -462,16 +463,18 @@ def _model_and_checkpoint(run: Optional[Path], model: Optional[str], model_path:
 
 
 def _pick_checkpoint(run: Path, found: list[Path], name: Optional[str]) -> Path:
+    from solrl_core.checkpoint import pick_checkpoint
     from solrl_core.errors import SolrlError
+    from solrl_core.faults.manifest import verify
 
     if not found:
         raise SolrlError(f"{run} holds no complete checkpoint", "train it for at least one checkpoint interval first")
-    if name is None:
-        return found[-1]
-    for path in found:
-        if name in (path.name, str(path)):
-            return path
-    raise SolrlError(f"no checkpoint '{name}' in {run}", "choose one of: " + ", ".join(p.name for p in found))
+    path = pick_checkpoint(run, found, name)
+    problem = verify(path)
+    if problem is not None:
+        raise SolrlError(f"checkpoint {path.name} is torn or corrupt ({problem})",
+                         "pick another with --checkpoint: " + ", ".join(p.name for p in found if p != path))
+    return path
 
 
 def _reward_preset_weights(name: str) -> dict[str, float]:

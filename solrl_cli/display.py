@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from solrl_cli.tui_state import FAULT_EVENTS, fault_message
 from solrl_core import events as ev
 
 
@@ -33,6 +34,9 @@ class TerminalDisplay:
         self.last_eval: ev.EvalFinished | None = None
 
     def __call__(self, event: ev.Event) -> None:
+        if event.kind in FAULT_EVENTS:
+            self.console.print(f"[yellow]warning:[/] {fault_message(event.to_dict())}")
+            return
         handler = getattr(self, f"on_{event.kind}", None)
         if handler:
             handler(event)

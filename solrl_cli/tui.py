@@ -358,7 +358,7 @@ def run_monitor(run_dir: Path) -> None:
     SolrlMonitor(JsonlTail(Path(run_dir) / EVENTS_FILE)).run()
 
 
-def run_tui_training(config: Any, resume: bool = False) -> Any:
+def run_tui_training(config: Any, resume: bool = False, checkpoint: str | None = None) -> Any:
     """`solrl train --tui`: train in a worker thread and watch it. Every way out of the app (q then s,
     a crash of the UI, SIGTERM/SIGHUP/SIGINT) sets the stop flag and waits for the iteration to finish
     and its checkpoint to be saved. Returns the trainer's session; re-raises its error."""
@@ -371,7 +371,7 @@ def run_tui_training(config: Any, resume: bool = False) -> Any:
 
     def work() -> None:
         try:
-            result["session"] = train(config, bus, resume=resume, stop=stop)
+            result["session"] = train(config, bus, resume=resume, stop=stop, checkpoint=checkpoint)
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread
             source.error = exc
         finally:

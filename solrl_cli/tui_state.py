@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import queue
 import statistics
 import threading
@@ -130,8 +131,8 @@ class RunState:
             self.nonfinite += e.get("nonfinite_losses", 0)
         elif kind == "eval":
             self.evals.append(e)
-        elif kind == "warning":
-            self.warnings.append(e)
+        elif kind == "warning" or kind in FAULT_EVENTS:
+            self.warnings.append(e if kind == "warning" else {**e, "message": fault_message(e)})
             self.warning_count += 1
         elif kind == "checkpoint":
             self.log.append(f"{_clock(e)} checkpoint iteration {e['iteration']} -> {e['path']} ({e['seconds']:.2f}s)")
@@ -166,13 +167,14 @@ class RunState:
         return self.iterations[-1]["iterations"] if self.iterations else 0
 
     def series(self, *path: str) -> list[float]:
-        """One number per kept iteration, e.g. series("final", "mean"); iterations lacking it are skipped."""
+        """One number per kept iteration, e.g. series("final", "mean"); iterations lacking it (or where it is
+        NaN: an iteration whose rewards were all non-finite, or that made no step) are skipped."""
         out = []
         for it in self.iterations:
             value: Any = it
             for key in path:
                 value = value.get(key) if isinstance(value, dict) else None
-            if isinstance(value, (int, float)):
+            if isinstance(value, (int, float)) and math.isfinite(value):
                 out.append(float(value))
         return out
 
@@ -208,6 +210,29 @@ class RunState:
     def eta(self) -> float | None:
         per = self.rolling("total")
         return None if per is None or self.finished else per * max(self.total - self.iteration, 0)
+
+
+FAULT_EVENTS = ("oom_backoff", "samples_dropped", "step_skipped")
+
+
+def fault_message(e: dict[str, Any]) -> str:
+    """One line for a fault the run survived (solrl_core/faults), shown as a warning by every view."""
+    kind = e["event"]
+    if kind == "oom_backoff":
+        return (f"out of GPU memory in the {e['phase']} (iteration {e['iteration']}): {e['setting']} {e['old']} -> {e['new']}, "
+                "iteration redone")
+    if kind == "samples_dropped":
+        named = ", ".join(f"'{name}' {count}" for name, count in e["rewards"].items())
+        explore = e["stage"] == "explore"
+        where = "not selected" if explore else "left out of the update"
+        lost = "had no finite draft" if explore else "skipped"
+        groups = f"; {e['groups_skipped']} of {e['groups']} prompt groups {lost}" if e["groups_skipped"] else ""
+        return (f"non-finite rewards in iteration {e['iteration']} ({e['stage']}): {named}; {e['dropped']} of {e['samples']} "
+                f"samples {where}{groups}")
+    if kind == "step_skipped":
+        limit = f" (the run stops at {e['limit']})" if e["limit"] else ""
+        return f"optimizer step of iteration {e['iteration']} skipped: {e['reason']}, {e['in_a_row']} in a row{limit}"
+    return str(e)
 
 
 def _clock(e: dict[str, Any]) -> str:

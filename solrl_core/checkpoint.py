@@ -4,7 +4,11 @@ A checkpoint is a folder `checkpoints/iter_NNNNNN/` written under a temporary na
 place, so a folder with that name is always complete. It holds the trained adapter in diffusers'
 LoRA format (`pytorch_lora_weights.safetensors`, loadable with `pipe.load_lora_weights`), the old
 and EMA adapters in the same format under `old/` and `ema/`, the optimizer, the loop state and the
-RNG states. The newest complete folder is the one `--resume` continues from.
+RNG states, and last a `manifest.json` with every file's size and SHA-256 (faults/manifest.py).
+`--resume` continues from the newest folder, after checking it against its manifest; a torn or
+corrupt one is refused, naming the bad file and the newest intact checkpoint, which
+`--resume RUN --checkpoint iter_N` picks. A full disk while saving leaves the previous checkpoints
+as they were and stops the run with a clear error.
 
 Nothing in it depends on the number of processes: the adapters and the optimizer state of the LoRA
 parameters are replicated on every rank, and the RNG states are rank 0's (the one process that
@@ -14,6 +18,7 @@ saved on 8 GPUs resumes on 1, or on 4, and draws the same prompts, seeds and noi
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -28,6 +33,7 @@ import torch
 from safetensors.torch import load_file
 
 from solrl_core.errors import SolrlError
+from solrl_core.faults.manifest import verify, write_manifest
 from solrl_core.policy import LORA_FILE, OLD, TRAINED, Policy
 
 _NAME = re.compile(r"^iter_(\d{6})$")
@@ -61,6 +67,7 @@ def save_checkpoint(run_dir: Path, iteration: int, policy: Policy, optimizer: to
                     "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}, tmp / "rng.pt")
         (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
         _fsync_tree(tmp)
+        write_manifest(tmp)  # last: a folder whose manifest is missing was never finished
         if final.exists():  # the same iteration saved again after a resume: swap, never half-replace
             stale = folder / f".old-{final.name}-{time.monotonic_ns()}"
             final.rename(stale)
@@ -68,12 +75,70 @@ def save_checkpoint(run_dir: Path, iteration: int, policy: Policy, optimizer: to
             shutil.rmtree(stale, ignore_errors=True)
         else:
             tmp.rename(final)
+    except Exception as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        previous = list_checkpoints(run_dir)
+        if not _disk_full(exc, folder, previous):
+            raise
+        kept = f"the previous checkpoint {previous[-1].name} is intact" if previous else "no earlier checkpoint exists"
+        raise SolrlError(f"the disk is full: checkpoint {final.name} could not be written to {folder} ({kept})",
+                         f"free space there (or lower run.keep_checkpoints), then `solrl train --resume {run_dir}`") from exc
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for old in list_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _disk_full(exc: Exception, folder: Path, previous: list[Path]) -> bool:
+    """Whether a failed save ran out of space: ENOSPC/EDQUOT, or (torch.save and safetensors report a
+    full disk as a RuntimeError without an errno) less space left than the previous checkpoint takes."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    if not previous or not isinstance(exc, (OSError, RuntimeError)):
+        return False
+    needed = sum(p.stat().st_size for p in previous[-1].rglob("*") if p.is_file())
+    return shutil.disk_usage(folder).free < needed
+
+
+def checkpoint_to_resume(run_dir: Path, name: str | None = None) -> Path:
+    """The checkpoint `--resume` continues from: `name` (iter_NNNNNN or a path) or the newest, checked
+    against its manifest. A bad one is refused, naming the file at fault and the newest intact one."""
+    found = list_checkpoints(run_dir)
+    if not found:
+        raise SolrlError(f"{run_dir} holds no complete checkpoint to resume from", "start it again without --resume")
+    chosen = pick_checkpoint(run_dir, found, name)
+    problem = verify(chosen)
+    if problem is None:
+        return chosen
+    intact = next((p for p in reversed(found) if p != chosen and verify(p) is None), None)
+    fix = (f"resume from the newest intact one: `solrl train --resume {run_dir} --checkpoint {intact.name}`" if intact
+           else "no intact checkpoint is left: start the run again")
+    raise SolrlError(f"checkpoint {chosen.name} is torn or corrupt ({problem}); newest intact: "
+                     f"{intact.name if intact else 'none'}", fix)
+
+
+def pick_checkpoint(run_dir: Path, found: list[Path], name: str | None) -> Path:
+    """`name` among `found` (folder name or path); the newest when `name` is None."""
+    if name is None:
+        return found[-1]
+    for path in found:
+        if name in (path.name, str(path)) or Path(name).resolve() == path.resolve():
+            return path
+    raise SolrlError(f"no checkpoint '{name}' in {run_dir}", "choose one of: " + ", ".join(p.name for p in found))
+
+
+def set_aside_newer(run_dir: Path, chosen: Path) -> list[Path]:
+    """Rename the checkpoints newer than `chosen` to `superseded-iter_N` (kept, but no longer listed,
+    resumed or pruned), so a run resumed from an older checkpoint does not mix its saves with them."""
+    moved = []
+    for path in list_checkpoints(run_dir):
+        if path.name > chosen.name:
+            target = path.with_name(f"superseded-{path.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+            path.rename(target)
+            moved.append(target)
+    return moved
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -93,7 +158,7 @@ def load_adapters(path: Path, policy: Policy) -> None:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure to read means the checkpoint cannot be trusted
         raise SolrlError(f"checkpoint {path} is unreadable or corrupt: {type(exc).__name__}: {exc}",
-                         "delete that folder to resume from the previous checkpoint") from exc
+                         "resume from an earlier one with `--checkpoint iter_N`") from exc
 
 
 def load_checkpoint(path: Path, policy: Policy, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
@@ -105,7 +170,7 @@ def load_checkpoint(path: Path, policy: Policy, optimizer: torch.optim.Optimizer
         state = json.loads((path / "trainer_state.json").read_text())
     except Exception as exc:  # noqa: BLE001 - any failure to read means the checkpoint cannot be trusted
         raise SolrlError(f"checkpoint {path} is unreadable or corrupt: {type(exc).__name__}: {exc}",
-                         "delete that folder to resume from the previous checkpoint") from exc
+                         "resume from an earlier one with `--checkpoint iter_N`") from exc
     torch.set_rng_state(rng["torch"])
     np.random.set_state(rng["numpy"])
     random.setstate(rng["python"])

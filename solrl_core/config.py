@@ -126,6 +126,8 @@ class OptimizerConfig:
     micro_batch: int = _f(16, "Training micro-batch (samples per forward/backward).")
     checkpointing: str = _f("auto", "Gradient checkpointing of the trained forward: auto (on CUDA when the memory estimate "
                                     "without it does not fit this GPU; off on a CPU), true, false.")
+    max_nonfinite_steps: int = _f(5, "Stop the run after this many optimizer steps in a row were skipped because the loss or "
+                                     "gradient norm was NaN or infinite (each such step is skipped; 0 = never stop).")
 
 
 @dataclass(frozen=True)
@@ -137,7 +139,8 @@ class RewardConfig:
     batch_size: int = _f(32, "Images per forward pass of a model reward.")
     health_min_std: float = _f(1e-6, "A reward whose std over the batch, or within every prompt group, is at most this "
                                      "is near-constant (a failed load or broken preprocessing): warned about.")
-    health_patience: int = _f(3, "Stop the run after this many consecutive near-constant iterations of one reward (0 = never).")
+    health_patience: int = _f(3, "Stop the run after this many consecutive near-constant iterations of one reward, or "
+                                 "iterations where it scored every image NaN or infinite (0 = never).")
 
 
 @dataclass(frozen=True)
@@ -226,6 +229,8 @@ class Config:
             raise SolrlError(f"reward.batch_size={self.reward.batch_size} must be at least 1", "--set reward.batch_size=32")
         if self.reward.health_patience < 0 or self.reward.health_min_std < 0:
             raise SolrlError("reward.health_patience and reward.health_min_std must be >= 0", "0 turns the stop off")
+        if self.optimizer.max_nonfinite_steps < 0:
+            raise SolrlError("optimizer.max_nonfinite_steps must be >= 0", "0 turns the stop off")
         from solrl_core.rewards import reward_names
 
         unknown = [n for n in self.reward.weights if n not in reward_names()]

@@ -113,6 +113,43 @@ class RunWarning(Event):
 
 
 @dataclass(frozen=True)
+class OutOfMemoryBackoff(Event):
+    """A phase ran out of GPU memory: its batch was halved and the iteration is redone from its start."""
+
+    kind: ClassVar[str] = "oom_backoff"
+    iteration: int  # the iteration redone
+    phase: str  # rollout | reward | evaluation | update
+    setting: str  # the config key halved, e.g. sampler.rollout_batch
+    old: int
+    new: int
+
+
+@dataclass(frozen=True)
+class SamplesDropped(Event):
+    """Samples whose reward was NaN or infinite, left out of selection (explore) or of the update (final)."""
+
+    kind: ClassVar[str] = "samples_dropped"
+    iteration: int
+    stage: str  # "explore" | "final"
+    rewards: dict[str, int]  # reward -> samples it scored non-finite
+    dropped: int  # samples with any non-finite score
+    samples: int
+    groups_skipped: int  # prompt groups with no finite sample
+    groups: int
+
+
+@dataclass(frozen=True)
+class StepSkipped(Event):
+    """An optimizer step not taken: its gradient norm was not finite, or no loss term was."""
+
+    kind: ClassVar[str] = "step_skipped"
+    iteration: int
+    reason: str
+    in_a_row: int
+    limit: int  # optimizer.max_nonfinite_steps; 0 = never stop
+
+
+@dataclass(frozen=True)
 class RankCheckResult(Event):
     """In-run check of the Stage-1 proxy: one prompt's N draft rewards against the same seeds at full
     precision and full steps."""

@@ -4,7 +4,8 @@
 and only then creates the run directory, so bad input never leaves a half-written run behind.
 
 Under torchrun every rank opens its own session (a full model replica); rank 0 alone chooses the
-run directory and the checkpoint to resume, and alone writes to the run directory.
+run directory and the checkpoint to resume, and alone writes to the run directory, holding its lock
+(faults/lock.py) from before the checkpoint is read until the run ends.
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import tomli_w
 import torch
 
 from solrl_core import distributed
-from solrl_core.checkpoint import list_checkpoints, load_checkpoint
+from solrl_core.checkpoint import checkpoint_to_resume, load_checkpoint, set_aside_newer
 from solrl_core.config import Config, from_dict, to_dict
 from solrl_core.errors import SolrlError
+from solrl_core.faults.guard import FaultState
+from solrl_core.faults.lock import RunLock
 from solrl_core.hardware import require_explore_precision
 from solrl_core.models import DiffusionModel, load_model
 from solrl_core.models.base import Conditioning
@@ -128,6 +131,8 @@ class Session:
     world_size: int = 1
     rollout_copy: RolloutCopy | None = None  # None: full-precision rollouts and v_old on the policy's old adapter
     machine: MachinePlan | None = None
+    faults: FaultState = field(default_factory=FaultState)  # non-finite reward and skipped-step streaks
+    lock: RunLock | None = None  # rank 0's hold on run_dir; released when train() returns
     _cond_cache: dict[str, Conditioning] = field(default_factory=dict)
 
     def conditioning(self, prompts: list[str]) -> Conditioning:
@@ -153,7 +158,7 @@ class Session:
 
     def loop_state(self) -> dict:
         return {"iteration": self.iteration, "step": self.step, "history": self.history,
-                "reward_streaks": dict(self.health.streaks)}
+                "reward_streaks": dict(self.health.streaks), "faults": self.faults.to_dict()}
 
 
 def load_run_config(run_dir: str | Path) -> Config:
@@ -171,8 +176,9 @@ def load_run_config(run_dir: str | Path) -> Config:
     return from_dict(data, Config(), source=str(cfg_file)).validate()
 
 
-def open_session(cfg: Config, resume: bool = False) -> Session:
-    """Validate inputs, load the model, create (or reopen) the run directory, restore a checkpoint."""
+def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None = None) -> Session:
+    """Validate inputs, load the model, create (or reopen) the run directory, restore a checkpoint
+    (`from_checkpoint`: its name, e.g. iter_000020; default the newest, verified against its manifest)."""
     cfg.validate()
     rank, world = distributed.rank(), distributed.world_size()
     check_split(cfg.run.prompts_per_iteration, world)
@@ -190,7 +196,7 @@ def open_session(cfg: Config, resume: bool = False) -> Session:
     plan = plan_stages(cfg, dtype_name, machine.explore_precision, machine)
     if plan.explore_precision != dtype_name:  # before anything is written: a refused precision leaves no run dir
         require_explore_precision(plan.explore_precision, device)
-    run_dir, checkpoint = _claim_run_dir(cfg, resume)
+    run_dir, checkpoint, lock = _claim_run_dir(cfg, resume, from_checkpoint)  # the lock is dropped with it on an error below
 
     model = load_model(cfg.model, device, dtype)
     explore_copy = rollout_copy = None  # copied before the adapters are added
@@ -212,6 +218,7 @@ def open_session(cfg: Config, resume: bool = False) -> Session:
         state = load_checkpoint(checkpoint, policy, optimizer)
         session.iteration, session.step, session.history = state["iteration"], state["step"], state["history"]
         session.health.streaks = dict(state.get("reward_streaks", {}))
+        session.faults = FaultState.from_dict(state.get("faults"))
         session.resumed = True
     if world > 1:  # a LoRA's random init (and anything else) must start equal on every replica: rank 0's
         for adapter in (TRAINED, OLD, "ema"):
@@ -219,41 +226,63 @@ def open_session(cfg: Config, resume: bool = False) -> Session:
     session.refresh_copies()
     session.config = replace(cfg, run=replace(cfg.run, run_dir=str(run_dir)))
     if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        if lock is None:  # a fresh folder: created and locked now, after every input was checked
+            run_dir.mkdir(parents=True, exist_ok=True)
+            lock = RunLock.acquire(run_dir)
+            if (run_dir / CONFIG_FILE).exists():
+                lock.release()
+                raise SolrlError(f"{run_dir} already holds a run", f"continue it with `solrl train --resume {run_dir}`")
+        session.lock = lock
         # Rewritten on resume too: `--resume --iterations N` extends the run for every later resume.
-        write_atomic(run_dir / CONFIG_FILE, tomli_w.dumps(to_dict(session.config)))
+        save_run_config(run_dir, session.config)
         if explore_copy is not None and explore_copy.report is not None:
             write_atomic(run_dir / "quantization_report.json", json.dumps(explore_copy.report.to_dict(), indent=2))
     distributed.barrier()  # the run directory exists before any rank goes on
     return session
 
 
-def _claim_run_dir(cfg: Config, resume: bool) -> tuple[Path, Path | None]:
+def save_run_config(run_dir: Path, config: Config) -> None:
+    """The run's resolved config, read back by --resume, eval and infer (and rewritten when an
+    out-of-memory back-off changes a batch size)."""
+    write_atomic(run_dir / CONFIG_FILE, tomli_w.dumps(to_dict(config)))
+
+
+def _claim_run_dir(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[Path, Path | None, RunLock | None]:
     """The run directory and the checkpoint to resume from, decided by rank 0 (a fresh directory's
     name holds the time, and another rank must not mistake rank 0's new config for an older run);
-    an error there is raised on every rank."""
+    an error there is raised on every rank. Rank 0 returns the run directory's lock (None for a
+    folder still to be created); the other ranks None."""
     outcome: tuple = ()
+    lock = None
     if distributed.is_main():
         try:
-            outcome = ("ok", *_run_dir_and_checkpoint(cfg, resume))
+            run_dir, chosen, lock = _run_dir_and_checkpoint(cfg, resume, checkpoint)
+            outcome = ("ok", run_dir, chosen)
         except SolrlError as exc:
             outcome = ("error", exc.message, exc.fix)
     outcome = distributed.broadcast_object(outcome)
     if outcome[0] == "error":
         raise SolrlError(outcome[1], outcome[2])
-    return outcome[1], outcome[2]
+    return outcome[1], outcome[2], lock
 
 
-def _run_dir_and_checkpoint(cfg: Config, resume: bool) -> tuple[Path, Path | None]:
+def _run_dir_and_checkpoint(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[Path, Path | None, RunLock | None]:
     run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else _fresh_run_dir(cfg.preset)
-    if resume:
-        found = list_checkpoints(run_dir)
-        if not found:
-            raise SolrlError(f"{run_dir} holds no complete checkpoint to resume from", "start it again without --resume")
-        return run_dir, found[-1]
-    if (run_dir / CONFIG_FILE).exists():
-        raise SolrlError(f"{run_dir} already holds a run", f"continue it with `solrl train --resume {run_dir}` or pick another --run-dir")
-    return run_dir, None
+    if checkpoint is not None and not resume:
+        raise SolrlError("--checkpoint picks the checkpoint a --resume continues from", f"add --resume {run_dir}")
+    lock = RunLock.acquire(run_dir) if run_dir.is_dir() else None  # before anything is read: no other writer
+    try:
+        if resume:
+            chosen = checkpoint_to_resume(run_dir, checkpoint)
+            set_aside_newer(run_dir, chosen)
+            return run_dir, chosen, lock
+        if (run_dir / CONFIG_FILE).exists():
+            raise SolrlError(f"{run_dir} already holds a run", f"continue it with `solrl train --resume {run_dir}` or pick another --run-dir")
+        return run_dir, None, lock
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
 
 
 def write_atomic(path: Path, text: str) -> None:

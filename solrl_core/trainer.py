@@ -55,7 +55,7 @@ import signal
 import threading
 import time
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -64,6 +64,7 @@ from solrl_core import distributed
 from solrl_core import events as ev
 from solrl_core.checkpoint import save_checkpoint
 from solrl_core.config import Config, to_dict
+from solrl_core.faults import guard, oom
 from solrl_core.nft import combined_advantages, nft_loss
 from solrl_core.memory import PhaseMemory
 from solrl_core.models.base import Conditioning
@@ -103,12 +104,14 @@ def graceful_stop() -> Iterator[StopFlag]:
             signal.signal(s, h)
 
 
-def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag | None = None) -> Session:
-    """Run (or continue) training to config.run.iterations; returns the final session.
+def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag | None = None,
+          checkpoint: str | None = None) -> Session:
+    """Run (or continue) training to config.run.iterations; returns the final session. `checkpoint`
+    (with resume) names the checkpoint to continue from; default the newest.
 
     Under torchrun each process calls this; it joins the process group from the environment."""
     distributed.init_from_env()
-    session = open_session(config, resume=resume)
+    session = open_session(config, resume=resume, from_checkpoint=checkpoint)
     log = None
     if session.rank == 0:
         log = ev.JsonlLog(session.run_dir / EVENTS_FILE)
@@ -134,13 +137,14 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
         flag = stop or stack.enter_context(graceful_stop())
         try:
             if session.eval_prompts and session.iteration == 0:
-                _evaluate(session, bus, "base")
+                _with_backoff(session, bus, lambda: _evaluate(session, bus, "base"))
             while session.iteration < cfg.run.iterations:
-                run_iteration(session, bus)
+                _with_backoff(session, bus, lambda: run_iteration(session, bus))
                 last = session.iteration == cfg.run.iterations
                 if session.eval_prompts and (last or session.iteration % cfg.run.eval_every == 0):
-                    _evaluate(session, bus, "ema")
-                failure = session.health.failure()  # from gathered rewards: the same on every rank
+                    _with_backoff(session, bus, lambda: _evaluate(session, bus, "ema"))
+                failure = session.health.failure() or guard.failure(  # from gathered rewards: the same on every rank
+                    session.faults, cfg.reward.health_patience, cfg.optimizer.max_nonfinite_steps)
                 stopping = distributed.any_true(flag.requested)
                 if failure or stopping or last or session.iteration % cfg.run.checkpoint_every == 0:
                     _checkpoint(session, bus)
@@ -160,7 +164,19 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
             if log is not None:
                 bus.unsubscribe(log)
                 log.close()
+            if session.lock is not None:
+                session.lock.release()
     return session
+
+
+def _with_backoff(session: Session, bus: ev.EventBus, work: Callable[[], None]) -> None:
+    """`work()` under the out-of-memory back-off (faults/oom.py); when a phase does not fit even at
+    batch size 1, the last finished iteration is saved and the run stops."""
+    try:
+        oom.retry(session, bus, work)
+    except oom.DoesNotFit:
+        _checkpoint(session, bus)
+        raise
 
 
 def run_iteration(session: Session, bus: ev.EventBus) -> None:
@@ -174,7 +190,8 @@ def run_iteration(session: Session, bus: ev.EventBus) -> None:
     t0 = time.perf_counter()
     draft_scores = gather_scores(session, drafts)
     t_gather = time.perf_counter() - t0
-    _check_rewards(session, bus, draft_scores)
+    draft_screen = _screen(session, bus, draft_scores, "explore")
+    _check_rewards(session, bus, _finite_only(draft_scores, draft_screen.valid))
     every = cfg.explore.rank_check_every
     if every and plan.regenerate and session.iteration % every == 0 and session.rank == 0:  # the first group is rank 0's
         _rank_check(session, bus, drafts)
@@ -185,15 +202,26 @@ def run_iteration(session: Session, bus: ev.EventBus) -> None:
         finals = regenerate(session, drafts.subset(keep)) if plan.regenerate else drafts.subset(keep)
     t0 = time.perf_counter()
     final_scores = gather_scores(session, finals)
+    screen = _screen(session, bus, final_scores, "final")
+    guard.record_rewards(session.faults, screen, list(final_scores.components), final_scores.rewards.numel())
+    usable = _finite_only(final_scores, screen.valid)  # the samples every reward scored finitely
     with memory.phase("train"):
-        losses = update(session, finals, rng, final_scores)
+        if usable is final_scores:
+            losses = update(session, finals, rng, final_scores)
+        elif screen.valid.any():
+            losses = update(session, finals.subset(torch.nonzero(screen.valid[final_scores.local]).flatten()), rng, usable)
+        else:  # nothing to learn from: no step, and the streak above may stop the run
+            losses = {"loss": math.nan, "policy": math.nan, "kl": math.nan, "nonfinite": 0, "grad_norm": math.nan,
+                      "stepped": False}
     t_train = time.perf_counter() - t0
     t0 = time.perf_counter()
+    if screen.valid.any():
+        _count_step(session, bus, losses)
     with memory.phase("sync"):
-        decay = sync(session)
+        decay = sync(session) if losses["stepped"] else math.nan  # a skipped step changed nothing to sync
     t_sync = time.perf_counter() - t0
     session.iteration += 1
-    session.history.append(float(final_scores.rewards.mean()))
+    session.history.append(float(usable.rewards.mean()) if usable.rewards.numel() else math.nan)
     seconds = {"explore": drafts.seconds_generate, "selection": t_select,
                "regenerate": finals.seconds_generate if plan.regenerate else 0.0,
                "reward": drafts.seconds_reward + (finals.seconds_reward if plan.regenerate else 0.0),
@@ -204,8 +232,8 @@ def run_iteration(session: Session, bus: ev.EventBus) -> None:
         seconds, peaks = dict(zip(seconds, slowest)), dict(zip(peaks, slowest[len(seconds):]))
     peaks["total"] = max(peaks.values())
     bus.emit(ev.IterationFinished(iteration=session.iteration, iterations=cfg.run.iterations, seconds=seconds,
-                                  draft=_stats(draft_scores) if plan.keep < plan.explore_seeds else None,
-                                  final=_stats(final_scores), loss={k: losses[k] for k in ("loss", "policy", "kl")}, nonfinite_losses=int(losses["nonfinite"]),
+                                  draft=_finite_stats(draft_scores, draft_screen) if plan.keep < plan.explore_seeds else None,
+                                  final=_finite_stats(final_scores, screen), loss={k: losses[k] for k in ("loss", "policy", "kl")}, nonfinite_losses=int(losses["nonfinite"]),
                                   grad_norm=losses["grad_norm"], old_decay=decay, peak_memory=peaks,
                                   memory_source=memory.source))
 
@@ -275,9 +303,13 @@ def select_seeds(session: Session, drafts: RolloutBatch, rng: np.random.Generato
     draws from `rng` as one process would, then keeps its own groups' picks."""
     scores = scores if scores is not None else gather_scores(session, drafts)
     keep = []
-    ranking = _advantages(session, scores, math.inf)  # within a group, ranks like the reward the update sees
+    valid = guard.screen(scores.components, scores.groups).valid
+    finite = _finite_only(scores, valid)
+    ranking = _advantages(session, finite, math.inf)  # within a group, ranks like the reward the update sees
+    if finite is not scores:  # a non-finite draft ranks nowhere: it is kept only to fill a group (guard.prefer_finite)
+        ranking = torch.zeros(valid.numel(), dtype=ranking.dtype).index_put_((valid,), ranking)
     for g in scores.groups.unique(sorted=True):
-        members = torch.nonzero(scores.groups == g).flatten()
+        members = guard.prefer_finite(torch.nonzero(scores.groups == g).flatten(), valid, session.plan.keep)
         chosen = select(ranking[members], session.plan.keep, session.config.selection.mode, rng)
         keep.append(members[chosen])
     kept = torch.cat(keep)
@@ -321,7 +353,7 @@ def update(session: Session, batch: RolloutBatch, rng: np.random.Generator, scor
     per_sample = max(1, int(session.plan.full_steps * alg.timestep_fraction))
     per_sample = min(per_sample, grid.numel())
     n = len(batch.prompts)
-    gens = [torch.Generator().manual_seed(int(s)) for s in rng.integers(0, 2**63 - 1, size=n * session.world_size)[scores.local]]
+    gens = [torch.Generator().manual_seed(int(s)) for s in rng.integers(0, 2**63 - 1, size=scores.rewards.numel())[scores.local]]
     picks = torch.stack([torch.randperm(grid.numel(), generator=g)[:per_sample] for g in gens])
     cond = session.conditioning(batch.prompts)
     micro = cfg.optimizer.micro_batch
@@ -359,13 +391,15 @@ def update(session: Session, batch: RolloutBatch, rng: np.random.Generator, scor
     distributed.all_reduce_mean_grads(params)  # every rank now holds the same gradient, so takes the same step
     clip = cfg.optimizer.grad_clip
     grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
-    session.optimizer.step()
+    stepped = bool(torch.isfinite(grad_norm)) and any(p.grad is not None for p in params)  # a NaN step would poison the weights
+    if stepped:
+        session.optimizer.step()
     if session.world_size > 1:
         total = distributed.all_reduce(torch.tensor([sums["loss"], sums["policy"], sums["kl"], nonfinite], dtype=torch.float64))
         sums = {"loss": float(total[0]) / session.world_size, "policy": float(total[1]) / session.world_size,
                 "kl": float(total[2]) / session.world_size}
         nonfinite = int(total[3])
-    return {**sums, "nonfinite": nonfinite, "grad_norm": float(grad_norm)}
+    return {**sums, "nonfinite": nonfinite, "grad_norm": float(grad_norm), "stepped": stepped}
 
 
 def _old_velocity(session: Session, xt: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
@@ -418,6 +452,37 @@ def _check_rewards(session: Session, bus: ev.EventBus, scores: GlobalScores) -> 
     """Warn about near-constant rewards (see rewards/health.py), over every rank's scores."""
     for finding in session.health.check(scores.components, scores.groups):
         bus.emit(ev.RunWarning(message=finding.message))
+
+
+def _screen(session: Session, bus: ev.EventBus, scores: GlobalScores, stage: str) -> guard.Screen:
+    """Which samples every reward scored finitely; a warning event when some were not."""
+    found = guard.screen(scores.components, scores.groups)
+    if not found.clean:
+        bus.emit(ev.SamplesDropped(iteration=session.iteration + 1, stage=stage, rewards=found.nonfinite, dropped=found.dropped,
+                                   samples=found.valid.numel(), groups_skipped=found.groups_without_valid, groups=found.groups))
+    return found
+
+
+def _finite_only(scores: GlobalScores, valid: torch.Tensor) -> GlobalScores:
+    """`scores` restricted to the `valid` samples (the same object when all are)."""
+    if bool(valid.all()):
+        return scores
+    start = int(valid[:scores.local.start].sum())
+    return GlobalScores(scores.rewards[valid], {k: v[valid] for k, v in scores.components.items()}, scores.groups[valid],
+                        slice(start, start + int(valid[scores.local].sum())))
+
+
+def _finite_stats(scores: GlobalScores, screen: guard.Screen) -> ev.RewardStats:
+    """Statistics of the finitely scored samples (of all, when none is)."""
+    return _stats(_finite_only(scores, screen.valid) if screen.valid.any() else scores)
+
+
+def _count_step(session: Session, bus: ev.EventBus, losses: dict[str, float]) -> None:
+    in_a_row = guard.record_step(session.faults, bool(losses["stepped"]))
+    if in_a_row:
+        reason = "gradient norm not finite" if not math.isfinite(losses["grad_norm"]) else "no finite loss term"
+        bus.emit(ev.StepSkipped(iteration=session.iteration + 1, reason=reason, in_a_row=in_a_row,
+                                limit=session.config.optimizer.max_nonfinite_steps))
 
 
 def _autocast(session: Session) -> contextlib.AbstractContextManager:

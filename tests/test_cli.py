@@ -69,6 +69,9 @@ def test_resume_of_a_corrupt_checkpoint(in_tmp):
     (ckpt / "optimizer.pt").write_bytes(b"not a torch file")
     result = runner.invoke(app, ["train", "--resume", "r", "--iterations", "2"])
     assert result.exit_code == 2 and "corrupt" in result.output and "iter_000001" in result.output
+    assert "optimizer.pt: truncated or overwritten" in result.output  # the manifest names the file
+    missing = runner.invoke(app, ["train", "--resume", "r", "--checkpoint", "iter_000009"])
+    assert missing.exit_code == 2 and "no checkpoint 'iter_000009'" in missing.output
 
 
 def test_debug_env_shows_the_traceback(monkeypatch):

@@ -158,7 +158,7 @@ def test_run_tui_training_joins_the_trainer(monkeypatch):
 
     saved = []
 
-    def fake_train(config, bus, resume=False, stop=None):
+    def fake_train(config, bus, resume=False, stop=None, checkpoint=None):
         i = 0
         while not stop.requested:
             i += 1

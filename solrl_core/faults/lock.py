@@ -1,0 +1,76 @@
+"""One writer per run folder.
+
+`RunLock.acquire` takes an exclusive `flock` on RUN_DIR/solrl.lock and writes who holds it (process
+id, host, start time). The kernel drops a flock when its process ends, however it ends, so a lock
+left by a killed run never blocks a resume: there is no stale state to clean up. The `filelock`
+package does the same locking but truncates the file whenever another process tries it, which
+would erase the holder's name; `fcntl` (the standard library) keeps it.
+
+On a shared filesystem (several nodes) this relies on the filesystem's own locking (NFSv4 and
+Lustre support flock); only rank 0 takes the lock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fcntl
+import json
+import os
+import socket
+from pathlib import Path
+
+from solrl_core.errors import SolrlError
+
+LOCK_FILE = "solrl.lock"
+
+
+class RunLock:
+    """Held for the life of a run; `release` (or the process ending) gives it up."""
+
+    def __init__(self, path: Path, fd: int) -> None:
+        self.path = path
+        self._fd: int | None = fd
+
+    @classmethod
+    def acquire(cls, run_dir: Path) -> "RunLock":
+        """Lock `run_dir` (which must exist) or raise a SolrlError naming the process that holds it."""
+        path = Path(run_dir) / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise SolrlError(f"{run_dir} is being written by another solrl run ({holder(run_dir)})",
+                             "wait for it to finish or stop it (Ctrl-C saves a checkpoint), or use another --run-dir") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": dt.datetime.now().isoformat(timespec="seconds")}
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        return cls(path, fd)
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        fd, self._fd = self._fd, None
+        try:
+            os.ftruncate(fd, 0)  # nobody holds it now: the next reader must not see this process named
+        finally:
+            os.close(fd)  # closing the last descriptor drops the flock
+
+    def __del__(self) -> None:
+        self.release()
+
+
+def holder(run_dir: Path) -> str:
+    """Who holds `run_dir`'s lock, as the holder wrote it ('unknown process' if unreadable)."""
+    try:
+        info = json.loads((Path(run_dir) / LOCK_FILE).read_text(encoding="utf-8"))
+        return f"process {info['pid']} on {info['host']}, started {info['started']}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unknown process"
