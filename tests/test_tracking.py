@@ -49,6 +49,10 @@ def test_tensorboard_holds_both_iterations_and_a_resume_continues_them(fast_sets
     grid = [e for e in seen2 if isinstance(e, ev.SampleGrid)]
     assert len(grid) == 1 and grid[0].iteration == 2 and grid[0].rewards == sorted(grid[0].rewards, reverse=True)
     assert [i.step for i in acc.Images("samples")] == [2]
+    env = next(e for e in seen if isinstance(e, ev.RunStarted)).environment  # what the run started on
+    assert env["device"] == "cpu" and env["gpus"] == [] and env["explore"] == {
+        "requested": "auto", "resolved": "nvfp4-emulated", "full_precision": "fp32", "implemented": ["fp8", "nvfp4-emulated", "bf16", "fp32"]}
+    assert env["libraries"]["torch"] and "installed" in env["transformer_engine"] and "installed" in env["torchao"]
 
 
 def _wandb_records(path):
@@ -127,6 +131,20 @@ def test_a_tracker_that_is_not_installed_is_named(monkeypatch, fast_sets, tmp_pa
     with pytest.raises(SolrlError, match="wandb"):
         _train(fast_sets("run.log=wandb"))
     assert not (tmp_path / "run").exists()  # refused before the run folder was made
+
+
+def test_cli_names_a_missing_tracker_in_one_line(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from solrl_core import tracking
+    from solrl_cli.app import app
+
+    monkeypatch.setattr(tracking, "REQUIRES", {"tensorboard": "tensorboard", "wandb": "no_such_module_here"})
+    result = CliRunner().invoke(app, ["train", "--log", "tensorboard,wandb", "--run-dir", str(tmp_path / "r")])
+    assert result.exit_code != 0 and "run.log names wandb, which is not installed" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "r").exists()
+    result = CliRunner().invoke(app, ["train", "--log", "tensorbord", "--run-dir", str(tmp_path / "r")])
+    assert result.exit_code != 0 and "unknown run.log 'tensorbord'" in result.output and "tensorboard" in result.output
 
 
 def test_metric_names_are_stable_and_take_new_per_phase_fields():
