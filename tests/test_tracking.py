@@ -165,3 +165,16 @@ def test_metric_names_are_stable_and_take_new_per_phase_fields():
                                  extras={"a.strict": 0.2}, seconds=1.5)
     assert metrics.scalars(evaluation.to_dict()) == (0, {"eval/mean": 0.4, "eval/component/a": 0.4, "eval/a.strict": 0.2,
                                                          "eval/seconds": 1.5})
+
+
+def test_a_wandb_that_cannot_start_is_one_line_with_the_fix(monkeypatch, tmp_path):
+    wandb = pytest.importorskip("wandb")
+    from solrl_core.tracking.wandb_log import WandbLog
+
+    def refuse(**kwargs):
+        raise wandb.errors.UsageError("api_key not configured (no-tty). call wandb.login(key=[your_api_key])\nmore")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    with pytest.raises(SolrlError, match=r"W&B could not start a run: api_key not configured \(no-tty\)") as exc:
+        WandbLog(tmp_path, {}, resumed=False)
+    assert "WANDB_MODE=offline" in exc.value.fix and "\n" not in exc.value.message

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from solrl_core import events as ev
+from solrl_core.errors import SolrlError
 from solrl_core.tracking import Tracker
 
 ID_FILE = "wandb_run.json"
@@ -29,9 +30,14 @@ class WandbLog(Tracker):
         folder = os.environ.get("WANDB_DIR") or str(run_dir)
         Path(folder).mkdir(parents=True, exist_ok=True)
         # console="off": W&B would otherwise wrap stdout, which the terminal display and TUI own
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "solrl", dir=folder, name=run_dir.name, id=run_id,
-                              resume="allow" if run_id else None, config=config,
-                              settings=wandb.Settings(console="off", silent=True))
+        try:
+            self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "solrl", dir=folder, name=run_dir.name, id=run_id,
+                                  resume="allow" if run_id else None, config=config,
+                                  settings=wandb.Settings(console="off", silent=True))
+        except Exception as exc:  # noqa: BLE001 - no key, no network, a bad entity: W&B's own words, one line
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise SolrlError(f"W&B could not start a run: {first}", "run `wandb login` or set WANDB_API_KEY; "
+                             "WANDB_MODE=offline logs locally (upload later with `wandb sync`)") from exc
         if run_id is None:
             id_file.write_text(json.dumps({"id": self.run.id, "project": self.run.project}), encoding="utf-8")
         self._wandb = wandb
