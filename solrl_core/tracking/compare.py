@@ -100,6 +100,7 @@ def figure(runs: list[RunRecord], path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
     import numpy as np
 
     fig = plt.figure(figsize=(15, 8.5))
@@ -118,6 +119,8 @@ def figure(runs: list[RunRecord], path: Path) -> Path:
             ax.fill_between(x, worst, best, color=color, alpha=0.12, linewidth=0)
             ev_x = [e["iteration"] if c == 0 else e["elapsed"] for e in run.evals]
             axes[1, c].plot(ev_x, [e["mean"] for e in run.evals], color=color, marker="o", markersize=4, label=label)
+    for r in range(2):
+        axes[r, 0].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     for c, xlabel in enumerate(("iteration", "training seconds (measured, summed)")):
         axes[0, c].set(xlabel=xlabel, ylabel="Stage-2 reward (mean; band: worst..best)")
         axes[1, c].set(xlabel=xlabel, ylabel="held-out evaluation reward")
