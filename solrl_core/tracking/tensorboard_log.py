@@ -26,6 +26,7 @@ class TensorBoardLog(Tracker):
     def scalars(self, step: int, values: dict[str, float]) -> None:
         for name, value in values.items():
             self.writer.add_scalar(name, value, step)
+        self.writer.flush()  # a few events per iteration: a dashboard watching the run sees each one at once
 
     def image(self, grid: ev.SampleGrid) -> None:
         from PIL import Image
