@@ -63,3 +63,20 @@ def test_compare_writes_png_and_table(tmp_path):
 def test_compare_names_a_folder_without_events(tmp_path):
     with pytest.raises(SolrlError, match="has no events.jsonl"):
         load_run(tmp_path)
+
+
+@pytest.mark.slow
+def test_compare_two_tiny_runs(fast_sets, tmp_path):
+    from solrl_core.presets import resolve_config
+    from solrl_core.trainer import train
+
+    for family in ("sol_rl", "naive_scaling"):
+        sets = fast_sets("run.iterations=2", "run.eval_prompts=", run_dir=family)
+        train(resolve_config("tiny", family, sets=sets), ev.EventBus())
+    result = CliRunner().invoke(app, ["compare", str(tmp_path / "sol_rl"), str(tmp_path / "naive_scaling"), "--out", str(tmp_path / "cmp")])
+    assert result.exit_code == 0, result.output
+    rows = list(csv.reader(open(tmp_path / "cmp" / "compare.csv")))
+    assert [r[1] for r in rows[1:]] == ["sol_rl", "naive_scaling"] and [r[3] for r in rows[1:]] == ["2/2", "2/2"]
+    regenerate = rows[0].index("regenerate s/it")
+    assert float(rows[1][regenerate]) > 0 and float(rows[2][regenerate]) == 0  # only sol_rl regenerates
+    assert (tmp_path / "cmp" / "compare.png").stat().st_size > 20_000

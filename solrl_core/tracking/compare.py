@@ -109,7 +109,7 @@ def figure(runs: list[RunRecord], path: Path) -> Path:
     bars = fig.add_subplot(grid[:, 2])
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for i, run in enumerate(runs):
-        color, label = colors[i % len(colors)], f"{run.name} ({run.family})"
+        color, label = colors[i % len(colors)], run.name if run.name == run.family else f"{run.name} ({run.family})"
         its, secs, mean = run.series("mean")
         _, _, best = run.series("best")
         _, _, worst = run.series("worst")
