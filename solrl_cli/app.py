@@ -39,6 +39,7 @@ def train(
     explore_precision: opt.ExplorePrecision = None,
     resume: Annotated[Optional[Path], typer.Option("--resume", help="Continue the run in this folder from its newest checkpoint (checked against its manifest).")] = None,
     checkpoint: Annotated[Optional[str], typer.Option("--checkpoint", help="With --resume: the checkpoint to continue from (iter_000030); newer ones are set aside. Default: the newest.")] = None,
+    log: Annotated[Optional[str], typer.Option("--log", help="Experiment trackers, comma-separated: tensorboard, wandb (run.log; needs pip install -e \".[tracking]\").")] = None,
     tui: Annotated[bool, typer.Option("--tui", help="Watch the run in a terminal UI; q asks whether to stop safely with a checkpoint.")] = False,
     nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", min=1, help="Processes (one per GPU) on this node; above 1 they are started through torchrun.")] = 1,
     nnodes: Annotated[int, typer.Option("--nnodes", min=1, help="Nodes in the run; start the same command on each with its --node-rank.")] = 1,
@@ -55,7 +56,8 @@ def train(
 
     with user_errors():
         flags = {"run": {"prompts": prompts, "run_dir": str(run_dir) if run_dir else None, "iterations": iterations,
-                         "seed": seed, "device": device},
+                         "seed": seed, "device": device,
+                         "log": [t.strip() for t in log.split(",") if t.strip()] if log is not None else None},
                  "explore": {"precision": explore_precision}, "model": {"path": str(model_path) if model_path else None}}
         flags = {sec: {k: v for k, v in vals.items() if v is not None} for sec, vals in flags.items()}
         if resume:
@@ -90,7 +92,9 @@ def _preflight(cfg, nproc: int) -> None:  # type: ignore[no-untyped-def]
     estimate, so it never blocks a run (doctor shows it)."""
     from solrl_core.doctor import failed_for_run, run_checks
     from solrl_core.errors import SolrlError
+    from solrl_core.tracking import require
 
+    require(cfg.run.log)
     failed = [c for c in failed_for_run(run_checks(cfg, nproc)) if c.name != "memory estimate"]
     failed.sort(key=lambda c: c.name != "explore precision")  # the root cause when TE rows fail with it
     if failed:
@@ -103,9 +107,9 @@ def _resume_config(run_dir, saved, model, family, reward, preset, config, sets, 
     from solrl_core.config import from_dict, set_value
     from solrl_core.errors import SolrlError
 
-    if any((model, family, reward, preset, config)) or set(flags["run"]) - {"iterations", "device"} or flags["explore"]:
+    if any((model, family, reward, preset, config)) or set(flags["run"]) - {"iterations", "device", "log"} or flags["explore"]:
         raise SolrlError("--resume continues a run with the config saved in its folder",
-                         "only --iterations, --device, --model-path and --set may be given with --resume")
+                         "only --iterations, --device, --log, --model-path and --set may be given with --resume")
     cfg = saved
     for assignment in sets or ():
         cfg = set_value(cfg, assignment)
@@ -544,11 +548,13 @@ def config_help() -> None:
 
 
 def _register_tools() -> None:
+    from solrl_cli.compare_cmd import compare
     from solrl_cli.doctor_cmd import doctor
     from solrl_cli.monitor_cmd import monitor
 
     app.command("doctor")(doctor)
     app.command("monitor")(monitor)
+    app.command("compare")(compare)
 
 
 _register_tools()

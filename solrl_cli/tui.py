@@ -28,7 +28,7 @@ from textual.screen import ModalScreen
 from textual.widgets import ContentSwitcher, Footer, ProgressBar, Sparkline, Static
 
 from solrl_cli.display import fmt
-
+from solrl_cli.tui_panels import ChartPanel, env_view, eval_charts, latest_table, reward_charts, time_charts
 from solrl_cli.tui_state import (EVENTS_FILE, PANELS, PHASES, ROLLING, JsonlTail, QueueSource, RunState,  # noqa: F401
                                _clock, _duration, gpu_line)
 
@@ -127,10 +127,6 @@ def time_view(s: RunState) -> Table:
     return table
 
 
-def time_rows(s: RunState) -> list[tuple[str, list[float]]]:
-    return [(f"{p} s/iter", s.series("seconds", p)) for p in ("total", "explore", "regenerate", "train")]
-
-
 def time_note(s: RunState) -> str:
     speed = s.explore_speed()
     return "\n".join(speed) if speed else "explore speed-up: not derivable from these events (needs the sol_rl family's two generation stages)"
@@ -147,7 +143,7 @@ def reward_rows(s: RunState) -> list[tuple[str, list[float]]]:
 def reward_note(s: RunState) -> str:
     weights = (s.started or {}).get("config", {}).get("reward", {}).get("weights", {})
     spec = ", ".join(f"{k}={v:g}" for k, v in weights.items()) or "?"
-    return f"rewards {spec}  (mean of each bar's iterations; latest value in bold, then the range)"
+    return f"rewards {spec}"
 
 
 def loss_rows(s: RunState) -> list[tuple[str, list[float]]]:
@@ -223,7 +219,6 @@ class SolrlMonitor(App):
     #progress > Static { width: 1fr; }
     #tabs { height: 1; padding: 0 1; }
     ContentSwitcher { height: 1fr; padding: 0 1; }
-    #time-rows { height: auto; }
     """
     BINDINGS = [Binding("q", "request_quit", "quit"), Binding("ctrl+c", "request_quit", show=False, priority=True),
                 Binding("p", "toggle_pause", "pause/resume"),
@@ -239,10 +234,11 @@ class SolrlMonitor(App):
         self.stopping = False
         self.exit_requested = False  # set from a signal handler; acted on by the next tick
         self._drawn = -1
-        self.panels = {"time": TablePanel(time_view, "time"), "rewards": SeriesPanel(reward_rows, reward_note, "rewards"),
-                       "loss": SeriesPanel(loss_rows, loss_note, "loss"), "eval": TablePanel(eval_view, "eval"),
-                       "log": TablePanel(log_view, "log")}
-        self.time_rows = SeriesPanel(time_rows, time_note, "time-rows")
+        self.panels = {"time": ChartPanel(time_charts, time_note, "time", table=time_view),
+                       "rewards": ChartPanel(reward_charts, reward_note, "rewards", table=latest_table(reward_rows)),
+                       "loss": SeriesPanel(loss_rows, loss_note, "loss"),
+                       "eval": ChartPanel(eval_charts, lambda s: "", "eval", table=eval_view),
+                       "log": TablePanel(log_view, "log"), "env": TablePanel(env_view, "env")}
         self.current = "time"
         # held, not queried: a query would search the active screen, which may be the stop dialog
         self.run_line, self.status, self.flags, self.gpu = Static("waiting for the first event ..."), Static(), Static(), Static(gpu_line())
@@ -262,7 +258,6 @@ class SolrlMonitor(App):
         yield Footer()
 
     def on_mount(self) -> None:
-        self.panels["time"].mount(self.time_rows)
         self._tick()
         self.set_interval(self.source.poll_interval, self._tick)
         self.set_interval(2.0, lambda: self.gpu.update(gpu_line()))
@@ -293,8 +288,6 @@ class SolrlMonitor(App):
         if s.total:
             self.bar.update(total=s.total, progress=s.iteration)
         self.panels[self.current].draw(s)
-        if self.current == "time":
-            self.time_rows.draw(s)
         self.tabs.update("  ".join(
             f"[reverse] {i} {label} [/]" if name == self.current else f" {i} {label} " for i, (name, label) in enumerate(PANELS.items(), 1)))
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 PHASES = ("explore", "selection", "regenerate", "reward", "train", "sync", "total")  # as solrl_core.events.PHASES
-PANELS = {"time": "time", "rewards": "rewards", "loss": "loss", "eval": "eval", "log": "warnings & log"}
+PANELS = {"time": "time", "rewards": "rewards", "loss": "loss", "eval": "eval", "log": "warnings & log", "env": "environment"}
 EVENTS_FILE = "events.jsonl"  # solrl_core.session.EVENTS_FILE; importing that module would load torch
 HISTORY = 2000  # iterations kept for plots; the aggregates count every iteration
 ROLLING = 10
@@ -105,6 +105,7 @@ class RunState:
         self.count = 0  # every iteration seen (the deque keeps the last `history`)
         self.phase_sums = dict.fromkeys(PHASES, 0.0)
         self.nonfinite = 0
+        self.peak_memory: float | None = None  # GiB, the largest per-phase peak any iteration reported
         self.evals: deque[dict[str, Any]] = deque(maxlen=500)
         self.warnings: deque[dict[str, Any]] = deque(maxlen=50)
         self.warning_count = 0
@@ -129,6 +130,9 @@ class RunState:
             for k in PHASES:
                 self.phase_sums[k] += e["seconds"].get(k, 0.0)
             self.nonfinite += e.get("nonfinite_losses", 0)
+            peaks = [v for v in (e.get("peak_memory") or {}).values() if isinstance(v, (int, float))]
+            if peaks:
+                self.peak_memory = max(peaks + ([self.peak_memory] if self.peak_memory is not None else []))
         elif kind == "eval":
             self.evals.append(e)
         elif kind == "warning" or kind in FAULT_EVENTS:
@@ -142,6 +146,9 @@ class RunState:
                             f"full): {cor}")
         elif kind == "compile":
             self.log.append(f"{_clock(e)} compiled the {e['target']} in {e['seconds']:.1f}s (once, before the first iteration)")
+        elif kind == "sample_grid":
+            self.log.append(f"{_clock(e)} sample grid iteration {e['iteration']} ({len(e['rewards'])} Stage-2 samples of "
+                            f"'{e['prompt'][:40]}') -> {e['path']}")
         elif kind == "images_written":
             self.log.append(f"{_clock(e)} {e['count']} images ({e['weights']} weights) -> {e['folder']}")
         elif kind == "run_finished":
@@ -177,6 +184,18 @@ class RunState:
             if isinstance(value, (int, float)) and math.isfinite(value):
                 out.append(float(value))
         return out
+
+    def points(self, *path: str) -> tuple[list[float], list[float]]:
+        """(iterations, values) of series(*path): the x and y of a chart."""
+        xs, ys = [], []
+        for it in self.iterations:
+            value: Any = it
+            for key in path:
+                value = value.get(key) if isinstance(value, dict) else None
+            if isinstance(value, (int, float)):
+                xs.append(float(it["iteration"]))
+                ys.append(float(value))
+        return xs, ys
 
     def components(self, stage: str) -> list[str]:
         last = next((it[stage] for it in reversed(self.iterations) if it.get(stage)), None)
@@ -233,6 +252,17 @@ def fault_message(e: dict[str, Any]) -> str:
         limit = f" (the run stops at {e['limit']})" if e["limit"] else ""
         return f"optimizer step of iteration {e['iteration']} skipped: {e['reason']}, {e['in_a_row']} in a row{limit}"
     return str(e)
+
+
+def thin(xs: list[float], ys: list[float], points: int) -> tuple[list[float], list[float]]:
+    """At most `points` points: consecutive buckets of equal size replaced by their means, so a chart
+    of thousands of iterations costs what one screen width costs."""
+    n = len(xs)
+    if n <= points or points < 1:
+        return xs, ys
+    edges = [round(i * n / points) for i in range(points + 1)]
+    return ([statistics.fmean(xs[a:b]) for a, b in zip(edges, edges[1:])],
+            [statistics.fmean(ys[a:b]) for a, b in zip(edges, edges[1:])])
 
 
 def _clock(e: dict[str, Any]) -> str:

@@ -24,6 +24,7 @@ SOLVERS = ("euler", "dpm2")
 SIGMA_GRIDS = ("linspace", "scheduler", "qwen_image")
 SWITCHES = ("auto", "true", "false")  # a setting solrl decides for this machine unless told
 AGGREGATIONS = ("sum", "advantage")
+TRACKERS = ("tensorboard", "wandb")
 
 
 def _f(default: Any, help: str) -> Any:
@@ -158,6 +159,8 @@ class RunConfig:
     eval_prompts: str = _f("", "Prompt set or file evaluated with the EMA weights during training ('' = none).")
     eval_every: int = _f(20, "Evaluate every this many iterations (and before the first and after the last).")
     eval_seeds: int = _f(4, "Fixed noise seeds per evaluation prompt (the same for every evaluation).")
+    log: tuple[str, ...] = _f((), "Experiment trackers fed from rank 0: tensorboard, wandb (pip install -e '.[tracking]').")
+    image_every: int = _f(10, "Send the trackers a grid of one prompt's Stage-2 samples every this many iterations (0 = never).")
 
 
 @dataclass(frozen=True)
@@ -212,6 +215,10 @@ class Config:
         if bad:
             raise SolrlError(f"model.quant_fused entry '{bad[0]}' is not a group of two or more projections",
                              "write each group as suffixes joined by '+', e.g. attn2.to_k+attn2.to_v")
+        for name in self.run.log:
+            _choice("run.log", name, TRACKERS)
+        if self.run.image_every < 0:
+            raise SolrlError(f"run.image_every={self.run.image_every} must be >= 0", "0 sends no sample images")
         if not 0.0 < self.algorithm.timestep_fraction <= 1.0:
             raise SolrlError(f"algorithm.timestep_fraction={self.algorithm.timestep_fraction} must be in (0, 1]",
                              "the official values are 0.6 (SANA, SD3) and 0.4 (FLUX)")

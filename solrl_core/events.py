@@ -39,6 +39,7 @@ class RunStarted(Event):
     resumed: bool
     config: dict[str, Any]
     machine: str = ""  # what the auto switches chose here, and why (resolve.py)
+    environment: dict[str, Any] = field(default_factory=dict)  # what the run started on: environment.describe()
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,19 @@ class ImagesWritten(Event):
     count: int
     seconds: float
     folder: str
+
+
+@dataclass(frozen=True)
+class SampleGrid(Event):
+    """One prompt's Stage-2 samples, best reward first, written as one PNG (every run.image_every
+    iterations while a tracker is configured)."""
+
+    kind: ClassVar[str] = "sample_grid"
+    iteration: int
+    prompt: str
+    rewards: list[float]  # left to right, as in the picture
+    path: str
+    seconds: float
 
 
 @dataclass(frozen=True)

@@ -60,7 +60,7 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
-from solrl_core import distributed
+from solrl_core import distributed, environment, tracking
 from solrl_core import events as ev
 from solrl_core.checkpoint import save_checkpoint
 from solrl_core.config import Config, to_dict
@@ -74,6 +74,7 @@ from solrl_core.rollout import RolloutBatch, rollout
 from solrl_core.sampler import sigma_grid
 from solrl_core.selection import select
 from solrl_core.session import EVENTS_FILE, Session, open_session
+from solrl_core.tracking import samples
 
 
 class StopFlag:
@@ -111,11 +112,14 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
 
     Under torchrun each process calls this; it joins the process group from the environment."""
     distributed.init_from_env()
+    tracking.require(config.run.log)  # a tracker that is not installed is named before anything loads
     session = open_session(config, resume=resume, from_checkpoint=checkpoint)
-    log = None
+    log = trackers = None
     if session.rank == 0:
         log = ev.JsonlLog(session.run_dir / EVENTS_FILE)
         bus.subscribe(log)
+        trackers = tracking.open_trackers(config.run.log, session.run_dir, to_dict(session.config), session.resumed, session.iteration)
+        bus.subscribe(trackers)
     else:
         bus = ev.EventBus()  # rank 0 alone speaks: the other ranks' events reach no subscriber
     cfg, plan = session.config, session.plan
@@ -126,7 +130,9 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
     bus.emit(ev.RunStarted(run_dir=str(session.run_dir), preset=cfg.preset, device=str(session.device),
                            dtype=session.dtype_name, explore_precision=plan.explore_precision, plan=described,
                            start_iteration=session.iteration, iterations=cfg.run.iterations, resumed=session.resumed,
-                           config=to_dict(cfg), machine=session.machine.describe() if session.machine else ""))
+                           config=to_dict(cfg), machine=session.machine.describe() if session.machine else "",
+                           environment=environment.describe(cfg, session.device, session.dtype_name, plan.explore_precision,
+                                                            session.machine)))
     copy_ = session.explore_copy
     if copy_ is not None and copy_.report is not None:
         bus.emit(ev.QuantizationReport(summary=copy_.report.summary(), path=str(session.run_dir / "quantization_report.json")))
@@ -164,6 +170,9 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
             if log is not None:
                 bus.unsubscribe(log)
                 log.close()
+            if trackers is not None:
+                bus.unsubscribe(trackers)
+                trackers.close()
             if session.lock is not None:
                 session.lock.release()
     return session
@@ -236,6 +245,8 @@ def run_iteration(session: Session, bus: ev.EventBus) -> None:
                                   final=_finite_stats(final_scores, screen), loss={k: losses[k] for k in ("loss", "policy", "kl")}, nonfinite_losses=int(losses["nonfinite"]),
                                   grad_norm=losses["grad_norm"], old_decay=decay, peak_memory=peaks,
                                   memory_source=memory.source))
+    if samples.due(cfg.run.log, cfg.run.image_every, session.iteration, session.rank):
+        bus.emit(samples.sample_grid(session.model, finals, session.run_dir, session.iteration))
 
 
 def warm_up_compiled(session: Session, bus: ev.EventBus) -> None:

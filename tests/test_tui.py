@@ -29,12 +29,29 @@ def iteration(i: int, total: int = 30) -> ev.IterationFinished:
                                 nonfinite_losses=0, grad_norm=0.2, old_decay=0.001 * (i - 1))
 
 
+ENVIRONMENT = {  # what solrl_core.environment.describe records, for a made-up H100 machine
+    "python": "3.12.3", "platform": "Linux-6.8-x86_64", "torch_cuda": "12.8", "device": "cuda:0",
+    "libraries": {"torch": "2.9.0", "diffusers": "0.35.1", "transformers": "4.57.0", "peft": "0.17.1", "torchao": "0.13.0",
+                  "transformer_engine": None, "solrl": "0.1.0"},
+    "gpus": [{"index": 0, "name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "memory_gib": 79.2, "run": True,
+              "precisions": {"nvfp4": [False, "compute capability 9.0 < 10.0"], "fp8": [True, "torch._scaled_mm"],
+                             "nvfp4-emulated": [True, "anywhere"], "bf16": [True, "9.0"], "fp32": [True, "always"]}}],
+    "cpu_precisions": None,
+    "explore": {"requested": "auto", "resolved": "nvfp4-emulated", "full_precision": "bf16",
+                "implemented": ["fp8", "nvfp4-emulated", "bf16", "fp32"]},
+    "transformer_engine": {"installed": False, "version": None, "reason": "not installed: pip install transformer-engine[pytorch]",
+                           "nvfp4": None, "fp8": None},
+    "torchao": {"installed": True, "version": "0.13.0", "reason": "", "sm_at_least_89": True, "sm_at_least_100": False},
+    "memory_estimate_gib": 21.4,
+}
+
+
 def write_log(path, iterations: int = 3) -> ev.JsonlLog:
     """A recorded run: start, quantization, base eval, iterations, a warning, an EMA eval."""
     log = ev.JsonlLog(path)
     log(ev.RunStarted(run_dir=str(path.parent), preset="tiny_sol_rl_tinyworld_geneval", device="cpu", dtype="fp32",
                       explore_precision="nvfp4-emulated", plan="Stage 1: 16 seeds/prompt at nvfp4-emulated, 6 steps -> keep 8",
-                      start_iteration=0, iterations=30, resumed=False, config=CONFIG))
+                      start_iteration=0, iterations=30, resumed=False, config=CONFIG, environment=ENVIRONMENT))
     log(ev.QuantizationReport(summary="quantized 40 of 51 layers", path="q.json"))
     log(ev.EvalFinished(iteration=0, weights="base", prompts="tinyworld_heldout", samples=256, mean=0.5254, components={},
                         extras={"tinyworld_geneval.strict_accuracy": 0.184}, seconds=4.8))
@@ -107,7 +124,8 @@ def test_monitor_replays_follows_pauses_and_switches(tmp_path):
 
             await pilot.press("2")
             text = screen_text(app)
-            assert "Stage-2 final mean" in text and "0.55" in text and "Stage-1 draft worst" in text
+            assert "reward per iteration" in text and "Stage-2 mean" in text  # the chart and its legend
+            assert "Stage-2 final mean" in text and "0.55" in text and "Stage-1 draft worst" in text  # the numbers
             await pilot.press("3")
             assert "grad norm" in screen_text(app)
             await pilot.press("4")
@@ -115,6 +133,8 @@ def test_monitor_replays_follows_pauses_and_switches(tmp_path):
             assert "0.6113" in text and "strict_accuracy 0.293" in text
             await pilot.press("tab")
             assert "near-constant within every prompt group" in screen_text(app)
+            await pilot.press("tab")
+            assert "NVIDIA H100 80GB HBM3" in screen_text(app)
             await pilot.press("q")
         assert not app.is_running
 
@@ -189,3 +209,78 @@ def test_monitor_command_needs_events(tmp_path):
     with pytest.raises(typer.Exit) as exc:
         monitor(tmp_path)
     assert exc.value.exit_code == 2
+
+
+def _lines(text: str, first: str, count: int) -> list[str]:
+    """`count` screen lines from the one containing `first`, right-stripped: a snapshot of a region."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if first in line)
+    return [line.rstrip() for line in lines[start:start + count]]
+
+
+def test_reward_chart_has_axes_ticks_and_legend(tmp_path):
+    log = write_log(tmp_path / "events.jsonl", iterations=40)
+    log.close()
+
+    async def scenario() -> None:
+        app = SolrlMonitor(JsonlTail(tmp_path / "events.jsonl"))
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause(0.2)
+            await pilot.press("2")
+            await pilot.pause(0.2)
+            text = screen_text(app)
+            chart = _lines(text, "reward per iteration", 30)
+            assert chart[1].lstrip().startswith("┌") and "┐" in chart[1]  # the frame
+            assert chart[2].lstrip().startswith("1.00┤ ") and "Stage-2 mean" in chart[2]  # y ticks, legend
+            assert [line.split("┤")[0].strip() for line in chart if "┤" in line] == ["1.00", "0.83", "0.67", "0.50", "0.33",
+                                                                                       "0.17", "0.00"]
+            axis = next(i for i, line in enumerate(chart) if "└" in line)
+            assert chart[axis + 1].split() == ["5", "10", "15", "20", "25", "30", "35", "40"]  # whole iterations
+            assert "iteration" in chart[axis + 2]
+            assert any("⠉" in line or "⣀" in line for line in chart[2:axis])  # braille curves
+            await pilot.press("4")
+            await pilot.pause(0.1)
+            assert "held-out evaluation" in screen_text(app)
+
+    asyncio.run(scenario())
+
+
+def test_environment_panel_shows_the_machine_the_run_started_on(tmp_path):
+    log = write_log(tmp_path / "events.jsonl")
+    log(iteration(4))
+    log.close()
+    with open(tmp_path / "events.jsonl", "a") as fh:  # a peak the run measured (a field newer events carry)
+        fh.write('{"event": "iteration", "time": 1.0, "iteration": 5, "iterations": 30, "seconds": {"total": 1.0}, '
+                 '"final": {"mean": 0.5, "std": 0, "best": 1, "worst": 0, "components": {}}, "draft": null, '
+                 '"loss": {"loss": 1, "policy": 1, "kl": 0}, "nonfinite_losses": 0, "grad_norm": 0.1, "old_decay": 0, '
+                 '"peak_memory": {"explore": 12.5, "train": 18.25}}\n')
+
+    async def scenario() -> None:
+        app = SolrlMonitor(JsonlTail(tmp_path / "events.jsonl"))
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause(0.2)
+            await pilot.press("6")
+            await pilot.pause(0.1)
+            text = screen_text(app)
+            assert _lines(text, "machine the run started on", 2) == [
+                " machine the run started on  device cuda:0, Python 3.12.3, Linux-6.8-x86_64",
+                " explore precision: auto chose nvfp4-emulated; full precision bf16; solrl runs fp8, nvfp4-emulated, bf16, fp32"]
+            gpu = _lines(text, "NVIDIA H100", 1)[0].split()
+            assert gpu == ["run", "cuda:0", "NVIDIA", "H100", "80GB", "HBM3", "9.0", "79", "GiB", "fp8,", "nvfp4-emulated,",
+                           "bf16,", "fp32"]
+            assert "not installed: pip install transformer-engine[pytorch]" in _lines(text, "Transformer Engine", 1)[0]
+            assert _lines(text, "torchao", 1)[0].split()[1:] == ["0.13.0;", "FP8", "(sm", ">=", "8.9):", "yes;", "NVFP4/MX",
+                                                                   "(sm", ">=", "10.0):", "no"]
+            assert "estimate 21.4 GiB (approximate, as solrl doctor) against measured peak 18.25 GiB" in text
+            assert "GPU: no GPU" in text  # the header still shows the replaying machine, which has none
+
+    asyncio.run(scenario())
+
+
+def test_charts_thin_long_histories_to_the_screen():
+    from solrl_cli.tui_state import thin
+
+    xs = [float(i) for i in range(1, 5001)]
+    tx, ty = thin(xs, [2 * x for x in xs], 300)
+    assert len(tx) == 300 and tx[0] == pytest.approx(9.0) and ty[-1] == pytest.approx(2 * 4992.0)
+    assert thin(xs[:10], xs[:10], 300) == (xs[:10], xs[:10])

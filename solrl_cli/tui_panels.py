@@ -1,0 +1,174 @@
+"""Chart panels and the environment panel of the TUI.
+
+Charts are textual-plotext's `PlotextPlot` (Textualize's Textual wrapper of plotext): axes, ticks
+labelled in iterations, a legend, resized with the terminal. Each series is thinned to about two
+points per column before it is drawn (`tui_state.thin`), so a run of thousands of iterations draws
+as fast as a short one.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Static
+from textual_plotext import PlotextPlot
+
+from solrl_cli.display import fmt
+from solrl_cli.tui_state import RunState, thin
+
+Lines = dict[str, tuple[list[float], list[float]]]  # legend label -> (iterations, values)
+ChartSpec = tuple[str, str, Lines]  # title, y label, lines
+
+
+class Chart(PlotextPlot):
+    DEFAULT_CSS = "Chart { height: 1fr; min-height: 10; }"
+
+    def show(self, title: str, ylabel: str, lines: Lines) -> None:
+        plt = self.plt
+        plt.clear_data()
+        room = 2 * max(self.size.width, 80)  # braille: two points per column
+        seen: list[float] = []
+        for label, (xs, ys) in lines.items():
+            if xs:
+                seen += [xs[0], xs[-1]]
+                xs, ys = thin(xs, ys, room)
+                plt.plot(xs, ys, label=label, marker="braille")
+        if seen:
+            ticks = iteration_ticks(min(seen), max(seen))
+            plt.xticks(ticks, [str(t) for t in ticks])
+        plt.title(title)
+        plt.xlabel("iteration")
+        plt.ylabel(ylabel)
+        self.refresh()
+
+
+def iteration_ticks(lo: float, hi: float, count: int = 8) -> list[int]:
+    """Whole iterations at a round spacing (1, 2 or 5 x 10^k) spanning lo..hi, at most about `count`."""
+    span = max(hi - lo, 1.0)
+    step = next(s for s in (m * 10**k for k in range(12) for m in (1, 2, 5)) if span / s <= count)
+    first = int(math.ceil(lo / step) * step)
+    return list(range(first, int(hi) + 1, step)) or [int(lo)]
+
+
+class ChartPanel(Vertical):
+    """A note, charts that appear as their series do, and an optional table of the numbers below."""
+
+    DEFAULT_CSS = """
+    ChartPanel > .note { height: auto; }
+    ChartPanel > .numbers { height: auto; max-height: 45%; overflow-y: auto; }
+    """
+
+    def __init__(self, charts: Callable[[RunState], list[ChartSpec]], note: Callable[[RunState], Any], id: str,
+                 table: Callable[[RunState], Any] | None = None) -> None:
+        super().__init__(id=id)
+        self._charts, self._note, self._table = charts, note, table
+        self.note = Static(classes="note")
+        self.numbers = Static(classes="numbers") if table is not None else None
+        self.charts: dict[str, Chart] = {}
+
+    def compose(self) -> ComposeResult:
+        yield self.note
+        if self.numbers is not None:
+            yield self.numbers
+
+    def draw(self, state: RunState) -> None:
+        self.note.update(self._note(state))
+        for title, ylabel, lines in self._charts(state):
+            chart = self.charts.get(title)
+            if chart is None:
+                chart = self.charts[title] = Chart()
+                self.mount(chart, before=self.numbers) if self.numbers is not None else self.mount(chart)
+            chart.show(title, ylabel, lines)
+        if self.numbers is not None and self._table is not None:
+            self.numbers.update(self._table(state))
+
+
+# ---------------------------------------------------------------- what the chart panels show
+
+
+def reward_charts(s: RunState) -> list[ChartSpec]:
+    charts: list[ChartSpec] = [("reward per iteration", "reward", {
+        "Stage-2 mean": s.points("final", "mean"), "Stage-2 best": s.points("final", "best"),
+        "Stage-2 worst": s.points("final", "worst"), "Stage-1 draft mean": s.points("draft", "mean")})]
+    components = s.components("final")
+    if len(components) > 1:
+        charts.append(("Stage-2 mean per reward component", "reward",
+                       {c: s.points("final", "components", c) for c in components}))
+    return charts
+
+
+def time_charts(s: RunState) -> list[ChartSpec]:
+    phases = ("total", "explore", "regenerate", "reward", "train")
+    return [("seconds per phase", "seconds", {p: s.points("seconds", p) for p in phases if any(s.points("seconds", p)[1])})]
+
+
+def eval_charts(s: RunState) -> list[ChartSpec]:
+    if not s.evals:
+        return []
+    lines: Lines = {"evaluation mean": ([float(e["iteration"]) for e in s.evals], [e["mean"] for e in s.evals])}
+    return [("held-out evaluation (iteration 0: base weights, then EMA)", "reward", lines)]
+
+
+def latest_table(rows: Callable[[RunState], list[tuple[str, list[float]]]]) -> Callable[[RunState], Table]:
+    def view(s: RunState) -> Table:
+        table = Table(box=None, padding=(0, 2))
+        for col in ("series", "latest", "min", "max"):
+            table.add_column(col, justify="left" if col == "series" else "right")
+        for title, values in rows(s):
+            table.add_row(title, fmt(values[-1]), fmt(min(values)), fmt(max(values)))
+        return table
+    return view
+
+
+# ---------------------------------------------------------------- the environment panel
+
+
+def env_view(s: RunState) -> Any:
+    """What the run started on, from its start event (not the machine showing it)."""
+    env = (s.started or {}).get("environment")
+    if not env:
+        return "no environment recorded: the run has not started yet, or an older solrl wrote its events"
+    ex, te, ao = env["explore"], env["transformer_engine"], env["torchao"]
+    chose = f"auto chose {ex['resolved']}" if ex["requested"] == "auto" else f"{ex['requested']} -> {ex['resolved']}"
+    head = Text.assemble(("machine the run started on", "bold"), f"  device {env['device']}, Python {env['python']}, "
+                         f"{env['platform']}\n", ("explore precision: ", "bold"),
+                         f"{chose}; full precision {ex['full_precision']}; solrl runs {', '.join(ex['implemented'])}\n")
+    gpus = Table(title="GPUs", title_justify="left", box=None, padding=(0, 2))
+    for col in ("", "GPU", "compute cap.", "memory", "explore precisions it supports"):
+        gpus.add_column(col)
+    for g in env["gpus"]:
+        ok = [name for name, (yes, _) in g["precisions"].items() if yes]
+        gpus.add_row(*map(Text, ("run" if g["run"] else "", f"cuda:{g['index']} {g['name']}", g["capability"],
+                                 f"{g['memory_gib']:.0f} GiB", ", ".join(ok))))
+    if not env["gpus"]:
+        ok = [name for name, (yes, _) in (env.get("cpu_precisions") or {}).items() if yes]
+        gpus.add_row("run", "none: the CPU", "-", "-", ", ".join(ok))
+    libs = Table(title="libraries", title_justify="left", box=None, padding=(0, 2))
+    libs.add_column("library")
+    libs.add_column("version / availability")
+    te_line = f"{te['version'] or 'version unknown'}" if te["installed"] else te["reason"]
+    if te["installed"]:
+        te_line += "".join(f"; its {k.upper()} check: " + ("no answer" if te[k] is None else "yes" if te[k][0] else f"no ({te[k][1]})")
+                           for k in ("nvfp4", "fp8"))
+    ao_line = ao["version"] if ao["installed"] else ao["reason"]
+    if ao["installed"]:
+        ao_line += "".join(f"; {label}: {'-' if ao.get(key) is None else 'yes' if ao[key] else 'no'}"
+                           for key, label in (("sm_at_least_89", "FP8 (sm >= 8.9)"), ("sm_at_least_100", "NVFP4/MX (sm >= 10.0)")))
+    rows = [("Transformer Engine", te_line), ("torchao", ao_line),
+            ("torch", f"{env['libraries'].get('torch')} ({'CUDA ' + env['torch_cuda'] if env['torch_cuda'] else 'CPU-only build'})")]
+    rows += [(name, version or "not installed") for name, version in env["libraries"].items()
+             if name not in ("torch", "torchao", "transformer_engine")]
+    for row in rows:  # Text, not markup: a reason may hold brackets (transformer-engine[pytorch])
+        libs.add_row(*map(Text, row))
+    estimate = env.get("memory_estimate_gib")
+    measured = (f"measured peak {s.peak_memory:.2f} GiB (largest per-phase peak in the iteration events)"
+                if s.peak_memory is not None else "no measured peak in these events")
+    memory = Text.assemble(("GPU memory: ", "bold"), "no GPU (the run used the CPU's memory)" if estimate is None else
+                           f"estimate {estimate:.1f} GiB (approximate, as solrl doctor) against {measured}")
+    return Group(head, gpus, Text(""), libs, Text(""), memory)

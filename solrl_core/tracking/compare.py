@@ -1,0 +1,159 @@
+"""`solrl compare`: several runs side by side from their events.jsonl alone (no tracker needed).
+
+One PNG: Stage-2 reward and held-out evaluation against iteration and against training seconds,
+and the mean time per phase; and the same numbers as table rows. Training seconds are the sum of
+what the run measured (iterations, evaluations, checkpoints, rank checks), so the time between a
+stop and its resume does not count.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from solrl_core.errors import SolrlError
+from solrl_core.events import PHASES
+
+EVENTS_FILE = "events.jsonl"
+_TIMED = ("eval", "checkpoint", "rank_check")  # events outside an iteration whose seconds count as training time
+
+
+@dataclass
+class RunRecord:
+    """What one run's events say, in iteration order (a resume replaces what followed its checkpoint)."""
+
+    name: str
+    family: str = "?"
+    device: str = "?"
+    total: int = 0
+    iterations: list[dict[str, Any]] = field(default_factory=list)  # iteration events, with "elapsed" added
+    evals: list[dict[str, Any]] = field(default_factory=list)  # eval events, with "elapsed" added
+
+    def series(self, key: str) -> tuple[list[int], list[float], list[float]]:
+        """(iterations, training seconds, Stage-2 `key`) of every iteration."""
+        its = self.iterations
+        return [e["iteration"] for e in its], [e["elapsed"] for e in its], [e["final"][key] for e in its]
+
+    def phase_means(self) -> dict[str, float]:
+        out = {}
+        for phase in PHASES:
+            values = [e["seconds"][phase] for e in self.iterations if phase in e["seconds"]]
+            if values:
+                out[phase] = statistics.fmean(values)
+        return out
+
+
+def load_run(run_dir: str | Path) -> RunRecord:
+    path = Path(run_dir) / EVENTS_FILE
+    if not path.is_file():
+        raise SolrlError(f"{run_dir} has no {EVENTS_FILE}", "pass run folders written by `solrl train`")
+    record = RunRecord(name=Path(run_dir).name)
+    elapsed = 0.0
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            e = json.loads(line)
+        except ValueError as exc:
+            raise SolrlError(f"{path} line {number} is not JSON", "the file is damaged; compare the runs' other folders") from exc
+        kind = e.get("event")
+        if kind == "run_started":
+            start = e["start_iteration"]
+            record.family = e.get("config", {}).get("algorithm", {}).get("family", "?")
+            record.device, record.total = e.get("device", "?"), e["iterations"]
+            record.iterations = [it for it in record.iterations if it["iteration"] <= start]
+            record.evals = [ev for ev in record.evals if ev["iteration"] <= start]
+            elapsed = max([it["elapsed"] for it in record.iterations] + [ev["elapsed"] for ev in record.evals] + [0.0])
+        elif kind == "iteration":
+            elapsed += e["seconds"]["total"]
+            record.iterations.append({**e, "elapsed": elapsed})
+        elif kind in _TIMED:
+            elapsed += e.get("seconds", 0.0)
+            if kind == "eval":
+                record.evals.append({**e, "elapsed": elapsed})
+    return record
+
+
+def table(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
+    """Header and one row per run: progress, Stage-2 reward first and last-3, evaluation first and
+    last, measured seconds (iterations, evaluations, checkpoints), and mean seconds per phase."""
+    header = ["run", "family", "device", "iterations", "reward first", "reward last 3", "eval first", "eval last",
+              "measured s", *[f"{p} s/it" for p in PHASES]]
+    rows = []
+    for run in runs:
+        _, secs, rewards = run.series("mean")
+        means = run.phase_means()
+        measured = max(secs[-1:] + [e["elapsed"] for e in run.evals[-1:]], default=None)
+        rows.append([run.name, run.family, run.device, f"{len(run.iterations)}/{run.total}",
+                     _num(rewards[0] if rewards else None), _num(statistics.fmean(rewards[-3:]) if rewards else None),
+                     _num(run.evals[0]["mean"] if run.evals else None), _num(run.evals[-1]["mean"] if run.evals else None),
+                     f"{measured:.1f}" if measured is not None else "-", *[f"{means[p]:.3f}" if p in means else "-" for p in PHASES]])
+    return header, rows
+
+
+def figure(runs: list[RunRecord], path: Path) -> Path:
+    """The PNG: rewards and evaluations against iteration and training seconds; phase times."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker
+    import numpy as np
+
+    fig = plt.figure(figsize=(15, 8.5))
+    grid = fig.add_gridspec(2, 3)
+    axes = {(r, c): fig.add_subplot(grid[r, c]) for r in range(2) for c in range(2)}
+    bars = fig.add_subplot(grid[:, 2])
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, run in enumerate(runs):
+        color, label = colors[i % len(colors)], run.name if run.name == run.family else f"{run.name} ({run.family})"
+        its, secs, mean = run.series("mean")
+        _, _, best = run.series("best")
+        _, _, worst = run.series("worst")
+        for c, x in enumerate((its, secs)):
+            ax = axes[0, c]
+            ax.plot(x, mean, color=color, marker="o" if len(x) < 30 else None, markersize=3, label=label)
+            ax.fill_between(x, worst, best, color=color, alpha=0.12, linewidth=0)
+            ev_x = [e["iteration"] if c == 0 else e["elapsed"] for e in run.evals]
+            axes[1, c].plot(ev_x, [e["mean"] for e in run.evals], color=color, marker="o", markersize=4, label=label)
+    for r in range(2):
+        axes[r, 0].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    for c, xlabel in enumerate(("iteration", "training seconds (measured, summed)")):
+        axes[0, c].set(xlabel=xlabel, ylabel="Stage-2 reward (mean; band: worst..best)")
+        axes[1, c].set(xlabel=xlabel, ylabel="held-out evaluation reward")
+        for r in range(2):
+            axes[r, c].grid(alpha=0.3)
+    axes[0, 0].set_title("Stage-2 reward per iteration")
+    axes[0, 1].set_title("Stage-2 reward against time")
+    axes[1, 0].set_title("evaluation (iteration 0: base weights, then EMA)")
+    axes[1, 1].set_title("evaluation against time")
+    axes[0, 0].legend(fontsize=8)
+    if not any(run.evals for run in runs):
+        for c in range(2):
+            axes[1, c].text(0.5, 0.5, "no evaluations in these runs\n(run.eval_prompts)", ha="center", va="center",
+                            transform=axes[1, c].transAxes)
+    phases = [p for p in PHASES if p != "total"]
+    width = 0.8 / max(len(runs), 1)
+    for i, run in enumerate(runs):
+        means = run.phase_means()
+        bars.barh(np.arange(len(phases)) + i * width, [means.get(p, 0.0) for p in phases], height=width,
+                  color=colors[i % len(colors)], label=f"{run.name}: {means.get('total', 0.0):.2f} s/iteration")
+    bars.set_yticks(np.arange(len(phases)) + width * (len(runs) - 1) / 2, phases)
+    bars.invert_yaxis()
+    bars.set(xlabel="mean seconds per iteration", title="time per phase")
+    bars.legend(fontsize=8, loc="lower right")
+    bars.grid(axis="x", alpha=0.3)
+    devices = ", ".join(sorted({run.device for run in runs}))
+    fig.suptitle(f"solrl compare: {len(runs)} runs, measured on {devices}", fontsize=11)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.4g}"

@@ -1,0 +1,74 @@
+"""The stable metric names solrl sends to experiment trackers, read from event dicts (an event's
+`to_dict()`, or one line of events.jsonl), so the trackers and `solrl compare` name things alike.
+
+Each name is one scalar per step; the step is the iteration the number belongs to (0 is the base
+model before the first update). The README lists these names; renaming one breaks users' dashboards.
+
+    time/<phase>                          seconds of the iteration's phase (explore, selection,
+                                          regenerate, reward, train, sync, total)
+    memory/<phase>                        peak GPU memory in GiB during the phase, when the run measures it
+    reward/final/{mean,std,best,worst}    Stage-2 reward over the iteration's trained samples
+    reward/final/component/<reward>       Stage-2 mean of one reward component
+    reward/draft/...                      the same for the Stage-1 draft rewards (families that select)
+    loss/{loss,policy,kl}                 DiffusionNFT loss terms (mean over the iteration)
+    loss/nonfinite                        non-finite per-sample losses zeroed in the iteration
+    train/grad_norm, train/old_decay      gradient norm before clipping; the old adapter's decay
+    eval/mean                             held-out evaluation reward (iteration 0: base weights, then EMA)
+    eval/component/<reward>, eval/<extra> per component; reward-defined extras (e.g.
+                                          eval/tinyworld_geneval.strict_accuracy)
+    eval/seconds                          time the evaluation took
+    rank_check/{rho,tau}                  in-run Stage-1 ranking check (absent when a side was constant)
+    rank_check/{draft_mean,full_mean,seconds}
+
+A field later added to the iteration event is sent too: a number as `iteration/<field>`, a dict of
+numbers as `<name>/<key>` (per-phase dicts keep their keys).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# iteration-event field -> metric name (prefix, for dicts)
+ITERATION_NAMES = {"seconds": "time", "peak_memory": "memory", "loss": "loss", "nonfinite_losses": "loss/nonfinite",
+                   "grad_norm": "train/grad_norm", "old_decay": "train/old_decay"}
+_NOT_METRICS = {"event", "time", "iteration", "iterations"}
+
+
+def scalars(event: dict[str, Any]) -> tuple[int, dict[str, float]] | None:
+    """(step, {name: value}) for an event that carries metrics, else None."""
+    kind = event.get("event")
+    out: dict[str, float] = {}
+    if kind == "iteration":
+        for key, value in event.items():
+            if key in _NOT_METRICS:
+                continue
+            if key in ("final", "draft"):
+                if value:
+                    _reward_stats(f"reward/{key}", value, out)
+                continue
+            _flatten(ITERATION_NAMES.get(key, f"iteration/{key}"), value, out)
+        return int(event["iteration"]), out
+    if kind == "eval":
+        out["eval/mean"] = float(event["mean"])
+        _flatten("eval/component", event.get("components", {}), out)
+        _flatten("eval", event.get("extras", {}), out)
+        out["eval/seconds"] = float(event["seconds"])
+        return int(event["iteration"]), out
+    if kind == "rank_check":
+        _flatten("rank_check", {k: event.get(k) for k in ("rho", "tau", "draft_mean", "full_mean", "seconds")}, out)
+        return int(event["iteration"]), out
+    return None
+
+
+def _reward_stats(prefix: str, stats: dict[str, Any], out: dict[str, float]) -> None:
+    for key, value in stats.items():
+        _flatten(f"{prefix}/component" if key == "components" else f"{prefix}/{key}", value, out)
+
+
+def _flatten(name: str, value: Any, out: dict[str, float]) -> None:
+    """Numbers under `name`, dicts of numbers under `name/key`; None, text and flags are not metrics."""
+    if isinstance(value, dict):
+        for key, inner in value.items():
+            _flatten(f"{name}/{key}", inner, out)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        out[name] = float(value)

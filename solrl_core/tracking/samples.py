@@ -1,0 +1,41 @@
+"""The sample grid the trackers show: one prompt's Stage-2 samples, best reward first.
+
+The images are decoded again from the kept latents only on the iterations that send a grid, and
+only when a tracker is configured, so a run without trackers does no extra work."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from solrl_core import events as ev
+
+FOLDER = "samples"
+
+
+def due(run_log: tuple[str, ...], image_every: int, iteration: int, rank: int) -> bool:
+    """Whether the iteration just finished sends a grid (rank 0 holds the first prompt group)."""
+    return bool(run_log) and image_every > 0 and iteration % image_every == 0 and rank == 0
+
+
+@torch.no_grad()
+def sample_grid(model, batch, run_dir: Path, iteration: int) -> ev.SampleGrid:  # type: ignore[no-untyped-def]
+    """Write RUN/samples/iter_NNNNNN.png: the first prompt group of `batch` (a RolloutBatch),
+    its samples from best to worst reward, each captioned with its reward."""
+    from solrl_core.inference import make_grid
+
+    t0 = time.perf_counter()
+    members = torch.nonzero(batch.groups == batch.groups[0]).flatten()
+    order = members[torch.argsort(batch.rewards[members].float(), descending=True, stable=True)]
+    images = model.decode(batch.latents[order]).float().cpu()
+    rewards = [float(r) for r in batch.rewards[order]]
+    columns = {f"{'best' if i == 0 else 'worst' if i == len(rewards) - 1 else '#' + str(i + 1)} {r:.3g}": images[i:i + 1]
+               for i, r in enumerate(rewards)}
+    folder = Path(run_dir) / FOLDER
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"iter_{iteration:06d}.png"
+    make_grid(columns).save(path)
+    return ev.SampleGrid(iteration=iteration, prompt=batch.prompts[int(order[0])], rewards=rewards, path=str(path),
+                         seconds=time.perf_counter() - t0)

@@ -1,0 +1,54 @@
+"""Weights & Biases: one W&B run per solrl run, resumed with it.
+
+W&B's own environment decides where and how: WANDB_PROJECT (default "solrl"), WANDB_DIR (default
+the run folder), WANDB_MODE (offline writes RUN/wandb/offline-run-*; `wandb sync` uploads it later),
+WANDB_ENTITY, WANDB_API_KEY. The W&B run id is kept in RUN/wandb_run.json, so `--resume` continues
+the same W&B run and its series.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from solrl_core import events as ev
+from solrl_core.errors import SolrlError
+from solrl_core.tracking import Tracker
+
+ID_FILE = "wandb_run.json"
+
+
+class WandbLog(Tracker):
+    def __init__(self, run_dir: Path, config: dict[str, Any], resumed: bool) -> None:
+        import wandb
+
+        run_dir = Path(run_dir)
+        id_file = run_dir / ID_FILE
+        run_id = json.loads(id_file.read_text(encoding="utf-8"))["id"] if resumed and id_file.is_file() else None
+        folder = os.environ.get("WANDB_DIR") or str(run_dir)
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        # console="off": W&B would otherwise wrap stdout, which the terminal display and TUI own
+        try:
+            self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "solrl", dir=folder, name=run_dir.name, id=run_id,
+                                  resume="allow" if run_id else None, config=config,
+                                  settings=wandb.Settings(console="off", silent=True))
+        except Exception as exc:  # noqa: BLE001 - no key, no network, a bad entity: W&B's own words, one line
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise SolrlError(f"W&B could not start a run: {first}", "run `wandb login` or set WANDB_API_KEY; "
+                             "WANDB_MODE=offline logs locally (upload later with `wandb sync`)") from exc
+        if run_id is None:
+            id_file.write_text(json.dumps({"id": self.run.id, "project": self.run.project}), encoding="utf-8")
+        self._wandb = wandb
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        self.run.log(values, step=step)
+
+    def image(self, grid: ev.SampleGrid) -> None:
+        rewards = ", ".join(f"{r:.4g}" for r in grid.rewards)
+        caption = f"{grid.prompt} (Stage-2 rewards, best first: {rewards})"
+        self.run.log({"samples": self._wandb.Image(grid.path, caption=caption)}, step=grid.iteration)
+
+    def close(self, reason: str) -> None:
+        self.run.finish(exit_code=0 if reason in ("completed", "interrupted") else 1)

@@ -1,0 +1,180 @@
+"""TensorBoard and W&B trackers on a 2-iteration tiny run (no network: W&B offline), read back with
+each tool's own reader; a resumed run continues the same series."""
+
+import json
+import os
+
+import pytest
+
+from solrl_core import events as ev
+from solrl_core.errors import SolrlError
+from solrl_core.presets import resolve_config
+from solrl_core.tracking import metrics, require
+from solrl_core.trainer import StopFlag, train
+
+
+def _train(sets, resume=False, stop_after=None):
+    bus, seen, flag = ev.EventBus(), [], StopFlag()
+    bus.subscribe(seen.append)
+    if stop_after is not None:
+        bus.subscribe(lambda e: setattr(flag, "requested", True)
+                      if isinstance(e, ev.IterationFinished) and e.iteration == stop_after else None)
+    session = train(resolve_config("tiny", "sol_rl", sets=sets), bus, resume=resume, stop=flag)
+    return session, seen
+
+
+def _scalars(run_dir):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(run_dir / "tensorboard"), size_guidance={"scalars": 0, "images": 0})
+    acc.Reload()
+    return acc
+
+
+def test_tensorboard_holds_both_iterations_and_a_resume_continues_them(fast_sets):
+    sets = fast_sets("run.iterations=2", "run.log=tensorboard", "run.image_every=2", "run.checkpoint_every=1", "run.eval_prompts=")
+    session, seen = _train(sets, stop_after=1)  # stopped after iteration 1, checkpoint saved
+    assert session.iteration == 1
+    session, seen2 = _train([*sets], resume=True)
+    acc = _scalars(session.run_dir)
+    tags = acc.Tags()["scalars"]
+    for tag in ("reward/final/mean", "reward/draft/mean", "reward/final/component/tinyworld_geneval", "time/explore",
+                "time/total", "loss/loss", "train/grad_norm"):
+        assert tag in tags
+    its = {e.iteration: e for e in seen + seen2 if isinstance(e, ev.IterationFinished)}
+    final = acc.Scalars("reward/final/mean")
+    assert [s.step for s in final] == [1, 2]  # one series over the stop and the resume
+    assert [s.value for s in final] == pytest.approx([its[1].final.mean, its[2].final.mean])
+    assert [s.value for s in acc.Scalars("time/regenerate")] == pytest.approx([its[1].seconds["regenerate"], its[2].seconds["regenerate"]])
+    grid = [e for e in seen2 if isinstance(e, ev.SampleGrid)]
+    assert len(grid) == 1 and grid[0].iteration == 2 and grid[0].rewards == sorted(grid[0].rewards, reverse=True)
+    assert [i.step for i in acc.Images("samples")] == [2]
+    env = next(e for e in seen if isinstance(e, ev.RunStarted)).environment  # what the run started on
+    assert env["device"] == "cpu" and env["gpus"] == [] and env["explore"] == {
+        "requested": "auto", "resolved": "nvfp4-emulated", "full_precision": "fp32", "implemented": ["fp8", "nvfp4-emulated", "bf16", "fp32"]}
+    assert env["libraries"]["torch"] and "installed" in env["transformer_engine"] and "installed" in env["torchao"]
+
+
+def _wandb_records(path):
+    """The records of a W&B transaction log (run-ID.wandb), parsed with W&B's own protobuf schema.
+    The file is a 7-byte W&B header, then LevelDB-log framing: 32 KiB blocks of chunks, each with a
+    7-byte header (crc32c, length, type: 1 full, 2 first, 3 middle, 4 last)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    data, pos, parts = path.read_bytes(), 7, b""
+    assert data[:4] == b":W&B"
+    while pos + 7 <= len(data):
+        left = 32768 - pos % 32768
+        if left < 7:
+            pos += left
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if kind == 0 and length == 0:  # padding to the end of the block
+            pos += left
+            continue
+        parts += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):
+            record = pb.Record()
+            record.ParseFromString(parts)
+            parts = b""
+            yield record
+
+
+def _wandb_run(folder):
+    """(run id, config, history rows, final summary) of one offline run folder."""
+    run_id, config, history, summary = None, {}, [], {}
+    for record in _wandb_records(next(folder.glob("run-*.wandb"))):
+        kind = record.WhichOneof("record_type")
+        if kind == "run":
+            run_id = record.run.run_id
+            config = {item.key: json.loads(item.value_json) for item in record.run.config.update}
+        elif kind == "history":
+            history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
+        elif kind == "summary":
+            summary.update({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.summary.update})
+    return run_id, config, history, summary
+
+
+def test_wandb_offline_summary_and_resume_keep_one_run(fast_sets, monkeypatch):
+    pytest.importorskip("wandb")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_PROJECT", "solrl-test")
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    sets = fast_sets("run.iterations=2", "run.log=wandb", "run.image_every=0", "run.checkpoint_every=1", "run.eval_prompts=")
+    session, seen = _train(sets, stop_after=1)
+    run_dir = session.run_dir
+    stored = json.loads((run_dir / "wandb_run.json").read_text())
+    assert stored["project"] == "solrl-test"
+    session, seen2 = _train(sets, resume=True)
+    folders = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(folders) == 2
+    (first_id, config, first, _), (second_id, _, second, summary) = (_wandb_run(f) for f in folders)
+    assert first_id == second_id == stored["id"]  # the resume logs to the same W&B run
+    assert [row["_step"] for row in first + second] == [1, 2]  # and continues its series
+    last = next(e for e in reversed(seen2) if isinstance(e, ev.IterationFinished))
+    assert summary["_step"] == 2 and summary["reward/final/mean"] == pytest.approx(last.final.mean)
+    assert summary["time/train"] == pytest.approx(last.seconds["train"])
+    assert config["reward"]["weights"] == {"tinyworld_geneval": 1.0}  # the resolved config
+    assert config["run"]["log"] == ["wandb"]
+
+
+def test_a_tracker_that_is_not_installed_is_named(monkeypatch, fast_sets, tmp_path):
+    from solrl_core import tracking
+
+    monkeypatch.setattr(tracking, "REQUIRES", {"tensorboard": "tensorboard", "wandb": "no_such_module_here"})
+    with pytest.raises(SolrlError, match="run.log names wandb") as exc:
+        require(("tensorboard", "wandb"))
+    assert "[tracking]" in exc.value.fix
+    with pytest.raises(SolrlError, match="wandb"):
+        _train(fast_sets("run.log=wandb"))
+    assert not (tmp_path / "run").exists()  # refused before the run folder was made
+
+
+def test_cli_names_a_missing_tracker_in_one_line(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from solrl_core import tracking
+    from solrl_cli.app import app
+
+    monkeypatch.setattr(tracking, "REQUIRES", {"tensorboard": "tensorboard", "wandb": "no_such_module_here"})
+    result = CliRunner().invoke(app, ["train", "--log", "tensorboard,wandb", "--run-dir", str(tmp_path / "r")])
+    assert result.exit_code != 0 and "run.log names wandb, which is not installed" in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "r").exists()
+    result = CliRunner().invoke(app, ["train", "--log", "tensorbord", "--run-dir", str(tmp_path / "r")])
+    assert result.exit_code != 0 and "unknown run.log 'tensorbord'" in result.output and "tensorboard" in result.output
+
+
+def test_metric_names_are_stable_and_take_new_per_phase_fields():
+    it = ev.IterationFinished(iteration=3, iterations=9, seconds={"explore": 1.0, "total": 2.0}, draft=None,
+                              final=ev.RewardStats(mean=0.5, std=0.1, best=0.9, worst=0.1, components={"pickscore": 0.5}),
+                              loss={"loss": 1.0, "policy": 0.9, "kl": 0.1}, nonfinite_losses=0, grad_norm=0.3, old_decay=0.0)
+    record = {**it.to_dict(), "peak_memory": {"explore": 7.5, "train": 30.25}}  # a field a later version adds
+    step, values = metrics.scalars(record)
+    assert step == 3
+    assert values == {"time/explore": 1.0, "time/total": 2.0, "reward/final/mean": 0.5, "reward/final/std": 0.1,
+                      "reward/final/best": 0.9, "reward/final/worst": 0.1, "reward/final/component/pickscore": 0.5,
+                      "loss/loss": 1.0, "loss/policy": 0.9, "loss/kl": 0.1, "loss/nonfinite": 0.0, "train/grad_norm": 0.3,
+                      "train/old_decay": 0.0, "memory/explore": 7.5, "memory/train": 30.25}
+    check = ev.RankCheckResult(iteration=4, prompt="p", seeds=8, rho=None, tau=0.5, draft_mean=0.1, full_mean=0.2, seconds=1.0)
+    assert metrics.scalars(check.to_dict()) == (4, {"rank_check/tau": 0.5, "rank_check/draft_mean": 0.1,
+                                                    "rank_check/full_mean": 0.2, "rank_check/seconds": 1.0})
+    evaluation = ev.EvalFinished(iteration=0, weights="base", prompts="x", samples=4, mean=0.4, components={"a": 0.4},
+                                 extras={"a.strict": 0.2}, seconds=1.5)
+    assert metrics.scalars(evaluation.to_dict()) == (0, {"eval/mean": 0.4, "eval/component/a": 0.4, "eval/a.strict": 0.2,
+                                                         "eval/seconds": 1.5})
+
+
+def test_a_wandb_that_cannot_start_is_one_line_with_the_fix(monkeypatch, tmp_path):
+    wandb = pytest.importorskip("wandb")
+    from solrl_core.tracking.wandb_log import WandbLog
+
+    def refuse(**kwargs):
+        raise wandb.errors.UsageError("api_key not configured (no-tty). call wandb.login(key=[your_api_key])\nmore")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    with pytest.raises(SolrlError, match=r"W&B could not start a run: api_key not configured \(no-tty\)") as exc:
+        WandbLog(tmp_path, {}, resumed=False)
+    assert "WANDB_MODE=offline" in exc.value.fix and "\n" not in exc.value.message
