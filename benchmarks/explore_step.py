@@ -3,7 +3,7 @@
 Builds random-init transformers with the published configurations of SANA-1.6B (1024 px, latent
 32x32x32, 300 caption tokens) and FLUX.1-dev 12B (512 px, 1024 image + 512 text tokens), in bf16
 on the GPU, and times one transformer forward (one denoising step) at the official rollout batch
-(24) per backend, through the same wrappers the explore copy uses (`solrl_core/quantize.py`, the
+(24) per backend, through the same wrappers the explore copy uses (`solrl_core/precision/quantize.py`, the
 model presets' layer rule: the official skip names and min-dim; at --size tiny the min-dim is scaled
 by the tiny width over the real one, so the same layers are quantized):
 
@@ -43,7 +43,7 @@ from _common import device_name  # benchmarks/ is on sys.path when a script runs
 from torch import nn
 
 from solrl_core.presets import resolve_config
-from solrl_core.quantize import LayerRule, plan_layers, quantize_model, requantize, unwrap_model
+from solrl_core.precision.quantize import LayerRule, plan_layers, quantize_model, requantize, unwrap_model
 
 # Published transformer configurations (the hub's transformer/config.json), and tiny ones with the
 # same structure for a CPU smoke run.

@@ -28,10 +28,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Callable
 
-from solrl_core import hardware
+from solrl_core.precision import hardware
 from solrl_core.config import EXPLORE_PRECISIONS, Config
 from solrl_core.footprint import REWARD_DOWNLOAD_GB, estimate_memory, model_size
-from solrl_core.hardware import GpuInfo
+from solrl_core.precision.hardware import GpuInfo
 
 PASS, WARN, FAIL = "pass", "warn", "fail"
 MIN_PYTHON = (3, 10)
@@ -509,7 +509,7 @@ def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
         return Check("memory estimate", PASS, "skipped: no GPU (the run uses the CPU's memory)", "", False)
     import torch
 
-    from solrl_core.resolve import resolve_machine
+    from solrl_core.precision.resolve import resolve_machine
 
     precision = requested if requested in set(EXPLORE_PRECISIONS) | set(hardware.PRECISIONS) else "auto"
     dtype_name = "bf16" if cfg.run.dtype == "auto" else cfg.run.dtype
@@ -532,7 +532,7 @@ def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
 
 
 def _explore(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
-    from solrl_core.resolve import auto_explore_precision
+    from solrl_core.precision.resolve import auto_explore_precision
 
     requested = requested or cfg.explore.precision
     family = cfg.algorithm.family

@@ -15,7 +15,7 @@ import importlib.util
 import platform
 from typing import Any
 
-from solrl_core import hardware
+from solrl_core.precision import hardware
 
 LIBRARIES = ("torch", "diffusers", "transformers", "peft", "torchao", "transformer_engine", "solrl")
 

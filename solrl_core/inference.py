@@ -19,7 +19,7 @@ from solrl_core import events as ev
 from solrl_core.config import Config
 from solrl_core.models.base import Conditioning, DiffusionModel
 from solrl_core.policy import OLD, TRAINED, Policy
-from solrl_core.quantize import LayerRule
+from solrl_core.precision.quantize import LayerRule
 from solrl_core.rollout import RolloutCopy, generate
 from solrl_core.sampler import sigma_grid
 
@@ -43,9 +43,9 @@ def load_tuned(cfg: Config, checkpoint: Path | None, explore: bool = False, nume
     import copy
 
     from solrl_core.checkpoint import load_adapters
-    from solrl_core.hardware import require_explore_precision
+    from solrl_core.precision.hardware import require_explore_precision
     from solrl_core.models import load_model
-    from solrl_core.resolve import resolve_machine
+    from solrl_core.precision.resolve import resolve_machine
     from solrl_core.session import resolve_device, resolve_dtype
 
     device = resolve_device(cfg.run.device)

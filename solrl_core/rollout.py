@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from solrl_core.models.base import Conditioning, DiffusionModel
-from solrl_core.hardware import IMPLEMENTED_EXPLORE
-from solrl_core.quantize import WRAPPERS, LayerRule, QuantReport, quantize_model, requantize
+from solrl_core.precision.hardware import IMPLEMENTED_EXPLORE
+from solrl_core.precision.quantize import WRAPPERS, LayerRule, QuantReport, quantize_model, requantize
 from solrl_core.rewards import RewardSet
 from solrl_core.sampler import noise_for_seeds, sample
 

@@ -27,15 +27,15 @@ from solrl_core.config import Config, from_dict, to_dict
 from solrl_core.errors import SolrlError
 from solrl_core.faults.guard import FaultState
 from solrl_core.faults.lock import RunLock
-from solrl_core.hardware import require_explore_precision
+from solrl_core.precision.hardware import require_explore_precision
 from solrl_core.models import DiffusionModel, load_model
 from solrl_core.models.base import Conditioning
 from solrl_core.policy import OLD, TRAINED, Policy
 from solrl_core.prompts import check_split, load_prompts
 from solrl_core.rewards import RewardSet
 from solrl_core.rewards.health import RewardHealth
-from solrl_core.quantize import LayerRule
-from solrl_core.resolve import MachinePlan, resolve_machine
+from solrl_core.precision.quantize import LayerRule
+from solrl_core.precision.resolve import MachinePlan, resolve_machine
 from solrl_core.rollout import RolloutCopy
 
 CONFIG_FILE = "config.toml"

@@ -14,8 +14,8 @@ from typer.testing import CliRunner
 
 from solrl_cli.doctor_cmd import doctor
 from solrl_core import doctor as doc
-from solrl_core import hardware
-from solrl_core.hardware import GpuInfo
+from solrl_core.precision import hardware
+from solrl_core.precision.hardware import GpuInfo
 from solrl_core.presets import resolve_config
 
 app = typer.Typer()

@@ -12,7 +12,7 @@ import torch
 
 from solrl_core import events as ev
 from solrl_core.presets import resolve_config
-from solrl_core.quantize import LayerRule, plan_layers
+from solrl_core.precision.quantize import LayerRule, plan_layers
 from solrl_core.sampler import sigma_grid
 from solrl_core.trainer import StopFlag, train
 
@@ -153,7 +153,7 @@ def test_the_real_configs_layer_sets_built_on_the_meta_device():
 
 
 def test_the_report_says_which_rule_kept_each_layer(fast_sets):
-    from solrl_core.quantize import quantize_model
+    from solrl_core.precision.quantize import quantize_model
 
     report = quantize_model(_tiny_sana(), _rule("sana", 2240, 32), "nvfp4-emulated")
     data = report.to_dict()

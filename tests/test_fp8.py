@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from solrl_core import fp8
-from solrl_core.quantize import (
+from solrl_core.precision import fp8
+from solrl_core.precision.quantize import (
     EmulatedNVFP4Linear,
     Fp8Conv1x1,
     Fp8Linear,

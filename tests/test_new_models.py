@@ -9,7 +9,7 @@ import diffusers
 import torch
 
 from solrl_core.presets import resolve_config
-from solrl_core.quantize import LayerRule, plan_layers
+from solrl_core.precision.quantize import LayerRule, plan_layers
 
 BLOCKS = ("transformer_blocks.", "layers.", "noise_refiner.", "context_refiner.")
 

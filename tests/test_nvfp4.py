@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from solrl_core.nvfp4 import (
+from solrl_core.precision.nvfp4 import (
     BLOCK,
     E2M1_VALUES,
     E4M3_MAX,

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from solrl_core.nvfp4 import fake_quantize_1d, fake_quantize_2d
-from solrl_core.quantize import (
+from solrl_core.precision.nvfp4 import fake_quantize_1d, fake_quantize_2d
+from solrl_core.precision.quantize import (
     EmulatedNVFP4Conv1x1,
     EmulatedNVFP4Linear,
     LayerEntry,

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from solrl_core.config import Config
-from solrl_core.hardware import FP8_CC, GpuInfo, gpus
+from solrl_core.precision.hardware import FP8_CC, GpuInfo, gpus
 
 FIT_SHARE = 0.9  # of a GPU's memory the estimate may use: the rest is the allocator's and the estimate's slack
 

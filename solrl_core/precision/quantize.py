@@ -4,8 +4,8 @@ Sol-RL samples rollouts with an NVFP4 copy of the policy. Every eligible nn.Line
 nn.Conv2d (SANA's GLUMBConv feed-forward in diffusers is built from 1x1 convs, so a Linear-only
 swap would leave its MLP in high precision), is wrapped for one explore precision:
 - `nvfp4-emulated`: the weight is fake-quantized once (16x16 tiles) and the input on every call
-  (1x16 blocks along the reduction dim), see `solrl_core.nvfp4`: exact NVFP4 numerics, anywhere.
-- `fp8`: real E4M3 GEMMs through `torch._scaled_mm`, see `solrl_core.fp8`.
+  (1x16 blocks along the reduction dim), see `solrl_core.precision.nvfp4`: exact NVFP4 numerics, anywhere.
+- `fp8`: real E4M3 GEMMs through `torch._scaled_mm`, see `solrl_core.precision.fp8`.
 Which layers stay in high precision is the official explore model's rule (NVlabs/Sana
 train_scripts/sol_rl/train_utils.py, `replace_linear_with_te`): a name containing one of the model's
 skip substrings (`nvfp4_skip_modules`: embedders, the final layer, SANA's self-attention qkv), then any
@@ -32,8 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from solrl_core import fp8
-from solrl_core.nvfp4 import BLOCK, fake_quantize_1d, fake_quantize_2d
+from solrl_core.precision import fp8
+from solrl_core.precision.nvfp4 import BLOCK, fake_quantize_1d, fake_quantize_2d
 
 
 class _QuantizedGemm(nn.Module):
@@ -120,7 +120,7 @@ class EmulatedNVFP4Conv1x1(_EmulatedNVFP4):
 
 
 class _Fp8(_QuantizedGemm):
-    """Real FP8 GEMMs (`solrl_core.fp8`): e4m3 weight with one scale per output row, cached;
+    """Real FP8 GEMMs (`solrl_core.precision.fp8`): e4m3 weight with one scale per output row, cached;
     e4m3 input with one scale per row, computed on every call."""
 
     PRECISION = "fp8"

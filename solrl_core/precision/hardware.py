@@ -6,9 +6,9 @@ module costs nothing and works on any machine. Used by `solrl doctor` (solrl_cor
 Precisions, as the explore (Stage-1) copy would use them:
 - ``nvfp4``: real NVFP4 GEMMs through Transformer Engine. Needs compute capability >= 10.0
   (Blackwell) AND Transformer Engine installed AND its own availability check saying yes.
-- ``fp8``: real FP8 (E4M3) GEMMs through torch's own ``torch._scaled_mm`` (solrl_core/fp8.py);
+- ``fp8``: real FP8 (E4M3) GEMMs through torch's own ``torch._scaled_mm`` (solrl_core/precision/fp8.py);
   needs compute capability >= 8.9 (Ada, Hopper and newer) and nothing beyond torch.
-- ``nvfp4-emulated``: solrl's exact NVFP4 emulation in plain torch (solrl_core/nvfp4.py): anywhere.
+- ``nvfp4-emulated``: solrl's exact NVFP4 emulation in plain torch (solrl_core/precision/nvfp4.py): anywhere.
 - ``bf16``: on a GPU of compute capability >= 8.0 (Ampere), or on the CPU.
 - ``fp32``: anywhere.
 
