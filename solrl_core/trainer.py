@@ -251,20 +251,21 @@ def run_iteration(session: Session, bus: ev.EventBus) -> None:
 
 def warm_up_compiled(session: Session, bus: ev.EventBus) -> None:
     """Compile each torch.compile'd copy on warm-up calls before the first iteration, and report the
-    time as its own event: a compile is a one-time cost, not a slow iteration. The rollout copy is
-    called at the rollout batch and at the training micro-batch (its v_old), so the second shape
-    turns on torch.compile's dynamic batch size here rather than mid-iteration."""
+    time as its own event: a compile is a one-time cost, not a slow iteration. Each copy is called at
+    two batch sizes (the rollout batch, and the micro-batch of v_old or one more), so torch.compile
+    turns the batch dimension dynamic here, not on the first smaller chunk of iteration 1."""
     cfg = session.config
-    for target, copy_, batches in (("explore copy", session.explore_copy, (cfg.sampler.rollout_batch,)),
-                                   ("rollout copy", session.rollout_copy, (cfg.sampler.rollout_batch, cfg.optimizer.micro_batch))):
+    batch, micro = cfg.sampler.rollout_batch, cfg.optimizer.micro_batch
+    sizes = (batch, micro if micro != batch else batch + 1)
+    for target, copy_ in (("explore copy", session.explore_copy), ("rollout copy", session.rollout_copy)):
         if copy_ is None or copy_.forward is copy_.module:
             continue
         t0 = time.perf_counter()
-        for batch in dict.fromkeys(batches):
-            cond = session.conditioning(session.prompts[:1] * batch).to(session.device)
-            x = torch.zeros(batch, *session.model.latent_shape, device=session.device, dtype=copy_.dtype)
+        for n in sizes:
+            cond = session.conditioning(session.prompts[:1] * n).to(session.device)
+            x = torch.zeros(n, *session.model.latent_shape, device=session.device, dtype=copy_.dtype)
             with torch.no_grad():
-                out = session.model.velocity(copy_.forward, x, torch.ones(batch, device=session.device), cond)
+                out = session.model.velocity(copy_.forward, x, torch.ones(n, device=session.device), cond)
         if out.is_cuda:
             torch.cuda.synchronize(out.device)
         bus.emit(ev.CompileFinished(target=target, seconds=time.perf_counter() - t0))
