@@ -15,7 +15,7 @@ def fmt(x: float | None) -> str:
 
 
 def memory_text(e: ev.IterationFinished) -> str:
-    """'  peak 3.41 GiB (train, cuda peak allocated)': the largest phase and what was measured."""
+    """'  peak <GiB> GiB (<phase>, <what was measured>)': the phase with the largest peak."""
     peaks = {k: v for k, v in (e.peak_memory or {}).items() if k != "total"}
     if not peaks:
         return ""

@@ -42,14 +42,6 @@ def test_bf16_run_on_a_cpu_keeps_adapters_ema_and_adam_moments_in_fp32(fast_sets
     assert next(session.explore_copy.module.parameters()).dtype == torch.bfloat16
 
 
-def test_a_bf16_lora_step_survives_that_bf16_adapters_would_round_away():
-    # The reason for fp32 adapters: an Adam-sized step of 3e-4 on a weight near 1 is below bf16's
-    # resolution there (2^-7), so a bf16 adapter would not move at all.
-    w = torch.tensor([1.0])
-    assert torch.equal((w.bfloat16() + 3e-4).float(), w)
-    assert not torch.equal(w + 3e-4, w)
-
-
 # --- the official quantized-layer rule ------------------------------------------------------------
 
 def _tiny_sana():
@@ -152,7 +144,7 @@ def test_the_real_configs_layer_sets_built_on_the_meta_device():
     assert _quantized(flux, flux_rule) == _expected_flux(flux, flux_rule.skip)
 
 
-def test_the_report_says_which_rule_kept_each_layer(fast_sets):
+def test_the_report_says_which_rule_kept_each_layer():
     from solrl_core.precision.quantize import quantize_model
 
     report = quantize_model(_tiny_sana(), _rule("sana", 2240, 32), "nvfp4-emulated")
