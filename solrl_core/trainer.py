@@ -43,6 +43,11 @@ after its increment) are the official ones. Where this differs from it, and why:
   (`sampler.rollout_copy`); where it does not, on the policy with its `old` adapter active (one copy
   of the model), said at start-up. Gradient checkpointing is chosen from the same estimate
   (`optimizer.checkpointing`), where the official code never checkpoints.
+- Faults (solrl_core/faults): samples whose reward is NaN or infinite are left out of selection and
+  the update (the official code would train on them), and an optimizer step whose gradient norm is
+  not finite is skipped and counted (the official code zeroes non-finite losses and steps anyway),
+  so one bad batch cannot poison the weights; a CUDA out-of-memory error halves that phase's batch
+  and redoes the iteration instead of ending the run.
 - `model.prompt_instruction` (off, as the official code) can prefix SANA prompts with the complex
   human instruction that SanaPipeline.__call__ adds by default.
 """
