@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
@@ -61,11 +63,16 @@ class TerminalDisplay:
         draft = f" draft {fmt(e.draft.mean)}" if e.draft else ""
         parts = [f"{k} {s[k]:.2f}s" for k in ("explore", "regenerate", "reward", "train", "sync") if s.get(k)]
         warn = f" [yellow]{e.nonfinite_losses} non-finite losses zeroed[/]" if e.nonfinite_losses else ""
+        kl = e.loss["kl"]  # NaN with a finite loss: algorithm.kl_beta = 0, the reference is not run
+        kl_text = f"{kl:.3g}" if math.isfinite(kl) or not math.isfinite(e.loss["loss"]) else "off"
         self.console.print(f"iter {e.iteration:>4}/{e.iterations}  reward {fmt(e.final.mean)}{draft}  "
-                           f"loss {e.loss['loss']:.4f} kl {e.loss['kl']:.3g}  |  {' '.join(parts)}  total {s['total']:.2f}s"
+                           f"loss {e.loss['loss']:.4f} kl {kl_text}  |  {' '.join(parts)}  total {s['total']:.2f}s"
                            f"{memory_text(e)}{warn}")
         if self.task is not None:
             self.progress.update(self.task, completed=e.iteration, description=f"reward {fmt(e.final.mean)}")
+
+    def on_compile_started(self, e: ev.CompileStarted) -> None:
+        self.console.print(f"  compiling the {e.target} (torch.compile, once: minutes on a large model) ...")
 
     def on_compile(self, e: ev.CompileFinished) -> None:
         self.console.print(f"  compiled the {e.target} in {e.seconds:.1f}s (once, before the first iteration)")

@@ -144,6 +144,8 @@ class RunState:
             cor = "  ".join(f"{n} {e[n]:.3f}" if e[n] is not None else f"{n} - (constant)" for n in ("rho", "tau"))
             self.log.append(f"{_clock(e)} rank check iteration {e['iteration']} ({e['seeds']} seeds of one prompt, draft vs "
                             f"full): {cor}")
+        elif kind == "compile_started":
+            self.log.append(f"{_clock(e)} compiling the {e['target']} (torch.compile, once) ...")
         elif kind == "compile":
             self.log.append(f"{_clock(e)} compiled the {e['target']} in {e['seconds']:.1f}s (once, before the first iteration)")
         elif kind == "sample_grid":

@@ -127,6 +127,9 @@ class OptimizerConfig:
     micro_batch: int = _f(16, "Training micro-batch (samples per forward/backward).")
     checkpointing: str = _f("auto", "Gradient checkpointing of the trained forward: auto (on CUDA when the memory estimate "
                                     "without it does not fit this GPU; off on a CPU), true, false.")
+    compile: str = _f("auto", "torch.compile the policy's forwards in the update (the trained forward and its backward, the "
+                              "reference forward, and v_old when there is no rollout copy): auto (on CUDA), true, false. One "
+                              "compiled module; each adapter state is its own graph, compiled before iteration 1.")
     max_nonfinite_steps: int = _f(5, "Stop the run after this many optimizer steps in a row were skipped because the loss or "
                                      "gradient norm was NaN or infinite (each such step is skipped; 0 = never stop).")
 
@@ -187,7 +190,8 @@ class Config:
         _choice("sampler.sigma_grid", self.sampler.sigma_grid, SIGMA_GRIDS)
         _choice("reward.aggregation", self.reward.aggregation, AGGREGATIONS)
         for name, value in (("sampler.rollout_copy", self.sampler.rollout_copy), ("sampler.compile", self.sampler.compile),
-                            ("explore.compile", self.explore.compile), ("optimizer.checkpointing", self.optimizer.checkpointing)):
+                            ("explore.compile", self.explore.compile), ("optimizer.checkpointing", self.optimizer.checkpointing),
+                            ("optimizer.compile", self.optimizer.compile)):
             _choice(name, value, SWITCHES)
         if k < 2 or k % 2:
             raise SolrlError(f"selection.group_size K={k} must be an even number >= 2",

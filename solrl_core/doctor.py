@@ -521,7 +521,10 @@ def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
               f"+ rollout copy {est.rollout_copy:.1f} + vae {est.vae:.1f} + max(text encoders {est.text_encoders:.1f}, "
               f"activations {est.activations:.1f} for micro-batch {cfg.optimizer.micro_batch}, gradient checkpointing "
               f"{'on' if machine.checkpointing else 'off'}) + {est.overhead:.1f} overhead; "
-              f"rollout copy: {machine.rollout_copy_why}")
+              f"rollout copy: {machine.rollout_copy_why}; torch.compile (auto: on CUDA): "
+              + ", ".join(f"{name} {'on' if on else 'off'}" for name, on in (
+                  ("explore copy", machine.explore_compile), ("rollout copy", machine.rollout_compile),
+                  ("update", machine.update_compile))))
     fix = ("lower optimizer.micro_batch (--set optimizer.micro_batch=N), use a GPU with more memory, or an explore "
            "precision with a smaller copy")
     if est.peak > gpu.memory_gib:

@@ -77,12 +77,20 @@ class IterationFinished(Event):
 
 
 @dataclass(frozen=True)
+class CompileStarted(Event):
+    """A torch.compile warm-up begins (seconds on a small model, minutes on a large one)."""
+
+    kind: ClassVar[str] = "compile_started"
+    target: str  # as CompileFinished
+
+
+@dataclass(frozen=True)
 class CompileFinished(Event):
-    """A rollout copy compiled (torch.compile, on a warm-up call) before the first iteration, so the
-    first iteration is not read as a slow one."""
+    """A rollout copy or the update compiled (torch.compile, on warm-up calls) before the first
+    iteration, so the first iteration is not read as a slow one."""
 
     kind: ClassVar[str] = "compile"
-    target: str  # "explore copy" | "rollout copy"
+    target: str  # "explore copy" | "rollout copy" | "update"
     seconds: float
 
 

@@ -45,7 +45,7 @@ class LossTerms:
     nonfinite: int  # samples whose loss was not finite (zeroed)
 
 
-def nft_loss(v: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor, xt: torch.Tensor, x0: torch.Tensor,
+def nft_loss(v: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | None, xt: torch.Tensor, x0: torch.Tensor,
              sigma: torch.Tensor, advantages: torch.Tensor, nft_beta: float, kl_beta: float,
              adv_clip_max: float) -> LossTerms:
     """DiffusionNFT loss for a batch at one timestep per sample (sigma is [B]).
@@ -54,6 +54,8 @@ def nft_loss(v: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor, xt: torc
     v_pos  = beta * v + (1 - beta) * v_old ; v_neg = (1 + beta) * v_old - beta * v
     L_pos  = mean((x0_pos - x0)^2) / stopgrad(max(mean|x0_pos - x0|, 1e-5))   (likewise L_neg)
     loss   = adv_clip_max * mean((r * L_pos + (1 - r) * L_neg) / beta) + kl_beta * mean((v - v_ref)^2)
+
+    v_ref may be None when kl_beta is 0 (the reference forward is skipped); the KL is then NaN.
     """
     dims = tuple(range(1, v.dim()))
     s = sigma.view(-1, *([1] * (v.dim() - 1))).to(v.dtype)
@@ -70,6 +72,11 @@ def nft_loss(v: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor, xt: torc
     finite = torch.isfinite(per_sample)
     per_sample = torch.where(finite, per_sample, torch.zeros_like(per_sample))
     policy = adv_clip_max * per_sample.mean()
+    if v_ref is None:  # kl_beta = 0: the reference was not run, so the KL is not measured (NaN, shown as such)
+        if kl_beta != 0:
+            raise ValueError("v_ref is needed when kl_beta != 0")
+        return LossTerms(loss=policy, policy=policy.detach(), kl=torch.tensor(float("nan")),
+                         nonfinite=int((~finite).sum()))
     kl = ((v - v_ref) ** 2).mean()
     return LossTerms(loss=policy + kl_beta * kl, policy=policy.detach(), kl=kl.detach(),
                      nonfinite=int((~finite).sum()))

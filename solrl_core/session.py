@@ -20,6 +20,7 @@ from pathlib import Path
 
 import tomli_w
 import torch
+from torch import nn
 
 from solrl_core import distributed
 from solrl_core.checkpoint import checkpoint_to_resume, load_checkpoint, set_aside_newer
@@ -133,7 +134,15 @@ class Session:
     machine: MachinePlan | None = None
     faults: FaultState = field(default_factory=FaultState)  # non-finite reward and skipped-step streaks
     lock: RunLock | None = None  # rank 0's hold on run_dir; released when train() returns
+    # The update's policy forwards (trained, reference, old without a rollout copy) call this: the
+    # transformer, or one torch.compile of it (optimizer.compile), whose guards give each adapter
+    # state and grad mode its own graph. Evaluation and inference call the transformer itself.
+    policy_forward: nn.Module | None = None
     _cond_cache: dict[str, Conditioning] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.policy_forward is None:
+            self.policy_forward = self.policy.transformer
 
     def conditioning(self, prompts: list[str]) -> Conditioning:
         """Text conditioning per prompt, each unique prompt encoded once per run (text encoders
@@ -213,7 +222,8 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
                                   weight_decay=cfg.optimizer.weight_decay, eps=cfg.optimizer.eps)
     session = Session(cfg, run_dir, device, dtype_name, dtype, plan, model, policy, explore_copy, optimizer, rewards, prompts,
                       eval_prompts, health=RewardHealth(cfg.reward.health_min_std, cfg.reward.health_patience),
-                      rank=rank, world_size=world, rollout_copy=rollout_copy, machine=machine)
+                      rank=rank, world_size=world, rollout_copy=rollout_copy, machine=machine,
+                      policy_forward=torch.compile(policy.transformer) if machine.update_compile else policy.transformer)
     if checkpoint is not None:  # every rank reads it: resuming across nodes needs the run dir on a shared filesystem
         state = load_checkpoint(checkpoint, policy, optimizer)
         session.iteration, session.step, session.history = state["iteration"], state["step"], state["history"]

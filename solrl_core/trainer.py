@@ -38,11 +38,19 @@ after its increment) are the official ones. Where this differs from it, and why:
 - The update's gradient is the mean over every (sample, train timestep) pair of the iteration; with
   micro-batches of unequal size it does not over-weight the samples of the last, smaller one.
 - Stage-1 draft rewards are kept and reported next to Stage-2 rewards; the official code drops them.
-- Full-precision rollouts and the update's v_old run, as in the official code, on a copy of base +
-  `old` merged (refreshed after each step; compiled on CUDA) when the memory estimate says it fits
-  (`sampler.rollout_copy`); where it does not, on the policy with its `old` adapter active (one copy
-  of the model), said at start-up. Gradient checkpointing is chosen from the same estimate
-  (`optimizer.checkpointing`), where the official code never checkpoints.
+- Full-precision rollouts run, as in the official code, on a copy of base + `old` merged (refreshed
+  after each step; compiled on CUDA) when the memory estimate says it fits (`sampler.rollout_copy`);
+  where it does not, on the policy with its `old` adapter active (one copy of the model), said at
+  start-up. The update's v_old runs on that copy too, where the official code runs it on the policy
+  with `set_adapter("old")`: one forward fewer through the adapters, at the price of the merged
+  weight's rounding to the run dtype (in bf16 the size of autocast's own rounding of the adapter
+  path); `sampler.rollout_copy=false` gives the official v_old. Gradient checkpointing is chosen
+  from the same estimate (`optimizer.checkpointing`), where the official code never checkpoints.
+- The update's policy forwards (trained with its backward, reference, old without a copy) run
+  through one torch.compile'd module on CUDA (`optimizer.compile`); the official code runs them
+  eager. Same loss and gradient to float tolerance (tests/test_rollout_copy.py). With
+  `algorithm.kl_beta = 0` the reference forward, which then has no weight in the loss, is skipped
+  and the KL reported as not measured; the official code always runs it.
 - Faults (solrl_core/faults): samples whose reward is NaN or infinite are left out of selection and
   the update (the official code would train on them), and an optimizer step whose gradient norm is
   not finite is skipped and counted (the official code zeroes non-finite losses and steps anyway),
@@ -258,13 +266,15 @@ def warm_up_compiled(session: Session, bus: ev.EventBus) -> None:
     """Compile each torch.compile'd copy on warm-up calls before the first iteration, and report the
     time as its own event: a compile is a one-time cost, not a slow iteration. Each copy is called at
     two batch sizes (the rollout batch, and the micro-batch of v_old or one more), so torch.compile
-    turns the batch dimension dynamic here, not on the first smaller chunk of iteration 1."""
+    turns the batch dimension dynamic here, not on the first smaller chunk of iteration 1; the
+    compiled update likewise (optimizer.compile)."""
     cfg = session.config
     batch, micro = cfg.sampler.rollout_batch, cfg.optimizer.micro_batch
     sizes = (batch, micro if micro != batch else batch + 1)
     for target, copy_ in (("explore copy", session.explore_copy), ("rollout copy", session.rollout_copy)):
         if copy_ is None or copy_.forward is copy_.module:
             continue
+        bus.emit(ev.CompileStarted(target=target))
         t0 = time.perf_counter()
         for n in sizes:
             cond = session.conditioning(session.prompts[:1] * n).to(session.device)
@@ -274,6 +284,35 @@ def warm_up_compiled(session: Session, bus: ev.EventBus) -> None:
         if out.is_cuda:
             torch.cuda.synchronize(out.device)
         bus.emit(ev.CompileFinished(target=target, seconds=time.perf_counter() - t0))
+    if session.policy_forward is not session.policy.transformer:
+        bus.emit(ev.CompileStarted(target="update"))
+        t0 = time.perf_counter()
+        _warm_up_update(session, (micro, micro - 1 if micro > 1 else 2))
+        bus.emit(ev.CompileFinished(target="update", seconds=time.perf_counter() - t0))
+
+
+def _warm_up_update(session: Session, sizes: tuple[int, int]) -> None:
+    """Each graph of the compiled update at two micro-batch sizes, in the update's own states: the
+    trained forward and backward under autocast, the reference (and, without a rollout copy, the old
+    adapter) without gradients. The warm-up's gradients are dropped; the weights are not touched."""
+    model, policy = session.model, session.policy
+    states = [None] if session.config.algorithm.kl_beta != 0 else []
+    if session.rollout_copy is None:
+        states.append(OLD)
+    for n in sizes:
+        cond = session.conditioning(session.prompts[:1] * n).to(session.device)
+        x = torch.zeros(n, *model.latent_shape, device=session.device)
+        sigma = torch.full((n,), 0.5, device=session.device)
+        with _autocast(session):
+            model.velocity(session.policy_forward, x, sigma, cond).float().sum().backward()
+        with torch.no_grad():
+            for state in states:
+                with _autocast(session), policy.use(state):
+                    model.velocity(session.policy_forward, x, sigma, cond)
+    for p in policy.trainable_parameters():
+        p.grad = None
+    if session.device.type == "cuda":
+        torch.cuda.synchronize(session.device)
 
 
 def explore(session: Session, prompts: list[str], rng: np.random.Generator) -> RolloutBatch:
@@ -391,10 +430,12 @@ def update(session: Session, batch: RolloutBatch, rng: np.random.Generator, scor
             c = cond[chunk].to(device)
             with torch.no_grad():
                 v_old = _old_velocity(session, xt, sigma, c)
-                with _autocast(session), policy.use(None) as net:
-                    v_ref = model.velocity(net, xt, sigma, c).float()
+                v_ref = None
+                if alg.kl_beta != 0:  # the reference only enters the loss through kl_beta: no forward for nothing
+                    with _autocast(session), policy.use(None):
+                        v_ref = model.velocity(session.policy_forward, xt, sigma, c).float()
             with _autocast(session):
-                v = model.velocity(policy.transformer, xt, sigma, c).float()
+                v = model.velocity(session.policy_forward, xt, sigma, c).float()
             terms = nft_loss(v, v_old, v_ref, xt, x0, sigma, adv[chunk], alg.nft_beta, alg.kl_beta, alg.adv_clip_max)
             nonfinite += terms.nonfinite
             if not torch.isfinite(terms.loss):
@@ -425,8 +466,8 @@ def _old_velocity(session: Session, xt: torch.Tensor, sigma: torch.Tensor, cond:
     full = session.rollout_copy
     if full is not None:
         return session.model.velocity(full.forward, xt.to(full.dtype), sigma, cond).float()
-    with _autocast(session), session.policy.use(OLD) as net:
-        return session.model.velocity(net, xt, sigma, cond).float()
+    with _autocast(session), session.policy.use(OLD):
+        return session.model.velocity(session.policy_forward, xt, sigma, cond).float()
 
 
 def sync(session: Session) -> float:

@@ -211,7 +211,10 @@ def test_memory_estimate_orders_and_limits():
     no_ckpt = doc.estimate_memory(flux, "nvfp4", checkpointing=False)
     assert no_ckpt.activations > 5 * real.activations
     assert doc._memory(flux, GpuInfo(0, "small", (9, 0), 24.0), "nvfp4").status == "fail"
-    assert doc._memory(resolve_config("sana", "sol_rl"), H100, "auto").status == "pass"
+    sana = doc._memory(resolve_config("sana", "sol_rl"), H100, "auto")
+    assert sana.status == "pass" and "explore copy on, rollout copy on, update on" in sana.detail
+    eager = doc._memory(resolve_config("sana", "sol_rl", sets=["optimizer.compile=false"]), H100, "auto")
+    assert "update off" in eager.detail
     assert "estimate" in doc._memory(flux, H100, "nvfp4").detail
 
 

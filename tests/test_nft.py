@@ -1,5 +1,6 @@
 """The DiffusionNFT loss and advantages against values worked out by hand."""
 
+import pytest
 import torch
 
 from solrl_core.nft import group_advantages, nft_loss
@@ -51,6 +52,16 @@ def test_nft_beta_mixes_old_policy():
     assert torch.isclose(half_neg.policy, torch.tensor(10.0))
 
 
+def test_without_a_reference_the_kl_is_not_measured_and_needs_kl_beta_zero():
+    v = _t([[1.0, 0.0], [2.0, 0.0]])
+    zeros = torch.zeros_like(v)
+    args = (_t([[2.0, 2.0], [1.0, -1.0]]), zeros, torch.tensor([0.5, 1.0]), torch.tensor([5.0, -2.5]), 1.0)
+    skipped = nft_loss(v, zeros, None, *args, 0.0, 5.0)
+    assert torch.isnan(skipped.kl) and torch.equal(skipped.loss, nft_loss(v, zeros, zeros, *args, 0.0, 5.0).loss)
+    with pytest.raises(ValueError, match="kl_beta"):
+        nft_loss(v, zeros, None, *args, 0.1, 5.0)
+
+
 def test_nonfinite_losses_are_zeroed_and_counted():
     v = _t([[1.0, 0.0], [float("nan"), 0.0]])
     zeros = torch.zeros_like(v)
@@ -66,3 +77,23 @@ def test_group_advantages_use_group_mean_and_global_std():
     expected = torch.tensor([-1.0, 0.0, 1.0, 0.0, 0.0, 0.0]) / (std + 1e-4)
     assert torch.allclose(group_advantages(rewards, groups, clip=5.0), expected)
     assert group_advantages(torch.tensor([0.0, 100.0, 0.0, 0.0]), torch.tensor([0, 0, 1, 1]), clip=0.5).max() == 0.5
+
+
+def test_the_terminal_says_the_kl_is_off_when_it_was_not_measured():
+    import io
+    import math
+
+    from rich.console import Console
+
+    from solrl_cli.display import TerminalDisplay
+    from solrl_core import events as ev
+
+    stats = ev.RewardStats(mean=0.5, std=0.1, best=0.7, worst=0.3, components={})
+    lines = []
+    for loss, kl in ((1.25, math.nan), (1.25, 0.003), (math.nan, math.nan)):
+        out = io.StringIO()
+        TerminalDisplay(Console(file=out, width=200))(ev.IterationFinished(
+            iteration=1, iterations=2, seconds={"train": 1.0, "total": 1.0}, draft=None, final=stats,
+            loss={"loss": loss, "policy": loss, "kl": kl}, nonfinite_losses=0, grad_norm=1.0, old_decay=0.0))
+        lines.append(out.getvalue())
+    assert "kl off" in lines[0] and "kl 0.003" in lines[1] and "kl nan" in lines[2]  # no step at all: both NaN

@@ -22,20 +22,22 @@ def test_auto_on_a_cpu_is_the_exact_emulation_uncompiled_with_a_rollout_copy():
     machine = resolve_machine(cfg, torch.device("cpu"), "fp32")
     assert machine.explore_precision == "nvfp4-emulated" and "CPU" in machine.explore_why
     assert not machine.explore_compile and not machine.rollout_compile and not machine.checkpointing
-    assert machine.rollout_copy
+    assert machine.rollout_copy and not machine.update_compile
     hardware.require_explore_precision("nvfp4-emulated", "cpu")
 
 
 def test_auto_on_a_gpu_is_fp8_compiled_from_ada_on_and_never_the_emulation():
     sana = resolve_config("sana", "sol_rl")
     h100 = resolve_machine(sana, CUDA, "bf16", gpu=H100)
-    assert (h100.explore_precision, h100.explore_compile, h100.rollout_compile) == ("fp8", True, True)
+    assert (h100.explore_precision, h100.explore_compile, h100.rollout_compile, h100.update_compile) == ("fp8", True, True, True)
+    assert "update compiled" in h100.describe()
     assert "9.0" in h100.explore_why
     a100 = resolve_machine(sana, CUDA, "bf16", gpu=A100)
     assert a100.explore_precision == "bf16" and "below 8.9" in a100.explore_why
-    off = resolve_machine(resolve_config("sana", "sol_rl", sets=["explore.compile=false", "sampler.compile=false"]), CUDA,
-                          "bf16", gpu=H100)
-    assert not off.explore_compile and not off.rollout_compile
+    off = resolve_machine(resolve_config("sana", "sol_rl", sets=["explore.compile=false", "sampler.compile=false",
+                                                                 "optimizer.compile=false"]), CUDA, "bf16", gpu=H100)
+    assert not off.explore_compile and not off.rollout_compile and not off.update_compile
+    assert "update eager" in off.describe()
 
 
 def test_the_rollout_copy_and_checkpointing_follow_the_memory_estimate():

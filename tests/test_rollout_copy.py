@@ -1,8 +1,16 @@
 """The full-precision rollout copy (base + old adapter merged): it computes what the adapter path
 computes, follows every refresh in place, and leaves the update's loss and gradient unchanged; the
-gradient-checkpointing switch does not change them either; each iteration reports peak memory."""
+gradient-checkpointing switch and the compiled update do not change them either; each iteration
+reports peak memory.
+
+The compiled-update tests compile with torch's `aot_eager` backend: it runs what solrl hands to
+torch.compile (Dynamo's capture of the adapter switching, with its guards, and AOTAutograd's
+forward/backward split) without Inductor's code generation, which costs minutes per graph on a
+CPU. Inductor on a CPU runs in test_training's compile family."""
 
 from __future__ import annotations
+
+import functools
 
 import numpy as np
 import pytest
@@ -56,14 +64,28 @@ def test_the_copy_equals_the_adapter_path_and_follows_each_refresh_in_place(fast
     assert not torch.allclose(_full_latents(with_copy, [5]), before, atol=1e-4)
 
 
-@pytest.mark.parametrize("extra", [("sampler.rollout_copy=true",), ("optimizer.checkpointing=true",)])
-def test_the_update_loss_and_gradient_are_unchanged(fast_sets, extra):
+@pytest.fixture
+def aot_eager(monkeypatch):
+    """torch.compile with the aot_eager backend (see the module docstring)."""
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+
+
+UNCHANGED = [("sampler.rollout_copy=true",), ("optimizer.checkpointing=true",),
+             ("optimizer.compile=true",), ("optimizer.compile=true", "sampler.rollout_copy=false"),
+             ("optimizer.compile=true", "optimizer.checkpointing=true")]
+
+
+@pytest.mark.parametrize("extra", UNCHANGED, ids=["+".join(e) for e in UNCHANGED])
+def test_the_update_loss_and_gradient_are_unchanged(fast_sets, extra, aot_eager):
     base = _session(fast_sets, "sampler.rollout_copy=false", "optimizer.checkpointing=false", run_dir="base")
     other = _session(fast_sets, *extra, run_dir="other")
     _perturb(base.policy, 3)
     for name in (TRAINED, OLD):
         other.policy.load_state(name, base.policy.state(name))
     other.refresh_copies()
+    compiled = "optimizer.compile=true" in extra
+    assert (other.policy_forward is not other.policy.transformer) == compiled
+    assert base.policy_forward is base.policy.transformer
     rng = np.random.default_rng(0)
     drafts = explore(base, ["a red circle", "two blue squares"], rng)
     batch = regenerate(base, drafts.subset(select_seeds(base, drafts, rng)))
@@ -86,3 +108,49 @@ def test_each_iteration_reports_peak_memory_per_phase(fast_sets):
     assert it.peak_memory["total"] == max(v for k, v in it.peak_memory.items() if k != "total")
     (started,) = [e for e in seen if isinstance(e, ev.RunStarted)]
     assert "rollout copy on" in started.machine and "explore nvfp4-emulated" in started.machine
+
+
+def test_the_compiled_update_is_compiled_before_iteration_1_and_never_again(fast_sets, aot_eager, monkeypatch):
+    """Warm-up compiles every graph of the update (trained forward and backward, reference, both
+    micro-batch sizes); the iterations then run them without a recompile (Dynamo raises if one)."""
+    bus = ev.EventBus()
+    seen: list[object] = []
+    bus.subscribe(seen.append)
+    bus.subscribe(lambda e: monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
+                  if isinstance(e, ev.CompileFinished) and e.target == "update" else None)
+    # 2 prompts x K=4 = 8 samples in micro-batches of 3: chunks of 3, 3 and 2
+    cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("run.iterations=2", "run.eval_prompts=", "optimizer.compile=true",
+                                                          "optimizer.micro_batch=3"))
+    session = train(cfg, bus, stop=StopFlag())
+    compiles = [(e.kind, e.target) for e in seen if isinstance(e, (ev.CompileStarted, ev.CompileFinished))]
+    assert compiles == [("compile_started", "update"), ("compile", "update")]  # said before the wait, timed after
+    its = [e for e in seen if isinstance(e, ev.IterationFinished)]
+    assert len(its) == 2 and its[1].loss["kl"] > 0  # the reference ran (at iteration 1 the LoRA B is still 0: KL 0)
+    assert "update compiled" in session.machine.describe()
+
+
+def test_kl_beta_zero_runs_no_reference_forward(fast_sets, monkeypatch):
+    """The reference only enters the loss through kl_beta: at 0 it is not run, the loss and gradient
+    are those of a run that computes it at a vanishing weight, and the KL is reported as not
+    measured (NaN)."""
+    sessions = [_session(fast_sets, f"algorithm.kl_beta={beta}", run_dir=f"kl{i}") for i, beta in enumerate(("0", "1e-30"))]
+    _perturb(sessions[0].policy, 4)
+    for name in (TRAINED, OLD):
+        sessions[1].policy.load_state(name, sessions[0].policy.state(name))
+    for s in sessions:
+        s.refresh_copies()
+    rng = np.random.default_rng(0)
+    drafts = explore(sessions[0], ["a red circle"], rng)
+    batch = regenerate(sessions[0], drafts.subset(select_seeds(sessions[0], drafts, rng)))
+    results = []
+    for s in sessions:
+        states: list[object] = []
+        real_use = s.policy.use
+        monkeypatch.setattr(s.policy, "use", lambda state, real_use=real_use, states=states: states.append(state) or real_use(state))
+        results.append((update(s, batch, np.random.default_rng(7)), states))
+    (skipped, skipped_states), (with_ref, ref_states) = results
+    assert None not in skipped_states and None in ref_states  # None: the reference (adapters disabled)
+    assert np.isnan(skipped["kl"]) and np.isfinite(with_ref["kl"]) and with_ref["kl"] > 0
+    assert skipped["loss"] == pytest.approx(with_ref["loss"], rel=1e-6)
+    grads = [torch.cat([p.grad.flatten() for p in s.policy.trainable_parameters()]) for s in sessions]
+    assert grads[0].abs().max() > 0 and torch.allclose(grads[0], grads[1], rtol=1e-5, atol=1e-8)
