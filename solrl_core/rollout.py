@@ -40,6 +40,22 @@ class RolloutBatch:
                        components={k: v[index] for k, v in self.components.items()})
 
 
+# A run compiles up to three modules of one transformer class: the explore copy, the rollout copy and
+# the policy (optimizer.compile). Dynamo files their graphs under one code object (diffusers' peft
+# wrapper of the transformer's forward), so all count against one recompile limit, 8 by default: two
+# each for the copies (a static, then a dynamic batch), and up to three for the update (trained,
+# reference, old). Past the limit Dynamo would run the module eager without an error.
+RECOMPILE_LIMIT = 16
+
+
+def compile_module(module: nn.Module) -> nn.Module:
+    """torch.compile(module), with Dynamo's recompile limit raised to RECOMPILE_LIMIT (see above)."""
+    import torch._dynamo
+
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+    return torch.compile(module)
+
+
 class RolloutCopy:
     """A merged, frozen copy of the base transformer at a rollout precision."""
 
@@ -55,7 +71,7 @@ class RolloutCopy:
         self.report: QuantReport | None = None
         if precision in WRAPPERS:
             self.report = quantize_model(self.module, rule, precision)
-        self.forward: nn.Module = torch.compile(self.module) if compile else self.module
+        self.forward: nn.Module = compile_module(self.module) if compile else self.module
 
     @torch.no_grad()
     def refresh(self, merged: dict[str, torch.Tensor]) -> None:

@@ -37,7 +37,7 @@ from solrl_core.rewards import RewardSet
 from solrl_core.rewards.health import RewardHealth
 from solrl_core.precision.quantize import LayerRule
 from solrl_core.precision.resolve import MachinePlan, resolve_machine
-from solrl_core.rollout import RolloutCopy
+from solrl_core.rollout import RolloutCopy, compile_module
 
 CONFIG_FILE = "config.toml"
 EVENTS_FILE = "events.jsonl"
@@ -223,7 +223,7 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     session = Session(cfg, run_dir, device, dtype_name, dtype, plan, model, policy, explore_copy, optimizer, rewards, prompts,
                       eval_prompts, health=RewardHealth(cfg.reward.health_min_std, cfg.reward.health_patience),
                       rank=rank, world_size=world, rollout_copy=rollout_copy, machine=machine,
-                      policy_forward=torch.compile(policy.transformer) if machine.update_compile else policy.transformer)
+                      policy_forward=compile_module(policy.transformer) if machine.update_compile else policy.transformer)
     if checkpoint is not None:  # every rank reads it: resuming across nodes needs the run dir on a shared filesystem
         state = load_checkpoint(checkpoint, policy, optimizer)
         session.iteration, session.step, session.history = state["iteration"], state["step"], state["history"]

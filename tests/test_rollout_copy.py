@@ -19,6 +19,7 @@ import torch
 from solrl_core import events as ev
 from solrl_core.policy import OLD, TRAINED
 from solrl_core.presets import resolve_config
+from solrl_core.rollout import RECOMPILE_LIMIT
 from solrl_core.session import open_session
 from solrl_core.trainer import StopFlag, _rollout, explore, regenerate, select_seeds, sync, train, update
 
@@ -112,18 +113,25 @@ def test_each_iteration_reports_peak_memory_per_phase(fast_sets):
 
 def test_the_compiled_update_is_compiled_before_iteration_1_and_never_again(fast_sets, aot_eager, monkeypatch):
     """Warm-up compiles every graph of the update (trained forward and backward, reference, both
-    micro-batch sizes); the iterations then run them without a recompile (Dynamo raises if one)."""
+    micro-batch sizes) and of both compiled copies; the iterations then run them without a recompile
+    (Dynamo raises if one), all under the one recompile limit they share."""
     bus = ev.EventBus()
     seen: list[object] = []
     bus.subscribe(seen.append)
     bus.subscribe(lambda e: monkeypatch.setattr(torch._dynamo.config, "error_on_recompile", True)
                   if isinstance(e, ev.CompileFinished) and e.target == "update" else None)
     # 2 prompts x K=4 = 8 samples in micro-batches of 3: chunks of 3, 3 and 2
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 8)  # torch's default; restored after the test
     cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("run.iterations=2", "run.eval_prompts=", "optimizer.compile=true",
-                                                          "optimizer.micro_batch=3"))
+                                                          "optimizer.micro_batch=3", "explore.compile=true",
+                                                          "sampler.compile=true", "sampler.rollout_copy=true"))
+    torch._dynamo.reset()
     session = train(cfg, bus, stop=StopFlag())
     compiles = [(e.kind, e.target) for e in seen if isinstance(e, (ev.CompileStarted, ev.CompileFinished))]
-    assert compiles == [("compile_started", "update"), ("compile", "update")]  # said before the wait, timed after
+    assert compiles == [(kind, target) for target in ("explore copy", "rollout copy", "update")
+                        for kind in ("compile_started", "compile")]  # each said before the wait, timed after
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    assert 6 <= graphs <= torch._dynamo.config.recompile_limit == RECOMPILE_LIMIT
     its = [e for e in seen if isinstance(e, ev.IterationFinished)]
     assert len(its) == 2 and its[1].loss["kl"] > 0  # the reference ran (at iteration 1 the LoRA B is still 0: KL 0)
     assert "update compiled" in session.machine.describe()

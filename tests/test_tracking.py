@@ -2,7 +2,6 @@
 each tool's own reader; a resumed run continues the same series."""
 
 import json
-import os
 
 import pytest
 
