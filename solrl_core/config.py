@@ -22,6 +22,7 @@ EXPLORE_PRECISIONS = ("auto", "nvfp4", "fp8", "nvfp4-emulated", "bf16", "fp32")
 DTYPES = ("auto", "bf16", "fp32")
 SOLVERS = ("euler", "dpm2")
 SIGMA_GRIDS = ("linspace", "scheduler", "qwen_image")
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # no CUDA graphs: the copies are refreshed and batches vary
 SWITCHES = ("auto", "true", "false")  # a setting solrl decides for this machine unless told
 AGGREGATIONS = ("sum", "advantage")
 TRACKERS = ("tensorboard", "wandb")
@@ -159,6 +160,9 @@ class RunConfig:
     device: str = _f("auto", "cpu, cuda, cuda:N or auto.")
     dtype: str = _f("auto", "Full-precision dtype: auto (bf16 on CUDA, fp32 on CPU), bf16, fp32.")
     threads: int = _f(0, "CPU threads for torch (0 = torch's default).")
+    compile_mode: str = _f("default", "torch.compile mode of every compiled module (explore.compile, sampler.compile, "
+                                      "optimizer.compile): default, or max-autotune-no-cudagraphs (the official code's, "
+                                      "for its inference copies: autotunes each GEMM, a longer compile).")
     eval_prompts: str = _f("", "Prompt set or file evaluated with the EMA weights during training ('' = none).")
     eval_every: int = _f(20, "Evaluate every this many iterations (and before the first and after the last).")
     eval_seeds: int = _f(4, "Fixed noise seeds per evaluation prompt (the same for every evaluation).")
@@ -189,6 +193,7 @@ class Config:
         _choice("sampler.solver", self.sampler.solver, SOLVERS)
         _choice("sampler.sigma_grid", self.sampler.sigma_grid, SIGMA_GRIDS)
         _choice("reward.aggregation", self.reward.aggregation, AGGREGATIONS)
+        _choice("run.compile_mode", self.run.compile_mode, COMPILE_MODES)
         for name, value in (("sampler.rollout_copy", self.sampler.rollout_copy), ("sampler.compile", self.sampler.compile),
                             ("explore.compile", self.explore.compile), ("optimizer.checkpointing", self.optimizer.checkpointing),
                             ("optimizer.compile", self.optimizer.compile)):

@@ -48,18 +48,19 @@ class RolloutBatch:
 RECOMPILE_LIMIT = 16
 
 
-def compile_module(module: nn.Module) -> nn.Module:
-    """torch.compile(module), with Dynamo's recompile limit raised to RECOMPILE_LIMIT (see above)."""
+def compile_module(module: nn.Module, mode: str = "default") -> nn.Module:
+    """torch.compile(module, mode=mode), with Dynamo's recompile limit raised to RECOMPILE_LIMIT (see above)."""
     import torch._dynamo
 
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    return torch.compile(module)
+    return torch.compile(module) if mode == "default" else torch.compile(module, mode=mode)
 
 
 class RolloutCopy:
     """A merged, frozen copy of the base transformer at a rollout precision."""
 
-    def __init__(self, module: nn.Module, precision: str, rule: LayerRule, compile: bool = False) -> None:
+    def __init__(self, module: nn.Module, precision: str, rule: LayerRule, compile: bool = False,
+                 compile_mode: str = "default") -> None:
         """Takes ownership of `module` (a copy of the base transformer, without adapters)."""
         if precision not in IMPLEMENTED_EXPLORE:
             raise ValueError(f"no rollout backend for precision {precision!r} (hardware.require_explore_precision says why)")
@@ -71,7 +72,7 @@ class RolloutCopy:
         self.report: QuantReport | None = None
         if precision in WRAPPERS:
             self.report = quantize_model(self.module, rule, precision)
-        self.forward: nn.Module = compile_module(self.module) if compile else self.module
+        self.forward: nn.Module = compile_module(self.module, compile_mode) if compile else self.module
 
     @torch.no_grad()
     def refresh(self, merged: dict[str, torch.Tensor]) -> None:

@@ -211,10 +211,10 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     explore_copy = rollout_copy = None  # copied before the adapters are added
     if plan.explore_precision != dtype_name:
         explore_copy = RolloutCopy(copy.deepcopy(model.transformer), plan.explore_precision, LayerRule.of(cfg.model),
-                                   compile=plan.explore_compiled)
+                                   compile=plan.explore_compiled, compile_mode=cfg.run.compile_mode)
     if plan.rollout_copy:
         rollout_copy = RolloutCopy(copy.deepcopy(model.transformer), dtype_name, LayerRule.of(cfg.model),
-                                   compile=plan.rollout_compiled)
+                                   compile=plan.rollout_compiled, compile_mode=cfg.run.compile_mode)
     if machine.checkpointing:  # acts only where gradients are on: the trained forward
         model.transformer.enable_gradient_checkpointing()
     policy = Policy(model.transformer, cfg.model)
@@ -223,7 +223,7 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     session = Session(cfg, run_dir, device, dtype_name, dtype, plan, model, policy, explore_copy, optimizer, rewards, prompts,
                       eval_prompts, health=RewardHealth(cfg.reward.health_min_std, cfg.reward.health_patience),
                       rank=rank, world_size=world, rollout_copy=rollout_copy, machine=machine,
-                      policy_forward=compile_module(policy.transformer) if machine.update_compile else policy.transformer)
+                      policy_forward=compile_module(policy.transformer, cfg.run.compile_mode) if machine.update_compile else policy.transformer)
     if checkpoint is not None:  # every rank reads it: resuming across nodes needs the run dir on a shared filesystem
         state = load_checkpoint(checkpoint, policy, optimizer)
         session.iteration, session.step, session.history = state["iteration"], state["step"], state["history"]

@@ -51,6 +51,9 @@ after its increment) are the official ones. Where this differs from it, and why:
   eager. Same loss and gradient to float tolerance (tests/test_rollout_copy.py). With
   `algorithm.kl_beta = 0` the reference forward, which then has no weight in the loss, is skipped
   and the KL reported as not measured; the official code always runs it.
+- torch.compile runs in its default mode (`run.compile_mode`); the official code compiles its
+  inference copies with `max-autotune-no-cudagraphs` (train_sana.py, `compile_mode`), which
+  autotunes every GEMM at a much longer compile. Which is faster on a given GPU is unmeasured here.
 - Faults (solrl_core/faults): samples whose reward is NaN or infinite are left out of selection and
   the update (the official code would train on them), and an optimizer step whose gradient norm is
   not finite is skipped and counted (the official code zeroes non-finite losses and steps anyway),

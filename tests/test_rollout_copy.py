@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from solrl_core import events as ev
+from solrl_core.errors import SolrlError
 from solrl_core.policy import OLD, TRAINED
 from solrl_core.presets import resolve_config
 from solrl_core.rollout import RECOMPILE_LIMIT
@@ -164,3 +165,13 @@ def test_kl_beta_zero_runs_no_reference_forward(fast_sets, monkeypatch):
     assert skipped["loss"] == pytest.approx(with_ref["loss"], rel=1e-6)
     grads = [torch.cat([p.grad.flatten() for p in s.policy.trainable_parameters()]) for s in sessions]
     assert grads[0].abs().max() > 0 and torch.allclose(grads[0], grads[1], rtol=1e-5, atol=1e-8)
+
+
+def test_the_compile_mode_reaches_every_compiled_module(fast_sets, monkeypatch):
+    modes: list[str | None] = []
+    monkeypatch.setattr(torch, "compile", lambda module, mode=None: modes.append(mode) or module)
+    _session(fast_sets, "run.compile_mode=max-autotune-no-cudagraphs", "explore.compile=true", "sampler.compile=true",
+             "optimizer.compile=true")
+    assert modes == ["max-autotune-no-cudagraphs"] * 3  # explore copy, rollout copy, update
+    with pytest.raises(SolrlError, match="run.compile_mode"):
+        resolve_config("tiny", "sol_rl", sets=["run.compile_mode=reduce-overhead"]).validate()
