@@ -266,36 +266,58 @@ def run_iteration(session: Session, bus: ev.EventBus) -> None:
 
 
 def warm_up_compiled(session: Session, bus: ev.EventBus) -> None:
-    """Compile each torch.compile'd copy on warm-up calls before the first iteration, and report the
-    time as its own event: a compile is a one-time cost, not a slow iteration. Each copy is called at
-    two batch sizes (the rollout batch, and the micro-batch of v_old or one more), so torch.compile
-    turns the batch dimension dynamic here, not on the first smaller chunk of iteration 1; the
-    compiled update likewise (optimizer.compile)."""
-    cfg = session.config
-    batch, micro = cfg.sampler.rollout_batch, cfg.optimizer.micro_batch
-    sizes = (batch, micro if micro != batch else batch + 1)
+    """Compile each torch.compile'd module on warm-up calls before the first iteration, and report the
+    time as its own event: a compile is a one-time cost, not a slow iteration.
+
+    Each module is called at every batch size the run will give it (`warm_up_sizes`): torch.compile
+    turns the batch dimension dynamic at the second size, and a graph's guards can still depend on
+    the batch (convolution backends are chosen by batch size: SANA's feed-forward is convolutions),
+    so only the sizes themselves make sure iteration 1 compiles nothing."""
+    sizes = warm_up_sizes(session)
     for target, copy_ in (("explore copy", session.explore_copy), ("rollout copy", session.rollout_copy)):
         if copy_ is None or copy_.forward is copy_.module:
             continue
         bus.emit(ev.CompileStarted(target=target))
         t0 = time.perf_counter()
-        for n in sizes:
+        for n in sizes[target]:
             cond = session.conditioning(session.prompts[:1] * n).to(session.device)
             x = torch.zeros(n, *session.model.latent_shape, device=session.device, dtype=copy_.dtype)
             with torch.no_grad():
-                out = session.model.velocity(copy_.forward, x, torch.ones(n, device=session.device), cond)
-        if out.is_cuda:
-            torch.cuda.synchronize(out.device)
+                session.model.velocity(copy_.forward, x, torch.ones(n, device=session.device), cond)
+        if session.device.type == "cuda":
+            torch.cuda.synchronize(session.device)
         bus.emit(ev.CompileFinished(target=target, seconds=time.perf_counter() - t0))
     if session.policy_forward is not session.policy.transformer:
         bus.emit(ev.CompileStarted(target="update"))
         t0 = time.perf_counter()
-        _warm_up_update(session, (micro, micro - 1 if micro > 1 else 2))
+        _warm_up_update(session, sizes["update"])
         bus.emit(ev.CompileFinished(target="update", seconds=time.perf_counter() - t0))
 
 
-def _warm_up_update(session: Session, sizes: tuple[int, int]) -> None:
-    """Each graph of the compiled update at two micro-batch sizes, in the update's own states: the
+def warm_up_sizes(session: Session) -> dict[str, list[int]]:
+    """The batch sizes each compiled module sees in an iteration on this rank, largest first: the
+    rollouts' chunks of sampler.rollout_batch (Stage 1, Stage 2, the rank check), and v_old's and the
+    update's micro-batches. Samples left out for a non-finite reward, or an out-of-memory back-off,
+    can still bring a new size (one recompile, then)."""
+    cfg, plan = session.config, session.plan
+    batch, micro = cfg.sampler.rollout_batch, cfg.optimizer.micro_batch
+    groups = cfg.run.prompts_per_iteration // session.world_size
+
+    def chunks(n: int, size: int) -> set[int]:
+        return {s for s in (min(n, size), n % size) if s}
+
+    drafts, kept = groups * plan.explore_seeds, groups * plan.keep
+    full = chunks(kept, batch) if plan.regenerate else set()
+    if session.explore_copy is None:  # Stage 1 (every rollout of a full-precision family) on the rollout copy
+        full |= chunks(drafts, batch)
+    if plan.regenerate and cfg.explore.rank_check_every:
+        full |= chunks(plan.explore_seeds, batch)
+    out = {"explore copy": chunks(drafts, batch), "rollout copy": full | chunks(kept, micro), "update": chunks(kept, micro)}
+    return {k: sorted(v, reverse=True) for k, v in out.items()}
+
+
+def _warm_up_update(session: Session, sizes: list[int]) -> None:
+    """Each graph of the compiled update at each micro-batch size, in the update's own states: the
     trained forward and backward under autocast, the reference (and, without a rollout copy, the old
     adapter) without gradients. The warm-up's gradients are dropped; the weights are not touched."""
     model, policy = session.model, session.policy

@@ -22,7 +22,8 @@ from solrl_core.policy import OLD, TRAINED
 from solrl_core.presets import resolve_config
 from solrl_core.rollout import RECOMPILE_LIMIT
 from solrl_core.session import open_session
-from solrl_core.trainer import StopFlag, _rollout, explore, regenerate, select_seeds, sync, train, update
+from solrl_core.trainer import (StopFlag, _rollout, explore, regenerate, select_seeds, sync, train, update,
+                                 warm_up_sizes)
 
 
 def _session(fast_sets, *extra: str, run_dir: str = "run"):
@@ -121,10 +122,13 @@ def test_the_compiled_update_is_compiled_before_iteration_1_and_never_again(fast
     bus.subscribe(seen.append)
     bus.subscribe(lambda e: setattr(torch._dynamo.config, "error_on_recompile", True)
                   if isinstance(e, ev.CompileFinished) and e.target == "update" else None)
-    # 2 prompts x K=4 = 8 samples in micro-batches of 3: chunks of 3, 3 and 2
+    # 2 prompts x N=24 drafts in rollout chunks of 16; the rank check's 24 seeds in 16 + 8, Stage 2's 8 kept;
+    # the update's 8 samples in micro-batches of 3, 3 and 2: batch sizes on both sides of 16, where
+    # the CPU's convolution backend (and so a graph guard) changes
     cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("run.iterations=2", "run.eval_prompts=", "optimizer.compile=true",
                                                           "optimizer.micro_batch=3", "explore.compile=true",
-                                                          "sampler.compile=true", "sampler.rollout_copy=true"))
+                                                          "sampler.compile=true", "sampler.rollout_copy=true",
+                                                          "explore.group_size=24", "explore.rank_check_every=1"))
     torch._dynamo.reset()
     # torch's default limit; config.patch restores both settings after (monkeypatch would hide them)
     with torch._dynamo.config.patch(recompile_limit=8, error_on_recompile=False):
@@ -133,8 +137,10 @@ def test_the_compiled_update_is_compiled_before_iteration_1_and_never_again(fast
     compiles = [(e.kind, e.target) for e in seen if isinstance(e, (ev.CompileStarted, ev.CompileFinished))]
     assert compiles == [(kind, target) for target in ("explore copy", "rollout copy", "update")
                         for kind in ("compile_started", "compile")]  # each said before the wait, timed after
+    assert warm_up_sizes(session) == {"explore copy": [16], "rollout copy": [16, 8, 3, 2], "update": [3, 2]}
+    assert len([e for e in seen if isinstance(e, ev.RankCheckResult)]) == 2
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-    assert 6 <= graphs <= limit == RECOMPILE_LIMIT
+    assert 3 <= graphs <= limit == RECOMPILE_LIMIT  # at least one graph per compiled module
     its = [e for e in seen if isinstance(e, ev.IterationFinished)]
     assert len(its) == 2 and its[1].loss["kl"] > 0  # the reference ran (at iteration 1 the LoRA B is still 0: KL 0)
     assert "update compiled" in session.machine.describe()
@@ -175,3 +181,28 @@ def test_the_compile_mode_reaches_every_compiled_module(fast_sets, monkeypatch):
     assert modes == ["max-autotune-no-cudagraphs"] * 3  # explore copy, rollout copy, update
     with pytest.raises(SolrlError, match="run.compile_mode"):
         resolve_config("tiny", "sol_rl", sets=["run.compile_mode=reduce-overhead"]).validate()
+
+
+@pytest.mark.parametrize("family, sets, sizes", [
+    ("sol_rl", (), {"explore copy": [24], "rollout copy": [24, 16, 8], "update": [16, 8]}),
+    ("naive_scaling", (), {"rollout copy": [24, 16, 8], "update": [16, 8]}),  # Stage 1 at full precision
+    ("diffusionnft", (), {"rollout copy": [24, 16, 8], "update": [16, 8]}),  # K seeds, no Stage 2
+    # N=30 in chunks of 20: Stage 1's 90 drafts in 20s and a 10, Stage 2's 24 in 20 + 4, the rank
+    # check's 30 in 20 + 10 (the 10 on the rollout copy comes from it)
+    ("sol_rl", ("explore.group_size=30", "sampler.rollout_batch=20", "explore.rank_check_every=5"),
+     {"explore copy": [20, 10], "rollout copy": [20, 16, 10, 8, 4], "update": [16, 8]}),
+])
+def test_warm_up_sizes_are_the_batches_of_an_iteration(family, sets, sizes):
+    """3 prompt groups, N=24, K=8, rollout chunks of 24, micro-batches of 16: Stage 1 has 72 drafts,
+    Stage 2 and the update 24 samples."""
+    from types import SimpleNamespace
+
+    from solrl_core.session import plan_stages
+
+    cfg = resolve_config("tiny", family, sets=["run.prompts_per_iteration=3", "explore.group_size=24", "selection.group_size=8",
+                                               "sampler.rollout_batch=24", "optimizer.micro_batch=16", *sets])
+    plan = plan_stages(cfg, "fp32", "nvfp4-emulated" if family == "sol_rl" else "fp32")
+    explore_copy = object() if plan.explore_precision != "fp32" else None
+    session = SimpleNamespace(config=cfg, plan=plan, world_size=1, explore_copy=explore_copy)
+    got = warm_up_sizes(session)
+    assert {k: got[k] for k in sizes} == sizes
