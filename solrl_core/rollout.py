@@ -42,9 +42,10 @@ class RolloutBatch:
 
 # A run compiles up to three modules of one transformer class: the explore copy, the rollout copy and
 # the policy (optimizer.compile). Dynamo files their graphs under one code object (diffusers' peft
-# wrapper of the transformer's forward), so all count against one recompile limit, 8 by default: two
-# each for the copies (a static, then a dynamic batch), and up to three for the update (trained,
-# reference, old). Past the limit Dynamo would run the module eager without an error.
+# wrapper of the transformer's forward), so all count against one recompile limit, 8 by default. Each
+# module needs a few graphs (a static batch, a dynamic one, one more where a guard splits the batch
+# sizes; the update one per adapter state: trained, reference, old). Past the limit Dynamo would run
+# the module eager without an error.
 RECOMPILE_LIMIT = 16
 
 
