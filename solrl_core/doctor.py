@@ -521,7 +521,7 @@ def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
               f"+ rollout copy {est.rollout_copy:.1f} + vae {est.vae:.1f} + max(text encoders {est.text_encoders:.1f}, "
               f"activations {est.activations:.1f} for micro-batch {cfg.optimizer.micro_batch}, gradient checkpointing "
               f"{'on' if machine.checkpointing else 'off'}) + {est.overhead:.1f} overhead; "
-              f"rollout copy: {machine.rollout_copy_why}; torch.compile (auto: on CUDA): "
+              f"rollout copy: {machine.rollout_copy_why}; torch.compile: "
               + ", ".join(f"{name} {'on' if on else 'off'}" for name, on in (
                   ("explore copy", machine.explore_compile), ("rollout copy", machine.rollout_compile),
                   ("update", machine.update_compile))))

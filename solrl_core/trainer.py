@@ -271,8 +271,8 @@ def warm_up_compiled(session: Session, bus: ev.EventBus) -> None:
 
     Each module is called at every batch size the run will give it (`warm_up_sizes`): torch.compile
     turns the batch dimension dynamic at the second size, and a graph's guards can still depend on
-    the batch (convolution backends are chosen by batch size: SANA's feed-forward is convolutions),
-    so only the sizes themselves make sure iteration 1 compiles nothing."""
+    the batch (on a CPU the convolution backend changes at batch 16, and SANA's feed-forward is
+    convolutions), so only the sizes themselves make sure iteration 1 compiles nothing."""
     sizes = warm_up_sizes(session)
     for target, copy_ in (("explore copy", session.explore_copy), ("rollout copy", session.rollout_copy)):
         if copy_ is None or copy_.forward is copy_.module:
