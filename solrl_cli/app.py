@@ -50,7 +50,7 @@ def train(
     """Train with Sol-RL (or another family). With no arguments: the built-in tiny model on this machine."""
     from solrl_core import events
     from solrl_core.presets import resolve_config
-    from solrl_core.session import load_run_config
+    from solrl_core.rundir import load_run_config
     from solrl_core.trainer import train as run_training
     from solrl_cli.display import TerminalDisplay
 
@@ -283,7 +283,7 @@ def explore_cmd(
     import torch
 
     from solrl_core.inference import load_tuned, make_grid
-    from solrl_core.session import resolve_device
+    from solrl_core.device import resolve_device
     from solrl_core.stage1 import explore_only
 
     with user_errors():
@@ -348,7 +348,8 @@ def rank_check(
     from solrl_core.inference import load_tuned
     from solrl_core.plots import rank_check_figure
     from solrl_core.rankcheck import check
-    from solrl_core.session import resolve_device, write_atomic
+    from solrl_core.device import resolve_device
+    from solrl_core.rundir import write_atomic
 
     with user_errors():
         cfg, ckpt, texts, out_dir = _tool_setup("rank_check", run, None, prompts, model, model_path, reward, checkpoint, out, set_,
@@ -428,7 +429,7 @@ def _output_folder(out: Optional[Path], run: Optional[Path], kind: str) -> Path:
 
 def _reward_set(cfg):  # type: ignore[no-untyped-def]
     from solrl_core.rewards import RewardSet
-    from solrl_core.session import resolve_device
+    from solrl_core.device import resolve_device
 
     return RewardSet.from_config(cfg.reward, resolve_device(cfg.run.device))
 
@@ -451,7 +452,7 @@ def _model_and_checkpoint(run: Optional[Path], model: Optional[str], model_path:
     from solrl_core.config import from_dict
     from solrl_core.errors import SolrlError
     from solrl_core.presets import resolve_config
-    from solrl_core.session import load_run_config
+    from solrl_core.rundir import load_run_config
 
     if run is not None:
         if model:
@@ -492,7 +493,7 @@ def _reward_preset_weights(name: str) -> dict[str, float]:
 
 def _print_eval_table(results, req) -> None:  # type: ignore[no-untyped-def]
     from solrl_core.evaluation import summary
-    from solrl_core.session import resolve_device
+    from solrl_core.device import resolve_device
 
     table = Table(title=f"{req.prompt_set}: {len(req.prompts)} prompts x {req.per_prompt} seeds, {req.config.sampler.eval_steps} "
                         f"steps, on {resolve_device(req.config.run.device)}  (delta: versus base)")

@@ -21,8 +21,7 @@ from solrl_core.inference import decode_in_chunks
 from solrl_core.models.base import Conditioning, DiffusionModel
 from solrl_core.policy import Policy
 from solrl_core.rewards import RewardSet, Scores
-from solrl_core.rollout import generate
-from solrl_core.sampler import sigma_grid
+from solrl_core.sampler import Sampler
 from solrl_core.session import Session
 
 EVAL_SEED_BASE = 1_000_000_007  # far from training seeds' typical draws; any fixed value works
@@ -61,8 +60,7 @@ def _score(model: DiffusionModel, policy: Policy, rewards: RewardSet, sampler: S
     flat = [p for p in prompts for _ in range(per_prompt)]
     seeds = eval_seeds(len(prompts), per_prompt)
     with policy.weights(weights) as net:
-        latents = generate(model, net, cond, seeds, sigma_grid(sampler.eval_steps, sampler.shift, sampler.sigma_grid), sampler.rollout_batch,
-                           sampler.solver, dtype)
+        latents = Sampler.of(sampler).generate(model, net, cond, seeds, sampler.eval_steps, dtype)
     images = decode_in_chunks(model, latents, sampler.rollout_batch)
     scores = rewards(images, flat)
     return Evaluation(weights, prompts, seeds, scores, rewards.summary(scores), time.perf_counter() - t0), images
@@ -85,7 +83,8 @@ class EvalRequest:
 def evaluate_weights(req: EvalRequest, bus: ev.EventBus) -> list[Evaluation]:
     """Load the model once, score each weight set, write `samples.jsonl` and `summary.json` in out_dir."""
     from solrl_core.inference import encode_each, load_tuned, save_png
-    from solrl_core.session import resolve_device, write_atomic
+    from solrl_core.device import resolve_device
+    from solrl_core.rundir import write_atomic
 
     cfg = req.config
     rewards = RewardSet.from_config(cfg.reward, resolve_device(cfg.run.device))

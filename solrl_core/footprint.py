@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solrl_core.config import Config
+from solrl_core.plan import plan_stages
 
 # --- approximate sizes -----------------------------------------------------------------------------
 
@@ -92,8 +93,6 @@ def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16
         activations   = optimizer.micro_batch x activation GiB per sample (bf16; with or without checkpointing)
         peak          = policy + copies + vae + max(text encoders while encoding, activations) + overhead
     """
-    from solrl_core.session import plan_stages
-
     size = model_size(cfg)
     width = {"bf16": 2.0, "fp32": 4.0}[dtype_name]
     plan = plan_stages(cfg, dtype_name, explore_precision)

@@ -20,8 +20,8 @@ from solrl_core.config import Config
 from solrl_core.models.base import Conditioning, DiffusionModel
 from solrl_core.policy import OLD, TRAINED, Policy
 from solrl_core.precision.quantize import LayerRule
-from solrl_core.rollout import RolloutCopy, generate
-from solrl_core.sampler import sigma_grid
+from solrl_core.rollout import RolloutCopy
+from solrl_core.sampler import Sampler
 
 
 @dataclass
@@ -46,7 +46,7 @@ def load_tuned(cfg: Config, checkpoint: Path | None, explore: bool = False, nume
     from solrl_core.precision.hardware import require_explore_precision
     from solrl_core.models import load_model
     from solrl_core.precision.resolve import resolve_machine
-    from solrl_core.session import resolve_device, resolve_dtype
+    from solrl_core.device import resolve_device, resolve_dtype
 
     device = resolve_device(cfg.run.device)
     dtype_name, dtype = resolve_dtype(cfg.run.dtype, device)
@@ -85,8 +85,7 @@ def render(loaded: Loaded, cond: Conditioning, seeds: torch.Tensor, weights: str
     """Images [B, 3, H, W] in [0, 1] for one seed per conditioning row, with `weights`."""
     sampler = loaded.config.sampler
     with loaded.policy.weights(weights) as net:
-        latents = generate(loaded.model, net, cond, seeds, sigma_grid(steps, sampler.shift, sampler.sigma_grid), sampler.rollout_batch,
-                           sampler.solver, loaded.dtype)
+        latents = Sampler.of(sampler).generate(loaded.model, net, cond, seeds, steps, loaded.dtype)
     return decode_in_chunks(loaded.model, latents, sampler.rollout_batch)
 
 

@@ -166,8 +166,7 @@ def check(loaded: Loaded, rewards: RewardSet, prompts: list[str], per_prompt: in
     seed_base + i*S ... for prompt i, scored with `rewards`."""
     from solrl_core.inference import decode_in_chunks, encode_each
     from solrl_core.policy import OLD
-    from solrl_core.rollout import generate
-    from solrl_core.sampler import sigma_grid
+    from solrl_core.sampler import Sampler
 
     copy_ = loaded.explore_copy
     if copy_ is None:
@@ -178,7 +177,7 @@ def check(loaded: Loaded, rewards: RewardSet, prompts: list[str], per_prompt: in
     cond = encode_each(loaded.model, prompts, per_prompt)
 
     def images(net: torch.nn.Module, dtype: torch.dtype, steps: int) -> torch.Tensor:
-        latents = generate(loaded.model, net, cond, seeds, sigma_grid(steps, smp.shift, smp.sigma_grid), smp.rollout_batch, smp.solver, dtype)
+        latents = Sampler.of(smp).generate(loaded.model, net, cond, seeds, steps, dtype)
         return decode_in_chunks(loaded.model, latents, smp.rollout_batch)
 
     low, full = copy_.precision, loaded.dtype_name

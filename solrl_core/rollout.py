@@ -18,7 +18,16 @@ from solrl_core.models.base import Conditioning, DiffusionModel
 from solrl_core.precision.hardware import IMPLEMENTED_EXPLORE
 from solrl_core.precision.quantize import WRAPPERS, LayerRule, QuantReport, quantize_model, requantize
 from solrl_core.rewards import RewardSet
-from solrl_core.sampler import noise_for_seeds, sample
+from solrl_core.sampler import Sampler
+
+
+@dataclass(frozen=True)
+class Draws:
+    """What a rollout generates: one image per (prompt, seed), each sample in a prompt group."""
+
+    prompts: list[str]  # per sample
+    groups: torch.Tensor  # [B] prompt-group index of each sample
+    seeds: torch.Tensor  # [B] integer noise seeds
 
 
 @dataclass(frozen=True)
@@ -32,6 +41,10 @@ class RolloutBatch:
     components: dict[str, torch.Tensor]  # [B] per reward
     seconds_generate: float
     seconds_reward: float
+
+    @property
+    def draws(self) -> Draws:
+        return Draws(self.prompts, self.groups, self.seeds)
 
     def subset(self, index: torch.Tensor) -> "RolloutBatch":
         idx = index.tolist()
@@ -85,32 +98,18 @@ class RolloutCopy:
             requantize(self.module)
 
 
-def generate(model: DiffusionModel, network: nn.Module, cond: Conditioning, seeds: torch.Tensor,
-             sigmas: torch.Tensor, batch_size: int, solver: str, dtype: torch.dtype) -> torch.Tensor:
-    """Final latents of one seed per row of `cond`, generated `batch_size` at a time."""
-    device = next(network.parameters()).device
-    out = []
-    for start in range(0, seeds.numel(), batch_size):
-        chunk = slice(start, start + batch_size)
-        noise = noise_for_seeds(seeds[chunk], model.latent_shape, device, dtype)
-        part = cond[chunk].to(device)
-        out.append(sample(lambda x, s, c: model.velocity(network, x, s, c), noise, part, sigmas, solver).float())
-    return torch.cat(out)
-
-
-def rollout(model: DiffusionModel, network: nn.Module, prompts: list[str], groups: torch.Tensor, seeds: torch.Tensor,
-            cond: Conditioning, sigmas: torch.Tensor, rewards: RewardSet, batch_size: int, solver: str,
-            dtype: torch.dtype) -> RolloutBatch:
-    """Generate and score one latents per (prompt, seed)."""
+def rollout(model: DiffusionModel, network: nn.Module, dtype: torch.dtype, sampler: Sampler, steps: int,
+            draws: Draws, cond: Conditioning, rewards: RewardSet) -> RolloutBatch:
+    """Generate and score one image per drawn (prompt, seed) on `network`, `steps` sampler steps."""
     t0 = time.perf_counter()
-    latents = generate(model, network, cond, seeds, sigmas, batch_size, solver, dtype)
+    latents = sampler.generate(model, network, cond, draws.seeds, steps, dtype)
     images = model.decode(latents)
     _sync(images)
     t1 = time.perf_counter()
-    scores = rewards(images, prompts)
+    scores = rewards(images, draws.prompts)
     t2 = time.perf_counter()
-    return RolloutBatch(prompts=prompts, groups=groups, seeds=seeds, latents=latents, sigmas=sigmas,
-                        rewards=scores.total, components=scores.components,
+    return RolloutBatch(prompts=draws.prompts, groups=draws.groups, seeds=draws.seeds, latents=latents,
+                        sigmas=sampler.sigmas(steps), rewards=scores.total, components=scores.components,
                         seconds_generate=t1 - t0, seconds_reward=t2 - t1)
 
 

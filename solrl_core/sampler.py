@@ -12,13 +12,15 @@ solver_order=2, final_sigmas_type="zero") steps it; its first order is exactly E
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from typing import Callable
 
-import math
-
 import torch
+from torch import nn
 
-from solrl_core.models.base import Conditioning
+from solrl_core.config import SamplerConfig
+from solrl_core.models.base import Conditioning, DiffusionModel
 
 VelocityCall = Callable[[torch.Tensor, torch.Tensor, Conditioning], torch.Tensor]
 
@@ -123,3 +125,35 @@ def _dpm2(velocity: VelocityCall, noise: torch.Tensor, cond: Conditioning, sigma
             x = ratio * x + (1.0 - ratio) * d
         prev_x0, prev_lam = x0, lam
     return x.to(dtype)
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """The run's ODE sampler, built once from `config.sampler`: its sigma grid, its solver, and how
+    many samples go through the network at a time. Every rollout (training, evaluation, inference,
+    explore, the rank check) generates through `generate`."""
+
+    solver: str = "euler"
+    shift: float = 1.0
+    grid: str = "linspace"
+    batch_size: int = 24
+
+    @classmethod
+    def of(cls, cfg: SamplerConfig) -> "Sampler":
+        return cls(solver=cfg.solver, shift=cfg.shift, grid=cfg.sigma_grid, batch_size=cfg.rollout_batch)
+
+    def sigmas(self, steps: int) -> torch.Tensor:
+        return sigma_grid(steps, self.shift, self.grid)
+
+    def generate(self, model: DiffusionModel, network: nn.Module, cond: Conditioning, seeds: torch.Tensor, steps: int,
+                 dtype: torch.dtype) -> torch.Tensor:
+        """Final latents of one seed per row of `cond`, `steps` solver steps, `batch_size` at a time."""
+        device = next(network.parameters()).device
+        sigmas = self.sigmas(steps)
+        out = []
+        for start in range(0, seeds.numel(), self.batch_size):
+            chunk = slice(start, start + self.batch_size)
+            noise = noise_for_seeds(seeds[chunk], model.latent_shape, device, dtype)
+            part = cond[chunk].to(device)
+            out.append(sample(lambda x, s, c: model.velocity(network, x, s, c), noise, part, sigmas, self.solver).float())
+        return torch.cat(out)

@@ -38,75 +38,9 @@ from solrl_core.rewards.health import RewardHealth
 from solrl_core.precision.quantize import LayerRule
 from solrl_core.precision.resolve import MachinePlan, resolve_machine
 from solrl_core.rollout import RolloutCopy, compile_module
-
-CONFIG_FILE = "config.toml"
-EVENTS_FILE = "events.jsonl"
-
-
-@dataclass(frozen=True)
-class StagePlan:
-    """What each stage of an iteration does, derived from the family and the machine (resolve.py)."""
-
-    family: str
-    explore_seeds: int  # seeds rolled out per prompt in Stage 1
-    explore_steps: int
-    explore_precision: str  # resolved: nvfp4-emulated | fp8 | bf16 | fp32
-    keep: int  # K
-    regenerate: bool  # Stage 2 regenerates the kept seeds at full precision
-    full_precision: str
-    full_steps: int
-    rollout_copy: bool = False  # full-precision rollouts and v_old on a merged copy (else the policy's old adapter)
-    rollout_compiled: bool = False
-    explore_compiled: bool = False
-
-    def describe(self) -> str:
-        on = (" on the compiled rollout copy" if self.rollout_compiled else " on the rollout copy") if self.rollout_copy else ""
-        low = self.explore_precision != self.full_precision
-        stage1 = (f"Stage 1: {self.explore_seeds} seeds/prompt at {self.explore_precision}"
-                  f"{' (compiled)' if low and self.explore_compiled else on if not low else ''}, {self.explore_steps} steps")
-        if self.keep == self.explore_seeds:
-            return f"{stage1} -> train on all of them"
-        stage2 = (f" -> Stage 2: regenerate the kept {self.keep} at {self.full_precision}{on}, {self.full_steps} steps -> train"
-                  if self.regenerate else f" -> train directly on the kept {self.keep}")
-        return stage1 + f" -> keep {self.keep}" + stage2
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError as exc:
-        raise SolrlError(f"run.device '{name}' is not a device", "use auto, cpu, cuda or cuda:N") from exc
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise SolrlError(f"run.device '{name}' asked for CUDA but torch sees no GPU", "use --device cpu, or install a CUDA build of torch")
-    return device
-
-
-def resolve_dtype(name: str, device: torch.device) -> tuple[str, torch.dtype]:
-    if name == "auto":
-        name = "bf16" if device.type == "cuda" else "fp32"
-    return name, {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
-
-
-def plan_stages(cfg: Config, full_precision: str, explore_precision: str, machine: "MachinePlan | None" = None) -> StagePlan:
-    """The family's stages with the resolved explore precision (and, from `machine`, the copies)."""
-    family, k = cfg.algorithm.family, cfg.selection.group_size
-    full_steps = cfg.sampler.steps
-    copies = {}
-    if machine is not None:
-        copies = dict(rollout_copy=machine.rollout_copy, rollout_compiled=machine.rollout_compile,
-                      explore_compiled=machine.explore_compile)
-    if family == "sol_rl":
-        return StagePlan(family, cfg.explore.group_size, cfg.explore.steps, explore_precision, k, True, full_precision,
-                         full_steps, **copies)
-    if family == "naive_quant":
-        return StagePlan(family, cfg.explore.group_size, full_steps, explore_precision, k, False, full_precision, full_steps,
-                         **copies)
-    if family == "diffusionnft":
-        return StagePlan(family, k, full_steps, full_precision, k, False, full_precision, full_steps, **copies)
-    return StagePlan(family, cfg.explore.group_size, full_steps, full_precision, k, False, full_precision, full_steps, **copies)
-
+from solrl_core.device import resolve_device, resolve_dtype
+from solrl_core.plan import StagePlan, plan_stages
+from solrl_core.rundir import CONFIG_FILE, EVENTS_FILE, fresh_run_dir, load_run_config, save_run_config, write_atomic  # noqa: F401
 
 @dataclass
 class Session:
@@ -170,21 +104,6 @@ class Session:
                 "reward_streaks": dict(self.health.streaks), "faults": self.faults.to_dict()}
 
 
-def load_run_config(run_dir: str | Path) -> Config:
-    """The resolved config saved in a run directory (for --resume, eval and infer)."""
-    path = Path(run_dir)
-    if not path.is_dir():
-        raise SolrlError(f"run directory {path} does not exist", "pass the folder a previous `solrl train` wrote")
-    cfg_file = path / CONFIG_FILE
-    if not cfg_file.is_file():
-        raise SolrlError(f"{path} is not a solrl run directory (no {CONFIG_FILE})", "pass the folder a previous `solrl train` wrote")
-    try:
-        data = tomllib.loads(cfg_file.read_text(encoding="utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SolrlError(f"{cfg_file} is corrupt: {exc}", "restore it, or start a new run") from exc
-    return from_dict(data, Config(), source=str(cfg_file)).validate()
-
-
 def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None = None) -> Session:
     """Validate inputs, load the model, create (or reopen) the run directory, restore a checkpoint
     (`from_checkpoint`: its name, e.g. iter_000020; default the newest, verified against its manifest)."""
@@ -202,7 +121,8 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     if cfg.run.threads > 0:
         torch.set_num_threads(cfg.run.threads)
     machine = resolve_machine(cfg, device, dtype_name)
-    plan = plan_stages(cfg, dtype_name, machine.explore_precision, machine)
+    plan = plan_stages(cfg, dtype_name, machine.explore_precision, rollout_copy=machine.rollout_copy,
+                       rollout_compiled=machine.rollout_compile, explore_compiled=machine.explore_compile)
     if plan.explore_precision != dtype_name:  # before anything is written: a refused precision leaves no run dir
         require_explore_precision(plan.explore_precision, device)
     run_dir, checkpoint, lock = _claim_run_dir(cfg, resume, from_checkpoint)  # the lock is dropped with it on an error below
@@ -251,12 +171,6 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     return session
 
 
-def save_run_config(run_dir: Path, config: Config) -> None:
-    """The run's resolved config, read back by --resume, eval and infer (and rewritten when an
-    out-of-memory back-off changes a batch size)."""
-    write_atomic(run_dir / CONFIG_FILE, tomli_w.dumps(to_dict(config)))
-
-
 def _claim_run_dir(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[Path, Path | None, RunLock | None]:
     """The run directory and the checkpoint to resume from, decided by rank 0 (a fresh directory's
     name holds the time, and another rank must not mistake rank 0's new config for an older run);
@@ -277,7 +191,7 @@ def _claim_run_dir(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[P
 
 
 def _run_dir_and_checkpoint(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[Path, Path | None, RunLock | None]:
-    run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else _fresh_run_dir(cfg.preset)
+    run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else fresh_run_dir(cfg.preset)
     if checkpoint is not None and not resume:
         raise SolrlError("--checkpoint picks the checkpoint a --resume continues from", f"add --resume {run_dir}")
     lock = RunLock.acquire(run_dir) if run_dir.is_dir() else None  # before anything is read: no other writer
@@ -293,20 +207,3 @@ def _run_dir_and_checkpoint(cfg: Config, resume: bool, checkpoint: str | None) -
         if lock is not None:
             lock.release()
         raise
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write a small file so that a reader sees the old or the new content, never a torn one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
-def _fresh_run_dir(preset: str) -> Path:
-    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    path = Path("runs") / f"{stamp}-{preset or 'run'}"
-    n = 1
-    while path.exists():
-        n += 1
-        path = Path("runs") / f"{stamp}-{preset or 'run'}-{n}"
-    return path

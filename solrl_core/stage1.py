@@ -12,8 +12,7 @@ import torch
 
 from solrl_core.inference import Loaded, decode_in_chunks, encode_each
 from solrl_core.rewards import RewardSet
-from solrl_core.rollout import generate
-from solrl_core.sampler import sigma_grid
+from solrl_core.sampler import Sampler
 from solrl_core.selection import select
 
 
@@ -43,8 +42,7 @@ def explore_only(loaded: Loaded, rewards: RewardSet, prompts: list[str], n: int,
     flat = [p for p in prompts for _ in range(n)]
     seeds = seed_base + torch.arange(len(prompts) * n, dtype=torch.long)
     cond = encode_each(loaded.model, prompts, n)
-    latents = generate(loaded.model, copy_.forward, cond, seeds, sigma_grid(steps, smp.shift, smp.sigma_grid), smp.rollout_batch, smp.solver,
-                       copy_.dtype)
+    latents = Sampler.of(smp).generate(loaded.model, copy_.forward, cond, seeds, steps, copy_.dtype)
     images = decode_in_chunks(loaded.model, latents, smp.rollout_batch)
     scores = rewards(images, flat)
     total = scores.total.view(len(prompts), n)

@@ -86,8 +86,8 @@ from solrl_core.memory import PhaseMemory
 from solrl_core.models.base import Conditioning
 from solrl_core.policy import OLD
 from solrl_core.prompts import prompts_for_iteration, shard
-from solrl_core.rollout import RolloutBatch, rollout
-from solrl_core.sampler import sigma_grid
+from solrl_core.rollout import Draws, RolloutBatch, rollout
+from solrl_core.sampler import Sampler
 from solrl_core.selection import select
 from solrl_core.session import EVENTS_FILE, Session, open_session
 from solrl_core.tracking import samples
@@ -413,8 +413,8 @@ def _rollout(session: Session, prompts: list[str], groups: torch.Tensor, seeds: 
     else:
         network, dtype, cast = session.policy.use(OLD), session.dtype, _autocast(session)
     with network as net, cast:
-        return rollout(session.model, net, prompts, groups, seeds, session.conditioning(prompts),
-                       sigma_grid(steps, sampler.shift, sampler.sigma_grid), session.rewards, sampler.rollout_batch, sampler.solver, dtype)
+        return rollout(session.model, net, dtype, Sampler.of(sampler), steps, Draws(prompts, groups, seeds),
+                       session.conditioning(prompts), session.rewards)
 
 
 def update(session: Session, batch: RolloutBatch, rng: np.random.Generator, scores: GlobalScores | None = None) -> dict[str, float]:

@@ -180,7 +180,7 @@ def test_export_writes_the_lora_or_a_merged_transformer_equal_to_the_tuned_model
 
     from solrl_core.checkpoint import list_checkpoints
     from solrl_core.inference import encode_each, load_tuned
-    from solrl_core.session import load_run_config
+    from solrl_core.rundir import load_run_config
 
     assert runner.invoke(app, ["train", *_fast_args("--iterations", "1", "--run-dir", "r")]).exit_code == 0
     lora = runner.invoke(app, ["export", "r", "--out", "lora"])

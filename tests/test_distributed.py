@@ -18,7 +18,7 @@ from solrl_core import events as ev
 from solrl_core.config import from_dict
 from solrl_core.errors import SolrlError
 from solrl_core.presets import resolve_config
-from solrl_core.session import load_run_config
+from solrl_core.rundir import load_run_config
 from solrl_core.trainer import StopFlag, train
 from tests.conftest import FAST
 

@@ -17,7 +17,8 @@ from solrl_core import events as ev
 from solrl_core.errors import SolrlError
 from solrl_core.faults.manifest import MANIFEST, verify
 from solrl_core.presets import resolve_config
-from solrl_core.session import load_run_config, open_session
+from solrl_core.rundir import load_run_config
+from solrl_core.session import open_session
 from solrl_core.trainer import StopFlag, train
 
 LORA = "pytorch_lora_weights.safetensors"

@@ -157,18 +157,17 @@ def test_an_fp8_explore_copy_generates_close_to_full_precision():
     from solrl_core.evaluation import eval_seeds
     from solrl_core.models.tiny import build_tiny
     from solrl_core.presets import resolve_config
-    from solrl_core.rollout import generate
-    from solrl_core.sampler import sigma_grid
+    from solrl_core.sampler import Sampler
     from solrl_core.tinyworld import SIZE
 
     model = build_tiny(ModelConfig(loader="tiny", weights="tinyworld", resolution=SIZE), torch.device("cpu"),
                        torch.float32)
     prompts = ["a red circle", "two blue squares"]
-    cond, seeds, sigmas = model.encode(prompts), eval_seeds(2, 1), sigma_grid(6)
+    cond, seeds = model.encode(prompts), eval_seeds(2, 1)
     skip = resolve_config("tiny", "sol_rl").model.quant_skip
     copies = {p: RolloutCopy(copy.deepcopy(model.transformer), p, skip) for p in ("fp8", "fp32")}
     assert copies["fp8"].report is not None and copies["fp8"].report.quantized
-    out = {p: generate(model, c.forward, cond, seeds, sigmas, 2, "euler", torch.float32) for p, c in copies.items()}
+    out = {p: Sampler(batch_size=2).generate(model, c.forward, cond, seeds, 6, torch.float32) for p, c in copies.items()}
     err = (out["fp8"] - out["fp32"]).abs().mean() / out["fp32"].abs().mean()
     assert 0 < err < 0.05
 

@@ -197,7 +197,7 @@ def test_warm_up_sizes_are_the_batches_of_an_iteration(family, sets, sizes):
     Stage 2 and the update 24 samples."""
     from types import SimpleNamespace
 
-    from solrl_core.session import plan_stages
+    from solrl_core.plan import plan_stages
 
     cfg = resolve_config("tiny", family, sets=["run.prompts_per_iteration=3", "explore.group_size=24", "selection.group_size=8",
                                                "sampler.rollout_batch=24", "optimizer.micro_batch=16", *sets])

@@ -113,7 +113,7 @@ def retry(session: "Session", bus: ev.EventBus, work: Callable[[], T]) -> T:
 
 def back_off(session: "Session", bus: ev.EventBus, phase: str) -> None:
     """Halve `phase`'s batch in the live session and in the run's config.toml, or raise DoesNotFit."""
-    from solrl_core.session import save_run_config
+    from solrl_core.rundir import save_run_config
 
     old = size(session.config, phase)
     if old <= 1:

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from solrl_core.config import Config
+from solrl_core.footprint import estimate_memory
 from solrl_core.precision.hardware import FP8_CC, GpuInfo, gpus
 
 FIT_SHARE = 0.9  # of a GPU's memory the estimate may use: the rest is the allocator's and the estimate's slack
@@ -71,8 +72,6 @@ def _switch(value: str, auto: bool) -> bool:
 
 def resolve_machine(cfg: Config, device: torch.device, dtype_name: str, gpu: GpuInfo | None = None) -> MachinePlan:
     """The auto switches of `cfg` on this device (`gpu` given for tests with made-up GPUs)."""
-    from solrl_core.footprint import estimate_memory
-
     gpu = gpu if gpu is not None else gpu_of(device)
     cuda = device.type == "cuda"
     if cfg.explore.precision == "auto":

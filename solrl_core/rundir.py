@@ -1,0 +1,58 @@
+"""The run directory: where a run is written, its saved config, and how rank 0 claims it.
+
+Torch-free, so the CLI and the TUI can read a run folder without loading torch.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import tomllib
+from pathlib import Path
+
+import tomli_w
+
+from solrl_core.config import Config, from_dict, to_dict
+from solrl_core.errors import SolrlError
+
+CONFIG_FILE = "config.toml"
+EVENTS_FILE = "events.jsonl"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write a small file so that a reader sees the old or the new content, never a torn one."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def load_run_config(run_dir: str | Path) -> Config:
+    """The resolved config saved in a run directory (for --resume, eval and infer)."""
+    path = Path(run_dir)
+    if not path.is_dir():
+        raise SolrlError(f"run directory {path} does not exist", "pass the folder a previous `solrl train` wrote")
+    cfg_file = path / CONFIG_FILE
+    if not cfg_file.is_file():
+        raise SolrlError(f"{path} is not a solrl run directory (no {CONFIG_FILE})", "pass the folder a previous `solrl train` wrote")
+    try:
+        data = tomllib.loads(cfg_file.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SolrlError(f"{cfg_file} is corrupt: {exc}", "restore it, or start a new run") from exc
+    return from_dict(data, Config(), source=str(cfg_file)).validate()
+
+
+def save_run_config(run_dir: Path, config: Config) -> None:
+    """The run's resolved config, read back by --resume, eval and infer (and rewritten when an
+    out-of-memory back-off changes a batch size)."""
+    write_atomic(run_dir / CONFIG_FILE, tomli_w.dumps(to_dict(config)))
+
+
+def fresh_run_dir(preset: str) -> Path:
+    """runs/<time>-<preset>, with a counter when that folder exists already."""
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    path = Path("runs") / f"{stamp}-{preset or 'run'}"
+    n = 1
+    while path.exists():
+        n += 1
+        path = Path("runs") / f"{stamp}-{preset or 'run'}-{n}"
+    return path
