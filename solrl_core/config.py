@@ -247,15 +247,9 @@ class Config:
             raise SolrlError("reward.health_patience and reward.health_min_std must be >= 0", "0 turns the stop off")
         if self.optimizer.max_nonfinite_steps < 0:
             raise SolrlError("optimizer.max_nonfinite_steps must be >= 0", "0 turns the stop off")
-        from solrl_core.rewards import reward_names
+        from solrl_core.rewards import check_names  # the rewards load torch; the config stays light
 
-        unknown = [n for n in self.reward.weights if n not in reward_names()]
-        if unknown:
-            raise SolrlError(f"unknown reward '{unknown[0]}'", close_matches(unknown[0], reward_names()) + " (list them with: solrl presets)")
-        stray = [n for n in self.reward.paths if n not in self.reward.weights]
-        if stray:
-            raise SolrlError(f"reward.paths names '{stray[0]}', which is not among the run's rewards ({', '.join(self.reward.weights)})",
-                             "remove it, or add the reward with --reward")
+        check_names(self.reward.weights, self.reward.paths)
         return self
 
 

@@ -2,7 +2,7 @@
 
 The same (prompt, seed) pairs are used for every evaluation, during training and by `solrl eval`,
 so two evaluations differ only by the weights: a rise is the model's, not the noise's.
-`evaluate` scores a live training session; `evaluate_weights` loads a model (and a run's checkpoint)
+`evaluate` scores a live training run; `evaluate_weights` loads a model (and a run's checkpoint)
 on its own and scores several weight sets, writing one JSONL row per image.
 """
 
@@ -22,7 +22,7 @@ from solrl_core.models.base import Conditioning, DiffusionModel
 from solrl_core.policy import Policy
 from solrl_core.rewards import RewardSet, Scores
 from solrl_core.sampler import Sampler
-from solrl_core.session import Session
+from solrl_core.session import Run
 
 EVAL_SEED_BASE = 1_000_000_007  # far from training seeds' typical draws; any fixed value works
 
@@ -46,11 +46,11 @@ def eval_seeds(n_prompts: int, per_prompt: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(session: Session, prompts: list[str], per_prompt: int, weights: str) -> Evaluation:
+def evaluate(run: Run, prompts: list[str], per_prompt: int, weights: str) -> Evaluation:
     """Score `weights` ("base": adapters off, "ema": the EMA adapter, "trained": the live adapter)."""
     flat = [p for p in prompts for _ in range(per_prompt)]
-    return _score(session.model, session.policy, session.rewards, session.config.sampler, session.dtype, prompts, per_prompt,
-                  weights, session.conditioning(flat))[0]
+    return _score(run.model, run.policy, run.rewards, run.config.sampler, run.dtype, prompts, per_prompt,
+                  weights, run.conditioning(flat))[0]
 
 
 @torch.no_grad()

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
+from solrl_core.faults.phase import charged_to
 from solrl_core.models.base import Conditioning, DiffusionModel
 from solrl_core.precision.hardware import IMPLEMENTED_EXPLORE
 from solrl_core.precision.quantize import WRAPPERS, LayerRule, QuantReport, quantize_model, requantize
@@ -102,9 +103,10 @@ def rollout(model: DiffusionModel, network: nn.Module, dtype: torch.dtype, sampl
             draws: Draws, cond: Conditioning, rewards: RewardSet) -> RolloutBatch:
     """Generate and score one image per drawn (prompt, seed) on `network`, `steps` sampler steps."""
     t0 = time.perf_counter()
-    latents = sampler.generate(model, network, cond, draws.seeds, steps, dtype)
-    images = model.decode(latents)
-    _sync(images)
+    with charged_to("rollout"):
+        latents = sampler.generate(model, network, cond, draws.seeds, steps, dtype)
+        images = model.decode(latents)
+        _sync(images)
     t1 = time.perf_counter()
     scores = rewards(images, draws.prompts)
     t2 = time.perf_counter()

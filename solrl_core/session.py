@@ -2,6 +2,8 @@
 
 `open_session` checks every input first (config, prompts, rewards, resume folder, model weights)
 and only then creates the run directory, so bad input never leaves a half-written run behind.
+It returns a `Session`: the `Run`, fixed for the run (config, device, model, policy, copies,
+optimizer, rewards, prompts), and the `LoopState` the loop advances and a checkpoint saves.
 
 Under torchrun every rank opens its own session (a full model replica); rank 0 alone chooses the
 run directory and the checkpoint to resume, and alone writes to the run directory, holding its lock
@@ -11,82 +13,89 @@ run directory and the checkpoint to resume, and alone writes to the run director
 from __future__ import annotations
 
 import copy
-import datetime as dt
 import json
-import os
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import tomli_w
 import torch
 from torch import nn
 
 from solrl_core import distributed
 from solrl_core.checkpoint import checkpoint_to_resume, load_checkpoint, set_aside_newer
-from solrl_core.config import Config, from_dict, to_dict
+from solrl_core.config import Config
+from solrl_core.device import resolve_device, resolve_dtype
 from solrl_core.errors import SolrlError
-from solrl_core.faults.guard import FaultState
 from solrl_core.faults.lock import RunLock
-from solrl_core.precision.hardware import require_explore_precision
+from solrl_core.loop_state import LoopState
 from solrl_core.models import DiffusionModel, load_model
 from solrl_core.models.base import Conditioning
+from solrl_core.plan import StagePlan, plan_stages
 from solrl_core.policy import OLD, TRAINED, Policy
+from solrl_core.precision.hardware import require_explore_precision
+from solrl_core.precision.quantize import LayerRule
+from solrl_core.precision.resolve import MachinePlan, resolve_machine
 from solrl_core.prompts import check_split, load_prompts
 from solrl_core.rewards import RewardSet
 from solrl_core.rewards.health import RewardHealth
-from solrl_core.precision.quantize import LayerRule
-from solrl_core.precision.resolve import MachinePlan, resolve_machine
 from solrl_core.rollout import RolloutCopy, compile_module
-from solrl_core.device import resolve_device, resolve_dtype
-from solrl_core.plan import StagePlan, plan_stages
-from solrl_core.rundir import CONFIG_FILE, EVENTS_FILE, fresh_run_dir, load_run_config, save_run_config, write_atomic  # noqa: F401
+from solrl_core.rundir import CONFIG_FILE, fresh_run_dir, save_run_config, write_atomic
+from solrl_core.sampler import Sampler
 
-@dataclass
-class Session:
+
+class TextCache:
+    """Text conditioning per prompt, each unique prompt encoded once per run (text encoders can then
+    leave the GPU: see the model loaders)."""
+
+    def __init__(self, model: DiffusionModel) -> None:
+        self.model = model
+        self.cache: dict[str, Conditioning] = {}
+
+    def __call__(self, prompts: list[str]) -> Conditioning:
+        new = [p for p in dict.fromkeys(prompts) if p not in self.cache]
+        if new:
+            enc = self.model.encode(new)
+            for i, p in enumerate(new):
+                self.cache[p] = enc[i:i + 1]
+        return Conditioning.cat([self.cache[p] for p in prompts])
+
+
+@dataclass(frozen=True)
+class Run:
+    """What is fixed for a run once it is open. An out-of-memory back-off continues with
+    `with_config` (smaller batches); nothing else replaces a field."""
+
     config: Config
     run_dir: Path
     device: torch.device
     dtype_name: str
     dtype: torch.dtype
     plan: StagePlan
+    machine: MachinePlan
     model: DiffusionModel
     policy: Policy
-    explore_copy: RolloutCopy | None  # None: Stage 1 runs at full precision (below)
     optimizer: torch.optim.Optimizer
     rewards: RewardSet
     prompts: list[str]
     eval_prompts: list[str]  # empty: no evaluation during training
-    iteration: int = 0
-    step: int = 0
-    history: list[float] = field(default_factory=list)
-    resumed: bool = False
-    health: RewardHealth = field(default_factory=lambda: RewardHealth(min_std=0.0, patience=0))
-    rank: int = 0  # this process among world_size (torchrun); it owns prompt groups rank*P/W .. (rank+1)*P/W - 1
-    world_size: int = 1
+    explore_copy: RolloutCopy | None = None  # None: Stage 1 runs at full precision
     rollout_copy: RolloutCopy | None = None  # None: full-precision rollouts and v_old on the policy's old adapter
-    machine: MachinePlan | None = None
-    faults: FaultState = field(default_factory=FaultState)  # non-finite reward and skipped-step streaks
-    lock: RunLock | None = None  # rank 0's hold on run_dir; released when train() returns
     # The update's policy forwards (trained, reference, old without a rollout copy) call this: the
     # transformer, or one torch.compile of it (optimizer.compile), whose guards give each adapter
     # state and grad mode its own graph. Evaluation and inference call the transformer itself.
     policy_forward: nn.Module | None = None
-    _cond_cache: dict[str, Conditioning] = field(default_factory=dict)
+    rank: int = 0  # this process among world_size (torchrun); it owns prompt groups rank*P/W .. (rank+1)*P/W - 1
+    world_size: int = 1
+    lock: RunLock | None = None  # rank 0's hold on run_dir; released when train() returns
+    sampler: Sampler = field(default_factory=Sampler)
+    conditioning: TextCache | None = None
 
-    def __post_init__(self) -> None:
-        if self.policy_forward is None:
-            self.policy_forward = self.policy.transformer
+    @property
+    def compiled_update(self) -> bool:
+        return self.policy_forward is not self.policy.transformer
 
-    def conditioning(self, prompts: list[str]) -> Conditioning:
-        """Text conditioning per prompt, each unique prompt encoded once per run (text encoders
-        can then leave the GPU: see the model loaders)."""
-        new = [p for p in dict.fromkeys(prompts) if p not in self._cond_cache]
-        if new:
-            enc = self.model.encode(new)
-            for i, p in enumerate(new):
-                self._cond_cache[p] = enc[i:i + 1]
-        return Conditioning.cat([self._cond_cache[p] for p in prompts])
+    def with_config(self, config: Config) -> "Run":
+        """The same run with a changed config (batch sizes), its sampler rebuilt from it."""
+        return replace(self, config=config, sampler=Sampler.of(config.sampler))
 
     def copies(self) -> list[RolloutCopy]:
         return [c for c in (self.explore_copy, self.rollout_copy) if c is not None]
@@ -99,9 +108,13 @@ class Session:
             for c in copies:
                 c.refresh(merged)
 
-    def loop_state(self) -> dict:
-        return {"iteration": self.iteration, "step": self.step, "history": self.history,
-                "reward_streaks": dict(self.health.streaks), "faults": self.faults.to_dict()}
+
+@dataclass
+class Session:
+    """An open run and its loop state: what `open_session` and `train` return."""
+
+    run: Run
+    state: LoopState
 
 
 def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None = None) -> Session:
@@ -123,52 +136,62 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     machine = resolve_machine(cfg, device, dtype_name)
     plan = plan_stages(cfg, dtype_name, machine.explore_precision, rollout_copy=machine.rollout_copy,
                        rollout_compiled=machine.rollout_compile, explore_compiled=machine.explore_compile)
-    if plan.explore_precision != dtype_name:  # before anything is written: a refused precision leaves no run dir
+    if plan.explores_low:  # before anything is written: a refused precision leaves no run dir
         require_explore_precision(plan.explore_precision, device)
     run_dir, checkpoint, lock = _claim_run_dir(cfg, resume, from_checkpoint)  # the lock is dropped with it on an error below
 
     model = load_model(cfg.model, device, dtype)
-    explore_copy = rollout_copy = None  # copied before the adapters are added
-    if plan.explore_precision != dtype_name:
-        explore_copy = RolloutCopy(copy.deepcopy(model.transformer), plan.explore_precision, LayerRule.of(cfg.model),
-                                   compile=plan.explore_compiled, compile_mode=cfg.run.compile_mode)
-    if plan.rollout_copy:
-        rollout_copy = RolloutCopy(copy.deepcopy(model.transformer), dtype_name, LayerRule.of(cfg.model),
-                                   compile=plan.rollout_compiled, compile_mode=cfg.run.compile_mode)
+    explore_copy, rollout_copy = _copies(cfg, plan, model)  # copied before the adapters are added
     if machine.checkpointing:  # acts only where gradients are on: the trained forward
         model.transformer.enable_gradient_checkpointing()
     policy = Policy(model.transformer, cfg.model)
-    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=cfg.optimizer.lr, betas=(cfg.optimizer.beta1, cfg.optimizer.beta2),
-                                  weight_decay=cfg.optimizer.weight_decay, eps=cfg.optimizer.eps)
-    session = Session(cfg, run_dir, device, dtype_name, dtype, plan, model, policy, explore_copy, optimizer, rewards, prompts,
-                      eval_prompts, health=RewardHealth(cfg.reward.health_min_std, cfg.reward.health_patience),
-                      rank=rank, world_size=world, rollout_copy=rollout_copy, machine=machine,
-                      policy_forward=compile_module(policy.transformer, cfg.run.compile_mode) if machine.update_compile else policy.transformer)
+    opt = cfg.optimizer
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2),
+                                  weight_decay=opt.weight_decay, eps=opt.eps)
+    state = LoopState(health=RewardHealth(cfg.reward.health_min_std, cfg.reward.health_patience))
     if checkpoint is not None:  # every rank reads it: resuming across nodes needs the run dir on a shared filesystem
-        state = load_checkpoint(checkpoint, policy, optimizer)
-        session.iteration, session.step, session.history = state["iteration"], state["step"], state["history"]
-        session.health.streaks = dict(state.get("reward_streaks", {}))
-        session.faults = FaultState.from_dict(state.get("faults"))
-        session.resumed = True
+        state.restore(load_checkpoint(checkpoint, policy, optimizer))
     if world > 1:  # a LoRA's random init (and anything else) must start equal on every replica: rank 0's
         for adapter in (TRAINED, OLD, "ema"):
             policy.load_state(adapter, distributed.broadcast_tensors(policy.state(adapter)))
-    session.refresh_copies()
-    session.config = replace(cfg, run=replace(cfg.run, run_dir=str(run_dir)))
+    cfg = replace(cfg, run=replace(cfg.run, run_dir=str(run_dir)))
     if rank == 0:
-        if lock is None:  # a fresh folder: created and locked now, after every input was checked
-            run_dir.mkdir(parents=True, exist_ok=True)
-            lock = RunLock.acquire(run_dir)
-            if (run_dir / CONFIG_FILE).exists():
-                lock.release()
-                raise SolrlError(f"{run_dir} already holds a run", f"continue it with `solrl train --resume {run_dir}`")
-        session.lock = lock
-        # Rewritten on resume too: `--resume --iterations N` extends the run for every later resume.
-        save_run_config(run_dir, session.config)
-        if explore_copy is not None and explore_copy.report is not None:
-            write_atomic(run_dir / "quantization_report.json", json.dumps(explore_copy.report.to_dict(), indent=2))
+        lock = _write_run_dir(run_dir, lock, cfg, explore_copy)
+    run = Run(cfg, run_dir, device, dtype_name, dtype, plan, machine, model, policy, optimizer, rewards, prompts,
+              eval_prompts, explore_copy=explore_copy, rollout_copy=rollout_copy,
+              policy_forward=compile_module(policy.transformer, cfg.run.compile_mode) if machine.update_compile else policy.transformer,
+              rank=rank, world_size=world, lock=lock, sampler=Sampler.of(cfg.sampler), conditioning=TextCache(model))
+    run.refresh_copies()
     distributed.barrier()  # the run directory exists before any rank goes on
-    return session
+    return Session(run, state)
+
+
+def _copies(cfg: Config, plan: StagePlan, model: DiffusionModel) -> tuple[RolloutCopy | None, RolloutCopy | None]:
+    """The explore copy (a low explore precision) and the full-precision rollout copy, each where the plan keeps one."""
+    explore_copy = rollout_copy = None
+    if plan.explores_low:
+        explore_copy = RolloutCopy(copy.deepcopy(model.transformer), plan.explore_precision, LayerRule.of(cfg.model),
+                                   compile=plan.explore_compiled, compile_mode=cfg.run.compile_mode)
+    if plan.rollout_copy:
+        rollout_copy = RolloutCopy(copy.deepcopy(model.transformer), plan.full_precision, LayerRule.of(cfg.model),
+                                   compile=plan.rollout_compiled, compile_mode=cfg.run.compile_mode)
+    return explore_copy, rollout_copy
+
+
+def _write_run_dir(run_dir: Path, lock: RunLock | None, cfg: Config, explore_copy: RolloutCopy | None) -> RunLock:
+    """Rank 0: create and lock a fresh folder (after every input was checked), then write the config
+    and the quantization report. Returns the folder's lock."""
+    if lock is None:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        lock = RunLock.acquire(run_dir)
+        if (run_dir / CONFIG_FILE).exists():
+            lock.release()
+            raise SolrlError(f"{run_dir} already holds a run", f"continue it with `solrl train --resume {run_dir}`")
+    # Rewritten on resume too: `--resume --iterations N` extends the run for every later resume.
+    save_run_config(run_dir, cfg)
+    if explore_copy is not None and explore_copy.report is not None:
+        write_atomic(run_dir / "quantization_report.json", json.dumps(explore_copy.report.to_dict(), indent=2))
+    return lock
 
 
 def _claim_run_dir(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[Path, Path | None, RunLock | None]:

@@ -1,13 +1,13 @@
 """Out-of-memory back-off: a phase that does not fit halves its batch and the iteration starts again.
 
-Which phase failed is read from the traceback (the innermost solrl phase the error passed through),
-so the loop needs no bookkeeping of its own:
+Each phase names itself where it runs, with `charged_to(phase)` around its work; an error that
+passes through several is charged to the innermost:
 
-    phase        setting halved           frames that name it
-    reward       reward.batch_size        anything in solrl_core.rewards
-    update       optimizer.micro_batch    trainer.update
-    evaluation   sampler.rollout_batch    solrl_core.evaluation, trainer._evaluate
-    rollout      sampler.rollout_batch    rollout.rollout / rollout.generate
+    phase        setting halved           where
+    reward       reward.batch_size        RewardSet.__call__ (every reward scoring)
+    update       optimizer.micro_batch    update.update
+    evaluation   sampler.rollout_batch    trainer's evaluation during training
+    rollout      sampler.rollout_batch    rollout.rollout (generate and decode)
 
 Every draw of an iteration derives from (run seed, iteration), and neither the rollout batch nor
 the micro-batch changes what is computed (only how it is chunked), so the redone iteration computes
@@ -21,26 +21,25 @@ previous checkpoint is intact.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import gc
-import traceback
-from typing import TYPE_CHECKING, Callable, TypeVar
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
 from solrl_core import events as ev
 from solrl_core.errors import SolrlError
+from solrl_core.faults.phase import phase_of
+from solrl_core.rundir import save_run_config
 
 if TYPE_CHECKING:
     from solrl_core.config import Config
-    from solrl_core.session import Session
+    from solrl_core.loop_state import LoopState
+    from solrl_core.session import Run
 
-T = TypeVar("T")
 
 SETTINGS = {"reward": ("reward", "batch_size"), "update": ("optimizer", "micro_batch"),
-            "evaluation": ("sampler", "rollout_batch"), "rollout": ("sampler", "rollout_batch")}
-_PRECEDENCE = ("reward", "update", "evaluation", "rollout")  # an inner phase is the one that did not fit
+            "evaluation": ("sampler", "rollout_batch"), "rollout": ("sampler", "rollout_batch")}  # faults/phase.py: PHASES
 
 FIXES = {
     "rollout": "lower model.resolution or explore.group_size N, keep the explore copy quantized (explore.precision: a "
@@ -62,22 +61,6 @@ class DoesNotFit(SolrlError):
         self.phase = phase
 
 
-def phase_of(exc: BaseException) -> str | None:
-    """The phase an out-of-memory error was raised in, from the frames it passed through."""
-    seen = set()
-    for frame, _ in traceback.walk_tb(exc.__traceback__):
-        module, func = frame.f_globals.get("__name__", ""), frame.f_code.co_name
-        if module.startswith("solrl_core.rewards"):
-            seen.add("reward")
-        elif module == "solrl_core.trainer" and func == "update":
-            seen.add("update")
-        elif module == "solrl_core.evaluation" or (module == "solrl_core.trainer" and func == "_evaluate"):
-            seen.add("evaluation")
-        elif module == "solrl_core.rollout" and func in ("rollout", "generate"):
-            seen.add("rollout")
-    return next((p for p in _PRECEDENCE if p in seen), None)
-
-
 def size(config: "Config", phase: str) -> int:
     section, key = SETTINGS[phase]
     return getattr(getattr(config, section), key)
@@ -88,43 +71,44 @@ def with_size(config: "Config", phase: str, value: int) -> "Config":
     return dataclasses.replace(config, **{section: dataclasses.replace(getattr(config, section), **{key: value})})
 
 
-def retry(session: "Session", bus: ev.EventBus, work: Callable[[], T]) -> T:
-    """`work()`, redone from its start with a halved batch after each out-of-memory error.
+def retry(run: "Run", state: "LoopState", bus: ev.EventBus, work: Callable[["Run"], object]) -> "Run":
+    """`work(run)`, redone from its start with a halved batch after each out-of-memory error.
+    Returns the run to go on with (its config holding the sizes that fit).
 
     The state an attempt may have advanced before failing (reward streaks) is restored, and the
     failed attempt's tensors are released before the next one starts."""
     while True:
-        saved = copy.deepcopy((session.health.streaks, session.faults))
+        saved = state.streaks()
         phase = None
         try:
-            return work()
+            work(run)
+            return run
         except torch.cuda.OutOfMemoryError as exc:
             phase = phase_of(exc)
-            if session.world_size > 1 or phase is None:
+            if run.world_size > 1 or phase is None:
                 raise
         # here, outside the handler, the exception and the frames holding the attempt's tensors are gone
-        session.health.streaks, session.faults = saved
-        session.optimizer.zero_grad(set_to_none=True)
+        state.set_streaks(saved)
+        run.optimizer.zero_grad(set_to_none=True)
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        back_off(session, bus, phase)
+        run = back_off(run, bus, phase, state.iteration + 1)
 
 
-def back_off(session: "Session", bus: ev.EventBus, phase: str) -> None:
-    """Halve `phase`'s batch in the live session and in the run's config.toml, or raise DoesNotFit."""
-    from solrl_core.rundir import save_run_config
-
-    old = size(session.config, phase)
+def back_off(run: "Run", bus: ev.EventBus, phase: str, iteration: int) -> "Run":
+    """The run with `phase`'s batch halved (also in the run's config.toml), or raise DoesNotFit."""
+    old = size(run.config, phase)
     if old <= 1:
         raise DoesNotFit(phase)
     new = old // 2
-    session.config = with_size(session.config, phase, new)
+    run = run.with_config(with_size(run.config, phase, new))
     if phase == "reward":  # model rewards read their chunk size from their own context
-        for reward in session.rewards.rewards.values():
+        for reward in run.rewards.rewards.values():
             if hasattr(reward, "batch_size"):
                 reward.batch_size = new
-    if session.rank == 0:
-        save_run_config(session.run_dir, session.config)
+    if run.rank == 0:
+        save_run_config(run.run_dir, run.config)
     section, key = SETTINGS[phase]
-    bus.emit(ev.OutOfMemoryBackoff(iteration=session.iteration + 1, phase=phase, setting=f"{section}.{key}", old=old, new=new))
+    bus.emit(ev.OutOfMemoryBackoff(iteration=iteration, phase=phase, setting=f"{section}.{key}", old=old, new=new))
+    return run

@@ -14,20 +14,26 @@ Heavy backends are imported only when built, so `import solrl_core` stays light.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Protocol
+from typing import Callable, Protocol
 
 import torch
 
 from solrl_core.errors import SolrlError, close_matches
-
-if TYPE_CHECKING:
-    from solrl_core.config import RewardConfig
+from solrl_core.faults.phase import charged_to
 
 
 class Reward(Protocol):
     name: str
 
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor: ...
+
+
+class RewardSection(Protocol):
+    """What a RewardSet reads of a run's config (config.RewardConfig; the rewards import no config)."""
+
+    weights: dict[str, float]
+    paths: dict[str, str]
+    batch_size: int
 
 
 @dataclass(frozen=True)
@@ -110,6 +116,17 @@ def reward_names() -> list[str]:
     return list(SPECS)
 
 
+def check_names(weights: dict[str, float], paths: dict[str, str]) -> None:
+    """Every weighted reward is known, and every weights path belongs to one of them."""
+    unknown = [n for n in weights if n not in SPECS]
+    if unknown:
+        raise SolrlError(f"unknown reward '{unknown[0]}'", close_matches(unknown[0], reward_names()) + " (list them with: solrl presets)")
+    stray = [n for n in paths if n not in weights]
+    if stray:
+        raise SolrlError(f"reward.paths names '{stray[0]}', which is not among the run's rewards ({', '.join(weights)})",
+                         "remove it, or add the reward with --reward")
+
+
 def build_reward(name: str, ctx: RewardContext | None = None) -> Reward:
     """One reward by name, loaded for `ctx` (CPU, fp32, hub weights when omitted)."""
     spec = SPECS.get(name)
@@ -156,20 +173,14 @@ class RewardSet:
 
     def __init__(self, weights: dict[str, float], ctx: RewardContext | None = None,
                  paths: dict[str, str] | None = None) -> None:
-        unknown = [n for n in weights if n not in SPECS]
-        if unknown:
-            raise SolrlError(f"unknown reward '{unknown[0]}'", close_matches(unknown[0], reward_names()))
-        stray = [n for n in (paths or {}) if n not in weights]
-        if stray:
-            raise SolrlError(f"reward.paths names '{stray[0]}', which is not among the run's rewards ({', '.join(weights)})",
-                             "remove it, or add the reward with --reward")
+        check_names(weights, paths or {})
         base = ctx or RewardContext()
         self.weights = dict(weights)
         self.rewards = {n: build_reward(n, RewardContext(base.device, base.dtype, (paths or {}).get(n, ""), base.batch_size))
                         for n in weights}
 
     @classmethod
-    def from_config(cls, reward: "RewardConfig", device: torch.device) -> "RewardSet":
+    def from_config(cls, reward: RewardSection, device: torch.device) -> "RewardSet":
         """The rewards of a run's `reward` config section, loaded on `device` in fp32."""
         return cls(reward.weights, RewardContext(device, torch.float32, batch_size=reward.batch_size), paths=reward.paths)
 
@@ -190,6 +201,7 @@ class RewardSet:
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> Scores:
-        components = {n: r(images, prompts).float().cpu() for n, r in self.rewards.items()}
+        with charged_to("reward"):
+            components = {n: r(images, prompts).float().cpu() for n, r in self.rewards.items()}
         total = sum(self.weights[n] * s for n, s in components.items())
         return Scores(total=total, components=components)  # type: ignore[arg-type]

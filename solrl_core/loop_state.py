@@ -1,0 +1,43 @@
+"""What a run's loop advances and a checkpoint saves: the iteration and step counters, the reward
+history, and the streaks that decide a stop (near-constant rewards, non-finite rewards and steps).
+
+Everything else a run holds (config, model, copies, optimizer, rewards) is fixed once
+`open_session` returns (session.py); the optimizer's and adapters' tensors are saved beside this
+state in the checkpoint folder (checkpoint.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from solrl_core.faults.guard import FaultState
+from solrl_core.rewards.health import RewardHealth
+
+
+@dataclass
+class LoopState:
+    iteration: int = 0  # iterations finished
+    step: int = 0  # optimizer steps taken (a skipped step does not count)
+    history: list[float] = field(default_factory=list)  # mean final reward per iteration
+    health: RewardHealth = field(default_factory=lambda: RewardHealth(min_std=0.0, patience=0))
+    faults: FaultState = field(default_factory=FaultState)  # non-finite reward and skipped-step streaks
+    resumed: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        """The checkpoint's trainer_state.json."""
+        return {"iteration": self.iteration, "step": self.step, "history": self.history,
+                "reward_streaks": dict(self.health.streaks), "faults": self.faults.to_dict()}
+
+    def restore(self, saved: dict[str, Any]) -> None:
+        """Continue from a checkpoint's trainer_state.json."""
+        self.iteration, self.step, self.history = saved["iteration"], saved["step"], saved["history"]
+        self.health.streaks = dict(saved.get("reward_streaks", {}))
+        self.faults = FaultState.from_dict(saved.get("faults"))
+        self.resumed = True
+
+    def streaks(self) -> tuple[dict[str, int], FaultState]:
+        """A copy of what a failed attempt at an iteration may have advanced (see faults/oom.py)."""
+        return dict(self.health.streaks), FaultState.from_dict(self.faults.to_dict())
+
+    def set_streaks(self, saved: tuple[dict[str, int], FaultState]) -> None:
+        self.health.streaks, self.faults = saved

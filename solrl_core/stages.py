@@ -1,0 +1,228 @@
+"""The stages of one iteration, each a function of the run, its inputs and its outputs (trainer.py
+calls them in order): explore, score, select, regenerate, train, sync, and the rank check.
+
+Many GPUs: each rank rolls out its own prompt groups; the rewards are all-gathered (`GlobalScores`)
+before advantages, selection, reward health and logged stats, so every rank decides as one process
+would."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from solrl_core import distributed
+from solrl_core import events as ev
+from solrl_core.faults import guard
+from solrl_core.loop_state import LoopState
+from solrl_core.nft import combined_advantages
+from solrl_core.policy import OLD
+from solrl_core.prompts import prompts_for_iteration, shard
+from solrl_core.rollout import Draws, RolloutBatch, rollout
+from solrl_core.selection import select
+from solrl_core.session import Run
+from solrl_core.update import UpdateResult, autocast, update
+
+
+@dataclass(frozen=True)
+class GlobalScores:
+    """One stage's rewards on every rank, in global sample order (rank 0's samples first)."""
+
+    rewards: torch.Tensor  # [W * B] total reward
+    components: dict[str, torch.Tensor]  # [W * B] per reward
+    groups: torch.Tensor  # [W * B] global prompt-group index
+    local: slice  # this rank's samples
+
+    def only(self, valid: torch.Tensor) -> "GlobalScores":
+        """Restricted to the `valid` samples (the same object when all are)."""
+        if bool(valid.all()):
+            return self
+        start = int(valid[:self.local.start].sum())
+        return GlobalScores(self.rewards[valid], {k: v[valid] for k, v in self.components.items()}, self.groups[valid],
+                            slice(start, start + int(valid[self.local].sum())))
+
+    def stats(self) -> ev.RewardStats:
+        r = self.rewards.float()
+        return ev.RewardStats(mean=float(r.mean()), std=float(r.std(unbiased=False)), best=float(r.max()), worst=float(r.min()),
+                              components={k: float(v.float().mean()) for k, v in self.components.items()})
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A stage's rollouts with every rank's scores, and which of them every reward scored finitely."""
+
+    batch: RolloutBatch  # this rank's
+    scores: GlobalScores
+    screen: guard.Screen
+
+    @property
+    def usable(self) -> GlobalScores:
+        return self.scores.only(self.screen.valid)
+
+    def stats(self) -> ev.RewardStats:
+        """Statistics of the finitely scored samples (of all, when none is)."""
+        return (self.usable if self.screen.valid.any() else self.scores).stats()
+
+    def mean_reward(self) -> float:
+        usable = self.usable
+        return float(usable.rewards.mean()) if usable.rewards.numel() else math.nan
+
+
+def iteration_prompts(run: Run, rng: np.random.Generator) -> list[str]:
+    """This rank's prompt groups of the iteration (drawn for every rank, then sharded)."""
+    drawn = prompts_for_iteration(run.prompts, run.config.run.prompts_per_iteration, rng)
+    return shard(drawn, run.rank, run.world_size)
+
+
+def explore(run: Run, prompts: list[str], rng: np.random.Generator) -> RolloutBatch:
+    """Stage 1: every prompt's N seeds at the explore precision and step count, scored.
+
+    `prompts` are this rank's groups. Seeds are drawn for every rank's groups and this rank takes its
+    slice, so a prompt group gets the same seeds whatever the number of processes; group indices are
+    global (rank r's first group is r * len(prompts))."""
+    n = run.plan.explore_seeds
+    mine = slice(run.rank * len(prompts) * n, (run.rank + 1) * len(prompts) * n)
+    seeds = torch.as_tensor(rng.integers(0, 2**31 - 1, size=len(prompts) * n * run.world_size)[mine], dtype=torch.long)
+    groups = run.rank * len(prompts) + torch.arange(len(prompts)).repeat_interleave(n)
+    flat = [p for p in prompts for _ in range(n)]
+    return roll_out(run, Draws(flat, groups, seeds), run.plan.explore_steps, explore=True)
+
+
+def regenerate(run: Run, kept: RolloutBatch) -> RolloutBatch:
+    """Stage 2: the kept seeds again, same noise (same seeds), full precision and full steps."""
+    return roll_out(run, kept.draws, run.plan.full_steps, explore=False)
+
+
+def roll_out(run: Run, draws: Draws, steps: int, explore: bool) -> RolloutBatch:
+    """Generate and score on the explore copy (explore=True, when there is one), else at full precision:
+    on the rollout copy (base + old merged) when the run keeps one, or on the policy's old adapter."""
+    copy_ = run.explore_copy if explore and run.explore_copy is not None else run.rollout_copy
+    if copy_ is not None:
+        network, dtype, cast = contextlib.nullcontext(copy_.forward), copy_.dtype, contextlib.nullcontext()
+    else:
+        network, dtype, cast = run.policy.use(OLD), run.dtype, autocast(run)
+    with network as net, cast:
+        return rollout(run.model, net, dtype, run.sampler, steps, draws, run.conditioning(draws.prompts), run.rewards)
+
+
+def gather_scores(run: Run, batch: RolloutBatch) -> GlobalScores:
+    """The rewards of `batch` on every rank, gathered (one process: the batch's own)."""
+    n = len(batch.prompts)
+    local = slice(run.rank * n, (run.rank + 1) * n)
+    if run.world_size == 1:
+        return GlobalScores(batch.rewards, batch.components, batch.groups, local)
+    names = sorted(batch.components)
+    table = distributed.all_gather_tensor(torch.stack([batch.rewards.float(), *(batch.components[k].float() for k in names)], dim=1))
+    return GlobalScores(table[:, 0], {k: table[:, 1 + i] for i, k in enumerate(names)},
+                        distributed.all_gather_tensor(batch.groups), local)
+
+
+def score_drafts(run: Run, state: LoopState, bus: ev.EventBus, drafts: RolloutBatch) -> Scored:
+    """Stage 1's scores on every rank, screened for non-finite ones and checked for near-constant rewards."""
+    scored = _screened(run, state, bus, drafts, "explore")
+    for finding in state.health.check(scored.usable.components, scored.usable.groups):  # see rewards/health.py
+        bus.emit(ev.RunWarning(message=finding.message))
+    return scored
+
+
+def score_finals(run: Run, state: LoopState, bus: ev.EventBus, finals: RolloutBatch) -> Scored:
+    """The trained-on samples' scores on every rank; a reward with no finite score counts to a stop."""
+    scored = _screened(run, state, bus, finals, "final")
+    guard.record_rewards(state.faults, scored.screen, list(scored.scores.components), scored.scores.rewards.numel())
+    return scored
+
+
+def _screened(run: Run, state: LoopState, bus: ev.EventBus, batch: RolloutBatch, stage: str) -> Scored:
+    scores = gather_scores(run, batch)
+    found = guard.screen(scores.components, scores.groups)
+    if not found.clean:
+        bus.emit(ev.SamplesDropped(iteration=state.iteration + 1, stage=stage, rewards=found.nonfinite, dropped=found.dropped,
+                                   samples=found.valid.numel(), groups_skipped=found.groups_without_valid, groups=found.groups))
+    return Scored(batch, scores, found)
+
+
+def select_seeds(run: Run, drafts: Scored, rng: np.random.Generator) -> torch.Tensor:
+    """Indices into this rank's drafts of the K seeds kept for each of its prompt groups.
+
+    Every rank selects for every group (cheap: it sorts rewards) so that a random selection mode
+    draws from `rng` as one process would, then keeps its own groups' picks."""
+    scores, valid = drafts.scores, drafts.screen.valid
+    ranking = advantages(run, drafts.usable, math.inf)  # within a group, ranks like the reward the update sees
+    if not bool(valid.all()):  # a non-finite draft ranks nowhere: it is kept only to fill a group (guard.prefer_finite)
+        ranking = torch.zeros(valid.numel(), dtype=ranking.dtype).index_put_((valid,), ranking)
+    keep = []
+    for g in scores.groups.unique(sorted=True):
+        members = guard.prefer_finite(torch.nonzero(scores.groups == g).flatten(), valid, run.plan.keep)
+        chosen = select(ranking[members], run.plan.keep, run.config.selection.mode, rng)
+        keep.append(members[chosen])
+    kept = torch.cat(keep)
+    return kept[(kept >= scores.local.start) & (kept < scores.local.stop)] - scores.local.start
+
+
+def train(run: Run, finals: Scored, rng: np.random.Generator) -> UpdateResult:
+    """The update on the finitely scored final samples (no step when there is none)."""
+    if not finals.screen.valid.any():  # nothing to learn from: no step, and the streak may stop the run
+        return UpdateResult.skipped()
+    usable = finals.usable
+    batch = finals.batch
+    if usable is not finals.scores:
+        batch = batch.subset(torch.nonzero(finals.screen.valid[finals.scores.local]).flatten())
+    adv = advantages(run, usable, run.config.algorithm.adv_clip_max)[usable.local]  # std over every rank's rewards
+    return update(run, batch, adv, rng, usable.rewards.numel(), usable.local)
+
+
+def sync(run: Run, state: LoopState, bus: ev.EventBus, result: UpdateResult, finals: Scored) -> float:
+    """After the step: old <- d*old + (1-d)*new, EMA, rollout copies refreshed. Returns d (NaN when
+    the step was skipped: nothing changed to sync).
+
+    Both schedules count the optimizer step just taken (1 after the first), as the official code's
+    `return_decay(global_step)` and `ema.step(params, global_step)` do after its increment."""
+    if finals.screen.valid.any():
+        _count_step(run, state, bus, result)
+    if not result.stepped:
+        return math.nan
+    alg = run.config.algorithm
+    state.step += 1
+    decay = min(alg.old_decay_rate * state.step, alg.old_decay_max)
+    run.policy.update_old(decay)
+    run.policy.update_ema(min((1 + state.step) / (10 + state.step), alg.ema_max_decay))
+    run.refresh_copies()
+    return decay
+
+
+def _count_step(run: Run, state: LoopState, bus: ev.EventBus, result: UpdateResult) -> None:
+    in_a_row = guard.record_step(state.faults, result.stepped)
+    if in_a_row:
+        reason = "gradient norm not finite" if not math.isfinite(result.grad_norm) else "no finite loss term"
+        bus.emit(ev.StepSkipped(iteration=state.iteration + 1, reason=reason, in_a_row=in_a_row,
+                                limit=run.config.optimizer.max_nonfinite_steps))
+
+
+def advantages(run: Run, scores: GlobalScores, clip: float) -> torch.Tensor:
+    """Advantages of every rank's samples (the std is over all of them)."""
+    reward = run.config.reward
+    return combined_advantages(scores.rewards, scores.components, reward.weights, scores.groups, reward.aggregation, clip)
+
+
+def rank_check_due(run: Run, state: LoopState) -> bool:
+    every = run.config.explore.rank_check_every
+    return bool(every) and run.plan.regenerate and state.iteration % every == 0 and run.rank == 0  # the first group is rank 0's
+
+
+def rank_check(run: Run, state: LoopState, bus: ev.EventBus, drafts: RolloutBatch) -> None:
+    """Regenerate every Stage-1 seed of the first prompt at full precision and steps; log rho, tau.
+    Uses no random draw, so it does not change the run it observes."""
+    from solrl_core.rankcheck import group_correlation
+
+    t0 = time.perf_counter()
+    group = drafts.subset(torch.nonzero(drafts.groups == drafts.groups[0]).flatten())
+    full = roll_out(run, group.draws, run.plan.full_steps, explore=False)
+    rho, tau = group_correlation(group.rewards, full.rewards)
+    bus.emit(ev.RankCheckResult(iteration=state.iteration + 1, prompt=group.prompts[0], seeds=len(group.prompts), rho=rho, tau=tau,
+                                draft_mean=float(group.rewards.mean()), full_mean=float(full.rewards.mean()),
+                                seconds=time.perf_counter() - t0))
+

@@ -1,0 +1,121 @@
+"""The update: one optimizer step of the DiffusionNFT loss on the Stage-2 rollouts (nft.py has the
+loss), accumulated over micro-batches and train timesteps."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from solrl_core import distributed
+from solrl_core.faults.phase import charged_to
+from solrl_core.models.base import Conditioning
+from solrl_core.nft import nft_loss
+from solrl_core.policy import OLD
+from solrl_core.rollout import RolloutBatch
+from solrl_core.session import Run
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What one update did; `loss`, `policy` and `kl` are means over every (sample, timestep) pair."""
+
+    loss: float
+    policy: float
+    kl: float
+    nonfinite: int  # loss terms that were not finite (zeroed, or their micro-batch skipped)
+    grad_norm: float
+    stepped: bool  # False: the gradient was not finite (or there was none) and the step was skipped
+
+    @classmethod
+    def skipped(cls) -> "UpdateResult":
+        """No usable sample: no step."""
+        return cls(math.nan, math.nan, math.nan, 0, math.nan, False)
+
+    def losses(self) -> dict[str, float]:
+        return {"loss": self.loss, "policy": self.policy, "kl": self.kl}
+
+
+def update(run: Run, batch: RolloutBatch, advantages: torch.Tensor, rng: np.random.Generator, samples: int,
+           local: slice) -> UpdateResult:
+    """One optimizer step of the DiffusionNFT loss on this rank's `batch` with its `advantages`.
+
+    The gradient is the mean over every (sample, train timestep) pair of every rank: each rank
+    weighs a micro-batch's mean loss by its share of the rank's pairs, and the ranks (which hold
+    equally many samples) average their gradients. Each sample's timesteps and training noise come
+    from its own generator, drawn for all `samples` of every rank (this rank's, `batch`, are the
+    `local` ones), so neither the split over ranks nor the micro-batch size changes them."""
+    cfg, policy = run.config, run.policy
+    alg = cfg.algorithm
+    grid = batch.sigmas[:-1]
+    per_sample = min(max(1, int(run.plan.full_steps * alg.timestep_fraction)), grid.numel())
+    n = len(batch.prompts)
+    gens = [torch.Generator().manual_seed(int(s)) for s in rng.integers(0, 2**63 - 1, size=samples)[local]]
+    picks = torch.stack([torch.randperm(grid.numel(), generator=g)[:per_sample] for g in gens])
+    cond = run.conditioning(batch.prompts)
+    micro = cfg.optimizer.micro_batch
+    pairs = n * per_sample
+    params = policy.trainable_parameters()
+    run.optimizer.zero_grad(set_to_none=True)
+    sums = torch.zeros(4, dtype=torch.float64)  # loss, policy, kl, non-finite terms
+    with charged_to("update"):
+        for j in range(per_sample):
+            for start in range(0, n, micro):
+                chunk = slice(start, min(start + micro, n))
+                eps = torch.stack([torch.randn(batch.latents.shape[1:], generator=g) for g in gens[chunk]])
+                sums += _micro_step(run, batch.latents[chunk], grid[picks[chunk, j]], eps, cond[chunk], advantages[chunk],
+                                    (chunk.stop - chunk.start) / pairs)
+        distributed.all_reduce_mean_grads(params)  # every rank now holds the same gradient, so takes the same step
+        clip = cfg.optimizer.grad_clip
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
+        stepped = bool(torch.isfinite(grad_norm)) and any(p.grad is not None for p in params)  # a NaN step would poison the weights
+        if stepped:
+            run.optimizer.step()
+    if run.world_size > 1:
+        sums = distributed.all_reduce(sums) / torch.tensor([run.world_size] * 3 + [1], dtype=torch.float64)
+    return UpdateResult(float(sums[0]), float(sums[1]), float(sums[2]), int(sums[3]), float(grad_norm), stepped)
+
+
+def _micro_step(run: Run, x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tensor, cond: Conditioning, adv: torch.Tensor,
+                weight: float) -> torch.Tensor:
+    """Forward and backward of one micro-batch at one train timestep per sample, its loss weighted by
+    its share of the pairs. Returns (loss, policy, kl) x weight and the non-finite terms."""
+    alg, model, device = run.config.algorithm, run.model, run.device
+    x0, sigma, eps, cond, adv = x0.to(device), sigma.to(device), eps.to(device), cond.to(device), adv.to(device)
+    s = sigma.view(-1, 1, 1, 1)
+    xt = (1 - s) * x0 + s * eps
+    with torch.no_grad():
+        v_old = old_velocity(run, xt, sigma, cond)
+        v_ref = None
+        if alg.kl_beta != 0:  # the reference only enters the loss through kl_beta: no forward for nothing
+            with autocast(run), run.policy.use(None):
+                v_ref = model.velocity(run.policy_forward, xt, sigma, cond).float()
+    with autocast(run):
+        v = model.velocity(run.policy_forward, xt, sigma, cond).float()
+    terms = nft_loss(v, v_old, v_ref, xt, x0, sigma, adv, alg.nft_beta, alg.kl_beta, alg.adv_clip_max)
+    if not torch.isfinite(terms.loss):
+        return torch.tensor([0.0, 0.0, 0.0, x0.shape[0]], dtype=torch.float64)
+    (terms.loss * weight).backward()
+    return torch.tensor([float(terms.loss.detach()) * weight, float(terms.policy) * weight, float(terms.kl) * weight,
+                         terms.nonfinite], dtype=torch.float64)
+
+
+def old_velocity(run: Run, xt: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+    """v_old: on the rollout copy (base + old merged, no adapter overhead; called outside autocast in
+    its own dtype, as its rollouts are, so a compiled copy keeps its graph), else the old adapter."""
+    full = run.rollout_copy
+    if full is not None:
+        return run.model.velocity(full.forward, xt.to(full.dtype), sigma, cond).float()
+    with autocast(run), run.policy.use(OLD):
+        return run.model.velocity(run.policy_forward, xt, sigma, cond).float()
+
+
+def autocast(run: Run) -> contextlib.AbstractContextManager:
+    """bf16 autocast around the policy's forwards when the base is bf16 (the adapters are fp32), on
+    CUDA and on a CPU alike, so the bf16 path runs the same way in the CPU test suite."""
+    if run.dtype == torch.bfloat16:
+        return torch.autocast(run.device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
