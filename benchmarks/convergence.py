@@ -89,14 +89,14 @@ def run_family(family: str, args: argparse.Namespace, root: Path) -> dict:
     bus = ev.EventBus()
     bus.subscribe(collect)
     session = train(cfg, bus, stop=stop)
-    if points[-1]["iteration"] != session.iteration:  # the budget ran out between two evaluations
-        result = evaluate(session, session.eval_prompts, cfg.run.eval_seeds, "ema")
-        point(session.iteration, result.mean, result.extras)
-    plan = session.plan
+    if points[-1]["iteration"] != session.state.iteration:  # the budget ran out between two evaluations
+        result = evaluate(session.run, session.run.eval_prompts, cfg.run.eval_seeds, "ema")
+        point(session.state.iteration, result.mean, result.extras)
+    plan = session.run.plan
     return {"family": family, "plan": started[0].plan, "device": started[0].device, "dtype": started[0].dtype,
             "n": plan.explore_seeds, "k": plan.keep, "explore_steps": plan.explore_steps, "full_steps": plan.full_steps,
             "explore_precision": plan.explore_precision, "prompts_per_iteration": cfg.run.prompts_per_iteration,
-            "eval_prompts": cfg.run.eval_prompts, "eval_samples": len(session.eval_prompts) * cfg.run.eval_seeds,
+            "eval_prompts": cfg.run.eval_prompts, "eval_samples": len(session.run.eval_prompts) * cfg.run.eval_seeds,
             "train_s": clock["train_s"], "iterations": clock["iterations"], "points": points}
 
 

@@ -69,7 +69,7 @@ def run_family(family: str, args: argparse.Namespace, root: Path) -> dict:
     bus = ev.EventBus()  # one bus per run: train() subscribes its JSONL log to the bus it is given
     bus.subscribe(collect)
     session = train(cfg, bus)
-    plan, prompts = session.plan, cfg.run.prompts_per_iteration
+    plan, prompts = session.run.plan, cfg.run.prompts_per_iteration
     return {"family": family, "plan": started[0].plan, "explore_precision": started[0].explore_precision,
             "device": started[0].device, "dtype": started[0].dtype, "explore_steps": plan.explore_steps,
             "full_steps": plan.full_steps, "config_explore_steps": cfg.explore.steps,

@@ -96,8 +96,8 @@ def run_family(model: str, family: str, folder: Path, args: argparse.Namespace, 
     bus.subscribe(lambda e: print(f"  {model} {family} iteration {e.iteration}/{e.iterations}: {e.seconds['total']:.2f} s",
                                   flush=True) if isinstance(e, ev.IterationFinished) else None)
     session = train(cfg, bus, stop=StopFlag())
-    machine = session.machine  # the doctor's estimate is of the preset's real model: only a real size compares
-    estimate = estimate_memory(session.config, machine.explore_precision, session.dtype_name, machine.checkpointing,
+    machine = session.run.machine  # the doctor's estimate is of the preset's real model: only a real size compares
+    estimate = estimate_memory(session.run.config, machine.explore_precision, session.run.dtype_name, machine.checkpointing,
                                machine.rollout_copy).peak if args.size == "real" else None
     its = [e for e in seen if isinstance(e, ev.IterationFinished)][args.warmup:]
     started = next(e for e in seen if isinstance(e, ev.RunStarted))

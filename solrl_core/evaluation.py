@@ -50,12 +50,12 @@ def evaluate(run: Run, prompts: list[str], per_prompt: int, weights: str) -> Eva
     """Score `weights` ("base": adapters off, "ema": the EMA adapter, "trained": the live adapter)."""
     flat = [p for p in prompts for _ in range(per_prompt)]
     return _score(run.model, run.policy, run.rewards, run.config.sampler, run.dtype, prompts, per_prompt,
-                  weights, run.conditioning(flat))[0]
+                  weights=weights, cond=run.conditioning(flat))[0]
 
 
 @torch.no_grad()
 def _score(model: DiffusionModel, policy: Policy, rewards: RewardSet, sampler: SamplerConfig, dtype: torch.dtype,
-           prompts: list[str], per_prompt: int, weights: str, cond: Conditioning) -> tuple[Evaluation, torch.Tensor]:
+           prompts: list[str], per_prompt: int, *, weights: str, cond: Conditioning) -> tuple[Evaluation, torch.Tensor]:
     t0 = time.perf_counter()
     flat = [p for p in prompts for _ in range(per_prompt)]
     seeds = eval_seeds(len(prompts), per_prompt)
@@ -97,7 +97,8 @@ def evaluate_weights(req: EvalRequest, bus: ev.EventBus) -> list[Evaluation]:
     results = []
     with open(req.out_dir / "samples.jsonl", "w", encoding="utf-8") as rows:
         for weights in req.weights:
-            result, images = _score(model, policy, rewards, cfg.sampler, dtype, req.prompts, req.per_prompt, weights, conditioning)
+            result, images = _score(model, policy, rewards, cfg.sampler, dtype, req.prompts, req.per_prompt, weights=weights,
+                                     cond=conditioning)
             results.append(result)
             for i, prompt in enumerate(flat):
                 row = {"weights": weights, "prompt": prompt, "seed": int(result.seeds[i]), "reward": float(result.scores.total[i]),

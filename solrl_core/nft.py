@@ -46,7 +46,7 @@ class LossTerms:
 
 
 def nft_loss(v: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | None, xt: torch.Tensor, x0: torch.Tensor,
-             sigma: torch.Tensor, advantages: torch.Tensor, nft_beta: float, kl_beta: float,
+             sigma: torch.Tensor, advantages: torch.Tensor, *, nft_beta: float, kl_beta: float,
              adv_clip_max: float) -> LossTerms:
     """DiffusionNFT loss for a batch at one timestep per sample (sigma is [B]).
 

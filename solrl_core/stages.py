@@ -175,16 +175,19 @@ def train(run: Run, finals: Scored, rng: np.random.Generator) -> UpdateResult:
     return update(run, batch, adv, rng, usable.rewards.numel(), usable.local)
 
 
-def sync(run: Run, state: LoopState, bus: ev.EventBus, result: UpdateResult, finals: Scored) -> float:
-    """After the step: old <- d*old + (1-d)*new, EMA, rollout copies refreshed. Returns d (NaN when
-    the step was skipped: nothing changed to sync).
+def after_step(run: Run, state: LoopState, bus: ev.EventBus, result: UpdateResult, finals: Scored) -> float:
+    """Count a skipped step toward a stop; sync a taken one. Returns the old-policy decay (NaN when
+    the step was skipped: nothing changed to sync)."""
+    if finals.screen.valid.any():
+        _count_step(run, state, bus, result)
+    return sync(run, state) if result.stepped else math.nan
+
+
+def sync(run: Run, state: LoopState) -> float:
+    """After a step: old <- d*old + (1-d)*new, EMA, rollout copies refreshed. Returns d.
 
     Both schedules count the optimizer step just taken (1 after the first), as the official code's
     `return_decay(global_step)` and `ema.step(params, global_step)` do after its increment."""
-    if finals.screen.valid.any():
-        _count_step(run, state, bus, result)
-    if not result.stepped:
-        return math.nan
     alg = run.config.algorithm
     state.step += 1
     decay = min(alg.old_decay_rate * state.step, alg.old_decay_max)

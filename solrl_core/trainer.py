@@ -84,8 +84,8 @@ from solrl_core.loop_state import LoopState
 from solrl_core.phases import PhaseRecorder
 from solrl_core.rundir import EVENTS_FILE
 from solrl_core.session import Run, Session, open_session
-from solrl_core.stages import (Scored, explore, iteration_prompts, rank_check, rank_check_due, regenerate, score_drafts,
-                               score_finals, select_seeds, sync, train as train_step)
+from solrl_core.stages import (Scored, after_step, explore, iteration_prompts, rank_check, rank_check_due, regenerate, score_drafts,
+                               score_finals, select_seeds, train as train_step)
 from solrl_core.tracking import samples
 from solrl_core.update import UpdateResult
 from solrl_core.warmup import warm_up_compiled
@@ -191,7 +191,7 @@ def run_iteration(run: Run, state: LoopState, bus: ev.EventBus) -> None:
         finals = score_finals(run, state, bus, kept)
         result = train_step(run, finals, rng)
     with phases.phase("sync"):
-        decay = sync(run, state, bus, result, finals)
+        decay = after_step(run, state, bus, result, finals)
     state.iteration += 1
     state.history.append(finals.mean_reward())
     bus.emit(_iteration_finished(run, state, phases, drafts, finals, result, decay))

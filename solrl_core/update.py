@@ -95,7 +95,8 @@ def _micro_step(run: Run, x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tens
                 v_ref = model.velocity(run.policy_forward, xt, sigma, cond).float()
     with autocast(run):
         v = model.velocity(run.policy_forward, xt, sigma, cond).float()
-    terms = nft_loss(v, v_old, v_ref, xt, x0, sigma, adv, alg.nft_beta, alg.kl_beta, alg.adv_clip_max)
+    terms = nft_loss(v, v_old, v_ref, xt, x0, sigma, adv, nft_beta=alg.nft_beta, kl_beta=alg.kl_beta,
+                     adv_clip_max=alg.adv_clip_max)
     if not torch.isfinite(terms.loss):
         return torch.tensor([0.0, 0.0, 0.0, x0.shape[0]], dtype=torch.float64)
     (terms.loss * weight).backward()

@@ -43,7 +43,7 @@ def _worker(rank: int, world: int, port: int, root: Path) -> None:
         train(resolve_config("tiny", "sol_rl", sets=_sets(root, "bad", "run.prompts_per_iteration=3")), ev.EventBus(), stop=StopFlag())
     except SolrlError as exc:
         error = str(exc)
-    report = {"rank": session.rank, "world": session.world_size, "events": len(seen), "error": error}
+    report = {"rank": session.run.rank, "world": session.run.world_size, "events": len(seen), "error": error}
     (root / "results" / f"rank{rank}.json").write_text(json.dumps(report))
 
 

@@ -3,6 +3,7 @@
 Each test checks that the run goes on or stops as documented, and that nothing is lost: where the
 fault did not change the run's inputs, the run equals one the fault never touched."""
 
+import contextlib
 import errno
 import json
 import subprocess
@@ -44,9 +45,9 @@ def _train(sets, resume=False, checkpoint=None, stop_after=None):
 
 
 def _same_run(a, b, atol=0.0):
-    assert a.history == pytest.approx(b.history, abs=atol, rel=0)
+    assert a.state.history == pytest.approx(b.state.history, abs=atol, rel=0)
     for which in ("default", "old", "ema"):
-        x, y = a.policy.state(which), b.policy.state(which)
+        x, y = a.run.policy.state(which), b.run.policy.state(which)
         assert all(torch.allclose(x[k], y[k], rtol=0, atol=atol) for k in x), which
 
 
@@ -71,8 +72,8 @@ def _losses(seen, after=0):
 def test_a_damaged_newest_checkpoint_is_refused_and_an_older_one_resumes(quick):
     sets = quick("run.iterations=3", "run.checkpoint_every=1", "run.keep_checkpoints=3", run_dir="r")
     straight, seen = _train(sets)
-    ckpts = straight.run_dir / "checkpoints"
-    final = {k: v.clone() for k, v in straight.policy.state("default").items()}
+    ckpts = straight.run.run_dir / "checkpoints"
+    final = {k: v.clone() for k, v in straight.run.policy.state("default").items()}
     (ckpts / "iter_000003" / "ema" / LORA).write_bytes((ckpts / "iter_000003" / "ema" / LORA).read_bytes()[:-100])
     refused, _ = _train(sets, resume=True)
     assert isinstance(refused, SolrlError)
@@ -88,8 +89,8 @@ def test_a_damaged_newest_checkpoint_is_refused_and_an_older_one_resumes(quick):
     resumed, again = _train(sets, resume=True, checkpoint="iter_000001")
     assert [e.iteration for e in _of(again, ev.IterationFinished)] == [2, 3]
     assert _losses(again) == pytest.approx(_losses(seen, after=1), abs=1e-6)
-    assert resumed.history == pytest.approx(straight.history, abs=1e-6)
-    now = resumed.policy.state("default")
+    assert resumed.state.history == pytest.approx(straight.state.history, abs=1e-6)
+    now = resumed.run.policy.state("default")
     assert all(torch.allclose(final[k], now[k], rtol=0, atol=1e-6) for k in final)
     names = sorted(p.name for p in ckpts.iterdir())
     assert names[:3] == ["iter_000001", "iter_000002", "iter_000003"] and len(names) == 5
@@ -100,7 +101,7 @@ def test_a_damaged_newest_checkpoint_is_refused_and_an_older_one_resumes(quick):
 def test_a_checkpoint_without_its_manifest_is_torn(quick):
     sets = quick("run.iterations=1")
     session, _ = _train(sets)
-    (session.run_dir / "checkpoints" / "iter_000001" / MANIFEST).unlink()
+    (session.run.run_dir / "checkpoints" / "iter_000001" / MANIFEST).unlink()
     refused, _ = _train(sets, resume=True)
     assert isinstance(refused, SolrlError) and f"{MANIFEST}: missing" in refused.message
     assert "newest intact: none" in refused.message
@@ -139,7 +140,7 @@ _HOLD = ("import sys, time; from solrl_core.faults.lock import RunLock; lock = R
 def test_a_live_writer_blocks_a_second_run_and_a_killed_one_does_not(quick):
     sets = quick("run.iterations=2", run_dir="r")
     first, _ = _train(quick("run.iterations=1", run_dir="r"))
-    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(first.run_dir)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", _HOLD, str(first.run.run_dir)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
         for resume in (True, False):  # --resume, and a fresh train on the same folder
@@ -149,7 +150,7 @@ def test_a_live_writer_blocks_a_second_run_and_a_killed_one_does_not(quick):
     finally:
         holder.kill()  # SIGKILL: no clean-up runs, the lock file stays behind
         holder.wait()
-    assert (first.run_dir / "solrl.lock").exists()
+    assert (first.run.run_dir / "solrl.lock").exists()
     resumed, seen = _train(sets, resume=True)
     assert [e.iteration for e in _of(seen, ev.IterationFinished)] == [2]
 
@@ -159,7 +160,7 @@ def test_two_sessions_in_one_process_cannot_share_a_folder(quick):
     session = open_session(resolve_config("tiny", "sol_rl", sets=sets))
     with pytest.raises(SolrlError, match="being written by another solrl run"):
         open_session(resolve_config("tiny", "sol_rl", sets=sets))
-    session.lock.release()
+    session.run.lock.release()
     with pytest.raises(SolrlError, match="already holds a run"):  # free now, but it is a run: resume it instead
         open_session(resolve_config("tiny", "sol_rl", sets=sets))
 
@@ -176,7 +177,7 @@ def _oom_above(limit, calls):
 
 
 def test_an_oom_in_the_rollout_halves_its_batch_and_equals_a_run_at_that_size(quick, monkeypatch):
-    import solrl_core.rollout as rollout
+    import solrl_core.sampler as rollout
 
     straight, _ = _train(quick("run.iterations=1", "sampler.rollout_batch=8", run_dir="straight"))
     calls, real_sample = [], rollout.sample
@@ -193,23 +194,23 @@ def test_an_oom_in_the_rollout_halves_its_batch_and_equals_a_run_at_that_size(qu
     assert calls[0] == 16 and max(calls[1:]) == 8  # one failure, then every batch fit
     # The same draws at any batch size: equal up to the last bits of a differently batched matmul.
     _same_run(straight, session, atol=1e-6)
-    assert load_run_config(session.run_dir).sampler.rollout_batch == 8  # a resume keeps the smaller size
-    lines = [json.loads(x) for x in (session.run_dir / "events.jsonl").read_text().splitlines()]
+    assert load_run_config(session.run.run_dir).sampler.rollout_batch == 8  # a resume keeps the smaller size
+    lines = [json.loads(x) for x in (session.run.run_dir / "events.jsonl").read_text().splitlines()]
     assert [x["event"] for x in lines].count("oom_backoff") == 1
 
 
 def test_an_oom_in_the_update_halves_the_micro_batch(quick, monkeypatch):
-    import solrl_core.trainer as trainer
+    import solrl_core.update as update
 
     straight, _ = _train(quick("run.iterations=1", "optimizer.micro_batch=4", run_dir="straight"))
-    calls, real_loss = [], trainer.nft_loss
+    calls, real_loss = [], update.nft_loss
     check = _oom_above(4, calls)
 
     def nft_loss(v, *args, **kwargs):
         check(v.shape[0])
         return real_loss(v, *args, **kwargs)
 
-    monkeypatch.setattr(trainer, "nft_loss", nft_loss)
+    monkeypatch.setattr(update, "nft_loss", nft_loss)
     session, seen = _train(quick("run.iterations=1", "optimizer.micro_batch=8", run_dir="r"))
     assert [(b.phase, b.old, b.new) for b in _of(seen, ev.OutOfMemoryBackoff)] == [("update", 8, 4)]
     _same_run(straight, session, atol=1e-6)
@@ -229,11 +230,11 @@ def test_an_oom_in_reward_scoring_halves_the_reward_batch(quick, monkeypatch):
     monkeypatch.setattr(TinyWorldReward, "__call__", call)
     session, seen = _train(quick("run.iterations=1", run_dir="r"))
     assert [(b.phase, b.setting, b.old, b.new) for b in _of(seen, ev.OutOfMemoryBackoff)] == [("reward", "reward.batch_size", 32, 16)]
-    assert session.iteration == 1 and load_run_config(session.run_dir).reward.batch_size == 16
+    assert session.state.iteration == 1 and load_run_config(session.run.run_dir).reward.batch_size == 16
 
 
 def test_an_oom_at_batch_one_stops_with_a_checkpoint_and_says_what_to_change(quick, monkeypatch):
-    import solrl_core.rollout as rollout
+    import solrl_core.sampler as rollout
 
     after_first = {"on": False}
     real_sample = rollout.sample
@@ -275,14 +276,14 @@ def _nan_reward(monkeypatch, spoil):
 
 
 def _update_sizes(monkeypatch):
-    import solrl_core.trainer as trainer
+    import solrl_core.stages as stages
 
-    sizes, real_update = [], trainer.update
+    sizes, real_update = [], stages.update
 
-    def update(session, batch, *args, **kwargs):
+    def update(run, batch, *args, **kwargs):
         sizes.append(len(batch.prompts))
-        return real_update(session, batch, *args, **kwargs)
-    monkeypatch.setattr(trainer, "update", update)
+        return real_update(run, batch, *args, **kwargs)
+    monkeypatch.setattr(stages, "update", update)
     return sizes
 
 
@@ -323,9 +324,9 @@ def test_nan_rewards_drop_their_samples_then_a_group_then_stop_the_run(quick, mo
 
 def _nan_gradient(monkeypatch, bad_iterations):
     """The NFT loss plus a term worth 0 whose gradient is NaN, in the listed iterations."""
-    import solrl_core.trainer as trainer
+    import solrl_core.update as update
 
-    real_loss, state = trainer.nft_loss, {"iteration": 1}
+    real_loss, state = update.nft_loss, {"iteration": 1}
 
     def nft_loss(v, *args, **kwargs):
         terms = real_loss(v, *args, **kwargs)
@@ -333,7 +334,7 @@ def _nan_gradient(monkeypatch, bad_iterations):
             poison = torch.where(torch.tensor(False), torch.sqrt(-(v ** 2).mean() - 1), torch.tensor(0.0))
             terms = type(terms)(terms.loss + poison, terms.policy, terms.kl, terms.nonfinite)
         return terms
-    monkeypatch.setattr(trainer, "nft_loss", nft_loss)
+    monkeypatch.setattr(update, "nft_loss", nft_loss)
     return lambda e: state.update(iteration=e.iteration + 1) if isinstance(e, ev.IterationFinished) else None
 
 
@@ -375,24 +376,48 @@ def test_the_manifest_names_the_first_bad_file(tmp_path):
 
 
 def test_an_oom_is_charged_to_the_innermost_phase_it_passed_through():
-    from solrl_core.faults.oom import phase_of
+    from solrl_core.faults.phase import charged_to, phase_of
 
-    def raised_in(module, *chain):
-        """chain[-1]() calls ... chain[0](), which raises; each frame carries `module` as its module name."""
-        code = f"def {chain[0]}():\n    raise OOM('CUDA out of memory')\n"
-        code += "".join(f"def {outer}():\n    {inner}()\n" for inner, outer in zip(chain, chain[1:]))
-        scope = {"__name__": module, "OOM": torch.cuda.OutOfMemoryError}
-        exec(code, scope)  # noqa: S102 - frames whose globals name a solrl module, as the real ones do
+    def raised_in(*phases):
+        """An out-of-memory error raised inside the nested phases (outermost first)."""
         try:
-            scope[chain[-1]]()
+            with contextlib.ExitStack() as stack:
+                for phase in phases:
+                    stack.enter_context(charged_to(phase))
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory")
         except torch.cuda.OutOfMemoryError as exc:
             return phase_of(exc)
 
-    assert raised_in("solrl_core.rollout", "generate", "rollout") == "rollout"
-    assert raised_in("solrl_core.trainer", "update") == "update"
-    assert raised_in("solrl_core.rewards.clip_rewards", "score") == "reward"
-    assert raised_in("solrl_core.evaluation", "evaluate") == "evaluation"
-    assert raised_in("solrl_core.trainer", "sync") is None  # not a phase with a batch to halve: the error stands
+    assert raised_in("rollout") == "rollout"
+    assert raised_in("evaluation", "rollout", "reward") == "reward"
+    assert raised_in("update") == "update"
+    assert raised_in("evaluation") == "evaluation"
+    assert raised_in() is None  # outside every phase there is no batch to halve: the error stands
+    with pytest.raises(ValueError, match="no out-of-memory phase 'sync'"):
+        raised_in("sync")
+
+
+def test_each_phase_names_itself_where_it_runs(quick, monkeypatch):
+    """The real rollout, reward and update code charge an error raised inside them to their phase."""
+    import solrl_core.sampler as sampler
+    from solrl_core.faults.oom import phase_of
+    from solrl_core.rewards.tinyworld import TinyWorldReward
+
+    def oom(*args, **kwargs):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    for target, name, phase in ((sampler, "sample", "rollout"), (TinyWorldReward, "__call__", "reward")):
+        with monkeypatch.context() as patch:
+            patch.setattr(target, name, oom)
+            session = open_session(resolve_config("tiny", "sol_rl", sets=quick(run_dir=phase)))
+            try:
+                with pytest.raises(torch.cuda.OutOfMemoryError) as info:
+                    from solrl_core.trainer import run_iteration
+
+                    run_iteration(session.run, session.state, ev.EventBus())
+                assert phase_of(info.value) == phase
+            finally:
+                session.run.lock.release()
 
 
 def test_every_view_shows_a_survived_fault_as_a_warning():

@@ -29,17 +29,17 @@ def test_bf16_run_on_a_cpu_keeps_adapters_ema_and_adam_moments_in_fp32(fast_sets
     session = train(cfg, bus, stop=StopFlag())
     (it,) = [e for e in seen if isinstance(e, ev.IterationFinished)]
     assert np.isfinite(it.loss["loss"]) and it.grad_norm > 0
-    policy = session.policy
+    policy = session.run.policy
     base = [p for n, p in policy.transformer.named_parameters() if "lora_" not in n]
     assert {p.dtype for p in base} == {torch.bfloat16}
     lora = {n: p for n, p in policy.transformer.named_parameters() if "lora_" in n}
     assert lora and {p.dtype for p in lora.values()} == {torch.float32}
     assert any(".old." in n for n in lora) and any(".default." in n for n in lora)
     assert {t.dtype for t in policy.ema.values()} == {torch.float32}
-    moments = [s[k] for s in session.optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")]
+    moments = [s[k] for s in session.run.optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")]
     assert moments and {m.dtype for m in moments} == {torch.float32}
     # The explore copy got the merged old adapter in the base dtype.
-    assert next(session.explore_copy.module.parameters()).dtype == torch.bfloat16
+    assert next(session.run.explore_copy.module.parameters()).dtype == torch.bfloat16
 
 
 # --- the official quantized-layer rule ------------------------------------------------------------
@@ -258,4 +258,4 @@ def test_decay_and_ema_use_the_step_count_after_the_increment(fast_sets):
     its = [e for e in seen if isinstance(e, ev.IterationFinished)]
     rate = cfg.algorithm.old_decay_rate
     assert [e.old_decay for e in its] == pytest.approx([rate * 1, rate * 2])
-    assert session.step == 2
+    assert session.state.step == 2

@@ -42,12 +42,12 @@ def test_nft_beta_mixes_old_policy():
     x0 = _t([[2.0, 0.0], [2.0, 0.0]])
     adv = torch.tensor([5.0, 5.0])  # r = 1: only L_pos counts
     sigma = torch.tensor([1.0, 1.0])
-    full = nft_loss(v, zeros, zeros, xt, x0, sigma, adv, 1.0, 0.0, 5.0)
-    half = nft_loss(v, zeros, zeros, xt, x0, sigma, adv, 0.5, 0.0, 5.0)
+    full = nft_loss(v, zeros, zeros, xt, x0, sigma, adv, nft_beta=1.0, kl_beta=0.0, adv_clip_max=5.0)
+    half = nft_loss(v, zeros, zeros, xt, x0, sigma, adv, nft_beta=0.5, kl_beta=0.0, adv_clip_max=5.0)
     # beta=1: err=[-2,0]: 2/1 = 2 -> 5*2 = 10.  beta=.5: v_pos=[1,0], err=[-1,0]: .5/.5 = 1, /beta -> 2 -> 10
     assert torch.isclose(full.policy, torch.tensor(10.0))
     assert torch.isclose(half.policy, torch.tensor(10.0))
-    half_neg = nft_loss(v, zeros, zeros, xt, x0, sigma, -adv, 0.5, 0.0, 5.0)
+    half_neg = nft_loss(v, zeros, zeros, xt, x0, sigma, -adv, nft_beta=0.5, kl_beta=0.0, adv_clip_max=5.0)
     # r = 0: v_neg = 1.5*0 - 0.5*v = [-1,0]: err = [1,0]: .5/.5 = 1, /beta -> 2 -> 5*2 = 10
     assert torch.isclose(half_neg.policy, torch.tensor(10.0))
 
@@ -55,17 +55,18 @@ def test_nft_beta_mixes_old_policy():
 def test_without_a_reference_the_kl_is_not_measured_and_needs_kl_beta_zero():
     v = _t([[1.0, 0.0], [2.0, 0.0]])
     zeros = torch.zeros_like(v)
-    args = (_t([[2.0, 2.0], [1.0, -1.0]]), zeros, torch.tensor([0.5, 1.0]), torch.tensor([5.0, -2.5]), 1.0)
-    skipped = nft_loss(v, zeros, None, *args, 0.0, 5.0)
-    assert torch.isnan(skipped.kl) and torch.equal(skipped.loss, nft_loss(v, zeros, zeros, *args, 0.0, 5.0).loss)
+    args = (_t([[2.0, 2.0], [1.0, -1.0]]), zeros, torch.tensor([0.5, 1.0]), torch.tensor([5.0, -2.5]))
+    skipped = nft_loss(v, zeros, None, *args, nft_beta=1.0, kl_beta=0.0, adv_clip_max=5.0)
+    assert torch.isnan(skipped.kl) and torch.equal(skipped.loss, nft_loss(v, zeros, zeros, *args, nft_beta=1.0, kl_beta=0.0, adv_clip_max=5.0).loss)
     with pytest.raises(ValueError, match="kl_beta"):
-        nft_loss(v, zeros, None, *args, 0.1, 5.0)
+        nft_loss(v, zeros, None, *args, nft_beta=1.0, kl_beta=0.1, adv_clip_max=5.0)
 
 
 def test_nonfinite_losses_are_zeroed_and_counted():
     v = _t([[1.0, 0.0], [float("nan"), 0.0]])
     zeros = torch.zeros_like(v)
-    terms = nft_loss(v, zeros, zeros, zeros + 1, zeros, torch.tensor([0.5, 0.5]), torch.tensor([1.0, 1.0]), 1.0, 0.0, 5.0)
+    terms = nft_loss(v, zeros, zeros, zeros + 1, zeros, torch.tensor([0.5, 0.5]), torch.tensor([1.0, 1.0]),
+                     nft_beta=1.0, kl_beta=0.0, adv_clip_max=5.0)
     assert terms.nonfinite == 1
     assert torch.isfinite(terms.policy)
 

@@ -21,14 +21,31 @@ from solrl_core.errors import SolrlError
 from solrl_core.policy import OLD, TRAINED
 from solrl_core.presets import resolve_config
 from solrl_core.rollout import RECOMPILE_LIMIT
+from solrl_core.loop_state import LoopState
+from solrl_core.rollout import Draws
 from solrl_core.session import open_session
-from solrl_core.trainer import (StopFlag, _rollout, explore, regenerate, select_seeds, sync, train, update,
-                                 warm_up_sizes)
+from solrl_core.stages import explore, regenerate, roll_out, score_drafts, score_finals, select_seeds, sync
+from solrl_core.stages import train as update_on
+from solrl_core.trainer import StopFlag, train
+from solrl_core.warmup import warm_up_sizes
 
 
 def _session(fast_sets, *extra: str, run_dir: str = "run"):
+    """An open run (its fixed part: the loop state is not needed here)."""
     cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("run.eval_prompts=", *extra, run_dir=run_dir))
-    return open_session(cfg)
+    return open_session(cfg).run
+
+
+def _kept(run, prompts):
+    """Stage 2's rollouts of one iteration's kept seeds."""
+    rng = np.random.default_rng(0)
+    drafts = explore(run, prompts, rng)
+    return regenerate(run, drafts.subset(select_seeds(run, score_drafts(run, LoopState(), ev.EventBus(), drafts), rng)))
+
+
+def update(run, batch, rng):
+    """One update on `batch` as the loop makes it (scored, advantages over the batch)."""
+    return update_on(run, score_finals(run, LoopState(), ev.EventBus(), batch), rng)
 
 
 def _perturb(policy, seed: int) -> None:
@@ -42,7 +59,7 @@ def _perturb(policy, seed: int) -> None:
 def _full_latents(session, seeds):
     """Full-precision, full-step latents of `seeds`: the rollout copy if the session has one."""
     n = len(seeds)
-    return _rollout(session, ["a red circle"] * n, torch.zeros(n, dtype=torch.long), torch.tensor(seeds),
+    return roll_out(session, Draws(["a red circle"] * n, torch.zeros(n, dtype=torch.long), torch.tensor(seeds)),
                     session.plan.full_steps, explore=False).latents
 
 
@@ -63,7 +80,7 @@ def test_the_copy_equals_the_adapter_path_and_follows_each_refresh_in_place(fast
     assert [p.data_ptr() for p in module.parameters()] == pointers
     before = _full_latents(with_copy, [5])
     with_copy.policy.update_old(0.0)  # old <- default: the copy must follow at the next sync
-    sync(with_copy)
+    sync(with_copy, LoopState())
     assert not torch.allclose(_full_latents(with_copy, [5]), before, atol=1e-4)
 
 
@@ -89,12 +106,10 @@ def test_the_update_loss_and_gradient_are_unchanged(fast_sets, extra, aot_eager)
     compiled = "optimizer.compile=true" in extra
     assert (other.policy_forward is not other.policy.transformer) == compiled
     assert base.policy_forward is base.policy.transformer
-    rng = np.random.default_rng(0)
-    drafts = explore(base, ["a red circle", "two blue squares"], rng)
-    batch = regenerate(base, drafts.subset(select_seeds(base, drafts, rng)))
+    batch = _kept(base, ["a red circle", "two blue squares"])
     results = [update(s, batch, np.random.default_rng(7)) for s in (base, other)]
     for key in ("loss", "policy", "kl"):
-        assert results[0][key] == pytest.approx(results[1][key], rel=1e-5, abs=1e-9), key
+        assert getattr(results[0], key) == pytest.approx(getattr(results[1], key), rel=1e-5, abs=1e-9), key
     grads = [torch.cat([p.grad.flatten() for p in s.policy.trainable_parameters()]) for s in (base, other)]
     assert grads[0].abs().max() > 0
     assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7), (grads[0] - grads[1]).abs().max()
@@ -137,13 +152,13 @@ def test_the_compiled_update_is_compiled_before_iteration_1_and_never_again(fast
     compiles = [(e.kind, e.target) for e in seen if isinstance(e, (ev.CompileStarted, ev.CompileFinished))]
     assert compiles == [(kind, target) for target in ("explore copy", "rollout copy", "update")
                         for kind in ("compile_started", "compile")]  # each said before the wait, timed after
-    assert warm_up_sizes(session) == {"explore copy": [16], "rollout copy": [16, 8, 3, 2], "update": [3, 2]}
+    assert warm_up_sizes(session.run) == {"explore copy": [16], "rollout copy": [16, 8, 3, 2], "update": [3, 2]}
     assert len([e for e in seen if isinstance(e, ev.RankCheckResult)]) == 2
     graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
     assert 3 <= graphs <= limit == RECOMPILE_LIMIT  # at least one graph per compiled module
     its = [e for e in seen if isinstance(e, ev.IterationFinished)]
     assert len(its) == 2 and its[1].loss["kl"] > 0  # the reference ran (at iteration 1 the LoRA B is still 0: KL 0)
-    assert "update compiled" in session.machine.describe()
+    assert "update compiled" in session.run.machine.describe()
 
 
 def test_kl_beta_zero_runs_no_reference_forward(fast_sets, monkeypatch):
@@ -156,9 +171,7 @@ def test_kl_beta_zero_runs_no_reference_forward(fast_sets, monkeypatch):
         sessions[1].policy.load_state(name, sessions[0].policy.state(name))
     for s in sessions:
         s.refresh_copies()
-    rng = np.random.default_rng(0)
-    drafts = explore(sessions[0], ["a red circle"], rng)
-    batch = regenerate(sessions[0], drafts.subset(select_seeds(sessions[0], drafts, rng)))
+    batch = _kept(sessions[0], ["a red circle"])
     results = []
     for s in sessions:
         states: list[object] = []
@@ -167,8 +180,8 @@ def test_kl_beta_zero_runs_no_reference_forward(fast_sets, monkeypatch):
         results.append((update(s, batch, np.random.default_rng(7)), states))
     (skipped, skipped_states), (with_ref, ref_states) = results
     assert None not in skipped_states and None in ref_states  # None: the reference (adapters disabled)
-    assert np.isnan(skipped["kl"]) and np.isfinite(with_ref["kl"]) and with_ref["kl"] > 0
-    assert skipped["loss"] == pytest.approx(with_ref["loss"], rel=1e-6)
+    assert np.isnan(skipped.kl) and np.isfinite(with_ref.kl) and with_ref.kl > 0
+    assert skipped.loss == pytest.approx(with_ref.loss, rel=1e-6)
     grads = [torch.cat([p.grad.flatten() for p in s.policy.trainable_parameters()]) for s in sessions]
     assert grads[0].abs().max() > 0 and torch.allclose(grads[0], grads[1], rtol=1e-5, atol=1e-8)
 

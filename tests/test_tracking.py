@@ -33,9 +33,9 @@ def _scalars(run_dir):
 def test_tensorboard_holds_both_iterations_and_a_resume_continues_them(fast_sets):
     sets = fast_sets("run.iterations=2", "run.log=tensorboard", "run.image_every=2", "run.checkpoint_every=1", "run.eval_prompts=")
     session, seen = _train(sets, stop_after=1)  # stopped after iteration 1, checkpoint saved
-    assert session.iteration == 1
+    assert session.state.iteration == 1
     session, seen2 = _train([*sets], resume=True)
-    acc = _scalars(session.run_dir)
+    acc = _scalars(session.run.run_dir)
     tags = acc.Tags()["scalars"]
     for tag in ("reward/final/mean", "reward/draft/mean", "reward/final/component/tinyworld_geneval", "time/explore",
                 "time/total", "loss/loss", "train/grad_norm"):
@@ -106,7 +106,7 @@ def test_wandb_offline_summary_and_resume_keep_one_run(fast_sets, monkeypatch):
     monkeypatch.delenv("WANDB_DIR", raising=False)
     sets = fast_sets("run.iterations=2", "run.log=wandb", "run.image_every=0", "run.checkpoint_every=1", "run.eval_prompts=")
     session, seen = _train(sets, stop_after=1)
-    run_dir = session.run_dir
+    run_dir = session.run.run_dir
     stored = json.loads((run_dir / "wandb_run.json").read_text())
     assert stored["project"] == "solrl-test"
     session, seen2 = _train(sets, resume=True)

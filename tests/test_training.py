@@ -9,7 +9,8 @@ import torch
 from solrl_core import events as ev
 from solrl_core.presets import resolve_config
 from solrl_core.session import open_session
-from solrl_core.trainer import StopFlag, explore, regenerate, select_seeds, train
+from solrl_core.stages import explore, regenerate, score_drafts, select_seeds
+from solrl_core.trainer import StopFlag, train
 
 
 def _run(sets, family="sol_rl", resume=False, stop_after=None):
@@ -33,14 +34,14 @@ def test_each_family_completes_two_iterations(family, fast_sets):
     assert [e.iteration for e in its] == [1, 2]
     assert set(its[0].seconds) == set(ev.PHASES)
     assert all(np.isfinite(e.loss["loss"]) for e in its)
-    assert (session.run_dir / "checkpoints" / "iter_000002" / "pytorch_lora_weights.safetensors").is_file()
-    kinds = [json.loads(line)["event"] for line in (session.run_dir / "events.jsonl").read_text().splitlines()]
+    assert (session.run.run_dir / "checkpoints" / "iter_000002" / "pytorch_lora_weights.safetensors").is_file()
+    kinds = [json.loads(line)["event"] for line in (session.run.run_dir / "events.jsonl").read_text().splitlines()]
     assert kinds[0] == "run_started" and kinds[-1] == "run_finished" and kinds.count("iteration") == 2
     regenerates = its[0].seconds["regenerate"] > 0
     assert regenerates == (family == "sol_rl")
     compiled = [e.target for e in seen if isinstance(e, ev.CompileFinished)]
     assert compiled == (["rollout copy"] if family == "compile" else [])  # compiled once, before iteration 1
-    assert session.rollout_copy is not None  # auto on a CPU: v_old (and full-precision rollouts) on the merged copy
+    assert session.run.rollout_copy is not None  # auto on a CPU: v_old (and full-precision rollouts) on the merged copy
     assert (its[0].draft is not None) == (family != "diffusionnft")
 
 
@@ -50,9 +51,9 @@ def test_stage2_regenerates_exactly_the_stage1_noise(fast_sets):
     cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("explore.precision=fp32", "explore.steps=4"))
     session = open_session(cfg)
     rng = np.random.default_rng(0)
-    drafts = explore(session, ["a red circle", "two blue squares"], rng)
-    kept = drafts.subset(select_seeds(session, drafts, rng))
-    finals = regenerate(session, kept)
+    drafts = explore(session.run, ["a red circle", "two blue squares"], rng)
+    kept = drafts.subset(select_seeds(session.run, score_drafts(session.run, session.state, ev.EventBus(), drafts), rng))
+    finals = regenerate(session.run, kept)
     assert torch.equal(finals.seeds, kept.seeds)
     assert torch.allclose(finals.latents, kept.latents, atol=1e-5)
     assert torch.allclose(finals.rewards, kept.rewards)
@@ -61,21 +62,21 @@ def test_stage2_regenerates_exactly_the_stage1_noise(fast_sets):
 def test_explore_runs_on_the_quantized_copy(fast_sets):
     cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("explore.steps=4"))
     session = open_session(cfg)
-    assert session.explore_copy is not None and session.explore_copy.report.quantized
+    assert session.run.explore_copy is not None and session.run.explore_copy.report.quantized
     rng = np.random.default_rng(0)
-    drafts = explore(session, ["a red circle"], rng)
-    kept = drafts.subset(select_seeds(session, drafts, rng))
-    finals = regenerate(session, kept)
+    drafts = explore(session.run, ["a red circle"], rng)
+    kept = drafts.subset(select_seeds(session.run, score_drafts(session.run, session.state, ev.EventBus(), drafts), rng))
+    finals = regenerate(session.run, kept)
     diff = (finals.latents - kept.latents).abs().mean()
     assert 0 < diff < 0.15 * finals.latents.abs().mean()  # NVFP4 changes the images, a little
-    report = json.loads((session.run_dir / "quantization_report.json").read_text())
+    report = json.loads((session.run.run_dir / "quantization_report.json").read_text())
     names = {e["name"] for e in report["entries"] if e["quantized"]}
     assert any(n.endswith("attn1.to_q") for n in names) and any(n.endswith("ff.conv_inverted") for n in names)
     assert not any("proj_out" in n or "patch_embed" in n for n in names)
 
 
 def _adapter(session, which):
-    return session.policy.state(which)
+    return session.run.policy.state(which)
 
 
 def test_resume_after_interrupt_equals_uninterrupted(fast_sets):
@@ -83,10 +84,10 @@ def test_resume_after_interrupt_equals_uninterrupted(fast_sets):
     stopped, seen = _run(fast_sets("run.iterations=4", run_dir="b"), stop_after=2)
     finished = [e for e in seen if isinstance(e, ev.RunFinished)][0]
     assert finished.reason == "interrupted" and finished.iteration == 2
-    assert (stopped.run_dir / "checkpoints" / "iter_000002").is_dir()
+    assert (stopped.run.run_dir / "checkpoints" / "iter_000002").is_dir()
     resumed, seen = _run(fast_sets("run.iterations=4", run_dir="b"), resume=True)
     assert [e.iteration for e in seen if isinstance(e, ev.IterationFinished)] == [3, 4]
-    assert resumed.history == pytest.approx(straight.history, abs=1e-7)
+    assert resumed.state.history == pytest.approx(straight.state.history, abs=1e-7)
     for which in ("default", "old", "ema"):
         a, b = _adapter(straight, which), _adapter(resumed, which)
         assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a), which
@@ -98,17 +99,17 @@ def test_saved_lora_loads_in_plain_diffusers(fast_sets):
     from solrl_core.models import load_model
 
     session, _ = _run(fast_sets("run.iterations=1"))
-    ckpt = session.run_dir / "checkpoints" / "iter_000001"
-    fresh = load_model(session.config.model, torch.device("cpu"), torch.float32)
+    ckpt = session.run.run_dir / "checkpoints" / "iter_000001"
+    fresh = load_model(session.run.config.model, torch.device("cpu"), torch.float32)
     pipe = SanaPipeline(tokenizer=None, text_encoder=None, vae=None, transformer=fresh.transformer, scheduler=None)
     pipe.load_lora_weights(str(ckpt))
-    cond = session.conditioning(["a red circle", "a blue square"])
-    x, s = torch.randn(2, *session.model.latent_shape), torch.tensor([0.8, 0.3])
+    cond = session.run.conditioning(["a red circle", "a blue square"])
+    x, s = torch.randn(2, *session.run.model.latent_shape), torch.tensor([0.8, 0.3])
     with torch.no_grad():
-        tuned = session.model.velocity(session.policy.transformer, x, s, cond)
+        tuned = session.run.model.velocity(session.run.policy.transformer, x, s, cond)
         reloaded = fresh.velocity(pipe.transformer, x, s, cond)
-        with session.policy.use(None) as base:
-            untuned = session.model.velocity(base, x, s, cond)
+        with session.run.policy.use(None) as base:
+            untuned = session.run.model.velocity(base, x, s, cond)
     assert torch.allclose(tuned, reloaded, atol=1e-5)
     assert not torch.allclose(tuned, untuned, atol=1e-5)  # the LoRA did change the model
 
@@ -119,14 +120,14 @@ def test_random_tiny_model_raises_the_jpeg_reward(fast_sets):
     cfg = resolve_config("tiny_random", "sol_rl", sets=fast_sets("run.iterations=12", "explore.group_size=16",
                                                                   "selection.group_size=8", "run.prompts_per_iteration=4"))
     session = train(cfg, bus, stop=StopFlag())
-    assert np.mean(session.history[-3:]) > session.history[0]
+    assert np.mean(session.state.history[-3:]) > session.state.history[0]
 
 
 def test_crash_reports_failed_and_leaves_the_last_checkpoint_whole(fast_sets, monkeypatch):
-    import solrl_core.trainer as trainer
+    import solrl_core.stages as stages
 
     calls = {"n": 0}
-    real_update = trainer.update
+    real_update = stages.update
 
     def failing_update(*args, **kwargs):
         calls["n"] += 1
@@ -134,7 +135,7 @@ def test_crash_reports_failed_and_leaves_the_last_checkpoint_whole(fast_sets, mo
             raise RuntimeError("simulated crash")
         return real_update(*args, **kwargs)
 
-    monkeypatch.setattr(trainer, "update", failing_update)
+    monkeypatch.setattr(stages, "update", failing_update)
     seen = []
     bus = ev.EventBus()
     bus.subscribe(seen.append)
@@ -190,12 +191,12 @@ def test_evaluation_runs_on_base_then_ema_weights_and_restores_the_live_adapter(
     assert [(e.weights, e.iteration) for e in evals] == [("base", 0), ("ema", 1), ("ema", 2)]
     assert evals[0].samples == 64 and 0.0 <= evals[0].mean <= 1.0
     assert "tinyworld_geneval.strict_accuracy" in evals[0].extras
-    live = session.policy.state("default")
-    with session.policy.weights("ema"):
+    live = session.run.policy.state("default")
+    with session.run.policy.weights("ema"):
         pass
-    after = session.policy.state("default")
+    after = session.run.policy.state("default")
     assert all(torch.equal(live[k], after[k]) for k in live)
-    assert not all(torch.equal(live[k], session.policy.state("ema")[k]) for k in live)
+    assert not all(torch.equal(live[k], session.run.policy.state("ema")[k]) for k in live)
 
 
 def test_prompts_outside_the_rewards_grammar_are_refused_before_anything_is_written(tmp_path):

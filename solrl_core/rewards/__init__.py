@@ -13,19 +13,14 @@ Heavy backends are imported only when built, so `import solrl_core` stays light.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
 import torch
 
 from solrl_core.errors import SolrlError, close_matches
 from solrl_core.faults.phase import charged_to
-
-
-class Reward(Protocol):
-    name: str
-
-    def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor: ...
+from solrl_core.rewards.base import Reward, RewardContext
 
 
 class RewardSection(Protocol):
@@ -34,16 +29,6 @@ class RewardSection(Protocol):
     weights: dict[str, float]
     paths: dict[str, str]
     batch_size: int
-
-
-@dataclass(frozen=True)
-class RewardContext:
-    """What a reward needs to load: where to run and where its weights are."""
-
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    dtype: torch.dtype = torch.float32
-    path: str = ""  # a local folder or file from reward.paths; '' = the hub id (or the HF cache offline)
-    batch_size: int = 32  # images per forward pass of a model reward
 
 
 @dataclass(frozen=True)

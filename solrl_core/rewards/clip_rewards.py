@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from transformers import CLIPModel, CLIPProcessor
 
 from solrl_core.errors import SolrlError
-from solrl_core.rewards import RewardContext
+from solrl_core.rewards.base import RewardContext
 from solrl_core.rewards.preprocess import resize_crop_normalize, score_in_batches
 from solrl_core.rewards.weights import local_fix, local_folder
 

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from solrl_core.errors import SolrlError
-from solrl_core.rewards import RewardContext
+from solrl_core.rewards.base import RewardContext
 from solrl_core.rewards.preprocess import resize_crop_normalize, score_in_batches
 from solrl_core.rewards.weights import hub_file, local_fix, local_folder
 
