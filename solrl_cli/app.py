@@ -83,7 +83,7 @@ def train(
             bus = events.EventBus()
             bus.subscribe(TerminalDisplay(console))
             session = run_training(cfg, bus, resume=bool(resume), checkpoint=checkpoint)
-        if session.iteration < session.config.run.iterations:
+        if session.state.iteration < session.run.config.run.iterations:
             raise typer.Exit(130)  # stopped by a signal: saved, but not finished
 
 
