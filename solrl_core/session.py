@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -77,6 +77,8 @@ class Run:
     rewards: RewardSet
     prompts: list[str]
     eval_prompts: list[str]  # empty: no evaluation during training
+    sampler: Sampler  # built from config.sampler
+    conditioning: TextCache  # the prompts' text conditioning, encoded once each
     explore_copy: RolloutCopy | None = None  # None: Stage 1 runs at full precision
     rollout_copy: RolloutCopy | None = None  # None: full-precision rollouts and v_old on the policy's old adapter
     # The update's policy forwards (trained, reference, old without a rollout copy) call this: the
@@ -86,8 +88,6 @@ class Run:
     rank: int = 0  # this process among world_size (torchrun); it owns prompt groups rank*P/W .. (rank+1)*P/W - 1
     world_size: int = 1
     lock: RunLock | None = None  # rank 0's hold on run_dir; released when train() returns
-    sampler: Sampler = field(default_factory=Sampler)
-    conditioning: TextCache | None = None
 
     @property
     def compiled_update(self) -> bool:
@@ -157,10 +157,11 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     cfg = replace(cfg, run=replace(cfg.run, run_dir=str(run_dir)))
     if rank == 0:
         lock = _write_run_dir(run_dir, lock, cfg, explore_copy)
-    run = Run(cfg, run_dir, device, dtype_name, dtype, plan, machine, model, policy, optimizer, rewards, prompts,
-              eval_prompts, explore_copy=explore_copy, rollout_copy=rollout_copy,
-              policy_forward=compile_module(policy.transformer, cfg.run.compile_mode) if machine.update_compile else policy.transformer,
-              rank=rank, world_size=world, lock=lock, sampler=Sampler.of(cfg.sampler), conditioning=TextCache(model))
+    forward = compile_module(policy.transformer, cfg.run.compile_mode) if machine.update_compile else policy.transformer
+    run = Run(config=cfg, run_dir=run_dir, device=device, dtype_name=dtype_name, dtype=dtype, plan=plan, machine=machine,
+              model=model, policy=policy, optimizer=optimizer, rewards=rewards, prompts=prompts, eval_prompts=eval_prompts,
+              sampler=Sampler.of(cfg.sampler), conditioning=TextCache(model), explore_copy=explore_copy,
+              rollout_copy=rollout_copy, policy_forward=forward, rank=rank, world_size=world, lock=lock)
     run.refresh_copies()
     distributed.barrier()  # the run directory exists before any rank goes on
     return Session(run, state)
