@@ -53,7 +53,8 @@ def main(argv: list[str] | None = None) -> None:
     keep = min(cfg.selection.group_size, args.seeds)
     loaded = load_tuned(cfg, None, explore=True, numerics_only=args.numerics_only)
     rewards = RewardSet.from_config(cfg.reward, loaded.device)
-    result = check(loaded, rewards, prompts, args.seeds, args.seed_base, args.preview_steps, args.full_steps, args.hit_k, keep,
+    result = check(loaded, rewards, prompts, args.seeds, seed_base=args.seed_base, preview_steps=args.preview_steps,
+                   full_steps=args.full_steps, hit_k=args.hit_k, keep=keep,
                    progress=lambda arm, s: print(f"  {arm}: {len(prompts) * args.seeds} rollouts scored in {s:.2f} s", flush=True))
     ks, ref = args.hit_k, result.arms[-1]
 

@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from solrl_cli.common import output_folder
 from solrl_cli.errors import user_errors
 
 
@@ -21,11 +22,10 @@ def compare(
     from rich.table import Table
 
     from solrl_core.tracking.compare import figure, load_run, table
-    from solrl_cli.app import _output_folder
 
     with user_errors():
         records = [load_run(run) for run in runs]
-        out_dir = _output_folder(out, None, "compare")
+        out_dir = output_folder(out, None, "compare")
         out_dir.mkdir(parents=True, exist_ok=True)
         header, rows = table(records)
         view = Table(title="runs compared (seconds as each run measured them, on its device)")

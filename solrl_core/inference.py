@@ -33,6 +33,7 @@ class Loaded:
     dtype_name: str
     dtype: torch.dtype
     explore_copy: RolloutCopy | None = None  # base + old adapter at the explore precision, when asked for
+    checkpoint: Path | None = None  # the checkpoint its adapters came from (None: untrained)
 
 
 def load_tuned(cfg: Config, checkpoint: Path | None, explore: bool = False, numerics_only: bool = False) -> Loaded:
@@ -64,7 +65,7 @@ def load_tuned(cfg: Config, checkpoint: Path | None, explore: bool = False, nume
         load_adapters(checkpoint, policy)
     if explore_copy is not None:
         explore_copy.refresh(policy.merged_weights(OLD))
-    return Loaded(cfg, model, policy, device, dtype_name, dtype, explore_copy)
+    return Loaded(cfg, model, policy, device, dtype_name, dtype, explore_copy, checkpoint)
 
 
 def encode_each(model: DiffusionModel, prompts: list[str], per_prompt: int, chunk: int = 64) -> Conditioning:
@@ -182,3 +183,30 @@ def export_merged(loaded: Loaded, weights: str, out_dir: Path) -> Path:
     target = out_dir / "transformer"
     fresh.to(torch.float32 if loaded.dtype == torch.float32 else loaded.dtype).save_pretrained(str(target))
     return target
+
+
+@dataclass(frozen=True)
+class Exported:
+    what: str  # "LoRA" or "merged transformer"
+    path: Path
+    how: str  # how plain diffusers loads it
+
+
+def export_weights(cfg: Config, checkpoint: Path, weights: str, out_dir: Path, merge: bool) -> Exported:
+    """A checkpoint's `weights` (ema or trained) written to the empty folder `out_dir`: the LoRA file
+    in diffusers' format, or with `merge` the whole transformer with the LoRA merged in."""
+    import shutil
+
+    from solrl_core.errors import SolrlError
+    from solrl_core.policy import LORA_FILE
+
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise SolrlError(f"{out_dir} exists and is not empty", "choose a new --out folder")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if merge:
+        path = export_merged(load_tuned(cfg, checkpoint), weights, out_dir)
+        cls = json.loads((path / "config.json").read_text())["_class_name"]
+        return Exported("merged transformer", path, f"diffusers' {cls}.from_pretrained('{path}')")
+    source = checkpoint / LORA_FILE if weights == "trained" else checkpoint / "ema" / LORA_FILE
+    shutil.copy2(source, out_dir / LORA_FILE)
+    return Exported("LoRA", out_dir / LORA_FILE, f"pipe.load_lora_weights('{out_dir}')")

@@ -128,8 +128,15 @@ def resolve_config(
     config = from_dict({"preset": name, "model": {"name": model}}, config)
     if config_file:
         config = from_dict(load_config_file(config_file), config, source=str(config_file))
+    return apply_overrides(config, sets, flags)
+
+
+def apply_overrides(config: Config, sets: Iterable[str] = (), flags: dict[str, dict[str, Any]] | None = None) -> Config:
+    """`--set section.key=value` assignments, then explicit flags (None values left out), over
+    `config`; validated. Every command applies its overrides through this."""
     for assignment in sets:
         config = set_value(config, assignment)
-    if flags:
+    flags = {k: {n: v for n, v in vals.items() if v is not None} for k, vals in (flags or {}).items()}
+    if any(flags.values()):
         config = from_dict({k: v for k, v in flags.items() if v}, config, source="command-line flags")
     return config.validate()

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -160,7 +161,7 @@ def repeat_conditioning(cond: Conditioning, per: int) -> Conditioning:
     return cond[torch.arange(cond.embeds.shape[0]).repeat_interleave(per)]
 
 
-def check(loaded: Loaded, rewards: RewardSet, prompts: list[str], per_prompt: int, seed_base: int, preview_steps: int,
+def check(loaded: Loaded, rewards: RewardSet, prompts: list[str], per_prompt: int, *, seed_base: int, preview_steps: int,
           full_steps: int, hit_k: list[int], keep: int, progress: Callable[[str, float], None] | None = None) -> RankCheck:
     """The four arms on `loaded` (its explore copy and its policy's old adapter), seeds
     seed_base + i*S ... for prompt i, scored with `rewards`."""
@@ -187,3 +188,68 @@ def check(loaded: Loaded, rewards: RewardSet, prompts: list[str], per_prompt: in
             Arm(f"{full}@{full_steps}", lambda: loaded.policy.use(OLD), loaded.dtype, full_steps)]
     return run_arms(arms, images, lambda x: rewards(x, flat).total, prompts, seeds.view(len(prompts), per_prompt),
                     hit_k, keep, progress)
+
+
+def check_to_folder(loaded: Loaded, rewards: RewardSet, prompts: list[str], out_dir: Path, *, per_prompt: int, seed_base: int,
+                    hit_k: list[int], keep: int, progress: Callable[[str, float], None] | None = None) -> RankCheck:
+    """`check` at the config's preview and full step counts, written to `out_dir`: rank_check.json
+    (the result, with the device, model, checkpoint and rewards it ran with) and rank_check.png."""
+    import json
+
+    from solrl_core.rundir import write_atomic
+
+    cfg = loaded.config
+    result = check(loaded, rewards, prompts, per_prompt, seed_base=seed_base, preview_steps=cfg.explore.steps,
+                   full_steps=cfg.sampler.steps, hit_k=hit_k, keep=keep, progress=progress)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    meta = {"device": str(loaded.device), "model": loaded.model.description,
+            "checkpoint": str(loaded.checkpoint) if loaded.checkpoint else None, "rewards": cfg.reward.weights}
+    write_atomic(out_dir / "rank_check.json", json.dumps({"meta": meta, **result.to_dict()}, indent=2))
+    rank_check_figure(result, out_dir / "rank_check.png",
+                      f"{loaded.model.description} | {len(prompts)} prompts x {per_prompt} seeds | {loaded.device}")
+    return result
+
+
+def rank_check_figure(result: RankCheck, path: Path, title: str) -> Path:
+    """Left: each arm's reward against the reference's, per (prompt, seed). Right: top-K and
+    bottom-K hit rate against K, averaged over prompts, for every K from 1 to S/2."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    reference = result.arms[-1]
+    ref = result.rewards[reference]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.8))
+    for arm in result.arms[:-1]:
+        left.scatter(result.rewards[arm].ravel(), ref.ravel(), s=8, alpha=0.5, label=arm)
+    lo, hi = float(min(ref.min(), *(result.rewards[a].min() for a in result.arms))), float(max(ref.max(), *(result.rewards[a].max() for a in result.arms)))
+    left.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8)
+    left.set_xlabel("draft reward (arm)")
+    left.set_ylabel(f"reference reward ({reference})")
+    left.legend(fontsize=8)
+    seeds = ref.shape[1]
+    ks = np.arange(1, seeds // 2 + 1)
+    for arm in result.arms[:-1]:
+        draft = result.rewards[arm]
+        top, bottom = [], []
+        for k in ks:
+            t = b = 0.0
+            for i in range(ref.shape[0]):
+                d, f = ranked(draft[i]), ranked(ref[i])
+                t += len(set(d[:k]) & set(f[:k])) / k
+                b += len(set(d[-k:]) & set(f[-k:])) / k
+            top.append(t / ref.shape[0])
+            bottom.append(b / ref.shape[0])
+        line = right.plot(ks, top, label=f"{arm} top-K")[0]
+        right.plot(ks, bottom, linestyle="--", color=line.get_color(), label=f"{arm} bottom-K")
+    right.plot(ks, ks / seeds, color="grey", linewidth=0.8, label="chance (K/S)")
+    right.set_xlabel("K")
+    right.set_ylabel("hit rate vs reference")
+    right.set_ylim(0, 1.02)
+    right.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -4,8 +4,10 @@ iteration does (same selection function, same stable tie order)."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -54,3 +56,28 @@ def explore_only(loaded: Loaded, rewards: RewardSet, prompts: list[str], n: int,
     return ExploreResult(prompts, seeds.view(len(prompts), n), total,
                          {k: v.view(len(prompts), n) for k, v in scores.components.items()}, ranks, selected,
                          images.view(len(prompts), n, *images.shape[1:]), time.perf_counter() - t0, copy_.precision, steps)
+
+
+def explore_to_folder(loaded: Loaded, rewards: RewardSet, prompts: list[str], seed_base: int, out_dir: Path) -> ExploreResult:
+    """`explore_only` with the config's N, K, selection mode and preview steps, written to `out_dir`:
+    seeds.jsonl (every seed of every prompt: reward, each component, rank, selected) and grid.png
+    (each prompt's K/2 best and K/2 worst images)."""
+    from solrl_core.inference import make_grid
+
+    cfg = loaded.config
+    n, k = cfg.explore.group_size, cfg.selection.group_size
+    result = explore_only(loaded, rewards, prompts, n, k, cfg.selection.mode, seed_base, cfg.explore.steps)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with open(out_dir / "seeds.jsonl", "w", encoding="utf-8") as fh:
+        for i, text in enumerate(prompts):
+            chosen = set(result.selected[i].tolist())
+            for j in range(n):
+                fh.write(json.dumps({"prompt": text, "seed": int(result.seeds[i, j]), "reward": float(result.rewards[i, j]),
+                                     **{f"reward.{c}": float(v[i, j]) for c, v in result.components.items()},
+                                     "rank": int(result.ranks[i, j]), "selected": j in chosen}) + "\n")
+    half = k // 2
+    order = torch.argsort(result.rewards, dim=1, descending=True, stable=True)
+    columns = {f"best {r + 1}": result.images[range(len(prompts)), order[:, r]] for r in range(half)}
+    columns.update({f"worst {half - r}": result.images[range(len(prompts)), order[:, n - half + r]] for r in range(half)})
+    make_grid(columns).save(out_dir / "grid.png")
+    return result

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from solrl_cli.doctor_cmd import doctor
 from solrl_core import doctor as doc
+from solrl_core.footprint import estimate_memory, model_size
 from solrl_core.precision import hardware
 from solrl_core.precision.hardware import GpuInfo
 from solrl_core.presets import resolve_config
@@ -203,12 +204,12 @@ def test_unused_explore_precision_does_not_block_other_families():
 
 def test_memory_estimate_orders_and_limits():
     flux = resolve_config("flux1", "sol_rl")
-    emulated, real = doc.estimate_memory(flux, "nvfp4-emulated"), doc.estimate_memory(flux, "nvfp4")
+    emulated, real = estimate_memory(flux, "nvfp4-emulated"), estimate_memory(flux, "nvfp4")
     assert emulated.explore_copy == pytest.approx(4 * real.explore_copy)  # two bf16 copies vs half a bf16 copy
-    assert doc.estimate_memory(resolve_config("flux1", "naive_scaling"), "bf16").explore_copy == 0
-    with_copy = doc.estimate_memory(resolve_config("flux1", "compile"), "bf16", rollout_copy=True)
+    assert estimate_memory(resolve_config("flux1", "naive_scaling"), "bf16").explore_copy == 0
+    with_copy = estimate_memory(resolve_config("flux1", "compile"), "bf16", rollout_copy=True)
     assert with_copy.rollout_copy == pytest.approx(real.policy) and with_copy.peak > real.peak - real.explore_copy
-    no_ckpt = doc.estimate_memory(flux, "nvfp4", checkpointing=False)
+    no_ckpt = estimate_memory(flux, "nvfp4", checkpointing=False)
     assert no_ckpt.activations > 5 * real.activations
     assert doc._memory(flux, GpuInfo(0, "small", (9, 0), 24.0), "nvfp4").status == "fail"
     sana = doc._memory(resolve_config("sana", "sol_rl"), H100, "auto")
@@ -241,7 +242,7 @@ def test_new_model_presets_have_their_own_footprint_and_a_20b_model_names_what_f
     from solrl_core.footprint import MODEL_SIZES
 
     names = ("sd35_medium", "qwen_image", "zimage", "flux2_klein")
-    labels = {name: doc.model_size(resolve_config(name, "sol_rl")).label for name in names}
+    labels = {name: model_size(resolve_config(name, "sol_rl")).label for name in names}
     assert len(set(labels.values())) == 4 and MODEL_SIZES["sana"].label not in labels.values()
     assert "SD3.5-Medium" in labels["sd35_medium"] and "Qwen-Image 20B" in labels["qwen_image"]
     # Qwen-Image's 20B transformer with an emulated-NVFP4 copy cannot fit on an 80 GB H100; the check

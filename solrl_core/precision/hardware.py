@@ -1,7 +1,7 @@
 """Facts about this machine: its GPUs, the low precisions each can run, and Transformer Engine.
 
 Everything heavy (torch, Transformer Engine) is imported inside the functions, so importing this
-module costs nothing and works on any machine. Used by `solrl doctor` (solrl_core/doctor.py).
+module costs nothing and works on any machine. Used by `solrl doctor` (solrl_core/doctor/).
 
 Precisions, as the explore (Stage-1) copy would use them:
 - ``nvfp4``: real NVFP4 GEMMs through Transformer Engine. Needs compute capability >= 10.0

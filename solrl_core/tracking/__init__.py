@@ -14,7 +14,6 @@ from typing import Any, Callable
 
 from solrl_core import events as ev
 from solrl_core.errors import SolrlError
-from solrl_core.tracking import metrics
 
 # tracker -> the module whose presence says it can run (one capability check each)
 REQUIRES = {"tensorboard": "tensorboard", "wandb": "wandb"}
@@ -33,27 +32,6 @@ def require(names: tuple[str, ...]) -> None:
     for name in names:
         if not available(name):
             raise SolrlError(f"run.log names {name}, which is not installed", INSTALL.format(package=REQUIRES[name]))
-
-
-class Tracker:
-    """Base of one tracker: metrics go to `scalars`, sample grids to `image`."""
-
-    def __call__(self, event: ev.Event) -> None:
-        if isinstance(event, ev.SampleGrid):
-            self.image(event)
-            return
-        found = metrics.scalars(event.to_dict())
-        if found is not None and found[1]:
-            self.scalars(*found)
-
-    def scalars(self, step: int, values: dict[str, float]) -> None:
-        raise NotImplementedError
-
-    def image(self, grid: ev.SampleGrid) -> None:
-        raise NotImplementedError
-
-    def close(self, reason: str) -> None:
-        raise NotImplementedError
 
 
 class Trackers:

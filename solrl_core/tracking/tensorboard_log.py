@@ -9,7 +9,7 @@ import numpy as np
 import tomli_w
 
 from solrl_core import events as ev
-from solrl_core.tracking import Tracker
+from solrl_core.tracking.base import Tracker
 
 FOLDER = "tensorboard"
 

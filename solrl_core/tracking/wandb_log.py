@@ -15,7 +15,7 @@ from typing import Any
 
 from solrl_core import events as ev
 from solrl_core.errors import SolrlError
-from solrl_core.tracking import Tracker
+from solrl_core.tracking.base import Tracker
 
 ID_FILE = "wandb_run.json"
 

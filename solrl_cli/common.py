@@ -1,0 +1,100 @@
+"""What several commands share: the console, and how a command that reads a run folder (eval,
+infer, export, explore, rank-check) finds its config, checkpoint, prompts and output folder."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any, Optional
+
+from rich.console import Console
+
+console = Console(highlight=False, soft_wrap=True)
+
+PRECEDENCE = "defaults < model preset < family preset < reward preset < --config FILE < --set < explicit flags"
+
+
+def weight_sets(text: str) -> tuple[str, ...]:
+    """--weights: ema, trained, or both."""
+    from solrl_core.errors import SolrlError
+
+    sets = tuple(w.strip() for w in text.split(",") if w.strip())
+    if not sets or any(w not in ("ema", "trained") for w in sets):
+        raise SolrlError(f"--weights {text}: expected ema, trained or both", "for example --weights ema,trained")
+    return sets
+
+
+def tool_config(run: Optional[Path], model: Optional[str], model_path: Optional[Path], checkpoint: Optional[str], *,
+                reward: Optional[str] = None, sets: Optional[list[str]] = None,
+                flags: Optional[dict[str, dict[str, Any]]] = None) -> tuple[Any, Optional[Path]]:
+    """The config and checkpoint of a run folder (or of a base model preset, with no checkpoint),
+    with --reward, --set and the command's flags applied over it."""
+    from solrl_core.checkpoint import list_checkpoints
+    from solrl_core.errors import SolrlError
+    from solrl_core.presets import apply_overrides, resolve_config
+    from solrl_core.rundir import load_run_config
+
+    if run is not None:
+        if model:
+            raise SolrlError("--model is taken from the run's saved config", "drop --model, or omit RUN to use a base model")
+        cfg, ckpt = load_run_config(run), _pick_checkpoint(run, list_checkpoints(run), checkpoint)
+    else:
+        if checkpoint:
+            raise SolrlError("--checkpoint needs a RUN folder", "pass the run folder as the first argument")
+        cfg, ckpt = resolve_config(model or "tiny", "sol_rl"), None
+    flags = {**(flags or {}), "model": {"path": str(model_path) if model_path else None}}
+    if reward:
+        weights = _reward_weights(reward)
+        flags["reward"] = {"weights": weights, "paths": {k: v for k, v in cfg.reward.paths.items() if k in weights}}
+    return apply_overrides(cfg, sets or (), flags), ckpt
+
+
+def prompt_texts(prompt: Optional[list[str]], prompts: Optional[str], default: str) -> list[str]:
+    """The --prompt texts, else the --prompts file or set, else `default` (a prompt set or file)."""
+    from solrl_core.errors import SolrlError
+    from solrl_core.prompts import load_prompts
+
+    if prompt and prompts:
+        raise SolrlError("both --prompt and --prompts given", "use one: --prompt TEXT (repeatable) or --prompts FILE_OR_SET")
+    return [p for p in (prompt or []) if p.strip()] or load_prompts(prompts or default)
+
+
+def output_folder(out: Optional[Path], run: Optional[Path], kind: str) -> Path:
+    """--out, else RUN/<kind>/<time> for a run, else runs/<kind>-<time>."""
+    stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return Path(out or (run / kind / stamp if run is not None else Path("runs") / f"{kind.replace('_', '-')}-{stamp}"))
+
+
+def reward_set(cfg: Any) -> Any:
+    """The config's rewards, loaded on its device."""
+    from solrl_core.device import resolve_device
+    from solrl_core.rewards import RewardSet
+
+    return RewardSet.from_config(cfg.reward, resolve_device(cfg.run.device))
+
+
+def _reward_weights(reward: str) -> dict[str, float]:
+    """--reward: a reward preset or reward name, or NAME=W,NAME=W."""
+    from solrl_core.presets import get_preset
+    from solrl_core.rewards import parse_weights, reward_names
+
+    if "=" in reward or "," in reward:
+        return parse_weights(reward)
+    if reward in reward_names():
+        return {reward: 1.0}
+    return dict(get_preset("rewards", reward).values["reward"]["weights"])
+
+
+def _pick_checkpoint(run: Path, found: list[Path], name: Optional[str]) -> Path:
+    from solrl_core.checkpoint import pick_checkpoint
+    from solrl_core.errors import SolrlError
+    from solrl_core.faults.manifest import verify
+
+    if not found:
+        raise SolrlError(f"{run} holds no complete checkpoint", "train it for at least one checkpoint interval first")
+    path = pick_checkpoint(run, found, name)
+    problem = verify(path)
+    if problem is not None:
+        raise SolrlError(f"checkpoint {path.name} is torn or corrupt ({problem})",
+                         "pick another with --checkpoint: " + ", ".join(p.name for p in found if p != path))
+    return path

@@ -1,0 +1,70 @@
+"""`solrl eval`: the base model, or a run's checkpoint against its base, scored on fixed prompts and seeds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from solrl_cli import options as opt
+from solrl_cli.common import console, output_folder, tool_config, weight_sets
+from solrl_cli.errors import user_errors
+
+Run = Annotated[Optional[Path], typer.Argument(help="A run folder: its newest checkpoint is scored against the base model. Omit to score a base model.")]
+Seeds = Annotated[Optional[int], typer.Option("--seeds", min=1, help="Fixed seeds per prompt. Default: run.eval_seeds.")]
+SaveImages = Annotated[bool, typer.Option("--save-images", help="Keep every image as PNG under OUT/images/.")]
+
+
+def eval_(
+    run: Run = None, model: opt.Model = None, model_path: opt.ModelPath = None, reward: opt.Reward = None,
+    prompts: opt.Prompts = None, seeds: Seeds = None, steps: opt.EvalSteps = None, weights: opt.Weights = "ema",
+    checkpoint: opt.Checkpoint = None, out: opt.Out = None, save_images: SaveImages = False, set_: opt.Sets = None,
+    device: opt.Device = None,
+) -> None:
+    """Score the base model, or a run's checkpoint against its base, with one or more rewards."""
+    from solrl_core import events
+    from solrl_core.evaluation import EvalRequest, evaluate_weights
+    from solrl_core.prompts import load_prompts
+    from solrl_cli.display import TerminalDisplay
+
+    with user_errors():
+        tuned = weight_sets(weights)
+        cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_,
+                                flags={"run": {"device": device}, "sampler": {"eval_steps": steps}})
+        spec = prompts or cfg.run.eval_prompts or cfg.run.prompts
+        req = EvalRequest(config=cfg, prompts=load_prompts(spec), per_prompt=seeds or cfg.run.eval_seeds,
+                          weights=("base", *tuned) if ckpt is not None else ("base",), checkpoint=ckpt,
+                          out_dir=output_folder(out, run, "eval"), save_images=save_images, prompt_set=spec)
+        console.print(f"[bold]solrl eval[/bold]  {ckpt or cfg.model.name + ' (base)'}  prompts {spec} "
+                      f"({len(req.prompts)} x {req.per_prompt} seeds)  steps {cfg.sampler.eval_steps}  "
+                      f"rewards {', '.join(cfg.reward.weights)}")
+        bus = events.EventBus()
+        bus.subscribe(TerminalDisplay(console))
+        _print_table(evaluate_weights(req, bus), req)
+
+
+def _print_table(results, req) -> None:  # type: ignore[no-untyped-def]
+    from solrl_core.device import resolve_device
+    from solrl_core.evaluation import summary
+
+    table = Table(title=f"{req.prompt_set}: {len(req.prompts)} prompts x {req.per_prompt} seeds, {req.config.sampler.eval_steps} "
+                        f"steps, on {resolve_device(req.config.run.device)}  (delta: versus base)")
+    for col in ("weights", "reward", "mean", "std", "delta"):
+        table.add_column(col, justify="left" if col in ("weights", "reward") else "right")
+    stats = summary(results)
+    several = len(req.config.reward.weights) > 1
+    for weights, entry in stats.items():
+        for name, row in entry["rewards"].items():
+            if name == "total" and not several:
+                continue
+            delta = "" if weights == results[0].weights else f"{row['delta']:+.4f}"
+            table.add_row(weights, name if name != "total" else "weighted sum", f"{row['mean']:.4f}", f"{row['std']:.4f}", delta)
+        for key, value in entry["extras"].items():
+            base = stats[results[0].weights]["extras"].get(key)
+            delta = "" if weights == results[0].weights or base is None else f"{value - base:+.4f}"
+            table.add_row(weights, key, f"{value:.4f}", "", delta)
+    console.print(table)
+    console.print(f"per-image scores: {req.out_dir / 'samples.jsonl'}   summary: {req.out_dir / 'summary.json'}"
+                  + (f"   images: {req.out_dir / 'images'}" if req.save_images else ""))

@@ -1,0 +1,115 @@
+"""`solrl explore` (Stage 1 alone) and `solrl rank-check` (does the cheap rollout rank seeds like the
+full one?): each loads the model with its explore copy and calls one core function that writes its
+files; the command prints the result."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from solrl_cli import options as opt
+from solrl_cli.common import console, output_folder, prompt_texts, reward_set, tool_config
+from solrl_cli.errors import user_errors
+
+ExploreRun = Annotated[Optional[Path], typer.Argument(help="A run folder: explore with its checkpoint's rollout (old) adapter. Omit for a base model.")]
+N = Annotated[Optional[int], typer.Option("--n", min=2, help="Seeds per prompt. Default: explore.group_size.")]
+K = Annotated[Optional[int], typer.Option("--k", min=2, help="Seeds selected per prompt. Default: selection.group_size.")]
+PreviewSteps = Annotated[Optional[int], typer.Option("--steps", min=1, help="Preview steps. Default: explore.steps.")]
+ExploreSeed = Annotated[int, typer.Option("--seed", help="Prompt i uses seeds SEED + i*N ... SEED + i*N + N-1.")]
+CheckRun = Annotated[Optional[Path], typer.Argument(help="A run folder: check with its checkpoint's rollout (old) adapter. Omit for a base model.")]
+Count = Annotated[int, typer.Option("--count", min=1, help="Use the first COUNT prompts of the set.")]
+CheckSeeds = Annotated[int, typer.Option("--seeds", min=4, help="Seeds per prompt.")]
+CheckSeed = Annotated[int, typer.Option("--seed", help="Prompt i uses seeds SEED + i*S ... SEED + i*S + S-1.")]
+Preview = Annotated[Optional[int], typer.Option("--preview-steps", min=1, help="Default: explore.steps.")]
+Full = Annotated[Optional[int], typer.Option("--full-steps", min=1, help="Default: sampler.steps.")]
+HitK = Annotated[Optional[list[int]], typer.Option("--hit-k", min=1, help="K of the top/bottom-K hit rates (repeatable). Default: 4 and 8.")]
+
+
+def explore(
+    run: ExploreRun = None, prompt: opt.Prompt = None, prompts: opt.Prompts = None, model: opt.Model = None,
+    model_path: opt.ModelPath = None, reward: opt.Reward = None, n: N = None, k: K = None, steps: PreviewSteps = None,
+    seed: ExploreSeed = 0, explore_precision: opt.ExplorePrecision = None, checkpoint: opt.Checkpoint = None,
+    out: opt.Out = None, set_: opt.Sets = None, device: opt.Device = None,
+) -> None:
+    """Stage 1 alone: N seeds per prompt at the explore precision and preview steps, scored, ranked, K selected."""
+    from solrl_core.inference import load_tuned
+    from solrl_core.stage1 import explore_to_folder
+
+    with user_errors():
+        flags = {"explore": {"group_size": n, "steps": steps, "precision": explore_precision},
+                 "selection": {"group_size": k}, "run": {"device": device}}
+        cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, flags=flags)
+        texts, out_dir, rewards = prompt_texts(prompt, prompts, cfg.run.prompts), output_folder(out, run, "explore"), reward_set(cfg)
+        rewards.check_prompts(texts)
+        loaded = load_tuned(cfg, ckpt, explore=True)
+        console.print(f"[bold]solrl explore[/bold]  {ckpt or cfg.model.name + ' (base)'}  {len(texts)} prompts x "
+                      f"{cfg.explore.group_size} seeds at {loaded.explore_copy.precision}, {cfg.explore.steps} steps  -> keep "
+                      f"{cfg.selection.group_size} ({cfg.selection.mode})  on {loaded.device}")
+        _print_selection(explore_to_folder(loaded, rewards, texts, seed, out_dir), cfg.selection.group_size)
+        console.print(f"every seed: {out_dir / 'seeds.jsonl'}   grid of best and worst: {out_dir / 'grid.png'}")
+
+
+def _print_selection(result, keep: int) -> None:  # type: ignore[no-untyped-def]
+    half = keep // 2
+    table = Table(title=f"selected seeds ({result.seconds:.1f}s for {result.seeds.numel()} rollouts + rewards, measured)")
+    for col in ("prompt", "best seeds (reward)", "worst seeds (reward)"):
+        table.add_column(col)
+    for i, text in enumerate(result.prompts):
+        sel = result.selected[i].tolist()
+        fmt = lambda idx: ", ".join(f"{int(result.seeds[i, j])} ({float(result.rewards[i, j]):.3f})" for j in idx)  # noqa: E731
+        table.add_row(text[:60], fmt(sel[:half]), fmt(sel[half:]))
+    console.print(table)
+
+
+def rank_check(
+    run: CheckRun = None, prompts: opt.Prompts = None, model: opt.Model = None, model_path: opt.ModelPath = None,
+    reward: opt.Reward = None, count: Count = 16, seeds: CheckSeeds = 32, seed: CheckSeed = 0, preview_steps: Preview = None,
+    full_steps: Full = None, hit_k: HitK = None, explore_precision: opt.ExplorePrecision = None,
+    checkpoint: opt.Checkpoint = None, out: opt.Out = None, set_: opt.Sets = None, device: opt.Device = None,
+) -> None:
+    """Measure whether the cheap Stage-1 rollout ranks seeds like the full one: four arms, rho, tau, hit rates."""
+    from solrl_core.errors import SolrlError
+    from solrl_core.inference import load_tuned
+    from solrl_core.rankcheck import check_to_folder
+
+    with user_errors():
+        flags = {"explore": {"steps": preview_steps, "precision": explore_precision}, "sampler": {"steps": full_steps},
+                 "run": {"device": device}}
+        cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, flags=flags)
+        ks = sorted(set(hit_k or [4, 8]))
+        if seeds < 2 * max(ks):
+            raise SolrlError(f"--seeds {seeds} is too few for top/bottom-{max(ks)} hit rates", f"use --seeds {2 * max(ks)} or more")
+        keep = min(cfg.selection.group_size, seeds - seeds % 2)
+        texts, out_dir = prompt_texts(None, prompts, cfg.run.prompts)[:count], output_folder(out, run, "rank_check")
+        rewards = reward_set(cfg)
+        rewards.check_prompts(texts)
+        loaded = load_tuned(cfg, ckpt, explore=True)
+        console.print(f"[bold]solrl rank-check[/bold]  {ckpt or cfg.model.name + ' (base)'}  {len(texts)} prompts x {seeds} seeds  "
+                      f"on {loaded.device}  rewards {', '.join(cfg.reward.weights)}")
+        result = check_to_folder(loaded, rewards, texts, out_dir, per_prompt=seeds, seed_base=seed, hit_k=ks, keep=keep,
+                                 progress=lambda arm, s: console.print(f"  {arm}: {len(texts) * seeds} rollouts scored in {s:.1f}s"))
+        _print_arms(result, ks, keep, loaded.device)
+        console.print(f"json: {out_dir / 'rank_check.json'}   plot: {out_dir / 'rank_check.png'}")
+
+
+def _print_arms(result, ks: list[int], keep: int, where: object) -> None:  # type: ignore[no-untyped-def]
+    table = Table(title=f"against the reference {result.arms[-1]}, means over prompts, on {where}",
+                  caption=f"rho, tau: over prompts where both arms vary (n of them); top/bot K: hit rates; gap: reference "
+                          f"reward of the best {keep // 2} minus the worst {keep // 2} this arm selects (ref gap: when the "
+                          "reference selects, the largest possible); s: seconds")
+    table.add_column("arm", no_wrap=True)
+    for col in ("rho", "tau", "n", *[f"top{k}" for k in ks], *[f"bot{k}" for k in ks], "gap", "ref gap", "s"):
+        table.add_column(col, justify="right", no_wrap=True)
+    for arm in result.arms:
+        m = result.overall.get(arm)
+        if m is None:
+            table.add_row(arm + " ref", *[""] * (5 + 2 * len(ks)), f"{result.seconds[arm]:.1f}")
+            continue
+        cor = [f"{m[c]:.3f}" if m[c] is not None else "-" for c in ("rho", "tau")]
+        table.add_row(arm, *cor, f"{m['defined']}/{m['prompts']}", *[f"{m[f'top{k}']:.2f}" for k in ks],
+                      *[f"{m[f'bottom{k}']:.2f}" for k in ks], f"{m['gap_draft']:.3f}", f"{m['gap_final']:.3f}",
+                      f"{result.seconds[arm]:.1f}")
+    console.print(table)

@@ -1,0 +1,63 @@
+"""`solrl infer` (images from fixed seeds, base beside tuned) and `solrl export` (a run's weights
+for plain diffusers)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from solrl_cli import options as opt
+from solrl_cli.common import console, output_folder, prompt_texts, tool_config, weight_sets
+from solrl_cli.errors import user_errors
+
+InferRun = Annotated[Optional[Path], typer.Argument(help="A run folder: images from its checkpoint next to the base model's. Omit for a base model alone.")]
+Seeds = Annotated[int, typer.Option("--seeds", min=1, help="Images per prompt, from seeds SEED..SEED+n-1.")]
+FirstSeed = Annotated[int, typer.Option("--seed", help="First seed.")]
+Grid = Annotated[bool, typer.Option("--grid/--no-grid", help="Write grid.png: one row per (prompt, seed), one column per weight set.")]
+ExportRun = Annotated[Path, typer.Argument(help="A run folder.")]
+ExportOut = Annotated[Path, typer.Option("--out", "-o", help="Folder to write.")]
+Merge = Annotated[bool, typer.Option("--merge", help="Write the full transformer with the LoRA merged in, instead of the LoRA alone.")]
+
+
+def infer(
+    run: InferRun = None, prompt: opt.Prompt = None, prompts: opt.Prompts = None, model: opt.Model = None,
+    model_path: opt.ModelPath = None, seeds: Seeds = 2, seed: FirstSeed = 0, steps: opt.EvalSteps = None,
+    weights: opt.Weights = "ema", checkpoint: opt.Checkpoint = None, out: opt.Out = None, grid: Grid = True,
+    set_: opt.Sets = None, device: opt.Device = None,
+) -> None:
+    """Generate images from fixed seeds with the base model and a run's tuned weights, side by side."""
+    from solrl_core import events
+    from solrl_core.inference import InferRequest, infer as run_infer, load_tuned
+    from solrl_cli.display import TerminalDisplay
+
+    with user_errors():
+        tuned = weight_sets(weights)
+        cfg, ckpt = tool_config(run, model, model_path, checkpoint, sets=set_, flags={"run": {"device": device}})
+        texts = prompt_texts(prompt, prompts, cfg.run.eval_prompts or cfg.run.prompts)
+        req = InferRequest(prompts=texts, seeds=list(range(seed, seed + seeds)), weights=("base", *tuned) if ckpt else ("base",),
+                           steps=steps or cfg.sampler.eval_steps, out_dir=output_folder(out, run, "infer"), grid=grid)
+        console.print(f"[bold]solrl infer[/bold]  {ckpt or cfg.model.name + ' (base)'}  {len(texts)} prompts x {seeds} seeds  "
+                      f"steps {req.steps}  weights {', '.join(req.weights)}")
+        bus = events.EventBus()
+        bus.subscribe(TerminalDisplay(console))
+        rows = run_infer(load_tuned(cfg, ckpt), req, bus)
+        console.print(f"images: {req.out_dir}   index: {rows}" + (f"   grid: {req.out_dir / 'grid.png'}" if grid else ""))
+
+
+def export(
+    run: ExportRun, out: ExportOut, weights: Annotated[str, typer.Option("--weights", help="ema or trained.")] = "ema",
+    checkpoint: opt.Checkpoint = None, merge: Merge = False, model_path: opt.ModelPath = None,
+) -> None:
+    """Export a run's tuned weights: the LoRA in diffusers' format, or (--merge) a merged transformer."""
+    from solrl_core.errors import SolrlError
+    from solrl_core.inference import export_weights
+
+    with user_errors():
+        sets = weight_sets(weights)
+        if len(sets) != 1:
+            raise SolrlError("--weights takes one weight set for export", "--weights ema or --weights trained")
+        cfg, ckpt = tool_config(run, None, model_path, checkpoint)
+        exported = export_weights(cfg, ckpt, sets[0], out, merge)
+        console.print(f"{exported.what} ({sets[0]} weights of {ckpt.name}) -> {exported.path}  (load with {exported.how})")

@@ -1,0 +1,113 @@
+"""`solrl train`: resolve the config (or the saved one, with --resume), check the machine, train."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from solrl_cli import options as opt
+from solrl_cli.common import PRECEDENCE, console
+from solrl_cli.errors import user_errors
+
+Resume = Annotated[Optional[Path], typer.Option("--resume", help="Continue the run in this folder from its newest checkpoint (checked against its manifest).")]
+ResumeCheckpoint = Annotated[Optional[str], typer.Option("--checkpoint", help="With --resume: the checkpoint to continue from (iter_000030); newer ones are set aside. Default: the newest.")]
+Log = Annotated[Optional[str], typer.Option("--log", help="Experiment trackers, comma-separated: tensorboard, wandb (run.log; needs pip install -e \".[tracking]\").")]
+Tui = Annotated[bool, typer.Option("--tui", help="Watch the run in a terminal UI; q asks whether to stop safely with a checkpoint.")]
+Nproc = Annotated[int, typer.Option("--nproc-per-node", min=1, help="Processes (one per GPU) on this node; above 1 they are started through torchrun.")]
+Nnodes = Annotated[int, typer.Option("--nnodes", min=1, help="Nodes in the run; start the same command on each with its --node-rank.")]
+NodeRank = Annotated[int, typer.Option("--node-rank", min=0, help="This node's index, 0 to nnodes-1.")]
+Rdzv = Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="HOST:PORT of node 0 (needed with --nnodes > 1).")]
+DumpConfig = Annotated[bool, typer.Option("--dump-config", help="Print the resolved config as TOML and exit.")]
+
+
+def train(
+    model: opt.Model = None, model_path: opt.ModelPath = None, family: opt.Family = None, reward: opt.Reward = None,
+    preset: opt.Preset = None, config: opt.ConfigFile = None, set_: opt.Sets = None, prompts: opt.Prompts = None,
+    run_dir: opt.RunDir = None, iterations: opt.Iterations = None, seed: opt.Seed = None, device: opt.Device = None,
+    explore_precision: opt.ExplorePrecision = None, resume: Resume = None, checkpoint: ResumeCheckpoint = None,
+    log: Log = None, tui: Tui = False, nproc_per_node: Nproc = 1, nnodes: Nnodes = 1, node_rank: NodeRank = 0,
+    rdzv_endpoint: Rdzv = None, dump_config: DumpConfig = False,
+) -> None:
+    """Train with Sol-RL (or another family). With no arguments: the built-in tiny model on this machine."""
+    with user_errors():
+        flags = {"run": {"prompts": prompts, "run_dir": str(run_dir) if run_dir else None, "iterations": iterations,
+                         "seed": seed, "device": device, "log": _trackers(log)},
+                 "explore": {"precision": explore_precision}, "model": {"path": str(model_path) if model_path else None}}
+        if resume:
+            cfg = _resume_config(resume, (model, family, reward, preset, config), set_, flags)
+        else:
+            from solrl_core.presets import resolve_config
+
+            cfg = resolve_config(model or "tiny", family or "sol_rl", reward, preset, config, set_ or (), flags)
+        if dump_config:
+            return _print_config(cfg)
+        _preflight(cfg, nproc_per_node)
+        if nproc_per_node > 1 or nnodes > 1:  # torch.distributed's own launcher re-runs this command per process
+            from solrl_cli.launch import launch
+
+            raise typer.Exit(launch(nproc_per_node, nnodes, node_rank, rdzv_endpoint, sys.argv[1:],
+                                    prompts_per_iteration=cfg.run.prompts_per_iteration))
+        session = _run(cfg, tui, bool(resume), checkpoint)
+        if session.state.iteration < session.run.config.run.iterations:
+            raise typer.Exit(130)  # stopped by a signal: saved, but not finished
+
+
+def _run(cfg, tui: bool, resume: bool, checkpoint: Optional[str]):  # type: ignore[no-untyped-def]
+    """Train in the terminal UI, or with the plain terminal display."""
+    if tui:
+        from solrl_cli.tui import run_tui_training
+
+        return run_tui_training(cfg, resume=resume, checkpoint=checkpoint)
+    from solrl_core import events
+    from solrl_core.trainer import train as run_training
+    from solrl_cli.display import TerminalDisplay
+
+    bus = events.EventBus()
+    bus.subscribe(TerminalDisplay(console))
+    return run_training(cfg, bus, resume=resume, checkpoint=checkpoint)
+
+
+def _trackers(log: Optional[str]) -> Optional[list[str]]:
+    return [t.strip() for t in log.split(",") if t.strip()] if log is not None else None
+
+
+def _preflight(cfg, nproc: int) -> None:  # type: ignore[no-untyped-def]
+    """The doctor checks this run depends on, before anything big loads. The memory figure is an
+    estimate, so it never blocks a run (doctor shows it)."""
+    from solrl_core.doctor import failed_for_run, run_checks
+    from solrl_core.errors import SolrlError
+    from solrl_core.tracking import require
+
+    require(cfg.run.log)
+    failed = [c for c in failed_for_run(run_checks(cfg, nproc)) if c.name != "memory estimate"]
+    failed.sort(key=lambda c: c.name != "explore precision")  # the root cause when TE rows fail with it
+    if failed:
+        first = failed[0]
+        more = f" (and {len(failed) - 1} more: `solrl doctor` lists them)" if len(failed) > 1 else ""
+        raise SolrlError(f"{first.name}: {first.detail}{more}", first.fix or "run `solrl doctor` for details")
+
+
+def _resume_config(run_dir: Path, choices: tuple, sets: Optional[list[str]], flags: dict):  # type: ignore[no-untyped-def]
+    """The config saved in `run_dir`, with the few flags a resume may change."""
+    from solrl_core.errors import SolrlError
+    from solrl_core.presets import apply_overrides
+    from solrl_core.rundir import load_run_config
+
+    given = {k for k, v in flags["run"].items() if v is not None}
+    if any(choices) or given - {"iterations", "device", "log"} or flags["explore"]["precision"] is not None:
+        raise SolrlError("--resume continues a run with the config saved in its folder",
+                         "only --iterations, --device, --log, --model-path and --set may be given with --resume")
+    flags = {"run": {**flags["run"], "run_dir": str(run_dir)}, "model": flags["model"]}
+    return apply_overrides(load_run_config(run_dir), sets or (), flags)
+
+
+def _print_config(cfg) -> None:  # type: ignore[no-untyped-def]
+    import tomli_w
+
+    from solrl_core.config import to_dict
+
+    print(f"# solrl resolved config for preset {cfg.preset}\n# precedence: {PRECEDENCE}")
+    print(tomli_w.dumps(to_dict(cfg)), end="")

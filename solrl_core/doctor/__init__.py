@@ -1,0 +1,66 @@
+"""`solrl doctor`: can this machine run the requested run, and if not, what to do about it.
+
+`run_checks(cfg)` returns one `Check` per fact: the software stack (Python, torch and its CUDA
+build, Transformer Engine, diffusers/transformers/peft and the combinations known to
+break), the GPUs and the explore precisions each supports, the reward backends and weights, the
+base model's weights (local folder or Hugging Face cache; gated repositories and HF_TOKEN; the
+HF_HUB_OFFLINE state), free disk for what is still to download, processes versus GPUs, a peak GPU
+memory ESTIMATE, and whether the explore precision runs here. Each check says whether the
+requested run depends on it (`needed_by_run`); the CLI exits non-zero only for those that fail.
+
+Nothing here touches the network: the hub is only asked through its local cache
+(`huggingface_hub.try_to_load_from_cache`). Sizes below are approximate, from the models' published
+parameter counts and repository sizes, and are labelled so wherever they are shown.
+"""
+
+from __future__ import annotations
+
+from solrl_core.config import Config
+from solrl_core.doctor.check import FAIL, Check, machine
+from solrl_core.doctor.memory import EXPLORE_FAMILIES, _explore, _memory, _memory_without_gpu, _processes
+from solrl_core.doctor.software import (_combinations, _device, _gpus, _library, _python, _reward_backends, _torch,
+                                        _torchvision, _transformer_engine, matching_torchvision)
+from solrl_core.doctor.weights import REWARD_FILES, REWARD_LOCAL_FILES, _disk, _hub_mode, _hub_token, _model_weights, _reward_weights
+from solrl_core.precision.hardware import GpuInfo
+
+__all__ = ["Check", "REWARD_FILES", "REWARD_LOCAL_FILES", "failed_for_run", "matching_torchvision", "run_checks"]
+
+
+def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None = None) -> list[Check]:
+    """Every check for running `cfg` with `nproc` processes (cfg None: the machine alone).
+    `explore_precision` overrides cfg.explore.precision and may also be 'nvfp4' or 'fp8'."""
+    m = machine()
+    rewards = set(cfg.reward.weights) if cfg is not None else set()
+    requested = explore_precision or (cfg.explore.precision if cfg is not None else None)
+    checks = [_python(), _torch(m)]
+    gpu: GpuInfo | None = None
+    if cfg is not None:
+        device_check, gpu = _device(cfg, m)
+        checks.append(device_check)
+    elif m.gpus:
+        gpu = m.gpus[0]
+    checks += _gpus(m, gpu)
+    # Transformer Engine matters to the run only when its Stage 1 runs at the explore precision.
+    low = requested if cfg is not None and cfg.algorithm.family in EXPLORE_FAMILIES else None
+    checks.append(_transformer_engine(m, gpu, low))
+    checks += [_library(name) for name in ("diffusers", "transformers", "peft")]
+    checks += _combinations(rewards)
+    checks.append(_torchvision(rewards))
+    checks += _reward_backends(rewards)
+    checks.append(_hub_mode(m))
+    if cfg is None:
+        return checks
+    model_check, model_download = _model_weights(cfg, m)
+    checks.append(model_check)
+    checks += _hub_token(cfg, model_download)
+    reward_checks, reward_download = _reward_weights(cfg, m)
+    checks += reward_checks
+    checks.append(_disk(m, model_download, reward_download, cfg))
+    checks.append(_processes(nproc, m, gpu))
+    checks.append(_memory(cfg, gpu, requested) if gpu is not None else _memory_without_gpu(cfg, requested))
+    checks.append(_explore(cfg, gpu, requested))
+    return checks
+
+
+def failed_for_run(checks: list[Check]) -> list[Check]:
+    return [c for c in checks if c.status == FAIL and c.needed_by_run]

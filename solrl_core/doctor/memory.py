@@ -1,0 +1,114 @@
+"""Processes against GPUs, the peak GPU memory ESTIMATE, and whether the explore precision runs here."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from solrl_core.config import EXPLORE_PRECISIONS, Config
+from solrl_core.doctor.check import FAIL, PASS, WARN, Check, Machine
+from solrl_core.footprint import estimate_memory, model_size
+from solrl_core.precision import hardware
+from solrl_core.precision.hardware import GpuInfo
+
+EXPLORE_FAMILIES = ("sol_rl", "naive_quant")  # the families whose Stage 1 runs at the explore precision
+
+
+def _processes(nproc: int, m: Machine, gpu: GpuInfo | None) -> Check:
+    if gpu is None:
+        if nproc == 1:
+            return Check("processes", PASS, "1 process on the CPU", "", True)
+        return Check("processes", WARN, f"{nproc} processes on the CPU share its cores", "--nproc-per-node 1", True)
+    n = len(m.gpus)
+    if nproc <= n:
+        return Check("processes", PASS, f"{nproc} process(es), {n} GPU(s): one GPU each", "", True)
+    return Check("processes", FAIL, f"{nproc} processes asked for, but this machine has {n} GPU(s) (one per process)",
+                 f"--nproc-per-node {n}", True)
+
+
+def _fitting_precisions(cfg: Config, gpu: GpuInfo, dtype_name: str) -> str:
+    """The explore precisions usable on this GPU whose estimate fits in its memory, as a fix hint."""
+    usable = [p for p in hardware.supported(hardware.explore_precisions(gpu)) if p in hardware.IMPLEMENTED_EXPLORE]
+    fits = [(p, estimate_memory(cfg, p, dtype_name).peak) for p in usable]
+    fits = [f"--explore-precision {p} (estimate {peak:.0f} GiB{', no separate copy' if p == dtype_name else ''})"
+            for p, peak in fits if peak <= gpu.memory_gib]
+    if not fits:
+        return "; no explore precision usable here fits by this estimate"
+    return "; fits here by this estimate: " + ", ".join(fits)
+
+
+def _memory_without_gpu(cfg: Config, requested: str | None) -> Check:
+    """No GPU here: a real model still gets the estimate of a bf16 GPU run (explore copy as asked,
+    fp8 for auto), so its memory needs are known before a GPU is chosen."""
+    check = _memory(cfg, None, requested)
+    if cfg.model.loader == "tiny":
+        return check
+    precision = requested if requested in hardware.IMPLEMENTED_EXPLORE else "fp8"
+    est = estimate_memory(cfg, precision, "bf16")
+    detail = (f"{check.detail}; on a GPU in bf16 with a {precision} explore copy: estimate {est.peak:.1f} GiB "
+              f"({model_size(cfg).label}, approximate): policy {est.policy:.1f} + explore copy {est.explore_copy:.1f} + "
+              f"vae {est.vae:.1f} + max(text encoders {est.text_encoders:.1f}, activations {est.activations:.1f} for "
+              f"micro-batch {cfg.optimizer.micro_batch}) + {est.overhead:.1f} overhead")
+    return dataclasses.replace(check, detail=detail)
+
+
+def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
+    if gpu is None:
+        return Check("memory estimate", PASS, "skipped: no GPU (the run uses the CPU's memory)", "", False)
+    import torch
+
+    from solrl_core.precision.resolve import resolve_machine
+
+    precision = requested if requested in set(EXPLORE_PRECISIONS) | set(hardware.PRECISIONS) else "auto"
+    dtype_name = "bf16" if cfg.run.dtype == "auto" else cfg.run.dtype
+    asked = dataclasses.replace(cfg, explore=dataclasses.replace(cfg.explore, precision=precision))
+    machine = resolve_machine(asked, torch.device("cuda", gpu.index), dtype_name, gpu=gpu)
+    est = estimate_memory(asked, machine.explore_precision, dtype_name, machine.checkpointing, machine.rollout_copy)
+    detail = (f"estimate {est.peak:.1f} GiB of {gpu.memory_gib:.0f} GiB on cuda:{gpu.index} ({model_size(cfg).label}, "
+              f"approximate): policy {est.policy:.1f} + explore copy {est.explore_copy:.1f} ({machine.explore_precision}) "
+              f"+ rollout copy {est.rollout_copy:.1f} + vae {est.vae:.1f} + max(text encoders {est.text_encoders:.1f}, "
+              f"activations {est.activations:.1f} for micro-batch {cfg.optimizer.micro_batch}, gradient checkpointing "
+              f"{'on' if machine.checkpointing else 'off'}) + {est.overhead:.1f} overhead; "
+              f"rollout copy: {machine.rollout_copy_why}; torch.compile: "
+              + ", ".join(f"{name} {'on' if on else 'off'}" for name, on in (
+                  ("explore copy", machine.explore_compile), ("rollout copy", machine.rollout_compile),
+                  ("update", machine.update_compile))))
+    fix = ("lower optimizer.micro_batch (--set optimizer.micro_batch=N), use a GPU with more memory, or an explore "
+           "precision with a smaller copy")
+    if est.peak > gpu.memory_gib:
+        return Check("memory estimate", FAIL, detail, fix + _fitting_precisions(cfg, gpu, dtype_name), True)
+    if est.peak > 0.9 * gpu.memory_gib:
+        return Check("memory estimate", WARN, detail + " (within 10%)", fix, True)
+    return Check("memory estimate", PASS, detail, "", True)
+
+
+def _explore(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
+    from solrl_core.precision.resolve import auto_explore_precision
+
+    requested = requested or cfg.explore.precision
+    family = cfg.algorithm.family
+    uses = family in EXPLORE_FAMILIES
+    known = list(dict.fromkeys((*EXPLORE_PRECISIONS, *hardware.PRECISIONS)))
+    if requested not in known:
+        return Check("explore precision", FAIL, f"unknown explore precision '{requested}'", f"choose one of: {', '.join(known)}",
+                     True)
+    dtype_name = ("bf16" if gpu is not None else "fp32") if cfg.run.dtype == "auto" else cfg.run.dtype
+    if requested == "auto":
+        resolved, auto_why = auto_explore_precision(gpu, dtype_name)
+    else:
+        resolved, auto_why = requested, ""
+    precisions = hardware.explore_precisions(gpu)
+    ok, why = precisions.get(resolved, (False, "not a precision solrl knows"))
+    where = f"cuda:{gpu.index} ({gpu.name})" if gpu is not None else "the CPU"
+    name = requested if resolved == requested else f"{requested} -> {resolved}"
+    unused = "" if uses else f"; the {family} family does not use it (its rollouts run at full precision)"
+    here = hardware.supported(precisions)
+    if not ok:
+        usable = [p for p in here if p in hardware.IMPLEMENTED_EXPLORE] or here
+        fix = f"this machine supports: {', '.join(here)}; use --explore-precision {usable[0]}"
+        return Check("explore precision", FAIL if uses else WARN, f"{name} is not supported on {where}: {why}{unused}", fix, uses)
+    if resolved not in hardware.IMPLEMENTED_EXPLORE:
+        return Check("explore precision", WARN, f"{name} runs on {where} ({why}), but this solrl's rollouts do not use it "
+                     f"yet (implemented: {', '.join(hardware.IMPLEMENTED_EXPLORE)}){unused}",
+                     "use --explore-precision fp8 (Ada, Hopper, Blackwell) or nvfp4-emulated for now", uses)
+    chosen = f" ({auto_why})" if auto_why else ""
+    return Check("explore precision", PASS, f"{name} on {where}: {why}{chosen}{unused}", "", uses)

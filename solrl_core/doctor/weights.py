@@ -1,0 +1,172 @@
+"""The weights a run downloads: the base model's and the rewards' (local folder or Hugging Face
+cache; gated repositories and HF_TOKEN; HF_HUB_OFFLINE), and the free disk for what is still to come."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from importlib import resources
+from pathlib import Path
+
+from solrl_core.config import Config
+from solrl_core.doctor.check import FAIL, PASS, WARN, Check, Machine
+from solrl_core.footprint import REWARD_DOWNLOAD_GB, model_size
+
+GATED_HINT = "accept its licence on huggingface.co/{repo} and set HF_TOKEN (or run `hf auth login`)"
+
+# The weights each model reward loads from the hub: (repo, alternatives: any one cached will do).
+# They mirror the backend modules' constants (a test keeps them in step).
+REWARD_FILES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
+    "imagereward": (("THUDM/ImageReward", ("ImageReward.pt",)), ("THUDM/ImageReward", ("med_config.json",)),
+                    ("bert-base-uncased", ("vocab.txt",))),
+    "pickscore": (("yuvalkirstain/PickScore_v1", ("config.json",)),
+                  ("yuvalkirstain/PickScore_v1", ("model.safetensors", "pytorch_model.bin")),
+                  ("laion/CLIP-ViT-H-14-laion2B-s32B-b79K", ("preprocessor_config.json",)),
+                  ("laion/CLIP-ViT-H-14-laion2B-s32B-b79K", ("tokenizer.json", "vocab.json"))),
+    "clipscore": (("openai/clip-vit-large-patch14", ("config.json",)),
+                  ("openai/clip-vit-large-patch14", ("model.safetensors", "pytorch_model.bin")),
+                  ("openai/clip-vit-large-patch14", ("preprocessor_config.json",)),
+                  ("openai/clip-vit-large-patch14", ("tokenizer.json", "vocab.json"))),
+    "hpsv2": (("xswu/HPSv2", ("HPS_v2.1_compressed.pt",)),),
+}
+# What a local folder given as reward.paths.NAME must hold (imagereward's tokenizer/ is optional).
+REWARD_LOCAL_FILES = {"imagereward": ("ImageReward.pt", "med_config.json"), "pickscore": ("config.json",),
+                      "clipscore": ("config.json",), "hpsv2": ("HPS_v2.1_compressed.pt",)}
+
+
+def _cached(repo: str, names: tuple[str, ...], cache: Path) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    return any(isinstance(try_to_load_from_cache(repo, n, cache_dir=cache), str) for n in names)
+
+
+def _reward_weights(cfg: Config, m: Machine) -> tuple[list[Check], float]:
+    out, download = [], 0.0
+    for name in cfg.reward.weights:
+        row = f"reward weights {name}"
+        if name not in REWARD_FILES:
+            out.append(Check(row, PASS, "needs no weights", "", True))
+            continue
+        local = cfg.reward.paths.get(name, "")
+        needs = REWARD_FILES[name]
+        if local:
+            path = Path(local).expanduser()
+            files = REWARD_LOCAL_FILES[name]
+            folder = path.parent if path.is_file() else path
+            lacking = [f for f in files if not (folder / f).exists()]
+            if not path.exists() or lacking:
+                out.append(Check(row, FAIL, f"reward.paths.{name} = {local} " + ("does not exist" if not path.exists() else
+                                 f"lacks {', '.join(lacking)}"), f"point it at a folder holding {', '.join(files)}", True))
+                continue
+            if name == "imagereward" and not (folder / "tokenizer").is_dir():
+                needs = tuple(n for n in needs if n[0] == "bert-base-uncased")  # the tokenizer still comes from the hub
+            else:
+                out.append(Check(row, PASS, f"local folder {folder}", "", True))
+                continue
+        missing = [(repo, names) for repo, names in needs if not _cached(repo, names, m.cache)]
+        if not missing:
+            out.append(Check(row, PASS, f"in the Hugging Face cache ({', '.join(dict.fromkeys(r for r, _ in needs))})", "", True))
+            continue
+        what = ", ".join(f"{repo}/{'|'.join(names)}" for repo, names in missing)
+        local_fix = f"--set reward.paths.{name}=DIR with {', '.join(REWARD_LOCAL_FILES[name])}"
+        if m.offline:
+            out.append(Check(row, FAIL, f"not in the Hugging Face cache ({m.cache}) and HF_HUB_OFFLINE=1: missing {what}",
+                             f"download hub {', '.join(dict.fromkeys(r for r, _ in missing))} once with network (unset HF_HUB_OFFLINE), "
+                             f"or {local_fix}", True))
+        else:
+            size = REWARD_DOWNLOAD_GB.get(name, 0.0)
+            download += size
+            out.append(Check(row, WARN, f"not cached; will download on first use (~{size:.1f} GB, approximate): {what}",
+                             f"nothing to do with network access; offline: {local_fix}", True))
+    return out, download
+
+
+def _model_weights(cfg: Config, m: Machine) -> tuple[Check, float]:
+    """The model-weights check, and how many GB (approximate) still have to be downloaded."""
+    mc = cfg.model
+    row = "model weights"
+    if mc.loader == "tiny":
+        if not mc.weights:
+            return Check(row, PASS, f"tiny model at random init (seed {mc.init_seed}): nothing to load", "", True), 0.0
+        shipped = Path(str(resources.files("solrl_core.models"))) / mc.weights
+        folder = Path(mc.weights) if Path(mc.weights).is_dir() else shipped
+        missing = [f for f in ("config.json", "model.safetensors") if not (folder / f).is_file()]
+        if missing:
+            return Check(row, FAIL, f"tiny model weights '{mc.weights}' lack {', '.join(missing)} ({folder})",
+                         "give a folder holding config.json and model.safetensors in model.weights, or leave it empty", True), 0.0
+        origin = "shipped with solrl" if folder == shipped else "local folder"
+        return Check(row, PASS, f"tiny model '{mc.weights}' ({origin}: {folder})", "", True), 0.0
+    from solrl_core.models.diffusers_models import LAYOUTS, missing_part
+
+    layout = LAYOUTS.get(mc.loader)
+    if layout is None:
+        return Check(row, FAIL, f"unknown model loader '{mc.loader}'", "model.loader must be one of: tiny, " + ", ".join(LAYOUTS), True), 0.0
+    size = model_size(cfg)
+    local_fix = f"pass a local {layout.name} diffusers folder with --model-path DIR"
+    if mc.path:
+        folder = Path(mc.path).expanduser()
+        lacking = missing_part(folder, layout) if folder.is_dir() else "the folder itself"
+        if lacking:
+            return Check(row, FAIL, f"model.path {folder} lacks {lacking}",
+                         f"use the hub's diffusers layout, e.g. `hf download {mc.hub_id or '<hub id>'} --local-dir DIR`", True), 0.0
+        return Check(row, PASS, f"local folder {folder} (model_index.json and every component)", "", True), 0.0
+    if not mc.hub_id:
+        return Check(row, FAIL, "model.hub_id and model.path are both empty", "set model.hub_id, or --model-path DIR", True), 0.0
+    from huggingface_hub import try_to_load_from_cache
+
+    gated = f"; the repository is gated: {GATED_HINT.format(repo=mc.hub_id)}" if layout.gated else ""
+    cached = try_to_load_from_cache(mc.hub_id, "model_index.json", cache_dir=m.cache)
+    lacking = missing_part(Path(cached).parent, layout) if isinstance(cached, str) else None
+    if isinstance(cached, str) and lacking is None:
+        return Check(row, PASS, f"{mc.hub_id} is in the Hugging Face cache ({Path(cached).parent})", "", True), 0.0
+    state = f"an incomplete snapshot is cached (lacks {lacking})" if isinstance(cached, str) else "not in the Hugging Face cache"
+    if m.offline:
+        return Check(row, FAIL, f"{mc.hub_id}: {state} ({m.cache}) and HF_HUB_OFFLINE=1",
+                     f"download {mc.hub_id} once with network (unset HF_HUB_OFFLINE), or {local_fix}{gated}", True), 0.0
+    return Check(row, WARN, f"{mc.hub_id}: {state}; will download on first use (~{size.download_gb:.0f} GB, approximate)",
+                 f"nothing to do with network access; offline: {local_fix}{gated}", True), size.download_gb
+
+
+def _has_token() -> bool:
+    from huggingface_hub import constants
+
+    if os.environ.get("HF_TOKEN") or os.environ.get("HUGGING_FACE_HUB_TOKEN"):
+        return True
+    return Path(constants.HF_TOKEN_PATH).is_file()  # `hf auth login` writes it; read without any network call
+
+
+def _hub_token(cfg: Config, model_download: float) -> list[Check]:
+    from solrl_core.models.diffusers_models import LAYOUTS
+
+    layout = LAYOUTS.get(cfg.model.loader)
+    if layout is None or not layout.gated or cfg.model.path:
+        return []
+    if _has_token():
+        return [Check("hub token", PASS, f"{cfg.model.hub_id} is gated; a Hugging Face token is set", "", model_download > 0)]
+    if model_download <= 0:
+        return [Check("hub token", PASS, f"{cfg.model.hub_id} is gated, but its weights need no download here", "", False)]
+    return [Check("hub token", FAIL, f"{cfg.model.hub_id} is gated and no Hugging Face token is set (HF_TOKEN)",
+                  GATED_HINT.format(repo=cfg.model.hub_id), True)]
+
+
+def _hub_mode(m: Machine) -> Check:
+    if m.offline:
+        return Check("hub mode", PASS, f"HF_HUB_OFFLINE=1: only weights already in the cache ({m.cache}) are used", "", False)
+    return Check("hub mode", PASS, f"online: missing weights download into {m.cache} on first use", "", False)
+
+
+def _disk(m: Machine, model_gb: float, reward_gb: float, cfg: Config) -> Check:
+    need = model_gb + reward_gb
+    probe = m.cache
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    free = shutil.disk_usage(probe).free / 1e9
+    if need <= 0:
+        return Check("disk space", PASS, f"{free:.0f} GB free at {probe}; nothing to download", "", False)
+    detail = f"{free:.0f} GB free at {probe}; still to download ~{need:.0f} GB (approximate: {model_size(cfg).label})"
+    fix = f"free space there, or point HF_HOME / HF_HUB_CACHE at a disk with more than {need * 1.1:.0f} GB free"
+    if free < need:
+        return Check("disk space", FAIL, detail, fix, True)
+    if free < need * 1.1:
+        return Check("disk space", WARN, detail + " (within 10%)", fix, True)
+    return Check("disk space", PASS, detail, "", True)

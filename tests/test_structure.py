@@ -1,0 +1,115 @@
+"""The shape of the code a newcomer reads: no import cycle between solrl's modules (an import
+inside a function counts), no module over 450 lines, no function with more than 8 positional
+parameters (a Typer command's parameters are its options, so the commands of solrl_cli/*_cmd.py
+are exempt), and the
+training loop's iteration short enough to read on one screen."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("solrl_core", "solrl_cli")
+MAX_LINES = 450
+MAX_POSITIONAL = 8
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> set[str]:
+    """The solrl modules `name` imports, anywhere in its file."""
+    is_package = path.name == "__init__.py"
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                here = name.split(".") if is_package else name.split(".")[:-1]
+                base = ".".join(here[:len(here) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in MODULES:
+                target = target.rpartition(".")[0]
+            if target and target != name:
+                out.add(target)
+    return out
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph`, as the modules along it, or None."""
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        state[node] = 2
+        path.pop()
+        return None
+
+    for start in sorted(graph):
+        if start not in state and (found := visit(start)):
+            return found
+    return None
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_no_import_cycle():
+    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+    assert "solrl_core.session" in graph["solrl_core.trainer"]  # the graph sees real imports
+    cycle = _cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("name", sorted(MODULES))
+def test_modules_stay_short(name):
+    lines = len(MODULES[name].read_text(encoding="utf-8").splitlines())
+    assert lines <= MAX_LINES, f"{name} has {lines} lines: split it by concern"
+
+
+def _is_command(module: str, fn: ast.FunctionDef) -> bool:
+    """A public function of a solrl_cli/*_cmd.py module: a command, registered in solrl_cli/app.py."""
+    return module.startswith("solrl_cli.") and module.endswith("_cmd") and not fn.name.startswith("_")
+
+
+def test_no_function_takes_more_than_8_positional_parameters():
+    wide = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _is_command(name, node):
+                params = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")]
+                if len(params) > MAX_POSITIONAL:
+                    wide.append(f"{name}.{node.name} ({len(params)})")
+    assert not wide, "take the rest by name or as a value: " + ", ".join(wide)
+
+
+def test_an_iteration_reads_on_one_screen():
+    tree = ast.parse(MODULES["solrl_core.trainer"].read_text(encoding="utf-8"))
+    (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run_iteration"]
+    assert fn.end_lineno - fn.lineno + 1 <= 30
