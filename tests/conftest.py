@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -35,3 +36,13 @@ def benchmark_module(monkeypatch):
         sys.modules.pop(name, None)
         return __import__(name)
     return load
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked slow run only with SOLRL_SLOW=1 (CI sets it: .ci/run)."""
+    if os.environ.get("SOLRL_SLOW") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: set SOLRL_SLOW=1 to run")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

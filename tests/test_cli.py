@@ -201,3 +201,14 @@ def test_export_writes_the_lora_or_a_merged_transformer_equal_to_the_tuned_model
         exported = loaded.model.velocity(plain, x, s, cond)
     assert torch.allclose(exported, tuned, atol=1e-5)
     assert not torch.allclose(exported, untuned, atol=1e-5)
+
+
+def test_version_and_short_help():
+    from importlib.metadata import version
+
+    out = runner.invoke(app, ["--version"])
+    assert out.exit_code == 0 and out.output.strip() == f"solrl {version('solrl')}"
+    for args in (["-h"], ["train", "-h"]):
+        out = runner.invoke(app, args)
+        assert out.exit_code == 0 and "--help" in out.output and "Usage" in out.output, args
+    assert "--resume" in runner.invoke(app, ["train", "-h"]).output

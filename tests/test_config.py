@@ -9,12 +9,29 @@ from solrl_core.errors import SolrlError
 from solrl_core.presets import list_presets, names, resolve_config, split_preset_name
 
 
-@pytest.mark.parametrize("model,family,reward", list(itertools.product(names("models"), names("families"), names("rewards"))))
-def test_every_shipped_preset_combination_resolves_and_validates(model, family, reward):
-    cfg = resolve_config(model, family, reward)
-    assert cfg.preset == f"{model}_{family}_{reward}"
-    assert split_preset_name(cfg.preset) == (model, family, reward)
-    assert cfg.algorithm.family == family
+@pytest.mark.parametrize("preset", list_presets(), ids=lambda p: f"{p.kind}/{p.name}")
+def test_every_shipped_preset_file_resolves_and_validates(preset):
+    parts = {"models": "tiny", "families": "sol_rl", "rewards": None} | {preset.kind: preset.name}
+    cfg = resolve_config(parts["models"], parts["families"], parts["rewards"])
+    assert preset.description, f"{preset.kind}/{preset.name} has no description for `solrl presets`"
+    if preset.kind == "families":
+        assert cfg.algorithm.family == preset.name
+    if preset.kind == "models":
+        assert cfg.model.name == preset.name
+
+
+def test_every_combination_of_shipped_presets_resolves_and_validates():
+    """Model, family and reward presets are made to combine freely: each combination validates and
+    names itself <model>_<family>_<reward>."""
+    combinations = list(itertools.product(names("models"), names("families"), names("rewards")))
+    assert len(combinations) > 100
+    for model, family, reward in combinations:
+        try:
+            cfg = resolve_config(model, family, reward)
+        except SolrlError as exc:
+            raise AssertionError(f"{model}_{family}_{reward}: {exc.message}") from exc
+        assert cfg.preset == f"{model}_{family}_{reward}" and split_preset_name(cfg.preset) == (model, family, reward)
+        assert cfg.algorithm.family == family, f"{model}_{family}_{reward}"
 
 
 def test_real_model_presets_carry_the_official_defaults():
