@@ -16,9 +16,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-PHASES = ("explore", "selection", "regenerate", "reward", "train", "sync", "total")  # as solrl_core.events.PHASES
+from solrl_core.events import PHASES  # noqa: F401 - the TUI's phase order, importable from here
+from solrl_core.rundir import EVENTS_FILE  # noqa: F401 - torch-free, as everything `solrl monitor` imports
 PANELS = {"time": "time", "rewards": "rewards", "loss": "loss", "eval": "eval", "log": "warnings & log", "env": "environment"}
-EVENTS_FILE = "events.jsonl"  # solrl_core.session.EVENTS_FILE; importing that module would load torch
 HISTORY = 2000  # iterations kept for plots; the aggregates count every iteration
 ROLLING = 10
 
@@ -210,15 +210,16 @@ class RunState:
     def explore_speed(self) -> list[str]:
         """Stage-1 versus Stage-2 generation speed, from the timings and the run's config (sol_rl only:
         the one family that generates the same seeds in both stages). Empty when not derivable."""
-        cfg = (self.started or {}).get("config") or {}
+        from solrl_core.config import Config, from_dict
+
         t_draft, t_final = self.rolling("explore"), self.rolling("regenerate")
-        try:
-            if cfg["algorithm"]["family"] != "sol_rl" or not t_draft or not t_final:
-                return []
-            prompts, n, k = cfg["run"]["prompts_per_iteration"], cfg["explore"]["group_size"], cfg["selection"]["group_size"]
-            steps_draft, steps_final = cfg["explore"]["steps"], cfg["sampler"]["steps"]
-        except (KeyError, TypeError):
+        if not self.started or not t_draft or not t_final:
             return []
+        cfg = from_dict(self.started["config"], Config(), source="the run's start event")  # typed: drift is an error
+        if cfg.algorithm.family != "sol_rl":
+            return []
+        prompts, n, k = cfg.run.prompts_per_iteration, cfg.explore.group_size, cfg.selection.group_size
+        steps_draft, steps_final = cfg.explore.steps, cfg.sampler.steps
         draft, final = prompts * n / t_draft, prompts * k / t_final
         return [f"Stage 1 draft rollouts: {prompts} prompts x {n} seeds in {t_draft:.2f}s = {draft:.1f}/s "
                 f"({steps_draft} steps, {self.started['explore_precision']})",

@@ -206,6 +206,47 @@ class RunFinished(Event):
     last3_reward: float | None
 
 
+class EventDecodeError(ValueError):
+    """A record that is no event of this version: an unknown kind, or fields that do not fit its kind."""
+
+    def __init__(self, message: str, kind: object) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+def event_types() -> dict[str, type[Event]]:
+    """Every event class, by the kind it writes as "event"."""
+    found: dict[str, type[Event]] = {}
+    todo = [Event]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            found[sub.kind] = sub
+            todo.append(sub)
+    return found
+
+
+def decode(record: dict[str, Any]) -> Event:
+    """The typed event of one `events.jsonl` record (what `Event.to_dict` wrote). Raises
+    EventDecodeError for a kind this version does not know (a newer solrl wrote it: readers skip it
+    and say so) or for fields that do not fit the kind (a damaged or foreign file: readers stop)."""
+    kind = record.get("event")
+    cls = event_types().get(kind)  # type: ignore[arg-type]
+    if cls is None:
+        raise EventDecodeError(f"unknown event kind {kind!r}", kind)
+    names = {f.name: f for f in dataclasses.fields(cls)}
+    values = {k: v for k, v in record.items() if k != "event"}
+    stray = sorted(set(values) - set(names))
+    if stray:
+        raise EventDecodeError(f"event {kind!r} has no field {stray[0]!r}", kind)
+    for name, value in values.items():
+        if isinstance(value, dict) and "RewardStats" in str(names[name].type):
+            values[name] = RewardStats(**value)
+    try:
+        return cls(**values)
+    except TypeError as exc:
+        raise EventDecodeError(f"event {kind!r} does not fit its fields: {exc}", kind) from exc
+
+
 Subscriber = Callable[[Event], None]
 
 

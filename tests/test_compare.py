@@ -41,7 +41,7 @@ def test_load_run_drops_what_a_resume_repeats_and_sums_measured_seconds(tmp_path
     its, secs, means = run.series("mean")
     assert its == [1, 2, 3] and means == [0.5, 0.6, 0.7]  # the lost iteration 2 (reward 99) is gone
     assert secs == pytest.approx([5.0, 8.0, 11.0])  # base eval 2 s, then 3 s per iteration
-    assert [e["elapsed"] for e in run.evals] == pytest.approx([2.0, 13.0])
+    assert [t.elapsed for t in run.evals] == pytest.approx([2.0, 13.0])
     assert run.phase_means()["explore"] == pytest.approx(1.5)
 
 
@@ -58,6 +58,18 @@ def test_compare_writes_png_and_table(tmp_path):
     rows = list(csv.reader(open(out / "compare.csv")))
     assert rows[1][:9] == ["sol", "sol_rl", "cpu", "3/3", "0.5", "0.6", "0.5", "0.7", "13.0"]
     assert rows[2][3] == "2/2" and rows[2][rows[0].index("total s/it")] == "6.000"
+
+
+def test_a_newer_kind_is_skipped_and_counted_and_a_damaged_line_is_named(tmp_path):
+    _record(tmp_path, "sol_rl", [0.5, 0.6], seconds=3.0)
+    with open(tmp_path / "events.jsonl", "a", encoding="utf-8") as fh:
+        fh.write('{"event": "from_the_future", "time": 1.0, "x": 1}\n')
+    run = load_run(tmp_path)
+    assert run.skipped == {"from_the_future": 1} and len(run.iterations) == 2
+    with open(tmp_path / "events.jsonl", "a", encoding="utf-8") as fh:
+        fh.write('{"event": "eval", "time": 1.0, "iteration": 2}\n')  # a known kind missing its fields
+    with pytest.raises(SolrlError, match="line 7: event 'eval' does not fit its fields"):
+        load_run(tmp_path)
 
 
 def test_compare_names_a_folder_without_events(tmp_path):

@@ -1,6 +1,7 @@
 """TensorBoard and W&B trackers on a 2-iteration tiny run (no network: W&B offline), read back with
 each tool's own reader; a resumed run continues the same series."""
 
+import dataclasses
 import json
 
 import pytest
@@ -152,7 +153,7 @@ def test_metric_names_are_stable_and_take_new_per_phase_fields():
     it = ev.IterationFinished(iteration=3, iterations=9, seconds={"explore": 1.0, "total": 2.0}, draft=None,
                               final=ev.RewardStats(mean=0.5, std=0.1, best=0.9, worst=0.1, components={"pickscore": 0.5}),
                               loss={"loss": 1.0, "policy": 0.9, "kl": 0.1}, nonfinite_losses=0, grad_norm=0.3, old_decay=0.0)
-    record = {**it.to_dict(), "peak_memory": {"explore": 7.5, "train": 30.25}}  # a field a later version adds
+    record = dataclasses.replace(it, peak_memory={"explore": 7.5, "train": 30.25})  # a per-phase dict field
     step, values = metrics.scalars(record)
     assert step == 3
     assert values == {"time/explore": 1.0, "time/total": 2.0, "reward/final/mean": 0.5, "reward/final/std": 0.1,
@@ -160,11 +161,11 @@ def test_metric_names_are_stable_and_take_new_per_phase_fields():
                       "loss/loss": 1.0, "loss/policy": 0.9, "loss/kl": 0.1, "loss/nonfinite": 0.0, "train/grad_norm": 0.3,
                       "train/old_decay": 0.0, "memory/explore": 7.5, "memory/train": 30.25}
     check = ev.RankCheckResult(iteration=4, prompt="p", seeds=8, rho=None, tau=0.5, draft_mean=0.1, full_mean=0.2, seconds=1.0)
-    assert metrics.scalars(check.to_dict()) == (4, {"rank_check/tau": 0.5, "rank_check/draft_mean": 0.1,
+    assert metrics.scalars(check) == (4, {"rank_check/tau": 0.5, "rank_check/draft_mean": 0.1,
                                                     "rank_check/full_mean": 0.2, "rank_check/seconds": 1.0})
     evaluation = ev.EvalFinished(iteration=0, weights="base", prompts="x", samples=4, mean=0.4, components={"a": 0.4},
                                  extras={"a.strict": 0.2}, seconds=1.5)
-    assert metrics.scalars(evaluation.to_dict()) == (0, {"eval/mean": 0.4, "eval/component/a": 0.4, "eval/a.strict": 0.2,
+    assert metrics.scalars(evaluation) == (0, {"eval/mean": 0.4, "eval/component/a": 0.4, "eval/a.strict": 0.2,
                                                          "eval/seconds": 1.5})
 
 

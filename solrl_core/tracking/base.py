@@ -13,7 +13,7 @@ class Tracker:
         if isinstance(event, ev.SampleGrid):
             self.image(event)
             return
-        found = metrics.scalars(event.to_dict())
+        found = metrics.scalars(event)
         if found is not None and found[1]:
             self.scalars(*found)
 

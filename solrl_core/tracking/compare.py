@@ -14,11 +14,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from solrl_core import events as ev
 from solrl_core.errors import SolrlError
 from solrl_core.events import PHASES
+from solrl_core.rundir import EVENTS_FILE
 
-EVENTS_FILE = "events.jsonl"
-_TIMED = ("eval", "checkpoint", "rank_check")  # events outside an iteration whose seconds count as training time
+# events outside an iteration whose seconds count as training time
+_TIMED = (ev.EvalFinished, ev.CheckpointSaved, ev.RankCheckResult)
+
+
+@dataclass(frozen=True)
+class Timed:
+    """An event and the training seconds of its run when it was written."""
+
+    event: Any
+    elapsed: float
 
 
 @dataclass
@@ -29,18 +39,19 @@ class RunRecord:
     family: str = "?"
     device: str = "?"
     total: int = 0
-    iterations: list[dict[str, Any]] = field(default_factory=list)  # iteration events, with "elapsed" added
-    evals: list[dict[str, Any]] = field(default_factory=list)  # eval events, with "elapsed" added
+    iterations: list[Timed] = field(default_factory=list)  # IterationFinished events
+    evals: list[Timed] = field(default_factory=list)  # EvalFinished events
+    skipped: dict[str, int] = field(default_factory=dict)  # events of kinds this version does not know, by kind
 
     def series(self, key: str) -> tuple[list[int], list[float], list[float]]:
         """(iterations, training seconds, Stage-2 `key`) of every iteration."""
         its = self.iterations
-        return [e["iteration"] for e in its], [e["elapsed"] for e in its], [e["final"][key] for e in its]
+        return [t.event.iteration for t in its], [t.elapsed for t in its], [getattr(t.event.final, key) for t in its]
 
     def phase_means(self) -> dict[str, float]:
         out = {}
         for phase in PHASES:
-            values = [e["seconds"][phase] for e in self.iterations if phase in e["seconds"]]
+            values = [t.event.seconds[phase] for t in self.iterations if phase in t.event.seconds]
             if values:
                 out[phase] = statistics.fmean(values)
         return out
@@ -56,24 +67,27 @@ def load_run(run_dir: str | Path) -> RunRecord:
         if not line.strip():
             continue
         try:
-            e = json.loads(line)
+            e = ev.decode(json.loads(line))
+        except ev.EventDecodeError as exc:
+            if exc.kind in ev.event_types():
+                raise SolrlError(f"{path} line {number}: {exc}", "the file is damaged; compare the runs' other folders") from exc
+            record.skipped[str(exc.kind)] = record.skipped.get(str(exc.kind), 0) + 1  # written by a newer solrl
+            continue
         except ValueError as exc:
             raise SolrlError(f"{path} line {number} is not JSON", "the file is damaged; compare the runs' other folders") from exc
-        kind = e.get("event")
-        if kind == "run_started":
-            start = e["start_iteration"]
-            record.family = e.get("config", {}).get("algorithm", {}).get("family", "?")
-            record.device, record.total = e.get("device", "?"), e["iterations"]
-            record.iterations = [it for it in record.iterations if it["iteration"] <= start]
-            record.evals = [ev for ev in record.evals if ev["iteration"] <= start]
-            elapsed = max([it["elapsed"] for it in record.iterations] + [ev["elapsed"] for ev in record.evals] + [0.0])
-        elif kind == "iteration":
-            elapsed += e["seconds"]["total"]
-            record.iterations.append({**e, "elapsed": elapsed})
-        elif kind in _TIMED:
-            elapsed += e.get("seconds", 0.0)
-            if kind == "eval":
-                record.evals.append({**e, "elapsed": elapsed})
+        if isinstance(e, ev.RunStarted):
+            record.family = e.config.get("algorithm", {}).get("family", "?")
+            record.device, record.total = e.device, e.iterations
+            record.iterations = [it for it in record.iterations if it.event.iteration <= e.start_iteration]
+            record.evals = [x for x in record.evals if x.event.iteration <= e.start_iteration]
+            elapsed = max([it.elapsed for it in record.iterations] + [x.elapsed for x in record.evals] + [0.0])
+        elif isinstance(e, ev.IterationFinished):
+            elapsed += e.seconds["total"]
+            record.iterations.append(Timed(e, elapsed))
+        elif isinstance(e, _TIMED):
+            elapsed += e.seconds
+            if isinstance(e, ev.EvalFinished):
+                record.evals.append(Timed(e, elapsed))
     return record
 
 
@@ -86,10 +100,10 @@ def table(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
     for run in runs:
         _, secs, rewards = run.series("mean")
         means = run.phase_means()
-        measured = max(secs[-1:] + [e["elapsed"] for e in run.evals[-1:]], default=None)
+        measured = max(secs[-1:] + [t.elapsed for t in run.evals[-1:]], default=None)
         rows.append([run.name, run.family, run.device, f"{len(run.iterations)}/{run.total}",
                      _num(rewards[0] if rewards else None), _num(statistics.fmean(rewards[-3:]) if rewards else None),
-                     _num(run.evals[0]["mean"] if run.evals else None), _num(run.evals[-1]["mean"] if run.evals else None),
+                     _num(run.evals[0].event.mean if run.evals else None), _num(run.evals[-1].event.mean if run.evals else None),
                      f"{measured:.1f}" if measured is not None else "-", *[f"{means[p]:.3f}" if p in means else "-" for p in PHASES]])
     return header, rows
 
@@ -117,8 +131,8 @@ def figure(runs: list[RunRecord], path: Path) -> Path:
             ax = axes[0, c]
             ax.plot(x, mean, color=color, marker="o" if len(x) < 30 else None, markersize=3, label=label)
             ax.fill_between(x, worst, best, color=color, alpha=0.12, linewidth=0)
-            ev_x = [e["iteration"] if c == 0 else e["elapsed"] for e in run.evals]
-            axes[1, c].plot(ev_x, [e["mean"] for e in run.evals], color=color, marker="o", markersize=4, label=label)
+            ev_x = [t.event.iteration if c == 0 else t.elapsed for t in run.evals]
+            axes[1, c].plot(ev_x, [t.event.mean for t in run.evals], color=color, marker="o", markersize=4, label=label)
     for r in range(2):
         axes[r, 0].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     for c, xlabel in enumerate(("iteration", "training seconds (measured, summed)")):

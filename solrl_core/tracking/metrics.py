@@ -1,5 +1,5 @@
-"""The stable metric names solrl sends to experiment trackers, read from event dicts (an event's
-`to_dict()`, or one line of events.jsonl), so the trackers and `solrl compare` name things alike.
+"""The stable metric names solrl sends to experiment trackers, read from typed events (live, or
+decoded from events.jsonl by `events.decode`), so the trackers and `solrl compare` name things alike.
 
 Each name is one scalar per step; the step is the iteration the number belongs to (0 is the base
 model before the first update). The README lists these names; renaming one breaks users' dashboards.
@@ -28,18 +28,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from solrl_core import events as ev
+
 # iteration-event field -> metric name (prefix, for dicts)
 ITERATION_NAMES = {"seconds": "time", "peak_memory": "memory", "loss": "loss", "nonfinite_losses": "loss/nonfinite",
                    "grad_norm": "train/grad_norm", "old_decay": "train/old_decay"}
 _NOT_METRICS = {"event", "time", "iteration", "iterations"}
 
 
-def scalars(event: dict[str, Any]) -> tuple[int, dict[str, float]] | None:
+def scalars(event: ev.Event) -> tuple[int, dict[str, float]] | None:
     """(step, {name: value}) for an event that carries metrics, else None."""
-    kind = event.get("event")
     out: dict[str, float] = {}
-    if kind == "iteration":
-        for key, value in event.items():
+    if isinstance(event, ev.IterationFinished):
+        for key, value in event.to_dict().items():
             if key in _NOT_METRICS:
                 continue
             if key in ("final", "draft"):
@@ -47,16 +48,16 @@ def scalars(event: dict[str, Any]) -> tuple[int, dict[str, float]] | None:
                     _reward_stats(f"reward/{key}", value, out)
                 continue
             _flatten(ITERATION_NAMES.get(key, f"iteration/{key}"), value, out)
-        return int(event["iteration"]), out
-    if kind == "eval":
-        out["eval/mean"] = float(event["mean"])
-        _flatten("eval/component", event.get("components", {}), out)
-        _flatten("eval", event.get("extras", {}), out)
-        out["eval/seconds"] = float(event["seconds"])
-        return int(event["iteration"]), out
-    if kind == "rank_check":
-        _flatten("rank_check", {k: event.get(k) for k in ("rho", "tau", "draft_mean", "full_mean", "seconds")}, out)
-        return int(event["iteration"]), out
+        return event.iteration, out
+    if isinstance(event, ev.EvalFinished):
+        out["eval/mean"] = float(event.mean)
+        _flatten("eval/component", event.components, out)
+        _flatten("eval", event.extras, out)
+        out["eval/seconds"] = float(event.seconds)
+        return event.iteration, out
+    if isinstance(event, ev.RankCheckResult):
+        _flatten("rank_check", {k: getattr(event, k) for k in ("rho", "tau", "draft_mean", "full_mean", "seconds")}, out)
+        return event.iteration, out
     return None
 
 
