@@ -1,37 +1,67 @@
 """Config layering, validation, and every shipped preset."""
 
+import inspect
 import itertools
 
 import pytest
 
 from solrl_core.config import Config, from_dict, set_value, to_dict
 from solrl_core.errors import SolrlError
-from solrl_core.presets import list_presets, names, resolve_config, split_preset_name
+from solrl_core.presets import get_preset, list_presets, names, resolve_config, split_preset_name
+
+
+# resolve_config's argument for each kind, in layering order (a later kind overrides an earlier one).
+ARGUMENT = {"models": "model", "families": "family", "rewards": "reward"}
+DEFAULTS = {kind: inspect.signature(resolve_config).parameters[arg].default for kind, arg in ARGUMENT.items()}
+
+
+def _settings(values: dict, section: str = "") -> dict[str, object]:
+    """A preset's values as {"section.key": value}."""
+    out: dict[str, object] = {}
+    for key, value in values.items():
+        if isinstance(value, dict) and not section:
+            out |= _settings(value, key)
+        else:
+            out[f"{section}.{key}" if section else key] = value
+    return out
 
 
 @pytest.mark.parametrize("preset", list_presets(), ids=lambda p: f"{p.kind}/{p.name}")
 def test_every_shipped_preset_file_resolves_and_validates(preset):
-    parts = {"models": "tiny", "families": "sol_rl", "rewards": None} | {preset.kind: preset.name}
-    cfg = resolve_config(parts["models"], parts["families"], parts["rewards"])
-    assert preset.description, f"{preset.kind}/{preset.name} has no description for `solrl presets`"
+    """Each file resolves and validates with resolve_config's defaults for the other two parts, and
+    every setting it makes reaches the config unless a later default part sets it too."""
+    where = f"{preset.kind}/{preset.name}"
+    assert preset.description, f"{where} has no description for `solrl presets`"
+    cfg = resolve_config(**{ARGUMENT[preset.kind]: preset.name})
+    later = list(ARGUMENT)[list(ARGUMENT).index(preset.kind) + 1:]
+    shadowed = {key for kind in later if DEFAULTS[kind] for key in _settings(get_preset(kind, DEFAULTS[kind]).values)}
+    resolved = _settings(to_dict(cfg))
+    for key, value in _settings(preset.values).items():
+        if key not in shadowed:
+            assert resolved[key] == value, f"{where} sets {key} = {value!r}, the resolved config has {resolved[key]!r}"
     if preset.kind == "families":
-        assert cfg.algorithm.family == preset.name
-    if preset.kind == "models":
-        assert cfg.model.name == preset.name
+        assert cfg.algorithm.family == preset.name, f"{where} does not set algorithm.family = {preset.name!r}"
 
 
 def test_every_combination_of_shipped_presets_resolves_and_validates():
     """Model, family and reward presets are made to combine freely: each combination validates and
-    names itself <model>_<family>_<reward>."""
-    combinations = list(itertools.product(names("models"), names("families"), names("rewards")))
-    assert len(combinations) > 100
-    for model, family, reward in combinations:
+    names itself <model>_<family>_<reward>. All combinations are tried; the failing ones are named."""
+    parts = {kind: names(kind) for kind in ARGUMENT}
+    assert all(parts.values()), f"a preset kind has no files: {parts}"
+    failures = []
+    for model, family, reward in itertools.product(*parts.values()):
+        combination = f"{model}_{family}_{reward}"
         try:
             cfg = resolve_config(model, family, reward)
-        except SolrlError as exc:
-            raise AssertionError(f"{model}_{family}_{reward}: {exc.message}") from exc
-        assert cfg.preset == f"{model}_{family}_{reward}" and split_preset_name(cfg.preset) == (model, family, reward)
-        assert cfg.algorithm.family == family, f"{model}_{family}_{reward}"
+            split = split_preset_name(cfg.preset)
+        except Exception as exc:  # any error, so that the combination is named with it
+            failures.append(f"{combination}: {type(exc).__name__}: {exc}")
+            continue
+        if cfg.preset != combination or split != (model, family, reward):
+            failures.append(f"{combination}: named {cfg.preset!r}, which splits as {split}")
+        if cfg.algorithm.family != family:
+            failures.append(f"{combination}: algorithm.family is {cfg.algorithm.family!r}")
+    assert not failures, f"{len(failures)} combinations fail:\n" + "\n".join(failures)
 
 
 def test_real_model_presets_carry_the_official_defaults():
@@ -114,7 +144,3 @@ def test_unknown_presets_suggest_close_matches(kwargs, message):
     with pytest.raises(SolrlError) as err:
         resolve_config(**kwargs)
     assert message in str(err.value)
-
-
-def test_every_preset_file_has_a_description():
-    assert all(p.description for p in list_presets())
