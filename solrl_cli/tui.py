@@ -318,6 +318,8 @@ def run_tui_training(config: Any, resume: bool = False, checkpoint: str | None =
             worker.join()
     if source.error is not None:
         raise source.error
+    if app.failure is not None:  # the view stopped (the run did too, safely): say why
+        raise app.failure
     for event in source.poll():  # what arrived after the app closed
         app.state.apply(event)
     with contextlib.suppress(OSError):

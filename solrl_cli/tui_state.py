@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from solrl_core import events as ev
+from solrl_core.config import Config, from_dict
 from solrl_core.errors import SolrlError
 from solrl_core.events import PHASES
 
@@ -134,7 +135,7 @@ class RunState:
 
     def __init__(self, history: int = HISTORY) -> None:
         self.started: ev.RunStarted | None = None
-        self.config: Any = None  # the run's config, typed (solrl_core.config.Config), from its start event
+        self.config: Config | None = None  # the run's config, typed, from its start event
         self.quantization = ""
         self.iterations: deque[ev.IterationFinished] = deque(maxlen=history)
         self.count = 0  # every iteration seen (the deque keeps the last `history`)
@@ -155,8 +156,6 @@ class RunState:
         self.version += 1
         self.last_time = e.time
         if isinstance(e, ev.RunStarted):
-            from solrl_core.config import Config, from_dict  # torch-free
-
             self.started, self.finished = e, None
             self.config = from_dict(e.config, Config(), source="the run's start event")  # typed: drift is an error
             while self.iterations and self.iterations[-1].iteration > e.start_iteration:
@@ -240,7 +239,7 @@ class RunState:
         if not self.started or not t_draft or not t_final:
             return []
         cfg = self.config
-        if cfg.algorithm.family != "sol_rl":
+        if cfg is None or cfg.algorithm.family != "sol_rl":
             return []
         prompts, n, k = cfg.run.prompts_per_iteration, cfg.explore.group_size, cfg.selection.group_size
         steps_draft, steps_final = cfg.explore.steps, cfg.sampler.steps
