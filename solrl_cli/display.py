@@ -36,8 +36,8 @@ class TerminalDisplay:
         self.last_eval: ev.EvalFinished | None = None
 
     def __call__(self, event: ev.Event) -> None:
-        if event.kind in FAULT_EVENTS:
-            self.console.print(f"[yellow]warning:[/] {fault_message(event.to_dict())}")
+        if isinstance(event, FAULT_EVENTS):
+            self.console.print(f"[yellow]warning:[/] {fault_message(event)}")
             return
         handler = getattr(self, f"on_{event.kind}", None)
         if handler:

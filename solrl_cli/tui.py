@@ -1,6 +1,6 @@
-"""The live view of a run (Textual): one app that only consumes events, as plain dicts.
+"""The live view of a run (Textual): one app that only consumes typed events.
 
-Two sources feed it the same dicts, so a live run and a replay share one ingestion path:
+Two sources feed it the same events, so a live run and a replay share one ingestion path:
 `JsonlTail` follows a run's events.jsonl (`solrl monitor RUN_DIR`), and `QueueSource` is a bus
 subscriber that queues events for the app (`solrl train --tui`, via `run_tui_training`). History
 lives in `RunState`, apart from rendering; the app applies new events in batches on a timer and
@@ -19,7 +19,6 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from rich.table import Table
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -28,9 +27,12 @@ from textual.screen import ModalScreen
 from textual.widgets import ContentSwitcher, Footer, ProgressBar, Sparkline, Static
 
 from solrl_cli.display import fmt
-from solrl_cli.tui_panels import ChartPanel, env_view, eval_charts, latest_table, reward_charts, time_charts
-from solrl_cli.tui_state import (EVENTS_FILE, PANELS, PHASES, ROLLING, JsonlTail, QueueSource, RunState,  # noqa: F401
-                               _clock, _duration, gpu_line)
+from solrl_core import events as ev
+from solrl_core.errors import SolrlError
+from solrl_core.rundir import EVENTS_FILE
+from solrl_cli.tui_panels import (ChartPanel, env_view, eval_charts, eval_view, latest_table, log_view, loss_note, loss_rows,
+                                 reward_charts, reward_note, reward_rows, time_charts, time_note, time_view)
+from solrl_cli.tui_state import PANELS, JsonlTail, QueueSource, RunState, _clock, _duration, gpu_line
 
 
 # ---------------------------------------------------------------- widgets
@@ -110,84 +112,6 @@ class TablePanel(VerticalScroll):
         self.body.update(self._view(state))
 
 
-def time_view(s: RunState) -> Table:
-    latest = s.iterations[-1] if s.iterations else {}
-    peaks, source = latest.get("peak_memory") or {}, latest.get("memory_source", "")
-    title = f"seconds per phase, iterations seen: {s.count}" + (f"; peak GiB of the last iteration: {source}" if peaks else "")
-    table = Table(title=title, title_justify="left", box=None, padding=(0, 2))
-    for col in ("phase", "last", f"mean last {ROLLING}", "mean all", "share", "peak GiB"):
-        table.add_column(col, justify="left" if col == "phase" else "right")
-    last = latest.get("seconds", {})
-    total = s.rolling("total")
-    for phase in PHASES:
-        mean = s.rolling(phase)
-        share = f"{100 * mean / total:.0f}%" if mean is not None and total and phase != "total" else ""
-        table.add_row(phase, _num(last.get(phase)), _num(mean), _num(s.phase_sums[phase] / s.count if s.count else None), share,
-                      _num(peaks.get(phase)))
-    return table
-
-
-def time_note(s: RunState) -> str:
-    speed = s.explore_speed()
-    return "\n".join(speed) if speed else "explore speed-up: not derivable from these events (needs the sol_rl family's two generation stages)"
-
-
-def reward_rows(s: RunState) -> list[tuple[str, list[float]]]:
-    rows = []
-    for stage, name in (("final", "Stage-2 final"), ("draft", "Stage-1 draft")):
-        rows += [(f"{name} {stat}", s.series(stage, stat)) for stat in ("mean", "best", "worst")]
-        rows += [(f"{name[:7]} {comp}", s.series(stage, "components", comp)) for comp in s.components(stage)]
-    return [r for r in rows if r[1]]
-
-
-def reward_note(s: RunState) -> str:
-    weights = (s.started or {}).get("config", {}).get("reward", {}).get("weights", {})
-    spec = ", ".join(f"{k}={v:g}" for k, v in weights.items()) or "?"
-    return f"rewards {spec}"
-
-
-def loss_rows(s: RunState) -> list[tuple[str, list[float]]]:
-    return [(f"loss {k}" if k != "loss" else "loss", s.series("loss", k)) for k in ("loss", "policy", "kl")] + [
-        ("grad norm", s.series("grad_norm")), ("old-policy decay", s.series("old_decay"))]
-
-
-def loss_note(s: RunState) -> str:
-    return f"non-finite losses zeroed: {s.nonfinite} in total"
-
-
-def eval_view(s: RunState) -> Table | str:
-    if not s.evals:
-        return "no evaluation yet (run.eval_prompts sets the prompts, run.eval_every how often)"
-    table = Table(title="evaluations (fixed prompts and seeds)", title_justify="left", box=None, padding=(0, 2))
-    for col in ("iteration", "weights", "prompts", "images", "reward", "change", "extras", "seconds"):
-        table.add_column(col, justify="right" if col in ("iteration", "images", "reward", "change", "seconds") else "left")
-    first = s.evals[0]["mean"]
-    for e in s.evals:
-        extras = "  ".join(f"{k.split('.')[-1]} {v:.3f}" for k, v in e.get("extras", {}).items())
-        comps = "  ".join(f"{k} {fmt(v)}" for k, v in e.get("components", {}).items()) if len(e.get("components", {})) > 1 else ""
-        table.add_row(str(e["iteration"]), e["weights"], e["prompts"], str(e["samples"]), fmt(e["mean"]),
-                      f"{e['mean'] - first:+.4f}" if e is not s.evals[0] else "", "  ".join(x for x in (comps, extras) if x), f"{e['seconds']:.1f}")
-    return table
-
-
-def log_view(s: RunState) -> Text:
-    text = Text()
-    if s.quantization:
-        text.append(f"explore copy: {s.quantization}\n")
-    text.append(f"warnings: {s.warning_count}" + (f" (last {len(s.warnings)})" if s.warning_count > len(s.warnings) else "") + "\n",
-                style="yellow" if s.warning_count else "")
-    for w in s.warnings:
-        text.append(f"  {_clock(w)} {w['message']}\n", style="yellow")
-    text.append("log:\n")
-    for line in s.log:
-        text.append(f"  {line}\n")
-    return text
-
-
-def _num(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
-
-
 class StopScreen(ModalScreen[bool]):
     """q during `train --tui`: stop safely (finish the iteration, save a checkpoint) or cancel."""
 
@@ -233,6 +157,7 @@ class SolrlMonitor(App):
         self.paused = False
         self.stopping = False
         self.exit_requested = False  # set from a signal handler; acted on by the next tick
+        self.failure: SolrlError | None = None  # a log the monitor cannot read on: run_monitor raises it
         self._drawn = -1
         self.panels = {"time": ChartPanel(time_charts, time_note, "time", table=time_view),
                        "rewards": ChartPanel(reward_charts, reward_note, "rewards", table=latest_table(reward_rows)),
@@ -263,12 +188,14 @@ class SolrlMonitor(App):
         self.set_interval(2.0, lambda: self.gpu.update(gpu_line()))
 
     def _tick(self) -> None:
-        if not self.paused:  # paused: new events wait in the source (the queue, or the file)
-            for event in self.source.poll():
-                try:
+        try:
+            if not self.paused:  # paused: new events wait in the source (the queue, or the file)
+                for event in self.source.poll():
                     self.state.apply(event)
-                except (KeyError, TypeError, AttributeError):  # a log from another solrl version: show the rest
-                    self.state.apply({"event": "warning", "message": f"monitor: could not read a {event.get('event')} event"})
+        except SolrlError as exc:  # a damaged line, or a config this version cannot read: stop, then say where
+            self.failure = exc
+            self.exit()
+            return
         failed = getattr(self.source, "error", None) is not None
         if self.exit_requested or failed or (self.stopping and self.source.finished):
             self.exit()
@@ -282,9 +209,9 @@ class SolrlMonitor(App):
         s = self.state
         if s.started:
             e = s.started
-            resumed = f"  resumed at iteration {e['start_iteration']}" if e["resumed"] else ""
-            self.run_line.update(Text.assemble((e["preset"], "bold"), f"  device {e['device']}  full precision {e['dtype']}  "
-                                               f"explore precision {e['explore_precision']}{resumed}\n{e['plan']}\nrun dir {e['run_dir']}"))
+            resumed = f"  resumed at iteration {e.start_iteration}" if e.resumed else ""
+            self.run_line.update(Text.assemble((e.preset, "bold"), f"  device {e.device}  full precision {e.dtype}  "
+                                               f"explore precision {e.explore_precision}{resumed}\n{e.plan}\nrun dir {e.run_dir}"))
         if s.total:
             self.bar.update(total=s.total, progress=s.iteration)
         self.panels[self.current].draw(s)
@@ -296,7 +223,7 @@ class SolrlMonitor(App):
         parts = [f"iteration {s.iteration}/{s.total}"]
         if s.iterations:
             it = s.iterations[-1]
-            parts.append(f"reward {fmt(it['final']['mean'])}" + (f" (draft {fmt(it['draft']['mean'])})" if it.get("draft") else ""))
+            parts.append(f"reward {fmt(it.final.mean)}" + (f" (draft {fmt(it.draft.mean)})" if it.draft else ""))
         eta = s.eta()
         if eta is not None:
             parts.append(f"eta ~{_duration(eta)} (recent s/iteration x iterations left, excl. eval)")
@@ -305,11 +232,11 @@ class SolrlMonitor(App):
         if self.paused:
             flags.append("[reverse] PAUSED [/] new events are buffered (p resumes)")
         if s.finished:
-            flags.append(f"[bold]run {s.finished['reason']}[/]" + (" (q exits)" if self.stop_run else ""))
+            flags.append(f"[bold]run {s.finished.reason}[/]" + (" (q exits)" if self.stop_run else ""))
         elif self.stopping:
             flags.append(f"[bold yellow]stopping: finishing iteration {s.iteration + 1}, then saving a checkpoint[/]")
         if s.last_time is not None:
-            flags.append(f"last event {_clock({'time': s.last_time})} ({_duration(max(time.time() - s.last_time, 0))} ago)")
+            flags.append(f"last event {_clock(s.last_time)} ({_duration(max(time.time() - s.last_time, 0))} ago)")
         if s.warning_count:
             flags.append(f"[yellow]{s.warning_count} warning{'s' if s.warning_count > 1 else ''} (key 5)[/]")
         self.flags.update("  ".join(flags) or "waiting for events ...")
@@ -347,8 +274,12 @@ class SolrlMonitor(App):
 
 
 def run_monitor(run_dir: Path) -> None:
-    """`solrl monitor RUN_DIR`: replay events.jsonl, then follow it. q exits; the run is not touched."""
-    SolrlMonitor(JsonlTail(Path(run_dir) / EVENTS_FILE)).run()
+    """`solrl monitor RUN_DIR`: replay events.jsonl, then follow it. q exits; the run is not touched.
+    Raises the SolrlError that stopped the view (a line whose fields do not fit its kind)."""
+    app = SolrlMonitor(JsonlTail(Path(run_dir) / EVENTS_FILE))
+    app.run()
+    if app.failure is not None:
+        raise app.failure
 
 
 def run_tui_training(config: Any, resume: bool = False, checkpoint: str | None = None) -> Any:
@@ -387,6 +318,8 @@ def run_tui_training(config: Any, resume: bool = False, checkpoint: str | None =
             worker.join()
     if source.error is not None:
         raise source.error
+    if app.failure is not None:  # the view stopped (the run did too, safely): say why
+        raise app.failure
     for event in source.poll():  # what arrived after the app closed
         app.state.apply(event)
     with contextlib.suppress(OSError):
@@ -396,10 +329,10 @@ def run_tui_training(config: Any, resume: bool = False, checkpoint: str | None =
 
 def outcome(state: RunState) -> str:
     """The one line left on the terminal once the app has closed."""
-    run_dir = state.started["run_dir"] if state.started else "RUN_DIR"
-    end = state.finished or {"reason": "stopped", "iteration": state.iteration, "seconds": 0.0}
-    line = f"solrl: run {end['reason']} at iteration {end['iteration']}/{state.total} after {end['seconds']:.1f}s; replay: solrl monitor {run_dir}"
-    return line + (f"; continue: solrl train --resume {run_dir}" if end["iteration"] < state.total else "")
+    run_dir = state.started.run_dir if state.started else "RUN_DIR"
+    end = state.finished or ev.RunFinished(reason="stopped", iteration=state.iteration, seconds=0.0, first_reward=None, last3_reward=None)
+    line = f"solrl: run {end.reason} at iteration {end.iteration}/{state.total} after {end.seconds:.1f}s; replay: solrl monitor {run_dir}"
+    return line + (f"; continue: solrl train --resume {run_dir}" if end.iteration < state.total else "")
 
 
 @contextlib.contextmanager

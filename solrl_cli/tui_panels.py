@@ -1,4 +1,4 @@
-"""Chart panels and the environment panel of the TUI.
+"""The panels of the TUI: charts, the tables of numbers under them, the log and the environment.
 
 Charts are textual-plotext's `PlotextPlot` (Textualize's Textual wrapper of plotext): axes, ticks
 labelled in iterations, a legend, resized with the terminal. Each series is thinned to about two
@@ -20,7 +20,7 @@ from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
 from solrl_cli.display import fmt
-from solrl_cli.tui_state import RunState, thin
+from solrl_cli.tui_state import PHASES, ROLLING, RunState, _clock, thin
 
 Lines = dict[str, tuple[list[float], list[float]]]  # legend label -> (iterations, values)
 ChartSpec = tuple[str, str, Lines]  # title, y label, lines
@@ -111,7 +111,7 @@ def time_charts(s: RunState) -> list[ChartSpec]:
 def eval_charts(s: RunState) -> list[ChartSpec]:
     if not s.evals:
         return []
-    lines: Lines = {"evaluation mean": ([float(e["iteration"]) for e in s.evals], [e["mean"] for e in s.evals])}
+    lines: Lines = {"evaluation mean": ([float(e.iteration) for e in s.evals], [e.mean for e in s.evals])}
     return [("held-out evaluation (iteration 0: base weights, then EMA)", "reward", lines)]
 
 
@@ -126,12 +126,93 @@ def latest_table(rows: Callable[[RunState], list[tuple[str, list[float]]]]) -> C
     return view
 
 
+# ---------------------------------------------------------------- what the table panels show
+
+
+def time_view(s: RunState) -> Table:
+    latest = s.iterations[-1] if s.iterations else None
+    peaks, source = (latest.peak_memory or {}, latest.memory_source) if latest else ({}, "")
+    title = f"seconds per phase, iterations seen: {s.count}" + (f"; peak GiB of the last iteration: {source}" if peaks else "")
+    table = Table(title=title, title_justify="left", box=None, padding=(0, 2))
+    for col in ("phase", "last", f"mean last {ROLLING}", "mean all", "share", "peak GiB"):
+        table.add_column(col, justify="left" if col == "phase" else "right")
+    last = latest.seconds if latest else {}
+    total = s.rolling("total")
+    for phase in PHASES:
+        mean = s.rolling(phase)
+        share = f"{100 * mean / total:.0f}%" if mean is not None and total and phase != "total" else ""
+        table.add_row(phase, _num(last.get(phase)), _num(mean), _num(s.phase_sums[phase] / s.count if s.count else None), share,
+                      _num(peaks.get(phase)))
+    return table
+
+
+def time_note(s: RunState) -> str:
+    speed = s.explore_speed()
+    return "\n".join(speed) if speed else "explore speed-up: not derivable from these events (needs the sol_rl family's two generation stages)"
+
+
+def reward_rows(s: RunState) -> list[tuple[str, list[float]]]:
+    rows = []
+    for stage, name in (("final", "Stage-2 final"), ("draft", "Stage-1 draft")):
+        rows += [(f"{name} {stat}", s.series(stage, stat)) for stat in ("mean", "best", "worst")]
+        rows += [(f"{name[:7]} {comp}", s.series(stage, "components", comp)) for comp in s.components(stage)]
+    return [r for r in rows if r[1]]
+
+
+def reward_note(s: RunState) -> str:
+    weights = s.config.reward.weights if s.config else {}
+    spec = ", ".join(f"{k}={v:g}" for k, v in weights.items()) or "?"
+    return f"rewards {spec}"
+
+
+def loss_rows(s: RunState) -> list[tuple[str, list[float]]]:
+    return [(f"loss {k}" if k != "loss" else "loss", s.series("loss", k)) for k in ("loss", "policy", "kl")] + [
+        ("grad norm", s.series("grad_norm")), ("old-policy decay", s.series("old_decay"))]
+
+
+def loss_note(s: RunState) -> str:
+    return f"non-finite losses zeroed: {s.nonfinite} in total"
+
+
+def eval_view(s: RunState) -> Table | str:
+    if not s.evals:
+        return "no evaluation yet (run.eval_prompts sets the prompts, run.eval_every how often)"
+    table = Table(title="evaluations (fixed prompts and seeds)", title_justify="left", box=None, padding=(0, 2))
+    for col in ("iteration", "weights", "prompts", "images", "reward", "change", "extras", "seconds"):
+        table.add_column(col, justify="right" if col in ("iteration", "images", "reward", "change", "seconds") else "left")
+    first = s.evals[0].mean
+    for e in s.evals:
+        extras = "  ".join(f"{k.split('.')[-1]} {v:.3f}" for k, v in e.extras.items())
+        comps = "  ".join(f"{k} {fmt(v)}" for k, v in e.components.items()) if len(e.components) > 1 else ""
+        table.add_row(str(e.iteration), e.weights, e.prompts, str(e.samples), fmt(e.mean),
+                      f"{e.mean - first:+.4f}" if e is not s.evals[0] else "", "  ".join(x for x in (comps, extras) if x), f"{e.seconds:.1f}")
+    return table
+
+
+def log_view(s: RunState) -> Text:
+    text = Text()
+    if s.quantization:
+        text.append(f"explore copy: {s.quantization}\n")
+    text.append(f"warnings: {s.warning_count}" + (f" (last {len(s.warnings)})" if s.warning_count > len(s.warnings) else "") + "\n",
+                style="yellow" if s.warning_count else "")
+    for w in s.warnings:
+        text.append(f"  {_clock(w['time'])} {w['message']}\n", style="yellow")
+    text.append("log:\n")
+    for line in s.log:
+        text.append(f"  {line}\n")
+    return text
+
+
+def _num(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
+
+
 # ---------------------------------------------------------------- the environment panel
 
 
 def env_view(s: RunState) -> Any:
     """What the run started on, from its start event (not the machine showing it)."""
-    env = (s.started or {}).get("environment")
+    env = s.started.environment if s.started else None
     if not env:
         return "no environment recorded: the run has not started yet, or an older solrl wrote its events"
     ex, te, ao = env["explore"], env["transformer_engine"], env["torchao"]

@@ -1,6 +1,7 @@
 """What the TUI knows about a run, kept apart from how it is drawn: the event sources (a tailed
-events.jsonl, or a live queue fed by the engine's bus; both yield plain event dicts) and `RunState`,
-which folds events into bounded histories and running aggregates. No Textual import here."""
+events.jsonl decoded by `events.decode`, or a live queue fed by the engine's bus; both yield typed
+events) and `RunState`, which folds events into bounded histories and running aggregates. No Textual
+import here, and nothing that imports torch: `solrl monitor` starts fast."""
 
 from __future__ import annotations
 
@@ -14,23 +15,30 @@ import threading
 import time
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
-from solrl_core.events import PHASES  # noqa: F401 - the TUI's phase order, importable from here
-from solrl_core.rundir import EVENTS_FILE  # noqa: F401 - torch-free, as everything `solrl monitor` imports
+from solrl_core import events as ev
+from solrl_core.config import Config, from_dict
+from solrl_core.errors import SolrlError
+from solrl_core.events import PHASES
+
 PANELS = {"time": "time", "rewards": "rewards", "loss": "loss", "eval": "eval", "log": "warnings & log", "env": "environment"}
 HISTORY = 2000  # iterations kept for plots; the aggregates count every iteration
 ROLLING = 10
 
 
-# ---------------------------------------------------------------- sources: each poll() returns new event dicts
+# ---------------------------------------------------------------- sources: each poll() returns new typed events
 
 
 class JsonlTail:
     """Follows RUN_DIR/events.jsonl: everything already there on the first poll, then appended lines.
 
     A last line still being written (no newline yet) waits for the next poll; a file that shrank
-    (replaced) is read again from the start."""
+    (replaced) is read again from the start. Lines are decoded by `events.decode`: a line that is not
+    JSON (torn by a crash mid-write) becomes a warning; a kind this version does not know (a newer
+    solrl wrote it) is skipped, counted in `skipped`, and its first line of each kind becomes a
+    warning; a line of a known kind whose fields do not fit raises SolrlError naming the line, and
+    the monitor stops with it, since drawing the rest would hide a changed schema."""
 
     poll_interval = 0.5
     max_bytes = 8 << 20  # per poll, so replaying a huge log never freezes the screen
@@ -40,14 +48,16 @@ class JsonlTail:
         self._offset = 0
         self._partial = b""
         self.finished = False  # another process writes the file: it may always grow
+        self.lines = 0  # complete lines read so far, to name a bad one
+        self.skipped: dict[str, int] = {}  # events of kinds this version does not know, by kind
 
-    def poll(self) -> list[dict[str, Any]]:
+    def poll(self) -> list[ev.Event]:
         try:
             size = self.path.stat().st_size
         except FileNotFoundError:
             return []
         if size < self._offset:
-            self._offset, self._partial = 0, b""
+            self._offset, self._partial, self.lines = 0, b"", 0
         if size == self._offset:
             return []
         with open(self.path, "rb") as fh:
@@ -55,22 +65,37 @@ class JsonlTail:
             data = fh.read(min(size - self._offset, self.max_bytes))
         self._offset += len(data)
         *lines, self._partial = (self._partial + data).split(b"\n")
-        out = []
+        out: list[ev.Event] = []
         for line in lines:
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except ValueError:
-                record = {"event": "warning", "time": time.time(), "message": f"monitor: skipped an unreadable line of {self.path.name}"}
-            if isinstance(record, dict) and "event" in record:
-                out.append(record)
+            self.lines += 1
+            if line.strip():
+                event = self._decode(line)
+                if event is not None:
+                    out.append(event)
         return out
+
+    def _decode(self, line: bytes) -> ev.Event | None:
+        where = f"{self.path.name} line {self.lines}"
+        try:
+            record = json.loads(line)
+        except ValueError:
+            return ev.RunWarning(message=f"monitor: skipped {where}, which is not JSON (torn by a crash mid-write?)")
+        try:
+            return ev.decode(record)
+        except ev.UnknownEventKind as exc:
+            self.skipped[str(exc.kind)] = self.skipped.get(str(exc.kind), 0) + 1
+            if self.skipped[str(exc.kind)] > 1:
+                return None
+            return ev.RunWarning(message=f"monitor: skipped {where} and any later '{exc.kind}' events: a newer solrl "
+                                         "wrote this kind, which this version does not know")
+        except ev.EventDecodeError as exc:
+            raise SolrlError(f"{self.path} line {self.lines}: {exc}",
+                             "the file is damaged, or another solrl version wrote it: replay it with that version") from exc
 
 
 class QueueSource:
     """A bus subscriber for a run in this process: put_nowait on an unbounded queue (the trainer
-    never blocks on the screen); the app converts events to dicts when it drains them."""
+    never blocks on the screen); the app drains the typed events on its timer."""
 
     poll_interval = 0.25
 
@@ -79,14 +104,14 @@ class QueueSource:
         self.done = threading.Event()  # set by the training thread when train() returns or raises
         self.error: BaseException | None = None
 
-    def __call__(self, event: Any) -> None:
+    def __call__(self, event: ev.Event) -> None:
         self._queue.put_nowait(event)
 
-    def poll(self, limit: int = 10_000) -> list[dict[str, Any]]:
-        out = []
+    def poll(self, limit: int = 10_000) -> list[ev.Event]:
+        out: list[ev.Event] = []
         with contextlib.suppress(queue.Empty):
             while len(out) < limit:
-                out.append(self._queue.get_nowait().to_dict())
+                out.append(self._queue.get_nowait())
         return out
 
     @property
@@ -97,134 +122,132 @@ class QueueSource:
 # ---------------------------------------------------------------- state: what the events say, kept apart from the view
 
 
+class WarningLine(TypedDict):
+    """One line of the warnings list: a RunWarning, or a fault the run survived, in words."""
+
+    time: float
+    message: str
+
+
 class RunState:
+    """The run as its typed events tell it. `apply` takes an event, or an events.jsonl record, which
+    it decodes first (`events.decode`: an unknown kind or a record that does not fit raises)."""
+
     def __init__(self, history: int = HISTORY) -> None:
-        self.started: dict[str, Any] | None = None
+        self.started: ev.RunStarted | None = None
+        self.config: Config | None = None  # the run's config, typed, from its start event
         self.quantization = ""
-        self.iterations: deque[dict[str, Any]] = deque(maxlen=history)
+        self.iterations: deque[ev.IterationFinished] = deque(maxlen=history)
         self.count = 0  # every iteration seen (the deque keeps the last `history`)
         self.phase_sums = dict.fromkeys(PHASES, 0.0)
         self.nonfinite = 0
         self.peak_memory: float | None = None  # GiB, the largest per-phase peak any iteration reported
-        self.evals: deque[dict[str, Any]] = deque(maxlen=500)
-        self.warnings: deque[dict[str, Any]] = deque(maxlen=50)
+        self.evals: deque[ev.EvalFinished] = deque(maxlen=500)
+        self.warnings: deque[WarningLine] = deque(maxlen=50)
         self.warning_count = 0
         self.log: deque[str] = deque(maxlen=50)  # checkpoints, images, run finished
-        self.finished: dict[str, Any] | None = None
+        self.finished: ev.RunFinished | None = None
         self.last_time: float | None = None
         self.version = 0  # bumped per event: the view redraws only when it moved
 
-    def apply(self, e: dict[str, Any]) -> None:
+    def apply(self, e: ev.Event | dict[str, Any]) -> None:
+        if isinstance(e, dict):
+            e = ev.decode(e)
         self.version += 1
-        self.last_time = e.get("time", self.last_time)
-        kind = e.get("event")
-        if kind == "run_started":
+        self.last_time = e.time
+        if isinstance(e, ev.RunStarted):
             self.started, self.finished = e, None
-            while self.iterations and self.iterations[-1]["iteration"] > e["start_iteration"]:
+            self.config = from_dict(e.config, Config(), source="the run's start event")  # typed: drift is an error
+            while self.iterations and self.iterations[-1].iteration > e.start_iteration:
                 self._drop(self.iterations.pop())  # logged after the checkpoint this run resumes from
-        elif kind == "quantization_report":
-            self.quantization = e["summary"]
-        elif kind == "iteration":
+        elif isinstance(e, ev.QuantizationReport):
+            self.quantization = e.summary
+        elif isinstance(e, ev.IterationFinished):
             self.iterations.append(e)
             self.count += 1
             for k in PHASES:
-                self.phase_sums[k] += e["seconds"].get(k, 0.0)
-            self.nonfinite += e.get("nonfinite_losses", 0)
-            peaks = [v for v in (e.get("peak_memory") or {}).values() if isinstance(v, (int, float))]
+                self.phase_sums[k] += e.seconds.get(k, 0.0)
+            self.nonfinite += e.nonfinite_losses
+            peaks = [v for v in (e.peak_memory or {}).values() if isinstance(v, (int, float))]
             if peaks:
                 self.peak_memory = max(peaks + ([self.peak_memory] if self.peak_memory is not None else []))
-        elif kind == "eval":
+        elif isinstance(e, ev.EvalFinished):
             self.evals.append(e)
-        elif kind == "warning" or kind in FAULT_EVENTS:
-            self.warnings.append(e if kind == "warning" else {**e, "message": fault_message(e)})
+        elif isinstance(e, (ev.RunWarning, *FAULT_EVENTS)):
+            self.warnings.append({"time": e.time, "message": e.message if isinstance(e, ev.RunWarning) else fault_message(e)})
             self.warning_count += 1
-        elif kind == "checkpoint":
-            self.log.append(f"{_clock(e)} checkpoint iteration {e['iteration']} -> {e['path']} ({e['seconds']:.2f}s)")
-        elif kind == "rank_check":
-            cor = "  ".join(f"{n} {e[n]:.3f}" if e[n] is not None else f"{n} - (constant)" for n in ("rho", "tau"))
-            self.log.append(f"{_clock(e)} rank check iteration {e['iteration']} ({e['seeds']} seeds of one prompt, draft vs "
-                            f"full): {cor}")
-        elif kind == "compile_started":
-            self.log.append(f"{_clock(e)} compiling the {e['target']} (torch.compile, once) ...")
-        elif kind == "compile":
-            self.log.append(f"{_clock(e)} compiled the {e['target']} in {e['seconds']:.1f}s (once, before the first iteration)")
-        elif kind == "sample_grid":
-            self.log.append(f"{_clock(e)} sample grid iteration {e['iteration']} ({len(e['rewards'])} Stage-2 samples of "
-                            f"'{e['prompt'][:40]}') -> {e['path']}")
-        elif kind == "images_written":
-            self.log.append(f"{_clock(e)} {e['count']} images ({e['weights']} weights) -> {e['folder']}")
-        elif kind == "run_finished":
+        elif isinstance(e, ev.RunFinished):
             self.finished = e
-            self.log.append(f"{_clock(e)} run {e['reason']} at iteration {e['iteration']} after {e['seconds']:.1f}s")
+            self.log.append(f"{_clock(e.time)} run {e.reason} at iteration {e.iteration} after {e.seconds:.1f}s")
+        else:
+            line = log_line(e)
+            if line:
+                self.log.append(f"{_clock(e.time)} {line}")
 
-    def _drop(self, it: dict[str, Any]) -> None:
+    def _drop(self, it: ev.IterationFinished) -> None:
         self.count -= 1
         for k in PHASES:
-            self.phase_sums[k] -= it["seconds"].get(k, 0.0)
-        self.nonfinite -= it.get("nonfinite_losses", 0)
+            self.phase_sums[k] -= it.seconds.get(k, 0.0)
+        self.nonfinite -= it.nonfinite_losses
 
     @property
     def iteration(self) -> int:
         if self.iterations:
-            return self.iterations[-1]["iteration"]
-        return self.started["start_iteration"] if self.started else 0
+            return self.iterations[-1].iteration
+        return self.started.start_iteration if self.started else 0
 
     @property
     def total(self) -> int:
         if self.started:  # a resumed run may have raised it
-            return self.started["iterations"]
-        return self.iterations[-1]["iterations"] if self.iterations else 0
+            return self.started.iterations
+        return self.iterations[-1].iterations if self.iterations else 0
 
     def series(self, *path: str) -> list[float]:
         """One number per kept iteration, e.g. series("final", "mean"); iterations lacking it (or where it is
         NaN: an iteration whose rewards were all non-finite, or that made no step) are skipped."""
+        return [y for _, y in self._pairs(path) if math.isfinite(y)]
+
+    def points(self, *path: str) -> tuple[list[float], list[float]]:
+        """(iterations, values) of series(*path): the x and y of a chart."""
+        pairs = self._pairs(path)
+        return [x for x, _ in pairs], [y for _, y in pairs]
+
+    def _pairs(self, path: tuple[str, ...]) -> list[tuple[float, float]]:
+        """(iteration, value) where the iteration has a number at `path`: attributes of the event (a
+        name it lacks is an AttributeError: a bug here, not in the data), then keys of its dicts."""
         out = []
         for it in self.iterations:
             value: Any = it
             for key in path:
-                value = value.get(key) if isinstance(value, dict) else None
-            if isinstance(value, (int, float)) and math.isfinite(value):
-                out.append(float(value))
+                value = value.get(key) if isinstance(value, dict) else getattr(value, key) if value is not None else None
+            if isinstance(value, (int, float)):
+                out.append((float(it.iteration), float(value)))
         return out
 
-    def points(self, *path: str) -> tuple[list[float], list[float]]:
-        """(iterations, values) of series(*path): the x and y of a chart."""
-        xs, ys = [], []
-        for it in self.iterations:
-            value: Any = it
-            for key in path:
-                value = value.get(key) if isinstance(value, dict) else None
-            if isinstance(value, (int, float)):
-                xs.append(float(it["iteration"]))
-                ys.append(float(value))
-        return xs, ys
-
     def components(self, stage: str) -> list[str]:
-        last = next((it[stage] for it in reversed(self.iterations) if it.get(stage)), None)
-        return sorted(last["components"]) if last else []
+        last = next((getattr(it, stage) for it in reversed(self.iterations) if getattr(it, stage)), None)
+        return sorted(last.components) if last else []
 
     def rolling(self, phase: str) -> float | None:
-        recent = [it["seconds"][phase] for it in itertools.islice(reversed(self.iterations), ROLLING) if phase in it["seconds"]]
+        recent = [it.seconds[phase] for it in itertools.islice(reversed(self.iterations), ROLLING) if phase in it.seconds]
         return statistics.fmean(recent) if recent else None
 
     def explore_speed(self) -> list[str]:
         """Stage-1 versus Stage-2 generation speed, from the timings and the run's config (sol_rl only:
         the one family that generates the same seeds in both stages). Empty when not derivable."""
-        from solrl_core.config import Config, from_dict
-
         t_draft, t_final = self.rolling("explore"), self.rolling("regenerate")
         if not self.started or not t_draft or not t_final:
             return []
-        cfg = from_dict(self.started["config"], Config(), source="the run's start event")  # typed: drift is an error
-        if cfg.algorithm.family != "sol_rl":
+        cfg = self.config
+        if cfg is None or cfg.algorithm.family != "sol_rl":
             return []
         prompts, n, k = cfg.run.prompts_per_iteration, cfg.explore.group_size, cfg.selection.group_size
         steps_draft, steps_final = cfg.explore.steps, cfg.sampler.steps
         draft, final = prompts * n / t_draft, prompts * k / t_final
         return [f"Stage 1 draft rollouts: {prompts} prompts x {n} seeds in {t_draft:.2f}s = {draft:.1f}/s "
-                f"({steps_draft} steps, {self.started['explore_precision']})",
+                f"({steps_draft} steps, {self.started.explore_precision})",
                 f"Stage 2 final rollouts: {prompts} prompts x {k} seeds in {t_final:.2f}s = {final:.1f}/s "
-                f"({steps_final} steps, {self.started['dtype']})",
+                f"({steps_final} steps, {self.started.dtype})",
                 f"explore speed-up per rollout {draft / final:.2f}x, per denoising step "
                 f"{draft * steps_draft / (final * steps_final):.2f}x  (generation time only, mean of the last "
                 f"{min(len(self.iterations), ROLLING)} iterations)"]
@@ -234,27 +257,41 @@ class RunState:
         return None if per is None or self.finished else per * max(self.total - self.iteration, 0)
 
 
-FAULT_EVENTS = ("oom_backoff", "samples_dropped", "step_skipped")
+FAULT_EVENTS = (ev.OutOfMemoryBackoff, ev.SamplesDropped, ev.StepSkipped)
 
 
-def fault_message(e: dict[str, Any]) -> str:
+def fault_message(e: ev.OutOfMemoryBackoff | ev.SamplesDropped | ev.StepSkipped) -> str:
     """One line for a fault the run survived (solrl_core/faults), shown as a warning by every view."""
-    kind = e["event"]
-    if kind == "oom_backoff":
-        return (f"out of GPU memory in the {e['phase']} (iteration {e['iteration']}): {e['setting']} {e['old']} -> {e['new']}, "
+    if isinstance(e, ev.OutOfMemoryBackoff):
+        return (f"out of GPU memory in the {e.phase} (iteration {e.iteration}): {e.setting} {e.old} -> {e.new}, "
                 "iteration redone")
-    if kind == "samples_dropped":
-        named = ", ".join(f"'{name}' {count}" for name, count in e["rewards"].items())
-        explore = e["stage"] == "explore"
+    if isinstance(e, ev.SamplesDropped):
+        named = ", ".join(f"'{name}' {count}" for name, count in e.rewards.items())
+        explore = e.stage == "explore"
         where = "not selected" if explore else "left out of the update"
         lost = "had no finite draft" if explore else "skipped"
-        groups = f"; {e['groups_skipped']} of {e['groups']} prompt groups {lost}" if e["groups_skipped"] else ""
-        return (f"non-finite rewards in iteration {e['iteration']} ({e['stage']}): {named}; {e['dropped']} of {e['samples']} "
-                f"samples {where}{groups}")
-    if kind == "step_skipped":
-        limit = f" (the run stops at {e['limit']})" if e["limit"] else ""
-        return f"optimizer step of iteration {e['iteration']} skipped: {e['reason']}, {e['in_a_row']} in a row{limit}"
-    return str(e)
+        groups = f"; {e.groups_skipped} of {e.groups} prompt groups {lost}" if e.groups_skipped else ""
+        return f"non-finite rewards in iteration {e.iteration} ({e.stage}): {named}; {e.dropped} of {e.samples} samples {where}{groups}"
+    limit = f" (the run stops at {e.limit})" if e.limit else ""
+    return f"optimizer step of iteration {e.iteration} skipped: {e.reason}, {e.in_a_row} in a row{limit}"
+
+
+def log_line(e: ev.Event) -> str:
+    """The log panel's words for a checkpoint, rank check, compile, sample grid or images written; '' for others."""
+    if isinstance(e, ev.CheckpointSaved):
+        return f"checkpoint iteration {e.iteration} -> {e.path} ({e.seconds:.2f}s)"
+    if isinstance(e, ev.RankCheckResult):
+        cor = "  ".join(f"{n} {v:.3f}" if v is not None else f"{n} - (constant)" for n, v in (("rho", e.rho), ("tau", e.tau)))
+        return f"rank check iteration {e.iteration} ({e.seeds} seeds of one prompt, draft vs full): {cor}"
+    if isinstance(e, ev.CompileStarted):
+        return f"compiling the {e.target} (torch.compile, once) ..."
+    if isinstance(e, ev.CompileFinished):
+        return f"compiled the {e.target} in {e.seconds:.1f}s (once, before the first iteration)"
+    if isinstance(e, ev.SampleGrid):
+        return f"sample grid iteration {e.iteration} ({len(e.rewards)} Stage-2 samples of '{e.prompt[:40]}') -> {e.path}"
+    if isinstance(e, ev.ImagesWritten):
+        return f"{e.count} images ({e.weights} weights) -> {e.folder}"
+    return ""
 
 
 def thin(xs: list[float], ys: list[float], points: int) -> tuple[list[float], list[float]]:
@@ -268,8 +305,8 @@ def thin(xs: list[float], ys: list[float], points: int) -> tuple[list[float], li
             [statistics.fmean(ys[a:b]) for a, b in zip(edges, edges[1:])])
 
 
-def _clock(e: dict[str, Any]) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(e["time"])) if "time" in e else "--:--:--"
+def _clock(seconds: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(seconds)) if seconds is not None else "--:--:--"
 
 
 def _duration(seconds: float) -> str:

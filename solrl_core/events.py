@@ -207,11 +207,16 @@ class RunFinished(Event):
 
 
 class EventDecodeError(ValueError):
-    """A record that is no event of this version: an unknown kind, or fields that do not fit its kind."""
+    """A record of a known kind whose fields do not fit that kind (a damaged or foreign file), or no
+    event record at all. Readers stop and name the line: such a line is never dropped in silence."""
 
     def __init__(self, message: str, kind: object) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+class UnknownEventKind(EventDecodeError):
+    """A record whose kind this version does not know: a newer solrl wrote it. Readers skip it and say so."""
 
 
 def event_types() -> dict[str, type[Event]]:
@@ -226,25 +231,56 @@ def event_types() -> dict[str, type[Event]]:
 
 
 def decode(record: dict[str, Any]) -> Event:
-    """The typed event of one `events.jsonl` record (what `Event.to_dict` wrote). Raises
-    EventDecodeError for a kind this version does not know (a newer solrl wrote it: readers skip it
-    and say so) or for fields that do not fit the kind (a damaged or foreign file: readers stop)."""
-    kind = record.get("event")
-    cls = event_types().get(kind)  # type: ignore[arg-type]
+    """The typed event of one `events.jsonl` record (what `Event.to_dict` wrote), keyed by its "event".
+
+    Raises UnknownEventKind for a kind this version does not know (readers skip it, counted, and say
+    so), and EventDecodeError for a record that is no dict, has no "event", or whose fields do not fit
+    its kind: a name the class lacks, a required field missing, or a value of the wrong JSON type
+    (readers stop there, naming the line). A field added later with a default may be absent, so
+    files written before it still decode. An int where a float is declared is read as that float."""
+    if not isinstance(record, dict) or not isinstance(record.get("event"), str):
+        raise EventDecodeError(f"not an event record (a JSON object with an \"event\" kind): {str(record)[:80]}", None)
+    kind = record["event"]
+    cls = event_types().get(kind)
     if cls is None:
-        raise EventDecodeError(f"unknown event kind {kind!r}", kind)
-    names = {f.name: f for f in dataclasses.fields(cls)}
+        raise UnknownEventKind(f"unknown event kind {kind!r}", kind)
     values = {k: v for k, v in record.items() if k != "event"}
+    return _build(cls, values, kind)
+
+
+def _build(cls: type, values: dict[str, Any], kind: str) -> Any:
+    """`cls(**values)`, each value checked against its field's annotation first."""
+    names = {f.name: str(f.type) for f in dataclasses.fields(cls)}
     stray = sorted(set(values) - set(names))
     if stray:
         raise EventDecodeError(f"event {kind!r} has no field {stray[0]!r}", kind)
     for name, value in values.items():
-        if isinstance(value, dict) and "RewardStats" in str(names[name].type):
-            values[name] = RewardStats(**value)
+        values[name] = _value(names[name], value, kind, name)
     try:
         return cls(**values)
-    except TypeError as exc:
+    except TypeError as exc:  # a required field missing
         raise EventDecodeError(f"event {kind!r} does not fit its fields: {exc}", kind) from exc
+
+
+# the JSON types each annotation (its text before any "[") accepts; bool is an int to Python, not here
+_JSON_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,),
+                                            "dict": (dict,), "list": (list,)}
+
+
+def _value(annotation: str, value: Any, kind: str, name: str) -> Any:
+    optional = annotation.endswith(" | None")
+    base = annotation.removesuffix(" | None").split("[")[0]
+    if value is None and optional:
+        return None
+    if base == "RewardStats":
+        if not isinstance(value, dict):
+            raise EventDecodeError(f"event {kind!r} field {name!r} is {value!r}, not reward statistics", kind)
+        return _build(RewardStats, dict(value), kind)
+    if base not in _JSON_TYPES:  # a new event field of a type this reader cannot check: the round-trip test says so
+        raise EventDecodeError(f"event {kind!r} field {name!r} has a type the decoder does not know: {annotation}", kind)
+    if not isinstance(value, _JSON_TYPES[base]) or (isinstance(value, bool) and base != "bool"):
+        raise EventDecodeError(f"event {kind!r} field {name!r} should be {annotation}, not {value!r}", kind)
+    return float(value) if base == "float" else value
 
 
 Subscriber = Callable[[Event], None]

@@ -43,15 +43,45 @@ def test_each_event_round_trips_through_json(kind):
     assert ev.decode(json.loads(line)) == event
 
 
-def test_a_record_that_does_not_fit_says_why():
-    with pytest.raises(ev.EventDecodeError, match="unknown event kind 'nope'") as info:
-        ev.decode({"event": "nope"})
-    assert info.value.kind == "nope"
+def test_an_unknown_kind_is_told_apart_from_a_damaged_record():
+    with pytest.raises(ev.UnknownEventKind, match="unknown event kind 'nope'") as info:
+        ev.decode({"event": "nope", "time": 1.0})
+    assert info.value.kind == "nope" and isinstance(info.value, ev.EventDecodeError)
     good = _instance(ev.CheckpointSaved).to_dict()
-    with pytest.raises(ev.EventDecodeError, match="has no field 'extra'"):
-        ev.decode({**good, "extra": 1})
-    with pytest.raises(ev.EventDecodeError, match="does not fit its fields"):
-        ev.decode({k: v for k, v in good.items() if k != "path"})
+    damaged = {"has no field 'extra'": {**good, "extra": 1},
+               "does not fit its fields": {k: v for k, v in good.items() if k != "path"},
+               "field 'iteration' should be int, not '3'": {**good, "iteration": "3"},
+               "field 'iteration' should be int, not True": {**good, "iteration": True},
+               "field 'path' should be str, not None": {**good, "path": None},
+               "not an event record": {k: v for k, v in good.items() if k != "event"}}
+    for message, record in damaged.items():
+        with pytest.raises(ev.EventDecodeError, match=message) as info:
+            ev.decode(record)
+        assert not isinstance(info.value, ev.UnknownEventKind), message
+        assert info.value.kind == (None if "event" not in record else "checkpoint")
+    with pytest.raises(ev.EventDecodeError, match="not an event record"):
+        ev.decode([1, 2])  # type: ignore[arg-type]
+
+
+def test_nested_reward_stats_are_checked_and_ints_read_as_floats():
+    record = _instance(ev.IterationFinished).to_dict()
+    event = ev.decode({**record, "grad_norm": 2, "final": {**record["final"], "std": 0}})
+    assert isinstance(event.grad_norm, float) and event.grad_norm == 2.0 and isinstance(event.final.std, float)
+    with pytest.raises(ev.EventDecodeError, match="field 'mean' should be float"):
+        ev.decode({**record, "final": {**record["final"], "mean": "high"}})
+    with pytest.raises(ev.EventDecodeError, match="field 'final' is None, not reward statistics"):
+        ev.decode({**record, "final": None})
+    assert ev.decode({**record, "draft": None}).draft is None  # RewardStats | None
+
+
+def test_a_file_written_before_a_field_was_added_still_decodes():
+    """Fields added later carry defaults: an older events.jsonl line, lacking them, decodes."""
+    record = _instance(ev.IterationFinished).to_dict()
+    old = {k: v for k, v in record.items() if k not in ("peak_memory", "memory_source")}
+    event = ev.decode(old)
+    assert event.peak_memory is None and event.memory_source == "" and event.iteration == record["iteration"]
+    started = {k: v for k, v in _instance(ev.RunStarted).to_dict().items() if k not in ("machine", "environment")}
+    assert ev.decode(started).environment == {}
 
 
 def test_annotations_are_the_sample_keys():

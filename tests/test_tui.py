@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
+import json
 import threading
 import time
 
@@ -12,6 +14,7 @@ import typer
 from rich.console import Console
 
 from solrl_core import events as ev
+from solrl_core.errors import SolrlError
 from solrl_cli.tui import JsonlTail, QueueSource, RunState, SolrlMonitor, StopScreen
 
 SIZE = (160, 45)
@@ -46,12 +49,16 @@ ENVIRONMENT = {  # what solrl_core.environment.describe records, for a made-up H
 }
 
 
+def started(run_dir: str = "runs/x", start_iteration: int = 0, resumed: bool = False) -> ev.RunStarted:
+    return ev.RunStarted(run_dir=run_dir, preset="tiny_sol_rl_tinyworld_geneval", device="cpu", dtype="fp32",
+                         explore_precision="nvfp4-emulated", plan="Stage 1: 16 seeds/prompt at nvfp4-emulated, 6 steps -> keep 8",
+                         start_iteration=start_iteration, iterations=30, resumed=resumed, config=CONFIG, environment=ENVIRONMENT)
+
+
 def write_log(path, iterations: int = 3) -> ev.JsonlLog:
     """A recorded run: start, quantization, base eval, iterations, a warning, an EMA eval."""
     log = ev.JsonlLog(path)
-    log(ev.RunStarted(run_dir=str(path.parent), preset="tiny_sol_rl_tinyworld_geneval", device="cpu", dtype="fp32",
-                      explore_precision="nvfp4-emulated", plan="Stage 1: 16 seeds/prompt at nvfp4-emulated, 6 steps -> keep 8",
-                      start_iteration=0, iterations=30, resumed=False, config=CONFIG, environment=ENVIRONMENT))
+    log(started(str(path.parent)))
     log(ev.QuantizationReport(summary="quantized 40 of 51 layers", path="q.json"))
     log(ev.EvalFinished(iteration=0, weights="base", prompts="tinyworld_heldout", samples=256, mean=0.5254, components={},
                         extras={"tinyworld_geneval.strict_accuracy": 0.184}, seconds=4.8))
@@ -74,21 +81,57 @@ def test_tail_waits_for_a_partial_last_line(tmp_path):
     tail = JsonlTail(path)
     assert tail.poll() == []  # not written yet
     path.write_text('{"event": "warning", "message": "a"}\n{"event": "warn')
-    assert [e["message"] for e in tail.poll()] == ["a"]
+    got = tail.poll()
+    assert [type(e) for e in got] == [ev.RunWarning] and got[0].message == "a"  # typed, decoded by events.decode
     with open(path, "a") as fh:
         fh.write('ing", "message": "b"}\nnot json\n')
     got = tail.poll()
-    assert got[0]["message"] == "b" and "unreadable" in got[1]["message"]
+    assert got[0].message == "b" and "line 3, which is not JSON" in got[1].message
 
 
-def test_state_drops_iterations_a_resume_repeats():
+def test_tail_skips_a_newer_kind_once_and_stops_at_a_damaged_line(tmp_path):
+    path = tmp_path / "events.jsonl"
+    tail = JsonlTail(path)
+    future = '{"event": "from_the_future", "time": 1.0, "x": 1}\n'
+    path.write_text(future + json.dumps(iteration(1).to_dict()) + "\n" + future)
+    got = tail.poll()
+    assert [type(e) for e in got] == [ev.RunWarning, ev.IterationFinished]  # one warning per unknown kind
+    assert "line 1 and any later 'from_the_future' events: a newer solrl" in got[0].message
+    assert got[1] == dataclasses.replace(iteration(1), time=got[1].time)
+    assert tail.skipped == {"from_the_future": 2}
+    with open(path, "a") as fh:
+        fh.write('{"event": "eval", "time": 1.0, "iteration": "two"}\n')  # a known kind whose fields do not fit
+    with pytest.raises(SolrlError, match="events.jsonl line 4: event 'eval' field 'iteration' should be int"):
+        tail.poll()
+
+
+def test_monitor_stops_with_the_error_of_a_damaged_line(tmp_path):
+    log = write_log(tmp_path / "events.jsonl")
+    log.close()
+    with open(tmp_path / "events.jsonl", "a") as fh:
+        fh.write('{"event": "checkpoint", "time": 1.0, "iteration": 3}\n')  # path and seconds missing
+    app = SolrlMonitor(JsonlTail(tmp_path / "events.jsonl"))
+
+    async def scenario() -> None:
+        async with app.run_test(size=SIZE) as pilot:
+            await pilot.pause(0.2)
+        assert not app.is_running
+
+    asyncio.run(scenario())
+    assert app.failure is not None and "line 9: event 'checkpoint' does not fit its fields" in str(app.failure)
+
+
+def test_state_reads_typed_events_and_drops_iterations_a_resume_repeats():
     state = RunState()
     for i in (1, 2, 3):
-        state.apply(iteration(i).to_dict())
-    state.apply({"event": "run_started", "start_iteration": 2, "iterations": 30, "resumed": True})
-    state.apply(iteration(3).to_dict())
-    assert [it["iteration"] for it in state.iterations] == [1, 2, 3] and state.count == 3
+        state.apply(iteration(i))
+    state.apply(started(start_iteration=2, resumed=True))
+    state.apply(json.loads(json.dumps(iteration(3).to_dict())))  # a record from the log is decoded first
+    assert [it.iteration for it in state.iterations] == [1, 2, 3] and state.count == 3
     assert state.rolling("train") == pytest.approx(1.5)
+    assert state.config.explore.group_size == 16 and state.series("final", "components", "tinyworld_geneval")[-1] == 0.53
+    with pytest.raises(ev.UnknownEventKind):
+        state.apply({"event": "from_the_future"})
 
 
 def test_monitor_replays_follows_pauses_and_switches(tmp_path):

@@ -58,6 +58,9 @@ class RunRecord:
 
 
 def load_run(run_dir: str | Path) -> RunRecord:
+    """One run's events.jsonl, decoded by `events.decode`. A kind this version does not know is
+    skipped and counted in `skipped`; a line that is not JSON, or whose fields do not fit its kind,
+    raises SolrlError naming the line."""
     path = Path(run_dir) / EVENTS_FILE
     if not path.is_file():
         raise SolrlError(f"{run_dir} has no {EVENTS_FILE}", "pass run folders written by `solrl train`")
@@ -68,11 +71,11 @@ def load_run(run_dir: str | Path) -> RunRecord:
             continue
         try:
             e = ev.decode(json.loads(line))
-        except ev.EventDecodeError as exc:
-            if exc.kind in ev.event_types():
-                raise SolrlError(f"{path} line {number}: {exc}", "the file is damaged; compare the runs' other folders") from exc
-            record.skipped[str(exc.kind)] = record.skipped.get(str(exc.kind), 0) + 1  # written by a newer solrl
+        except ev.UnknownEventKind as exc:  # written by a newer solrl: skipped, counted in `skipped`
+            record.skipped[str(exc.kind)] = record.skipped.get(str(exc.kind), 0) + 1
             continue
+        except ev.EventDecodeError as exc:
+            raise SolrlError(f"{path} line {number}: {exc}", "the file is damaged; compare the runs' other folders") from exc
         except ValueError as exc:
             raise SolrlError(f"{path} line {number} is not JSON", "the file is damaged; compare the runs' other folders") from exc
         if isinstance(e, ev.RunStarted):
