@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from solrl_cli.stop_text import finished_message, stop_message
 from solrl_cli.tui_state import FAULT_EVENTS, fault_message
 from solrl_core import events as ev
 
@@ -95,19 +97,19 @@ class TerminalDisplay:
     def on_checkpoint(self, e: ev.CheckpointSaved) -> None:
         self.console.print(f"  checkpoint {e.path} ({e.seconds:.2f}s)")
 
+    def on_stop_requested(self, e: ev.StopRequested) -> None:
+        self.console.print(f"[yellow]{escape(stop_message(e))}[/]")
+
     def on_warning(self, e: ev.RunWarning) -> None:
         self.console.print(f"[yellow]warning:[/] {e.message}")
 
     def on_run_finished(self, e: ev.RunFinished) -> None:
         self.progress.stop()
         c = self.console
+        style = {"failed": "red", "interrupted": "yellow"}.get(e.reason, "green")
+        c.print(f"[{style}]{escape(finished_message(e))}[/]")
         if e.reason == "failed":
-            c.print(f"[red]failed during iteration {e.iteration + 1}[/]; the last checkpoint is intact: `solrl train --resume <run dir>`")
             return
-        if e.reason == "interrupted":
-            c.print(f"[yellow]stopped after iteration {e.iteration}[/]; continue with `solrl train --resume <run dir>`")
-        else:
-            c.print(f"[green]done[/]: {e.iteration} iterations in {e.seconds:.1f}s")
         if e.first_reward is not None and e.last3_reward is not None:
             c.print(f"  mean Stage-2 reward: first iteration {fmt(e.first_reward)}, last 3 iterations {fmt(e.last3_reward)} "
                     f"(change {e.last3_reward - e.first_reward:+.4g})")

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from rich.markup import escape
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
@@ -115,6 +116,10 @@ class TablePanel(VerticalScroll):
 class StopScreen(ModalScreen[bool]):
     """q during `train --tui`: stop safely (finish the iteration, save a checkpoint) or cancel."""
 
+    def __init__(self, run_dir: str) -> None:
+        super().__init__()
+        self.run_dir = run_dir
+
     DEFAULT_CSS = """
     StopScreen { align: center middle; }
     StopScreen > Static { width: 78; height: auto; border: thick $warning; padding: 1 2; background: $surface; }
@@ -124,7 +129,7 @@ class StopScreen(ModalScreen[bool]):
     def compose(self) -> ComposeResult:
         yield Static("[bold]Stop training?[/]\n\n"
                      "[bold]s[/]  stop safely: finish this iteration, save a checkpoint, then exit\n"
-                     "     (continue later with `solrl train --resume RUN_DIR`)\n"
+                     f"     (continue later with `solrl train --resume {escape(self.run_dir)}`)\n"
                      "[bold]c[/]  cancel: keep training and watching")
 
 
@@ -261,7 +266,7 @@ class SolrlMonitor(App):
         if self.stop_run is None or self.stopping or self.source.finished:
             self.exit()
         elif not isinstance(self.screen, StopScreen):
-            self.push_screen(StopScreen(), self._stop_answer)
+            self.push_screen(StopScreen(_run_dir(self.state)), self._stop_answer)
 
     def _stop_answer(self, stop: bool | None) -> None:
         if stop and self.stop_run is not None:
@@ -302,11 +307,11 @@ def run_tui_training(config: Any, resume: bool = False, checkpoint: str | None =
             source.done.set()
 
     def stop_run() -> None:
-        stop.requested = True
+        stop.request("q")
 
     app = SolrlMonitor(source, stop=stop_run)
     worker = threading.Thread(target=work, name="solrl-train", daemon=True)
-    with _signals_stop(stop, app, worker):
+    with _signals_stop(stop, app, worker, config.run.stop_on_sigterm):
         worker.start()
         try:
             app.run()
@@ -329,16 +334,26 @@ def run_tui_training(config: Any, resume: bool = False, checkpoint: str | None =
 
 def outcome(state: RunState) -> str:
     """The one line left on the terminal once the app has closed."""
-    run_dir = state.started.run_dir if state.started else "RUN_DIR"
-    end = state.finished or ev.RunFinished(reason="stopped", iteration=state.iteration, seconds=0.0, first_reward=None, last3_reward=None)
-    line = f"solrl: run {end.reason} at iteration {end.iteration}/{state.total} after {end.seconds:.1f}s; replay: solrl monitor {run_dir}"
-    return line + (f"; continue: solrl train --resume {run_dir}" if end.iteration < state.total else "")
+    run_dir = _run_dir(state)
+    end = state.finished or ev.RunFinished(reason="interrupted", iteration=state.iteration, seconds=0.0, first_reward=None,
+                                           last3_reward=None, run_dir=run_dir)
+    return f"solrl: {finished_message(end, state.total)}; replay: solrl monitor {run_dir}"
+
+
+def _run_dir(state: RunState) -> str:
+    """The run's folder, as the run started it (or as its config names it before it has)."""
+    if state.started:
+        return state.started.run_dir
+    return (state.config.run.run_dir if state.config is not None else "") or "<run folder>"
 
 
 @contextlib.contextmanager
-def _signals_stop(stop: Any, app: SolrlMonitor, worker: threading.Thread) -> Iterator[None]:
-    """SIGTERM, SIGHUP (terminal closed) and SIGINT stop the run safely, like q then s; a second one
-    while waiting raises KeyboardInterrupt (the checkpoint on disk is atomic, so nothing is torn)."""
+def _signals_stop(stop: Any, app: SolrlMonitor, worker: threading.Thread, sigterm: str) -> Iterator[None]:
+    """SIGTERM, SIGHUP (terminal closed) and SIGINT stop the run safely as in plain mode
+    (solrl_core/stopping.py: SIGTERM at the next phase boundary with run.stop_on_sigterm = phase); a
+    second one while waiting raises KeyboardInterrupt (the checkpoint on disk is atomic, so nothing is torn)."""
+    from solrl_core.stopping import SIGNAL_NAMES
+
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -347,7 +362,7 @@ def _signals_stop(stop: Any, app: SolrlMonitor, worker: threading.Thread) -> Ite
     def handler(signum: int, frame: object) -> None:
         if stop.requested and not app.is_running:
             raise KeyboardInterrupt
-        stop.requested = True
+        stop.request(SIGNAL_NAMES[signum], at_phase=signum == signal.SIGTERM and sigterm == "phase")
         app.exit_requested = True  # plain flags only: the app's next tick exits
         if signum == hangup:
             _after_hangup(worker)
@@ -365,10 +380,9 @@ def _after_hangup(worker: threading.Thread) -> None:
     """The terminal is gone. Textual's output thread dies on its first write to it (EIO), and the app
     then blocks on its full output queue (Textual issue #6692): send output to /dev/null instead, and
     once the trainer has saved its checkpoint, end the process even if the app never returns."""
-    null = os.open(os.devnull, os.O_WRONLY)
-    for fd in (1, 2):
-        with contextlib.suppress(OSError):
-            os.dup2(null, fd)
+    from solrl_core.stopping import detach_from_terminal
+
+    detach_from_terminal()
 
     def finish() -> None:
         worker.join()

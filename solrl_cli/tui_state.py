@@ -17,6 +17,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, TypedDict
 
+from solrl_cli.stop_text import finished_message, stop_message
 from solrl_core import events as ev
 from solrl_core.config import Config, from_dict
 from solrl_core.errors import SolrlError
@@ -178,7 +179,10 @@ class RunState:
             self.warning_count += 1
         elif isinstance(e, ev.RunFinished):
             self.finished = e
-            self.log.append(f"{_clock(e.time)} run {e.reason} at iteration {e.iteration} after {e.seconds:.1f}s")
+            self.log.append(f"{_clock(e.time)} run {e.reason} at iteration {e.iteration} after {e.seconds:.1f}s: "
+                            f"{finished_message(e, self.total)}")
+        elif isinstance(e, ev.StopRequested):
+            self.log.append(f"{_clock(e.time)} {stop_message(e)}")
         else:
             line = log_line(e)
             if line:

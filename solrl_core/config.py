@@ -160,6 +160,9 @@ class RunConfig:
     device: str = _f("auto", "cpu, cuda, cuda:N or auto.")
     dtype: str = _f("auto", "Full-precision dtype: auto (bf16 on CUDA, fp32 on CPU), bf16, fp32.")
     threads: int = _f(0, "CPU threads for torch (0 = torch's default).")
+    stop_on_sigterm: str = _f("phase", "What a first SIGTERM stops at: phase (the next phase boundary: an iteration whose "
+                                       "update has not begun is abandoned and redone on resume; fits a cluster's grace period) "
+                                       "or iteration (finish it, as Ctrl-C does). A second signal stops at once.")
     compile_mode: str = _f("default", "torch.compile mode of every compiled module (explore.compile, sampler.compile, "
                                       "optimizer.compile): default, or max-autotune-no-cudagraphs (the official code's, "
                                       "for its inference copies: autotunes each GEMM, a longer compile).")
@@ -194,6 +197,7 @@ class Config:
         _choice("sampler.sigma_grid", self.sampler.sigma_grid, SIGMA_GRIDS)
         _choice("reward.aggregation", self.reward.aggregation, AGGREGATIONS)
         _choice("run.compile_mode", self.run.compile_mode, COMPILE_MODES)
+        _choice("run.stop_on_sigterm", self.run.stop_on_sigterm, ("phase", "iteration"))
         for name, value in (("sampler.rollout_copy", self.sampler.rollout_copy), ("sampler.compile", self.sampler.compile),
                             ("explore.compile", self.explore.compile), ("optimizer.checkpointing", self.optimizer.checkpointing),
                             ("optimizer.compile", self.optimizer.compile)):

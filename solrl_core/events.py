@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -204,6 +205,22 @@ class RunFinished(Event):
     seconds: float
     first_reward: float | None
     last3_reward: float | None
+    run_dir: str = ""
+    checkpoint: str | None = None  # the newest complete checkpoint on disk as the run ended (None: none)
+
+
+@dataclass(frozen=True)
+class StopRequested(Event):
+    """A stop was asked (a signal or the TUI's q), acknowledged at once with what the run waits for
+    (solrl_core/stopping.py)."""
+
+    kind: ClassVar[str] = "stop_requested"
+    source: str  # Ctrl-C, SIGTERM, SIGHUP, q
+    mode: str  # "iteration": finish it and save; "phase": abandon it at the next phase boundary unless its update ran
+    iteration: int  # the iteration in progress, 1-based (0: none started yet)
+    phase: str  # the phase running when asked ("" between iterations, e.g. evaluating)
+    run_dir: str
+    checkpoint: str | None  # the newest complete checkpoint on disk when asked (None: none yet)
 
 
 class EventDecodeError(ValueError):
@@ -287,10 +304,13 @@ Subscriber = Callable[[Event], None]
 
 
 class EventBus:
-    """Fan-out of events to subscribers, in subscription order."""
+    """Fan-out of events to subscribers, in subscription order, one event at a time (the TUI's
+    trainer thread and a signal handler in the main thread may both emit)."""
 
     def __init__(self) -> None:
         self._subscribers: list[Subscriber] = []
+        self._lock = threading.Lock()
+        self._pending: list[Event] = []
 
     def subscribe(self, fn: Subscriber) -> None:
         self._subscribers.append(fn)
@@ -299,6 +319,25 @@ class EventBus:
         self._subscribers.remove(fn)
 
     def emit(self, event: Event) -> None:
+        with self._lock:
+            self._deliver(event)
+        self._flush()
+
+    def emit_from_signal(self, event: Event) -> None:
+        """Safe inside a signal handler: delivered now, or, when the handler interrupted a delivery
+        (a subscriber half way through writing), right after that delivery ends."""
+        self._pending.append(event)
+        self._flush()
+
+    def _flush(self) -> None:
+        while self._pending and self._lock.acquire(blocking=False):
+            try:
+                while self._pending:
+                    self._deliver(self._pending.pop(0))
+            finally:
+                self._lock.release()
+
+    def _deliver(self, event: Event) -> None:
         for fn in self._subscribers:
             fn(event)
 

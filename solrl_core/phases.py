@@ -11,7 +11,7 @@ import contextlib
 import resource
 import sys
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 
@@ -21,8 +21,9 @@ GIB = 2**30
 
 
 class PhaseRecorder:
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, on_enter: Callable[[str], None] | None = None) -> None:
         self.device = device
+        self.on_enter = on_enter  # told each phase's name as it begins (a stop at the next phase boundary)
         self.cuda = device.type == "cuda"
         self.source = "cuda peak allocated" if self.cuda else "process peak RSS"
         self.started = time.perf_counter()
@@ -32,6 +33,8 @@ class PhaseRecorder:
     @contextlib.contextmanager
     def phase(self, name: str, memory: bool = True) -> Iterator[None]:
         """Time the block as `name` (added up over repeats) and, with `memory`, record its peak."""
+        if self.on_enter is not None:
+            self.on_enter(name)
         if memory and self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
         t0 = time.perf_counter()

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from solrl_core import distributed
-from solrl_core.checkpoint import checkpoint_to_resume, load_checkpoint, set_aside_newer
+from solrl_core.checkpoint import checkpoint_to_resume, list_checkpoints, load_checkpoint, set_aside_newer
 from solrl_core.config import Config
 from solrl_core.device import resolve_device, resolve_dtype
 from solrl_core.errors import SolrlError
@@ -163,6 +163,8 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
               sampler=Sampler.of(cfg.sampler), conditioning=TextCache(model), explore_copy=explore_copy,
               rollout_copy=rollout_copy, policy_forward=forward, rank=rank, world_size=world, lock=lock)
     run.refresh_copies()
+    if rank == 0 and checkpoint is not None:  # only now that the resume is committed: a failure above leaves them listed
+        set_aside_newer(run_dir, checkpoint)
     distributed.barrier()  # the run directory exists before any rank goes on
     return Session(run, state)
 
@@ -185,7 +187,7 @@ def _write_run_dir(run_dir: Path, lock: RunLock | None, cfg: Config, explore_cop
     if lock is None:
         run_dir.mkdir(parents=True, exist_ok=True)
         lock = RunLock.acquire(run_dir)
-        if (run_dir / CONFIG_FILE).exists():
+        if (run_dir / CONFIG_FILE).exists() and list_checkpoints(run_dir):
             lock.release()
             raise SolrlError(f"{run_dir} already holds a run", f"continue it with `solrl train --resume {run_dir}`")
     # Rewritten on resume too: `--resume --iterations N` extends the run for every later resume.
@@ -214,17 +216,23 @@ def _claim_run_dir(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[P
     return outcome[1], outcome[2], lock
 
 
+def restarts(run_dir: Path) -> bool:
+    """Whether `run_dir` holds a run that never saved a checkpoint (stopped or killed before its first):
+    a resume or a new run there starts it again from iteration 0, losing nothing."""
+    return (run_dir / CONFIG_FILE).exists() and not list_checkpoints(run_dir)
+
+
 def _run_dir_and_checkpoint(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[Path, Path | None, RunLock | None]:
     run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else fresh_run_dir(cfg.preset)
     if checkpoint is not None and not resume:
         raise SolrlError("--checkpoint picks the checkpoint a --resume continues from", f"add --resume {run_dir}")
     lock = RunLock.acquire(run_dir) if run_dir.is_dir() else None  # before anything is read: no other writer
     try:
+        if resume and restarts(run_dir) and checkpoint is None:
+            return run_dir, None, lock  # stopped or killed before its first checkpoint: it starts again
         if resume:
-            chosen = checkpoint_to_resume(run_dir, checkpoint)
-            set_aside_newer(run_dir, chosen)
-            return run_dir, chosen, lock
-        if (run_dir / CONFIG_FILE).exists():
+            return run_dir, checkpoint_to_resume(run_dir, checkpoint), lock
+        if (run_dir / CONFIG_FILE).exists() and not restarts(run_dir):
             raise SolrlError(f"{run_dir} already holds a run", f"continue it with `solrl train --resume {run_dir}` or pick another --run-dir")
         return run_dir, None, lock
     except BaseException:

@@ -67,56 +67,28 @@ after its increment) are the official ones. Where this differs from it, and why:
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
 import time
+from pathlib import Path
 from typing import Callable, Iterator
 
 import numpy as np
 
 from solrl_core import distributed, environment, tracking
 from solrl_core import events as ev
-from solrl_core.checkpoint import save_checkpoint
+from solrl_core.checkpoint import list_checkpoints, save_checkpoint
 from solrl_core.config import Config, to_dict
 from solrl_core.faults import guard, oom
 from solrl_core.faults.phase import charged_to
 from solrl_core.loop_state import LoopState
 from solrl_core.phases import PhaseRecorder
 from solrl_core.rundir import EVENTS_FILE
-from solrl_core.session import Run, Session, open_session
+from solrl_core.session import Run, Session, open_session, restarts
+from solrl_core.stopping import StopAtBoundary, StopFlag, graceful_stop
 from solrl_core.stages import (Scored, after_step, explore, iteration_prompts, rank_check, rank_check_due, regenerate, score_drafts,
                                score_finals, select_seeds, train as train_step)
 from solrl_core.tracking import samples
 from solrl_core.update import UpdateResult
 from solrl_core.warmup import warm_up_compiled
-
-
-class StopFlag:
-    """Set by SIGINT/SIGTERM: the loop finishes its iteration, saves, and returns. With several
-    processes, a flag set on any rank stops every rank after the same iteration."""
-
-    def __init__(self) -> None:
-        self.requested = False
-
-
-@contextlib.contextmanager
-def graceful_stop() -> Iterator[StopFlag]:
-    flag = StopFlag()
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        if flag.requested:  # a second Ctrl-C means now; checkpoints are atomic, so nothing is torn
-            raise KeyboardInterrupt
-        flag.requested = True
-
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield flag
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag | None = None,
@@ -127,13 +99,19 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
     Under torchrun each process calls this; it joins the process group from the environment."""
     distributed.init_from_env()
     tracking.require(config.run.log)  # a tracker that is not installed is named before anything loads
+    again = bool(config.run.run_dir) and restarts(Path(config.run.run_dir))
     session = open_session(config, resume=resume, from_checkpoint=checkpoint)
     run, state = session.run, session.state
     reason = "completed"
     with contextlib.ExitStack() as stack:
         bus = _subscribe_outputs(stack, run, state, bus)
-        flag = stop or stack.enter_context(graceful_stop())
+        flag = stop or stack.enter_context(graceful_stop(StopFlag(), run.config.run.stop_on_sigterm))
+        flag.announce = lambda f: bus.emit_from_signal(_stop_requested(run, state, f))  # acknowledged at once
+        stack.callback(setattr, flag, "announce", None)
         _announce(run, state, bus)
+        if again:
+            bus.emit(ev.RunWarning(message=f"{run.run_dir} held a run with no checkpoint (it stopped before its first): "
+                                           f"starting it again from iteration 0{' with its saved config' if resume else ''}"))
         warm_up_compiled(run, bus)
         clock = PhaseRecorder(run.device)
         try:
@@ -144,38 +122,51 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
             raise
         finally:
             hist = state.history
+            newest = list_checkpoints(run.run_dir)
             bus.emit(ev.RunFinished(reason=reason, iteration=state.iteration, seconds=clock.elapsed(),
                                     first_reward=hist[0] if hist else None,
-                                    last3_reward=float(np.mean(hist[-3:])) if hist else None))
+                                    last3_reward=float(np.mean(hist[-3:])) if hist else None,
+                                    run_dir=str(run.run_dir), checkpoint=str(newest[-1]) if newest else None))
     return Session(run, state)
 
 
 def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag) -> Run:
-    """Iterations to the end, an interrupt or a stop; evaluations and checkpoints on their schedule.
+    """Iterations to the end, a stop or a failure; evaluations and checkpoints on their schedule. A
+    stop skips an evaluation that was due, and always leaves the last finished iteration saved.
     Returns the run as it ended (an out-of-memory back-off may have lowered its batch sizes)."""
     cfg = run.config
+    saved = state.iteration  # the iteration of the newest checkpoint (0: none, or the one resumed from)
     if run.eval_prompts and state.iteration == 0:
         run = _with_backoff(run, state, bus, lambda r: _evaluate(r, state, bus, "base"))
-    while state.iteration < cfg.run.iterations:
-        run = _with_backoff(run, state, bus, lambda r: run_iteration(r, state, bus))
+    while state.iteration < cfg.run.iterations and not distributed.any_true(flag.requested):
+        streaks, flag.iteration = state.streaks(), state.iteration + 1
+        try:
+            run = _with_backoff(run, state, bus, lambda r: run_iteration(r, state, bus, flag))
+        except StopAtBoundary:  # before the update: the run's weights and counters are the last finished iteration's
+            state.set_streaks(streaks)
+            break
         last = state.iteration == cfg.run.iterations
-        if run.eval_prompts and (last or state.iteration % cfg.run.eval_every == 0):
+        stopping = distributed.any_true(flag.requested)
+        if run.eval_prompts and not stopping and (last or state.iteration % cfg.run.eval_every == 0):
             run = _with_backoff(run, state, bus, lambda r: _evaluate(r, state, bus, "ema"))
         failure = state.health.failure() or guard.failure(  # from gathered rewards: the same on every rank
             state.faults, cfg.reward.health_patience, cfg.optimizer.max_nonfinite_steps)
-        stopping = distributed.any_true(flag.requested)
         if failure or stopping or last or state.iteration % cfg.run.checkpoint_every == 0:
             _checkpoint(run, state, bus)
+            saved = state.iteration
         if failure:
             raise failure
         if stopping:
             break
+    if state.iteration > saved:  # stopped between an iteration and its save, or at a phase boundary
+        _checkpoint(run, state, bus)
     return run
 
 
-def run_iteration(run: Run, state: LoopState, bus: ev.EventBus) -> None:
-    """One iteration, top to bottom: explore, select, regenerate, update, sync (stages.py)."""
-    phases = PhaseRecorder(run.device)
+def run_iteration(run: Run, state: LoopState, bus: ev.EventBus, stop: StopFlag | None = None) -> None:
+    """One iteration, top to bottom: explore, select, regenerate, update, sync (stages.py). `stop` is
+    told each phase as it begins, and may abandon the iteration there (stopping.py)."""
+    phases = PhaseRecorder(run.device, stop.entering if stop is not None else None)
     rng = np.random.default_rng([run.config.run.seed, state.iteration])
     prompts = iteration_prompts(run, rng)
     with phases.phase("explore"):
@@ -230,6 +221,15 @@ def _subscribe_outputs(stack: contextlib.ExitStack, run: Run, state: LoopState, 
         stack.callback(output.close)
         stack.callback(bus.unsubscribe, output)
     return bus
+
+
+def _stop_requested(run: Run, state: LoopState, flag: StopFlag) -> ev.StopRequested:
+    """The acknowledgement of a stop request: where the run is and what it will save."""
+    newest = list_checkpoints(run.run_dir)
+    running = flag.iteration > state.iteration  # begun, not finished
+    return ev.StopRequested(source=flag.source, mode="phase" if flag.at_phase else "iteration",
+                            iteration=flag.iteration if running else state.iteration, phase=flag.phase if running else "",
+                            run_dir=str(run.run_dir), checkpoint=str(newest[-1]) if newest else None)
 
 
 def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:

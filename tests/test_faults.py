@@ -161,8 +161,9 @@ def test_two_sessions_in_one_process_cannot_share_a_folder(quick):
     with pytest.raises(SolrlError, match="being written by another solrl run"):
         open_session(resolve_config("tiny", "sol_rl", sets=sets))
     session.run.lock.release()
-    with pytest.raises(SolrlError, match="already holds a run"):  # free now, but it is a run: resume it instead
-        open_session(resolve_config("tiny", "sol_rl", sets=sets))
+    again = open_session(resolve_config("tiny", "sol_rl", sets=sets))  # free now, and nothing was saved: it starts again
+    assert again.state.iteration == 0 and not again.state.resumed
+    again.run.lock.release()
 
 
 # ---------------------------------------------------------------- out-of-memory back-off

@@ -1,0 +1,46 @@
+"""What every view says when a run is asked to stop and when it ends: the real run folder, what the
+run is waiting for, and whether a checkpoint exists to continue from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from solrl_core import events as ev
+
+
+def _again(source: str) -> str:
+    return "Ctrl-C again" if source in ("Ctrl-C", "q") else f"a second {source} (or Ctrl-C)"
+
+
+def _kept(checkpoint: str | None) -> str:
+    return (f"the last checkpoint, {Path(checkpoint).name}, stays intact" if checkpoint
+            else "no checkpoint has been saved yet")
+
+
+def stop_message(e: ev.StopRequested) -> str:
+    """The acknowledgement of a stop request, printed the moment it arrives."""
+    ckpts = f"{e.run_dir}/checkpoints" if e.run_dir else "the run folder"
+    if e.mode == "phase" and e.phase:
+        waits = (f"stopping at the next phase boundary (now in {e.phase} of iteration {e.iteration}): an iteration "
+                 f"whose update has not begun is abandoned and redone on resume; the last finished one is saved to {ckpts}")
+    elif e.phase:
+        waits = f"finishing iteration {e.iteration} (now in {e.phase}), then saving a checkpoint to {ckpts}"
+    elif e.iteration:
+        waits = f"saving iteration {e.iteration} to {ckpts} once the step in progress ends, then stopping"
+    else:
+        waits = "stopping before the first iteration: nothing to save yet"
+    return f"stop requested ({e.source}): {waits}; {_again(e.source)} stops at once ({_kept(e.checkpoint)})"
+
+
+def finished_message(e: ev.RunFinished, total: int | None = None) -> str:
+    """The line a run ends with. `total`: the run's configured iterations, where known."""
+    where = e.run_dir or "<run folder>"
+    if e.checkpoint:
+        resume = f"`solrl train --resume {where}` continues from {Path(e.checkpoint).name}"
+    else:
+        resume = f"no checkpoint was saved: `solrl train --resume {where}` starts it again from iteration 0"
+    if e.reason == "failed":
+        return f"failed during iteration {e.iteration + 1}; {resume}"
+    if e.reason == "interrupted" or (total is not None and e.iteration < total):
+        return f"stopped after iteration {e.iteration}; {resume}"
+    return f"done: {e.iteration} iteration{'' if e.iteration == 1 else 's'} in {e.seconds:.1f}s"

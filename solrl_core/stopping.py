@@ -1,0 +1,98 @@
+"""How a run stops when asked: by Ctrl-C, SIGTERM, SIGHUP (the terminal closed) or the TUI's q.
+
+    first SIGINT / SIGHUP / q     finish the iteration in progress, save a checkpoint, stop
+    first SIGTERM                 `run.stop_on_sigterm`: "phase" (default) stops at the next phase
+                                  boundary: an iteration whose update has not run yet is abandoned
+                                  (it is redone exactly on resume: its draws derive from the seed and
+                                  its number) and the last finished iteration is saved; "iteration"
+                                  finishes it, as Ctrl-C does
+    any second signal             stop now (KeyboardInterrupt); checkpoints are written atomically,
+                                  so the last one on disk stays intact
+
+Every request is acknowledged at once with a `StopRequested` event naming what the run waits for;
+a closed terminal's output goes to /dev/null so the run can save in peace. With several processes
+a request seen on any rank stops every rank at the same place (a tiny all-reduce at each boundary).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from typing import Callable, Iterator
+
+from solrl_core import distributed
+
+SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
+if hasattr(signal, "SIGHUP"):
+    SIGNAL_NAMES[signal.SIGHUP] = "SIGHUP"
+ABANDONABLE = ("explore", "selection", "regenerate", "train")  # entered before the update: the weights are untouched
+STOP_MODES = ("phase", "iteration")
+
+
+class StopAtBoundary(Exception):
+    """Raised where a phase begins, once a stop at the next phase boundary was asked: the iteration in
+    progress is abandoned before its update, and the loop saves the last finished one."""
+
+
+class StopFlag:
+    """What a stop request asked for, and where the loop is (for the acknowledgement).
+
+    `requested` alone (set by tests or a caller) means: stop after this iteration."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.at_phase = False  # stop at the next phase boundary, abandoning an iteration not yet updated
+        self.source = ""  # what asked: Ctrl-C, SIGTERM, SIGHUP, q
+        self.phase = ""  # the phase last begun ("" before the first iteration)
+        self.iteration = 0  # the iteration the loop last began (1-based)
+        self.announce: Callable[["StopFlag"], None] | None = None  # set by the trainer: emit StopRequested
+
+    def request(self, source: str, at_phase: bool = False) -> None:
+        """Ask the run to stop (after the iteration, or at the next phase boundary with `at_phase`)."""
+        self.requested = True
+        self.at_phase = self.at_phase or at_phase
+        self.source = source
+        if self.announce is not None:
+            self.announce(self)
+
+    def entering(self, phase: str) -> None:
+        """Called as each phase of an iteration begins (phases.PhaseRecorder). Raises StopAtBoundary
+        when a phase-boundary stop was asked on any rank and the update has not run yet."""
+        self.phase = phase
+        if phase in ABANDONABLE and distributed.any_true(self.requested and self.at_phase):
+            raise StopAtBoundary(phase)
+
+
+def detach_from_terminal() -> None:
+    """The terminal is gone (SIGHUP): send stdout and stderr to /dev/null, so the next write does not
+    fail with EIO while the run finishes and saves."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            os.dup2(null, fd)
+    os.close(null)
+
+
+@contextlib.contextmanager
+def graceful_stop(flag: StopFlag, sigterm: str = "phase") -> Iterator[StopFlag]:
+    """Install the handlers above in the main thread (elsewhere, e.g. under the TUI, whoever owns the
+    signals calls `flag.request`). `sigterm`: run.stop_on_sigterm."""
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        if flag.requested:  # a second request means now; checkpoints are atomic, so nothing is torn
+            raise KeyboardInterrupt
+        if signum == getattr(signal, "SIGHUP", None):
+            detach_from_terminal()
+        flag.request(SIGNAL_NAMES[signum], at_phase=signum == signal.SIGTERM and sigterm == "phase")
+
+    previous = {s: signal.signal(s, handler) for s in SIGNAL_NAMES}
+    try:
+        yield flag
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
