@@ -102,7 +102,11 @@ class TerminalDisplay:
         self.progress.stop()
         c = self.console
         if e.reason == "failed":
-            c.print(f"[red]failed during iteration {e.iteration + 1}[/]; the last checkpoint is intact: `solrl train --resume <run dir>`")
+            if e.checkpoint:
+                c.print(f"[red]failed during iteration {e.iteration + 1}[/]; the last checkpoint, {e.checkpoint}, is intact: "
+                        "`solrl train --resume <run dir>`")
+            else:
+                c.print(f"[red]failed during iteration {e.iteration + 1}[/]; no checkpoint was written: start the run again")
             return
         if e.reason == "interrupted":
             c.print(f"[yellow]stopped after iteration {e.iteration}[/]; continue with `solrl train --resume <run dir>`")

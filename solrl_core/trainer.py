@@ -76,7 +76,7 @@ import numpy as np
 
 from solrl_core import distributed, environment, tracking
 from solrl_core import events as ev
-from solrl_core.checkpoint import save_checkpoint
+from solrl_core.checkpoint import list_checkpoints, save_checkpoint
 from solrl_core.config import Config, to_dict
 from solrl_core.faults import guard, oom
 from solrl_core.faults.phase import charged_to
@@ -144,9 +144,11 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
             raise
         finally:
             hist = state.history
+            saved = list_checkpoints(run.run_dir) if run.rank == 0 else []
             bus.emit(ev.RunFinished(reason=reason, iteration=state.iteration, seconds=clock.elapsed(),
                                     first_reward=hist[0] if hist else None,
-                                    last3_reward=float(np.mean(hist[-3:])) if hist else None))
+                                    last3_reward=float(np.mean(hist[-3:])) if hist else None,
+                                    checkpoint=saved[-1].name if saved else ""))
     return Session(run, state)
 
 
@@ -246,6 +248,8 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
     copy_ = run.explore_copy
     if copy_ is not None and copy_.report is not None:
         bus.emit(ev.QuantizationReport(summary=copy_.report.summary(), path=str(run.run_dir / "quantization_report.json")))
+    for note in run.notes:
+        bus.emit(ev.RunWarning(message=note))
 
 
 def _with_backoff(run: Run, state: LoopState, bus: ev.EventBus, work: Callable[[Run], None]) -> Run:
