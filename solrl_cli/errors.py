@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from typing import Iterator
 
@@ -10,6 +11,7 @@ import typer
 from rich.console import Console
 
 from solrl_core.errors import SolrlError
+from solrl_core.faults import disk
 
 err_console = Console(stderr=True, highlight=False)
 
@@ -23,20 +25,26 @@ def user_errors() -> Iterator[None]:
     try:
         yield
     except SolrlError as exc:
-        if debug():
-            raise
-        err_console.print(f"[bold red]error:[/] {exc.message}", soft_wrap=True)
-        if exc.fix:
-            err_console.print(f"  [bold]fix:[/] {exc.fix}", soft_wrap=True)
-        raise typer.Exit(2) from None
+        _user_error(exc)
     except KeyboardInterrupt:
         err_console.print("stopped.")
         raise typer.Exit(130) from None
     except (typer.Exit, typer.Abort):
         raise
     except Exception as exc:  # noqa: BLE001 - unexpected: say so plainly, keep the traceback one env var away
+        if not debug() and (disk.disk_full(exc) or disk.read_only(exc) == errno.EROFS):  # where no caller expected it
+            _user_error(disk.explain(exc, None, "a file") or SolrlError(str(exc)))
         if debug():
             raise
         err_console.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc}")
         err_console.print("  [bold]fix:[/] rerun with SOLRL_DEBUG=1 for the traceback, and report it")
         raise typer.Exit(1) from None
+
+
+def _user_error(exc: SolrlError) -> None:
+    if debug():
+        raise exc
+    err_console.print(f"[bold red]error:[/] {exc.message}", soft_wrap=True)
+    if exc.fix:
+        err_console.print(f"  [bold]fix:[/] {exc.fix}", soft_wrap=True)
+    raise typer.Exit(2) from None

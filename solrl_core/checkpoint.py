@@ -18,7 +18,6 @@ saved on 8 GPUs resumes on 1, or on 4, and draws the same prompts, seeds and noi
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import random
@@ -33,10 +32,12 @@ import torch
 from safetensors.torch import load_file
 
 from solrl_core.errors import SolrlError
+from solrl_core.faults import disk
 from solrl_core.faults.manifest import verify, write_manifest
 from solrl_core.policy import LORA_FILE, OLD, TRAINED, Policy
 
 _NAME = re.compile(r"^iter_(\d{6})$")
+TMP_PREFIX = ".tmp-"  # a checkpoint being written: checkpoints/.tmp-iter_NNNNNN-<pid>-<ns>
 
 
 def checkpoint_dir(run_dir: Path) -> Path:
@@ -54,35 +55,27 @@ def save_checkpoint(run_dir: Path, iteration: int, policy: Policy, optimizer: to
                     state: dict[str, Any], keep: int) -> Path:
     """Write checkpoint `iteration` atomically and prune all but the newest `keep`."""
     folder = checkpoint_dir(run_dir)
-    folder.mkdir(parents=True, exist_ok=True)
     final = folder / f"iter_{iteration:06d}"
-    tmp = folder / f".tmp-{final.name}-{os.getpid()}-{time.monotonic_ns()}"
-    tmp.mkdir()
+    tmp = folder / f"{TMP_PREFIX}{final.name}-{os.getpid()}-{time.monotonic_ns()}"
     try:
-        policy.save_lora(tmp, TRAINED)
-        policy.save_lora(tmp / "old", OLD)
-        policy.save_lora(tmp / "ema", "ema")
-        torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
-        torch.save({"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-                    "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}, tmp / "rng.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
-        _fsync_tree(tmp)
-        write_manifest(tmp)  # last: a folder whose manifest is missing was never finished
-        if final.exists():  # the same iteration saved again after a resume: swap, never half-replace
-            stale = folder / f".old-{final.name}-{time.monotonic_ns()}"
-            final.rename(stale)
-            tmp.rename(final)
-            shutil.rmtree(stale, ignore_errors=True)
-        else:
-            tmp.rename(final)
-    except Exception as exc:
+        with disk.writing(folder, f"checkpoint {final.name}", f"free space there (or lower run.keep_checkpoints), "
+                                                               f"then `solrl train --resume {run_dir}`"):
+            folder.mkdir(parents=True, exist_ok=True)
+            tmp.mkdir()
+            _write(tmp, policy, optimizer, state)
+            if final.exists():  # the same iteration saved again after a resume: swap, never half-replace
+                stale = folder / f".old-{final.name}-{time.monotonic_ns()}"
+                final.rename(stale)
+                tmp.rename(final)
+                shutil.rmtree(stale, ignore_errors=True)
+            else:
+                tmp.rename(final)
+            disk.fsync_dir(folder)  # the rename itself survives a power loss
+    except SolrlError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         previous = list_checkpoints(run_dir)
-        if not _disk_full(exc, folder, previous):
-            raise
         kept = f"the previous checkpoint {previous[-1].name} is intact" if previous else "no earlier checkpoint exists"
-        raise SolrlError(f"the disk is full: checkpoint {final.name} could not be written to {folder} ({kept})",
-                         f"free space there (or lower run.keep_checkpoints), then `solrl train --resume {run_dir}`") from exc
+        raise SolrlError(f"{exc.message}; {kept}", exc.fix) from exc.__cause__
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -91,15 +84,34 @@ def save_checkpoint(run_dir: Path, iteration: int, policy: Policy, optimizer: to
     return final
 
 
-def _disk_full(exc: Exception, folder: Path, previous: list[Path]) -> bool:
-    """Whether a failed save ran out of space: ENOSPC/EDQUOT, or (torch.save and safetensors report a
-    full disk as a RuntimeError without an errno) less space left than the previous checkpoint takes."""
-    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return True
-    if not previous or not isinstance(exc, (OSError, RuntimeError)):
-        return False
-    needed = sum(p.stat().st_size for p in previous[-1].rglob("*") if p.is_file())
-    return shutil.disk_usage(folder).free < needed
+def _write(tmp: Path, policy: Policy, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+    """Every file of a checkpoint into `tmp`, synced, the manifest last. torch.save is given an open
+    file, not a path: then a full disk reaches us as ENOSPC (faults/disk.py), not "unexpected pos"."""
+    policy.save_lora(tmp, TRAINED)
+    policy.save_lora(tmp / "old", OLD)
+    policy.save_lora(tmp / "ema", "ema")
+    rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+           "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    for name, obj in (("optimizer.pt", optimizer.state_dict()), ("rng.pt", rng)):
+        with open(tmp / name, "wb") as fh:
+            torch.save(obj, fh)
+    (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
+    _fsync_tree(tmp)
+    write_manifest(tmp)  # last: a folder whose manifest is missing was never finished
+
+
+def remove_orphans(run_dir: Path) -> list[str]:
+    """Remove the temporary folders of saves a kill interrupted (`.tmp-iter_*`: never complete, never
+    listed). Only the holder of the run's lock calls this, so no live save is touched. Returns a
+    warning for each folder removed."""
+    folder = checkpoint_dir(run_dir)
+    if not folder.is_dir():
+        return []
+    notes = []
+    for path in sorted(folder.glob(f"{TMP_PREFIX}iter_*")):
+        shutil.rmtree(path, ignore_errors=True)
+        notes.append(f"removed {path.name} from {folder}: a checkpoint save interrupted by a kill (never complete)")
+    return notes
 
 
 def checkpoint_to_resume(run_dir: Path, name: str | None = None) -> Path:

@@ -156,7 +156,10 @@ class RunConfig:
     seed: int = _f(0, "Run seed: prompts, noise seeds, timesteps and training noise derive from it.")
     run_dir: str = _f("", "Output folder ('' = runs/<time>-<preset>).")
     checkpoint_every: int = _f(10, "Save a checkpoint every this many iterations (and at the end).")
-    keep_checkpoints: int = _f(2, "How many recent checkpoints to keep.")
+    keep_checkpoints: int = _f(2, "How many recent checkpoints to keep (folders set aside by --resume --checkpoint, "
+                                  "checkpoints/superseded-*, are kept apart from these until you delete them).")
+    lock: bool = _f(True, "Lock the run folder (flock on RUN/solrl.lock) so two runs never write it. false: for a "
+                          "filesystem without flock (some NFS); then nothing stops two writers.")
     device: str = _f("auto", "cpu, cuda, cuda:N or auto.")
     dtype: str = _f("auto", "Full-precision dtype: auto (bf16 on CUDA, fp32 on CPU), bf16, fp32.")
     threads: int = _f(0, "CPU threads for torch (0 = torch's default).")

@@ -6,6 +6,7 @@ so a live run and a replay of `events.jsonl` show the same thing.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import threading
@@ -13,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar
+
+from solrl_core.faults import disk
 
 PHASES = ("explore", "selection", "regenerate", "reward", "train", "sync", "total")
 
@@ -343,17 +346,48 @@ class EventBus:
 
 
 class JsonlLog:
-    """Appends every event as one JSON line; flushed per event so a crash loses nothing written."""
+    """Appends every event as one JSON line; flushed per event so a crash loses nothing written.
+
+    A file whose last line a kill tore (no newline at its end) gets a newline first, so the next record
+    starts a line of its own. A full or read-only disk is raised once, as the SolrlError of
+    faults/disk.py; the log then writes nothing more, so the run's ending does not raise it again."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._fh = open(self.path, "a", encoding="utf-8")
+        self.failed = False
+        with self._writing():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            torn = self.path.is_file() and self.path.stat().st_size > 0 and not _ends_in_newline(self.path)
+            self._fh = open(self.path, "a", encoding="utf-8")
+            if torn:
+                self._fh.write("\n")
+                self._fh.flush()
+
+    def _writing(self) -> contextlib.AbstractContextManager[None]:
+        return disk.writing(self.path.parent, self.path.name,
+                            f"free space on that filesystem, then `solrl train --resume {self.path.parent}`")
 
     def __call__(self, event: Event) -> None:
-        self._fh.write(json.dumps(event.to_dict()) + "\n")
-        self._fh.flush()
+        if self.failed:
+            return
+        try:
+            with self._writing():
+                self._fh.write(json.dumps(event.to_dict()) + "\n")
+                self._fh.flush()
+        except BaseException:
+            self.failed = True
+            raise
 
     def close(self) -> None:
-        self._fh.close()
+        try:
+            self._fh.close()
+        except OSError:  # the buffer a full disk refused: already raised once
+            if not self.failed:
+                raise
+
+
+def _ends_in_newline(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        fh.seek(-1, 2)
+        return fh.read(1) == b"\n"
 

@@ -198,15 +198,20 @@ def export_weights(cfg: Config, checkpoint: Path, weights: str, out_dir: Path, m
     import shutil
 
     from solrl_core.errors import SolrlError
+    from solrl_core.faults import disk
     from solrl_core.policy import LORA_FILE
 
     if out_dir.exists() and any(out_dir.iterdir()):
         raise SolrlError(f"{out_dir} exists and is not empty", "choose a new --out folder")
-    out_dir.mkdir(parents=True, exist_ok=True)
     if merge:
-        path = export_merged(load_tuned(cfg, checkpoint), weights, out_dir)
+        loaded = load_tuned(cfg, checkpoint)
+        with disk.writing(out_dir, "the merged transformer"):
+            out_dir.mkdir(parents=True, exist_ok=True)
+            path = export_merged(loaded, weights, out_dir)
         cls = json.loads((path / "config.json").read_text())["_class_name"]
         return Exported("merged transformer", path, f"diffusers' {cls}.from_pretrained('{path}')")
     source = checkpoint / LORA_FILE if weights == "trained" else checkpoint / "ema" / LORA_FILE
-    shutil.copy2(source, out_dir / LORA_FILE)
+    with disk.writing(out_dir, LORA_FILE):
+        out_dir.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, out_dir / LORA_FILE)
     return Exported("LoRA", out_dir / LORA_FILE, f"pipe.load_lora_weights('{out_dir}')")

@@ -14,6 +14,7 @@ import tomli_w
 
 from solrl_core.config import Config, from_dict, to_dict
 from solrl_core.errors import SolrlError
+from solrl_core.faults import disk
 
 CONFIG_FILE = "config.toml"
 EVENTS_FILE = "events.jsonl"
@@ -22,8 +23,13 @@ EVENTS_FILE = "events.jsonl"
 def write_atomic(path: Path, text: str) -> None:
     """Write a small file so that a reader sees the old or the new content, never a torn one."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        with disk.writing(path.parent, path.name):  # a full or read-only folder: one clear line
+            tmp.write_text(text, encoding="utf-8")
+            os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_run_config(run_dir: str | Path) -> Config:

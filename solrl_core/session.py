@@ -21,10 +21,11 @@ import torch
 from torch import nn
 
 from solrl_core import distributed
-from solrl_core.checkpoint import checkpoint_to_resume, list_checkpoints, load_checkpoint, set_aside_newer
+from solrl_core.checkpoint import checkpoint_to_resume, list_checkpoints, load_checkpoint, remove_orphans, set_aside_newer
 from solrl_core.config import Config
 from solrl_core.device import resolve_device, resolve_dtype
 from solrl_core.errors import SolrlError
+from solrl_core.faults import disk
 from solrl_core.faults.lock import RunLock
 from solrl_core.loop_state import LoopState
 from solrl_core.models import DiffusionModel, load_model
@@ -88,6 +89,7 @@ class Run:
     rank: int = 0  # this process among world_size (torchrun); it owns prompt groups rank*P/W .. (rank+1)*P/W - 1
     world_size: int = 1
     lock: RunLock | None = None  # rank 0's hold on run_dir; released when train() returns
+    notes: tuple[str, ...] = ()  # what opening the run folder did (orphaned saves removed, checkpoints set aside): warnings
 
     @property
     def compiled_update(self) -> bool:
@@ -138,7 +140,7 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
                        rollout_compiled=machine.rollout_compile, explore_compiled=machine.explore_compile)
     if plan.explores_low:  # before anything is written: a refused precision leaves no run dir
         require_explore_precision(plan.explore_precision, device)
-    run_dir, checkpoint, lock = _claim_run_dir(cfg, resume, from_checkpoint)  # the lock is dropped with it on an error below
+    run_dir, checkpoint, lock, notes = _claim_run_dir(cfg, resume, from_checkpoint)  # the lock is dropped with it on an error below
 
     model = load_model(cfg.model, device, dtype)
     explore_copy, rollout_copy = _copies(cfg, plan, model)  # copied before the adapters are added
@@ -157,14 +159,16 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     cfg = replace(cfg, run=replace(cfg.run, run_dir=str(run_dir)))
     if rank == 0:
         lock = _write_run_dir(run_dir, lock, cfg, explore_copy)
+    if rank == 0 and checkpoint is not None:  # only now that the resume is committed: a failure above leaves them listed
+        notes = [*notes, *(f"set {p.name} aside (newer than {checkpoint.name}); it is kept until you delete it: rm -r {p}"
+                           for p in set_aside_newer(run_dir, checkpoint))]
     forward = compile_module(policy.transformer, cfg.run.compile_mode) if machine.update_compile else policy.transformer
     run = Run(config=cfg, run_dir=run_dir, device=device, dtype_name=dtype_name, dtype=dtype, plan=plan, machine=machine,
               model=model, policy=policy, optimizer=optimizer, rewards=rewards, prompts=prompts, eval_prompts=eval_prompts,
               sampler=Sampler.of(cfg.sampler), conditioning=TextCache(model), explore_copy=explore_copy,
-              rollout_copy=rollout_copy, policy_forward=forward, rank=rank, world_size=world, lock=lock)
+              rollout_copy=rollout_copy, policy_forward=forward, rank=rank, world_size=world, lock=lock,
+              notes=tuple(notes))
     run.refresh_copies()
-    if rank == 0 and checkpoint is not None:  # only now that the resume is committed: a failure above leaves them listed
-        set_aside_newer(run_dir, checkpoint)
     distributed.barrier()  # the run directory exists before any rank goes on
     return Session(run, state)
 
@@ -185,8 +189,9 @@ def _write_run_dir(run_dir: Path, lock: RunLock | None, cfg: Config, explore_cop
     """Rank 0: create and lock a fresh folder (after every input was checked), then write the config
     and the quantization report. Returns the folder's lock."""
     if lock is None:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        lock = RunLock.acquire(run_dir)
+        with disk.writing(run_dir.parent, f"the run folder {run_dir.name}"):
+            run_dir.mkdir(parents=True, exist_ok=True)
+        lock = RunLock.acquire(run_dir, cfg.run.lock)
         if (run_dir / CONFIG_FILE).exists() and list_checkpoints(run_dir):
             lock.release()
             raise SolrlError(f"{run_dir} already holds a run", f"continue it with `solrl train --resume {run_dir}`")
@@ -197,23 +202,23 @@ def _write_run_dir(run_dir: Path, lock: RunLock | None, cfg: Config, explore_cop
     return lock
 
 
-def _claim_run_dir(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[Path, Path | None, RunLock | None]:
+def _claim_run_dir(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[Path, Path | None, RunLock | None, list[str]]:
     """The run directory and the checkpoint to resume from, decided by rank 0 (a fresh directory's
     name holds the time, and another rank must not mistake rank 0's new config for an older run);
     an error there is raised on every rank. Rank 0 returns the run directory's lock (None for a
-    folder still to be created); the other ranks None."""
+    folder still to be created) and what opening it did, as warnings; the other ranks None and []."""
     outcome: tuple = ()
-    lock = None
+    lock, notes = None, []
     if distributed.is_main():
         try:
-            run_dir, chosen, lock = _run_dir_and_checkpoint(cfg, resume, checkpoint)
+            run_dir, chosen, lock, notes = _run_dir_and_checkpoint(cfg, resume, checkpoint)
             outcome = ("ok", run_dir, chosen)
         except SolrlError as exc:
             outcome = ("error", exc.message, exc.fix)
     outcome = distributed.broadcast_object(outcome)
     if outcome[0] == "error":
         raise SolrlError(outcome[1], outcome[2])
-    return outcome[1], outcome[2], lock
+    return outcome[1], outcome[2], lock, notes
 
 
 def restarts(run_dir: Path) -> bool:
@@ -222,19 +227,20 @@ def restarts(run_dir: Path) -> bool:
     return (run_dir / CONFIG_FILE).exists() and not list_checkpoints(run_dir)
 
 
-def _run_dir_and_checkpoint(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[Path, Path | None, RunLock | None]:
+def _run_dir_and_checkpoint(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[Path, Path | None, RunLock | None, list[str]]:
     run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else fresh_run_dir(cfg.preset)
     if checkpoint is not None and not resume:
         raise SolrlError("--checkpoint picks the checkpoint a --resume continues from", f"add --resume {run_dir}")
-    lock = RunLock.acquire(run_dir) if run_dir.is_dir() else None  # before anything is read: no other writer
+    lock = RunLock.acquire(run_dir, cfg.run.lock) if run_dir.is_dir() else None  # before anything is read: no other writer
     try:
+        notes = remove_orphans(run_dir) if lock is not None and lock.held else []  # ours: no live save writes them
         if resume and restarts(run_dir) and checkpoint is None:
-            return run_dir, None, lock  # stopped or killed before its first checkpoint: it starts again
+            return run_dir, None, lock, notes  # stopped or killed before its first checkpoint: it starts again
         if resume:
-            return run_dir, checkpoint_to_resume(run_dir, checkpoint), lock
+            return run_dir, checkpoint_to_resume(run_dir, checkpoint), lock, notes
         if (run_dir / CONFIG_FILE).exists() and not restarts(run_dir):
             raise SolrlError(f"{run_dir} already holds a run", f"continue it with `solrl train --resume {run_dir}` or pick another --run-dir")
-        return run_dir, None, lock
+        return run_dir, None, lock, notes
     except BaseException:
         if lock is not None:
             lock.release()

@@ -246,6 +246,8 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
     copy_ = run.explore_copy
     if copy_ is not None and copy_.report is not None:
         bus.emit(ev.QuantizationReport(summary=copy_.report.summary(), path=str(run.run_dir / "quantization_report.json")))
+    for note in run.notes:
+        bus.emit(ev.RunWarning(message=note))
 
 
 def _with_backoff(run: Run, state: LoopState, bus: ev.EventBus, work: Callable[[Run], None]) -> Run:

@@ -7,12 +7,15 @@ package does the same locking but truncates the file whenever another process tr
 would erase the holder's name; `fcntl` (the standard library) keeps it.
 
 On a shared filesystem (several nodes) this relies on the filesystem's own locking (NFSv4 and
-Lustre support flock); only rank 0 takes the lock.
+Lustre support flock); only rank 0 takes the lock. A filesystem without flock (ENOLCK, EOPNOTSUPP:
+some NFS mounts) is refused with one line naming the opt-out, `run.lock = false`, which skips the
+lock: then nothing stops two runs writing the same folder.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import fcntl
 import json
 import os
@@ -20,6 +23,7 @@ import socket
 from pathlib import Path
 
 from solrl_core.errors import SolrlError
+from solrl_core.faults import disk
 
 LOCK_FILE = "solrl.lock"
 
@@ -27,27 +31,44 @@ LOCK_FILE = "solrl.lock"
 class RunLock:
     """Held for the life of a run; `release` (or the process ending) gives it up."""
 
-    def __init__(self, path: Path, fd: int) -> None:
+    def __init__(self, path: Path, fd: int | None) -> None:
         self.path = path
         self._fd: int | None = fd
 
     @classmethod
-    def acquire(cls, run_dir: Path) -> "RunLock":
-        """Lock `run_dir` (which must exist) or raise a SolrlError naming the process that holds it."""
+    def acquire(cls, run_dir: Path, enabled: bool = True) -> "RunLock":
+        """Lock `run_dir` (which must exist) or raise a SolrlError naming the process that holds it.
+        `enabled` False (run.lock = false) takes no lock: an unheld RunLock."""
         path = Path(run_dir) / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        if not enabled:
+            return cls(path, None)
+        with disk.writing(run_dir, f"the run lock {LOCK_FILE}"):  # a read-only or full folder: one clear line
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
             raise SolrlError(f"{run_dir} is being written by another solrl run ({holder(run_dir)})",
                              "wait for it to finish or stop it (Ctrl-C saves a checkpoint), or use another --run-dir") from None
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+                raise
+            raise SolrlError(f"the filesystem of {run_dir} does not support file locks (flock: {errno.errorcode[exc.errno]}), "
+                             "which solrl takes so that two runs never write one folder",
+                             "use a --run-dir on a local disk, or `--set run.lock=false` to run without the lock "
+                             "(then nothing stops two runs writing the same folder)") from exc
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
         info = {"pid": os.getpid(), "host": socket.gethostname(), "started": dt.datetime.now().isoformat(timespec="seconds")}
-        os.pwrite(fd, json.dumps(info).encode(), 0)
+        try:
+            with disk.writing(run_dir, f"the run lock {LOCK_FILE}"):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, json.dumps(info).encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
         return cls(path, fd)
 
     @property

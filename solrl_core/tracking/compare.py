@@ -42,6 +42,7 @@ class RunRecord:
     iterations: list[Timed] = field(default_factory=list)  # IterationFinished events
     evals: list[Timed] = field(default_factory=list)  # EvalFinished events
     skipped: dict[str, int] = field(default_factory=dict)  # events of kinds this version does not know, by kind
+    warnings: list[str] = field(default_factory=list)  # lines torn by a kill mid-write, skipped
 
     def series(self, key: str) -> tuple[list[int], list[float], list[float]]:
         """(iterations, training seconds, Stage-2 `key`) of every iteration."""
@@ -59,15 +60,22 @@ class RunRecord:
 
 def load_run(run_dir: str | Path) -> RunRecord:
     """One run's events.jsonl, decoded by `events.decode`. A kind this version does not know is
-    skipped and counted in `skipped`; a line that is not JSON, or whose fields do not fit its kind,
-    raises SolrlError naming the line."""
+    skipped and counted in `skipped`. A line torn by a kill mid-write (not JSON, and either the last
+    line with no newline after it, or the line just before a resumed run's run_started) is skipped
+    with a warning in `warnings`; any other line that is not JSON, or whose fields do not fit its
+    kind, raises SolrlError naming the line."""
     path = Path(run_dir) / EVENTS_FILE
     if not path.is_file():
         raise SolrlError(f"{run_dir} has no {EVENTS_FILE}", "pass run folders written by `solrl train`")
     record = RunRecord(name=Path(run_dir).name)
     elapsed = 0.0
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines()
+    for number, line in enumerate(lines, 1):
         if not line.strip():
+            continue
+        if _torn(line, lines[number:], last=number == len(lines) and not text.endswith("\n")):
+            record.warnings.append(f"{path} line {number} skipped: torn by a kill mid-write (not JSON)")
             continue
         try:
             e = ev.decode(json.loads(line))
@@ -92,6 +100,23 @@ def load_run(run_dir: str | Path) -> RunRecord:
             if isinstance(e, ev.EvalFinished):
                 record.evals.append(Timed(e, elapsed))
     return record
+
+
+def _torn(line: str, after: list[str], last: bool) -> bool:
+    """Whether `line` is one a kill cut short: not JSON, and the file's unfinished last line, or
+    followed by the run_started record of the run that resumed after the kill."""
+    try:
+        json.loads(line)
+        return False
+    except ValueError:
+        pass
+    if last:
+        return True
+    following = next((x for x in after if x.strip()), "")
+    try:
+        return json.loads(following).get("event") == ev.RunStarted.kind
+    except (ValueError, AttributeError):
+        return False
 
 
 def table(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
