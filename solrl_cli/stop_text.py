@@ -40,7 +40,7 @@ def finished_message(e: ev.RunFinished, total: int | None = None) -> str:
     else:
         resume = f"no checkpoint was saved: `solrl train --resume {where}` starts it again from iteration 0"
     if e.reason == "failed":
-        return f"failed during iteration {e.iteration + 1}; {resume}"
+        return f"failed with {e.iteration} iteration{'' if e.iteration == 1 else 's'} finished; {resume}"
     if e.reason == "interrupted" or (total is not None and e.iteration < total):
         return f"stopped after iteration {e.iteration}; {resume}"
     return f"done: {e.iteration} iteration{'' if e.iteration == 1 else 's'} in {e.seconds:.1f}s"

@@ -28,6 +28,7 @@ from textual.screen import ModalScreen
 from textual.widgets import ContentSwitcher, Footer, ProgressBar, Sparkline, Static
 
 from solrl_cli.display import fmt
+from solrl_cli.stop_text import finished_message
 from solrl_core import events as ev
 from solrl_core.errors import SolrlError
 from solrl_core.rundir import EVENTS_FILE

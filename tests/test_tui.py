@@ -240,10 +240,15 @@ def test_run_tui_training_joins_the_trainer(monkeypatch):
     class StopFlag:
         requested = False
 
+        def request(self, source, at_phase=False):
+            self.requested = True
+
     # a stand-in for solrl_core.trainer (importing the real one loads torch, seconds on a small CPU)
     monkeypatch.setitem(sys.modules, "solrl_core.trainer", types.SimpleNamespace(StopFlag=StopFlag, train=fake_train))
     monkeypatch.setattr(tui.SolrlMonitor, "run", lambda self: asyncio.run(headless(self)))
-    assert tui.run_tui_training(config=None) == "session" and len(saved) == 1
+    from solrl_core.config import Config
+
+    assert tui.run_tui_training(config=Config()) == "session" and len(saved) == 1
 
 
 def test_monitor_command_needs_events(tmp_path):
