@@ -149,6 +149,22 @@ def test_a_reward_that_keeps_raising_stops_with_a_checkpoint_of_the_last_finishe
     assert (reference / "trainer_state.json").read_text() == (saved / "iter_000001" / "trainer_state.json").read_text()
 
 
+def test_a_reward_failing_in_an_evaluation_saves_the_iteration_just_finished(quick, monkeypatch, tmp_path):
+    (tmp_path / "eval.txt").write_text("a blue circle below a yellow triangle\n")
+    straight, _ = _train(quick("run.iterations=1", run_dir="a"))
+    calls = _spoil_reward(monkeypatch, lambda n: n >= 4)  # base evaluation, iteration 1 (2), then the EMA evaluation
+    failed, seen = _train(quick("run.iterations=1", f"run.eval_prompts={tmp_path / 'eval.txt'}", "run.eval_seeds=1",
+                                "run.checkpoint_every=100", run_dir="b"))
+    assert isinstance(failed, RewardFailure) and len(calls) == 5 and calls[0] == calls[-1] == 1
+    assert [e.weights for e in seen if isinstance(e, ev.EvalFinished)] == ["base"]
+    assert [Path(e.path).name for e in seen if isinstance(e, ev.CheckpointSaved)] == ["iter_000001"]
+    reference, saved = straight.run.run_dir / "checkpoints" / "iter_000001", tmp_path / "b" / "checkpoints" / "iter_000001"
+    assert verify(saved) is None
+    for part in ("", "old/", "ema/"):  # the EMA was swapped back before scoring: the trained weights are saved
+        a, b = load_file(str(reference / f"{part}{LORA}")), load_file(str(saved / f"{part}{LORA}"))
+        assert all(torch.equal(a[k], b[k]) for k in a), part
+
+
 def test_a_reward_with_no_retries_stops_at_its_first_error(quick, monkeypatch):
     calls = _spoil_reward(monkeypatch, lambda n: True)
     failed, _ = _train(quick("run.iterations=1", "reward.retries=0"))
