@@ -146,6 +146,12 @@ class RewardConfig:
                                      "is near-constant (a failed load or broken preprocessing): warned about.")
     health_patience: int = _f(3, "Stop the run after this many consecutive near-constant iterations of one reward, or "
                                  "iterations where it scored every image NaN or infinite (0 = never).")
+    timeout_s: str = _f("auto", "Seconds one reward may take to score one batch before the run stops with a checkpoint "
+                                "(a hung reward model or server). auto: 600 for the model rewards (imagereward, pickscore, "
+                                "clipscore, hpsv2), none for the built-in ones (jpeg_*, tinyworld_geneval); a number sets it "
+                                "for every reward; 0 turns the watchdog off.")
+    retries: int = _f(1, "Times a reward whose scoring raises is called again before the run stops with a checkpoint "
+                         "(0 = stop at the first error). An out-of-memory error is never retried: it halves reward.batch_size.")
 
 
 @dataclass(frozen=True)
@@ -252,10 +258,14 @@ class Config:
             raise SolrlError(f"reward.batch_size={self.reward.batch_size} must be at least 1", "--set reward.batch_size=32")
         if self.reward.health_patience < 0 or self.reward.health_min_std < 0:
             raise SolrlError("reward.health_patience and reward.health_min_std must be >= 0", "0 turns the stop off")
+        if self.reward.retries < 0:
+            raise SolrlError(f"reward.retries={self.reward.retries} must be >= 0", "0 stops the run at a reward's first error")
         if self.optimizer.max_nonfinite_steps < 0:
             raise SolrlError("optimizer.max_nonfinite_steps must be >= 0", "0 turns the stop off")
         from solrl_core.rewards import check_names  # the rewards load torch; the config stays light
+        from solrl_core.rewards.watchdog import parse_timeout
 
+        parse_timeout(self.reward.timeout_s)
         check_names(self.reward.weights, self.reward.paths)
         return self
 

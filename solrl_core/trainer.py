@@ -81,6 +81,7 @@ from solrl_core.faults import guard, oom
 from solrl_core.faults.phase import charged_to
 from solrl_core.loop_state import LoopState
 from solrl_core.phases import PhaseRecorder
+from solrl_core.rewards.watchdog import RewardFailure
 from solrl_core.rundir import EVENTS_FILE
 from solrl_core.session import Run, Session, open_session, restarts
 from solrl_core.stopping import StopAtBoundary, StopFlag, graceful_stop
@@ -252,12 +253,30 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
 
 def _with_backoff(run: Run, state: LoopState, bus: ev.EventBus, work: Callable[[Run], None]) -> Run:
     """`work(run)` under the out-of-memory back-off (faults/oom.py); returns the run to go on with.
-    When a phase does not fit even at batch size 1, the last finished iteration is saved and the run stops."""
+    When a phase does not fit even at batch size 1, or a reward hangs or keeps raising (rewards/watchdog.py),
+    the last finished iteration is saved and the run stops.
+
+    Every reward is scored before the iteration's update (explore, regenerate and the rank check
+    score; `train` only reads their scores) and the evaluations score after the EMA weights are
+    swapped back, so when a reward fails the weights, the optimizer and the step count are still
+    those of the last finished iteration; the reward streaks the attempt advanced are put back.
+    With several processes the others wait in a collective for the failed one: there the error
+    ends the run without a checkpoint (torchrun stops every rank) and the previous one is intact."""
+    saved = state.streaks()
     try:
         return oom.retry(run, state, bus, work)
     except oom.DoesNotFit:
         _checkpoint(run, state, bus)
         raise
+    except RewardFailure:
+        state.set_streaks(saved)
+        if run.world_size == 1:
+            _checkpoint(run, state, bus)
+        raise
+    finally:
+        for message in run.rewards.retried:
+            bus.emit(ev.RunWarning(message=message))
+        run.rewards.retried.clear()
 
 
 def _evaluate(run: Run, state: LoopState, bus: ev.EventBus, weights: str) -> None:

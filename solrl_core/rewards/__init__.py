@@ -21,6 +21,7 @@ import torch
 from solrl_core.errors import SolrlError, close_matches
 from solrl_core.faults.phase import charged_to
 from solrl_core.rewards.base import Reward, RewardContext
+from solrl_core.rewards.watchdog import call_watched, timeout_for
 
 
 class RewardSection(Protocol):
@@ -29,6 +30,8 @@ class RewardSection(Protocol):
     weights: dict[str, float]
     paths: dict[str, str]
     batch_size: int
+    timeout_s: str
+    retries: int
 
 
 @dataclass(frozen=True)
@@ -154,20 +157,28 @@ class Scores:
 
 class RewardSet:
     """Several rewards with weights. `total` is always the weighted sum of raw scores; how the
-    components meet the advantage (sum or per-reward normalisation) is `nft.combined_advantages`."""
+    components meet the advantage (sum or per-reward normalisation) is `nft.combined_advantages`.
+
+    Each reward's scoring call runs under the watchdog (watchdog.py): `timeout_s` is the
+    reward.timeout_s setting (auto: model rewards only; '0': none), `retries` the tries after an
+    error. Retries survived are kept in `retried` for the trainer to report."""
 
     def __init__(self, weights: dict[str, float], ctx: RewardContext | None = None,
-                 paths: dict[str, str] | None = None) -> None:
+                 paths: dict[str, str] | None = None, *, timeout_s: str = "0", retries: int = 0) -> None:
         check_names(weights, paths or {})
         base = ctx or RewardContext()
         self.weights = dict(weights)
         self.rewards = {n: build_reward(n, RewardContext(base.device, base.dtype, (paths or {}).get(n, ""), base.batch_size))
                         for n in weights}
+        self.timeouts = {n: timeout_for(timeout_s, model_reward=bool(SPECS[n].weights)) for n in weights}
+        self.retries = retries
+        self.retried: list[str] = []
 
     @classmethod
     def from_config(cls, reward: RewardSection, device: torch.device) -> "RewardSet":
         """The rewards of a run's `reward` config section, loaded on `device` in fp32."""
-        return cls(reward.weights, RewardContext(device, torch.float32, batch_size=reward.batch_size), paths=reward.paths)
+        return cls(reward.weights, RewardContext(device, torch.float32, batch_size=reward.batch_size), paths=reward.paths,
+                   timeout_s=reward.timeout_s, retries=reward.retries)
 
     def check_prompts(self, prompts: list[str]) -> None:
         for reward in self.rewards.values():
@@ -187,6 +198,8 @@ class RewardSet:
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> Scores:
         with charged_to("reward"):
-            components = {n: r(images, prompts).float().cpu() for n, r in self.rewards.items()}
+            components = {n: call_watched(n, lambda r=r: r(images, prompts).float().cpu(), self.timeouts[n], self.retries,
+                                          self.retried.append)
+                          for n, r in self.rewards.items()}
         total = sum(self.weights[n] * s for n, s in components.items())
         return Scores(total=total, components=components)  # type: ignore[arg-type]

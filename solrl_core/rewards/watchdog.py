@@ -1,0 +1,126 @@
+"""The reward watchdog: one reward's scoring call with a time limit and a retry.
+
+A reward model can hang (a stuck CUDA kernel, a reward server that never answers, a deadlock in
+its backend) or raise (a transient I/O error, a bad batch). Without a limit a hang holds the whole
+run forever, and a signal cannot stop it: the loop only looks at its stop flag between iterations.
+So each scoring call runs in a daemon thread and the caller waits at most `timeout_s` for it; past
+that, `RewardFailure` stops the run (the trainer saves the last finished iteration first). The
+hung thread is left behind: Python cannot stop a thread, and a daemon one does not keep the
+process alive.
+
+An ordinary exception is retried `retries` times, then becomes `RewardFailure`. A CUDA
+out-of-memory error is not this module's business: it passes through unchanged to the back-off that
+halves reward.batch_size (faults/oom.py), as do KeyboardInterrupt and SystemExit.
+
+The worker thread runs with the caller's grad mode and autocast state (both are per-thread in
+torch) and its current CUDA device, so a watched call computes exactly what a direct one would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Callable, Iterator, TypeVar
+
+import torch
+
+from solrl_core.errors import SolrlError
+
+T = TypeVar("T")
+MODEL_DEFAULT_S = 600.0  # `auto` for rewards that run a learned model: generous for a batch of 32 on a busy GPU
+_FIX = ("raise reward.timeout_s, or 0 to turn the watchdog off, and continue from the checkpoint saved: "
+        "`solrl train --resume RUN --set reward.timeout_s=SECONDS`")
+
+
+class RewardFailure(SolrlError):
+    """A reward hung past its time limit, or kept raising. `reward` names it."""
+
+    def __init__(self, reward: str, message: str, fix: str) -> None:
+        super().__init__(message, fix)
+        self.reward = reward
+
+
+def parse_timeout(setting: str) -> float | None:
+    """reward.timeout_s as seconds; None for `auto`. Raises SolrlError for anything else."""
+    text = str(setting).strip().lower()
+    if text == "auto":
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds >= 0 or seconds == float("inf"):
+        raise SolrlError(f"reward.timeout_s={setting!r} must be auto or a number of seconds >= 0",
+                         "--set reward.timeout_s=600 (0 turns the watchdog off)")
+    return seconds
+
+
+def timeout_for(setting: str, model_reward: bool) -> float:
+    """Seconds allowed to one scoring call of a reward (0 = unwatched)."""
+    seconds = parse_timeout(setting)
+    if seconds is None:
+        return MODEL_DEFAULT_S if model_reward else 0.0
+    return seconds
+
+
+def call_watched(name: str, score: Callable[[], T], timeout_s: float, retries: int,
+                 on_retry: Callable[[str], None] | None = None) -> T:
+    """`score()` under the watchdog: at most `timeout_s` seconds (0: no limit, no thread), and
+    `retries` more tries after an exception. `on_retry(message)` hears of each retry."""
+    for attempt in range(retries + 1):
+        try:
+            return _within(name, score, timeout_s)
+        except (torch.cuda.OutOfMemoryError, RewardFailure):
+            raise
+        except Exception as exc:  # noqa: BLE001 - any error of a reward's own code is retried, then named
+            if attempt == retries:
+                fix = exc.fix if isinstance(exc, SolrlError) and exc.fix else \
+                    "fix the reward (SOLRL_DEBUG=1 shows the traceback), then continue from the checkpoint saved: `solrl train --resume RUN`"
+                tries = f" ({retries + 1} tries)" if retries else ""
+                raise RewardFailure(name, f"reward '{name}' failed{tries}: {type(exc).__name__}: {exc}", fix) from exc
+            if on_retry is not None:
+                on_retry(f"reward '{name}' raised {type(exc).__name__}: {exc}; trying again ({attempt + 1} of {retries})")
+    raise AssertionError("unreachable")
+
+
+def _within(name: str, score: Callable[[], T], timeout_s: float) -> T:
+    if not timeout_s:
+        return score()
+    outcome: dict[str, object] = {}
+    done = threading.Event()
+    enter = _callers_state()
+
+    def work() -> None:
+        try:
+            with enter():
+                outcome["value"] = score()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller, who raises it
+            outcome["error"] = exc
+        finally:
+            done.set()
+
+    threading.Thread(target=work, name=f"solrl-reward-{name}", daemon=True).start()
+    if not done.wait(timeout_s):
+        raise RewardFailure(name, f"reward '{name}' did not finish scoring a batch within reward.timeout_s={timeout_s:g} s", _FIX)
+    error = outcome.pop("error", None)
+    if error is not None:
+        raise error  # type: ignore[misc]
+    return outcome.pop("value")  # type: ignore[return-value]
+
+
+def _callers_state() -> Callable[[], contextlib.AbstractContextManager]:
+    """A context that gives another thread this thread's grad mode, autocast and CUDA device."""
+    grad = torch.is_grad_enabled()
+    casts = [(d, torch.get_autocast_dtype(d)) for d in ("cpu", "cuda") if torch.is_autocast_enabled(d)]
+    device = torch.cuda.current_device() if torch.cuda.is_initialized() else None
+
+    @contextlib.contextmanager
+    def enter() -> Iterator[None]:
+        if device is not None:
+            torch.cuda.set_device(device)
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.set_grad_enabled(grad))
+            for device_type, dtype in casts:
+                stack.enter_context(torch.autocast(device_type, dtype=dtype))
+            yield
+    return enter
