@@ -41,7 +41,10 @@ def train(
         else:
             from solrl_core.presets import resolve_config
 
+            from solrl_core.rundir import check_new_run_dir
+
             cfg = resolve_config(model or "tiny", family or "sol_rl", reward, preset, config, set_ or (), flags)
+            check_new_run_dir(cfg.run.run_dir)
         if dump_config:
             return _print_config(cfg)
         _preflight(cfg, nproc_per_node)

@@ -197,11 +197,10 @@ def export_weights(cfg: Config, checkpoint: Path, weights: str, out_dir: Path, m
     in diffusers' format, or with `merge` the whole transformer with the LoRA merged in."""
     import shutil
 
-    from solrl_core.errors import SolrlError
     from solrl_core.policy import LORA_FILE
+    from solrl_core.rundir import check_empty_folder
 
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise SolrlError(f"{out_dir} exists and is not empty", "choose a new --out folder")
+    check_empty_folder(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if merge:
         path = export_merged(load_tuned(cfg, checkpoint), weights, out_dir)
