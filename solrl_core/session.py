@@ -214,6 +214,14 @@ def _claim_run_dir(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[P
     return outcome[1], outcome[2], lock
 
 
+def _check_unfinished(run_dir: Path, chosen: Path, iterations: int) -> None:
+    """A resume with nothing left to train is a question the user meant to ask differently."""
+    done = int(chosen.name.rpartition("_")[2]) if chosen.name.rpartition("_")[2].isdigit() else 0
+    if done >= iterations:
+        raise SolrlError(f"{run_dir} already reached its {iterations} iterations (checkpoint {chosen.name})",
+                         f"to train further, pass a larger total: solrl train --resume {run_dir} --iterations {done * 2}")
+
+
 def _run_dir_and_checkpoint(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[Path, Path | None, RunLock | None]:
     run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else fresh_run_dir(cfg.preset)
     if checkpoint is not None and not resume:
@@ -222,6 +230,7 @@ def _run_dir_and_checkpoint(cfg: Config, resume: bool, checkpoint: str | None) -
     try:
         if resume:
             chosen = checkpoint_to_resume(run_dir, checkpoint)
+            _check_unfinished(run_dir, chosen, cfg.run.iterations)
             set_aside_newer(run_dir, chosen)
             return run_dir, chosen, lock
         if (run_dir / CONFIG_FILE).exists():
