@@ -9,7 +9,9 @@ from typing import Any, Optional
 
 from rich.console import Console
 
-console = Console(highlight=False, soft_wrap=True)
+# markup=False: run names, prompts and preset texts hold brackets ("solrl[rewards]", "FLUX.2 [klein]") that
+# rich would take for style tags; a styled part is given as Text or style=, never as markup in a string.
+console = Console(highlight=False, soft_wrap=True, markup=False)
 
 PRECEDENCE = "defaults < model preset < family preset < reward preset < --config FILE < --set < explicit flags"
 

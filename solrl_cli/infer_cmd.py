@@ -11,6 +11,7 @@ import typer
 from solrl_cli import options as opt
 from solrl_cli.common import console, output_folder, prompt_texts, tool_config, weight_sets
 from solrl_cli.errors import user_errors
+from solrl_core.text import plural
 
 InferRun = Annotated[Optional[Path], typer.Argument(help="A run folder: images from its checkpoint next to the base model's. Omit for a base model alone.")]
 Seeds = Annotated[int, typer.Option("--seeds", min=1, help="Images per prompt, from seeds SEED..SEED+n-1.")]
@@ -38,7 +39,7 @@ def infer(
 
         req = InferRequest(prompts=texts, seeds=list(range(seed, seed + seeds)), weights=("base", *tuned) if ckpt else ("base",),
                            steps=steps or cfg.sampler.eval_steps, out_dir=output_folder(out, run, "infer"), grid=grid)
-        console.print(f"[bold]solrl infer[/bold]  {ckpt or cfg.model.name + ' (base)'}  {len(texts)} prompts x {seeds} seeds  "
+        console.print(f"solrl infer  {ckpt or cfg.model.name + ' (base)'}  {plural(len(texts), 'prompt')} x {plural(seeds, 'seed')}  "
                       f"steps {req.steps}  weights {', '.join(req.weights)}")
         bus = events.EventBus()
         bus.subscribe(TerminalDisplay(console))

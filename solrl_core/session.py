@@ -40,6 +40,7 @@ from solrl_core.rewards.health import RewardHealth
 from solrl_core.rollout import RolloutCopy, compile_module
 from solrl_core.rundir import CONFIG_FILE, fresh_run_dir, save_run_config, write_atomic
 from solrl_core.sampler import Sampler
+from solrl_core.text import plural
 
 
 class TextCache:
@@ -218,7 +219,7 @@ def _check_unfinished(run_dir: Path, chosen: Path, iterations: int) -> None:
     """A resume with nothing left to train is a question the user meant to ask differently."""
     done = int(chosen.name.rpartition("_")[2]) if chosen.name.rpartition("_")[2].isdigit() else 0
     if done >= iterations:
-        raise SolrlError(f"{run_dir} already reached its {iterations} iterations (checkpoint {chosen.name})",
+        raise SolrlError(f"{run_dir} already reached its {plural(iterations, 'iteration')} (checkpoint {chosen.name})",
                          f"to train further, pass a larger total: solrl train --resume {run_dir} --iterations {done * 2}")
 
 

@@ -139,3 +139,31 @@ def test_resume_of_a_finished_run_says_how_to_go_further(finished_run, in_tmp):
     run = _copy_run(finished_run, in_tmp)
     result = runner.invoke(app, ["train", "--resume", str(run)])
     _clear_error(result, "already reached its 2 iterations", "--iterations 4")
+
+
+# -- item 13: bracketed text is printed as written -------------------------------------------------
+
+def test_presets_show_bracketed_text_as_written():
+    result = runner.invoke(app, ["presets"], env={"COLUMNS": "400"})
+    assert result.exit_code == 0, result.output
+    assert "solrl[rewards]" in result.output
+    assert "FLUX.2 [klein] 4B" in result.output
+
+
+def test_help_shows_the_tracking_extra():
+    result = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "400"})
+    assert ".[tracking]" in result.output
+
+
+def test_error_messages_keep_brackets(in_tmp):
+    result = runner.invoke(app, ["train", "--reward", "pickscore[x]=1"])
+    _clear_error(result, "pickscore[x]")
+
+
+# -- item 17: plurals ------------------------------------------------------------------------------
+
+def test_plural():
+    from solrl_core.text import plural
+
+    assert (plural(1, "iteration"), plural(0, "prompt"), plural(3, "seed")) == ("1 iteration", "0 prompts", "3 seeds")
+    assert plural(2, "loss", "losses") == "2 losses"
