@@ -224,7 +224,23 @@ class Config:
         if not self.reward.weights:
             raise SolrlError("no reward configured", "pass --reward NAME or --reward NAME=W,NAME=W")
         check_names(self.reward.weights, self.reward.paths)
+        _check_model_path(self.model)
         return self
+
+
+def _check_model_path(model: ModelConfig) -> None:
+    """--model-path names a folder that exists, for a model that reads one."""
+    if not model.path:
+        return
+    if model.loader == "tiny":
+        raise SolrlError(f"the tiny model takes no --model-path (model.path={model.path}): it is built from model.weights "
+                         "or a random init", "drop --model-path; for tiny weights use --set model.weights=FOLDER")
+    import os
+
+    if not os.path.isdir(os.path.expanduser(model.path)):
+        raise SolrlError(f"model.path {model.path} does not exist" if not os.path.exists(os.path.expanduser(model.path))
+                         else f"model.path {model.path} is not a folder",
+                         "pass --model-path a local folder in the hub's diffusers layout, or drop it to use model.hub_id")
 
 
 # Every bounded number: (low, high, whether low is allowed, whether high is allowed); None = unbounded.

@@ -167,3 +167,23 @@ def test_plural():
 
     assert (plural(1, "iteration"), plural(0, "prompt"), plural(3, "seed")) == ("1 iteration", "0 prompts", "3 seeds")
     assert plural(2, "loss", "losses") == "2 losses"
+
+
+# -- item 11: input that was accepted and should not be --------------------------------------------
+
+def test_model_path_is_refused_for_the_tiny_model(in_tmp):
+    result = runner.invoke(app, ["train", "--model-path", "/nonexistent"])
+    _clear_error(result, "tiny model takes no --model-path", "model.weights")
+    assert not (in_tmp / "runs").exists()
+
+
+def test_a_model_path_that_does_not_exist_is_refused(in_tmp):
+    result = runner.invoke(app, ["train", "--model", "sana", "--model-path", "/nonexistent", "--dump-config"])
+    _clear_error(result, "/nonexistent does not exist")
+
+
+def test_infer_names_words_outside_the_tiny_vocabulary(in_tmp):
+    result = runner.invoke(app, ["infer", "--prompt", "a red dog above a blue zebra", "--steps", "2", "--seeds", "1",
+                                 "--device", "cpu", "--out", "imgs", "--set", "model.resolution=32"])
+    _clear_error(result, "'dog', 'zebra'", "circle")
+    assert not (in_tmp / "imgs").exists()
