@@ -9,7 +9,9 @@ from typing import Any, Optional
 
 from rich.console import Console
 
-console = Console(highlight=False, soft_wrap=True)
+# markup=False: run names, prompts and preset texts hold brackets ("solrl[rewards]", "FLUX.2 [klein]") that
+# rich would take for style tags; a styled part is given as Text or style=, never as markup in a string.
+console = Console(highlight=False, soft_wrap=True, markup=False)
 
 PRECEDENCE = "defaults < model preset < family preset < reward preset < --config FILE < --set < explicit flags"
 
@@ -29,7 +31,6 @@ def tool_config(run: Optional[Path], model: Optional[str], model_path: Optional[
                 flags: Optional[dict[str, dict[str, Any]]] = None) -> tuple[Any, Optional[Path]]:
     """The config and checkpoint of a run folder (or of a base model preset, with no checkpoint),
     with --reward, --set and the command's flags applied over it."""
-    from solrl_core.checkpoint import list_checkpoints
     from solrl_core.errors import SolrlError
     from solrl_core.presets import apply_overrides, resolve_config
     from solrl_core.rundir import load_run_config
@@ -37,6 +38,8 @@ def tool_config(run: Optional[Path], model: Optional[str], model_path: Optional[
     if run is not None:
         if model:
             raise SolrlError("--model is taken from the run's saved config", "drop --model, or omit RUN to use a base model")
+        from solrl_core.checkpoint import list_checkpoints  # torch: a run folder's checkpoints are read with it
+
         cfg, ckpt = load_run_config(run), _pick_checkpoint(run, list_checkpoints(run), checkpoint)
     else:
         if checkpoint:
@@ -76,11 +79,11 @@ def reward_set(cfg: Any) -> Any:
 def _reward_weights(reward: str) -> dict[str, float]:
     """--reward: a reward preset or reward name, or NAME=W,NAME=W."""
     from solrl_core.presets import get_preset
-    from solrl_core.rewards import parse_weights, reward_names
+    from solrl_core.reward_names import known_names, parse_weights
 
     if "=" in reward or "," in reward:
         return parse_weights(reward)
-    if reward in reward_names():
+    if reward in known_names():
         return {reward: 1.0}
     return dict(get_preset("rewards", reward).values["reward"]["weights"])
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.text import Text
 
 from solrl_cli.common import output_folder
 from solrl_cli.errors import err_console, user_errors
@@ -26,7 +27,7 @@ def compare(
     with user_errors():
         records = [load_run(run) for run in runs]
         for warning in (w for r in records for w in r.warnings):
-            err_console.print(f"[yellow]warning:[/] {warning}", soft_wrap=True)
+            err_console.print(Text.assemble(("warning:", "yellow"), f" {warning}"), soft_wrap=True)
         out_dir = output_folder(out, None, "compare")
         out_dir.mkdir(parents=True, exist_ok=True)
         header, rows = table(records)

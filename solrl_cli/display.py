@@ -5,11 +5,12 @@ from __future__ import annotations
 import math
 
 from rich.console import Console
-from rich.markup import escape
+from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from solrl_cli.stop_text import finished_message, stop_message
 from solrl_cli.tui_state import FAULT_EVENTS, fault_message
+from solrl_core.text import plural
 from solrl_core import events as ev
 
 
@@ -29,7 +30,7 @@ def memory_text(e: ev.IterationFinished) -> str:
 
 class TerminalDisplay:
     def __init__(self, console: Console | None = None) -> None:
-        self.console = console or Console(highlight=False)
+        self.console = console or Console(highlight=False, markup=False)  # event texts are shown as written
         self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                                  TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.description}"),
                                  console=self.console, transient=True)
@@ -39,7 +40,7 @@ class TerminalDisplay:
 
     def __call__(self, event: ev.Event) -> None:
         if isinstance(event, FAULT_EVENTS):
-            self.console.print(f"[yellow]warning:[/] {fault_message(event)}")
+            self.console.print(Text.assemble(("warning:", "yellow"), f" {fault_message(event)}"))
             return
         handler = getattr(self, f"on_{event.kind}", None)
         if handler:
@@ -48,12 +49,12 @@ class TerminalDisplay:
     def on_run_started(self, e: ev.RunStarted) -> None:
         c = self.console
         verb = f"resuming at iteration {e.start_iteration}" if e.resumed else "starting"
-        c.print(f"[bold]solrl[/] {verb}: preset [cyan]{e.preset}[/], {e.iterations} iterations")
+        c.print(Text.assemble(("solrl", "bold"), f" {verb}: preset ", (e.preset, "cyan"), f", {plural(e.iterations, 'iteration')}"))
         c.print(f"  device {e.device}, full precision {e.dtype}, explore precision {e.explore_precision}")
         c.print(f"  {e.plan}")
         if e.machine:
             c.print(f"  this machine: {e.machine}")
-        c.print(f"  run dir [cyan]{e.run_dir}[/]  (config.toml, events.jsonl, checkpoints/)")
+        c.print(Text.assemble("  run dir ", (str(e.run_dir), "cyan"), "  (config.toml, events.jsonl, checkpoints/)"))
         self.progress.start()
         self.task = self.progress.add_task("", total=e.iterations, completed=e.start_iteration)
 
@@ -64,7 +65,7 @@ class TerminalDisplay:
         s = e.seconds
         draft = f" draft {fmt(e.draft.mean)}" if e.draft else ""
         parts = [f"{k} {s[k]:.2f}s" for k in ("explore", "regenerate", "reward", "train", "sync") if s.get(k)]
-        warn = f" [yellow]{e.nonfinite_losses} non-finite losses zeroed[/]" if e.nonfinite_losses else ""
+        warn = f" ({plural(e.nonfinite_losses, 'non-finite loss', 'non-finite losses')} zeroed)" if e.nonfinite_losses else ""
         kl = e.loss["kl"]  # NaN with a finite loss: algorithm.kl_beta = 0, the reference is not run
         kl_text = f"{kl:.3g}" if math.isfinite(kl) or not math.isfinite(e.loss["loss"]) else "off"
         self.console.print(f"iter {e.iteration:>4}/{e.iterations}  reward {fmt(e.final.mean)}{draft}  "
@@ -84,30 +85,30 @@ class TerminalDisplay:
             self.first_eval = e
         self.last_eval = e
         extras = "".join(f"  {k.split('.')[-1]} {v:.3f}" for k, v in e.extras.items())
-        self.console.print(f"  eval ({e.weights} weights, {e.prompts}, {e.samples} images): reward {fmt(e.mean)}{extras}  ({e.seconds:.1f}s)")
+        self.console.print(f"  eval ({e.weights} weights, {e.prompts}, {plural(e.samples, 'image')}): reward {fmt(e.mean)}{extras}  ({e.seconds:.1f}s)")
 
     def on_rank_check(self, e: ev.RankCheckResult) -> None:
         cor = " ".join(f"{n} {v:.3f}" if v is not None else f"{n} - (constant)" for n, v in (("rho", e.rho), ("tau", e.tau)))
-        self.console.print(f"  rank check (iteration {e.iteration}, '{e.prompt[:40]}', {e.seeds} seeds, draft vs full): {cor}  "
+        self.console.print(f"  rank check (iteration {e.iteration}, '{e.prompt[:40]}', {plural(e.seeds, 'seed')}, draft vs full): {cor}  "
                            f"mean draft {fmt(e.draft_mean)} full {fmt(e.full_mean)}  ({e.seconds:.1f}s)")
 
     def on_images_written(self, e: ev.ImagesWritten) -> None:
-        self.console.print(f"  {e.weights} weights: {e.count} images in {e.seconds:.1f}s -> {e.folder}")
+        self.console.print(f"  {e.weights} weights: {plural(e.count, 'image')} in {e.seconds:.1f}s -> {e.folder}")
 
     def on_checkpoint(self, e: ev.CheckpointSaved) -> None:
         self.console.print(f"  checkpoint {e.path} ({e.seconds:.2f}s)")
 
     def on_stop_requested(self, e: ev.StopRequested) -> None:
-        self.console.print(f"[yellow]{escape(stop_message(e))}[/]")
+        self.console.print(Text(stop_message(e), style="yellow"))
 
     def on_warning(self, e: ev.RunWarning) -> None:
-        self.console.print(f"[yellow]warning:[/] {e.message}")
+        self.console.print(Text.assemble(("warning:", "yellow"), f" {e.message}"))
 
     def on_run_finished(self, e: ev.RunFinished) -> None:
         self.progress.stop()
         c = self.console
         style = {"failed": "red", "interrupted": "yellow"}.get(e.reason, "green")
-        c.print(f"[{style}]{escape(finished_message(e))}[/]")
+        c.print(Text(finished_message(e), style=style))
         if e.reason == "failed":
             return
         if e.first_reward is not None and e.last3_reward is not None:

@@ -46,7 +46,7 @@ def doctor(
 
 
 def _print_table(preset: str, checks) -> None:  # type: ignore[no-untyped-def]
-    console = Console(highlight=False)  # built here, so it follows the terminal the command runs in
+    console = Console(highlight=False, markup=False)  # built here, so it follows the terminal the command runs in
     table = Table(title=f"solrl doctor: {preset}  (* = the run depends on it)")
     for col in ("check", "status", "detail", "fix"):
         table.add_column(col, overflow="fold")

@@ -9,11 +9,12 @@ from typing import Iterator
 
 import typer
 from rich.console import Console
+from rich.text import Text
 
 from solrl_core.errors import SolrlError
 from solrl_core.faults import disk
 
-err_console = Console(stderr=True, highlight=False)
+err_console = Console(stderr=True, highlight=False, markup=False)  # messages quote user text: no markup
 
 
 def debug() -> bool:
@@ -36,15 +37,15 @@ def user_errors() -> Iterator[None]:
             _user_error(disk.explain(exc, None, "a file") or SolrlError(str(exc)))
         if debug():
             raise
-        err_console.print(f"[bold red]internal error:[/] {type(exc).__name__}: {exc}")
-        err_console.print("  [bold]fix:[/] rerun with SOLRL_DEBUG=1 for the traceback, and report it")
+        err_console.print(Text.assemble(("internal error:", "bold red"), f" {type(exc).__name__}: {exc}"))
+        err_console.print(Text.assemble("  ", ("fix:", "bold"), " rerun with SOLRL_DEBUG=1 for the traceback, and report it"))
         raise typer.Exit(1) from None
 
 
 def _user_error(exc: SolrlError) -> None:
     if debug():
         raise exc
-    err_console.print(f"[bold red]error:[/] {exc.message}", soft_wrap=True)
+    err_console.print(Text.assemble(("error:", "bold red"), f" {exc.message}"), soft_wrap=True)
     if exc.fix:
-        err_console.print(f"  [bold]fix:[/] {exc.fix}", soft_wrap=True)
+        err_console.print(Text.assemble("  ", ("fix:", "bold"), f" {exc.fix}"), soft_wrap=True)
     raise typer.Exit(2) from None

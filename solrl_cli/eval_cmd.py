@@ -11,6 +11,7 @@ from rich.table import Table
 from solrl_cli import options as opt
 from solrl_cli.common import console, output_folder, tool_config, weight_sets
 from solrl_cli.errors import user_errors
+from solrl_core.text import plural
 
 Run = Annotated[Optional[Path], typer.Argument(help="A run folder: its newest checkpoint is scored against the base model. Omit to score a base model.")]
 Seeds = Annotated[Optional[int], typer.Option("--seeds", min=1, help="Fixed seeds per prompt. Default: run.eval_seeds.")]
@@ -37,8 +38,8 @@ def eval_(
         req = EvalRequest(config=cfg, prompts=load_prompts(spec), per_prompt=seeds or cfg.run.eval_seeds,
                           weights=("base", *tuned) if ckpt is not None else ("base",), checkpoint=ckpt,
                           out_dir=output_folder(out, run, "eval"), save_images=save_images, prompt_set=spec)
-        console.print(f"[bold]solrl eval[/bold]  {ckpt or cfg.model.name + ' (base)'}  prompts {spec} "
-                      f"({len(req.prompts)} x {req.per_prompt} seeds)  steps {cfg.sampler.eval_steps}  "
+        console.print(f"solrl eval  {ckpt or cfg.model.name + ' (base)'}  prompts {spec} "
+                      f"({len(req.prompts)} x {plural(req.per_prompt, 'seed')})  steps {cfg.sampler.eval_steps}  "
                       f"rewards {', '.join(cfg.reward.weights)}")
         bus = events.EventBus()
         bus.subscribe(TerminalDisplay(console))
@@ -49,7 +50,7 @@ def _print_table(results, req) -> None:  # type: ignore[no-untyped-def]
     from solrl_core.device import resolve_device
     from solrl_core.evaluation import summary
 
-    table = Table(title=f"{req.prompt_set}: {len(req.prompts)} prompts x {req.per_prompt} seeds, {req.config.sampler.eval_steps} "
+    table = Table(title=f"{req.prompt_set}: {plural(len(req.prompts), 'prompt')} x {plural(req.per_prompt, 'seed')}, {req.config.sampler.eval_steps} "
                         f"steps, on {resolve_device(req.config.run.device)}  (delta: versus base)")
     for col in ("weights", "reward", "mean", "std", "delta"):
         table.add_column(col, justify="left" if col in ("weights", "reward") else "right")

@@ -13,6 +13,7 @@ from rich.table import Table
 from solrl_cli import options as opt
 from solrl_cli.common import console, output_folder, prompt_texts, reward_set, tool_config
 from solrl_cli.errors import user_errors
+from solrl_core.text import plural
 
 ExploreRun = Annotated[Optional[Path], typer.Argument(help="A run folder: explore with its checkpoint's rollout (old) adapter. Omit for a base model.")]
 N = Annotated[Optional[int], typer.Option("--n", min=2, help="Seeds per prompt. Default: explore.group_size.")]
@@ -45,8 +46,8 @@ def explore(
         texts, out_dir, rewards = prompt_texts(prompt, prompts, cfg.run.prompts), output_folder(out, run, "explore"), reward_set(cfg)
         rewards.check_prompts(texts)
         loaded = load_tuned(cfg, ckpt, explore=True)
-        console.print(f"[bold]solrl explore[/bold]  {ckpt or cfg.model.name + ' (base)'}  {len(texts)} prompts x "
-                      f"{cfg.explore.group_size} seeds at {loaded.explore_copy.precision}, {cfg.explore.steps} steps  -> keep "
+        console.print(f"solrl explore  {ckpt or cfg.model.name + ' (base)'}  {plural(len(texts), 'prompt')} x "
+                      f"{plural(cfg.explore.group_size, 'seed')} at {loaded.explore_copy.precision}, {cfg.explore.steps} steps  -> keep "
                       f"{cfg.selection.group_size} ({cfg.selection.mode})  on {loaded.device}")
         _print_selection(explore_to_folder(loaded, rewards, texts, seed, out_dir), cfg.selection.group_size)
         console.print(f"every seed: {out_dir / 'seeds.jsonl'}   grid of best and worst: {out_dir / 'grid.png'}")
@@ -87,10 +88,10 @@ def rank_check(
         rewards = reward_set(cfg)
         rewards.check_prompts(texts)
         loaded = load_tuned(cfg, ckpt, explore=True)
-        console.print(f"[bold]solrl rank-check[/bold]  {ckpt or cfg.model.name + ' (base)'}  {len(texts)} prompts x {seeds} seeds  "
+        console.print(f"solrl rank-check  {ckpt or cfg.model.name + ' (base)'}  {plural(len(texts), 'prompt')} x {plural(seeds, 'seed')}  "
                       f"on {loaded.device}  rewards {', '.join(cfg.reward.weights)}")
         result = check_to_folder(loaded, rewards, texts, out_dir, per_prompt=seeds, seed_base=seed, hit_k=ks, keep=keep,
-                                 progress=lambda arm, s: console.print(f"  {arm}: {len(texts) * seeds} rollouts scored in {s:.1f}s"))
+                                 progress=lambda arm, s: console.print(f"  {arm}: {plural(len(texts) * seeds, 'rollout')} scored in {s:.1f}s"))
         _print_arms(result, ks, keep, loaded.device)
         console.print(f"json: {out_dir / 'rank_check.json'}   plot: {out_dir / 'rank_check.png'}")
 

@@ -11,6 +11,7 @@ import typer
 from solrl_cli import options as opt
 from solrl_cli.common import console, output_folder, prompt_texts, tool_config, weight_sets
 from solrl_cli.errors import user_errors
+from solrl_core.text import plural
 
 InferRun = Annotated[Optional[Path], typer.Argument(help="A run folder: images from its checkpoint next to the base model's. Omit for a base model alone.")]
 Seeds = Annotated[int, typer.Option("--seeds", min=1, help="Images per prompt, from seeds SEED..SEED+n-1.")]
@@ -28,21 +29,23 @@ def infer(
     set_: opt.Sets = None, device: opt.Device = None,
 ) -> None:
     """Generate images from fixed seeds with the base model and a run's tuned weights, side by side."""
-    from solrl_core import events
-    from solrl_core.inference import InferRequest, infer as run_infer, load_tuned
-    from solrl_cli.display import TerminalDisplay
-
     with user_errors():
         tuned = weight_sets(weights)
         cfg, ckpt = tool_config(run, model, model_path, checkpoint, sets=set_, flags={"run": {"device": device}})
         texts = prompt_texts(prompt, prompts, cfg.run.eval_prompts or cfg.run.prompts)
+        from solrl_core import events  # torch: only once the inputs are checked
+        from solrl_core.inference import InferRequest, check_vocabulary, infer as run_infer, load_tuned
+        from solrl_cli.display import TerminalDisplay
+
+        loaded = load_tuned(cfg, ckpt)
+        check_vocabulary(loaded.model, texts)  # before anything is written
         req = InferRequest(prompts=texts, seeds=list(range(seed, seed + seeds)), weights=("base", *tuned) if ckpt else ("base",),
                            steps=steps or cfg.sampler.eval_steps, out_dir=output_folder(out, run, "infer"), grid=grid)
-        console.print(f"[bold]solrl infer[/bold]  {ckpt or cfg.model.name + ' (base)'}  {len(texts)} prompts x {seeds} seeds  "
+        console.print(f"solrl infer  {ckpt or cfg.model.name + ' (base)'}  {plural(len(texts), 'prompt')} x {plural(seeds, 'seed')}  "
                       f"steps {req.steps}  weights {', '.join(req.weights)}")
         bus = events.EventBus()
         bus.subscribe(TerminalDisplay(console))
-        rows = run_infer(load_tuned(cfg, ckpt), req, bus)
+        rows = run_infer(loaded, req, bus)
         console.print(f"images: {req.out_dir}   index: {rows}" + (f"   grid: {req.out_dir / 'grid.png'}" if grid else ""))
 
 
@@ -52,12 +55,15 @@ def export(
 ) -> None:
     """Export a run's tuned weights: the LoRA in diffusers' format, or (--merge) a merged transformer."""
     from solrl_core.errors import SolrlError
-    from solrl_core.inference import export_weights
+    from solrl_core.rundir import check_empty_folder
 
     with user_errors():
         sets = weight_sets(weights)
         if len(sets) != 1:
             raise SolrlError("--weights takes one weight set for export", "--weights ema or --weights trained")
+        check_empty_folder(out)
         cfg, ckpt = tool_config(run, None, model_path, checkpoint)
+        from solrl_core.inference import export_weights  # torch: only once the inputs are checked
+
         exported = export_weights(cfg, ckpt, sets[0], out, merge)
         console.print(f"{exported.what} ({sets[0]} weights of {ckpt.name}) -> {exported.path}  (load with {exported.how})")

@@ -14,7 +14,7 @@ from solrl_cli.errors import user_errors
 
 Resume = Annotated[Optional[Path], typer.Option("--resume", help="Continue the run in this folder from its newest checkpoint (checked against its manifest).")]
 ResumeCheckpoint = Annotated[Optional[str], typer.Option("--checkpoint", help="With --resume: the checkpoint to continue from (iter_000030); newer ones are set aside. Default: the newest.")]
-Log = Annotated[Optional[str], typer.Option("--log", help="Experiment trackers, comma-separated: tensorboard, wandb (run.log; needs pip install -e \".[tracking]\").")]
+Log = Annotated[Optional[str], typer.Option("--log", help="Experiment trackers, comma-separated: tensorboard, wandb (run.log; needs pip install -e \".\\[tracking]\").")]  # help is rich markup: \\[ shows a [
 Tui = Annotated[bool, typer.Option("--tui", help="Watch the run in a terminal UI; q asks whether to stop safely with a checkpoint.")]
 Nproc = Annotated[int, typer.Option("--nproc-per-node", min=1, help="Processes (one per GPU) on this node; above 1 they are started through torchrun.")]
 Nnodes = Annotated[int, typer.Option("--nnodes", min=1, help="Nodes in the run; start the same command on each with its --node-rank.")]
@@ -41,7 +41,10 @@ def train(
         else:
             from solrl_core.presets import resolve_config
 
+            from solrl_core.rundir import check_new_run_dir
+
             cfg = resolve_config(model or "tiny", family or "sol_rl", reward, preset, config, set_ or (), flags)
+            check_new_run_dir(cfg.run.run_dir)
         if dump_config:
             return _print_config(cfg)
         _preflight(cfg, nproc_per_node)

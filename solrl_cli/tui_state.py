@@ -22,6 +22,7 @@ from solrl_core import events as ev
 from solrl_core.config import Config, from_dict
 from solrl_core.errors import SolrlError
 from solrl_core.events import PHASES
+from solrl_core.text import plural
 
 PANELS = {"time": "time", "rewards": "rewards", "loss": "loss", "eval": "eval", "log": "warnings & log", "env": "environment"}
 HISTORY = 2000  # iterations kept for plots; the aggregates count every iteration
@@ -248,13 +249,13 @@ class RunState:
         prompts, n, k = cfg.run.prompts_per_iteration, cfg.explore.group_size, cfg.selection.group_size
         steps_draft, steps_final = cfg.explore.steps, cfg.sampler.steps
         draft, final = prompts * n / t_draft, prompts * k / t_final
-        return [f"Stage 1 draft rollouts: {prompts} prompts x {n} seeds in {t_draft:.2f}s = {draft:.1f}/s "
+        return [f"Stage 1 draft rollouts: {plural(prompts, 'prompt')} x {plural(n, 'seed')} in {t_draft:.2f}s = {draft:.1f}/s "
                 f"({steps_draft} steps, {self.started.explore_precision})",
-                f"Stage 2 final rollouts: {prompts} prompts x {k} seeds in {t_final:.2f}s = {final:.1f}/s "
+                f"Stage 2 final rollouts: {plural(prompts, 'prompt')} x {plural(k, 'seed')} in {t_final:.2f}s = {final:.1f}/s "
                 f"({steps_final} steps, {self.started.dtype})",
                 f"explore speed-up per rollout {draft / final:.2f}x, per denoising step "
                 f"{draft * steps_draft / (final * steps_final):.2f}x  (generation time only, mean of the last "
-                f"{min(len(self.iterations), ROLLING)} iterations)"]
+                f"{plural(min(len(self.iterations), ROLLING), 'iteration')})"]
 
     def eta(self) -> float | None:
         per = self.rolling("total")
@@ -286,7 +287,7 @@ def log_line(e: ev.Event) -> str:
         return f"checkpoint iteration {e.iteration} -> {e.path} ({e.seconds:.2f}s)"
     if isinstance(e, ev.RankCheckResult):
         cor = "  ".join(f"{n} {v:.3f}" if v is not None else f"{n} - (constant)" for n, v in (("rho", e.rho), ("tau", e.tau)))
-        return f"rank check iteration {e.iteration} ({e.seeds} seeds of one prompt, draft vs full): {cor}"
+        return f"rank check iteration {e.iteration} ({plural(e.seeds, 'seed')} of one prompt, draft vs full): {cor}"
     if isinstance(e, ev.CompileStarted):
         return f"compiling the {e.target} (torch.compile, once) ..."
     if isinstance(e, ev.CompileFinished):
@@ -294,7 +295,7 @@ def log_line(e: ev.Event) -> str:
     if isinstance(e, ev.SampleGrid):
         return f"sample grid iteration {e.iteration} ({len(e.rewards)} Stage-2 samples of '{e.prompt[:40]}') -> {e.path}"
     if isinstance(e, ev.ImagesWritten):
-        return f"{e.count} images ({e.weights} weights) -> {e.folder}"
+        return f"{plural(e.count, 'image')} ({e.weights} weights) -> {e.folder}"
     return ""
 
 

@@ -165,12 +165,23 @@ def load_adapters(path: Path, policy: Policy) -> None:
     try:
         for adapter, sub in ((TRAINED, path), (OLD, path / "old"), ("ema", path / "ema")):
             tensors = load_file(str(sub / LORA_FILE))
+            _check_rank(path, tensors, policy.lora_config.r)
             policy.load_state(adapter, {k.removeprefix("transformer."): v for k, v in tensors.items()})
     except SolrlError:
         raise
     except Exception as exc:  # noqa: BLE001 - any failure to read means the checkpoint cannot be trusted
         raise SolrlError(f"checkpoint {path} is unreadable or corrupt: {type(exc).__name__}: {exc}",
                          "resume from an earlier one with `--checkpoint iter_N`") from exc
+
+
+def _check_rank(path: Path, tensors: dict[str, torch.Tensor], rank: int) -> None:
+    """A LoRA rank changed in the run's config.toml after the checkpoint was saved is the config's
+    fault, not the checkpoint's: say so, and which rank to restore."""
+    saved = next((t.shape[0] for k, t in sorted(tensors.items()) if "lora_A" in k and t.ndim == 2), rank)
+    if saved != rank:
+        run = path.parent.parent
+        raise SolrlError(f"{run / 'config.toml'}'s model.lora_rank ({rank}) does not match the adapter in checkpoint "
+                         f"{path.name} (rank {saved})", f"restore lora_rank = {saved} under [model] in {run / 'config.toml'}")
 
 
 def load_checkpoint(path: Path, policy: Policy, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from solrl_core.errors import SolrlError, close_matches
+from solrl_core.reward_names import check_names
 
 FAMILIES = ("sol_rl", "naive_scaling", "compile", "naive_quant", "diffusionnft")
 SELECTION_MODES = ("best_worst", "random", "mean_deviation", "extremes_random")
@@ -217,57 +218,102 @@ class Config:
         if family != "diffusionnft" and k > n:
             raise SolrlError(f"K={k} kept seeds is more than the N={n} explored",
                              f"raise explore.group_size to at least {k} or lower selection.group_size")
-        if self.explore.rank_check_every < 0:
-            raise SolrlError("explore.rank_check_every must be >= 0", "0 turns the in-run rank check off")
         if self.explore.steps > self.sampler.steps:
             raise SolrlError(f"explore.steps={self.explore.steps} preview steps exceed sampler.steps={self.sampler.steps} full steps",
                              "preview steps must be <= full steps: lower explore.steps")
-        for name, value in (("sampler.steps", self.sampler.steps), ("explore.steps", self.explore.steps),
-                            ("run.iterations", self.run.iterations), ("run.prompts_per_iteration", self.run.prompts_per_iteration),
-                            ("sampler.rollout_batch", self.sampler.rollout_batch), ("optimizer.micro_batch", self.optimizer.micro_batch),
-                            ("run.checkpoint_every", self.run.checkpoint_every), ("run.keep_checkpoints", self.run.keep_checkpoints),
-                            ("model.lora_rank", self.model.lora_rank), ("model.resolution", self.model.resolution),
-                            ("sampler.eval_steps", self.sampler.eval_steps), ("run.eval_every", self.run.eval_every),
-                            ("run.eval_seeds", self.run.eval_seeds)):
-            if value < 1:
-                raise SolrlError(f"{name}={value} must be at least 1", f"--set {name}=<positive integer>")
-        if self.model.quant_min_dim < 0:
-            raise SolrlError(f"model.quant_min_dim={self.model.quant_min_dim} must be >= 0", "0 turns the size rule off")
+        _check_ranges(self)
         bad = [g for g in self.model.quant_fused if len([m for m in g.split("+") if m]) < 2]
         if bad:
             raise SolrlError(f"model.quant_fused entry '{bad[0]}' is not a group of two or more projections",
                              "write each group as suffixes joined by '+', e.g. attn2.to_k+attn2.to_v")
         for name in self.run.log:
             _choice("run.log", name, TRACKERS)
-        if self.run.image_every < 0:
-            raise SolrlError(f"run.image_every={self.run.image_every} must be >= 0", "0 sends no sample images")
-        if not 0.0 < self.algorithm.timestep_fraction <= 1.0:
-            raise SolrlError(f"algorithm.timestep_fraction={self.algorithm.timestep_fraction} must be in (0, 1]",
-                             "the official values are 0.6 (SANA, SD3) and 0.4 (FLUX)")
         if int(self.sampler.steps * self.algorithm.timestep_fraction) < 1:
             raise SolrlError("no timestep would be trained: sampler.steps * algorithm.timestep_fraction < 1",
                              "raise algorithm.timestep_fraction or sampler.steps")
-        if self.algorithm.nft_beta <= 0:
-            raise SolrlError("algorithm.nft_beta must be > 0", "the official value is 1.0")
         if self.sampler.guidance != 1.0:
             raise SolrlError(f"sampler.guidance={self.sampler.guidance}: classifier-free guidance is not supported",
                              "Sol-RL trains and samples without CFG: keep sampler.guidance=1.0")
         if not self.reward.weights:
             raise SolrlError("no reward configured", "pass --reward NAME or --reward NAME=W,NAME=W")
-        if self.reward.batch_size < 1:
-            raise SolrlError(f"reward.batch_size={self.reward.batch_size} must be at least 1", "--set reward.batch_size=32")
-        if self.reward.health_patience < 0 or self.reward.health_min_std < 0:
-            raise SolrlError("reward.health_patience and reward.health_min_std must be >= 0", "0 turns the stop off")
-        if self.reward.retries < 0:
-            raise SolrlError(f"reward.retries={self.reward.retries} must be >= 0", "0 stops the run at a reward's first error")
-        if self.optimizer.max_nonfinite_steps < 0:
-            raise SolrlError("optimizer.max_nonfinite_steps must be >= 0", "0 turns the stop off")
-        from solrl_core.rewards import check_names  # the rewards load torch; the config stays light
-        from solrl_core.rewards.watchdog import parse_timeout
-
         parse_timeout(self.reward.timeout_s)
         check_names(self.reward.weights, self.reward.paths)
+        _check_model_path(self.model)
         return self
+
+
+def _check_model_path(model: ModelConfig) -> None:
+    """--model-path names a folder that exists, for a model that reads one."""
+    if not model.path:
+        return
+    if model.loader == "tiny":
+        raise SolrlError(f"the tiny model takes no --model-path (model.path={model.path}): it is built from model.weights "
+                         "or a random init", "drop --model-path; for tiny weights use --set model.weights=FOLDER")
+    import os
+
+    if not os.path.isdir(os.path.expanduser(model.path)):
+        raise SolrlError(f"model.path {model.path} does not exist" if not os.path.exists(os.path.expanduser(model.path))
+                         else f"model.path {model.path} is not a folder",
+                         "pass --model-path a local folder in the hub's diffusers layout, or drop it to use model.hub_id")
+
+
+# Every bounded number: (low, high, whether low is allowed, whether high is allowed); None = unbounded.
+_AT_LEAST_1 = (1, None, True, False)
+_AT_LEAST_0 = (0, None, True, False)
+_POSITIVE = (0, None, False, False)
+_FRACTION = (0, 1, True, False)  # [0, 1)
+RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
+    **dict.fromkeys(("sampler.steps", "explore.steps", "run.iterations", "run.prompts_per_iteration",
+                     "sampler.rollout_batch", "optimizer.micro_batch", "run.checkpoint_every", "run.keep_checkpoints",
+                     "model.lora_rank", "model.resolution", "sampler.eval_steps", "run.eval_every", "run.eval_seeds",
+                     "reward.batch_size"), _AT_LEAST_1),
+    **dict.fromkeys(("explore.rank_check_every", "model.quant_min_dim", "run.image_every", "run.threads",
+                     "reward.health_patience", "reward.health_min_std", "optimizer.max_nonfinite_steps", "reward.retries",
+                     "optimizer.weight_decay", "optimizer.grad_clip", "algorithm.kl_beta", "algorithm.old_decay_rate",
+                     "run.seed", "model.init_seed"), _AT_LEAST_0),
+    **dict.fromkeys(("optimizer.lr", "optimizer.eps", "algorithm.nft_beta", "algorithm.adv_clip_max", "sampler.shift",
+                     "model.lora_alpha"), _POSITIVE),
+    **dict.fromkeys(("optimizer.beta1", "optimizer.beta2", "algorithm.ema_max_decay"), _FRACTION),
+    "algorithm.old_decay_max": (0, 1, True, True),
+    "algorithm.timestep_fraction": (0, 1, False, True),
+}
+
+
+def range_text(low: float | None, high: float | None, low_ok: bool, high_ok: bool) -> str:
+    """'> 0', '>= 1', 'in [0, 1)' ..."""
+    if high is None:
+        return f"{'>=' if low_ok else '>'} {low:g}"
+    return f"in {'[' if low_ok else '('}{low:g}, {high:g}{']' if high_ok else ')'}"
+
+
+def _check_ranges(config: Config) -> None:
+    """Each bounded number lies in its range (NaN and infinity never do)."""
+    import math
+
+    for name, (low, high, low_ok, high_ok) in RANGES.items():
+        section, key = name.split(".")
+        value = getattr(getattr(config, section), key)
+        inside = (math.isfinite(value) and (low is None or value > low or (low_ok and value == low))
+                  and (high is None or value < high or (high_ok and value == high)))
+        if not inside:
+            default = getattr(_SECTION_TYPES[section](), key)
+            raise SolrlError(f"{name}={value:g} is out of range: it must be {range_text(low, high, low_ok, high_ok)}",
+                             f"set {name} to a value {range_text(low, high, low_ok, high_ok)} (default {default:g})")
+
+
+def parse_timeout(setting: str) -> float | None:
+    """reward.timeout_s as seconds; None for `auto`. Raises SolrlError for anything else."""
+    text = str(setting).strip().lower()
+    if text == "auto":
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds >= 0 or seconds == float("inf"):
+        raise SolrlError(f"reward.timeout_s={setting!r} must be auto or a number of seconds >= 0",
+                         "--set reward.timeout_s=600 (0 turns the watchdog off)")
+    return seconds
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -23,6 +23,7 @@ from solrl_core.policy import Policy
 from solrl_core.rewards import RewardSet, Scores
 from solrl_core.sampler import Sampler
 from solrl_core.session import Run
+from solrl_core.text import plural
 
 EVAL_SEED_BASE = 1_000_000_007  # far from training seeds' typical draws; any fixed value works
 
@@ -109,7 +110,7 @@ def evaluate_weights(req: EvalRequest, bus: ev.EventBus) -> list[Evaluation]:
                     save_png(images[i], path)
                     row["image"] = str(path.relative_to(req.out_dir))
                 rows.write(json.dumps(row) + "\n")
-            bus.emit(ev.EvalFinished(iteration=0, weights=weights, prompts=req.prompt_set or f"{len(req.prompts)} prompts", samples=len(flat),
+            bus.emit(ev.EvalFinished(iteration=0, weights=weights, prompts=req.prompt_set or plural(len(req.prompts), "prompt"), samples=len(flat),
                                      mean=result.mean, components={k: float(v.mean()) for k, v in result.scores.components.items()},
                                      extras=result.extras, seconds=result.seconds))
     write_atomic(req.out_dir / "summary.json", json.dumps(summary(results), indent=2))

@@ -17,6 +17,7 @@ import torch
 
 from solrl_core import events as ev
 from solrl_core.config import Config
+from solrl_core.errors import SolrlError
 from solrl_core.models.base import Conditioning, DiffusionModel
 from solrl_core.policy import OLD, TRAINED, Policy
 from solrl_core.precision.quantize import LayerRule
@@ -34,6 +35,22 @@ class Loaded:
     dtype: torch.dtype
     explore_copy: RolloutCopy | None = None  # base + old adapter at the explore precision, when asked for
     checkpoint: Path | None = None  # the checkpoint its adapters came from (None: untrained)
+
+
+def check_vocabulary(model: DiffusionModel, prompts: list[str]) -> None:
+    """A model with a fixed vocabulary (the tiny one) would silently drop the words it does not know:
+    name them instead, with the words it does know."""
+    import re
+
+    if not model.vocabulary:
+        return
+    known = set(model.vocabulary)
+    unknown = list(dict.fromkeys(w for p in prompts for w in re.findall(r"\w+", p.lower()) if w not in known))
+    if unknown:
+        raise SolrlError(f"the model does not know the word{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(repr(w) for w in unknown)}: its text encoder would drop "
+                         f"{'them' if len(unknown) > 1 else 'it'}",
+                         f"write prompts from its vocabulary: {' '.join(sorted(known))} (e.g. 'a red circle left of a blue square')")
 
 
 def load_tuned(cfg: Config, checkpoint: Path | None, explore: bool = False, numerics_only: bool = False) -> Loaded:
@@ -197,12 +214,11 @@ def export_weights(cfg: Config, checkpoint: Path, weights: str, out_dir: Path, m
     in diffusers' format, or with `merge` the whole transformer with the LoRA merged in."""
     import shutil
 
-    from solrl_core.errors import SolrlError
     from solrl_core.faults import disk
     from solrl_core.policy import LORA_FILE
+    from solrl_core.rundir import check_empty_folder
 
-    if out_dir.exists() and any(out_dir.iterdir()):
-        raise SolrlError(f"{out_dir} exists and is not empty", "choose a new --out folder")
+    check_empty_folder(out_dir)
     if merge:
         loaded = load_tuned(cfg, checkpoint)
         with disk.writing(out_dir, "the merged transformer"):

@@ -16,7 +16,7 @@ import tomllib
 
 from solrl_core.config import Config, from_dict, set_value
 from solrl_core.errors import SolrlError, close_matches
-from solrl_core.rewards import parse_weights
+from solrl_core.reward_names import parse_weights
 
 KINDS = ("models", "families", "rewards")
 
@@ -87,9 +87,7 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     text = p.read_text(encoding="utf-8")
     try:
         if p.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text) or {}
+            data = _load_yaml(p, text)
         elif p.suffix == ".toml":
             data = tomllib.loads(text)
         else:
@@ -99,6 +97,18 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise SolrlError(f"config file {p} must hold a table of sections", "see `solrl train --dump-config` for the layout")
     return data
+
+
+def _load_yaml(path: Path, text: str) -> Any:
+    import yaml
+
+    try:
+        return yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SolrlError(f"config file {path} could not be parsed{where}: {what}", "fix the YAML syntax there") from exc
 
 
 def resolve_config(

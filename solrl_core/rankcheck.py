@@ -30,6 +30,7 @@ import torch
 
 from solrl_core.models.base import Conditioning
 from solrl_core.selection import select
+from solrl_core.text import plural
 
 if TYPE_CHECKING:
     from solrl_core.inference import Loaded
@@ -206,7 +207,7 @@ def check_to_folder(loaded: Loaded, rewards: RewardSet, prompts: list[str], out_
             "checkpoint": str(loaded.checkpoint) if loaded.checkpoint else None, "rewards": cfg.reward.weights}
     write_atomic(out_dir / "rank_check.json", json.dumps({"meta": meta, **result.to_dict()}, indent=2))
     rank_check_figure(result, out_dir / "rank_check.png",
-                      f"{loaded.model.description} | {len(prompts)} prompts x {per_prompt} seeds | {loaded.device}")
+                      f"{loaded.model.description} | {plural(len(prompts), 'prompt')} x {plural(per_prompt, 'seed')} | {loaded.device}")
     return result
 
 

@@ -53,6 +53,19 @@ def save_run_config(run_dir: Path, config: Config) -> None:
     write_atomic(run_dir / CONFIG_FILE, tomli_w.dumps(to_dict(config)))
 
 
+def check_new_run_dir(run_dir: str | Path) -> None:
+    """A --run-dir given for a new run must not hold one already (checked again under the lock)."""
+    if run_dir and (Path(run_dir) / CONFIG_FILE).exists():
+        raise SolrlError(f"{run_dir} already holds a run",
+                         f"continue it with `solrl train --resume {run_dir}` or pick another --run-dir")
+
+
+def check_empty_folder(out_dir: Path) -> None:
+    """An output folder (export's --out) is new or empty: nothing in it is overwritten."""
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
+        raise SolrlError(f"{out_dir} exists and is not empty", "choose a new --out folder")
+
+
 def fresh_run_dir(preset: str) -> Path:
     """runs/<time>-<preset>, with a counter when that folder exists already."""
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")

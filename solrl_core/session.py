@@ -41,6 +41,7 @@ from solrl_core.rewards.health import RewardHealth
 from solrl_core.rollout import RolloutCopy, compile_module
 from solrl_core.rundir import CONFIG_FILE, fresh_run_dir, save_run_config, write_atomic
 from solrl_core.sampler import Sampler
+from solrl_core.text import plural
 
 
 class TextCache:
@@ -221,6 +222,17 @@ def _claim_run_dir(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[P
     return outcome[1], outcome[2], lock, notes
 
 
+def _check_unfinished(run_dir: Path, chosen: Path, iterations: int) -> None:
+    """A resume with nothing left to train is a question the user meant to ask differently."""
+    done = int(chosen.name.rpartition("_")[2]) if chosen.name.rpartition("_")[2].isdigit() else 0
+    if done >= iterations:
+        raise SolrlError(f"{run_dir} already reached its {plural(iterations, 'iteration')} (checkpoint {chosen.name})",
+                         f"to train further, pass a larger total: solrl train --resume {run_dir} --iterations {done * 2}")
+
+
+def _run_dir_and_checkpoint(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[Path, Path | None, RunLock | None]:
+
+
 def restarts(run_dir: Path) -> bool:
     """Whether `run_dir` holds a run that never saved a checkpoint (stopped or killed before its first):
     a resume or a new run there starts it again from iteration 0, losing nothing."""
@@ -237,7 +249,9 @@ def _run_dir_and_checkpoint(cfg: Config, resume: bool, checkpoint: str | None) -
         if resume and restarts(run_dir) and checkpoint is None:
             return run_dir, None, lock, notes  # stopped or killed before its first checkpoint: it starts again
         if resume:
-            return run_dir, checkpoint_to_resume(run_dir, checkpoint), lock, notes
+            chosen = checkpoint_to_resume(run_dir, checkpoint)
+            _check_unfinished(run_dir, chosen, cfg.run.iterations)
+            return run_dir, chosen, lock, notes
         if (run_dir / CONFIG_FILE).exists() and not restarts(run_dir):
             raise SolrlError(f"{run_dir} already holds a run", f"continue it with `solrl train --resume {run_dir}` or pick another --run-dir")
         return run_dir, None, lock, notes

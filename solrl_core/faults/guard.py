@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from solrl_core.errors import SolrlError
+from solrl_core.text import plural
 
 
 @dataclass
@@ -96,7 +97,7 @@ def failure(state: FaultState, patience: int, max_skipped: int) -> SolrlError | 
     """The error to stop with, once a streak reaches its limit (0 = never)."""
     for name, streak in state.nonfinite_rewards.items():
         if patience and streak >= patience:
-            return SolrlError(f"reward '{name}' returned NaN or infinity for every image {streak} iterations in a row",
+            return SolrlError(f"reward '{name}' returned NaN or infinity for every image {plural(streak, 'iteration')} in a row",
                               f"check the reward's weights (reward.paths.{name}) and its input range; or raise "
                               "reward.health_patience (0 = never stop)")
     if max_skipped and state.skipped_steps >= max_skipped:

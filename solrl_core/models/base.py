@@ -45,6 +45,7 @@ class DiffusionModel:
     velocity: VelocityFn
     latent_shape: tuple[int, int, int]
     description: str
+    vocabulary: tuple[str, ...] = ()  # the words its text encoder knows (others are dropped); () = any text
 
 
 def sana_velocity(module: nn.Module, latents: torch.Tensor, sigmas: torch.Tensor, cond: Conditioning) -> torch.Tensor:

@@ -121,7 +121,8 @@ def build_tiny(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Di
     origin = f"weights {cfg.weights}" if folder else f"random init (seed {cfg.init_seed})"
     return DiffusionModel(transformer=transformer, encode=encode, decode=decode, velocity=sana_velocity,
                           latent_shape=(3, latent, latent),
-                          description=f"tiny SANA {arch.layers}x{arch.heads * arch.head_dim}, {latent}px latent, {origin}")
+                          description=f"tiny SANA {arch.layers}x{arch.heads * arch.head_dim}, {latent}px latent, {origin}",
+                          vocabulary=arch.vocab)
 
 
 def _weights_folder(spec: str) -> Path:

@@ -20,8 +20,11 @@ import torch
 
 from solrl_core.errors import SolrlError, close_matches
 from solrl_core.faults.phase import charged_to
+from solrl_core.reward_names import REWARDS, check_names, parse_weights
 from solrl_core.rewards.base import Reward, RewardContext
 from solrl_core.rewards.watchdog import call_watched, timeout_for
+
+__all__ = ["SPECS", "RewardSet", "RewardSpec", "build_reward", "check_names", "parse_weights", "reward_names"]
 
 
 class RewardSection(Protocol):
@@ -81,38 +84,18 @@ def _hpsv2(ctx: RewardContext) -> Reward:
     return HPSv2.load(ctx)
 
 
-SPECS: dict[str, RewardSpec] = {s.name: s for s in (
-    RewardSpec("jpeg_compressibility", _jpeg("jpeg_compressibility", -1.0, 1 / 500),
-               "Smaller JPEG files score higher: -size_KB / 500 (PIL, quality 95)"),
-    RewardSpec("jpeg_incompressibility", _jpeg("jpeg_incompressibility", 1.0, 1.0),
-               "Larger JPEG files score higher: +size_KB (PIL, quality 95)"),
-    RewardSpec("tinyworld_geneval", _tinyworld,
-               "GenEval-style partial score of a tiny-world image against its caption, in [0, 1]"),
-    RewardSpec("imagereward", _imagereward, "ImageReward-v1.0 (BLIP ViT-L + BERT cross-attention + MLP head)",
-               weights="hub THUDM/ImageReward (ImageReward.pt, med_config.json) + tokenizer bert-base-uncased",
-               extra="rewards"),
-    RewardSpec("pickscore", _pickscore, "PickScore_v1: logit_scale * cos(text, image) / 26",
-               weights="hub yuvalkirstain/PickScore_v1 + processor laion/CLIP-ViT-H-14-laion2B-s32B-b79K"),
-    RewardSpec("clipscore", _clipscore, "CLIP ViT-L/14: logit_scale * cos(text, image) / 100",
-               weights="hub openai/clip-vit-large-patch14"),
-    RewardSpec("hpsv2", _hpsv2, "HPS v2.1 through open_clip ViT-H-14: image . text features",
-               weights="hub xswu/HPSv2 (HPS_v2.1_compressed.pt)", extra="rewards"),
-)}
+_BUILDERS: dict[str, Callable[[RewardContext], Reward]] = {
+    "jpeg_compressibility": _jpeg("jpeg_compressibility", -1.0, 1 / 500),
+    "jpeg_incompressibility": _jpeg("jpeg_incompressibility", 1.0, 1.0),
+    "tinyworld_geneval": _tinyworld, "imagereward": _imagereward, "pickscore": _pickscore,
+    "clipscore": _clipscore, "hpsv2": _hpsv2,
+}
+SPECS: dict[str, RewardSpec] = {i.name: RewardSpec(i.name, _BUILDERS[i.name], i.description, i.weights, i.extra)
+                                for i in REWARDS}
 
 
 def reward_names() -> list[str]:
     return list(SPECS)
-
-
-def check_names(weights: dict[str, float], paths: dict[str, str]) -> None:
-    """Every weighted reward is known, and every weights path belongs to one of them."""
-    unknown = [n for n in weights if n not in SPECS]
-    if unknown:
-        raise SolrlError(f"unknown reward '{unknown[0]}'", close_matches(unknown[0], reward_names()) + " (list them with: solrl presets)")
-    stray = [n for n in paths if n not in weights]
-    if stray:
-        raise SolrlError(f"reward.paths names '{stray[0]}', which is not among the run's rewards ({', '.join(weights)})",
-                         "remove it, or add the reward with --reward")
 
 
 def build_reward(name: str, ctx: RewardContext | None = None) -> Reward:
@@ -125,26 +108,6 @@ def build_reward(name: str, ctx: RewardContext | None = None) -> Reward:
     except ImportError as exc:
         install = f"pip install 'solrl[{spec.extra}]'" if spec.extra else "pip install solrl"
         raise SolrlError(f"reward '{name}' cannot import its backend ({exc})", f"install it with `{install}`") from exc
-
-
-def parse_weights(spec: str) -> dict[str, float]:
-    """'imagereward=1.0,pickscore=0.5' (or a bare 'name', weight 1) -> {name: weight}."""
-    weights: dict[str, float] = {}
-    for part in (p.strip() for p in spec.split(",")):
-        if not part:
-            continue
-        name, _, value = part.partition("=")
-        name = name.strip()
-        try:
-            weight = float(value) if value.strip() else 1.0
-        except ValueError as exc:
-            raise SolrlError(f"reward weight '{value}' for '{name}' is not a number", "write it like imagereward=1.0,pickscore=0.5") from exc
-        if name in weights:
-            raise SolrlError(f"reward '{name}' is named twice in '{spec}'", "name each reward once")
-        weights[name] = weight
-    if not weights:
-        raise SolrlError("no reward named", "write it like imagereward=1.0,pickscore=0.5")
-    return weights
 
 
 @dataclass(frozen=True)

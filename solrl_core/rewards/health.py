@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from solrl_core.errors import SolrlError
+from solrl_core.text import plural
 
 
 @dataclass(frozen=True)
@@ -45,7 +46,7 @@ class RewardHealth:
         """The error to stop with once a reward has been near-constant `patience` iterations in a row."""
         for name, streak in self.streaks.items():
             if self.patience and streak >= self.patience:
-                return SolrlError(f"reward '{name}' was near-constant for {streak} iterations in a row, so the advantages carry "
+                return SolrlError(f"reward '{name}' was near-constant for {plural(streak, 'iteration')} in a row, so the advantages carry "
                                  f"no signal", f"check that its weights load (reward.paths.{name}) and that it scores images in "
                                  "[0, 1]; or raise reward.health_patience (0 = never stop)")
         return None

@@ -24,6 +24,7 @@ from typing import Callable, Iterator, TypeVar
 
 import torch
 
+from solrl_core.config import parse_timeout
 from solrl_core.errors import SolrlError
 
 T = TypeVar("T")
@@ -38,21 +39,6 @@ class RewardFailure(SolrlError):
     def __init__(self, reward: str, message: str, fix: str) -> None:
         super().__init__(message, fix)
         self.reward = reward
-
-
-def parse_timeout(setting: str) -> float | None:
-    """reward.timeout_s as seconds; None for `auto`. Raises SolrlError for anything else."""
-    text = str(setting).strip().lower()
-    if text == "auto":
-        return None
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = float("nan")
-    if not seconds >= 0 or seconds == float("inf"):
-        raise SolrlError(f"reward.timeout_s={setting!r} must be auto or a number of seconds >= 0",
-                         "--set reward.timeout_s=600 (0 turns the watchdog off)")
-    return seconds
 
 
 def timeout_for(setting: str, model_reward: bool) -> float:
