@@ -230,9 +230,6 @@ def _check_unfinished(run_dir: Path, chosen: Path, iterations: int) -> None:
                          f"to train further, pass a larger total: solrl train --resume {run_dir} --iterations {done * 2}")
 
 
-def _run_dir_and_checkpoint(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[Path, Path | None, RunLock | None]:
-
-
 def restarts(run_dir: Path) -> bool:
     """Whether `run_dir` holds a run that never saved a checkpoint (stopped or killed before its first):
     a resume or a new run there starts it again from iteration 0, losing nothing."""
