@@ -14,6 +14,7 @@ import typing
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from solrl_core.config_bounds import check_ranges, parse_timeout
 from solrl_core.errors import SolrlError, close_matches
 from solrl_core.reward_names import check_names
 
@@ -221,7 +222,7 @@ class Config:
         if self.explore.steps > self.sampler.steps:
             raise SolrlError(f"explore.steps={self.explore.steps} preview steps exceed sampler.steps={self.sampler.steps} full steps",
                              "preview steps must be <= full steps: lower explore.steps")
-        _check_ranges(self)
+        check_ranges(self, lambda section, key: getattr(_SECTION_TYPES[section](), key))
         bad = [g for g in self.model.quant_fused if len([m for m in g.split("+") if m]) < 2]
         if bad:
             raise SolrlError(f"model.quant_fused entry '{bad[0]}' is not a group of two or more projections",
@@ -255,65 +256,6 @@ def _check_model_path(model: ModelConfig) -> None:
         raise SolrlError(f"model.path {model.path} does not exist" if not os.path.exists(os.path.expanduser(model.path))
                          else f"model.path {model.path} is not a folder",
                          "pass --model-path a local folder in the hub's diffusers layout, or drop it to use model.hub_id")
-
-
-# Every bounded number: (low, high, whether low is allowed, whether high is allowed); None = unbounded.
-_AT_LEAST_1 = (1, None, True, False)
-_AT_LEAST_0 = (0, None, True, False)
-_POSITIVE = (0, None, False, False)
-_FRACTION = (0, 1, True, False)  # [0, 1)
-RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
-    **dict.fromkeys(("sampler.steps", "explore.steps", "run.iterations", "run.prompts_per_iteration",
-                     "sampler.rollout_batch", "optimizer.micro_batch", "run.checkpoint_every", "run.keep_checkpoints",
-                     "model.lora_rank", "model.resolution", "sampler.eval_steps", "run.eval_every", "run.eval_seeds",
-                     "reward.batch_size"), _AT_LEAST_1),
-    **dict.fromkeys(("explore.rank_check_every", "model.quant_min_dim", "run.image_every", "run.threads",
-                     "reward.health_patience", "reward.health_min_std", "optimizer.max_nonfinite_steps", "reward.retries",
-                     "optimizer.weight_decay", "optimizer.grad_clip", "algorithm.kl_beta", "algorithm.old_decay_rate",
-                     "run.seed", "model.init_seed"), _AT_LEAST_0),
-    **dict.fromkeys(("optimizer.lr", "optimizer.eps", "algorithm.nft_beta", "algorithm.adv_clip_max", "sampler.shift",
-                     "model.lora_alpha"), _POSITIVE),
-    **dict.fromkeys(("optimizer.beta1", "optimizer.beta2", "algorithm.ema_max_decay"), _FRACTION),
-    "algorithm.old_decay_max": (0, 1, True, True),
-    "algorithm.timestep_fraction": (0, 1, False, True),
-}
-
-
-def range_text(low: float | None, high: float | None, low_ok: bool, high_ok: bool) -> str:
-    """'> 0', '>= 1', 'in [0, 1)' ..."""
-    if high is None:
-        return f"{'>=' if low_ok else '>'} {low:g}"
-    return f"in {'[' if low_ok else '('}{low:g}, {high:g}{']' if high_ok else ')'}"
-
-
-def _check_ranges(config: Config) -> None:
-    """Each bounded number lies in its range (NaN and infinity never do)."""
-    import math
-
-    for name, (low, high, low_ok, high_ok) in RANGES.items():
-        section, key = name.split(".")
-        value = getattr(getattr(config, section), key)
-        inside = (math.isfinite(value) and (low is None or value > low or (low_ok and value == low))
-                  and (high is None or value < high or (high_ok and value == high)))
-        if not inside:
-            default = getattr(_SECTION_TYPES[section](), key)
-            raise SolrlError(f"{name}={value:g} is out of range: it must be {range_text(low, high, low_ok, high_ok)}",
-                             f"set {name} to a value {range_text(low, high, low_ok, high_ok)} (default {default:g})")
-
-
-def parse_timeout(setting: str) -> float | None:
-    """reward.timeout_s as seconds; None for `auto`. Raises SolrlError for anything else."""
-    text = str(setting).strip().lower()
-    if text == "auto":
-        return None
-    try:
-        seconds = float(text)
-    except ValueError:
-        seconds = float("nan")
-    if not seconds >= 0 or seconds == float("inf"):
-        raise SolrlError(f"reward.timeout_s={setting!r} must be auto or a number of seconds >= 0",
-                         "--set reward.timeout_s=600 (0 turns the watchdog off)")
-    return seconds
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:

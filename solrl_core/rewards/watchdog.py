@@ -24,7 +24,7 @@ from typing import Callable, Iterator, TypeVar
 
 import torch
 
-from solrl_core.config import parse_timeout
+from solrl_core.config_bounds import parse_timeout
 from solrl_core.errors import SolrlError
 
 T = TypeVar("T")
