@@ -9,7 +9,7 @@ from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from solrl_cli.stop_text import finished_message, stop_message
-from solrl_cli.tui_state import FAULT_EVENTS, fault_message
+from solrl_cli.tui_state import FAULT_EVENTS, eval_started_text, fault_message
 from solrl_core.text import plural
 from solrl_core import events as ev
 
@@ -79,6 +79,11 @@ class TerminalDisplay:
 
     def on_compile(self, e: ev.CompileFinished) -> None:
         self.console.print(f"  compiled the {e.target} in {e.seconds:.1f}s (once, before the first iteration)")
+
+    def on_eval_started(self, e: ev.EvalStarted) -> None:
+        self.console.print(f"  {eval_started_text(e)} ...")
+        if self.task is not None:
+            self.progress.update(self.task, description=f"evaluating {e.weights} weights")
 
     def on_eval(self, e: ev.EvalFinished) -> None:
         if self.first_eval is None:

@@ -59,7 +59,11 @@ def train(
 
 
 def _run(cfg, tui: bool, resume: bool, checkpoint: Optional[str]):  # type: ignore[no-untyped-def]
-    """Train in the terminal UI, or with the plain terminal display."""
+    """Train in the terminal UI, or with the plain terminal display (also when --tui has no terminal:
+    under nohup, CI or `| tee` Textual would write escape codes and never see the keys that end it)."""
+    if tui and not sys.stdout.isatty():
+        console.print("--tui needs a terminal (stdout is not one): showing the plain display instead")
+        tui = False
     if tui:
         from solrl_cli.tui import run_tui_training
 

@@ -281,8 +281,16 @@ def fault_message(e: ev.OutOfMemoryBackoff | ev.SamplesDropped | ev.StepSkipped)
     return f"optimizer step of iteration {e.iteration} skipped: {e.reason}, {e.in_a_row} in a row{limit}"
 
 
+def eval_started_text(e: ev.EvalStarted) -> str:
+    when = f", after iteration {e.iteration}" if e.iteration else ""
+    return f"evaluating the {e.weights} weights on {e.prompts} ({e.samples} images{when})"
+
+
 def log_line(e: ev.Event) -> str:
-    """The log panel's words for a checkpoint, rank check, compile, sample grid or images written; '' for others."""
+    """The log panel's words for a checkpoint, rank check, compile, evaluation start, sample grid or images written;
+    '' for others."""
+    if isinstance(e, ev.EvalStarted):
+        return f"{eval_started_text(e)} ..."
     if isinstance(e, ev.CheckpointSaved):
         return f"checkpoint iteration {e.iteration} -> {e.path} ({e.seconds:.2f}s)"
     if isinstance(e, ev.RankCheckResult):

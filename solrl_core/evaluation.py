@@ -98,6 +98,8 @@ def evaluate_weights(req: EvalRequest, bus: ev.EventBus) -> list[Evaluation]:
     results = []
     with open(req.out_dir / "samples.jsonl", "w", encoding="utf-8") as rows:
         for weights in req.weights:
+            bus.emit(ev.EvalStarted(iteration=0, weights=weights, prompts=req.prompt_set or plural(len(req.prompts), "prompt"),
+                                    samples=len(flat)))
             result, images = _score(model, policy, rewards, cfg.sampler, dtype, req.prompts, req.per_prompt, weights=weights,
                                      cond=conditioning)
             results.append(result)

@@ -99,6 +99,17 @@ class CompileFinished(Event):
 
 
 @dataclass(frozen=True)
+class EvalStarted(Event):
+    """An evaluation begins (minutes on a large model): which weights, on what, how many images."""
+
+    kind: ClassVar[str] = "eval_started"
+    iteration: int
+    weights: str
+    prompts: str
+    samples: int
+
+
+@dataclass(frozen=True)
 class EvalFinished(Event):
     kind: ClassVar[str] = "eval"
     iteration: int

@@ -284,6 +284,8 @@ def _evaluate(run: Run, state: LoopState, bus: ev.EventBus, weights: str) -> Non
     from solrl_core.evaluation import evaluate
 
     if run.rank == 0:
+        bus.emit(ev.EvalStarted(iteration=state.iteration, weights=weights, prompts=run.config.run.eval_prompts,
+                                samples=len(run.eval_prompts) * run.config.run.eval_seeds))
         with charged_to("evaluation"):
             result = evaluate(run, run.eval_prompts, run.config.run.eval_seeds, weights)
         bus.emit(ev.EvalFinished(iteration=state.iteration, weights=weights, prompts=run.config.run.eval_prompts,

@@ -13,6 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 from solrl_cli.doctor_cmd import doctor
+from solrl_core.errors import SolrlError
 from solrl_core import doctor as doc
 from solrl_core.footprint import estimate_memory, model_size
 from solrl_core.precision import hardware
@@ -122,11 +123,11 @@ def test_local_reward_folder_and_model_path_are_checked(tmp_path):
     (ir / "tokenizer").mkdir(parents=True)
     (ir / "ImageReward.pt").write_bytes(b"")
     (ir / "med_config.json").write_text("{}")
-    cfg = resolve_config("sana", "sol_rl", "imagereward", sets=[f"reward.paths.imagereward={ir}",
-                                                                f"model.path={tmp_path / 'nowhere'}"])
+    cfg = resolve_config("sana", "sol_rl", "imagereward", sets=[f"reward.paths.imagereward={ir}"])
     checks = {c.name: c for c in doc.run_checks(cfg)}
     assert checks["reward weights imagereward"].status == "pass"
-    assert checks["model weights"].status == "fail" and "nowhere" in checks["model weights"].detail
+    with pytest.raises(SolrlError, match="nowhere does not exist"):  # refused as the config is resolved, before any check
+        resolve_config("sana", "sol_rl", "imagereward", sets=[f"model.path={tmp_path / 'nowhere'}"])
 
 
 # --- explore precisions: the rules, with made-up GPUs ---------------------------------------------

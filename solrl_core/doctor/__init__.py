@@ -20,7 +20,8 @@ from solrl_core.doctor.check import FAIL, Check, machine
 from solrl_core.doctor.memory import EXPLORE_FAMILIES, _explore, _memory, _memory_without_gpu, _processes
 from solrl_core.doctor.software import (_combinations, _device, _gpus, _library, _python, _reward_backends, _torch,
                                         _torchvision, _transformer_engine, matching_torchvision)
-from solrl_core.doctor.weights import REWARD_FILES, REWARD_LOCAL_FILES, _disk, _hub_mode, _hub_token, _model_weights, _reward_weights
+from solrl_core.doctor.weights import (REWARD_FILES, REWARD_LOCAL_FILES, _disk, _hub_mode, _hub_token, _model_weights, _reward_weights,
+                                      hub_reachable)
 from solrl_core.precision.hardware import GpuInfo
 
 __all__ = ["Check", "REWARD_FILES", "REWARD_LOCAL_FILES", "failed_for_run", "matching_torchvision", "run_checks"]
@@ -56,6 +57,9 @@ def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None
     reward_checks, reward_download = _reward_weights(cfg, m)
     checks += reward_checks
     checks.append(_disk(m, model_download, reward_download, cfg))
+    reach = hub_reachable(m, model_download + reward_download)
+    if reach is not None:
+        checks.append(reach)
     checks.append(_processes(nproc, m, gpu))
     checks.append(_memory(cfg, gpu, requested) if gpu is not None else _memory_without_gpu(cfg, requested))
     checks.append(_explore(cfg, gpu, requested))

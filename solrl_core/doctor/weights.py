@@ -152,7 +152,32 @@ def _hub_token(cfg: Config, model_download: float) -> list[Check]:
 def _hub_mode(m: Machine) -> Check:
     if m.offline:
         return Check("hub mode", PASS, f"HF_HUB_OFFLINE=1: only weights already in the cache ({m.cache}) are used", "", False)
-    return Check("hub mode", PASS, f"online: missing weights download into {m.cache} on first use", "", False)
+    return Check("hub mode", PASS, f"downloads allowed (HF_HUB_OFFLINE unset): missing weights download into {m.cache} on first use", "", False)
+
+
+HUB_PROBE_SECONDS = 3.0
+
+
+def hub_reachable(m: Machine, download_gb: float, timeout: float = HUB_PROBE_SECONDS) -> Check | None:
+    """Whether the hub (HF_ENDPOINT, default https://huggingface.co) answers, asked only when weights
+    must still be downloaded and the hub is not switched off: one HEAD request (proxies honoured), any
+    HTTP answer counts. None when there is nothing to ask."""
+    import urllib.error
+    import urllib.request
+
+    if download_gb <= 0 or m.offline:
+        return None
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=timeout).close()
+    except urllib.error.HTTPError:
+        pass  # an answer, whatever its status: the hub is there
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", exc)
+        return Check("hub reachable", FAIL, f"cannot reach {endpoint} ({reason}) and ~{download_gb:.0f} GB of weights "
+                     "must still be downloaded", "connect this machine, set HF_ENDPOINT to a mirror, or download the "
+                     "weights elsewhere and pass --model-path / reward.paths.NAME (HF_HUB_OFFLINE=1 uses the cache only)", True)
+    return Check("hub reachable", PASS, f"{endpoint} answers; ~{download_gb:.0f} GB of weights to download", "", True)
 
 
 def _disk(m: Machine, model_gb: float, reward_gb: float, cfg: Config) -> Check:
