@@ -141,7 +141,7 @@ def infer(loaded: Loaded, req: InferRequest, bus: ev.EventBus) -> Path:
             bus.emit(ev.ImagesWritten(weights=weights, count=len(flat), seconds=time.perf_counter() - t0,
                                       folder=str(req.out_dir / weights)))
     if req.grid:
-        grid = make_grid(columns)
+        grid = make_grid(columns, rows=grid_rows(flat, [int(x) for x in seeds]))
         grid.save(req.out_dir / "grid.png")
     return rows_path
 
@@ -156,24 +156,45 @@ def to_uint8(image: torch.Tensor):  # noqa: ANN201 - numpy array [H, W, 3]
     return (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
 
 
-def make_grid(columns: dict[str, torch.Tensor], min_cell: int = 128):  # noqa: ANN201 - PIL image
-    """Columns of images side by side under their weight names; small images are enlarged (nearest)
-    to at least `min_cell` pixels so a 32 px tiny-world image is visible."""
+def make_grid(columns: dict[str, torch.Tensor], min_cell: int = 128, rows: list[str] | None = None,
+              captions: dict[str, list[str]] | None = None):  # noqa: ANN201 - PIL image
+    """Columns of images side by side under their names; small images are enlarged (nearest) to at
+    least `min_cell` pixels so a 32 px tiny-world image is visible. `rows`: a label left of each row
+    (its prompt, seed); `captions`: a line under each image of a column (its reward)."""
     from PIL import Image, ImageDraw
 
     names = list(columns)
     count, _, h, w = columns[names[0]].shape
     scale = max(1, -(-min_cell // max(h, w)))
     ch, cw, header, pad = h * scale, w * scale, 16, 2
-    grid = Image.new("RGB", (len(names) * (cw + pad) + pad, header + count * (ch + pad) + pad), (255, 255, 255))
+    label_w = 6 * min(max((len(r) for r in rows), default=0), LABEL_CHARS) + 8 if rows else 0
+    line = CAPTION_HEIGHT if captions else 0
+    grid = Image.new("RGB", (label_w + len(names) * (cw + pad) + pad, header + count * (ch + line + pad) + pad), (255, 255, 255))
     draw = ImageDraw.Draw(grid)
+    for r, text in enumerate(rows or []):
+        draw.text((4, header + pad + r * (ch + line + pad) + ch // 2 - 5), _clip(text, label_w // 6 - 1), fill=(0, 0, 0))
     for c, name in enumerate(names):
-        x = pad + c * (cw + pad)
-        draw.text((x + 2, 2), name, fill=(0, 0, 0))
+        x = label_w + pad + c * (cw + pad)
+        draw.text((x + 2, 2), _clip(name, cw // 6), fill=(0, 0, 0))
         for r in range(count):
-            cell = Image.fromarray(to_uint8(columns[name][r])).resize((cw, ch), Image.NEAREST)
-            grid.paste(cell, (x, header + pad + r * (ch + pad)))
+            y = header + pad + r * (ch + line + pad)
+            grid.paste(Image.fromarray(to_uint8(columns[name][r])).resize((cw, ch), Image.NEAREST), (x, y))
+            if captions and name in captions:
+                draw.text((x + 2, y + ch + 1), _clip(captions[name][r], cw // 6), fill=(60, 60, 60))
     return grid
+
+
+LABEL_CHARS = 40  # a row label longer than this is cut, ending in '...'
+CAPTION_HEIGHT = 12
+
+
+def _clip(text: str, chars: int) -> str:
+    return text if len(text) <= chars else text[:max(chars - 3, 1)] + "..."
+
+
+def grid_rows(prompts: list[str], seeds: list[int] | None = None) -> list[str]:
+    """The row labels of a grid: each prompt, with its seed where there is one."""
+    return [p if seeds is None else f"{p} / seed {s}" for p, s in zip(prompts, seeds or [None] * len(prompts))]
 
 
 def export_merged(loaded: Loaded, weights: str, out_dir: Path) -> Path:

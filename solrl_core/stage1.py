@@ -62,7 +62,7 @@ def explore_to_folder(loaded: Loaded, rewards: RewardSet, prompts: list[str], se
     """`explore_only` with the config's N, K, selection mode and preview steps, written to `out_dir`:
     seeds.jsonl (every seed of every prompt: reward, each component, rank, selected) and grid.png
     (each prompt's K/2 best and K/2 worst images)."""
-    from solrl_core.inference import make_grid
+    from solrl_core.inference import grid_rows, make_grid
 
     cfg = loaded.config
     n, k = cfg.explore.group_size, cfg.selection.group_size
@@ -79,5 +79,8 @@ def explore_to_folder(loaded: Loaded, rewards: RewardSet, prompts: list[str], se
     order = torch.argsort(result.rewards, dim=1, descending=True, stable=True)
     columns = {f"best {r + 1}": result.images[range(len(prompts)), order[:, r]] for r in range(half)}
     columns.update({f"worst {half - r}": result.images[range(len(prompts)), order[:, n - half + r]] for r in range(half)})
-    make_grid(columns).save(out_dir / "grid.png")
+    picked = [order[:, r] for r in range(half)] + [order[:, n - half + r] for r in range(half)]
+    captions = {name: [f"seed {int(result.seeds[i, j])}  {float(result.rewards[i, j]):.3g}" for i, j in enumerate(col.tolist())]
+                for name, col in zip(columns, picked)}
+    make_grid(columns, rows=grid_rows(prompts), captions=captions).save(out_dir / "grid.png")
     return result

@@ -52,7 +52,7 @@ def test_the_doctor_fails_fast_when_the_hub_cannot_be_reached_and_weights_are_mi
     checks = run_checks(resolve_config("sana", "sol_rl", "imagereward"))
     failed = {c.name: c for c in failed_for_run(checks)}
     assert "hub reachable" in failed, [c.name for c in checks]
-    assert f"cannot reach http://127.0.0.1:" in failed["hub reachable"].detail
+    assert "cannot reach http://127.0.0.1:" in failed["hub reachable"].detail
     assert "HF_ENDPOINT" in failed["hub reachable"].fix and "--model-path" in failed["hub reachable"].fix
     assert time.perf_counter() - t0 < 60  # a refused connection answers at once; the probe's own limit is 3 s
 
@@ -114,3 +114,24 @@ def test_each_evaluation_is_announced_before_it_runs_in_every_view(fast_sets):
     text = console.file.getvalue()
     assert f"evaluating the base weights on tinyworld_heldout ({started.samples} images) ..." in text
     assert any("evaluating the ema weights on tinyworld_heldout" in line for line in state.log)
+
+
+# --- 17: grids say what each image is ----------------------------------------------------------------
+
+def test_grids_carry_prompt_seed_and_reward_labels():
+    import numpy as np
+    import torch
+
+    from solrl_core.inference import grid_rows, make_grid
+
+    columns = {"best 1": torch.full((2, 3, 32, 32), 0.5), "worst 1": torch.full((2, 3, 32, 32), 0.5)}
+    rows = grid_rows(["a red cube", "two blue spheres"], [7, 8])
+    assert rows == ["a red cube / seed 7", "two blue spheres / seed 8"]
+    bare = make_grid(columns)
+    labelled = make_grid(columns, rows=rows, captions={"best 1": ["0.91", "0.88"], "worst 1": ["0.12", "0.05"]})
+    assert labelled.width > bare.width and labelled.height == bare.height + 2 * 12
+    pixels = np.asarray(labelled)
+    label_strip = pixels[:, : labelled.width - bare.width]
+    assert (label_strip < 128).any()  # the row labels are drawn, not an empty margin
+    first_caption = pixels[16 + 2 + 128: 16 + 2 + 128 + 12, labelled.width - bare.width:]
+    assert (first_caption < 128).any()  # a reward under the first image of each column

@@ -36,6 +36,6 @@ def sample_grid(model, batch, run_dir: Path, iteration: int) -> ev.SampleGrid:  
     folder = Path(run_dir) / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"iter_{iteration:06d}.png"
-    make_grid(columns).save(path)
+    make_grid(columns, rows=[batch.prompts[int(order[0])]]).save(path)
     return ev.SampleGrid(iteration=iteration, prompt=batch.prompts[int(order[0])], rewards=rewards, path=str(path),
                          seconds=time.perf_counter() - t0)
