@@ -113,3 +113,15 @@ def test_an_iteration_reads_on_one_screen():
     tree = ast.parse(MODULES["solrl_core.trainer"].read_text(encoding="utf-8"))
     (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run_iteration"]
     assert fn.end_lineno - fn.lineno + 1 <= 30
+
+
+def test_every_test_the_docs_cite_exists():
+    """The README and docs/ name the tests behind their claims (the Reliability tables): each must exist."""
+    import re
+
+    root = Path(__file__).resolve().parents[1]
+    cited = {name for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+             for name in re.findall(r"`(test_[a-z0-9_]+)`", doc.read_text())}
+    defined = {name for test in (root / "tests").glob("test_*.py")
+               for name in re.findall(r"^def (test_[a-z0-9_]+)", test.read_text(), re.M)}
+    assert cited and not cited - defined, sorted(cited - defined)
