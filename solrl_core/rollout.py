@@ -65,8 +65,12 @@ RECOMPILE_LIMIT = 16
 
 def compile_module(module: nn.Module, mode: str = "default") -> nn.Module:
     """torch.compile(module, mode=mode), with Dynamo's recompile limit raised to RECOMPILE_LIMIT (see above)."""
+    import logging
+
     import torch._dynamo
 
+    if not torch.cuda.is_available():  # inductor's C++ path imports cpp_extension, which warns of a CUDA_HOME without a GPU
+        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
     return torch.compile(module) if mode == "default" else torch.compile(module, mode=mode)
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -135,3 +137,15 @@ def test_grids_carry_prompt_seed_and_reward_labels():
     assert (label_strip < 128).any()  # the row labels are drawn, not an empty margin
     first_caption = pixels[16 + 2 + 128: 16 + 2 + 128 + 12, labelled.width - bare.width:]
     assert (first_caption < 128).any()  # a reward under the first image of each column
+
+
+@pytest.mark.slow
+def test_compiling_on_a_cpu_leaks_no_cuda_home_warning(tmp_path):
+    code = ("import torch\nfrom solrl_core.rollout import compile_module\n"
+            "m = compile_module(torch.nn.Linear(4, 4))\nm(torch.randn(2, 4, requires_grad=True)).sum().backward()\n"
+            "print('ran')\n")  # the backward compile imports cpp_extension
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_HOME": "/usr/local", "CUDA_VISIBLE_DEVICES": "",
+           "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0 and "ran" in done.stdout, done.stderr[-2000:]
+    assert "No CUDA runtime is found" not in done.stderr, done.stderr[-2000:]
