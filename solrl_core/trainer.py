@@ -59,7 +59,12 @@ after its increment) are the official ones. Where this differs from it, and why:
   the update (the official code would train on them), and an optimizer step whose gradient norm is
   not finite is skipped and counted (the official code zeroes non-finite losses and steps anyway),
   so one bad batch cannot poison the weights; a CUDA out-of-memory error halves that phase's batch
-  and redoes the iteration instead of ending the run.
+  and redoes the iteration instead of ending the run; a reward that raises is retried
+  (`reward.retries`) and one that hangs past `reward.timeout_s` stops the run with a checkpoint of
+  the last finished iteration. None of these changes a run in which they do not occur.
+- Stopping (stopping.py): a first SIGTERM stops at the next phase boundary, abandoning an iteration
+  whose update has not begun (redone exactly on resume), and a stop skips an evaluation that was
+  due; the official scripts have no stop handling. Neither changes a run that is not stopped.
 - `model.prompt_instruction` (off, as the official code) can prefix SANA prompts with the complex
   human instruction that SanaPipeline.__call__ adds by default.
 """
