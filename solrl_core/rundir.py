@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import tomllib
 from pathlib import Path
 
@@ -53,9 +54,18 @@ def save_run_config(run_dir: Path, config: Config) -> None:
     write_atomic(run_dir / CONFIG_FILE, tomli_w.dumps(to_dict(config)))
 
 
+def restarts(run_dir: str | Path) -> bool:
+    """Whether `run_dir` holds a run that never saved a checkpoint (stopped or killed before its first):
+    a resume or a new run there starts it again from iteration 0, losing nothing."""
+    folder = Path(run_dir) / "checkpoints"
+    saved = folder.is_dir() and any(p.is_dir() and re.fullmatch(r"iter_\d{6}", p.name) for p in folder.iterdir())
+    return (Path(run_dir) / CONFIG_FILE).exists() and not saved
+
+
 def check_new_run_dir(run_dir: str | Path) -> None:
-    """A --run-dir given for a new run must not hold one already (checked again under the lock)."""
-    if run_dir and (Path(run_dir) / CONFIG_FILE).exists():
+    """A --run-dir given for a new run must not hold one already, unless that run never saved a
+    checkpoint (checked again under the lock)."""
+    if run_dir and (Path(run_dir) / CONFIG_FILE).exists() and not restarts(run_dir):
         raise SolrlError(f"{run_dir} already holds a run",
                          f"continue it with `solrl train --resume {run_dir}` or pick another --run-dir")
 

@@ -39,7 +39,7 @@ from solrl_core.prompts import check_split, load_prompts
 from solrl_core.rewards import RewardSet
 from solrl_core.rewards.health import RewardHealth
 from solrl_core.rollout import RolloutCopy, compile_module
-from solrl_core.rundir import CONFIG_FILE, fresh_run_dir, save_run_config, write_atomic
+from solrl_core.rundir import CONFIG_FILE, fresh_run_dir, restarts, save_run_config, write_atomic
 from solrl_core.sampler import Sampler
 from solrl_core.text import plural
 
@@ -228,12 +228,6 @@ def _check_unfinished(run_dir: Path, chosen: Path, iterations: int) -> None:
     if done >= iterations:
         raise SolrlError(f"{run_dir} already reached its {plural(iterations, 'iteration')} (checkpoint {chosen.name})",
                          f"to train further, pass a larger total: solrl train --resume {run_dir} --iterations {done * 2}")
-
-
-def restarts(run_dir: Path) -> bool:
-    """Whether `run_dir` holds a run that never saved a checkpoint (stopped or killed before its first):
-    a resume or a new run there starts it again from iteration 0, losing nothing."""
-    return (run_dir / CONFIG_FILE).exists() and not list_checkpoints(run_dir)
 
 
 def _run_dir_and_checkpoint(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[Path, Path | None, RunLock | None, list[str]]:

@@ -87,8 +87,8 @@ from solrl_core.faults.phase import charged_to
 from solrl_core.loop_state import LoopState
 from solrl_core.phases import PhaseRecorder
 from solrl_core.rewards.watchdog import RewardFailure
-from solrl_core.rundir import EVENTS_FILE
-from solrl_core.session import Run, Session, open_session, restarts
+from solrl_core.rundir import EVENTS_FILE, restarts
+from solrl_core.session import Run, Session, open_session
 from solrl_core.stopping import StopAtBoundary, StopFlag, graceful_stop
 from solrl_core.stages import (Scored, after_step, explore, iteration_prompts, rank_check, rank_check_due, regenerate, score_drafts,
                                score_finals, select_seeds, train as train_step)

@@ -180,7 +180,7 @@ def test_an_orphaned_save_is_removed_when_the_run_is_resumed(fast_sets):
     orphan = first.run.run_dir / "checkpoints" / ".tmp-iter_000002-123-456"
     orphan.mkdir()
     (orphan / "optimizer.pt").write_bytes(b"half")
-    resumed, seen = _train(sets, resume=True)
+    resumed, seen = _train(fast_sets("run.eval_prompts=", "run.iterations=2"), resume=True)
     assert not orphan.exists()
     assert any(".tmp-iter_000002-123-456" in w.message and "interrupted by a kill" in w.message for w in _of(seen, ev.RunWarning))
 

@@ -237,6 +237,6 @@ def test_auto_watches_the_model_rewards_only_and_the_setting_is_checked():
     for bad in ("-1", "soon", "inf", "nan"):
         with pytest.raises(SolrlError, match="reward.timeout_s=.* must be auto or a number of seconds >= 0"):
             resolve_config("tiny", sets=[f"reward.timeout_s={bad}"]).validate()
-    with pytest.raises(SolrlError, match="reward.retries=-1 must be >= 0"):
+    with pytest.raises(SolrlError, match="reward.retries=-1 is out of range: it must be >= 0"):
         resolve_config("tiny", sets=["reward.retries=-1"]).validate()
     assert resolve_config("tiny", sets=["reward.timeout_s=30"]).validate().reward.timeout_s == "30"
