@@ -13,7 +13,8 @@ by the tiny width over the real one, so the same layers are quantized):
                     (only when torchao imports; it leaves SANA's 1x1-conv feed-forward in bf16)
     nvfp4-emulated  the exact NVFP4 emulation (numerics only: slower than bf16 by design)
 
-With --compile each backend is also timed torch.compile'd (fuses the input quantization). It also
+With --compile each backend is also timed torch.compile'd block by block, as solrl compiles (fuses
+the input quantization). It also
 times the explore copy's refresh (load the merged weights, re-quantize), the per-iteration cost the
 paper puts at about 2%, and prints it next to one iteration's explore forwards (derived: step time x
 preview steps x N seeds / batch, for one prompt group). Each backend's output is also compared with
@@ -43,6 +44,7 @@ from _common import device_name  # benchmarks/ is on sys.path when a script runs
 from torch import nn
 
 from solrl_core.presets import resolve_config
+from solrl_core.regions import CompiledBlocks
 from solrl_core.precision.quantize import LayerRule, plan_layers, quantize_model, requantize, unwrap_model
 
 # Published transformer configurations (the hub's transformer/config.json), and tiny ones with the
@@ -177,7 +179,7 @@ def measure(model: str, args: argparse.Namespace, device: torch.device) -> list[
             print(f"  {backend:<26} failed to build: {type(exc).__name__}: {str(exc).splitlines()[0]}", flush=True)
             continue
         for compiled in ((False, True) if args.compile else (False,)):
-            fn = torch.compile(net) if compiled else net
+            fn = CompiledBlocks(net, active=False) if compiled else net  # as the explore copy compiles: block by block
             label = backend + (" +compile" if compiled else "")
             try:
                 with torch.no_grad():

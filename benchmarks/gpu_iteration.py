@@ -42,8 +42,9 @@ RESOLUTION = {("sana", "real"): 64, ("flux", "real"): 128, ("sana", "tiny"): 32,
 PHASES = ("explore", "regenerate", "reward", "train", "sync", "total")
 
 
-def build_pipeline(model: str, size: str, folder: Path) -> Path:
-    """Save a random-init pipeline of `model` at `size` into `folder` (diffusers layout)."""
+def build_pipeline(model: str, size: str, folder: Path, device: str = "cpu") -> Path:
+    """Save a random-init pipeline of `model` at `size` into `folder` (diffusers layout); the FLUX
+    transformer is initialised on `device` in bf16 (12B parameters: minutes in fp32 on a CPU)."""
     import tiny_pipelines as tp
 
     torch.manual_seed(0)
@@ -73,9 +74,16 @@ def build_pipeline(model: str, size: str, folder: Path) -> Path:
         from diffusers import FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
 
         tok, tok2 = tp.clip_tokenizer(), tp.t5_tokenizer()
-        tr = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
-                                    num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768,
-                                    guidance_embeds=True, axes_dims_rope=(16, 56, 56)).to(torch.bfloat16)
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(torch.bfloat16)
+        try:
+            with torch.device(device):
+                tr = FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38,
+                                            attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
+                                            pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56))
+        finally:
+            torch.set_default_dtype(default)
+        tr = tr.to("cpu", torch.bfloat16)
         pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=tp.kl_vae(16), transformer=tr,
                             text_encoder=tp.clip_encoder(tok, 768, 768, with_projection=False), tokenizer=tok,
                             text_encoder_2=tp.t5_encoder(tok2, 4096), tokenizer_2=tok2)
@@ -91,10 +99,15 @@ def run_family(model: str, family: str, folder: Path, args: argparse.Namespace, 
             "run.eval_prompts=", f"sampler.rollout_batch={args.rollout_batch}", *args.sets]
     cfg = resolve_config(PRESET[model], family, "jpeg_compressibility", sets=sets)
     seen: list[ev.Event] = []
+    graphs: list[int] = []  # Dynamo's count of graphs compiled so far, read as each iteration ends
     bus = ev.EventBus()
     bus.subscribe(seen.append)
-    bus.subscribe(lambda e: print(f"  {model} {family} iteration {e.iteration}/{e.iterations}: {e.seconds['total']:.2f} s",
+    bus.subscribe(lambda e: graphs.append(compiled_graphs()) if isinstance(e, ev.IterationFinished) else None)
+    bus.subscribe(lambda e: print(f"  {model} {family} iteration {e.iteration}/{e.iterations}: {e.seconds['total']:.2f} s ("
+                                  + ", ".join(f"{k} {e.seconds.get(k, 0.0):.2f}" for k in PHASES[:-1]) + ")",
                                   flush=True) if isinstance(e, ev.IterationFinished) else None)
+    bus.subscribe(lambda e: print(f"  {model} {family}: compiled {e.target} in {e.seconds:.1f} s", flush=True)
+                  if isinstance(e, ev.CompileFinished) else None)
     session = train(cfg, bus, stop=StopFlag())
     machine = session.run.machine  # the doctor's estimate is of the preset's real model: only a real size compares
     estimate = estimate_memory(session.run.config, machine.explore_precision, session.run.dtype_name, machine.checkpointing,
@@ -108,7 +121,16 @@ def run_family(model: str, family: str, folder: Path, args: argparse.Namespace, 
             "peak_gib": {k: max((e.peak_memory or {}).get(k, 0.0) for e in its) for k in ("explore", "regenerate", "train", "sync", "total")},
             "memory_source": its[-1].memory_source, "estimate_gib": estimate,
             "compile_seconds": {e.target: e.seconds for e in seen if isinstance(e, ev.CompileFinished)},
-            "iterations_measured": len(its)}
+            "iterations_measured": len(its),
+            # graphs Dynamo compiled during the measured iterations: any is a recompile after warm-up
+            "graphs_after_warmup": graphs[-1] - graphs[args.warmup - 1] if args.warmup else None}
+
+
+def compiled_graphs() -> int:
+    """How many graphs torch.compile has compiled in this process (Dynamo's own counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
 
 
 def report(rows: list[dict], device: str) -> None:
@@ -121,6 +143,10 @@ def report(rows: list[dict], device: str) -> None:
             s, comp = r["seconds"], ", ".join(f"{k} {v:.1f}s" for k, v in r["compile_seconds"].items()) or "-"
             est = f"{r['estimate_gib']:12.2f}" if r.get("estimate_gib") is not None else f"{'-':>12}"
             print(f"  {r['family']:<14}" + "".join(f"{s[p]:11.2f}" for p in PHASES) + f"{r['peak_gib']['total']:10.2f}{est}  {comp}")
+        for r in mine:
+            if r.get("graphs_after_warmup") is not None:
+                print(f"  {r['family']}: {r['graphs_after_warmup']} graphs compiled after warm-up"
+                      + ("" if r["graphs_after_warmup"] == 0 else " (RECOMPILED: TORCH_LOGS=recompiles says why)"))
         if all(r.get("estimate_gib") is None for r in mine):
             print("  (doctor est: the doctor's GPU estimate is of the preset's real model, shown at --size real only)")
         base = next((r for r in mine if r["family"] == "compile"), None)
@@ -158,7 +184,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         for model in args.models:
-            folder = build_pipeline(model, args.size, root / f"{model}-pipeline")
+            folder = build_pipeline(model, args.size, root / f"{model}-pipeline", args.device)
+            if args.device != "cpu" and torch.cuda.is_available():
+                torch.cuda.empty_cache()
             for family in args.families:
                 rows.append(run_family(model, family, folder, args, root))
     report(rows, device)

@@ -1,7 +1,7 @@
 """Rollouts as values: which seeds were generated for which prompts, by which copy, and their scores.
 
 A `RolloutCopy` is the frozen network rollouts run on: the base weights with the `old` adapter
-merged in, optionally re-quantized (explore precision) or torch.compile'd. It is refreshed after
+merged in, optionally re-quantized (explore precision) or torch.compile'd block by block. It is refreshed after
 every optimizer step. Full-precision rollouts of the non-compiled families need no copy: they run
 on the policy with its `old` adapter active, so a large model is held once.
 """
@@ -18,6 +18,7 @@ from solrl_core.faults.phase import charged_to
 from solrl_core.models.base import Conditioning, DiffusionModel
 from solrl_core.precision.hardware import IMPLEMENTED_EXPLORE
 from solrl_core.precision.quantize import WRAPPERS, LayerRule, QuantReport, quantize_model, requantize
+from solrl_core.regions import CompiledBlocks
 from solrl_core.rewards import RewardSet
 from solrl_core.sampler import Sampler
 
@@ -54,27 +55,6 @@ class RolloutBatch:
                        components={k: v[index] for k, v in self.components.items()})
 
 
-# A run compiles up to three modules of one transformer class: the explore copy, the rollout copy and
-# the policy (optimizer.compile). Dynamo files their graphs under one code object (diffusers' peft
-# wrapper of the transformer's forward), so all count against one recompile limit, 8 by default. Each
-# module needs a few graphs (a static batch, a dynamic one, one more where a guard splits the batch
-# sizes; the update one per adapter state: trained, reference, old). Past the limit Dynamo would run
-# the module eager without an error.
-RECOMPILE_LIMIT = 16
-
-
-def compile_module(module: nn.Module, mode: str = "default") -> nn.Module:
-    """torch.compile(module, mode=mode), with Dynamo's recompile limit raised to RECOMPILE_LIMIT (see above)."""
-    import logging
-
-    import torch._dynamo
-
-    if not torch.cuda.is_available():  # inductor's C++ path imports cpp_extension, which warns of a CUDA_HOME without a GPU
-        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
-    return torch.compile(module) if mode == "default" else torch.compile(module, mode=mode)
-
-
 class RolloutCopy:
     """A merged, frozen copy of the base transformer at a rollout precision."""
 
@@ -91,7 +71,9 @@ class RolloutCopy:
         self.report: QuantReport | None = None
         if precision in WRAPPERS:
             self.report = quantize_model(self.module, rule, precision)
-        self.forward: nn.Module = compile_module(self.module, compile_mode) if compile else self.module
+        # compiled in place, block by block (regions.py): `forward` is the module either way
+        self.compiled = CompiledBlocks(self.module, compile_mode) if compile else None
+        self.forward: nn.Module = self.module
 
     @torch.no_grad()
     def refresh(self, merged: dict[str, torch.Tensor]) -> None:

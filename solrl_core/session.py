@@ -12,6 +12,7 @@ run directory and the checkpoint to resume, and alone writes to the run director
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from dataclasses import dataclass, replace
@@ -38,7 +39,8 @@ from solrl_core.precision.resolve import MachinePlan, resolve_machine
 from solrl_core.prompts import check_split, load_prompts
 from solrl_core.rewards import RewardSet
 from solrl_core.rewards.health import RewardHealth
-from solrl_core.rollout import RolloutCopy, compile_module
+from solrl_core.regions import CompiledBlocks
+from solrl_core.rollout import RolloutCopy
 from solrl_core.rundir import CONFIG_FILE, fresh_run_dir, restarts, save_run_config, write_atomic
 from solrl_core.sampler import Sampler
 from solrl_core.text import plural
@@ -84,9 +86,10 @@ class Run:
     explore_copy: RolloutCopy | None = None  # None: Stage 1 runs at full precision
     rollout_copy: RolloutCopy | None = None  # None: full-precision rollouts and v_old on the policy's old adapter
     # The update's policy forwards (trained, reference, old without a rollout copy) call this: the
-    # transformer, or one torch.compile of it (optimizer.compile), whose guards give each adapter
-    # state and grad mode its own graph. Evaluation and inference call the transformer itself.
-    policy_forward: nn.Module | None = None
+    # transformer, or (optimizer.compile) the transformer with its blocks compiled while the update
+    # runs (regions.py), whose guards give each adapter state and grad mode its own graph.
+    # Evaluation and inference call the transformer itself, eager.
+    policy_forward: nn.Module | CompiledBlocks | None = None
     rank: int = 0  # this process among world_size (torchrun); it owns prompt groups rank*P/W .. (rank+1)*P/W - 1
     world_size: int = 1
     lock: RunLock | None = None  # rank 0's hold on run_dir; released when train() returns
@@ -94,7 +97,16 @@ class Run:
 
     @property
     def compiled_update(self) -> bool:
-        return self.policy_forward is not self.policy.transformer
+        return isinstance(self.policy_forward, CompiledBlocks)
+
+    def rollout_scope(self) -> contextlib.AbstractContextManager:
+        """Where full-precision rollouts on the policy run: its compiled blocks when the machine says so."""
+        return self.update_scope() if self.machine.policy_rollout_compile else contextlib.nullcontext()
+
+    def update_scope(self) -> contextlib.AbstractContextManager:
+        """Where the update runs: its compiled blocks on for forwards and backwards alike (a
+        checkpointed block recomputed eagerly would not match its compiled forward)."""
+        return self.policy_forward.on() if isinstance(self.policy_forward, CompiledBlocks) else contextlib.nullcontext()
 
     def with_config(self, config: Config) -> "Run":
         """The same run with a changed config (batch sizes), its sampler rebuilt from it."""
@@ -163,7 +175,8 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     if rank == 0 and checkpoint is not None:  # only now that the resume is committed: a failure above leaves them listed
         notes = [*notes, *(f"set {p.name} aside (newer than {checkpoint.name}); it is kept until you delete it: rm -r {p}"
                            for p in set_aside_newer(run_dir, checkpoint))]
-    forward = compile_module(policy.transformer, cfg.run.compile_mode) if machine.update_compile else policy.transformer
+    forward = (CompiledBlocks(policy.transformer, cfg.run.compile_mode, active=False) if machine.update_compile
+               else policy.transformer)
     run = Run(config=cfg, run_dir=run_dir, device=device, dtype_name=dtype_name, dtype=dtype, plan=plan, machine=machine,
               model=model, policy=policy, optimizer=optimizer, rewards=rewards, prompts=prompts, eval_prompts=eval_prompts,
               sampler=Sampler.of(cfg.sampler), conditioning=TextCache(model), explore_copy=explore_copy,

@@ -105,7 +105,7 @@ def roll_out(run: Run, draws: Draws, steps: int, explore: bool) -> RolloutBatch:
         network, dtype, cast = contextlib.nullcontext(copy_.forward), copy_.dtype, contextlib.nullcontext()
     else:
         network, dtype, cast = run.policy.use(OLD), run.dtype, autocast(run)
-    with network as net, cast:
+    with network as net, cast, (contextlib.nullcontext() if copy_ is not None else run.rollout_scope()):
         return rollout(run.model, net, dtype, run.sampler, steps, draws, run.conditioning(draws.prompts), run.rewards)
 
 

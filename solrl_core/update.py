@@ -61,7 +61,7 @@ def update(run: Run, batch: RolloutBatch, advantages: torch.Tensor, rng: np.rand
     params = policy.trainable_parameters()
     run.optimizer.zero_grad(set_to_none=True)
     sums = torch.zeros(4, dtype=torch.float64)  # loss, policy, kl, non-finite terms
-    with charged_to("update"):
+    with charged_to("update"), run.update_scope():
         for j in range(per_sample):
             for start in range(0, n, micro):
                 chunk = slice(start, min(start + micro, n))

@@ -22,7 +22,7 @@ def warm_up_compiled(run: Run, bus: ev.EventBus) -> None:
     is convolutions), so only the sizes themselves make sure iteration 1 compiles nothing."""
     sizes = warm_up_sizes(run)
     for target, copy_ in (("explore copy", run.explore_copy), ("rollout copy", run.rollout_copy)):
-        if copy_ is None or copy_.forward is copy_.module:
+        if copy_ is None or copy_.compiled is None:
             continue
         bus.emit(ev.CompileStarted(target=target))
         t0 = time.perf_counter()
@@ -36,7 +36,10 @@ def warm_up_compiled(run: Run, bus: ev.EventBus) -> None:
     if run.compiled_update:
         bus.emit(ev.CompileStarted(target="update"))
         t0 = time.perf_counter()
-        _warm_up_update(run, sizes["update"])
+        with run.update_scope():
+            _warm_up_update(run, sizes["update"])
+            if run.rollout_copy is None and run.machine.policy_rollout_compile:
+                _warm_up_policy_rollouts(run, sizes["rollout copy"])
         bus.emit(ev.CompileFinished(target="update", seconds=time.perf_counter() - t0))
 
 
@@ -83,6 +86,16 @@ def _warm_up_update(run: Run, sizes: list[int]) -> None:
     for p in policy.trainable_parameters():
         p.grad = None
     _synchronize(run)
+
+
+def _warm_up_policy_rollouts(run: Run, sizes: list[int]) -> None:
+    """The full-precision rollouts' graphs on the policy's old adapter (no rollout copy): latents in
+    the run dtype under autocast, without gradients, as stages.roll_out calls them."""
+    for n in sizes:
+        cond = run.conditioning(run.prompts[:1] * n).to(run.device)
+        x = torch.zeros(n, *run.model.latent_shape, device=run.device, dtype=run.dtype)
+        with torch.no_grad(), autocast(run), run.policy.use(OLD):
+            run.model.velocity(run.policy_forward, x, torch.ones(n, device=run.device), cond)
 
 
 def _synchronize(run: Run) -> None:

@@ -20,7 +20,7 @@ from solrl_core import events as ev
 from solrl_core.errors import SolrlError
 from solrl_core.policy import OLD, TRAINED
 from solrl_core.presets import resolve_config
-from solrl_core.rollout import RECOMPILE_LIMIT
+from solrl_core.regions import RECOMPILE_LIMIT, repeated_blocks
 from solrl_core.loop_state import LoopState
 from solrl_core.rollout import Draws
 from solrl_core.session import open_session
@@ -189,9 +189,10 @@ def test_kl_beta_zero_runs_no_reference_forward(fast_sets, monkeypatch):
 def test_the_compile_mode_reaches_every_compiled_module(fast_sets, monkeypatch):
     modes: list[str | None] = []
     monkeypatch.setattr(torch, "compile", lambda module, mode=None: modes.append(mode) or module)
-    _session(fast_sets, "run.compile_mode=max-autotune-no-cudagraphs", "explore.compile=true", "sampler.compile=true",
-             "optimizer.compile=true")
-    assert modes == ["max-autotune-no-cudagraphs"] * 3  # explore copy, rollout copy, update
+    run = _session(fast_sets, "run.compile_mode=max-autotune-no-cudagraphs", "explore.compile=true", "sampler.compile=true",
+                   "optimizer.compile=true")
+    blocks = len(repeated_blocks(run.policy.transformer))
+    assert blocks >= 2 and modes == ["max-autotune-no-cudagraphs"] * 3 * blocks  # explore copy, rollout copy, update: per block
     with pytest.raises(SolrlError, match="run.compile_mode"):
         resolve_config("tiny", "sol_rl", sets=["run.compile_mode=reduce-overhead"]).validate()
 
@@ -219,3 +220,38 @@ def test_warm_up_sizes_are_the_batches_of_an_iteration(family, sets, sizes):
     session = SimpleNamespace(config=cfg, plan=plan, world_size=1, explore_copy=explore_copy)
     got = warm_up_sizes(session)
     assert {k: got[k] for k in sizes} == sizes
+
+
+def test_without_a_rollout_copy_the_full_rollouts_use_the_compiled_blocks_warmed_up(fast_sets, aot_eager, monkeypatch):
+    """No rollout copy, a compiled update and sampler.compile on: Stage 2 runs on the policy's
+    compiled blocks (old adapter), which warm-up compiled, so no iteration compiles anything; with
+    sampler.compile off (the eager baselines) the same rollouts stay eager."""
+    import solrl_core.stages as stages
+
+    for compiled in (True, False):
+        seen: list[tuple[bool, bool]] = []  # (explore, blocks compiled) per rollout call
+        real = stages.rollout
+
+        def spy(model, network, *args, real=real, seen=seen):
+            blocks = repeated_blocks(network)
+            seen.append((network is not session_run[0].policy.transformer, blocks[0]._compiled_call_impl is not None))
+            return real(model, network, *args)
+
+        session_run: list = []
+        monkeypatch.setattr(stages, "rollout", spy)
+        bus = ev.EventBus()
+        bus.subscribe(lambda e: setattr(torch._dynamo.config, "error_on_recompile", True)
+                      if isinstance(e, ev.CompileFinished) and e.target == "update" else None)
+        cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("run.iterations=2", "run.eval_prompts=", "optimizer.compile=true",
+                                                              "sampler.rollout_copy=false", f"sampler.compile={str(compiled).lower()}",
+                                                              run_dir=f"r{compiled}"))
+        opened = open_session(cfg)
+        session_run.append(opened.run)
+        monkeypatch.setattr("solrl_core.trainer.open_session", lambda *a, **k: opened)
+        torch._dynamo.reset()
+        with torch._dynamo.config.patch(error_on_recompile=False):
+            train(cfg, bus, stop=StopFlag())
+        assert opened.run.machine.policy_rollout_compile == compiled
+        full = [on for explore_copy, on in seen if not explore_copy]
+        assert len(full) == 2 and all(on == compiled for on in full), seen  # Stage 2 of both iterations
+        assert not any(b._compiled_call_impl for b in repeated_blocks(opened.run.policy.transformer))  # off again after

@@ -141,7 +141,7 @@ def test_grids_carry_prompt_seed_and_reward_labels():
 
 @pytest.mark.slow
 def test_compiling_on_a_cpu_leaks_no_cuda_home_warning(tmp_path):
-    code = ("import torch\nfrom solrl_core.rollout import compile_module\n"
+    code = ("import torch\nfrom solrl_core.regions import compile_module\n"
             "m = compile_module(torch.nn.Linear(4, 4))\nm(torch.randn(2, 4, requires_grad=True)).sum().backward()\n"
             "print('ran')\n")  # the backward compile imports cpp_extension
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_HOME": "/usr/local", "CUDA_VISIBLE_DEVICES": "",

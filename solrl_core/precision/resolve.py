@@ -9,7 +9,9 @@
 - `sampler.rollout_copy` `auto`: a merged full-precision copy of the transformer for the full-precision
   rollouts and the update's v_old when the memory estimate (footprint.py) says it fits this GPU.
 - `optimizer.compile` `auto`: on CUDA, the update's policy forwards (trained with its backward, the
-  reference, v_old without a rollout copy) run through one torch.compile'd module; off on a CPU.
+  reference, v_old without a rollout copy) run with the policy's blocks torch.compile'd; off on a
+  CPU. Without a rollout copy, the full-precision rollouts on the policy's old adapter use the same
+  compiled blocks when `sampler.compile` is on too.
 - `optimizer.checkpointing` `auto`: on CUDA, gradient checkpointing only when the estimate without it
   does not fit this GPU; off on a CPU.
 
@@ -40,12 +42,16 @@ class MachinePlan:
     checkpointing: bool
     checkpointing_why: str
     update_compile: bool = False
+    # without a rollout copy, the full-precision rollouts on the policy's old adapter run through the
+    # update's compiled blocks (regions.py) when the update is compiled and sampler.compile is on
+    policy_rollout_compile: bool = False
 
     def describe(self) -> str:
         return (f"explore {self.explore_precision} ({self.explore_why}); "
                 f"rollout copy {'on' if self.rollout_copy else 'off'} ({self.rollout_copy_why}); "
                 f"gradient checkpointing {'on' if self.checkpointing else 'off'} ({self.checkpointing_why}); "
-                f"update {'compiled' if self.update_compile else 'eager'}")
+                f"update {'compiled' if self.update_compile else 'eager'}"
+                + ("; full-precision rollouts on the policy's compiled blocks" if self.policy_rollout_compile else ""))
 
 
 def gpu_of(device: torch.device) -> GpuInfo | None:
@@ -105,4 +111,6 @@ def resolve_machine(cfg: Config, device: torch.device, dtype_name: str, gpu: Gpu
     return MachinePlan(explore_precision=precision, explore_why=why, explore_compile=_switch(cfg.explore.compile, cuda),
                        rollout_copy=copy, rollout_copy_why=copy_why,
                        rollout_compile=copy and (family == "compile" or _switch(cfg.sampler.compile, cuda)),
-                       checkpointing=ckpt, checkpointing_why=ckpt_why, update_compile=_switch(cfg.optimizer.compile, cuda))
+                       checkpointing=ckpt, checkpointing_why=ckpt_why, update_compile=_switch(cfg.optimizer.compile, cuda),
+                       policy_rollout_compile=(not copy and _switch(cfg.optimizer.compile, cuda)
+                                               and _switch(cfg.sampler.compile, cuda)))

@@ -1,0 +1,93 @@
+"""Regional compilation: torch.compile the transformer's repeated blocks, not the whole network.
+
+A transformer is a stack of identical blocks (SANA: 20, FLUX.1: 19 + 38, SD3.5: 24-38). Compiled
+whole, Inductor traces and optimises every block again: on an H100 a whole SANA-1.6B forward took
+45-65 s to compile and its forward+backward about 4 minutes, so a run's warm-up (explore copy,
+rollout copy at three batch sizes, the update) took over 9 minutes before the first iteration
+(docs/BENCHMARKS.md). Compiled per block, one block's graph is compiled once and reused by every
+block of its class (with torch's default `inline_inbuilt_nn_modules` the weights are graph inputs),
+which is what diffusers' `compile_repeated_blocks` and PyTorch's regional-compilation recipe do. The
+few layers outside the blocks (embeddings, final norm) stay eager.
+
+`CompiledBlocks` switches the compiled blocks on and off: the copies keep them on; the policy turns
+them on only for the update (forward and backward, which must match when gradient checkpointing
+recomputes a block), so evaluation and the eager baselines' rollouts on the policy stay eager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+# Every compiled block's graph is filed under one code object (nn.Module._call_impl), so all count
+# against one recompile limit, 8 by default: the explore copy, the rollout copy and the policy (per
+# grad mode and adapter state) each need a few graphs per block class and batch size. Past the
+# limit Dynamo would run the blocks eager without an error.
+RECOMPILE_LIMIT = 64
+
+
+def repeated_blocks(module: nn.Module) -> list[nn.Module]:
+    """The blocks to compile: the classes named in diffusers' `_repeated_blocks` where the model
+    declares them, else the members of every ModuleList of two or more modules of one class (SANA's
+    `transformer_blocks`, say). Empty for a network without repeated blocks."""
+    names = set(getattr(module, "_repeated_blocks", None) or ())
+    if names:
+        return [m for m in module.modules() if type(m).__name__ in names]
+    found: list[nn.Module] = []
+    for child in module.modules():
+        if isinstance(child, nn.ModuleList) and len(child) >= 2 and len({type(m) for m in child}) == 1:
+            found.extend(child)
+    return found
+
+
+def compile_module(module: nn.Module, mode: str = "default") -> "CompiledBlocks":
+    """`module` compiled block by block, the blocks on from now on."""
+    return CompiledBlocks(module, mode)
+
+
+class CompiledBlocks:
+    """`module` with its repeated blocks torch.compile'd (the whole module where it has none)."""
+
+    def __init__(self, module: nn.Module, mode: str = "default", active: bool = True) -> None:
+        import torch._dynamo
+
+        if not torch.cuda.is_available():  # inductor's C++ path imports cpp_extension, which warns of a CUDA_HOME without a GPU
+            logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
+        self.module = module
+        self.regions = repeated_blocks(module) or [module]
+        options = {} if mode == "default" else {"mode": mode}
+        self._compiled = [torch.compile(r._call_impl, **options) for r in self.regions]
+        self.active = False
+        if active:
+            self._set(True)
+
+    @property
+    def whole(self) -> bool:
+        """Whether the module had no repeated blocks and is compiled whole."""
+        return self.regions == [self.module]
+
+    def _set(self, on: bool) -> None:
+        for region, compiled in zip(self.regions, self._compiled):
+            region._compiled_call_impl = compiled if on else None
+        self.active = on
+
+    @contextlib.contextmanager
+    def on(self) -> Iterator[None]:
+        """The blocks compiled inside the block (forward and backward both), as before outside it."""
+        if self.active:
+            yield
+            return
+        self._set(True)
+        try:
+            yield
+        finally:
+            self._set(False)
+
+    def __call__(self, *args, **kwargs):
+        with self.on():
+            return self.module(*args, **kwargs)
