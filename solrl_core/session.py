@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -39,6 +40,7 @@ from solrl_core.precision.resolve import MachinePlan, resolve_machine
 from solrl_core.prompts import check_split, load_prompts
 from solrl_core.rewards import RewardSet
 from solrl_core.rewards.health import RewardHealth
+from solrl_core.attention import training_attention
 from solrl_core.regions import CompiledBlocks
 from solrl_core.rollout import RolloutCopy
 from solrl_core.rundir import CONFIG_FILE, fresh_run_dir, restarts, save_run_config, write_atomic
@@ -103,10 +105,14 @@ class Run:
         """Where full-precision rollouts on the policy run: its compiled blocks when the machine says so."""
         return self.update_scope() if self.machine.policy_rollout_compile else contextlib.nullcontext()
 
-    def update_scope(self) -> contextlib.AbstractContextManager:
+    @contextlib.contextmanager
+    def update_scope(self) -> Iterator[None]:
         """Where the update runs: its compiled blocks on for forwards and backwards alike (a
-        checkpointed block recomputed eagerly would not match its compiled forward)."""
-        return self.policy_forward.on() if isinstance(self.policy_forward, CompiledBlocks) else contextlib.nullcontext()
+        checkpointed block recomputed eagerly would not match its compiled forward), and SDPA
+        without cuDNN attention, whose backward fails at FLUX's shapes (attention.py)."""
+        with training_attention(), (self.policy_forward.on() if isinstance(self.policy_forward, CompiledBlocks)
+                                    else contextlib.nullcontext()):
+            yield
 
     def with_config(self, config: Config) -> "Run":
         """The same run with a changed config (batch sizes), its sampler rebuilt from it."""

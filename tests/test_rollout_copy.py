@@ -255,3 +255,23 @@ def test_without_a_rollout_copy_the_full_rollouts_use_the_compiled_blocks_warmed
         full = [on for explore_copy, on in seen if not explore_copy]
         assert len(full) == 2 and all(on == compiled for on in full), seen  # Stage 2 of both iterations
         assert not any(b._compiled_call_impl for b in repeated_blocks(opened.run.policy.transformer))  # off again after
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_the_update_trains_without_cudnn_attention(fast_sets, compiled, aot_eager, monkeypatch):
+    """cuDNN attention's backward fails at FLUX's shapes on an H100 (solrl_core/attention.py): every
+    forward of the update, eager or compiled, runs with that SDPA backend off, and it is on again after."""
+    run = _session(fast_sets, f"optimizer.compile={str(compiled).lower()}")
+    batch = _kept(run, ["a red circle", "two blue squares"])
+    states: list[tuple[bool, bool]] = []  # (grad enabled, cuDNN SDPA enabled) per policy forward
+    real = run.model.velocity
+
+    def spy(network, *args):
+        states.append((torch.is_grad_enabled(), torch.backends.cuda.cudnn_sdp_enabled()))
+        return real(network, *args)
+
+    monkeypatch.setattr(run.model, "velocity", spy)
+    assert torch.backends.cuda.cudnn_sdp_enabled()
+    update(run, batch, np.random.default_rng(7))
+    assert any(grad for grad, _ in states) and not any(cudnn for _, cudnn in states), states
+    assert torch.backends.cuda.cudnn_sdp_enabled()
