@@ -96,7 +96,8 @@ class ExploreConfig:
                                 "Engine) is detected but not run yet. Checked against this machine.")
     compile: str = _f("auto", "torch.compile the explore copy (auto: on CUDA; true; false): fuses the fp8 / emulated-NVFP4 "
                               "input quantization into the neighbouring kernels; compiles once at start and keeps the graph "
-                              "across refreshes.")
+                              "across refreshes. An fp8 copy on CUDA is compiled even at false: eager fp8 is slower than "
+                              "eager bf16 there.")
     rank_check_every: int = _f(0, "Every this many iterations, regenerate all N Stage-1 seeds of the iteration's first prompt "
                                   "at full precision and full steps, and log Spearman rho and Kendall tau (0 = off).")
 

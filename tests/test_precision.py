@@ -36,8 +36,14 @@ def test_auto_on_a_gpu_is_fp8_compiled_from_ada_on_and_never_the_emulation():
     assert a100.explore_precision == "bf16" and "below 8.9" in a100.explore_why
     off = resolve_machine(resolve_config("sana", "sol_rl", sets=["explore.compile=false", "sampler.compile=false",
                                                                  "optimizer.compile=false"]), CUDA, "bf16", gpu=H100)
-    assert not off.explore_compile and not off.rollout_compile and not off.update_compile
-    assert "update eager" in off.describe()
+    assert off.explore_compile and not off.rollout_compile and not off.update_compile  # fp8 is compiled all the same
+    assert "update eager" in off.describe() and "compiled although explore.compile=false" in off.describe()
+    eager = resolve_machine(resolve_config("sana", "sol_rl", sets=["explore.compile=false", "explore.precision=bf16"]),
+                            CUDA, "bf16", gpu=H100)
+    assert not eager.explore_compile and "although" not in eager.describe()
+    cpu = resolve_machine(resolve_config("tiny", "sol_rl", sets=["explore.precision=fp8", "explore.compile=false"]),
+                          torch.device("cpu"), "fp32")
+    assert not cpu.explore_compile  # a CPU's fp8 path is a numerics check, not a speed path
 
 
 def test_the_rollout_copy_and_checkpointing_follow_the_memory_estimate():

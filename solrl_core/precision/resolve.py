@@ -6,6 +6,8 @@
   on a GPU); on a CPU the exact NVFP4 emulation, the numerics the paper's explore copy has.
 - `explore.compile` / `sampler.compile` `auto`: on CUDA (eager fp8 is slower than eager bf16, and
   the official baselines are compiled); off on a CPU, where a compile costs about a minute per copy.
+  An fp8 explore copy on CUDA is compiled even with `explore.compile=false`, and the start-up line
+  says so: eager, it is slower than bf16 (FP8_EAGER_SLOWER).
 - `sampler.rollout_copy` `auto`: a merged full-precision copy of the transformer for the full-precision
   rollouts and the update's v_old when the memory estimate (footprint.py) says it fits this GPU.
 - `optimizer.compile` `auto`: on CUDA, the update's policy forwards (trained with its backward, the
@@ -28,6 +30,10 @@ from solrl_core.config import Config
 from solrl_core.footprint import estimate_memory
 from solrl_core.precision.hardware import FP8_CC, GpuInfo, gpus
 
+# measured on an H100 (docs/BENCHMARKS.md, 2026-11-24): fp8 pays only compiled, where the input
+# quantization fuses into the producer; eager, the explore copy would be slower than no fp8 at all
+FP8_EAGER_SLOWER = ("eager fp8 ran slower than eager bf16 on an H100 (one step at batch 24: SANA-1.6B 299 vs 253 ms, "
+                    "FLUX.1 1934 vs 1277 ms); use explore.precision=bf16 for an eager explore copy")
 FIT_SHARE = 0.9  # of a GPU's memory the estimate may use: the rest is the allocator's and the estimate's slack
 
 
@@ -84,6 +90,10 @@ def resolve_machine(cfg: Config, device: torch.device, dtype_name: str, gpu: Gpu
         precision, why = auto_explore_precision(gpu, dtype_name)
     else:
         precision, why = cfg.explore.precision, "as configured"
+    explore_compile = _switch(cfg.explore.compile, cuda)
+    if cuda and precision == "fp8" and not explore_compile:
+        explore_compile = True
+        why += f"; compiled although explore.compile=false: {FP8_EAGER_SLOWER}"
     family = cfg.algorithm.family
     estimate = estimate_memory(cfg, precision, dtype_name, checkpointing=True, rollout_copy=False)
     budget = gpu.memory_gib * FIT_SHARE if gpu is not None else None
@@ -108,7 +118,7 @@ def resolve_machine(cfg: Config, device: torch.device, dtype_name: str, gpu: Gpu
         ckpt = full > budget
         ckpt_why = (f"estimated peak without it {full:.1f} GiB, {'over' if ckpt else 'within'} {budget:.1f} GiB at "
                     f"micro-batch {cfg.optimizer.micro_batch}")
-    return MachinePlan(explore_precision=precision, explore_why=why, explore_compile=_switch(cfg.explore.compile, cuda),
+    return MachinePlan(explore_precision=precision, explore_why=why, explore_compile=explore_compile,
                        rollout_copy=copy, rollout_copy_why=copy_why,
                        rollout_compile=copy and (family == "compile" or _switch(cfg.sampler.compile, cuda)),
                        checkpointing=ckpt, checkpointing_why=ckpt_why, update_compile=_switch(cfg.optimizer.compile, cuda),
