@@ -111,7 +111,7 @@ def run_family(model: str, family: str, folder: Path, args: argparse.Namespace, 
     session = train(cfg, bus, stop=StopFlag())
     machine = session.run.machine  # the doctor's estimate is of the preset's real model: only a real size compares
     estimate = estimate_memory(session.run.config, machine.explore_precision, session.run.dtype_name, machine.checkpointing,
-                               machine.rollout_copy).peak if args.size == "real" else None
+                               machine.rollout_copy, machine.update_compile).peak if args.size == "real" else None
     its = [e for e in seen if isinstance(e, ev.IterationFinished)][args.warmup:]
     started = next(e for e in seen if isinstance(e, ev.RunStarted))
     if args.device != "cpu" and torch.cuda.is_available():

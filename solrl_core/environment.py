@@ -87,7 +87,8 @@ def _memory_estimate(cfg: Any, gpu: hardware.GpuInfo | None, explore_precision: 
         return None
     from solrl_core.footprint import estimate_memory
 
-    copies = {} if machine is None else {"checkpointing": machine.checkpointing, "rollout_copy": machine.rollout_copy}
+    copies = {} if machine is None else {"checkpointing": machine.checkpointing, "rollout_copy": machine.rollout_copy,
+                                         "compiled_update": machine.update_compile}
     return round(estimate_memory(cfg, explore_precision, dtype_name, **copies).peak, 2)
 
 

@@ -52,7 +52,12 @@ REWARD_DOWNLOAD_GB = {"imagereward": 1.8, "pickscore": 4.0, "clipscore": 1.7, "h
 # refresh) AND a cached quantized weight (quantize.py): 1 byte more per weight for fp8, a second
 # copy at the run dtype for the emulation.
 COPY_BYTES = {"nvfp4": 1.0, "bf16": 2.0, "fp32": 4.0}
-OVERHEAD_GIB = 1.5  # CUDA context, LoRA + AdamW state, one VAE decode chunk, allocator slack
+OVERHEAD_GIB = 1.5
+# Training activations of a torch.compile'd update (optimizer.compile, regions.py) over eager ones,
+# without checkpointing: SANA-1.6B at micro-batch 16 on an H100 peaked at 55.97 GiB (sol_rl) and
+# 52.02 GiB (compile family) with the update compiled, about 2.8 GiB a sample where the eager
+# update took 3.55 (docs/BENCHMARKS.md, 2026-11-24). One model measured: APPROXIMATE for the others.
+COMPILED_ACTIVATION_SHARE = 0.79  # CUDA context, LoRA + AdamW state, one VAE decode chunk, allocator slack
 
 
 def model_size(cfg: Config) -> ModelSize:
@@ -80,7 +85,7 @@ class MemoryEstimate:
 
 
 def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16", checkpointing: bool = True,
-                    rollout_copy: bool = False) -> MemoryEstimate:
+                    rollout_copy: bool = False, compiled_update: bool = False) -> MemoryEstimate:
     """Peak GPU memory ESTIMATE for one process, GiB, from approximate model sizes (`MODEL_SIZES`);
     `explore_precision` is the resolved one (see resolve.py):
 
@@ -90,7 +95,8 @@ def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16
                         weights); fp8: the run dtype + 1 byte (weights + cached e4m3 weights)
         rollout copy  = transformer params x bytes of the run dtype, when kept (sampler.rollout_copy)
         vae           = VAE params x bytes of the run dtype
-        activations   = optimizer.micro_batch x activation GiB per sample (bf16; with or without checkpointing)
+        activations   = optimizer.micro_batch x activation GiB per sample (bf16; with or without checkpointing;
+                        without it and with a compiled update, x COMPILED_ACTIVATION_SHARE)
         peak          = policy + copies + vae + max(text encoders while encoding, activations) + overhead
     """
     size = model_size(cfg)
@@ -103,6 +109,8 @@ def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16
             or COPY_BYTES.get(plan.explore_precision, width)
         copy = size.transformer_b * per_param * gib
     per_sample = size.activation_gib if checkpointing else size.activation_full_gib
+    if compiled_update and not checkpointing:
+        per_sample *= COMPILED_ACTIVATION_SHARE
     full_copy = size.transformer_b * width * gib
     return MemoryEstimate(policy=size.transformer_b * width * gib, explore_copy=copy, vae=size.vae_b * width * gib,
                           text_encoders=size.text_encoders_b * width * gib,

@@ -62,7 +62,8 @@ def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
     dtype_name = "bf16" if cfg.run.dtype == "auto" else cfg.run.dtype
     asked = dataclasses.replace(cfg, explore=dataclasses.replace(cfg.explore, precision=precision))
     machine = resolve_machine(asked, torch.device("cuda", gpu.index), dtype_name, gpu=gpu)
-    est = estimate_memory(asked, machine.explore_precision, dtype_name, machine.checkpointing, machine.rollout_copy)
+    est = estimate_memory(asked, machine.explore_precision, dtype_name, machine.checkpointing, machine.rollout_copy,
+                          machine.update_compile)
     detail = (f"estimate {est.peak:.1f} GiB of {gpu.memory_gib:.0f} GiB on cuda:{gpu.index} ({model_size(cfg).label}, "
               f"approximate): policy {est.policy:.1f} + explore copy {est.explore_copy:.1f} ({machine.explore_precision}) "
               f"+ rollout copy {est.rollout_copy:.1f} + vae {est.vae:.1f} + max(text encoders {est.text_encoders:.1f}, "

@@ -114,7 +114,8 @@ def resolve_machine(cfg: Config, device: torch.device, dtype_name: str, gpu: Gpu
     elif budget is None:
         ckpt, ckpt_why = False, "off on a CPU"
     else:
-        full = estimate_memory(cfg, precision, dtype_name, checkpointing=False, rollout_copy=copy).peak
+        full = estimate_memory(cfg, precision, dtype_name, checkpointing=False, rollout_copy=copy,
+                               compiled_update=_switch(cfg.optimizer.compile, cuda)).peak
         ckpt = full > budget
         ckpt_why = (f"estimated peak without it {full:.1f} GiB, {'over' if ckpt else 'within'} {budget:.1f} GiB at "
                     f"micro-batch {cfg.optimizer.micro_batch}")
