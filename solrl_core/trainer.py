@@ -47,9 +47,15 @@ after its increment) are the official ones. Where this differs from it, and why:
   weight's rounding to the run dtype (in bf16 the size of autocast's own rounding of the adapter
   path); `sampler.rollout_copy=false` gives the official v_old. Gradient checkpointing is chosen
   from the same estimate (`optimizer.checkpointing`), where the official code never checkpoints.
-- The update's policy forwards (trained with its backward, reference, old without a copy) run
-  through one torch.compile'd module on CUDA (`optimizer.compile`); the official code runs them
-  eager. Same loss and gradient to float tolerance (tests/test_rollout_copy.py). With
+- The update's policy forwards (trained with its backward, reference, old without a copy) run with
+  the policy's transformer blocks torch.compile'd on CUDA (`optimizer.compile`, regions.py); the
+  official code runs them eager. Same loss and gradient to float tolerance
+  (tests/test_rollout_copy.py). Without a rollout copy, the full-precision rollouts on the `old`
+  adapter use those compiled blocks too when `sampler.compile` is on; the official naive_scaling and
+  diffusionnft roll out eagerly, which `sampler.compile=false` keeps. The update's attention leaves
+  out cuDNN's fused kernel, whose backward failed on an H100 at FLUX.1's shapes (attention.py); the
+  official code leaves the choice to PyTorch. Flash and memory-efficient attention compute the same
+  function. With
   `algorithm.kl_beta = 0` the reference forward, which then has no weight in the loss, is skipped
   and the KL reported as not measured; the official code always runs it.
 - torch.compile runs in its default mode (`run.compile_mode`); the official code compiles its
