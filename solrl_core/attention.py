@@ -7,17 +7,28 @@ CUBLAS_STATUS_EXECUTION_FAILED from the next kernel. Seen on an H100 with torch 
 and compiled alike, and gone with the cuDNN backend disabled (docs/BENCHMARKS.md); a known defect
 (pytorch/pytorch#122695, #134001). Rollouts (forward only) ran fine with it, so only the update
 leaves it out: flash, memory-efficient and math attention remain.
+
+torch's compile caches (FX graph and AOTAutograd, on disk) do not key on the SDPA backends, so a
+graph compiled with cuDNN attention by an earlier run would be loaded again (seen on that H100): the
+update's compiles carry their own cache-key tag, which keeps them apart from such graphs.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
+import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 TRAINING_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+CACHE_TAG = "solrl-update-without-cudnn-attention"
 
 
-def training_attention() -> contextlib.AbstractContextManager:
-    """SDPA without cuDNN attention inside (any device: on a CPU it changes nothing that runs)."""
-    return sdpa_kernel(TRAINING_BACKENDS)
+@contextlib.contextmanager
+def training_attention() -> Iterator[None]:
+    """SDPA without cuDNN attention inside, compiled under its own cache-key tag (any device: on a
+    CPU it changes nothing that runs)."""
+    tag = torch.compiler.config.cache_key_tag
+    with sdpa_kernel(TRAINING_BACKENDS), torch.compiler.config.patch(cache_key_tag=f"{tag}+{CACHE_TAG}" if tag else CACHE_TAG):
+        yield

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from solrl_core import events as ev
+from solrl_core.attention import CACHE_TAG
 from solrl_core.errors import SolrlError
 from solrl_core.policy import OLD, TRAINED
 from solrl_core.presets import resolve_config
@@ -268,10 +269,11 @@ def test_the_update_trains_without_cudnn_attention(fast_sets, compiled, aot_eage
 
     def spy(network, *args):
         states.append((torch.is_grad_enabled(), torch.backends.cuda.cudnn_sdp_enabled()))
+        assert torch.compiler.config.cache_key_tag == CACHE_TAG  # not the cached graphs of an earlier run
         return real(network, *args)
 
     monkeypatch.setattr(run.model, "velocity", spy)
     assert torch.backends.cuda.cudnn_sdp_enabled()
     update(run, batch, np.random.default_rng(7))
     assert any(grad for grad, _ in states) and not any(cudnn for _, cudnn in states), states
-    assert torch.backends.cuda.cudnn_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() and torch.compiler.config.cache_key_tag == ""
