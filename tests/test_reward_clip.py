@@ -9,7 +9,6 @@ import math
 from pathlib import Path
 
 import huggingface_hub.constants
-import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
@@ -25,7 +24,9 @@ from transformers import (
 )
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
-from solrl_core.errors import SolrlError
+open_clip = pytest.importorskip("open_clip", reason="needs the rewards extra: pip install -e '.[rewards]'")
+
+from solrl_core.errors import SolrlError  # noqa: E402
 from solrl_core.rewards import RewardContext, build_reward
 from solrl_core.rewards.clip_rewards import ClipScore, PickScore, processor_geometry
 from solrl_core.rewards.hpsv2 import CHECKPOINT, HPSv2
