@@ -29,6 +29,11 @@ CACHE_TAG = "solrl-update-without-cudnn-attention"
 def training_attention() -> Iterator[None]:
     """SDPA without cuDNN attention inside, compiled under its own cache-key tag (any device: on a
     CPU it changes nothing that runs)."""
-    tag = torch.compiler.config.cache_key_tag
-    with sdpa_kernel(TRAINING_BACKENDS), torch.compiler.config.patch(cache_key_tag=f"{tag}+{CACHE_TAG}" if tag else CACHE_TAG):
+    config = getattr(torch.compiler, "config", None)  # torch >= 2.6; older versions have no cache-key tag
+    if config is None or not hasattr(config, "cache_key_tag"):
+        tagged = contextlib.nullcontext()
+    else:
+        tag = config.cache_key_tag
+        tagged = config.patch(cache_key_tag=f"{tag}+{CACHE_TAG}" if tag else CACHE_TAG)
+    with sdpa_kernel(TRAINING_BACKENDS), tagged:
         yield
