@@ -35,6 +35,7 @@ class TerminalDisplay:
                                  TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.description}"),
                                  console=self.console, transient=True)
         self.task: int | None = None
+        self.label = ""  # the bar's label between evaluations: the last iteration's reward
         self.first_eval: ev.EvalFinished | None = None
         self.last_eval: ev.EvalFinished | None = None
 
@@ -71,8 +72,9 @@ class TerminalDisplay:
         self.console.print(f"iter {e.iteration:>4}/{e.iterations}  reward {fmt(e.final.mean)}{draft}  "
                            f"loss {e.loss['loss']:.4f} kl {kl_text}  |  {' '.join(parts)}  total {s['total']:.2f}s"
                            f"{memory_text(e)}{warn}")
+        self.label = f"reward {fmt(e.final.mean)}"
         if self.task is not None:
-            self.progress.update(self.task, completed=e.iteration, description=f"reward {fmt(e.final.mean)}")
+            self.progress.update(self.task, completed=e.iteration, description=self.label)
 
     def on_compile_started(self, e: ev.CompileStarted) -> None:
         self.console.print(f"  compiling the {e.target} (torch.compile, once: minutes on a large model) ...")
@@ -89,6 +91,8 @@ class TerminalDisplay:
         if self.first_eval is None:
             self.first_eval = e
         self.last_eval = e
+        if self.task is not None:  # the evaluation is over: the bar no longer says it runs
+            self.progress.update(self.task, description=self.label)
         extras = "".join(f"  {k.split('.')[-1]} {v:.3f}" for k, v in e.extras.items())
         self.console.print(f"  eval ({e.weights} weights, {e.prompts}, {plural(e.samples, 'image')}): reward {fmt(e.mean)}{extras}  ({e.seconds:.1f}s)")
 

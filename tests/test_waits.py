@@ -115,6 +115,8 @@ def test_each_evaluation_is_announced_before_it_runs_in_every_view(fast_sets):
         state.apply(e)
     text = console.file.getvalue()
     assert f"evaluating the base weights on tinyworld_heldout ({started.samples} images) ..." in text
+    labels = [view.progress.tasks[view.task].description]  # after the run: the last evaluation has ended
+    assert labels == [view.label] and view.label.startswith("reward "), labels
     assert any("evaluating the ema weights on tinyworld_heldout" in line for line in state.log)
 
 
