@@ -63,8 +63,8 @@ def test_config_errors_are_answered_without_importing_torch(args, message, tmp_p
 
 
 def test_existing_run_dir_is_refused_before_anything_loads(tmp_path):
-    (tmp_path / "old").mkdir()
-    (tmp_path / "old" / "config.toml").write_text("")
+    (tmp_path / "old" / "checkpoints" / "iter_000001").mkdir(parents=True)  # a run with a checkpoint: one
+    (tmp_path / "old" / "config.toml").write_text("")  # without any starts again (test_stopping.py)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run([sys.executable, "-c", _PROBE, "train", "--run-dir", "old"], capture_output=True, text=True,
                           env=env, cwd=tmp_path, timeout=120)
