@@ -38,9 +38,13 @@ def repeated_blocks(module: nn.Module) -> list[nn.Module]:
     if names:
         return [m for m in module.modules() if type(m).__name__ in names]
     found: list[nn.Module] = []
-    for child in module.modules():
+    inside: list[str] = []  # names of the blocks found: lists within them are theirs, not blocks of their own
+    for name, child in module.named_modules():
+        if any(name.startswith(f"{block}.") for block in inside):
+            continue
         if isinstance(child, nn.ModuleList) and len(child) >= 2 and len({type(m) for m in child}) == 1:
             found.extend(child)
+            inside.extend(f"{name}.{i}" if name else str(i) for i in range(len(child)))
     return found
 
 

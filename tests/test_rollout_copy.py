@@ -277,3 +277,24 @@ def test_the_update_trains_without_cudnn_attention(fast_sets, compiled, aot_eage
     update(run, batch, np.random.default_rng(7))
     assert any(grad for grad, _ in states) and not any(cudnn for _, cudnn in states), states
     assert torch.backends.cuda.cudnn_sdp_enabled() and torch.compiler.config.cache_key_tag == ""
+
+
+def test_the_repeated_blocks_are_the_stacks_of_identical_blocks_and_nothing_inside_them():
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pair = nn.ModuleList([nn.Linear(4, 4), nn.Linear(4, 4)])  # identical, but inside a block
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([Block() for _ in range(3)])
+            self.mixed = nn.ModuleList([nn.Linear(4, 4), nn.ReLU()])  # not a stack of one class
+
+    net = Net()
+    assert repeated_blocks(net) == list(net.blocks)
+    net._repeated_blocks = ["Linear"]  # a model that declares its blocks (diffusers' attribute) is taken at its word
+    assert repeated_blocks(net) == [m for m in net.modules() if isinstance(m, nn.Linear)]
+    assert repeated_blocks(nn.Linear(4, 4)) == []
