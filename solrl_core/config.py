@@ -62,6 +62,10 @@ class ModelConfig:
     quant_fused: tuple[str, ...] = _f((), "Groups of sibling projections the official model holds as one fused layer, as "
                                           "'a+b' suffixes (SANA: attn2.to_k+attn2.to_v is cross_attn.kv_linear): the size "
                                           "rule sees the group's summed output width.")
+    max_sequence_length: int = _f(0, "T5 tokens each prompt is encoded to (flux1 and sd3 loaders; neither masks the padding, "
+                                     "so it changes every velocity): 0 = the pipeline's own default (FluxPipeline 512, "
+                                     "StableDiffusion3Pipeline 256). The official Sol-RL scripts use 128 (train_flux1.py, "
+                                     "train_sd3.py: TEXT_ENCODER_MAX_SEQ_LEN), which the flux1 and sd3 presets set.")
     prompt_instruction: bool = _f(False, "SANA: prefix prompts with SanaPipeline's complex human instruction (diffusers' "
                                          "default); the official Sol-RL code encodes prompts without it.")
 
@@ -241,7 +245,14 @@ class Config:
         parse_timeout(self.reward.timeout_s)
         check_names(self.reward.weights, self.reward.paths)
         _check_model_path(self.model)
+        if self.model.max_sequence_length and self.model.loader not in T5_LOADERS:
+            raise SolrlError(f"model.max_sequence_length={self.model.max_sequence_length} applies to the T5-encoded models "
+                             f"({', '.join(T5_LOADERS)}), not to loader {self.model.loader}",
+                             "drop the setting (this model's encoder length is fixed by its pipeline)")
         return self
+
+
+T5_LOADERS = ("flux1", "sd3")  # the loaders that read model.max_sequence_length
 
 
 def _check_model_path(model: ModelConfig) -> None:

@@ -72,7 +72,9 @@ after its increment) are the official ones. Where this differs from it, and why:
   whose update has not begun (redone exactly on resume), and a stop skips an evaluation that was
   due; the official scripts have no stop handling. Neither changes a run that is not stopped.
 - `model.prompt_instruction` (off, as the official code) can prefix SANA prompts with the complex
-  human instruction that SanaPipeline.__call__ adds by default.
+  human instruction that SanaPipeline.__call__ adds by default; `model.max_sequence_length` (128 in
+  the flux1 and sd3 presets, as train_flux1.py:94 and train_sd3.py:81) can give T5 the pipelines'
+  own 512 / 256 tokens.
 """
 
 from __future__ import annotations

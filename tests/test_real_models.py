@@ -77,6 +77,8 @@ def test_rollout_matches_the_diffusers_pipeline(name, folders):
         kwargs.update(guidance_scale=0.0)
     if name == "sana":  # solrl encodes as the official code does: no complex human instruction
         kwargs.update(use_resolution_binning=False, complex_human_instruction=None)
+    if _model_config(name, folders[name]).max_sequence_length:  # the official T5 length (flux1, sd3 presets)
+        kwargs.update(max_sequence_length=_model_config(name, folders[name]).max_sequence_length)
     latents = noise
     if name in PACKED:
         from solrl_core.models.flux import pack
@@ -99,6 +101,27 @@ def test_rollout_matches_the_diffusers_pipeline(name, folders):
     assert torch.allclose(ours, theirs, atol=1e-5), (ours - theirs).abs().max()
     images = pipe(latents=latents, output_type="pt", **{**kwargs, "prompt": list(prompts)})[0]
     assert torch.allclose(model.decode(ours), images, atol=1e-4)
+
+
+@pytest.mark.parametrize("name, default", [("flux1", 512), ("sd3", 256)])
+def test_t5_prompts_are_encoded_at_the_official_length_or_the_pipelines(name, default, folders):
+    """The flux1 and sd3 presets encode T5 at 128 tokens, as the official scripts do; 0 gives the
+    pipeline's own default. Either way the embeddings are the pipeline's own at that length."""
+    prompts = ["a red circle", "two blue squares"]
+    pipe = _pipeline(name, folders[name])
+    assert resolve_config(name, "sol_rl").model.max_sequence_length == 128
+    for setting, tokens in ((128, 128), (0, default)):
+        cond = load_model(_model_config(name, folders[name], f"model.max_sequence_length={setting}"), CPU,
+                          torch.float32).encode(prompts)
+        if name == "flux1":
+            embeds = pipe.encode_prompt(prompts, prompt_2=None, max_sequence_length=tokens)[0]
+        else:
+            embeds = pipe.encode_prompt(prompts, prompt_2=None, prompt_3=None, do_classifier_free_guidance=False,
+                                        max_sequence_length=tokens)[0]
+        assert cond.embeds.shape[1] == embeds.shape[1] == tokens + (77 if name == "sd3" else 0)
+        assert torch.allclose(cond.embeds, embeds.float(), atol=1e-3), setting  # float rounding of two loads
+    with pytest.raises(SolrlError, match="model.max_sequence_length=64 applies to the T5-encoded models"):
+        resolve_config("sana", "sol_rl", sets=["model.max_sequence_length=64"]).validate()
 
 
 def test_sana_prompts_carry_no_instruction_unless_asked(folders):

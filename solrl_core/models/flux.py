@@ -5,7 +5,8 @@ training loss stay generic; `velocity` packs 2x2 patches into tokens, adds the i
 position ids and unpacks the prediction, as FluxPipeline does. The transformer takes the timestep
 as sigma (FluxPipeline passes timestep / 1000) and, for guidance-distilled checkpoints
 (FLUX.1-dev: `guidance_embeds`), a guidance value fixed at 1.0 (Sol-RL samples without guidance).
-Prompts: CLIP pooled output plus T5 token embeddings at max_sequence_length 512, via
+Prompts: CLIP pooled output plus T5 token embeddings at `model.max_sequence_length` tokens (the
+preset's 128, as the official train_flux1.py:94 TEXT_ENCODER_MAX_SEQ_LEN; 0: FluxPipeline's 512), via
 FluxPipeline's own `encode_prompt`; FLUX uses no text attention mask, so the mask is all ones.
 """
 
@@ -17,7 +18,7 @@ from torch import nn
 from solrl_core.models.base import Conditioning, DiffusionModel
 from solrl_core.models.diffusers_models import Components, TextEncoders, scaled_decode
 
-MAX_SEQUENCE_LENGTH = 512
+MAX_SEQUENCE_LENGTH = 512  # FluxPipeline's default, for model.max_sequence_length = 0
 GUIDANCE = 1.0
 
 
@@ -35,10 +36,11 @@ def build_flux(parts: Components) -> DiffusionModel:
     channels = vae.config.latent_channels
     latent_shape = (channels, side, side)
     encoders = TextEncoders([text_encoder, text_encoder_2], parts.device)
+    tokens = parts.cfg.max_sequence_length or MAX_SEQUENCE_LENGTH
 
     def encode(prompts: list[str]) -> Conditioning:
         with encoders.on_device():
-            embeds, pooled, _ = pipe.encode_prompt(prompts, device=parts.device, max_sequence_length=MAX_SEQUENCE_LENGTH)
+            embeds, pooled, _ = pipe.encode_prompt(prompts, device=parts.device, max_sequence_length=tokens)
         mask = torch.ones(embeds.shape[:2], dtype=torch.long)
         return Conditioning(embeds.cpu(), mask, pooled.cpu())
 

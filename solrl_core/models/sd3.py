@@ -2,7 +2,8 @@
 
 Prompts are encoded by StableDiffusion3Pipeline's own `encode_prompt`: the two CLIP penultimate
 hidden states concatenated and zero-padded to T5's width, followed by T5's tokens at
-max_sequence_length 256; pooled = both CLIP projections concatenated. SD3 uses no text attention
+`model.max_sequence_length` (the preset's 128, as the official train_sd3.py:81 TEXT_ENCODER_MAX_SEQ_LEN;
+0: the pipeline's 256); pooled = both CLIP projections concatenated. SD3 uses no text attention
 mask (all ones here). The transformer takes timesteps on the 0..1000 scale (sigma * 1000), as the
 pipeline passes them. Latents: the VAE's 16 channels at H/8, shifted and scaled by its factors.
 """
@@ -15,7 +16,7 @@ from torch import nn
 from solrl_core.models.base import Conditioning, DiffusionModel
 from solrl_core.models.diffusers_models import Components, TextEncoders, scaled_decode
 
-MAX_SEQUENCE_LENGTH = 256
+MAX_SEQUENCE_LENGTH = 256  # StableDiffusion3Pipeline's default, for model.max_sequence_length = 0
 
 
 def build_sd3(parts: Components) -> DiffusionModel:
@@ -40,7 +41,7 @@ def build_sd3(parts: Components) -> DiffusionModel:
         with on_device():
             embeds, _, pooled, _ = pipe.encode_prompt(prompts, prompt_2=None, prompt_3=None, device=parts.device,
                                                       do_classifier_free_guidance=False,
-                                                      max_sequence_length=MAX_SEQUENCE_LENGTH)
+                                                      max_sequence_length=parts.cfg.max_sequence_length or MAX_SEQUENCE_LENGTH)
         mask = torch.ones(embeds.shape[:2], dtype=torch.long)
         return Conditioning(embeds.cpu(), mask, pooled.cpu())
 
