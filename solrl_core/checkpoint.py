@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import shutil
 import time
 from pathlib import Path
@@ -35,20 +34,9 @@ from solrl_core.errors import SolrlError
 from solrl_core.faults import disk
 from solrl_core.faults.manifest import verify, write_manifest
 from solrl_core.policy import LORA_FILE, OLD, TRAINED, Policy
+from solrl_core.rundir import checkpoint_dir, list_checkpoints
 
-_NAME = re.compile(r"^iter_(\d{6})$")
 TMP_PREFIX = ".tmp-"  # a checkpoint being written: checkpoints/.tmp-iter_NNNNNN-<pid>-<ns>
-
-
-def checkpoint_dir(run_dir: Path) -> Path:
-    return run_dir / "checkpoints"
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    folder = checkpoint_dir(run_dir)
-    if not folder.is_dir():
-        return []
-    return sorted(p for p in folder.iterdir() if p.is_dir() and _NAME.match(p.name))
 
 
 def save_checkpoint(run_dir: Path, iteration: int, policy: Policy, optimizer: torch.optim.Optimizer,

@@ -52,12 +52,12 @@ REWARD_DOWNLOAD_GB = {"imagereward": 1.8, "pickscore": 4.0, "clipscore": 1.7, "h
 # refresh) AND a cached quantized weight (quantize.py): 1 byte more per weight for fp8, a second
 # copy at the run dtype for the emulation.
 COPY_BYTES = {"nvfp4": 1.0, "bf16": 2.0, "fp32": 4.0}
-OVERHEAD_GIB = 1.5
+OVERHEAD_GIB = 1.5  # CUDA context, LoRA + AdamW state, one VAE decode chunk, allocator slack
 # Training activations of a torch.compile'd update (optimizer.compile, regions.py) over eager ones,
 # without checkpointing: SANA-1.6B at micro-batch 16 on an H100 peaked at 55.97 GiB (sol_rl) and
 # 52.02 GiB (compile family) with the update compiled, about 2.8 GiB a sample where the eager
 # update took 3.55 (docs/BENCHMARKS.md, 2026-11-24). One model measured: APPROXIMATE for the others.
-COMPILED_ACTIVATION_SHARE = 0.79  # CUDA context, LoRA + AdamW state, one VAE decode chunk, allocator slack
+COMPILED_ACTIVATION_SHARE = 0.79
 
 
 def model_size(cfg: Config) -> ModelSize:

@@ -48,11 +48,6 @@ def repeated_blocks(module: nn.Module) -> list[nn.Module]:
     return found
 
 
-def compile_module(module: nn.Module, mode: str = "default") -> "CompiledBlocks":
-    """`module` compiled block by block, the blocks on from now on."""
-    return CompiledBlocks(module, mode)
-
-
 class CompiledBlocks:
     """`module` with its repeated blocks torch.compile'd (the whole module where it has none)."""
 
@@ -69,11 +64,6 @@ class CompiledBlocks:
         self.active = False
         if active:
             self._set(True)
-
-    @property
-    def whole(self) -> bool:
-        """Whether the module had no repeated blocks and is compiled whole."""
-        return self.regions == [self.module]
 
     def _set(self, on: bool) -> None:
         for region, compiled in zip(self.regions, self._compiled):

@@ -54,12 +54,24 @@ def save_run_config(run_dir: Path, config: Config) -> None:
     write_atomic(run_dir / CONFIG_FILE, tomli_w.dumps(to_dict(config)))
 
 
+CHECKPOINT_NAME = re.compile(r"^iter_(\d{6})$")  # checkpoints/iter_NNNNNN (checkpoint.py writes them)
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return run_dir / "checkpoints"
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    folder = checkpoint_dir(run_dir)
+    if not folder.is_dir():
+        return []
+    return sorted(p for p in folder.iterdir() if p.is_dir() and CHECKPOINT_NAME.match(p.name))
+
+
 def restarts(run_dir: str | Path) -> bool:
     """Whether `run_dir` holds a run that never saved a checkpoint (stopped or killed before its first):
     a resume or a new run there starts it again from iteration 0, losing nothing."""
-    folder = Path(run_dir) / "checkpoints"
-    saved = folder.is_dir() and any(p.is_dir() and re.fullmatch(r"iter_\d{6}", p.name) for p in folder.iterdir())
-    return (Path(run_dir) / CONFIG_FILE).exists() and not saved
+    return (Path(run_dir) / CONFIG_FILE).exists() and not list_checkpoints(Path(run_dir))
 
 
 def check_new_run_dir(run_dir: str | Path) -> None:

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from solrl_core import distributed
+from solrl_core.attention import training_attention
 from solrl_core.checkpoint import checkpoint_to_resume, list_checkpoints, load_checkpoint, remove_orphans, set_aside_newer
 from solrl_core.config import Config
 from solrl_core.device import resolve_device, resolve_dtype
@@ -40,7 +41,6 @@ from solrl_core.precision.resolve import MachinePlan, resolve_machine
 from solrl_core.prompts import check_split, load_prompts
 from solrl_core.rewards import RewardSet
 from solrl_core.rewards.health import RewardHealth
-from solrl_core.attention import training_attention
 from solrl_core.regions import CompiledBlocks
 from solrl_core.rollout import RolloutCopy
 from solrl_core.rundir import CONFIG_FILE, fresh_run_dir, restarts, save_run_config, write_atomic

@@ -101,11 +101,12 @@ def roll_out(run: Run, draws: Draws, steps: int, explore: bool) -> RolloutBatch:
     """Generate and score on the explore copy (explore=True, when there is one), else at full precision:
     on the rollout copy (base + old merged) when the run keeps one, or on the policy's old adapter."""
     copy_ = run.explore_copy if explore and run.explore_copy is not None else run.rollout_copy
+    plain = contextlib.nullcontext()
     if copy_ is not None:
-        network, dtype, cast = contextlib.nullcontext(copy_.forward), copy_.dtype, contextlib.nullcontext()
+        network, dtype, cast, scope = contextlib.nullcontext(copy_.forward), copy_.dtype, plain, plain
     else:
-        network, dtype, cast = run.policy.use(OLD), run.dtype, autocast(run)
-    with network as net, cast, (contextlib.nullcontext() if copy_ is not None else run.rollout_scope()):
+        network, dtype, cast, scope = run.policy.use(OLD), run.dtype, autocast(run), run.rollout_scope()
+    with network as net, cast, scope:
         return rollout(run.model, net, dtype, run.sampler, steps, draws, run.conditioning(draws.prompts), run.rewards)
 
 

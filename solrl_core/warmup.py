@@ -38,7 +38,7 @@ def warm_up_compiled(run: Run, bus: ev.EventBus) -> None:
         t0 = time.perf_counter()
         with run.update_scope():
             _warm_up_update(run, sizes["update"])
-            if run.rollout_copy is None and run.machine.policy_rollout_compile:
+            if run.machine.policy_rollout_compile:  # implies no rollout copy
                 _warm_up_policy_rollouts(run, sizes["rollout copy"])
         bus.emit(ev.CompileFinished(target="update", seconds=time.perf_counter() - t0))
 

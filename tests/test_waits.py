@@ -143,8 +143,8 @@ def test_grids_carry_prompt_seed_and_reward_labels():
 
 @pytest.mark.slow
 def test_compiling_on_a_cpu_leaks_no_cuda_home_warning(tmp_path):
-    code = ("import torch\nfrom solrl_core.regions import compile_module\n"
-            "m = compile_module(torch.nn.Linear(4, 4))\nm(torch.randn(2, 4, requires_grad=True)).sum().backward()\n"
+    code = ("import torch\nfrom solrl_core.regions import CompiledBlocks\n"
+            "m = CompiledBlocks(torch.nn.Linear(4, 4))\nm(torch.randn(2, 4, requires_grad=True)).sum().backward()\n"
             "print('ran')\n")  # the backward compile imports cpp_extension
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_HOME": "/usr/local", "CUDA_VISIBLE_DEVICES": "",
            "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")}

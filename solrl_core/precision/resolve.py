@@ -90,7 +90,7 @@ def resolve_machine(cfg: Config, device: torch.device, dtype_name: str, gpu: Gpu
         precision, why = auto_explore_precision(gpu, dtype_name)
     else:
         precision, why = cfg.explore.precision, "as configured"
-    explore_compile = _switch(cfg.explore.compile, cuda)
+    explore_compile, update_compile = _switch(cfg.explore.compile, cuda), _switch(cfg.optimizer.compile, cuda)
     if cuda and precision == "fp8" and not explore_compile:
         explore_compile = True
         why += f"; compiled although explore.compile=false: {FP8_EAGER_SLOWER}"
@@ -115,13 +115,12 @@ def resolve_machine(cfg: Config, device: torch.device, dtype_name: str, gpu: Gpu
         ckpt, ckpt_why = False, "off on a CPU"
     else:
         full = estimate_memory(cfg, precision, dtype_name, checkpointing=False, rollout_copy=copy,
-                               compiled_update=_switch(cfg.optimizer.compile, cuda)).peak
+                               compiled_update=update_compile).peak
         ckpt = full > budget
         ckpt_why = (f"estimated peak without it {full:.1f} GiB, {'over' if ckpt else 'within'} {budget:.1f} GiB at "
                     f"micro-batch {cfg.optimizer.micro_batch}")
     return MachinePlan(explore_precision=precision, explore_why=why, explore_compile=explore_compile,
                        rollout_copy=copy, rollout_copy_why=copy_why,
                        rollout_compile=copy and (family == "compile" or _switch(cfg.sampler.compile, cuda)),
-                       checkpointing=ckpt, checkpointing_why=ckpt_why, update_compile=_switch(cfg.optimizer.compile, cuda),
-                       policy_rollout_compile=(not copy and _switch(cfg.optimizer.compile, cuda)
-                                               and _switch(cfg.sampler.compile, cuda)))
+                       checkpointing=ckpt, checkpointing_why=ckpt_why, update_compile=update_compile,
+                       policy_rollout_compile=not copy and update_compile and _switch(cfg.sampler.compile, cuda))
