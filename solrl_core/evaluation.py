@@ -64,7 +64,7 @@ def _score(model: DiffusionModel, policy: Policy, rewards: RewardSet, sampler: S
         latents = Sampler.of(sampler).generate(model, net, cond, seeds, sampler.eval_steps, dtype)
     images = decode_in_chunks(model, latents, sampler.rollout_batch)
     scores = rewards(images, flat)
-    return Evaluation(weights, prompts, seeds, scores, rewards.summary(scores), time.perf_counter() - t0), images
+    return Evaluation(weights, prompts, seeds, scores, rewards.summary(scores, flat), time.perf_counter() - t0), images
 
 
 @dataclass(frozen=True)

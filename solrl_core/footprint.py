@@ -89,7 +89,8 @@ def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16
     """Peak GPU memory ESTIMATE for one process, GiB, from approximate model sizes (`MODEL_SIZES`);
     `explore_precision` is the resolved one (see resolve.py):
 
-        policy        = transformer params x bytes of the run dtype (the LoRA adapters are negligible)
+        policy        = transformer params x bytes of the run dtype (4 with model.train_precision = fp32-base;
+                        the LoRA adapters are negligible)
         explore copy  = transformer params x COPY_BYTES[precision] when the family explores at a precision other
                         than the run dtype; nvfp4-emulated: 2 x the run dtype (weights + cached fake-quantized
                         weights); fp8: the run dtype + 1 byte (weights + cached e4m3 weights)
@@ -105,14 +106,15 @@ def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16
     gib = 1e9 / 2**30  # billions of bytes -> GiB
     copy = 0.0
     if plan.explore_precision != dtype_name:
-        per_param = {"nvfp4-emulated": 2 * width, "fp8": width + 1}.get(plan.explore_precision) \
+        per_param = {"nvfp4-emulated": 2 * width, "fp8-e5m2-tensor": 2 * width, "fp8": width + 1}.get(plan.explore_precision) \
             or COPY_BYTES.get(plan.explore_precision, width)
         copy = size.transformer_b * per_param * gib
     per_sample = size.activation_gib if checkpointing else size.activation_full_gib
     if compiled_update and not checkpointing:
         per_sample *= COMPILED_ACTIVATION_SHARE
     full_copy = size.transformer_b * width * gib
-    return MemoryEstimate(policy=size.transformer_b * width * gib, explore_copy=copy, vae=size.vae_b * width * gib,
+    base = 4.0 if cfg.model.train_precision == "fp32-base" else width  # an fp32 policy base under a bf16 run
+    return MemoryEstimate(policy=size.transformer_b * base * gib, explore_copy=copy, vae=size.vae_b * width * gib,
                           text_encoders=size.text_encoders_b * width * gib,
                           activations=cfg.optimizer.micro_batch * per_sample * width / 2, overhead=OVERHEAD_GIB,
                           rollout_copy=full_copy if rollout_copy else 0.0, rollout_copy_size=full_copy)

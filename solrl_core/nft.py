@@ -14,7 +14,8 @@ import torch
 
 
 def group_advantages(rewards: torch.Tensor, groups: torch.Tensor, clip: float) -> torch.Tensor:
-    """A = (r - mean of its prompt's group) / (std over every reward of the iteration + 1e-4), clipped."""
+    """A = (r - mean over the samples of its key in `groups`) / (std over every reward of the iteration + 1e-4),
+    clipped. The trainer's keys are prompt texts (`stages.advantages`), so equal prompts share one mean."""
     rewards = rewards.float()
     means = torch.zeros_like(rewards)
     for g in groups.unique():

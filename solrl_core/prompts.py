@@ -1,7 +1,9 @@
-"""Training prompts: a built-in set by name or a user file, and their split across ranks."""
+"""Training prompts: a built-in set, a download set, a file, a saved dataset or a hub dataset
+(`prompt_sets.py` reads the spec and the tables), and their split across ranks."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from importlib import resources
 from pathlib import Path
@@ -9,6 +11,11 @@ from pathlib import Path
 import numpy as np
 
 from solrl_core.errors import SolrlError, close_matches
+from solrl_core.prompt_sets import (DEFAULT_COLUMN, PromptSpec, download_sets, fetch_download, hub_offline, load_hub,
+                                    load_saved, load_table, parse_spec)
+
+TABLES = (".parquet", ".csv")
+FORMATS = "a .txt, .jsonl, .parquet or .csv file, a save_to_disk folder, or hf:OWNER/NAME[@SPLIT][:COLUMN]"
 
 
 def builtin_sets() -> list[str]:
@@ -17,24 +24,58 @@ def builtin_sets() -> list[str]:
 
 
 def load_prompts(spec: str) -> list[str]:
-    """A built-in set name, a .txt file (one prompt per line, '#' comments) or a .jsonl file."""
-    path = Path(spec)
-    if spec in builtin_sets() and not path.exists():
-        text = (resources.files("solrl_presets") / "prompts" / f"{spec}.txt").read_text(encoding="utf-8")
-        return _parse_lines(text, spec)
+    """The prompts `spec` names (see `prompt_sets` for the syntax): a built-in or download set, a file,
+    a `save_to_disk` folder or a hub dataset."""
+    parsed = parse_spec(spec)
+    if parsed.hub:
+        return load_hub(parsed)
+    path = Path(parsed.source)
     if not path.exists():
-        if path.suffix in (".txt", ".jsonl", ".json") or "/" in spec:
-            raise SolrlError(f"prompt file {spec} does not exist", "check the path given to --prompts")
-        raise SolrlError(f"unknown prompt set '{spec}'", close_matches(spec, builtin_sets()) + " or pass a .txt / .jsonl file")
+        return _named(parsed, spec)
     if path.is_dir():
-        raise SolrlError(f"--prompts {spec} is a folder", "pass a .txt file (one prompt per line) or a .jsonl file")
+        return load_saved(path, parsed)
+    _no_split(parsed, path.name)
+    if path.suffix in TABLES:
+        return load_table(path, parsed)
+    return _parse_file(path, parsed)
+
+
+def _named(parsed: PromptSpec, spec: str) -> list[str]:
+    name = parsed.source
+    downloads = download_sets()
+    if name in builtin_sets():
+        _no_split(parsed, f"built-in set {name}")
+        _no_column(parsed, f"built-in set {name}")
+        text = (resources.files("solrl_presets") / "prompts" / f"{name}.txt").read_text(encoding="utf-8")
+        return _parse_lines(text, name)
+    if name in downloads:
+        _no_split(parsed, f"prompt set {name}")
+        return _parse_file(fetch_download(downloads[name], hub_offline()), parsed)
+    if Path(name).suffix in (".txt", ".jsonl", ".json", *TABLES) or "/" in name:
+        raise SolrlError(f"prompt file {name} does not exist", "check the path given to --prompts")
+    raise SolrlError(f"unknown prompt set '{spec}'", close_matches(name, builtin_sets() + sorted(downloads)) + f" or pass {FORMATS}")
+
+
+def _no_split(parsed: PromptSpec, what: str) -> None:
+    if parsed.split:
+        raise SolrlError(f"{what} has no splits, but --prompts names @{parsed.split}", f"drop @{parsed.split}")
+
+
+def _no_column(parsed: PromptSpec, what: str) -> None:
+    if parsed.column:
+        raise SolrlError(f"{what} is one prompt a line, without columns, but --prompts names :{parsed.column}",
+                         f"drop :{parsed.column}")
+
+
+def _parse_file(path: Path, parsed: PromptSpec) -> list[str]:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as exc:
-        raise SolrlError(f"prompt file {spec} is not UTF-8 text", "save it as UTF-8") from exc
+        raise SolrlError(f"prompt file {path} is not UTF-8 text", "save it as UTF-8") from exc
     if path.suffix == ".jsonl":
-        return _parse_jsonl(text, spec)
-    return _parse_lines(text, spec)
+        return _parse_jsonl(text, str(path), parsed.column or DEFAULT_COLUMN)
+    _no_column(parsed, f"{path}")
+    return _parse_lines(text, str(path))
 
 
 def _parse_lines(text: str, source: str) -> list[str]:
@@ -44,7 +85,8 @@ def _parse_lines(text: str, source: str) -> list[str]:
     return prompts
 
 
-def _parse_jsonl(text: str, source: str) -> list[str]:
+def _parse_jsonl(text: str, source: str, key: str) -> list[str]:
+    example = f'each line must be like {{"{key}": "a red fox"}}'
     prompts = []
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -52,14 +94,22 @@ def _parse_jsonl(text: str, source: str) -> list[str]:
         try:
             row = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise SolrlError(f"{source} line {number} is not valid JSON: {exc.msg}", 'each line must be like {"prompt": "a red fox"}') from exc
-        prompt = row.get("prompt") if isinstance(row, dict) else None
+            raise SolrlError(f"{source} line {number} is not valid JSON: {exc.msg}", example) from exc
+        prompt = row.get(key) if isinstance(row, dict) else None
         if not isinstance(prompt, str) or not prompt.strip():
-            raise SolrlError(f"{source} line {number} has no \"prompt\" text", 'each line must be like {"prompt": "a red fox"}')
+            keys = f" (its keys: {', '.join(row)})" if isinstance(row, dict) and key not in row else ""
+            fix = f"name the prompt key: --prompts {source}:KEY" if keys else example
+            raise SolrlError(f"{source} line {number} has no \"{key}\" text{keys}", fix)
         prompts.append(prompt.strip())
     if not prompts:
-        raise SolrlError(f"prompt file {source} holds no prompts", 'write one JSON object per line: {"prompt": "..."}')
+        raise SolrlError(f"prompt file {source} holds no prompts", f'write one JSON object per line: {{"{key}": "..."}}')
     return prompts
+
+
+def text_keys(prompts: list[str]) -> list[int]:
+    """One integer per prompt, equal for equal texts on every rank and run (a 62-bit BLAKE2 digest):
+    the advantages' per-prompt statistics pool the samples of one text, whichever group drew them."""
+    return [int.from_bytes(hashlib.blake2b(p.encode("utf-8"), digest_size=8).digest(), "little") >> 2 for p in prompts]
 
 
 def prompts_for_iteration(prompts: list[str], count: int, rng: np.random.Generator) -> list[str]:

@@ -21,7 +21,7 @@ from solrl_core.faults import guard
 from solrl_core.loop_state import LoopState
 from solrl_core.nft import combined_advantages
 from solrl_core.policy import OLD
-from solrl_core.prompts import prompts_for_iteration, shard
+from solrl_core.prompts import prompts_for_iteration, shard, text_keys
 from solrl_core.rollout import Draws, RolloutBatch, rollout
 from solrl_core.selection import select
 from solrl_core.session import Run
@@ -36,6 +36,7 @@ class GlobalScores:
     components: dict[str, torch.Tensor]  # [W * B] per reward
     groups: torch.Tensor  # [W * B] global prompt-group index
     local: slice  # this rank's samples
+    texts: torch.Tensor  # [W * B] key of each sample's prompt text (prompts.text_keys): advantages pool by it
 
     def only(self, valid: torch.Tensor) -> "GlobalScores":
         """Restricted to the `valid` samples (the same object when all are)."""
@@ -43,7 +44,7 @@ class GlobalScores:
             return self
         start = int(valid[:self.local.start].sum())
         return GlobalScores(self.rewards[valid], {k: v[valid] for k, v in self.components.items()}, self.groups[valid],
-                            slice(start, start + int(valid[self.local].sum())))
+                            slice(start, start + int(valid[self.local].sum())), self.texts[valid])
 
     def stats(self) -> ev.RewardStats:
         r = self.rewards.float()
@@ -114,12 +115,13 @@ def gather_scores(run: Run, batch: RolloutBatch) -> GlobalScores:
     """The rewards of `batch` on every rank, gathered (one process: the batch's own)."""
     n = len(batch.prompts)
     local = slice(run.rank * n, (run.rank + 1) * n)
+    texts = torch.tensor(text_keys(batch.prompts), dtype=torch.long)
     if run.world_size == 1:
-        return GlobalScores(batch.rewards, batch.components, batch.groups, local)
+        return GlobalScores(batch.rewards, batch.components, batch.groups, local, texts)
     names = sorted(batch.components)
     table = distributed.all_gather_tensor(torch.stack([batch.rewards.float(), *(batch.components[k].float() for k in names)], dim=1))
     return GlobalScores(table[:, 0], {k: table[:, 1 + i] for i, k in enumerate(names)},
-                        distributed.all_gather_tensor(batch.groups), local)
+                        distributed.all_gather_tensor(batch.groups), local, distributed.all_gather_tensor(texts))
 
 
 def score_drafts(run: Run, state: LoopState, bus: ev.EventBus, drafts: RolloutBatch) -> Scored:
@@ -207,9 +209,13 @@ def _count_step(run: Run, state: LoopState, bus: ev.EventBus, result: UpdateResu
 
 
 def advantages(run: Run, scores: GlobalScores, clip: float) -> torch.Tensor:
-    """Advantages of every rank's samples (the std is over all of them)."""
+    """Advantages of every rank's samples (the std is over all of them). The mean is per prompt text, not
+    per group: groups that drew the same text (a set smaller than an iteration, or repeated lines) share
+    one mean, on whichever ranks they ran, as the official PerPromptStatTracker does on the gathered
+    prompts (NVlabs/DiffusionNFT flow_grpo/stat_tracking.py:15-31, scripts/train_nft_sd3.py:744-750).
+    Within one group this shifts every sample alike, so the K-of-N ranking is unchanged."""
     reward = run.config.reward
-    return combined_advantages(scores.rewards, scores.components, reward.weights, scores.groups, reward.aggregation, clip)
+    return combined_advantages(scores.rewards, scores.components, reward.weights, scores.texts, reward.aggregation, clip)
 
 
 def rank_check_due(run: Run, state: LoopState) -> bool:

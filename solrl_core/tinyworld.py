@@ -195,3 +195,16 @@ def prompt_set(split: str, count: int, seed: int = 1234) -> list[str]:
         per_kind[spec.kind] += 1
         out.append(text)
     raise ValueError(f"the {split} split has fewer than {count} distinct prompts balanced over {kinds}")
+
+
+def every_heldout_prompt() -> list[str]:
+    """Every caption the grammar has on held-out pairs (each binding order, each relation), after
+    every single-object caption (object, count: all seen in pre-training, as no single object can be
+    held out): the whole evaluation world, by kind."""
+    objects = [(c, s) for c in COLORS for s in SHAPES]
+    pairs = [(a, b) for a in objects for b in objects if a != b and _pair_is_heldout(a, b)]
+    specs = [Spec("object", ((c, s, 1),)) for c, s in objects]
+    specs += [Spec("count", ((c, s, n),)) for c, s in objects for n in (2, 3)]
+    specs += [Spec("binding", ((*a, 1), (*b, 1))) for a, b in pairs]
+    specs += [Spec("position", ((*a, 1), (*b, 1)), rel) for a, b in pairs for rel in RELATIONS]
+    return [describe(spec) for spec in specs]

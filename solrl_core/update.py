@@ -17,6 +17,7 @@ from solrl_core.nft import nft_loss
 from solrl_core.policy import OLD
 from solrl_core.rollout import RolloutBatch
 from solrl_core.session import Run
+from solrl_core.sharding import sync_gradients
 
 
 @dataclass(frozen=True)
@@ -62,13 +63,24 @@ def update(run: Run, batch: RolloutBatch, advantages: torch.Tensor, rng: np.rand
     run.optimizer.zero_grad(set_to_none=True)
     sums = torch.zeros(4, dtype=torch.float64)  # loss, policy, kl, non-finite terms
     with charged_to("update"), run.update_scope():
+        mine = per_sample * math.ceil(n / micro)
+        # sharded, every rank runs as many forwards and backwards (each gathers weights from all): as the
+        # rank with most (samples with a non-finite reward are dropped per rank)
+        backwards = int(distributed.all_reduce(torch.tensor([mine]), "max").item()) if run.sharded else mine
         for j in range(per_sample):
             for start in range(0, n, micro):
+                backwards -= 1
+                sync_gradients(policy.transformer, backwards == 0)  # fsdp: reduced over the ranks once, at the last
                 chunk = slice(start, min(start + micro, n))
                 eps = torch.stack([torch.randn(batch.latents.shape[1:], generator=g) for g in gens[chunk]])
                 sums += _micro_step(run, batch.latents[chunk], grid[picks[chunk, j]], eps, cond[chunk], advantages[chunk],
                                     (chunk.stop - chunk.start) / pairs)
-        distributed.all_reduce_mean_grads(params)  # every rank now holds the same gradient, so takes the same step
+        while backwards > 0:
+            backwards -= 1
+            sync_gradients(policy.transformer, backwards == 0)
+            _idle_step(run, grid)
+        if not run.sharded:  # sharded, FSDP averaged them in the last backward
+            distributed.all_reduce_mean_grads(params)  # every rank now holds the same gradient, so takes the same step
         clip = cfg.optimizer.grad_clip
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
         stepped = bool(torch.isfinite(grad_norm)) and any(p.grad is not None for p in params)  # a NaN step would poison the weights
@@ -87,21 +99,34 @@ def _micro_step(run: Run, x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tens
     x0, sigma, eps, cond, adv = x0.to(device), sigma.to(device), eps.to(device), cond.to(device), adv.to(device)
     s = sigma.view(-1, 1, 1, 1)
     xt = (1 - s) * x0 + s * eps
+    # The three forwards get one input, xt in the run dtype, and the same fp32 timesteps, as the
+    # official code feeds its one bf16 xt and sigma to old, trained and reference (train_sana.py:878-889).
+    x_in = xt.to(run.dtype)
     with torch.no_grad():
-        v_old = old_velocity(run, xt, sigma, cond)
+        v_old = old_velocity(run, x_in, sigma, cond)
         v_ref = None
         if alg.kl_beta != 0:  # the reference only enters the loss through kl_beta: no forward for nothing
             with autocast(run), run.policy.use(None):
-                v_ref = model.velocity(run.policy_forward, xt, sigma, cond).float()
+                v_ref = model.velocity(run.policy_forward, x_in, sigma, cond).float()
     with autocast(run):
-        v = model.velocity(run.policy_forward, xt, sigma, cond).float()
+        v = model.velocity(run.policy_forward, x_in, sigma, cond).float()
     terms = nft_loss(v, v_old, v_ref, xt, x0, sigma, adv, nft_beta=alg.nft_beta, kl_beta=alg.kl_beta,
                      adv_clip_max=alg.adv_clip_max)
-    if not torch.isfinite(terms.loss):
+    finite = bool(torch.isfinite(terms.loss))
+    if not finite and not run.sharded:
         return torch.tensor([0.0, 0.0, 0.0, x0.shape[0]], dtype=torch.float64)
-    (terms.loss * weight).backward()
+    (terms.loss * weight).backward()  # sharded: every rank joins every backward; a non-finite one skips the step
+    if not finite:
+        return torch.tensor([0.0, 0.0, 0.0, x0.shape[0]], dtype=torch.float64)
     return torch.tensor([float(terms.loss.detach()) * weight, float(terms.policy) * weight, float(terms.kl) * weight,
                          terms.nonfinite], dtype=torch.float64)
+
+
+def _idle_step(run: Run, grid: torch.Tensor) -> None:
+    """A micro-step that adds nothing to the gradient (weight 0, zero input): the collectives a
+    sharded rank with fewer samples must join."""
+    x0 = torch.zeros(1, *run.model.latent_shape)
+    _micro_step(run, x0, grid[:1], torch.zeros_like(x0), run.conditioning(run.prompts[:1]), torch.zeros(1), 0.0)
 
 
 def old_velocity(run: Run, xt: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
@@ -115,8 +140,9 @@ def old_velocity(run: Run, xt: torch.Tensor, sigma: torch.Tensor, cond: Conditio
 
 
 def autocast(run: Run) -> contextlib.AbstractContextManager:
-    """bf16 autocast around the policy's forwards when the base is bf16 (the adapters are fp32), on
-    CUDA and on a CPU alike, so the bf16 path runs the same way in the CPU test suite."""
-    if run.dtype == torch.bfloat16:
+    """bf16 autocast around the policy's forwards in a bf16 run (the adapters are fp32), unless
+    `model.train_precision = bf16` (the official SANA regime: no autocast); on CUDA and on a CPU
+    alike, so the bf16 path runs the same way in the CPU test suite."""
+    if run.dtype == torch.bfloat16 and run.config.model.train_precision != "bf16":
         return torch.autocast(run.device.type, dtype=torch.bfloat16)
     return contextlib.nullcontext()

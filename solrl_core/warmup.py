@@ -75,7 +75,7 @@ def _warm_up_update(run: Run, sizes: list[int]) -> None:
         states.append(OLD)
     for n in sizes:
         cond = run.conditioning(run.prompts[:1] * n).to(run.device)
-        x = torch.zeros(n, *model.latent_shape, device=run.device)
+        x = torch.zeros(n, *model.latent_shape, device=run.device, dtype=run.dtype)  # as update._micro_step feeds them
         sigma = torch.full((n,), 0.5, device=run.device)
         with autocast(run):
             model.velocity(run.policy_forward, x, sigma, cond).float().sum().backward()

@@ -47,3 +47,17 @@ def test_layout_honours_the_relation_and_keeps_shapes_apart():
         if spec.relation:
             assert w.relation_holds(spec.relation, (objs[0].x, objs[0].y), (objs[1].x, objs[1].y))
         assert len(objs) == sum(n for *_, n in spec.objects)
+
+
+def test_the_large_heldout_set_is_the_generators_and_every_pair_in_it_is_held_out():
+    from collections import Counter
+
+    prompts = load_prompts("tinyworld_heldout_all")
+    assert prompts == w.every_heldout_prompt() and len(set(prompts)) == len(prompts) >= 200
+    specs = [w.parse(p) for p in prompts]
+    assert Counter(s.kind for s in specs) == {"object": 18, "count": 36, "binding": 38, "position": 152}
+    rng = np.random.default_rng(1)
+    train_pairs = {_pairs(s) for s in (w.sample_spec(rng, "train") for _ in range(5000)) if len(s.objects) == 2}
+    two = {_pairs(s) for s in specs if len(s.objects) == 2}
+    assert not two & train_pairs
+    assert {_pairs(w.parse(p)) for p in load_prompts("tinyworld_heldout")} <= two  # the small set is a sample of it

@@ -149,3 +149,14 @@ def test_batch_interface_scores_each_image_against_its_prompt():
     assert scores.tolist() == [1.0, 0.5, 0.5, 0.75, 1.0, 0.0]
     assert strict_accuracy(scores) == pytest.approx(2 / 6)
     assert strict_accuracy(torch.tensor([])) == 0.0
+
+
+def test_the_summary_reports_each_kind_of_prompt_apart():
+    prompts = ["a red circle", "two blue squares", "a red circle and a blue square", "a red circle left of a blue square",
+               "a green triangle"]
+    scores = torch.tensor([1.0, 0.5, 0.25, 0.75, 0.0])
+    out = TinyWorldReward().summary(scores, prompts)
+    assert out == {"strict_accuracy": pytest.approx(0.2), "object": pytest.approx(0.5), "count": pytest.approx(0.5),
+                   "binding": pytest.approx(0.25), "position": pytest.approx(0.75)}
+    only_pairs = TinyWorldReward().summary(scores[2:4], prompts[2:4])
+    assert set(only_pairs) == {"strict_accuracy", "binding", "position"}

@@ -53,7 +53,7 @@ def sana_velocity(module: nn.Module, latents: torch.Tensor, sigmas: torch.Tensor
     return module(
         hidden_states=latents,
         encoder_hidden_states=cond.embeds.to(latents.dtype),
-        timestep=sigmas.to(latents.dtype) * 1000.0,
+        timestep=sigmas.float() * 1000.0,
         encoder_attention_mask=cond.mask,
         return_dict=False,
     )[0]

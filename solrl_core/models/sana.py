@@ -58,7 +58,7 @@ def sana_velocity_fn(timestep_scale: float, in_channels: int, out_channels: int)
 
     def velocity(module: nn.Module, latents: torch.Tensor, sigmas: torch.Tensor, cond: Conditioning) -> torch.Tensor:
         out = module(hidden_states=latents, encoder_hidden_states=cond.embeds.to(latents.dtype),
-                     timestep=sigmas.to(latents.dtype) * (1000.0 * timestep_scale),
+                     timestep=sigmas.float() * (1000.0 * timestep_scale),
                      encoder_attention_mask=cond.mask, return_dict=False)[0]
         if out_channels // 2 == in_channels:
             out = out[:, :in_channels]

@@ -51,5 +51,5 @@ def build_sd3(parts: Components) -> DiffusionModel:
 
 def sd3_velocity(module: nn.Module, latents: torch.Tensor, sigmas: torch.Tensor, cond: Conditioning) -> torch.Tensor:
     dtype = latents.dtype
-    return module(hidden_states=latents, timestep=sigmas.to(dtype) * 1000.0, encoder_hidden_states=cond.embeds.to(dtype),
+    return module(hidden_states=latents, timestep=sigmas.float() * 1000.0, encoder_hidden_states=cond.embeds.to(dtype),
                   pooled_projections=cond.pooled.to(dtype), return_dict=False)[0]

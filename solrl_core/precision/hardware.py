@@ -9,6 +9,7 @@ Precisions, as the explore (Stage-1) copy would use them:
 - ``fp8``: real FP8 (E4M3) GEMMs through torch's own ``torch._scaled_mm`` (solrl_core/precision/fp8.py);
   needs compute capability >= 8.9 (Ada, Hopper and newer) and nothing beyond torch.
 - ``nvfp4-emulated``: solrl's exact NVFP4 emulation in plain torch (solrl_core/precision/nvfp4.py): anywhere.
+- ``fp8-e5m2-tensor``: the official explore copy's numerics (per-tensor FP8 E5M2, precision/e5m2.py), emulated: anywhere.
 - ``bf16``: on a GPU of compute capability >= 8.0 (Ampere), or on the CPU.
 - ``fp32``: anywhere.
 
@@ -32,7 +33,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-PRECISIONS = ("nvfp4", "fp8", "nvfp4-emulated", "bf16", "fp32")
+PRECISIONS = ("nvfp4", "fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "bf16", "fp32")
 NVFP4_CC = (10, 0)
 FP8_CC = (8, 9)
 BF16_CC = (8, 0)
@@ -174,6 +175,7 @@ def explore_precisions(gpu: GpuInfo | None, te: TeProbe | None = None) -> dict[s
         out["nvfp4"] = (False, "no GPU: NVFP4 GEMMs need an NVIDIA GPU of compute capability >= 10.0 (Blackwell)")
         out["fp8"] = (False, "no GPU: FP8 GEMMs need an NVIDIA GPU of compute capability >= 8.9 (Ada, Hopper)")
         out["nvfp4-emulated"] = (True, "exact NVFP4 emulation in torch, runs anywhere")
+        out["fp8-e5m2-tensor"] = (True, "the official explore copy's per-tensor FP8 E5M2, emulated in torch, runs anywhere")
         out["bf16"] = (True, "bf16 on the CPU")
         out["fp32"] = (True, "always")
         return out
@@ -193,6 +195,7 @@ def explore_precisions(gpu: GpuInfo | None, te: TeProbe | None = None) -> dict[s
     else:
         out["fp8"] = (True, "FP8 e4m3 GEMMs through torch._scaled_mm")
     out["nvfp4-emulated"] = (True, "exact NVFP4 emulation in torch, runs anywhere")
+    out["fp8-e5m2-tensor"] = (True, "the official explore copy's per-tensor FP8 E5M2, emulated in torch, runs anywhere")
     out["bf16"] = ((True, f"compute capability {cc}") if gpu.capability >= BF16_CC
                    else (False, f"compute capability {cc} < 8.0: no native bf16 (Ampere and newer)"))
     out["fp32"] = (True, "always")
@@ -210,7 +213,7 @@ def _first_line(exc: BaseException) -> str:
 
 # Explore-copy backends this version of solrl runs. Real NVFP4 (Transformer Engine) is detected by
 # doctor but not yet used for rollouts.
-IMPLEMENTED_EXPLORE = ("fp8", "nvfp4-emulated", "bf16", "fp32")
+IMPLEMENTED_EXPLORE = ("fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "bf16", "fp32")
 
 
 def require_explore_precision(precision: str, device: object) -> None:

@@ -6,6 +6,8 @@ swap would leave its MLP in high precision), is wrapped for one explore precisio
 - `nvfp4-emulated`: the weight is fake-quantized once (16x16 tiles) and the input on every call
   (1x16 blocks along the reduction dim), see `solrl_core.precision.nvfp4`: exact NVFP4 numerics, anywhere.
 - `fp8`: real E4M3 GEMMs through `torch._scaled_mm`, see `solrl_core.precision.fp8`.
+- `fp8-e5m2-tensor`: weight and input fake-quantized to per-tensor scaled FP8 E5M2, the numerics of
+  the official explore copy's recipe (`solrl_core.precision.e5m2`): emulated, no speed-up.
 Which layers stay in high precision is the official explore model's rule (NVlabs/Sana
 train_scripts/sol_rl/train_utils.py, `replace_linear_with_te`): a name containing one of the model's
 skip substrings (`nvfp4_skip_modules`: embedders, the final layer, SANA's self-attention qkv), then any
@@ -32,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from solrl_core.precision import fp8
+from solrl_core.precision import e5m2, fp8
 from solrl_core.precision.nvfp4 import BLOCK, fake_quantize_1d, fake_quantize_2d
 
 
@@ -158,10 +160,39 @@ class Fp8Conv1x1(_Fp8):
         return y.movedim(-1, -3)
 
 
+class _EmulatedE5M2(_QuantizedGemm):
+    PRECISION = "fp8-e5m2-tensor"
+    CACHES = ("weight_q",)
+    weight_q: Tensor
+
+    @torch.no_grad()
+    def requantize(self) -> None:
+        self._store("weight_q", e5m2.fake_quantize_tensor(self.weight.detach()))
+
+
+class EmulatedE5M2Linear(_EmulatedE5M2):
+    """nn.Linear with per-tensor FP8 E5M2 weight and input (the official explore copy's numerics)."""
+
+    LAYER_KIND = "linear"
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.linear(e5m2.fake_quantize_tensor(x), self.weight_q, self.bias)
+
+
+class EmulatedE5M2Conv1x1(_EmulatedE5M2):
+    """1x1 nn.Conv2d with per-tensor FP8 E5M2 weight and input (one scale per tensor: no permute needed)."""
+
+    LAYER_KIND = "conv1x1"
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.conv2d(e5m2.fake_quantize_tensor(x), self.weight_q, self.bias)
+
+
 # precision -> (wrapper for nn.Linear, wrapper for 1x1 nn.Conv2d)
 WRAPPERS: dict[str, tuple[type[_QuantizedGemm], type[_QuantizedGemm]]] = {
     "nvfp4-emulated": (EmulatedNVFP4Linear, EmulatedNVFP4Conv1x1),
     "fp8": (Fp8Linear, Fp8Conv1x1),
+    "fp8-e5m2-tensor": (EmulatedE5M2Linear, EmulatedE5M2Conv1x1),
 }
 
 

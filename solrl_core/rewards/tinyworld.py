@@ -24,7 +24,7 @@ import torch
 
 from solrl_core.errors import SolrlError
 from solrl_core.rewards.jpeg import to_uint8
-from solrl_core.tinyworld import BACKGROUND, COLORS, Spec, parse, relation_holds
+from solrl_core.tinyworld import BACKGROUND, COLORS, KINDS, Spec, parse, relation_holds
 
 # A pixel belongs to a colour when it lies near the straight RGB segment from the background to
 # that colour (blurred or anti-aliased edges are blends along it) and at least half-way along it.
@@ -214,8 +214,16 @@ class TinyWorldReward:
 
     name = "tinyworld_geneval"
 
-    def summary(self, scores: torch.Tensor) -> dict[str, float]:
-        return {"strict_accuracy": strict_accuracy(scores)}
+    def summary(self, scores: torch.Tensor, prompts: list[str]) -> dict[str, float]:
+        """Strict accuracy, and the mean score of each kind of prompt present (object, count, binding,
+        position): a gain on one kind need not be a gain on the others."""
+        out = {"strict_accuracy": strict_accuracy(scores)}
+        kinds = [spec.kind for spec in self._specs(prompts)]
+        for kind in KINDS:
+            members = [i for i, k in enumerate(kinds) if k == kind]
+            if members:
+                out[kind] = float(scores[members].mean())
+        return out
 
     def check_prompts(self, prompts: list[str]) -> None:
         """Fail before a run starts, naming the first prompt this reward cannot judge."""
