@@ -79,9 +79,9 @@ def reward_set(cfg: Any) -> Any:
 def _reward_weights(reward: str) -> dict[str, float]:
     """--reward: a reward preset or reward name, or NAME=W,NAME=W."""
     from solrl_core.presets import get_preset
-    from solrl_core.reward_names import known_names, parse_weights
+    from solrl_core.reward_names import is_weight_list, known_names, parse_weights
 
-    if "=" in reward or "," in reward:
+    if is_weight_list(reward):
         return parse_weights(reward)
     if reward in known_names():
         return {reward: 1.0}

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from solrl_core.errors import SolrlError, close_matches
+from solrl_core.reward_endpoints import is_endpoint, split_name, split_weight
 
 
 @dataclass(frozen=True)
@@ -44,13 +45,20 @@ def known_names() -> list[str]:
 def check_names(weights: dict[str, float], paths: dict[str, str]) -> None:
     """Every weighted reward is known, and every weights path belongs to one of them."""
     names = known_names()
-    unknown = [n for n in weights if n not in names]
+    unknown = [n for n in weights if n not in names and not is_endpoint(n)]
+    for name in filter(is_endpoint, weights):
+        split_name(name)  # remote:URL and vlm:URL (reward_endpoints.py): the URL must be usable
     if unknown:
         raise SolrlError(f"unknown reward '{unknown[0]}'", close_matches(unknown[0], names) + " (list them with: solrl presets)")
-    stray = [n for n in paths if n not in weights]
+    stray = [n for n in paths if n not in weights or is_endpoint(n)]
     if stray:
         raise SolrlError(f"reward.paths names '{stray[0]}', which is not among the run's rewards ({', '.join(weights)})",
                          "remove it, or add the reward with --reward")
+
+
+def is_weight_list(text: str) -> bool:
+    """Whether --reward TEXT names rewards with weights (or a remote one) rather than a reward preset."""
+    return "=" in text or "," in text or is_endpoint(text)
 
 
 def parse_weights(spec: str) -> dict[str, float]:
@@ -59,7 +67,10 @@ def parse_weights(spec: str) -> dict[str, float]:
     for part in (p.strip() for p in spec.split(",")):
         if not part:
             continue
-        name, _, value = part.partition("=")
+        if is_endpoint(part):
+            name, value = split_weight(part)  # the URL may hold ':' and '/': the weight is a trailing =NUMBER
+        else:
+            name, _, value = part.partition("=")
         name = name.strip()
         try:
             weight = float(value) if value.strip() else 1.0

@@ -11,6 +11,7 @@ from pathlib import Path
 from solrl_core.config import Config
 from solrl_core.doctor.check import FAIL, PASS, WARN, Check, Machine
 from solrl_core.footprint import REWARD_DOWNLOAD_GB, model_size
+from solrl_core.reward_endpoints import is_endpoint
 
 GATED_HINT = "accept its licence on huggingface.co/{repo} and set HF_TOKEN (or run `hf auth login`)"
 
@@ -43,6 +44,8 @@ def _cached(repo: str, names: tuple[str, ...], cache: Path) -> bool:
 def _reward_weights(cfg: Config, m: Machine) -> tuple[list[Check], float]:
     out, download = [], 0.0
     for name in cfg.reward.weights:
+        if is_endpoint(name):
+            continue  # a remote: or vlm: reward loads its weights where it is served (doctor/remote.py asks it)
         row = f"reward weights {name}"
         if name not in REWARD_FILES:
             out.append(Check(row, PASS, "needs no weights", "", True))

@@ -4,7 +4,8 @@ A reward is any object with a `name` and `__call__(images, prompts) -> Tensor[B]
 float tensors [B, 3, H, W] in [0, 1] on any device, and the result is a float32 CPU tensor. Model
 rewards run on the context's device, in eval mode, under no_grad. Optionally a reward has
 `check_prompts(prompts)` (rejects prompts it cannot score, called before a run writes anything) and
-`summary(scores) -> dict` (named statistics for evaluations, e.g. GenEval-style strict accuracy).
+`summary(scores, prompts) -> dict` (named statistics for evaluations, e.g. GenEval-style strict
+accuracy and the mean per kind of prompt).
 
 Each reward registers one `RewardSpec`: how to build it from a `RewardContext` (device, dtype and an
 optional local path for its weights), where its weights come from, and what it needs installed.
@@ -20,6 +21,7 @@ import torch
 
 from solrl_core.errors import SolrlError, close_matches
 from solrl_core.faults.phase import charged_to
+from solrl_core.reward_endpoints import is_endpoint
 from solrl_core.reward_names import REWARDS, check_names, parse_weights
 from solrl_core.rewards.base import Reward, RewardContext
 from solrl_core.rewards.watchdog import call_watched, timeout_for
@@ -35,6 +37,7 @@ class RewardSection(Protocol):
     batch_size: int
     timeout_s: str
     retries: int
+    remote: dict[str, str]
 
 
 @dataclass(frozen=True)
@@ -98,8 +101,15 @@ def reward_names() -> list[str]:
     return list(SPECS)
 
 
-def build_reward(name: str, ctx: RewardContext | None = None) -> Reward:
-    """One reward by name, loaded for `ctx` (CPU, fp32, hub weights when omitted)."""
+def build_reward(name: str, ctx: RewardContext | None = None, *, remote: dict[str, str] | None = None,
+                 timeout_s: float = 0.0) -> Reward:
+    """One reward by name, loaded for `ctx` (CPU, fp32, hub weights when omitted). A remote:URL or
+    vlm:URL reward (remote.py, vlm.py) reads the reward.remote settings and limits each request to
+    `timeout_s` seconds (0: its default)."""
+    if is_endpoint(name):
+        from solrl_core.rewards.remote import build_endpoint
+
+        return build_endpoint(name, remote or {}, timeout_s)
     spec = SPECS.get(name)
     if spec is None:
         raise SolrlError(f"unknown reward '{name}'", close_matches(name, reward_names()))
@@ -127,13 +137,16 @@ class RewardSet:
     error. Retries survived are kept in `retried` for the trainer to report."""
 
     def __init__(self, weights: dict[str, float], ctx: RewardContext | None = None,
-                 paths: dict[str, str] | None = None, *, timeout_s: str = "0", retries: int = 0) -> None:
+                 paths: dict[str, str] | None = None, *, timeout_s: str = "0", retries: int = 0,
+                 remote: dict[str, str] | None = None) -> None:
         check_names(weights, paths or {})
         base = ctx or RewardContext()
         self.weights = dict(weights)
-        self.rewards = {n: build_reward(n, RewardContext(base.device, base.dtype, (paths or {}).get(n, ""), base.batch_size))
+        # A reward behind a URL is watched like a model reward: a server can hang as a model can.
+        self.timeouts = {n: timeout_for(timeout_s, model_reward=is_endpoint(n) or bool(SPECS[n].weights)) for n in weights}
+        self.rewards = {n: build_reward(n, RewardContext(base.device, base.dtype, (paths or {}).get(n, ""), base.batch_size),
+                                        remote=remote, timeout_s=self.timeouts[n])
                         for n in weights}
-        self.timeouts = {n: timeout_for(timeout_s, model_reward=bool(SPECS[n].weights)) for n in weights}
         self.retries = retries
         self.retried: list[str] = []
 
@@ -141,7 +154,7 @@ class RewardSet:
     def from_config(cls, reward: RewardSection, device: torch.device) -> "RewardSet":
         """The rewards of a run's `reward` config section, loaded on `device` in fp32."""
         return cls(reward.weights, RewardContext(device, torch.float32, batch_size=reward.batch_size), paths=reward.paths,
-                   timeout_s=reward.timeout_s, retries=reward.retries)
+                   timeout_s=reward.timeout_s, retries=reward.retries, remote=reward.remote)
 
     def check_prompts(self, prompts: list[str]) -> None:
         for reward in self.rewards.values():
@@ -149,13 +162,13 @@ class RewardSet:
             if check is not None:
                 check(prompts)
 
-    def summary(self, scores: Scores) -> dict[str, float]:
-        """Extra named statistics the rewards define, keyed 'reward.statistic'."""
+    def summary(self, scores: Scores, prompts: list[str]) -> dict[str, float]:
+        """Extra named statistics the rewards define, keyed 'reward.statistic' (`prompts`: one per score)."""
         out = {}
         for name, reward in self.rewards.items():
             summarize = getattr(reward, "summary", None)
             if summarize is not None:
-                out.update({f"{name}.{k}": v for k, v in summarize(scores.components[name]).items()})
+                out.update({f"{name}.{k}": v for k, v in summarize(scores.components[name], prompts).items()})
         return out
 
     @torch.no_grad()

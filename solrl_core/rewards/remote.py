@@ -1,0 +1,75 @@
+"""`remote:URL`: the rewards a `solrl reward-server` serves (rewards/server.py), as one reward.
+
+Built once at the start of a run: GET URL/health must answer (so an unreachable server, a wrong
+URL or a missing token stops the run before it writes anything) and name the rewards it serves;
+the score of an image is the server's weighted total of them. Prompts are checked by the server's
+rewards (POST URL/check) before the run starts, as in-process rewards check theirs.
+
+Each request is limited to `timeout_s` seconds and retried with back-off on connection errors
+(transport.py); a server that dies mid-run becomes an error, the watchdog's RewardFailure, and the
+run stops with a checkpoint of its last finished iteration.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from solrl_core.errors import SolrlError
+from solrl_core.reward_endpoints import TOKEN_ENV, split_name
+from solrl_core.rewards.transport import call
+from solrl_core.rewards.wire import SCHEMA, encode_images, scores_from_json
+
+DEFAULT_TIMEOUT_S = 600.0  # per request when reward.timeout_s is 0 (a request without a limit could hang the run)
+
+
+class RemoteReward:
+    """The weighted total of a reward server's rewards, image i against prompt i."""
+
+    def __init__(self, name: str, timeout_s: float = 0.0, encoding: str = "uint8", token: str | None = None) -> None:
+        _, self.url = split_name(name)
+        self.name = name
+        self.timeout_s = timeout_s or DEFAULT_TIMEOUT_S
+        self.encoding = encoding
+        self.token = os.environ.get(TOKEN_ENV, "") if token is None else token
+        self.info, self.latency_s = self.health()
+
+    def health(self) -> tuple[dict[str, Any], float]:
+        """The server's /health answer (checked: schema and rewards) and how long it took."""
+        info, seconds = call(f"{self.url}/health", None, timeout_s=min(self.timeout_s, 30.0), token=self.token,
+                             what=f"reward server {self.url}")
+        if not isinstance(info, dict) or info.get("schema") != SCHEMA or not isinstance(info.get("rewards"), list) \
+                or not info["rewards"]:
+            raise SolrlError(f"{self.url}/health did not answer as a solrl reward server of schema {SCHEMA} ({str(info)[:120]})",
+                             "point remote: at a `solrl reward-server` of the same solrl version")
+        return info, seconds
+
+    @property
+    def served(self) -> list[str]:
+        """'name=weight' of each reward the server serves."""
+        return [f"{r.get('name')}={r.get('weight')}" for r in self.info["rewards"]]
+
+    def check_prompts(self, prompts: list[str]) -> None:
+        call(f"{self.url}/check", {"prompts": prompts}, timeout_s=self.timeout_s, token=self.token, what=f"reward server {self.url}")
+
+    def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        """[B] float32 CPU scores for [B, 3, H, W] images in [0, 1]."""
+        if len(prompts) != images.shape[0]:
+            raise ValueError(f"{images.shape[0]} images but {len(prompts)} prompts")
+        if not prompts:
+            return torch.zeros(0)
+        body = {"prompts": list(prompts), "images": encode_images(images, self.encoding)}
+        answer, _ = call(f"{self.url}/score", body, timeout_s=self.timeout_s, token=self.token, what=f"reward server {self.url}")
+        total = answer.get("total") if isinstance(answer, dict) else None
+        return scores_from_json(total, len(prompts), f"reward server {self.url}")
+
+
+def build_endpoint(name: str, settings: dict[str, str], timeout_s: float) -> Any:
+    """The reward a remote:URL or vlm:URL name stands for, connected and checked."""
+    if name.startswith("vlm:"):
+        from solrl_core.rewards.vlm import VlmJudge
+
+        return VlmJudge(name, settings, timeout_s)
+    return RemoteReward(name, timeout_s, encoding=settings.get("encoding", "uint8"))

@@ -1,0 +1,269 @@
+"""`solrl reward-server`: built-in rewards (one, or a weighted combination) over HTTP, JSON only.
+
+Endpoints (schema 1, wire.py holds the image and score formats):
+  GET  /health  the rewards (name, weight, description), versions, device, batch size and limits
+  POST /check   {"prompts": [...]} -> 200 {"ok": true}, or 422 naming the first prompt a reward cannot judge
+  POST /score   {"prompts": [...], "images": [...]} -> {"total": [...], "scores": {name: [...]}, "seconds": s}
+
+Requests from all clients meet in one queue; one worker thread scores them in order, merging
+queued requests of the same image size into one batch of up to `batch_size` images (one forward
+pass of a model reward). A merged batch that fails is scored again request by request, so one
+client's bad request fails only that request. Limits are checked before anything is decoded: the
+body size (Content-Length, 413), images per request (413), pixels per image (422); a malformed
+body is a 400 or 422 naming what is wrong. A 4xx never reaches the scoring thread.
+
+The server binds to loopback by default. Any other address needs a token (--token or
+SOLRL_REWARD_TOKEN), and then every request must send `Authorization: Bearer TOKEN` (401 otherwise).
+FastAPI and uvicorn are the `server` extra: `pip install "solrl[server]"`.
+"""
+
+# No `from __future__ import annotations`: FastAPI reads the endpoints' annotations (Request, imported
+# lazily inside build_app) as live objects.
+import concurrent.futures
+import hmac
+import ipaddress
+import platform
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from solrl_core.errors import SolrlError
+from solrl_core.reward_names import REWARDS
+from solrl_core.rewards import RewardSet, Scores
+from solrl_core.rewards.base import RewardContext
+from solrl_core.rewards.wire import FORMATS, SCHEMA, decode_images, scores_to_json
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    weights: dict[str, float]
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0 = any free port (the ready callback names it)
+    device: str = "auto"
+    token: str = ""
+    batch_size: int = 32  # images per scoring call; queued requests are merged up to this
+    max_images: int = 512  # per request
+    max_pixels: int = 4096 * 4096  # per image
+    max_request_mb: float = 1024.0
+    paths: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class _Job:
+    images: torch.Tensor
+    prompts: list[str]
+    future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
+
+
+class Batcher:
+    """One worker thread scoring queued jobs, merging those of one image size up to `batch_size` images."""
+
+    def __init__(self, score: Callable[[torch.Tensor, list[str]], Scores], batch_size: int) -> None:
+        self.score, self.batch_size = score, batch_size
+        self.jobs: queue.Queue[_Job] = queue.Queue()
+        self.batches: list[int] = []  # images per scoring call, for tests and /health
+        threading.Thread(target=self._work, name="solrl-reward-server", daemon=True).start()
+
+    def submit(self, images: torch.Tensor, prompts: list[str]) -> concurrent.futures.Future:
+        job = _Job(images, prompts)
+        self.jobs.put(job)
+        return job.future
+
+    def _work(self) -> None:
+        waiting: _Job | None = None
+        while True:
+            first = waiting or self.jobs.get()
+            waiting, batch, count = None, [first], len(first.prompts)
+            while count < self.batch_size:
+                try:
+                    job = self.jobs.get_nowait()
+                except queue.Empty:
+                    break
+                if job.images.shape[1:] != first.images.shape[1:] or count + len(job.prompts) > self.batch_size:
+                    waiting = job  # first of the next batch: order is kept
+                    break
+                batch.append(job)
+                count += len(job.prompts)
+            self._run(batch)
+
+    def _run(self, batch: list[_Job]) -> None:
+        try:
+            scores = self.score(torch.cat([j.images for j in batch]), [p for j in batch for p in j.prompts])
+        except Exception as exc:  # noqa: BLE001 - handed to the request(s) it belongs to, which answer 500 with it
+            if len(batch) > 1:
+                for job in batch:
+                    self._run([job])
+                return
+            batch[0].future.set_exception(exc)
+            return
+        self.batches.append(sum(len(j.prompts) for j in batch))
+        start = 0
+        for job in batch:
+            end = start + len(job.prompts)
+            job.future.set_result(Scores(scores.total[start:end], {n: s[start:end] for n, s in scores.components.items()}))
+            start = end
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        solrl = version("solrl")
+    except PackageNotFoundError:
+        solrl = "unknown"
+    return {"solrl": solrl, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def load(opts: ServerOptions) -> tuple[RewardSet, dict[str, Any]]:
+    """The rewards, loaded on the resolved device, and the /health answer describing them."""
+    from solrl_core.device import resolve_device
+    from solrl_core.reward_endpoints import is_endpoint
+
+    if not opts.token and not is_loopback(opts.host):
+        raise SolrlError(f"serving on {opts.host} (not loopback) without a token would let anyone who reaches it use this machine",
+                         "pass --token TOKEN (or set SOLRL_REWARD_TOKEN), or bind to 127.0.0.1")
+    served = [n for n in opts.weights if is_endpoint(n)]
+    if served:
+        raise SolrlError(f"a reward server serves built-in rewards, not '{served[0]}'", "name built-in rewards: see `solrl presets`")
+    device = resolve_device(opts.device)
+    rewards = RewardSet(opts.weights, RewardContext(device, torch.float32, batch_size=opts.batch_size), paths=opts.paths)
+    described = {r.name: r.description for r in REWARDS}
+    info = {"schema": SCHEMA, "server": "solrl reward-server", "device": str(device), "versions": _versions(),
+            "rewards": [{"name": n, "weight": w, "description": described.get(n, "")} for n, w in opts.weights.items()],
+            "batch_size": opts.batch_size, "max_images": opts.max_images, "max_pixels": opts.max_pixels,
+            "max_request_bytes": int(opts.max_request_mb * 2**20), "formats": list(FORMATS), "token_required": bool(opts.token)}
+    return rewards, info
+
+
+def build_app(rewards: RewardSet, info: dict[str, Any], opts: ServerOptions) -> Any:
+    """The ASGI app serving `rewards`."""
+    from fastapi import FastAPI, Request
+    from fastapi.responses import JSONResponse
+    from starlette.concurrency import run_in_threadpool
+
+    app = FastAPI(title="solrl reward server", version=info["versions"]["solrl"], docs_url=None, redoc_url=None)
+    batcher = Batcher(rewards, opts.batch_size)
+    app.state.batcher = batcher
+
+    def refuse(status: int, detail: str, fix: str = "") -> JSONResponse:
+        return JSONResponse({"detail": detail, **({"fix": fix} if fix else {})}, status_code=status)
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next: Any) -> Any:
+        sent = request.headers.get("authorization", "")
+        if opts.token and not hmac.compare_digest(sent.encode(), f"Bearer {opts.token}".encode()):
+            return refuse(401, "missing or wrong token: send the header 'Authorization: Bearer TOKEN'")
+        if request.method == "POST":
+            length = request.headers.get("content-length", "")
+            if not length.isdigit():
+                return refuse(411, "send the body with a Content-Length header")
+            if int(length) > info["max_request_bytes"]:
+                return refuse(413, f"request of {int(length)} bytes is more than the server's {info['max_request_bytes']}")
+        return await call_next(request)
+
+    async def body_of(request: Request) -> dict[str, Any] | JSONResponse:
+        try:
+            body = await request.json()
+        except ValueError as exc:
+            return refuse(400, f"body is not JSON ({exc})")
+        if not isinstance(body, dict) or not isinstance(body.get("prompts"), list) \
+                or not all(isinstance(p, str) for p in body["prompts"]):
+            return refuse(422, "body must be an object with 'prompts', a list of strings")
+        return body
+
+    def check(prompts: list[str]) -> JSONResponse | None:
+        try:
+            rewards.check_prompts(prompts)
+        except SolrlError as exc:
+            return refuse(422, exc.message, exc.fix)
+        return None
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {**info, "batches_scored": len(batcher.batches)}
+
+    @app.post("/check")
+    async def check_prompts(request: Request) -> Any:
+        body = await body_of(request)
+        if isinstance(body, JSONResponse):
+            return body
+        return await run_in_threadpool(check, body["prompts"]) or {"ok": True}
+
+    @app.post("/score")
+    async def score(request: Request) -> Any:
+        body = await body_of(request)
+        if isinstance(body, JSONResponse):
+            return body
+        prompts, items = body["prompts"], body.get("images")
+        if isinstance(items, list) and len(items) > opts.max_images:
+            return refuse(413, f"{len(items)} images in one request; the server takes at most {opts.max_images}")
+        if isinstance(items, list) and len(items) != len(prompts):
+            return refuse(422, f"{len(items)} images but {len(prompts)} prompts")
+        try:
+            images = await run_in_threadpool(decode_images, items, opts.max_pixels)
+        except ValueError as exc:
+            return refuse(422, str(exc))
+        refused = await run_in_threadpool(check, prompts)
+        if refused is not None:
+            return refused
+        t0 = time.perf_counter()
+        try:
+            scores = await _wait(batcher.submit(images, prompts))
+        except Exception as exc:  # noqa: BLE001 - the reward's own failure, told to the client that sent the batch
+            return refuse(500, f"scoring failed: {type(exc).__name__}: {exc}")
+        return {"total": scores_to_json(scores.total), "seconds": time.perf_counter() - t0,
+                "scores": {n: scores_to_json(s) for n, s in scores.components.items()}}
+
+    return app
+
+
+async def _wait(future: concurrent.futures.Future) -> Scores:
+    import asyncio
+
+    return await asyncio.wrap_future(future)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port, or a SolrlError saying why not."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise SolrlError(f"cannot listen on {host}:{port} ({exc.strerror or exc})",
+                         "choose another --port, or stop what holds it" if port else "check --host") from exc
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(opts: ServerOptions, on_ready: Callable[[str, dict[str, Any]], None]) -> None:
+    """Load the rewards, listen, call `on_ready(url, info)`, then serve until interrupted."""
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError as exc:
+        raise SolrlError(f"the reward server needs FastAPI and uvicorn ({exc})", 'install them with `pip install "solrl[server]"`') from exc
+    rewards, info = load(opts)
+    sock = bind(opts.host, opts.port)
+    host, port = sock.getsockname()[:2]
+    app = build_app(rewards, info, opts)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    on_ready(f"http://{f'[{host}]' if ':' in host else host}:{port}", info)
+    server.run(sockets=[sock])
