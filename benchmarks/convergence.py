@@ -28,10 +28,11 @@ from pathlib import Path
 import torch
 
 from solrl_core import events as ev
+from solrl_core.bench.peaks import device_label
 from solrl_core.evaluation import evaluate
 from solrl_core.presets import resolve_config
 from solrl_core.trainer import StopFlag, train
-from _common import add_common_args, add_families_arg, device_name  # benchmarks/ is on sys.path when a script runs
+from _common import add_common_args, add_families_arg  # benchmarks/ is on sys.path when a script runs
 
 DEFAULT_FAMILIES = ("sol_rl", "naive_scaling", "diffusionnft")
 STRICT = "tinyworld_geneval.strict_accuracy"
@@ -106,7 +107,7 @@ def time_to(points: list[dict], target: float) -> dict | None:
 
 def report(results: list[dict], args: argparse.Namespace) -> tuple[str, dict]:
     first = results[0]
-    lines = [f"device: {device_name(first['device'])} | torch {torch.__version__} | threads {torch.get_num_threads()} | dtype {first['dtype']}",
+    lines = [f"device: {device_label(first['device'])} | torch {torch.__version__} | threads {torch.get_num_threads()} | dtype {first['dtype']}",
              f"budget {args.budget_seconds:g} training seconds per family (iterations' seconds['total']; evaluations not counted) | "
              f"seed {args.seed} | prompts/iter {first['prompts_per_iteration']} | eval: EMA weights, {first['eval_prompts']}, "
              f"{first['eval_samples']} samples, every {args.eval_every} iterations"]
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     text, summary = report(results, args)
     print("\n" + text)
     if args.json:
-        meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": device_name(results[0]["device"]),
+        meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": device_label(results[0]["device"]),
                 "budget_seconds": args.budget_seconds, "eval_every": args.eval_every, "eval_seeds": args.eval_seeds, "seed": args.seed}
         args.json.write_text(json.dumps({"meta": meta, "summary": summary, "families": results}, indent=2) + "\n")
         print(f"\nseries written to {args.json}")

@@ -25,9 +25,10 @@ from pathlib import Path
 import torch
 
 from solrl_core import events as ev
+from solrl_core.bench.peaks import device_label
 from solrl_core.presets import resolve_config
 from solrl_core.trainer import train
-from _common import add_common_args, add_families_arg, device_name  # benchmarks/ is on sys.path when a script runs
+from _common import add_common_args, add_families_arg  # benchmarks/ is on sys.path when a script runs
 
 DEFAULT_FAMILIES = ("sol_rl", "naive_scaling", "diffusionnft")
 
@@ -87,7 +88,7 @@ def means(result: dict, warmup: int) -> dict[str, float]:
 def report(results: list[dict], args: argparse.Namespace) -> str:
     first = results[0]
     measured = args.iterations - args.warmup
-    lines = [f"device: {device_name(first['device'])} | torch {torch.__version__} | threads {torch.get_num_threads()} | "
+    lines = [f"device: {device_label(first['device'])} | torch {torch.__version__} | threads {torch.get_num_threads()} | "
              f"dtype {first['dtype']}",
              f"N={args.n} K={args.k} prompts/iter={args.prompts_per_iteration} | "
              f"explore steps {first['config_explore_steps']} | full steps {first['full_steps']} | "
@@ -127,7 +128,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.json:
         meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "n": args.n, "k": args.k,
                 "prompts_per_iteration": args.prompts_per_iteration, "seed": args.seed, "warmup": args.warmup,
-                "iterations": args.iterations, "device": device_name(results[0]["device"])}
+                "iterations": args.iterations, "device": device_label(results[0]["device"])}
         args.json.write_text(json.dumps({"meta": meta, "families": results}, indent=2) + "\n")
         print(f"\nraw timings written to {args.json}")
 

@@ -18,7 +18,8 @@ import json
 
 import torch
 
-from _common import add_common_args, device_name  # benchmarks/ is on sys.path when a script runs
+from _common import add_common_args  # benchmarks/ is on sys.path when a script runs
+from solrl_core.bench.peaks import device_label
 from solrl_core.inference import load_tuned
 from solrl_core.presets import resolve_config
 from solrl_core.prompts import load_prompts
@@ -59,7 +60,7 @@ def main(argv: list[str] | None = None) -> None:
     ks, ref = args.hit_k, result.arms[-1]
 
     print(f"\nranking fidelity on the base model ({loaded.model.description}), adapters off")
-    print(f"device: {device_name(loaded.device)} | torch {torch.__version__} | threads {torch.get_num_threads()} | dtype {loaded.dtype_name}")
+    print(f"device: {device_label(loaded.device)} | torch {torch.__version__} | threads {torch.get_num_threads()} | dtype {loaded.dtype_name}")
     print(f"P={len(prompts)} prompts (first of {args.prompt_set}) x S={args.seeds} seeds | reference {ref} | "
           f"reward {', '.join(cfg.reward.weights)} | hit K {', '.join(map(str, ks))} | best_worst K={keep}")
     hits = "".join(f" {f'top{k}':>5} {f'bot{k}':>5}" for k in ks)
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     print("mean reward over all P x S rollouts: " + " | ".join(f"{n} {r.mean():.3f}" for n, r in result.rewards.items()))
     print("seconds per arm (generate + decode + reward): " + " | ".join(f"{n} {s:.2f}" for n, s in result.seconds.items()))
     if args.json:
-        meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": device_name(loaded.device),
+        meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": device_label(loaded.device),
                 "dtype": loaded.dtype_name, "model": loaded.model.description}
         args.json.write_text(json.dumps({"meta": meta, **result.to_dict()}, indent=2) + "\n")
         print(f"\nraw rewards and statistics written to {args.json}")

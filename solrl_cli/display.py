@@ -9,9 +9,10 @@ from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from solrl_cli.stop_text import finished_message, stop_message
-from solrl_cli.tui_state import FAULT_EVENTS, eval_started_text, fault_message
+from solrl_cli.tui_state import FAULT_EVENTS, eval_started_text, fault_message, mfu_text
 from solrl_core.text import plural
 from solrl_core import events as ev
+from solrl_core.bench.mfu import describe
 
 
 def fmt(x: float | None) -> str:
@@ -38,6 +39,7 @@ class TerminalDisplay:
         self.label = ""  # the bar's label between evaluations: the last iteration's reward
         self.first_eval: ev.EvalFinished | None = None
         self.last_eval: ev.EvalFinished | None = None
+        self.flops: ev.ModelFlops | None = None  # the run's model FLOPs and peaks: each iteration's MFU
 
     def __call__(self, event: ev.Event) -> None:
         if isinstance(event, FAULT_EVENTS):
@@ -59,6 +61,11 @@ class TerminalDisplay:
         self.progress.start()
         self.task = self.progress.add_task("", total=e.iterations, completed=e.start_iteration)
 
+    def on_model_flops(self, e: ev.ModelFlops) -> None:
+        self.flops = e
+        for line in describe(e):
+            self.console.print(f"  {line}")
+
     def on_quantization_report(self, e: ev.QuantizationReport) -> None:
         self.console.print(f"  explore copy: {e.summary} (details: {e.path})")
 
@@ -71,7 +78,7 @@ class TerminalDisplay:
         kl_text = f"{kl:.3g}" if math.isfinite(kl) or not math.isfinite(e.loss["loss"]) else "off"
         self.console.print(f"iter {e.iteration:>4}/{e.iterations}  reward {fmt(e.final.mean)}{draft}  "
                            f"loss {e.loss['loss']:.4f} kl {kl_text}  |  {' '.join(parts)}  total {s['total']:.2f}s"
-                           f"{memory_text(e)}{warn}")
+                           f"{memory_text(e)}{mfu_text(self.flops, s)}{warn}")
         self.label = f"reward {fmt(e.final.mean)}"
         if self.task is not None:
             self.progress.update(self.task, completed=e.iteration, description=self.label)
@@ -128,5 +135,5 @@ class TerminalDisplay:
             line = f"  eval on {b.prompts}: {a.weights} {fmt(a.mean)} -> {b.weights} {fmt(b.mean)} (iteration {b.iteration})"
             for key, after in b.extras.items():
                 if key in a.extras:
-                    line += f"; {key.split('.')[-1]} {a.extras[key]:.3f} -> {after:.3f}"
+                    line += f"; {key.split('.')[-1]} {a.extras[key]:.3f} -> {after:.3f} ({after - a.extras[key]:+.3f})"
             c.print(line)

@@ -21,6 +21,7 @@ from textual_plotext import PlotextPlot
 
 from solrl_cli.display import fmt
 from solrl_cli.tui_state import PHASES, ROLLING, RunState, _clock, thin
+from solrl_core.bench.mfu import describe, percent
 
 Lines = dict[str, tuple[list[float], list[float]]]  # legend label -> (iterations, values)
 ChartSpec = tuple[str, str, Lines]  # title, y label, lines
@@ -134,7 +135,8 @@ def time_view(s: RunState) -> Table:
     peaks, source = (latest.peak_memory or {}, latest.memory_source) if latest else ({}, "")
     title = f"seconds per phase, iterations seen: {s.count}" + (f"; peak GiB of the last iteration: {source}" if peaks else "")
     table = Table(title=title, title_justify="left", box=None, padding=(0, 2))
-    for col in ("phase", "last", f"mean last {ROLLING}", "mean all", "share", "peak GiB"):
+    mfu = s.mfu()
+    for col in ("phase", "last", f"mean last {ROLLING}", "mean all", "share", "peak GiB", *(("MFU last",) if mfu else ())):
         table.add_column(col, justify="left" if col == "phase" else "right")
     last = latest.seconds if latest else {}
     total = s.rolling("total")
@@ -142,13 +144,23 @@ def time_view(s: RunState) -> Table:
         mean = s.rolling(phase)
         share = f"{100 * mean / total:.0f}%" if mean is not None and total and phase != "total" else ""
         table.add_row(phase, _num(last.get(phase)), _num(mean), _num(s.phase_sums[phase] / s.count if s.count else None), share,
-                      _num(peaks.get(phase)))
+                      _num(peaks.get(phase)), *((_mfu(s, mfu, phase),) if mfu else ()))
     return table
 
 
 def time_note(s: RunState) -> str:
-    speed = s.explore_speed()
-    return "\n".join(speed) if speed else "explore speed-up: not derivable from these events (needs the sol_rl family's two generation stages)"
+    speed = s.explore_speed() or ["explore speed-up: not derivable from these events (needs the sol_rl family's two generation stages)"]
+    if s.flops is not None:  # what the MFU column divides by
+        speed += describe(s.flops) + ["MFU: model FLOPs / seconds / the dense peak at the phase's precision (as solrl bench); "
+                                      "total: the work's time at peak over the iteration's"]
+    return "\n".join(speed)
+
+
+def _mfu(s: RunState, mfu: dict[str, float | None], phase: str) -> str:
+    if phase not in mfu:
+        return ""
+    precision = s.flops.precisions.get(phase, "") if s.flops and phase != "total" else ""
+    return f"{percent(mfu[phase])} {precision}".strip()
 
 
 def reward_rows(s: RunState) -> list[tuple[str, list[float]]]:

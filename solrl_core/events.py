@@ -237,6 +237,33 @@ class StopRequested(Event):
     checkpoint: str | None  # the newest complete checkpoint on disk when asked (None: none yet)
 
 
+@dataclass(frozen=True)
+class BenchProgress(Event):
+    """`solrl bench` moves on: building the model, counting its FLOPs, training a family, measuring
+    the device (minutes on a GPU, so each step is said as it starts)."""
+
+    kind: ClassVar[str] = "bench_progress"
+    stage: str  # build | flops | family | peak | warning | explore
+    message: str
+
+
+@dataclass(frozen=True)
+class ModelFlops(Event):
+    """The transformer's model FLOPs per iteration and the device's dense peaks, counted once as a run
+    starts (bench/live.py); with each iteration's phase seconds they give its MFU (bench/mfu.py)."""
+
+    kind: ClassVar[str] = "model_flops"
+    forward: float | None  # one sample through one denoising step; None: not counted (`note` says why)
+    train_pair: float | None  # one trained (sample, timestep) pair: forward + backward, + old (+ reference) forward
+    phases: dict[str, float]  # model FLOPs of one iteration, all processes together: explore, regenerate, train, total
+    precisions: dict[str, str]  # the precision each phase multiplies in
+    peaks: dict[str, float]  # one device's dense FLOP/s by precision; a precision missing: unmeasured
+    peak_sources: dict[str, str]  # where each peak comes from, or why it is unmeasured
+    devices: int  # processes, one device each, the work is spread over
+    device: str  # the device the peaks are of
+    note: str = ""
+
+
 class EventDecodeError(ValueError):
     """A record of a known kind whose fields do not fit that kind (a damaged or foreign file), or no
     event record at all. Readers stop and name the line: such a line is never dropped in silence."""

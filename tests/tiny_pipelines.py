@@ -8,66 +8,14 @@ character-level BPE for Gemma and CLIP, a word-plus-character Unigram for T5.
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 
 import torch
 
-WORDS = ("a an the photo of cat dog red blue green circle square and on in with left right above below "
-         "one two three small large").split()
-CHARS = string.ascii_lowercase + string.digits + ".,'\"!?:-"
-
-
-def gemma_tokenizer():  # type: ignore[no-untyped-def]
-    from transformers import GemmaTokenizerFast
-
-    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
-    vocab = {tok: i for i, tok in enumerate([*specials, "▁", *CHARS])}
-    return GemmaTokenizerFast(vocab=vocab, merges=[])
-
-
-def clip_tokenizer():  # type: ignore[no-untyped-def]
-    from transformers import CLIPTokenizer
-
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for c in CHARS:
-        vocab[c] = len(vocab)
-        vocab[c + "</w>"] = len(vocab)
-    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
-
-
-def t5_tokenizer():  # type: ignore[no-untyped-def]
-    from transformers import T5TokenizerFast
-
-    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
-    pieces += [("▁" + w, -1.0) for w in WORDS] + [(c, -5.0) for c in CHARS]
-    return T5TokenizerFast(vocab=pieces, extra_ids=0)
-
-
-def clip_encoder(tokenizer, hidden: int, projection: int, with_projection: bool):  # type: ignore[no-untyped-def]
-    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
-
-    config = CLIPTextConfig(hidden_size=hidden, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
-                            vocab_size=len(tokenizer), projection_dim=projection, max_position_embeddings=77,
-                            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                            pad_token_id=tokenizer.pad_token_id)
-    return (CLIPTextModelWithProjection if with_projection else CLIPTextModel)(config).eval()
-
-
-def t5_encoder(tokenizer, d_model: int):  # type: ignore[no-untyped-def]
-    from transformers import T5Config, T5EncoderModel
-
-    return T5EncoderModel(T5Config(d_model=d_model, d_ff=37, d_kv=8, num_layers=1, num_heads=4, vocab_size=len(tokenizer),
-                                   relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1)).eval()
-
-
-def kl_vae(latent_channels: int):  # type: ignore[no-untyped-def]
-    from diffusers import AutoencoderKL
-
-    return AutoencoderKL(sample_size=32, in_channels=3, out_channels=3, block_out_channels=(4, 4),
-                         down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
-                         layers_per_block=1, latent_channels=latent_channels, norm_num_groups=1, use_quant_conv=False,
-                         use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035)
+# The offline tokenizers, encoders and VAE live beside the benchmark that builds real-size pipelines
+# with them (`solrl bench`); the tests' tiny pipelines use the same ones.
+from solrl_core.bench.encoders import (CHARS, WORDS, clip_encoder, clip_tokenizer, gemma_tokenizer,  # noqa: F401
+                                       kl_vae, t5_encoder, t5_tokenizer)
 
 
 def sana_pipeline():  # type: ignore[no-untyped-def]

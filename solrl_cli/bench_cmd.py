@@ -1,0 +1,193 @@
+"""`solrl bench`: how fast each family trains on this machine, on a random-weight model of the preset's
+published size (no download): seconds, throughput, peak memory and MFU per phase, ratios against the
+compiled baseline. With --explore, one denoising step per explore backend instead. One core function
+does the work (solrl_core/bench/run.py, or bench/explore.py); this renders it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich import box
+from rich.table import Table
+
+from solrl_cli import options as opt
+from solrl_cli.common import console
+from solrl_cli.errors import user_errors
+
+Model = Annotated[Optional[str], typer.Option("--model", "-m", help="Model preset: sana, flux1 or sd3 (at --size tiny, any of their architectures). Default: sana.")]
+Families = Annotated[Optional[list[str]], typer.Option("--family", "-f", help="A family to time (repeatable). Default: sol_rl, compile, naive_scaling.")]
+Size = Annotated[str, typer.Option("--size", help="real: the preset's published transformer size (a GPU); tiny: the same architecture, tiny widths (any machine).")]
+N = Annotated[Optional[int], typer.Option("--n", min=2, help="Seeds explored per prompt. Default: 96 (real), 8 (tiny).")]
+K = Annotated[Optional[int], typer.Option("--k", min=2, help="Seeds kept and trained per prompt. Default: 24 (real), 4 (tiny).")]
+MicroBatch = Annotated[Optional[int], typer.Option("--micro-batch", min=1, help="Update micro-batch. Default: the model preset's.")]
+RolloutBatch = Annotated[Optional[int], typer.Option("--rollout-batch", min=1, help="Samples per rollout forward. Default: 24 (real), 8 (tiny).")]
+Iterations = Annotated[Optional[int], typer.Option("--iterations", min=2, help="Iterations per family, warm-up included (default 3); with --explore, calls per backend (default 13).")]
+Warmup = Annotated[Optional[int], typer.Option("--warmup", min=0, help="First iterations (--explore: calls) left out of the figures. Default 1 (--explore: 3).")]
+JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")]
+Explore = Annotated[bool, typer.Option("--explore", help="Time one denoising step per explore backend (bf16, fp8, fp8-e5m2-tensor, nvfp4-emulated), its error against bf16 and the refresh, instead of the families.")]
+Backends = Annotated[Optional[list[str]], typer.Option("--backend", help="--explore: a backend to time (repeatable; fp8-torchao too). Default: bf16, fp8, fp8-e5m2-tensor, nvfp4-emulated.")]
+Compile = Annotated[bool, typer.Option("--compile/--no-compile", help="--explore: also time each backend torch.compile'd block by block.")]
+NumericsOnly = Annotated[bool, typer.Option("--numerics-only", help="--explore on a CPU: run fp8 through torch's CPU reference kernel (exact numerics, no speed-up) instead of skipping it.")]
+SkipMemoryCheck = Annotated[bool, typer.Option("--skip-memory-check", help="--size real: build even when the doctor's (approximate) memory estimate says a family does not fit.")]
+PHASE_ROWS = ("explore", "regenerate", "reward", "train", "sync", "total")
+MODEL_PHASES = ("explore", "regenerate", "train")
+
+
+def bench(
+    model: Model = None, family: Families = None, size: Size = "real", device: opt.Device = None, n: N = None,
+    k: K = None, micro_batch: MicroBatch = None, rollout_batch: RolloutBatch = None, iterations: Iterations = None,
+    warmup: Warmup = None, set_: opt.Sets = None, json_out: JsonOut = None, explore: Explore = False,
+    backend: Backends = None, compile_: Compile = True, numerics_only: NumericsOnly = False,
+    skip_memory_check: SkipMemoryCheck = False,
+) -> None:
+    """Time Sol-RL against its baselines on this machine before any download: random weights at the published size."""
+    from solrl_core import events as ev
+    from solrl_core.bench.explore import explore_options, run_explore
+    from solrl_core.bench.run import FAMILIES, BenchOptions, run_bench
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # its save and load bars would interleave with the bench's own lines
+    with user_errors():
+        bus = ev.EventBus()
+        if explore:
+            options = explore_options(model=model, size=size, device=device, n=n, batch=rollout_batch, calls=iterations,
+                                      warmup=warmup, backends=backend, compile=compile_, numerics_only=numerics_only,
+                                      unused={"--family": family, "--k": k, "--micro-batch": micro_batch, "--set": set_})
+            with console.status("solrl bench --explore: starting") as status:
+                bus.subscribe(lambda e: _progress(e, status))
+                result = run_explore(options, bus)
+            _explore_report(result.to_dict())
+        else:
+            options = BenchOptions(model=model or "sana", families=tuple(family or FAMILIES), size=size, device=device or "auto",
+                                   n=n, k=k, micro_batch=micro_batch, rollout_batch=rollout_batch, iterations=iterations or 3,
+                                   warmup=1 if warmup is None else warmup, sets=tuple(set_ or ()),
+                                   check_memory=not skip_memory_check)
+            with console.status("solrl bench: starting") as status:
+                bus.subscribe(lambda e: _progress(e, status))
+                result = run_bench(options, bus)
+            _report(result.to_dict())
+        if json_out:
+            json_out.write_text(json.dumps(result.to_dict(), indent=2))
+            console.print(f"json: {json_out}")
+
+
+def _progress(event: Any, status: Any) -> None:
+    """One line per step (building, compiling, each iteration), the current one beside the spinner."""
+    from solrl_core import events as ev
+
+    if isinstance(event, ev.BenchProgress):
+        line = ("warning: " if event.stage == "warning" else "") + event.message
+    elif isinstance(event, ev.CompileStarted):
+        line = f"  compiling the {event.target} (torch.compile: seconds on a tiny model, minutes at real size)"
+    elif isinstance(event, ev.CompileFinished):
+        line = f"  compiled the {event.target} in {event.seconds:.1f} s"
+    elif isinstance(event, ev.IterationFinished):
+        line = f"  iteration {event.iteration}/{event.iterations}: {event.seconds['total']:.2f} s"
+    elif isinstance(event, ev.OutOfMemoryBackoff):
+        line = f"  out of memory in the {event.phase}: {event.setting} {event.old} -> {event.new}, iteration redone"
+    elif isinstance(event, ev.RunWarning):
+        line = f"  warning: {event.message}"
+    else:
+        return
+    console.print(line)
+    status.update("solrl bench: " + line.strip())
+
+
+def _report(result: dict[str, Any]) -> None:
+    from solrl_core.bench.flops import format_flops
+
+    m, o, rows, where = result["model"], result["options"], result["rows"], result["device"]
+    console.print(f"\n{m['preset']} at {m['size']} size ({_count(m['parameters'])} parameters, random weights), N={o['n']} K={o['k']}, "
+                  f"one prompt group; mean of {rows[0]['iterations_measured']} iteration(s) after {o['warmup']} warm-up; on {where}")
+    real = any(r["estimate_gib"] is not None for r in rows)  # the doctor's estimate is of the real model
+    seconds = _table("seconds per iteration", ("family", "explore", "regen", "reward", "train", "sync", "total", "peak GiB",
+                                                *(("doctor est",) if real else ())))
+    for r in rows:
+        est = r["estimate_gib"]
+        seconds.add_row(r["family"], *(f"{r['seconds'][p]:.2f}" for p in PHASE_ROWS), f"{r['peak_gib']['total']:.2f}",
+                        *((f"{est:.1f}" if est is not None else "-",) if real else ()))
+    console.print(seconds)
+    rates = _table("throughput", ("family", "explore steps/s", "regen steps/s", "train pairs/s", "images/s"))
+    for r in rows:
+        rates.add_row(r["family"], *(f"{v:.3g}" if v else "-" for v in (r["rates"].get(p) for p in MODEL_PHASES + ("total",))))
+    console.print(rates)
+    flops = _table("model FLOP per iteration", ("family", "explore", "regen", "train", "total"))
+    mfu = _table("model FLOPs utilisation (MFU), at the precision the phase ran", ("family", "explore", "regen", "train", "total"))
+    for r in rows:
+        flops.add_row(r["family"], *(format_flops(r["flops"][p]) for p in MODEL_PHASES + ("total",)))
+        mfu.add_row(r["family"], *(f"{_percent(r['mfu'].get(p))} {r['precision'][p]}" if r["flops"][p] else "-"
+                                   for p in MODEL_PHASES), _percent(r["mfu"].get("total")))
+    console.print(flops)
+    console.print(mfu)
+    console.print(f"steps/s: one sample through one denoising step; pairs/s: (sample, timestep) pairs of the update; "
+                  f"images/s: trained images per iteration second. peak GiB: {rows[0]['memory_source']}. MFU: model FLOPs / "
+                  "seconds / the device's dense peak at the phase's precision; total: the time its work takes at peak / its time.")
+    peaks = {(p["precision"], p["tflops"], p["source"]) for r in rows for p in r["peak_flops"].values() if p}
+    for precision, tflops, source in sorted(peaks):
+        console.print(f"peak {precision}: {tflops:.4g} TFLOP/s ({source}) on {where}")
+    if m["size"] != "real":
+        console.print("peak GiB beside the doctor's estimate at --size real only (its estimate is of the preset's real model)")
+    for r in rows:
+        _family_notes(r)
+    if not any(r["family"] == "compile" for r in rows):
+        console.print("no compile family measured: no ratio against the compiled baseline")
+
+
+def _explore_report(result: dict[str, Any]) -> None:
+    """The steps measured, as one table per model: ms, speed-up over eager bf16, error, refresh."""
+    o = result["options"]
+    for model in o["models"]:
+        rows = [r for r in result["rows"] if r["model"] == model]
+        base = next((r["seconds"] for r in rows if r["backend"] == "bf16" and r.get("compiled") is False and "seconds" in r), None)
+        table = _table(f"{model}: one denoising step at batch {o['batch']}, {o['size']} size, on {result['device']}",
+                       ("backend", "ms/step", "speed-up", "error", "refresh ms"))
+        for r in rows:
+            refresh = next((f"{x['refresh_seconds'] * 1e3:.1f}" for x in rows if x["backend"] == r["backend"] and "refresh_seconds" in x), "-")
+            if "seconds" in r:
+                table.add_row(r["backend"] + (" +compile" if r["compiled"] else ""), f"{r['seconds'] * 1e3:.2f}",
+                              f"{base / r['seconds']:.2f}x" if base else "-", f"{100 * r['rel_error']:.2f}%",
+                              refresh if not r["compiled"] else "")
+            elif "skipped" in r:
+                table.add_row(r["backend"] + (" +compile" if r.get("compiled") else ""), "not timed", "-", "-", "-")
+        console.print()
+        console.print(table)
+    skipped = [f"{r['backend']}: {r['skipped']}" for r in result["rows"] if "skipped" in r]
+    for line in dict.fromkeys(skipped):
+        console.print(f"not timed: {line}")
+    console.print("speed-up: over eager bf16. error: relative RMS of the output against the bf16 output on the same inputs "
+                  "(a check of the kernels, not a quality figure). refresh: load the merged weights and re-quantize. "
+                  "Random weights.")
+
+
+def _family_notes(r: dict[str, Any]) -> None:
+    notes = []
+    if r["vs_compile"]:
+        rollout = r["vs_compile"]["rollout"]
+        notes.append(f"vs compile: total {r['vs_compile']['total']:.2f}x, rollout (explore + regenerate) "
+                     + (f"{rollout:.2f}x" if rollout else "-"))
+    if r["compile_seconds"]:
+        notes.append("compiled " + ", ".join(f"{t} in {s:.1f} s" for t, s in r["compile_seconds"].items()) + " (one time)")
+    if r.get("graphs_after_warmup"):
+        notes.append(f"{r['graphs_after_warmup']} graphs recompiled after warm-up (TORCH_LOGS=recompiles says why)")
+    notes += [f"out-of-memory back-off {b}: the figures are at the lower setting" for b in r["backoffs"]]
+    if notes:
+        console.print(f"{r['family']}: " + "; ".join(notes))
+
+
+def _table(title: str, columns: tuple[str, ...]) -> Table:
+    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False, show_edge=False)
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("family", "backend") else "right", no_wrap=True)
+    return table
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
+
+
+def _percent(value: Optional[float]) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"

@@ -1,0 +1,87 @@
+"""Offline stand-ins for the parts of a pipeline a benchmark does not time closely: tokenizers of the
+real classes built from a few-hundred-entry vocabulary (a character-level BPE for Gemma and CLIP, a
+word-plus-character Unigram for T5), one- or two-layer text encoders of a chosen width, and a
+two-block VAE. Nothing is downloaded; the tests' tiny pipelines use them too."""
+
+from __future__ import annotations
+
+import string
+
+WORDS = ("a an the photo of cat dog red blue green circle square and on in with left right above below "
+         "one two three small large").split()
+CHARS = string.ascii_lowercase + string.digits + ".,'\"!?:-"
+
+
+def gemma_tokenizer():  # type: ignore[no-untyped-def]
+    from transformers import GemmaTokenizerFast
+
+    specials = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>"]
+    vocab = {tok: i for i, tok in enumerate([*specials, "▁", *CHARS])}
+    return GemmaTokenizerFast(vocab=vocab, merges=[])
+
+
+def clip_tokenizer():  # type: ignore[no-untyped-def]
+    from transformers import CLIPTokenizer
+
+    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
+    for c in CHARS:
+        vocab[c] = len(vocab)
+        vocab[c + "</w>"] = len(vocab)
+    return CLIPTokenizer(vocab=vocab, merges=[], model_max_length=77)
+
+
+def t5_tokenizer():  # type: ignore[no-untyped-def]
+    from transformers import T5TokenizerFast
+
+    pieces = [("<pad>", 0.0), ("</s>", 0.0), ("<unk>", 0.0), ("▁", -2.0)]
+    pieces += [("▁" + w, -1.0) for w in WORDS] + [(c, -5.0) for c in CHARS]
+    return T5TokenizerFast(vocab=pieces, extra_ids=0)
+
+
+def gemma_encoder(tokenizer, hidden: int, head_dim: int):  # type: ignore[no-untyped-def]
+    """One Gemma2 layer whose output width is `hidden` (SANA's caption_channels)."""
+    from transformers import Gemma2Config, Gemma2Model
+
+    return Gemma2Model(Gemma2Config(head_dim=head_dim, hidden_size=hidden, intermediate_size=512 if hidden > 64 else 64,
+                                    num_attention_heads=2, num_hidden_layers=1, num_key_value_heads=1 if hidden > 64 else 2,
+                                    vocab_size=len(tokenizer), pad_token_id=0)).eval()
+
+
+def clip_encoder(tokenizer, hidden: int, projection: int, with_projection: bool):  # type: ignore[no-untyped-def]
+    from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection
+
+    config = CLIPTextConfig(hidden_size=hidden, intermediate_size=37, num_attention_heads=4, num_hidden_layers=2,
+                            vocab_size=len(tokenizer), projection_dim=projection, max_position_embeddings=77,
+                            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id)
+    return (CLIPTextModelWithProjection if with_projection else CLIPTextModel)(config).eval()
+
+
+def t5_encoder(tokenizer, d_model: int):  # type: ignore[no-untyped-def]
+    from transformers import T5Config, T5EncoderModel
+
+    return T5EncoderModel(T5Config(d_model=d_model, d_ff=37, d_kv=8, num_layers=1, num_heads=4, vocab_size=len(tokenizer),
+                                   relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1)).eval()
+
+
+def kl_vae(latent_channels: int):  # type: ignore[no-untyped-def]
+    """A two-block AutoencoderKL: 2x spatial compression (the real ones compress 8x)."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(sample_size=32, in_channels=3, out_channels=3, block_out_channels=(4, 4),
+                         down_block_types=("DownEncoderBlock2D",) * 2, up_block_types=("UpDecoderBlock2D",) * 2,
+                         layers_per_block=1, latent_channels=latent_channels, norm_num_groups=1, use_quant_conv=False,
+                         use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035)
+
+
+def dc_vae(latent_channels: int, widths: tuple[int, int] = (32, 64)):  # type: ignore[no-untyped-def]
+    """A two-block AutoencoderDC (SANA's): 2x spatial compression (the real one compresses 32x)."""
+    from diffusers import AutoencoderDC
+
+    blocks = ("ResBlock", "EfficientViTBlock")
+    return AutoencoderDC(in_channels=3, latent_channels=latent_channels, attention_head_dim=8 if widths[0] >= 32 else 2,
+                         encoder_block_types=blocks, decoder_block_types=blocks, encoder_block_out_channels=widths,
+                         decoder_block_out_channels=widths, encoder_qkv_multiscales=((), (5,)),
+                         decoder_qkv_multiscales=((), (5,)), encoder_layers_per_block=(1, 1),
+                         decoder_layers_per_block=(1, 1), downsample_block_type="conv", upsample_block_type="interpolate",
+                         decoder_norm_types="rms_norm", decoder_act_fns="silu", scaling_factor=0.41407)

@@ -1,0 +1,312 @@
+"""`solrl bench --explore`: one denoising step per explore backend, its error against bf16, and the
+explore copy's refresh cost (benchmarks/explore_step.py is a caller of this module).
+
+The model preset's transformer is built at its published size (or tiny: build.py), random weights, in
+bf16 on the device, and one transformer forward is timed at the rollout batch per backend, through
+the wrappers the explore copy itself uses (precision/quantize.py; the preset's layer rule, whose
+min-dim is scaled by the tiny width over the real one at tiny size, so the same layers are quantized):
+
+    bf16             the reference
+    fp8              solrl's fp8 explore copy: e4m3 GEMMs through torch._scaled_mm, row-wise scales
+    fp8-e5m2-tensor  the official explore copy's numerics: per-tensor FP8 E5M2, emulated (no speed-up)
+    nvfp4-emulated   the exact NVFP4 emulation (numerics only: slower than bf16 by design)
+    fp8-torchao      torchao's Float8DynamicActivationFloat8WeightConfig(PerRow) on the nn.Linear layers
+                     (only when asked and torchao imports; it leaves SANA's 1x1-conv feed-forward in bf16)
+
+Each backend eager and, with `compile`, torch.compile'd block by block as solrl compiles its copies
+(regions.py). A quantized backend's refresh (load the merged weights, re-quantize) is timed too and
+set against one prompt group's explore forwards (derived: step time x explore steps x N / batch).
+Each output is compared with the bf16 output on the same inputs (relative RMS error): a check that
+the kernels compute the right thing on this device, not a quality figure.
+
+A backend this device has no kernel for is skipped with the reason (hardware.explore_precisions):
+fp8 on a CPU runs only when asked (`numerics_only`), through torch's CPU reference `_scaled_mm`
+(exact numerics, no speed-up). Random weights: speed only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from solrl_core import events as ev
+from solrl_core.bench.build import REAL, bench_model, build_transformer
+from solrl_core.bench.flops import forward_inputs, text_tokens
+from solrl_core.bench.peaks import device_label
+from solrl_core.errors import SolrlError
+
+BACKENDS = ("bf16", "fp8", "fp8-e5m2-tensor", "nvfp4-emulated", "fp8-torchao")
+DEFAULT_BACKENDS = BACKENDS[:4]  # torchao's conversion is one-way and optional: only when asked
+REFRESHED = ("fp8", "fp8-e5m2-tensor", "nvfp4-emulated")  # the explore copy's own wrappers (quantize.WRAPPERS)
+WIDTH = 26  # the label column of the progress lines
+
+
+@dataclass(frozen=True)
+class ExploreOptions:
+    """What to time. `steps` None: the model preset's explore.steps (the sol_rl family's)."""
+
+    models: tuple[str, ...] = ("sana",)
+    backends: tuple[str, ...] = DEFAULT_BACKENDS
+    size: str = "real"
+    device: str = "auto"
+    batch: int = 24  # the rollout batch (official: 24)
+    group: int = 96  # N, seeds per prompt: for the refresh's share of one group's explore forwards
+    steps: int | None = None
+    warmup: int = 3
+    repeats: int = 10
+    compile: bool = True
+    numerics_only: bool = False  # fp8 on a CPU through torch's reference kernel (as rank_fidelity.py --numerics-only)
+
+    def check(self, device: torch.device) -> None:
+        unknown = [b for b in self.backends if b not in BACKENDS]
+        if unknown:
+            raise SolrlError(f"unknown explore backend {unknown[0]!r}", f"choose from: {', '.join(BACKENDS)}")
+        if self.repeats < 1:
+            raise SolrlError("no timed call: the warm-up takes them all", "use --iterations above --warmup")
+        if device.type != "cuda" and self.size == "real":
+            raise SolrlError(f"real sizes need a GPU (the published transformers in bf16), and this run is on {device}",
+                             "use --size tiny --device cpu to run the same code on a CPU")
+
+
+SIZE_DEFAULTS = {"real": {"batch": 24, "group": 96}, "tiny": {"batch": 8, "group": 8}}  # as `solrl bench`'s
+
+
+def explore_options(*, model: str | None, size: str, device: str | None, n: int | None, batch: int | None,  # noqa: PLR0913
+                    calls: int | None, warmup: int | None, backends: list[str] | None, compile: bool,
+                    numerics_only: bool, unused: dict[str, object]) -> ExploreOptions:
+    """`solrl bench --explore`'s options: N and the rollout batch default by size as for the families;
+    `calls` counts the warm-up calls too (default 3 warm-up + 10 timed); an option of the families'
+    bench that means nothing here is refused rather than ignored."""
+    given = [name for name, value in unused.items() if value]
+    if given:
+        raise SolrlError(f"{given[0]} does not apply to --explore (one denoising step, no training)",
+                         "leave it out, or drop --explore to time the families")
+    defaults = SIZE_DEFAULTS.get(size, SIZE_DEFAULTS["real"])
+    warm = 3 if warmup is None else warmup
+    return ExploreOptions(models=(model or "sana",), backends=tuple(backends or DEFAULT_BACKENDS), size=size,
+                          device=device or "auto", batch=batch or defaults["batch"], group=n or defaults["group"],
+                          warmup=warm, repeats=(calls - warm) if calls else 10, compile=compile,
+                          numerics_only=numerics_only)
+
+
+@dataclass
+class ExploreResult:
+    device: str
+    torch: str
+    options: dict[str, Any]
+    rows: list[dict[str, Any]]  # per model and backend: a step, a refresh, or a skip with its reason
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def run_explore(options: ExploreOptions, bus: ev.EventBus) -> ExploreResult:
+    """Time every backend of `options` on each model; each line is said on `bus` as it is measured."""
+    from solrl_core.device import resolve_device
+
+    device = resolve_device(options.device)
+    options.check(device)
+    rows: list[dict[str, Any]] = []
+    for preset in options.models:
+        rows += measure_model(preset, options, device, bus)
+        if device.type == "cuda":  # the model is gone: its memory goes back before the next one
+            torch.cuda.empty_cache()
+    return ExploreResult(device_label(device), torch.__version__, dataclasses.asdict(options), rows)
+
+
+@dataclass
+class _Model:
+    """One built model and what every backend of it is timed against."""
+
+    preset: str
+    net: nn.Module
+    inputs: dict[str, Any]
+    reference: torch.Tensor  # the bf16 output on `inputs`
+    state: dict[str, torch.Tensor]  # the bf16 weights, which a refresh loads again
+    options: ExploreOptions
+    device: torch.device
+    bus: ev.EventBus
+
+    def say(self, line: str) -> None:
+        self.bus.emit(ev.BenchProgress(stage="explore", message=line))
+
+
+def measure_model(preset: str, options: ExploreOptions, device: torch.device, bus: ev.EventBus) -> list[dict[str, Any]]:
+    """One model, re-wrapped in place per backend (two copies of FLUX-12B would not fit); torchao's
+    conversion cannot be undone, so it runs last."""
+    from solrl_core.precision.quantize import unwrap_model
+    from solrl_core.presets import resolve_config
+
+    cfg = resolve_config(preset, "sol_rl")
+    model = bench_model(preset, cfg.model.loader, cfg.model.resolution, options.size)
+    rule = layer_rule(cfg, model.transformer, options.size)
+    torch.manual_seed(0)
+    net = build_transformer(model, device).requires_grad_(False)
+    x = forward_inputs(model, text_tokens(model.loader, cfg.model.max_sequence_length), options.batch, device)
+    with torch.no_grad():
+        reference = net(**x)[0].float()
+    m = _Model(preset, net, x, reference, net.state_dict(), options, device, bus)  # state: the same tensors
+    params = sum(p.numel() for p in net.parameters())
+    count = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.2f}M"
+    m.say(f"\n{preset}: {count} parameters, batch {options.batch}, {options.size} config, on {device_label(device)}")
+    rows: list[dict[str, Any]] = []
+    for backend in sorted(options.backends, key=lambda b: b == "fp8-torchao"):
+        skip = skip_reason(backend, device, options.numerics_only)
+        if skip:
+            rows.append(dict(model=preset, backend=backend, skipped=skip))
+            m.say(f"  {backend:<{WIDTH}} skipped: {skip}")
+            continue
+        unwrap_model(net)
+        try:
+            what = apply_backend(net, backend, rule)
+        except Exception as exc:  # noqa: BLE001 - one backend failing must not hide the others
+            rows.append(dict(model=preset, backend=backend, skipped=f"failed to build: {_first_line(exc)}"))
+            m.say(f"  {backend:<{WIDTH}} failed to build: {_first_line(exc)}")
+            continue
+        if device.type == "cpu" and backend == "fp8":
+            what += "; torch's CPU reference kernel: exact numerics, no speed-up"
+        rows += _steps(m, backend, what)
+        if backend in REFRESHED:
+            rows.append(_refresh(m, backend))
+    for line in summary_lines(rows, options, options.steps or cfg.explore.steps, device_label(device)):
+        m.say(line)
+    return rows
+
+
+def _steps(m: _Model, backend: str, what: str) -> list[dict[str, Any]]:
+    from solrl_core.regions import CompiledBlocks
+
+    rows = []
+    for compiled in ((False, True) if m.options.compile else (False,)):
+        fn = CompiledBlocks(m.net, active=False) if compiled else m.net  # as the explore copy compiles: block by block
+        label = backend + (" +compile" if compiled else "")
+        try:
+            with torch.no_grad():
+                seconds = time_call(lambda fn=fn: fn(**m.inputs), m.device, m.options.warmup, m.options.repeats)
+                error = relative_error(fn(**m.inputs)[0], m.reference)
+        except Exception as exc:  # noqa: BLE001
+            rows.append(dict(model=m.preset, backend=backend, compiled=compiled, skipped=f"failed: {_first_line(exc)}"))
+            m.say(f"  {label:<{WIDTH}} failed: {_first_line(exc)}")
+            continue
+        rows.append(dict(model=m.preset, backend=backend, compiled=compiled, seconds=seconds, rel_error=error, layers=what))
+        m.say(f"  {label:<{WIDTH}} {seconds * 1e3:9.2f} ms/step   error vs bf16 {100 * error:6.2f}%   ({what})")
+    return rows
+
+
+def _refresh(m: _Model, backend: str) -> dict[str, Any]:
+    from solrl_core.precision.quantize import requantize
+
+    def refresh() -> None:
+        m.net.load_state_dict(m.state, strict=False)
+        requantize(m.net)
+
+    seconds = time_call(refresh, m.device, 1, max(3, m.options.repeats // 3))
+    m.say(f"  {backend:<{WIDTH}} refresh {seconds * 1e3:7.1f} ms (load merged weights + re-quantize)")
+    return dict(model=m.preset, backend=backend, refresh_seconds=seconds)
+
+
+def summary_lines(rows: list[dict[str, Any]], options: ExploreOptions, steps: int, where: str) -> list[str]:
+    """Each timed step's speed-up over eager bf16, and each refresh against one prompt group's explore
+    forwards at that backend's eager step time."""
+    base = next((r["seconds"] for r in rows if r["backend"] == "bf16" and r.get("compiled") is False and "seconds" in r), None)
+    if not base:
+        return []
+    lines = [f"  speed-up over eager bf16 ({where}, batch {options.batch}):"]
+    lines += [f"    {r['backend'] + (' +compile' if r['compiled'] else ''):<{WIDTH}} {base / r['seconds']:6.2f}x"
+              for r in rows if "seconds" in r]
+    for r in rows:
+        step = next((s["seconds"] for s in rows if s["backend"] == r["backend"] and "seconds" in s), None)
+        if "refresh_seconds" not in r or not step:
+            continue
+        explore = step * steps * options.group / options.batch
+        lines.append(f"  {r['backend']} refresh {r['refresh_seconds'] * 1e3:.1f} ms vs one prompt group's explore forwards "
+                     f"({options.group} seeds x {steps} steps at batch {options.batch}: {explore:.2f} s, derived from the "
+                     f"eager step time): {100 * r['refresh_seconds'] / explore:.1f}% per group, less with more groups per refresh")
+    return lines
+
+
+def skip_reason(backend: str, device: torch.device, numerics_only: bool) -> str:
+    """Why `backend` does not run on `device` ('' when it does)."""
+    from solrl_core.precision import hardware
+    from solrl_core.precision.resolve import gpu_of
+
+    if backend == "fp8-torchao":
+        try:
+            import torchao  # noqa: F401
+        except Exception as exc:  # noqa: BLE001 - reported; the other backends still run
+            return f"torchao does not import ({type(exc).__name__}: {exc})"
+        return "torchao's float8 runs on CUDA only" if device.type != "cuda" else ""
+    ok, why = hardware.explore_precisions(gpu_of(device)).get(backend, (False, "not an explore precision solrl knows"))
+    if ok:
+        return ""
+    if device.type == "cpu" and backend == "fp8":
+        if numerics_only:
+            return ""
+        return f"{why}; --numerics-only runs it through torch's CPU reference kernel (exact numerics, no speed-up)"
+    return why
+
+
+def layer_rule(cfg: Any, transformer: dict[str, Any], size: str) -> Any:
+    """The model preset's rule; at tiny size its min-dim scaled to the tiny width."""
+    from solrl_core.precision.quantize import LayerRule
+
+    rule = LayerRule.of(cfg.model)
+    if size == "real":
+        return rule
+    ratio = hidden_width(transformer) / hidden_width(REAL[cfg.model.loader])
+    return dataclasses.replace(rule, min_dim=round(rule.min_dim * ratio))
+
+
+def hidden_width(config: dict[str, Any]) -> int:
+    return config["num_attention_heads"] * config["attention_head_dim"]
+
+
+def apply_backend(net: nn.Module, backend: str, rule: Any) -> str:
+    """Turn `net` (bf16, unwrapped) into `backend` in place; a one-line description of what changed."""
+    from solrl_core.precision.quantize import plan_layers, quantize_model
+
+    if backend == "bf16":
+        return "bf16 weights and GEMMs"
+    if backend in REFRESHED:
+        return quantize_model(net, rule, backend).summary()
+    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
+
+    names = {e.name for e in plan_layers(net, rule) if e.quantized and e.kind == "linear"}
+    quantize_(net, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()), filter_fn=lambda m, n: n in names)
+    return f"torchao float8 (per row) on {len(names)} nn.Linear layers"
+
+
+def time_call(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> float:
+    """Median seconds of `fn` over `repeats` calls after `warmup` calls."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def relative_error(out: torch.Tensor, reference: torch.Tensor) -> float:
+    """||out - reference|| / ||reference||, in fp32."""
+    return float((out.float() - reference).norm() / reference.norm().clamp(min=1e-12))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else ''}"
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

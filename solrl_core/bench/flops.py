@@ -1,0 +1,133 @@
+"""Model FLOPs: what the transformer computes per sample, and per phase of an iteration.
+
+One forward (a denoising step) and one training pass are counted by torch's FlopCounterMode on a copy
+of the transformer on the meta device (no memory, no time): matrix products, convolutions and
+attention, 2 FLOPs per multiply-add, the ops FlopCounterMode knows (norms and element-wise ops are
+not counted, as usual for MFU). A training pass is what the update does per (sample, timestep):
+forward and backward of the policy with its base weights frozen (the backward computes activation
+gradients only), plus the old policy's forward, plus the reference's when the KL term is on. The
+LoRA adapters' own products (rank 32: a few percent of the projections they sit on) are not counted,
+nor are the VAE decode and the rewards: the figure is the transformer's work, which is what the GPU's
+peak is for.
+
+`sana_forward_flops` derives one SANA forward from its config alone, as a check on the counter
+(tests/test_bench.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from solrl_core.bench.build import BenchModel, build_transformer
+from solrl_core.bench.mfu import format_flops  # noqa: F401 - where bench/run.py and the CLI take it from
+
+SANA_TOKENS = 300  # models/sana.py MAX_SEQUENCE_LENGTH
+T5_DEFAULT_TOKENS = {"flux1": 512, "sd3": 256}  # the pipelines' own max_sequence_length, when the preset sets none
+CLIP_TOKENS = 77
+
+
+def text_tokens(loader: str, max_sequence_length: int) -> int:
+    """Text tokens the transformer attends to, as solrl encodes prompts (padded, never trimmed)."""
+    if loader == "sana":
+        return SANA_TOKENS
+    t5 = max_sequence_length or T5_DEFAULT_TOKENS[loader]
+    return t5 + (CLIP_TOKENS if loader == "sd3" else 0)
+
+
+def forward_inputs(model: BenchModel, tokens: int, batch: int, device: torch.device | str,
+                   dtype: torch.dtype = torch.bfloat16) -> dict[str, Any]:
+    """One denoising step's keyword arguments, shaped as solrl's velocity functions call the transformer."""
+    c, side = model.transformer, model.latent_side
+    kw: dict[str, Any] = dict(device=device, dtype=dtype)
+    if model.loader == "sana":
+        return dict(hidden_states=torch.randn(batch, c["in_channels"], side, side, **kw),
+                    encoder_hidden_states=torch.randn(batch, tokens, c["caption_channels"], **kw),
+                    encoder_attention_mask=torch.ones(batch, tokens, device=device, dtype=torch.long),
+                    timestep=torch.full((batch,), 500.0, device=device), return_dict=False)
+    if model.loader == "flux1":
+        image = (side // 2) ** 2  # 2x2 latent patches packed into tokens of in_channels = 4 x latent channels
+        return dict(hidden_states=torch.randn(batch, image, c["in_channels"], **kw), timestep=torch.full((batch,), 0.5, **kw),
+                    guidance=torch.ones(batch, **kw), pooled_projections=torch.randn(batch, c["pooled_projection_dim"], **kw),
+                    encoder_hidden_states=torch.randn(batch, tokens, c["joint_attention_dim"], **kw),
+                    txt_ids=torch.zeros(tokens, 3, **kw), img_ids=torch.zeros(image, 3, **kw), return_dict=False)
+    return dict(hidden_states=torch.randn(batch, c["in_channels"], side, side, **kw), timestep=torch.full((batch,), 500.0, device=device),
+                encoder_hidden_states=torch.randn(batch, tokens, c["joint_attention_dim"], **kw),
+                pooled_projections=torch.randn(batch, c["pooled_projection_dim"], **kw), return_dict=False)
+
+
+@dataclass(frozen=True)
+class SampleFlops:
+    """Model FLOPs per sample: one forward, and one forward + backward with the base weights frozen."""
+
+    forward: float
+    forward_backward: float
+
+
+def count_sample_flops(model: BenchModel, tokens: int) -> SampleFlops:
+    """FlopCounterMode over the transformer on the meta device at batch 1 (FLOPs are linear in the batch)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    net = build_transformer(model, "meta").requires_grad_(False)
+    with FlopCounterMode(display=False) as counter:
+        net(**forward_inputs(model, tokens, 1, "meta"))
+    forward = counter.get_total_flops()
+    inputs = forward_inputs(model, tokens, 1, "meta")
+    inputs["hidden_states"].requires_grad_(True)  # gradients flow back through every block, as to the LoRA layers
+    with FlopCounterMode(display=False) as counter:
+        net(**inputs)[0].float().sum().backward()
+    return SampleFlops(float(forward), float(counter.get_total_flops()))
+
+
+def phase_flops(plan: Any, cfg: Any, per_sample: SampleFlops, prompts: int) -> dict[str, float]:
+    """Model FLOPs of each phase of one iteration of `plan` (plan.py's StagePlan) on `prompts` groups.
+
+        explore     prompts x explore seeds x explore steps x forward
+        regenerate  prompts x K x full steps x forward                 (when Stage 2 regenerates)
+        train       prompts x K x train timesteps x (forward + backward, + old forward, + reference forward if KL)
+    """
+    steps = min(max(1, int(plan.full_steps * cfg.algorithm.timestep_fraction)), plan.full_steps)  # update.py
+    pair = per_sample.forward_backward + per_sample.forward * (2 if cfg.algorithm.kl_beta != 0 else 1)
+    flops = {"explore": prompts * plan.explore_seeds * plan.explore_steps * per_sample.forward,
+             "regenerate": prompts * plan.keep * plan.full_steps * per_sample.forward if plan.regenerate else 0.0,
+             "train": prompts * plan.keep * steps * pair}
+    return {**flops, "total": sum(flops.values())}
+
+
+GEMM_PRECISIONS = ("fp8", "nvfp4", "bf16", "fp32")  # explore precisions whose GEMMs run at that precision
+
+
+def phase_precisions(plan: Any) -> dict[str, str]:
+    """The GEMM precision each phase's model FLOPs run at: fp8 in fp8; an emulated copy (nvfp4-emulated,
+    fp8-e5m2-tensor) multiplies dequantized weights in the run dtype."""
+    explore = plan.explore_precision if plan.explore_precision in GEMM_PRECISIONS else plan.full_precision
+    return {"explore": explore, "regenerate": plan.full_precision, "train": plan.full_precision}
+
+
+def sana_forward_flops(config: dict[str, Any], latent_side: int, tokens: int) -> int:
+    """One SANA forward at batch 1, derived from the config (diffusers' SanaTransformer2DModel):
+
+        patch embed        2 L Cin D                       L = (side / patch)^2 image tokens, D = heads x head dim
+        time embed         2 (256 D + D D + 6 D D)         per sample, not per token
+        caption projection 2 T (Cc D + D D)                T text tokens, Cc caption channels
+        per block: self-attention q, k, v, out  4 x 2 L D D
+                   linear attention (ReLU kernels, value padded with a row of ones): 2 matmuls of 2 (h+1) h L per head
+                   cross-attention q, out 2 x 2 L D Dx; k, v 2 x 2 T Dk Dx; scores and values 2 x 2 L T Dx
+                   feed-forward (GLUMBConv): 1x1 D -> 2F, 3x3 depthwise on 2F, 1x1 F -> D, F = int(mlp_ratio D)
+        output             2 L D (p^2 Cout)
+    """
+    p = config["patch_size"]
+    tokens_img = (latent_side // p) ** 2
+    d = config["num_attention_heads"] * config["attention_head_dim"]
+    h, heads = config["attention_head_dim"], config["num_attention_heads"]
+    dx, dk = config["num_cross_attention_heads"] * config["cross_attention_head_dim"], config["cross_attention_dim"]
+    f = int(config["mlp_ratio"] * d)
+    L, T = tokens_img, tokens
+    outside = (2 * L * config["in_channels"] * p * p * d + 2 * (256 * d + d * d + 6 * d * d)
+               + 2 * T * (config["caption_channels"] * d + d * d) + 2 * L * d * p * p * config["out_channels"])
+    self_attn = 4 * 2 * L * d * d + heads * 2 * (2 * (h + 1) * h * L)
+    cross_attn = 2 * 2 * L * d * dx + 2 * 2 * T * dk * dx + 2 * 2 * L * T * dx
+    ff = 2 * L * d * 2 * f + 2 * L * 2 * f * 9 + 2 * L * f * d
+    return outside + config["num_layers"] * (self_attn + cross_attn + ff)

@@ -1,0 +1,259 @@
+"""`solrl bench`: each family trained for a few iterations through `solrl train`'s own code on a
+random-weight model of the preset's published size, the warm-up iterations dropped.
+
+Per family and phase: seconds (mean over the measured iterations), throughput, peak memory (with the
+doctor's estimate beside it at real size), the one-time compile times, model FLOPs (flops.py), model
+FLOPs utilisation against the device's dense peak at the precision each phase multiplies in
+(peaks.py), and each family's total and rollout (explore + regenerate) time against the `compile`
+family, the compiled bf16 baseline. One prompt group per iteration, a cheap JPEG reward on the CPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from solrl_core import events as ev
+from solrl_core.bench import peaks as pk
+from solrl_core.bench.build import bench_model, build_pipeline, parameters
+from solrl_core.bench.flops import (SampleFlops, count_sample_flops, format_flops, phase_flops, phase_precisions,
+                                   text_tokens)
+from solrl_core.errors import SolrlError
+
+FAMILIES = ("sol_rl", "compile", "naive_scaling")
+PHASES = ("explore", "regenerate", "reward", "train", "sync", "total")
+MEMORY_PHASES = ("explore", "regenerate", "train", "sync", "total")
+MODEL_PHASES = ("explore", "regenerate", "train")  # the phases that run the transformer
+REWARD = "jpeg_compressibility"  # cheap and on the CPU: the bench times the model, not a reward network
+# N, K and the rollout batch when not given: the official ones at real size, a few seeds at tiny size (a CPU)
+SIZE_DEFAULTS = {"real": {"n": 96, "k": 24, "rollout_batch": 24}, "tiny": {"n": 8, "k": 4, "rollout_batch": 8}}
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """What to measure. `micro_batch` None keeps the model preset's optimizer.micro_batch."""
+
+    model: str = "sana"
+    families: tuple[str, ...] = FAMILIES
+    size: str = "real"
+    device: str = "auto"
+    n: int | None = None  # None: SIZE_DEFAULTS
+    k: int | None = None
+    micro_batch: int | None = None
+    rollout_batch: int | None = None
+    iterations: int = 3
+    warmup: int = 1
+    sets: tuple[str, ...] = field(default=())
+    check_memory: bool = True  # at real size: refuse before building when the doctor's estimate does not fit (fits.py)
+
+    def resolved(self) -> "BenchOptions":
+        """N, K and the rollout batch filled in for the size where not given."""
+        given = {k: v for k, v in SIZE_DEFAULTS.get(self.size, SIZE_DEFAULTS["real"]).items() if getattr(self, k) is None}
+        return dataclasses.replace(self, **given)
+
+    def check(self, device: torch.device) -> None:
+        if self.iterations <= self.warmup:
+            raise SolrlError(f"--iterations {self.iterations} leaves nothing after {self.warmup} warm-up iteration(s)",
+                             f"use --iterations {self.warmup + 2} or more")
+        if device.type != "cuda" and self.size == "real":
+            raise SolrlError(f"--size real builds the published model (billions of parameters): it needs a GPU, and "
+                             f"this run is on {device}", "use --size tiny --device cpu to run the same code on a CPU")
+
+
+@dataclass
+class BenchResult:
+    device: str
+    torch: str
+    options: dict[str, Any]
+    model: dict[str, Any]  # preset, size, parameters, resolution, text tokens, FLOPs per sample
+    rows: list[dict[str, Any]]  # one per family
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def run_bench(options: BenchOptions, bus: ev.EventBus, workdir: Path | None = None) -> BenchResult:
+    """Build the model once, train each family on it, and measure; events on `bus` say what runs."""
+    from solrl_core.device import resolve_device
+    from solrl_core.presets import resolve_config
+
+    options = options.resolved()
+    device = resolve_device(options.device)
+    options.check(device)
+    base = resolve_config(options.model, "sol_rl", REWARD, sets=options.sets)
+    model = bench_model(options.model, base.model.loader, base.model.resolution, options.size)
+    tokens = text_tokens(model.loader, base.model.max_sequence_length)
+    count = parameters(model)
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        root = Path(tmp)
+        if options.size == "real" and options.check_memory and device.type == "cuda":
+            from solrl_core.bench.fits import check_fits
+            from solrl_core.precision.resolve import gpu_of
+
+            check_fits({f: family_config(options, f, root) for f in options.families}, device, gpu_of(device))
+        bus.emit(ev.BenchProgress(stage="build", message=(
+            f"building the {options.model} transformer at {options.size} size ({_count(count)} parameters, random "
+            f"weights), {'one-layer text encoders of the real widths' if options.size == 'real' else 'tiny text encoders'} "
+            f"and a two-block VAE, on {device}")))
+        folder = _build(model, root / "pipeline", device, count)
+        per_sample = count_sample_flops(model, tokens)
+        bus.emit(ev.BenchProgress(stage="flops", message=(
+            f"model FLOPs per sample (FlopCounterMode, meta device): forward {format_flops(per_sample.forward)}, "
+            f"forward + backward {format_flops(per_sample.forward_backward)}")))
+        rows = [_run_family(options, family, folder, model.resolution, per_sample, bus, root) for family in options.families]
+    cache: dict[tuple[str, str], pk.Peak | None] = {}
+    for row in rows:
+        _add_utilisation(row, device, cache, bus)
+    add_ratios(rows)
+    info = {"preset": options.model, "loader": model.loader, "size": options.size, "parameters": count,
+            "resolution": model.resolution, "latent_side": model.latent_side, "text_tokens": tokens,
+            "flops_per_sample": dataclasses.asdict(per_sample), "transformer_config": model.transformer}
+    return BenchResult(pk.device_label(device), torch.__version__, dataclasses.asdict(options), info, rows)
+
+
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
+
+
+def _build(model: Any, folder: Path, device: torch.device, count: int) -> Path:
+    try:
+        return build_pipeline(model, folder, device)
+    except torch.cuda.OutOfMemoryError as exc:
+        total = torch.cuda.get_device_properties(device).total_memory / 2**30
+        raise SolrlError(f"the {model.preset} transformer ({count / 1e9:.1f}B parameters, {count * 2 / 2**30:.1f} GiB in "
+                         f"bf16) does not fit in the {total:.0f} GiB of {pk.device_label(device)}",
+                         "use a GPU with more memory, a smaller --model, or --size tiny to run the code path") from exc
+
+
+FIXES = {"rollout": "lower --rollout-batch or --n (explore.group_size)",
+         "update": "lower --micro-batch or --k (selection.group_size)",
+         "reward": "lower --rollout-batch", "evaluation": "lower --rollout-batch"}
+
+
+def _train(cfg: Any, bus: ev.EventBus, family: str) -> Any:
+    """`solrl train` on `cfg`; running out of memory is said with the bench's own settings to lower."""
+    from solrl_core.faults.oom import DoesNotFit
+    from solrl_core.trainer import StopFlag, train
+
+    try:
+        return train(cfg, bus, stop=StopFlag())
+    except DoesNotFit as exc:
+        phase = next((p for p in FIXES if f"in the {p} " in exc.message), "update")
+        raise SolrlError(f"{family} does not fit here: {exc.message}", FIXES[phase] + ", or use a GPU with more memory") from exc
+    except torch.cuda.OutOfMemoryError as exc:
+        raise SolrlError(f"{family}: out of GPU memory while loading the model and its copies",
+                         "use a GPU with more memory or a smaller --model; an fp8 explore copy (--set explore.precision=fp8) "
+                         "is smaller than the emulated NVFP4 one") from exc
+
+
+def _run_family(options: BenchOptions, family: str, folder: Path, resolution: int, per_sample: SampleFlops,
+                bus: ev.EventBus, root: Path) -> dict[str, Any]:
+    from solrl_core.footprint import estimate_memory
+
+    cfg = family_config(options, family, root, folder, resolution)
+    bus.emit(ev.BenchProgress(stage="family", message=(
+        f"{family}: {options.iterations} iterations, the first {options.warmup} dropped as warm-up")))
+    seen: list[ev.Event] = []
+    graphs: list[int] = []  # Dynamo's count of graphs compiled so far, read as each iteration ends
+    relay = ev.EventBus()
+    relay.subscribe(seen.append)
+    relay.subscribe(lambda e: graphs.append(compiled_graphs()) if isinstance(e, ev.IterationFinished) else None)
+    relay.subscribe(bus.emit)
+    session = _train(cfg, relay, family)
+    run, machine = session.run, session.run.machine
+    its = [e for e in seen if isinstance(e, ev.IterationFinished)][options.warmup:]
+    if not its:
+        raise SolrlError(f"{family} stopped before a measured iteration", "let it run to the end (no stop during a bench)")
+    started = next(e for e in seen if isinstance(e, ev.RunStarted))
+    # the doctor's estimate is of the preset's real model: only a real size compares
+    estimate = estimate_memory(run.config, machine.explore_precision, run.dtype_name, machine.checkpointing,
+                               machine.rollout_copy, machine.update_compile).peak if options.size == "real" else None
+    if run.device.type == "cuda":
+        torch.cuda.empty_cache()
+    seconds = {k: statistics.mean(e.seconds.get(k, 0.0) for e in its) for k in PHASES}
+    flops = phase_flops(run.plan, run.config, per_sample, run.config.run.prompts_per_iteration)
+    return {"model": options.model, "family": family, "plan": started.plan, "machine": started.machine,
+            "seconds": seconds, "rates": _rates(run.plan, run.config, seconds),
+            "peak_gib": {k: max((e.peak_memory or {}).get(k, 0.0) for e in its) for k in MEMORY_PHASES},
+            "memory_source": its[-1].memory_source, "estimate_gib": estimate,
+            "compile_seconds": {e.target: e.seconds for e in seen if isinstance(e, ev.CompileFinished)},
+            "backoffs": [f"{e.setting} {e.old} -> {e.new} ({e.phase})" for e in seen if isinstance(e, ev.OutOfMemoryBackoff)],
+            "iterations_measured": len(its), "flops": flops, "precision": phase_precisions(run.plan),
+            # graphs Dynamo compiled during the measured iterations: any is a recompile after warm-up
+            "graphs_after_warmup": graphs[-1] - graphs[options.warmup - 1] if options.warmup else None}
+
+
+def family_config(options: BenchOptions, family: str, root: Path, folder: Path | None = None,
+                  resolution: int | None = None) -> Any:
+    """The config `family` trains with in the bench; without `folder` (not built yet) the preset's own
+    model, which is what the doctor's memory estimate is of."""
+    from solrl_core.presets import resolve_config
+
+    model = [f"model.path={folder}", f"model.resolution={resolution}"] if folder is not None else []
+    sets = [*model, f"explore.group_size={options.n}", f"selection.group_size={options.k}", "run.prompts_per_iteration=1",
+            f"run.iterations={options.iterations}", f"run.checkpoint_every={options.iterations}", f"run.device={options.device}",
+            f"run.run_dir={root / family}", "run.eval_prompts=", f"sampler.rollout_batch={options.rollout_batch}",
+            *([f"optimizer.micro_batch={options.micro_batch}"] if options.micro_batch else []), *options.sets]
+    return resolve_config(options.model, family, REWARD, sets=sets)
+
+
+def _rates(plan: Any, cfg: Any, seconds: dict[str, float]) -> dict[str, float | None]:
+    """Work per second: sample-steps (one sample through one denoising step) in the rollouts,
+    (sample, timestep) training pairs in the update, trained images per iteration second in total."""
+    prompts = cfg.run.prompts_per_iteration
+    pairs = prompts * plan.keep * min(max(1, int(plan.full_steps * cfg.algorithm.timestep_fraction)), plan.full_steps)
+    work = {"explore": prompts * plan.explore_seeds * plan.explore_steps,
+            "regenerate": prompts * plan.keep * plan.full_steps if plan.regenerate else 0,
+            "train": pairs, "total": prompts * plan.keep}
+    return {k: (v / seconds[k] if v and seconds[k] > 0 else None) for k, v in work.items()}
+
+
+def _add_utilisation(row: dict[str, Any], device: torch.device, cache: dict, bus: ev.EventBus) -> None:
+    """Model FLOPs utilisation per phase: FLOPs / seconds / the device's dense peak at the phase's
+    precision; in total, the time the iteration's work takes at peak over the time it took."""
+    row["peak_flops"], row["mfu"] = {}, {}
+    at_peak = 0.0
+    for phase in MODEL_PHASES:
+        precision = row["precision"][phase]
+        if (str(device), precision) not in cache and device.type != "cuda":
+            bus.emit(ev.BenchProgress(stage="peak", message=f"measuring {precision} GEMM throughput on {pk.device_label(device)}"))
+        peak = pk.device_peak(device, precision, cache)
+        row["peak_flops"][phase] = peak.to_dict() if peak else None
+        seconds, flops = row["seconds"][phase], row["flops"][phase]
+        if peak is None or not flops or seconds <= 0:
+            row["mfu"][phase] = None
+            continue
+        row["mfu"][phase] = flops / seconds / peak.flops
+        at_peak += flops / peak.flops
+    known = all(row["mfu"][p] is not None for p in MODEL_PHASES if row["flops"][p])
+    row["mfu"]["total"] = at_peak / row["seconds"]["total"] if known and row["seconds"]["total"] > 0 else None
+
+
+def add_ratios(rows: list[dict[str, Any]]) -> None:
+    """Each family's speed-up over the `compile` family of the same model: total iteration time and
+    rollout time (explore + regenerate); None without a compile row."""
+    for row in rows:
+        base = next((r for r in rows if r["family"] == "compile" and r["model"] == row["model"]), None)
+        if base is None or base is row:
+            row["vs_compile"] = None
+            continue
+        mine, theirs = rollout_seconds(row), rollout_seconds(base)
+        row["vs_compile"] = {"total": base["seconds"]["total"] / row["seconds"]["total"],
+                             "rollout": theirs / mine if mine > 0 else None}
+
+
+def rollout_seconds(row: dict[str, Any]) -> float:
+    return row["seconds"]["explore"] + row["seconds"]["regenerate"]
+
+
+def compiled_graphs() -> int:
+    """How many graphs torch.compile has compiled in this process (Dynamo's own counter)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
