@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from solrl_cli.bench_cmd import bench
 from solrl_cli.compare_cmd import compare
 from solrl_cli.doctor_cmd import doctor
 from solrl_cli.eval_cmd import eval_
@@ -16,6 +17,7 @@ from solrl_cli.explore_cmd import explore, rank_check
 from solrl_cli.infer_cmd import export, infer
 from solrl_cli.monitor_cmd import monitor
 from solrl_cli.presets_cmd import config_help, presets
+from solrl_cli.reward_server_cmd import reward_server
 from solrl_cli.train_cmd import train
 
 app = typer.Typer(name="solrl", no_args_is_help=False, add_completion=False, pretty_exceptions_enable=False,
@@ -24,7 +26,8 @@ app = typer.Typer(name="solrl", no_args_is_help=False, add_completion=False, pre
 
 for name, command in (("train", train), ("eval", eval_), ("infer", infer), ("export", export), ("explore", explore),
                       ("rank-check", rank_check), ("doctor", doctor), ("monitor", monitor), ("compare", compare),
-                      ("presets", presets), ("config-help", config_help)):
+                      ("presets", presets), ("config-help", config_help), ("reward-server", reward_server),
+                      ("bench", bench)):
     app.command(name)(command)
 
 

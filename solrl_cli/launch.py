@@ -18,7 +18,7 @@ from typing import Sequence
 
 from solrl_core.errors import SolrlError
 
-LAUNCH_FLAGS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint")
+LAUNCH_FLAGS = ("--nproc-per-node", "--nnodes", "--node-rank", "--rdzv-endpoint", "--master-addr", "--master-port")
 
 
 def strip_launcher_flags(argv: Sequence[str]) -> list[str]:
@@ -58,11 +58,38 @@ def torchrun_args(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0, rdzv
     return [*head, "-m", "solrl_cli", "train", *strip_launcher_flags(argv)]
 
 
+def endpoint(rdzv_endpoint: str | None, master_addr: str | None, master_port: int | None) -> str | None:
+    """HOST:PORT of node 0, from --rdzv-endpoint or torchrun's --master-addr / --master-port (default
+    port 29500, torchrun's), not both."""
+    if master_addr is None and master_port is None:
+        return rdzv_endpoint
+    if rdzv_endpoint:
+        raise SolrlError("--rdzv-endpoint and --master-addr/--master-port name node 0 twice", "give one of them")
+    return f"{master_addr or '127.0.0.1'}:{master_port or 29500}"
+
+
+def check_port_free(port: int) -> None:
+    """The rendezvous port is free on node 0: in use, torchrun would fail with a store error."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError as exc:
+            raise SolrlError(f"port {port} on this node (node 0, which hosts the rendezvous) is in use: {exc.strerror}",
+                             "pick a free port for --rdzv-endpoint / --master-port on every node") from exc
+
+
 def launch(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoint: str | None = None,
-           argv: Sequence[str] = (), *, prompts_per_iteration: int | None = None) -> int:
+           argv: Sequence[str] = (), *, prompts_per_iteration: int | None = None, run_dir: str = "") -> int:
     """Run `solrl train argv` (launcher flags dropped) on every process; returns the exit code:
     0, the first failed worker's code, or 130 when stopped by a signal. Given the resolved
-    run.prompts_per_iteration, an uneven split is one error here instead of one per process."""
+    run.prompts_per_iteration, an uneven split is one error here instead of one per process.
+
+    A worker that dies (killed, out of host memory) or fails makes torchrun stop the others at once
+    (SIGTERM, SIGKILL 30 s later), so the run ends instead of waiting in a collective; one line
+    says which rank ended it and how. Checkpoints are written atomically, so the newest is intact."""
     if "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ:
         raise SolrlError("--nproc-per-node was given to a process torchrun already started",
                          "use either torchrun or --nproc-per-node, not both")
@@ -75,13 +102,30 @@ def launch(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoi
     from torch.distributed.run import get_args_parser, run
 
     args = get_args_parser().parse_args(torchrun_args(nproc_per_node, nnodes, node_rank, rdzv_endpoint, argv))
+    if nnodes > 1 and node_rank == 0:  # node 0 hosts the rendezvous store on that port
+        check_port_free(int(str(rdzv_endpoint).rpartition(":")[2]))
     if nproc_per_node > 1:  # what torchrun sets anyway, without its banner; run.threads overrides it per process
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:
         run(args)
     except ChildFailedError as exc:
+        _say_who_failed(exc, nnodes, run_dir)
         codes = [f.exitcode for _, f in sorted(exc.failures.items())]
         return next((c for c in codes if c > 0), 1)  # negative: killed by a signal, after another failed
     except SignalException:
         return 130
     return 0
+
+
+def _say_who_failed(exc, nnodes: int, run_dir: str) -> None:  # type: ignore[no-untyped-def]
+    """One line on the worker that ended the run (its own error, if it raised one, is printed above)."""
+    from solrl_cli.errors import err_console
+
+    rank, failure = exc.get_first_failure()
+    how = (f"was killed by signal {failure.signal_name()}" if failure.exitcode < 0
+           else f"failed with exit code {failure.exitcode} (its error is above)")
+    where = f"; the run directory is {run_dir}" if run_dir else ""
+    err_console.print(f"error: rank {rank} (pid {failure.pid}) {how}; torchrun stopped the other processes"
+                      f"{' on this node' if nnodes > 1 else ''}{where}", soft_wrap=True)
+    err_console.print("  fix: the newest checkpoint is intact (written atomically): continue with "
+                      f"`solrl train --resume {run_dir or 'RUN_DIR'}` and the same launcher flags", soft_wrap=True)

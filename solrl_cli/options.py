@@ -14,7 +14,8 @@ ModelPath = Annotated[Optional[Path], typer.Option("--model-path", help="Local f
 Preset = Annotated[Optional[str], typer.Option("--preset", help="All three at once: <model>_<family>_<reward>.")]
 ConfigFile = Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML or YAML file of settings, applied over the presets.")]
 Sets = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override one setting: section.key=value (repeatable).")]
-Prompts = Annotated[Optional[str], typer.Option("--prompts", "-p", help="Built-in prompt set name, or a .txt (one per line) / .jsonl file.")]
+Prompts = Annotated[Optional[str], typer.Option("--prompts", "-p", help="Prompt set: a name from `solrl presets`, a .txt / .jsonl / .parquet / .csv file or save_to_disk folder "
+                                                  "(PATH:COLUMN, DIR@SPLIT:COLUMN), or hf:OWNER/NAME@SPLIT:COLUMN (split, column optional; docs/prompts.md).")]
 RunDir = Annotated[Optional[Path], typer.Option("--run-dir", "-o", help="Output folder. Default: runs/<time>-<preset>.")]
 Iterations = Annotated[Optional[int], typer.Option("--iterations", "-n", min=1, help="Training iterations.")]
 Seed = Annotated[Optional[int], typer.Option("--seed", help="Run seed.")]

@@ -20,6 +20,8 @@ Nproc = Annotated[int, typer.Option("--nproc-per-node", min=1, help="Processes (
 Nnodes = Annotated[int, typer.Option("--nnodes", min=1, help="Nodes in the run; start the same command on each with its --node-rank.")]
 NodeRank = Annotated[int, typer.Option("--node-rank", min=0, help="This node's index, 0 to nnodes-1.")]
 Rdzv = Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="HOST:PORT of node 0 (needed with --nnodes > 1).")]
+MasterAddr = Annotated[Optional[str], typer.Option("--master-addr", help="torchrun's name for node 0's address: the same as --rdzv-endpoint ADDR:PORT.")]
+MasterPort = Annotated[Optional[int], typer.Option("--master-port", help="torchrun's name for node 0's port (default 29500), with --master-addr.")]
 DumpConfig = Annotated[bool, typer.Option("--dump-config", help="Print the resolved config as TOML and exit.")]
 
 
@@ -29,7 +31,8 @@ def train(
     run_dir: opt.RunDir = None, iterations: opt.Iterations = None, seed: opt.Seed = None, device: opt.Device = None,
     explore_precision: opt.ExplorePrecision = None, resume: Resume = None, checkpoint: ResumeCheckpoint = None,
     log: Log = None, tui: Tui = False, nproc_per_node: Nproc = 1, nnodes: Nnodes = 1, node_rank: NodeRank = 0,
-    rdzv_endpoint: Rdzv = None, dump_config: DumpConfig = False,
+    rdzv_endpoint: Rdzv = None, master_addr: MasterAddr = None, master_port: MasterPort = None,
+    dump_config: DumpConfig = False,
 ) -> None:
     """Train with Sol-RL (or another family). With no arguments: the built-in tiny model on this machine."""
     with user_errors():
@@ -49,10 +52,11 @@ def train(
             return _print_config(cfg)
         _preflight(cfg, nproc_per_node)
         if nproc_per_node > 1 or nnodes > 1:  # torch.distributed's own launcher re-runs this command per process
-            from solrl_cli.launch import launch
+            from solrl_cli.launch import endpoint, launch
 
-            raise typer.Exit(launch(nproc_per_node, nnodes, node_rank, rdzv_endpoint, sys.argv[1:],
-                                    prompts_per_iteration=cfg.run.prompts_per_iteration))
+            raise typer.Exit(launch(nproc_per_node, nnodes, node_rank, endpoint(rdzv_endpoint, master_addr, master_port),
+                                    sys.argv[1:], prompts_per_iteration=cfg.run.prompts_per_iteration,
+                                    run_dir=str(resume or cfg.run.run_dir)))
         session = _run(cfg, tui, bool(resume), checkpoint)
         if session.state.iteration < session.run.config.run.iterations:
             raise typer.Exit(130)  # stopped by a signal: saved, but not finished
@@ -114,7 +118,7 @@ def _resume_config(run_dir: Path, choices: tuple, sets: Optional[list[str]], fla
 def _print_config(cfg) -> None:  # type: ignore[no-untyped-def]
     import tomli_w
 
-    from solrl_core.config import to_dict
+    from solrl_core.config_io import to_dict
 
     print(f"# solrl resolved config for preset {cfg.preset}\n# precedence: {PRECEDENCE}")
     print(tomli_w.dumps(to_dict(cfg)), end="")

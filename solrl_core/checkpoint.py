@@ -10,10 +10,12 @@ corrupt one is refused, naming the bad file and the newest intact checkpoint, wh
 `--resume RUN --checkpoint iter_N` picks. A full disk while saving leaves the previous checkpoints
 as they were and stops the run with a clear error.
 
-Nothing in it depends on the number of processes: the adapters and the optimizer state of the LoRA
-parameters are replicated on every rank, and the RNG states are rank 0's (the one process that
-writes). Every random draw of an iteration derives from (run seed, iteration) anyway, so a run
-saved on 8 GPUs resumes on 1, or on 4, and draws the same prompts, seeds and noise.
+Nothing in it depends on the number of processes or the strategy: the adapters and the optimizer state
+of the LoRA parameters are replicated on every rank, or, sharded (distributed.strategy=fsdp), gathered
+whole before rank 0 writes them and cut back to each rank's shard when read, and the RNG states are
+rank 0's (the one process that writes). Every random draw of an iteration derives from (run seed,
+iteration) anyway, so a run saved on 8 GPUs resumes on 1, or on 4, and draws the same prompts, seeds
+and noise.
 """
 
 from __future__ import annotations
@@ -35,13 +37,15 @@ from solrl_core.faults import disk
 from solrl_core.faults.manifest import verify, write_manifest
 from solrl_core.policy import LORA_FILE, OLD, TRAINED, Policy
 from solrl_core.rundir import checkpoint_dir, list_checkpoints
+from solrl_core.sharding import Gathered, load_optimizer_state
 
 TMP_PREFIX = ".tmp-"  # a checkpoint being written: checkpoints/.tmp-iter_NNNNNN-<pid>-<ns>
 
 
 def save_checkpoint(run_dir: Path, iteration: int, policy: Policy, optimizer: torch.optim.Optimizer,
-                    state: dict[str, Any], keep: int) -> Path:
-    """Write checkpoint `iteration` atomically and prune all but the newest `keep`."""
+                    state: dict[str, Any], keep: int, *, gathered: Gathered | None = None) -> Path:
+    """Write checkpoint `iteration` atomically and prune all but the newest `keep`. `gathered`: the
+    adapters and optimizer state of a sharded policy, gathered whole by every rank (sharding.py)."""
     folder = checkpoint_dir(run_dir)
     final = folder / f"iter_{iteration:06d}"
     tmp = folder / f"{TMP_PREFIX}{final.name}-{os.getpid()}-{time.monotonic_ns()}"
@@ -50,7 +54,7 @@ def save_checkpoint(run_dir: Path, iteration: int, policy: Policy, optimizer: to
                                                                f"then `solrl train --resume {run_dir}`"):
             folder.mkdir(parents=True, exist_ok=True)
             tmp.mkdir()
-            _write(tmp, policy, optimizer, state)
+            _write(tmp, policy, optimizer, state, gathered)
             if final.exists():  # the same iteration saved again after a resume: swap, never half-replace
                 stale = folder / f".old-{final.name}-{time.monotonic_ns()}"
                 final.rename(stale)
@@ -72,15 +76,18 @@ def save_checkpoint(run_dir: Path, iteration: int, policy: Policy, optimizer: to
     return final
 
 
-def _write(tmp: Path, policy: Policy, optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> None:
+def _write(tmp: Path, policy: Policy, optimizer: torch.optim.Optimizer, state: dict[str, Any],
+           gathered: Gathered | None) -> None:
     """Every file of a checkpoint into `tmp`, synced, the manifest last. torch.save is given an open
     file, not a path: then a full disk reaches us as ENOSPC (faults/disk.py), not "unexpected pos"."""
-    policy.save_lora(tmp, TRAINED)
-    policy.save_lora(tmp / "old", OLD)
-    policy.save_lora(tmp / "ema", "ema")
+    adapters = gathered.adapters if gathered is not None else {}
+    policy.save_lora(tmp, TRAINED, adapters.get(TRAINED))
+    policy.save_lora(tmp / "old", OLD, adapters.get(OLD))
+    policy.save_lora(tmp / "ema", "ema", adapters.get("ema"))
     rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
-    for name, obj in (("optimizer.pt", optimizer.state_dict()), ("rng.pt", rng)):
+    optimizer_state = gathered.optimizer if gathered is not None else optimizer.state_dict()
+    for name, obj in (("optimizer.pt", optimizer_state), ("rng.pt", rng)):
         with open(tmp / name, "wb") as fh:
             torch.save(obj, fh)
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
@@ -176,7 +183,7 @@ def load_checkpoint(path: Path, policy: Policy, optimizer: torch.optim.Optimizer
     """Restore adapters, optimizer and RNG states; return the loop state. Corruption is a clear error."""
     load_adapters(path, policy)
     try:
-        optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
+        load_optimizer_state(optimizer, torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
         rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=False)
         state = json.loads((path / "trainer_state.json").read_text())
     except Exception as exc:  # noqa: BLE001 - any failure to read means the checkpoint cannot be trusted

@@ -3,24 +3,23 @@
 A config is built in layers, each overriding the last: dataclass defaults (the official Sol-RL
 defaults for an 8-GPU node) < model preset < family preset < reward preset < `--config FILE` <
 `--set section.key=value` < explicit CLI flags. `resolve_config` in presets.py does the layering;
-this module holds the schema, the cross-field rules (`validate`) and the (de)serialisation.
+this module holds the schema and the cross-field rules (`validate`); config_io.py the (de)serialisation.
 Each field's `help` metadata is the documentation shown by `solrl train --help-config`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from solrl_core.config_bounds import check_ranges, parse_timeout
 from solrl_core.errors import SolrlError, close_matches
+from solrl_core.reward_endpoints import check_settings
 from solrl_core.reward_names import check_names
 
 FAMILIES = ("sol_rl", "naive_scaling", "compile", "naive_quant", "diffusionnft")
 SELECTION_MODES = ("best_worst", "random", "mean_deviation", "extremes_random")
-EXPLORE_PRECISIONS = ("auto", "nvfp4", "fp8", "nvfp4-emulated", "bf16", "fp32")
+EXPLORE_PRECISIONS = ("auto", "nvfp4", "fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "bf16", "fp32")
 DTYPES = ("auto", "bf16", "fp32")
 SOLVERS = ("euler", "dpm2")
 SIGMA_GRIDS = ("linspace", "scheduler", "qwen_image")
@@ -28,6 +27,9 @@ COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # no CUDA graphs: the
 SWITCHES = ("auto", "true", "false")  # a setting solrl decides for this machine unless told
 AGGREGATIONS = ("sum", "advantage")
 TRACKERS = ("tensorboard", "wandb")
+STRATEGIES = ("auto", "replicate", "fsdp")  # distributed.strategy (sharding.py)
+TRAIN_PRECISIONS = ("autocast", "bf16", "fp32-base")
+LORA_INITS = {"gaussian": "gaussian", "kaiming": True}  # name -> peft's LoraConfig.init_lora_weights
 
 
 def _f(default: Any, help: str) -> Any:
@@ -48,6 +50,18 @@ class ModelConfig:
     resolution: int = _f(1024, "Image side in pixels.")
     lora_rank: int = _f(32, "LoRA rank r.")
     lora_alpha: int = _f(64, "LoRA alpha (scale = alpha / r).")
+    lora_init: str = _f("gaussian", "How each adapter's A matrix starts (B is zero, so the adapted model starts equal to the "
+                                    "base): gaussian (normal, std 1/r: peft's 'gaussian', set by every official Sol-RL "
+                                    "config: NVlabs/Sana 4b72423 configs/sol_rl/sana.py:32, flux1.py:22, sd3.py:29) or kaiming "
+                                    "(peft's default Kaiming-uniform, std 1/sqrt(3 * in_features): a third of gaussian's "
+                                    "at FLUX.1's width 3072 and r=32).")
+    train_precision: str = _f("autocast", "How the policy runs when the run dtype is bf16 (fp32 runs are fp32 throughout); "
+                                          "the adapters are fp32 in all: autocast (bf16 base, its forwards under bf16 "
+                                          "autocast: the official FLUX.1 regime, train_flux1.py), bf16 (bf16 base, no "
+                                          "autocast: peft runs each adapter in fp32 and adds it to the bf16 output; the "
+                                          "official SANA regime, train_sana.py), fp32-base (the policy's base in fp32 under "
+                                          "bf16 autocast, its rollout copies bf16: the official SD3 regime, train_sd3.py:550; "
+                                          "twice the policy's memory). The loss is fp32 in all.")
     lora_targets: tuple[str, ...] = _f(
         ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
          "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"),
@@ -96,7 +110,8 @@ class ExploreConfig:
     steps: int = _f(6, "Preview steps of the Stage-1 rollout (sol_rl).")
     precision: str = _f("auto", "Explore precision: auto (on a GPU the fastest measured there: fp8 on compute capability "
                                 ">= 8.9, else the run dtype; on a CPU the exact NVFP4 emulation), fp8 (real E4M3 GEMMs, "
-                                "compute capability >= 8.9), nvfp4-emulated, bf16, fp32; nvfp4 (Blackwell + Transformer "
+                                "compute capability >= 8.9), nvfp4-emulated, fp8-e5m2-tensor (the official explore copy's "
+                                "numerics, per-tensor FP8 E5M2, emulated), bf16, fp32; nvfp4 (Blackwell + Transformer "
                                 "Engine) is detected but not run yet. Checked against this machine.")
     compile: str = _f("auto", "torch.compile the explore copy (auto: on CUDA; true; false): fuses the fp8 / emulated-NVFP4 "
                               "input quantization into the neighbouring kernels; compiles once at start and keeps the graph "
@@ -159,13 +174,15 @@ class RewardConfig:
                                 "for every reward; 0 turns the watchdog off.")
     retries: int = _f(1, "Times a reward whose scoring raises is called again before the run stops with a checkpoint "
                          "(0 = stop at the first error). An out-of-memory error is never retried: it halves reward.batch_size.")
+    remote: dict[str, str] = _f({}, "Settings of remote:URL and vlm:URL rewards (docs/rewards.md): encoding (uint8, png, "
+                                    "float32) for remote:; judge, model, template, scoring, scale, concurrency, max_tokens for vlm:.")
 
 
 @dataclass(frozen=True)
 class RunConfig:
     iterations: int = _f(300, "Training iterations (one optimizer step each).")
     prompts_per_iteration: int = _f(48, "Prompt groups per iteration.")
-    prompts: str = _f("general", "Built-in prompt set name, or a .txt / .jsonl file.")
+    prompts: str = _f("general", "Prompt set (docs/prompts.md): a name (solrl presets), a file or save_to_disk folder, or hf:OWNER/NAME.")
     seed: int = _f(0, "Run seed: prompts, noise seeds, timesteps and training noise derive from it.")
     run_dir: str = _f("", "Output folder ('' = runs/<time>-<preset>).")
     checkpoint_every: int = _f(10, "Save a checkpoint every this many iterations (and at the end).")
@@ -182,11 +199,21 @@ class RunConfig:
     compile_mode: str = _f("default", "torch.compile mode of every compiled module (explore.compile, sampler.compile, "
                                       "optimizer.compile): default, or max-autotune-no-cudagraphs (the official code's, "
                                       "for its inference copies: autotunes each GEMM, a longer compile).")
-    eval_prompts: str = _f("", "Prompt set or file evaluated with the EMA weights during training ('' = none).")
+    eval_prompts: str = _f("", "Prompt set evaluated with the EMA weights during training, any run.prompts spec ('' = none).")
     eval_every: int = _f(20, "Evaluate every this many iterations (and before the first and after the last).")
     eval_seeds: int = _f(4, "Fixed noise seeds per evaluation prompt (the same for every evaluation).")
     log: tuple[str, ...] = _f((), "Experiment trackers fed from rank 0: tensorboard, wandb (pip install -e '.[tracking]').")
     image_every: int = _f(10, "Send the trackers a grid of one prompt's Stage-2 samples every this many iterations (0 = never).")
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    strategy: str = _f("auto", "How the transformer is held over the processes: replicate (a full copy on every GPU, with "
+                               "the explore and rollout copies the plan keeps), fsdp (torch FSDP2: each block's weights "
+                               "sharded over the processes of a node and replicated across nodes, gathered block by block "
+                               "for each forward; no explore or rollout copy: Stage 1 and the full-precision rollouts run "
+                               "on the policy's old adapter at the run dtype), or auto (replicate while the memory "
+                               "ESTIMATE of one replica fits the GPU, or with one process; else fsdp). docs/distributed.md.")
 
 
 @dataclass(frozen=True)
@@ -200,6 +227,7 @@ class Config:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     run: RunConfig = field(default_factory=RunConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
     def validate(self) -> "Config":
         """Cross-field rules. Raises SolrlError naming the knob and the fix."""
@@ -213,7 +241,10 @@ class Config:
         _choice("sampler.sigma_grid", self.sampler.sigma_grid, SIGMA_GRIDS)
         _choice("reward.aggregation", self.reward.aggregation, AGGREGATIONS)
         _choice("run.compile_mode", self.run.compile_mode, COMPILE_MODES)
+        _choice("model.lora_init", self.model.lora_init, tuple(LORA_INITS))
+        _choice("model.train_precision", self.model.train_precision, TRAIN_PRECISIONS)
         _choice("run.stop_on_sigterm", self.run.stop_on_sigterm, ("phase", "iteration"))
+        _choice("distributed.strategy", self.distributed.strategy, STRATEGIES)
         for name, value in (("sampler.rollout_copy", self.sampler.rollout_copy), ("sampler.compile", self.sampler.compile),
                             ("explore.compile", self.explore.compile), ("optimizer.checkpointing", self.optimizer.checkpointing),
                             ("optimizer.compile", self.optimizer.compile)):
@@ -244,6 +275,7 @@ class Config:
             raise SolrlError("no reward configured", "pass --reward NAME or --reward NAME=W,NAME=W")
         parse_timeout(self.reward.timeout_s)
         check_names(self.reward.weights, self.reward.paths)
+        check_settings(self.reward.remote)
         _check_model_path(self.model)
         if self.model.max_sequence_length and self.model.loader not in T5_LOADERS:
             raise SolrlError(f"model.max_sequence_length={self.model.max_sequence_length} applies to the T5-encoded models "
@@ -275,154 +307,4 @@ def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:
         raise SolrlError(f"unknown {name} '{value}'", close_matches(value, choices))
 
 
-_SECTION_TYPES = {"model": ModelConfig, "sampler": SamplerConfig, "explore": ExploreConfig,
-                  "selection": SelectionConfig, "algorithm": AlgorithmConfig, "optimizer": OptimizerConfig,
-                  "reward": RewardConfig, "run": RunConfig}
-
-
-def to_dict(config: Config) -> dict[str, Any]:
-    """Plain nested dict (tuples become lists) for TOML/JSON."""
-    def plain(v: Any) -> Any:
-        if isinstance(v, tuple):
-            return [plain(x) for x in v]
-        if isinstance(v, dict):
-            return {k: plain(x) for k, x in v.items()}
-        return v
-    return {k: plain(v) for k, v in dataclasses.asdict(config).items()}
-
-
-def from_dict(data: dict[str, Any], base: Config | None = None, source: str = "config") -> Config:
-    """Overlay a nested dict on `base`, checking every key and type. Unknown keys are errors."""
-    config = base or Config()
-    updates: dict[str, Any] = {}
-    for key, value in data.items():
-        if key == "preset":
-            updates["preset"] = _coerce(str, value, "preset", source)
-            continue
-        if key not in _SECTION_TYPES:
-            raise SolrlError(f"unknown config section '{key}' in {source}",
-                             close_matches(key, list(_SECTION_TYPES) + ["preset"]))
-        if not isinstance(value, dict):
-            raise SolrlError(f"'{key}' in {source} must be a table of settings", f"write it as [{key}] with key = value lines")
-        section = getattr(config, key)
-        updates[key] = _overlay_section(section, value, key, source)
-    return dataclasses.replace(config, **updates)
-
-
-def _overlay_section(section: Any, values: dict[str, Any], prefix: str, source: str) -> Any:
-    hints = typing.get_type_hints(type(section))
-    names = [f.name for f in fields(section)]
-    changes = {}
-    for name, raw in values.items():
-        if name not in names:
-            raise SolrlError(f"unknown setting '{prefix}.{name}' in {source}", close_matches(name, names))
-        changes[name] = _coerce(hints[name], raw, f"{prefix}.{name}", source)
-    return dataclasses.replace(section, **changes)
-
-
-def set_value(config: Config, assignment: str) -> Config:
-    """Apply one `section.key=value` override (value parsed for the field's type)."""
-    if "=" not in assignment:
-        raise SolrlError(f"--set '{assignment}' is not of the form section.key=value", "example: --set explore.group_size=32")
-    path, text = assignment.split("=", 1)
-    path = path.strip()
-    if "." not in path:
-        raise SolrlError(f"--set '{path}' needs a section", "example: --set optimizer.lr=1e-4; sections: " + ", ".join(_SECTION_TYPES))
-    section, key = path.split(".", 1)
-    if section not in _SECTION_TYPES:
-        raise SolrlError(f"unknown config section '{section}' in --set {assignment}", close_matches(section, list(_SECTION_TYPES)))
-    names = [f.name for f in fields(_SECTION_TYPES[section])]
-    hints = typing.get_type_hints(_SECTION_TYPES[section])
-    entry = None
-    if key not in names and "." in key and typing.get_origin(hints.get(key.split(".", 1)[0])) is dict:
-        key, entry = key.split(".", 1)  # section.table.entry=value sets one entry of a table
-    if key not in names:
-        raise SolrlError(f"unknown setting '{path}' in --set", close_matches(key, names))
-    hint = hints[key]
-    if entry is not None:
-        value = {**getattr(getattr(config, section), key), entry: _coerce(typing.get_args(hint)[1], text.strip(), path, "--set")}
-        return from_dict({section: {key: value}}, config, source="--set")
-    return from_dict({section: {key: _parse_text(hint, text.strip(), path)}}, config, source="--set")
-
-
-def _parse_text(hint: Any, text: str, name: str) -> Any:
-    """Turn the text of a --set value into the field's type."""
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        return tuple(p.strip() for p in text.split(",") if p.strip())
-    if origin is dict:
-        value_type = typing.get_args(hint)[1]
-        out: dict[str, Any] = {}
-        for part in filter(None, (p.strip() for p in text.split(","))):
-            k, _, w = part.partition("=")
-            out[k.strip()] = _coerce(value_type, w or ("1.0" if value_type is float else ""), name, "--set")
-        return out
-    if hint is bool:
-        low = text.lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off"):
-            return False
-        raise SolrlError(f"--set {name}={text}: expected true or false", f"--set {name}=true")
-    return _coerce(hint, text, name, "--set")
-
-
-def _coerce(hint: Any, value: Any, name: str, source: str) -> Any:
-    """Check/convert one value to the field's type; a wrong type is a clear error."""
-    origin = typing.get_origin(hint)
-    try:
-        if origin is tuple:
-            if isinstance(value, str) or not isinstance(value, (list, tuple)):
-                raise TypeError
-            return tuple(str(v) for v in value)
-        if origin is dict:
-            if not isinstance(value, dict):
-                raise TypeError
-            value_type = typing.get_args(hint)[1]
-            return {str(k): _coerce(value_type, v, f"{name}.{k}", source) for k, v in value.items()}
-        if hint is bool:
-            if not isinstance(value, bool):
-                raise TypeError
-            return value
-        if hint is int:
-            if isinstance(value, bool):
-                raise TypeError
-            if isinstance(value, float) and not value.is_integer():
-                raise TypeError
-            return int(value)
-        if hint is float:
-            if isinstance(value, bool):
-                raise TypeError
-            return float(value)
-        if hint is str:
-            if isinstance(value, bool):  # an auto/true/false switch that an older config wrote as a TOML bool
-                return "true" if value else "false"
-            if not isinstance(value, (str, int, float)):
-                raise TypeError
-            return str(value)
-    except (TypeError, ValueError):
-        pass
-    else:
-        raise AssertionError(f"unsupported config type {hint!r}")
-    kind = {int: "an integer", float: "a number", str: "text", bool: "true or false"}.get(hint, _type_name(hint))
-    raise SolrlError(f"{name}={value!r} in {source} must be {kind}", f"fix the value of {name}")
-
-
-def _type_name(hint: Any) -> str:
-    origin = typing.get_origin(hint)
-    if origin is tuple:
-        return "a list of names (comma-separated with --set)"
-    if origin is dict:
-        return "a table name = value (NAME=V,NAME=V with --set)"
-    return str(hint)
-
-
-def help_table() -> list[tuple[str, str, str]]:
-    """(key, default, help) for every setting, for `--help-config`."""
-    rows = []
-    for section, cls in _SECTION_TYPES.items():
-        for f in fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            rows.append((f"{section}.{f.name}", repr(default), f.metadata.get("help", "")))
-    return rows
-
+_SECTION_TYPES = {f.name: f.default_factory for f in fields(Config) if f.name != "preset"}  # declared once, in Config

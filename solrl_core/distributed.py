@@ -179,3 +179,22 @@ def broadcast_tensors(tensors: dict[str, torch.Tensor], src: int = 0) -> dict[st
         out[k] = flat[offset:offset + t.numel()].view(t.shape).to(t.device, t.dtype)
         offset += t.numel()
     return out
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """`t` whole: a DTensor's shards gathered from every rank (a collective: every rank calls it), any
+    other tensor as it is."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def shard_like(value: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """`value` (whole, the same on every rank) as `target` holds it: on target's device and dtype, and,
+    where `target` is a DTensor, this rank's shard of it, taken without communication."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    value = value.to(target.device, target.dtype)
+    if isinstance(target, DTensor):
+        return distribute_tensor(value, target.device_mesh, target.placements, src_data_rank=None)
+    return value

@@ -23,7 +23,8 @@ from peft.tuners.tuners_utils import BaseTunerLayer, cast_adapter_dtype
 from peft.utils import get_peft_model_state_dict
 from torch import nn
 
-from solrl_core.config import ModelConfig
+from solrl_core import distributed
+from solrl_core.config import LORA_INITS, ModelConfig
 from solrl_core.errors import SolrlError
 
 TRAINED, OLD = "default", "old"
@@ -34,7 +35,7 @@ class Policy:
     def __init__(self, transformer: nn.Module, cfg: ModelConfig) -> None:
         self.transformer = transformer
         self.loader = cfg.loader
-        self.lora_config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, init_lora_weights="gaussian",
+        self.lora_config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, init_lora_weights=LORA_INITS[cfg.lora_init],
                                       target_modules=list(cfg.lora_targets))
         transformer.requires_grad_(False)
         try:
@@ -54,6 +55,13 @@ class Policy:
                 p.copy_(self._params[TRAINED][key])
         self._activate(TRAINED)
         self.ema = {k: p.detach().clone() for k, p in self._params[TRAINED].items()}
+
+    def rebind(self) -> None:
+        """Point at the transformer's parameters again after FSDP replaced them by sharded ones
+        (sharding.py); the EMA keeps this rank's shard of its values."""
+        self._params = {name: dict(self._adapter_params(name)) for name in (TRAINED, OLD)}
+        self.ema = {k: distributed.shard_like(self.ema[k], p.detach()) for k, p in self._params[TRAINED].items()}
+        self._activate(TRAINED)
 
     def _adapter_params(self, adapter: str) -> Iterator[tuple[str, nn.Parameter]]:
         tag = f".{adapter}."
@@ -120,10 +128,10 @@ class Policy:
             self.ema[key].mul_(decay).add_(p.detach(), alpha=1 - decay)
 
     def state(self, adapter: str) -> dict[str, torch.Tensor]:
-        """Adapter tensors keyed without the adapter name ('...to_q.lora_A.weight')."""
-        if adapter == "ema":
-            return {k: v.detach().cpu().clone() for k, v in self.ema.items()}
-        return {k: p.detach().cpu().clone() for k, p in self._params[adapter].items()}
+        """Adapter tensors keyed without the adapter name ('...to_q.lora_A.weight'), whole (sharded ones
+        gathered: then every rank calls this)."""
+        source = self.ema if adapter == "ema" else self._params[adapter]
+        return {k: distributed.full_tensor(v.detach()).cpu().clone() for k, v in source.items()}
 
     @torch.no_grad()
     def load_state(self, adapter: str, state: dict[str, torch.Tensor]) -> None:
@@ -131,8 +139,8 @@ class Policy:
         if set(state) != set(target):
             raise SolrlError(f"saved '{adapter}' adapter does not match this model ({len(set(state) ^ set(target))} keys differ)",
                              "resume with the same model and LoRA settings the run was started with")
-        for key, value in state.items():
-            target[key].copy_(value.to(target[key].device, target[key].dtype))
+        for key, value in state.items():  # whole tensors; a sharded target keeps this rank's shard
+            target[key].copy_(distributed.shard_like(value, target[key]))
 
     @torch.no_grad()
     def merged_weights(self, adapter: str = OLD) -> dict[str, torch.Tensor]:
@@ -145,16 +153,19 @@ class Policy:
                 out[f"{name}.weight"] = (base.float() + module.get_delta_weight(adapter).float()).to(base.dtype)
         return out
 
-    def save_lora(self, directory: str | Path, adapter: str = TRAINED) -> Path:
+    def save_lora(self, directory: str | Path, adapter: str = TRAINED, state: dict[str, torch.Tensor] | None = None) -> Path:
         """Write the adapter as diffusers' `pipe.load_lora_weights(directory)` reads it, through the
-        model's own pipeline class (the tiny model is a SANA)."""
+        model's own pipeline class (the tiny model is a SANA). `state`: the adapter's tensors as
+        `state(adapter)` gives them, gathered beforehand where the policy is sharded."""
         import diffusers
 
         from solrl_core.models.diffusers_models import LAYOUTS
 
         pipeline = getattr(diffusers, LAYOUTS[self.loader].pipeline if self.loader in LAYOUTS else "SanaPipeline")
 
-        if adapter == "ema":
+        if state is not None:
+            state = dict(state)
+        elif adapter == "ema":
             state = {k: v.clone() for k, v in self.ema.items()}
         else:
             state = get_peft_model_state_dict(self.transformer, adapter_name=adapter)

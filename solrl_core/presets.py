@@ -14,9 +14,11 @@ from typing import Any, Iterable
 
 import tomllib
 
-from solrl_core.config import Config, from_dict, set_value
+from solrl_core.config import Config
+from solrl_core.config_io import from_dict, set_value
 from solrl_core.errors import SolrlError, close_matches
-from solrl_core.reward_names import parse_weights
+from solrl_core.reward_endpoints import label
+from solrl_core.reward_names import is_weight_list, parse_weights
 
 KINDS = ("models", "families", "rewards")
 
@@ -125,8 +127,8 @@ def resolve_config(
         model, family, reward = split_preset_name(preset)
     parts = [get_preset("models", model), get_preset("families", family)]
     weights = None
-    if reward and ("=" in reward or "," in reward):
-        weights = parse_weights(reward)  # several rewards: 'imagereward=1.0,pickscore=0.5'
+    if reward and is_weight_list(reward):
+        weights = parse_weights(reward)  # several rewards: 'imagereward=1.0,pickscore=0.5', or remote:URL
     elif reward:
         parts.append(get_preset("rewards", reward))
     config = Config()
@@ -134,7 +136,7 @@ def resolve_config(
         config = from_dict(part.values, config, source=f"preset {part.kind}/{part.name}")
     if weights is not None:
         config = from_dict({"reward": {"weights": weights}}, config, source="--reward")
-    name = f"{model}_{family}_{'+'.join(config.reward.weights) if weights else reward or next(iter(config.reward.weights))}"
+    name = f"{model}_{family}_{'+'.join(map(label, config.reward.weights)) if weights else reward or next(iter(config.reward.weights))}"
     config = from_dict({"preset": name, "model": {"name": model}}, config)
     if config_file:
         config = from_dict(load_config_file(config_file), config, source=str(config_file))

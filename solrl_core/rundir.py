@@ -13,7 +13,8 @@ from pathlib import Path
 
 import tomli_w
 
-from solrl_core.config import Config, from_dict, to_dict
+from solrl_core.config import Config
+from solrl_core.config_io import from_dict, to_dict
 from solrl_core.errors import SolrlError
 from solrl_core.faults import disk
 

@@ -5,9 +5,10 @@ and only then creates the run directory, so bad input never leaves a half-writte
 It returns a `Session`: the `Run`, fixed for the run (config, device, model, policy, copies,
 optimizer, rewards, prompts), and the `LoopState` the loop advances and a checkpoint saves.
 
-Under torchrun every rank opens its own session (a full model replica); rank 0 alone chooses the
-run directory and the checkpoint to resume, and alone writes to the run directory, holding its lock
-(faults/lock.py) from before the checkpoint is read until the run ends.
+Under torchrun every rank opens its own session (a full model replica, or its shards of the model
+with distributed.strategy=fsdp: sharding.py); rank 0 alone chooses the run directory and the
+checkpoint to resume, and alone writes to the run directory, holding its lock (faults/lock.py) from
+before the checkpoint is read until the run ends.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from solrl_core.plan import StagePlan, plan_stages
 from solrl_core.policy import OLD, TRAINED, Policy
 from solrl_core.precision.hardware import require_explore_precision
 from solrl_core.precision.quantize import LayerRule
-from solrl_core.precision.resolve import MachinePlan, resolve_machine
+from solrl_core.precision.resolve import MachinePlan, gpu_of, resolve_machine
 from solrl_core.prompts import check_split, load_prompts
 from solrl_core.rewards import RewardSet
 from solrl_core.rewards.health import RewardHealth
@@ -45,6 +46,7 @@ from solrl_core.regions import CompiledBlocks
 from solrl_core.rollout import RolloutCopy
 from solrl_core.rundir import CONFIG_FILE, fresh_run_dir, restarts, save_run_config, write_atomic
 from solrl_core.sampler import Sampler
+from solrl_core.sharding import Layout, open_layout, shard_policy
 from solrl_core.text import plural
 
 
@@ -95,7 +97,13 @@ class Run:
     rank: int = 0  # this process among world_size (torchrun); it owns prompt groups rank*P/W .. (rank+1)*P/W - 1
     world_size: int = 1
     lock: RunLock | None = None  # rank 0's hold on run_dir; released when train() returns
+    layout: Layout = Layout("replicate", "default")  # distributed.strategy as resolved (sharding.py)
     notes: tuple[str, ...] = ()  # what opening the run folder did (orphaned saves removed, checkpoints set aside): warnings
+
+    @property
+    def sharded(self) -> bool:
+        """The policy is FSDP-sharded over the processes: every forward needs every rank."""
+        return self.layout.sharded
 
     @property
     def compiled_update(self) -> bool:
@@ -155,6 +163,7 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     if cfg.run.threads > 0:
         torch.set_num_threads(cfg.run.threads)
     machine = resolve_machine(cfg, device, dtype_name)
+    layout, machine = open_layout(cfg, machine, dtype_name, device, gpu_of(device))  # fsdp: no copies
     plan = plan_stages(cfg, dtype_name, machine.explore_precision, rollout_copy=machine.rollout_copy,
                        rollout_compiled=machine.rollout_compile, explore_compiled=machine.explore_compile)
     if plan.explores_low:  # before anything is written: a refused precision leaves no run dir
@@ -163,18 +172,22 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
 
     model = load_model(cfg.model, device, dtype)
     explore_copy, rollout_copy = _copies(cfg, plan, model)  # copied before the adapters are added
+    if cfg.model.train_precision == "fp32-base" and dtype == torch.bfloat16:  # the copies stay bf16, as the official SD3's
+        model.transformer.to(torch.float32)
     if machine.checkpointing:  # acts only where gradients are on: the trained forward
         model.transformer.enable_gradient_checkpointing()
     policy = Policy(model.transformer, cfg.model)
+    if world > 1:  # a LoRA's random init (and anything else) must start equal on every rank: rank 0's
+        for adapter in (TRAINED, OLD, "ema"):
+            policy.load_state(adapter, distributed.broadcast_tensors(policy.state(adapter)))
+    if layout.sharded:  # before the optimizer: it holds the sharded parameters
+        shard_policy(policy, layout)
     opt = cfg.optimizer
     optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2),
                                   weight_decay=opt.weight_decay, eps=opt.eps)
     state = LoopState(health=RewardHealth(cfg.reward.health_min_std, cfg.reward.health_patience))
     if checkpoint is not None:  # every rank reads it: resuming across nodes needs the run dir on a shared filesystem
         state.restore(load_checkpoint(checkpoint, policy, optimizer))
-    if world > 1:  # a LoRA's random init (and anything else) must start equal on every replica: rank 0's
-        for adapter in (TRAINED, OLD, "ema"):
-            policy.load_state(adapter, distributed.broadcast_tensors(policy.state(adapter)))
     cfg = replace(cfg, run=replace(cfg.run, run_dir=str(run_dir)))
     if rank == 0:
         lock = _write_run_dir(run_dir, lock, cfg, explore_copy)
@@ -187,7 +200,7 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
               model=model, policy=policy, optimizer=optimizer, rewards=rewards, prompts=prompts, eval_prompts=eval_prompts,
               sampler=Sampler.of(cfg.sampler), conditioning=TextCache(model), explore_copy=explore_copy,
               rollout_copy=rollout_copy, policy_forward=forward, rank=rank, world_size=world, lock=lock,
-              notes=tuple(notes))
+              layout=layout, notes=tuple(notes))
     run.refresh_copies()
     distributed.barrier()  # the run directory exists before any rank goes on
     return Session(run, state)

@@ -14,16 +14,21 @@ each group whole on one rank. Every random draw is made for the whole iteration 
 each rank takes its slice, and the rewards are all-gathered before advantages, selection, reward
 health and logged stats, so a run on W processes computes what one process would (to float
 rounding). LoRA gradients are averaged over ranks before clipping; rank 0 alone writes and speaks.
+With `distributed.strategy = fsdp` the transformer is sharded over the ranks (sharding.py).
 
 Checked line by line against the official code (NVlabs/Sana train_scripts/sol_rl/train_sana.py,
 train_sd3.py, train_flux1.py, train_utils.py, configs/sol_rl/): the loss, the advantages, the trained
 timesteps, the selection, the ODE samplers, the sigma grids, the prompt encodings, the quantized-layer
-rule, fp32 adapters under bf16 autocast, the grad clips (SD3 0.002, SANA and FLUX 1.0) and the
+rule, fp32 adapters, the grad clips (SD3 0.002, SANA and FLUX 1.0) and the
 old-policy decay and EMA schedules (counted with the step just taken, as the official `global_step`
 after its increment) are the official ones. Where this differs from it, and why:
 - The explore copy is quantized with real 16-element NVFP4 block scaling (emulated exactly in torch,
-  2D 16x16 weight tiles, 1D activation blocks) or real FP8 GEMMs, not the per-tensor FP8 E2M1
-  `DelayedScaling` recipe the official code builds (which is not NVFP4). Its layer set is the
+  2D 16x16 weight tiles, 1D activation blocks) or real FP8 E4M3 GEMMs. The official code's "NVFP4"
+  recipe is `DelayedScaling(fp8_format=Format.E2M1)` (train_utils.py:27-31), which Transformer
+  Engine builds as per-tensor, delayed-scaled FP8 **E5M2** (E2M1 is not a DelayedScaling format;
+  `get_fp8_te_dtype` gives E5M2 to anything but E4M3/HYBRID), not NVFP4. `explore.precision =
+  fp8-e5m2-tensor` reproduces those numerics, emulated (scaled by each tensor's own amax where TE
+  uses a 16-call amax history). Its layer set is the
   official one (name skips, then max(in, out) <= nvfp4_min_dim). The official SANA is a native
   checkpoint with a Linear feed-forward and fused projections; diffusers' SANA has a 1x1-conv
   feed-forward (quantized as the linear it is) and split q/k/v: the size rule is applied to the
@@ -71,10 +76,33 @@ after its increment) are the official ones. Where this differs from it, and why:
 - Stopping (stopping.py): a first SIGTERM stops at the next phase boundary, abandoning an iteration
   whose update has not begun (redone exactly on resume), and a stop skips an evaluation that was
   due; the official scripts have no stop handling. Neither changes a run that is not stopped.
+- The update's three forwards (old, trained, reference) get one input, xt in the run dtype, and the
+  same timesteps, as the official code's (train_sana.py:878-889). The SANA and SD3 wrappers hand the
+  transformer fp32 timesteps, in rollouts too (a bf16 sigma moved SD3's by up to 2/1000); FLUX's
+  transformer rounds them to its input dtype itself, alike for all three.
+- Family defaults follow the official configs (NVlabs/Sana 4b72423 configs/sol_rl/*.py):
+  naive_scaling and diffusionnft roll out on the policy's `old` adapter, eager (fullrollout_model =
+  peft); compile, naive_quant and sol_rl on merged compiled copies. (An earlier configs/sol_rl/sana.py
+  compiled SANA's naive_scaling: `--set sampler.rollout_copy=auto --set sampler.compile=auto`.)
+- Training precision (`model.train_precision`): the sana, sd3 and flux1 presets run each official
+  regime (SANA a bf16 base without autocast, SD3 an fp32 base under bf16 autocast, FLUX a bf16 base
+  under bf16 autocast); the default for every other model is the FLUX one, `autocast`: one bf16
+  base (half an fp32 base's memory) with every adapter in fp32, so no update is lost to bf16
+  rounding. The loss is fp32 in all: the official code's x0 errors are fp32 too (bf16 predictions
+  times an fp32 sigma) and divided by an fp64 weight factor where ours is fp32 (rounding only).
+- LoRA's A starts gaussian (std 1/r) for every model, as each official config sets
+  (`lora_init_mode`; sana.py:32, flux1.py:22, sd3.py:29); `model.lora_init=kaiming` gives peft's default.
 - `model.prompt_instruction` (off, as the official code) can prefix SANA prompts with the complex
   human instruction that SanaPipeline.__call__ adds by default; `model.max_sequence_length` (128 in
   the flux1 and sd3 presets, as train_flux1.py:94 and train_sd3.py:81) can give T5 the pipelines'
   own 512 / 256 tokens.
+- `distributed.strategy = fsdp` (sharding.py; auto picks it with several processes when one replica
+  does not fit a GPU by the memory estimate) shards the policy with FSDP2, where the official code
+  holds a full replica per GPU, and then keeps no explore or rollout copy: Stage 1 runs at the run
+  dtype on the `old` adapter (not at a low explore precision) and v_old on the `old` adapter, as
+  `sampler.rollout_copy=false`. A micro-batch whose loss is not finite skips the whole step there (its
+  backward must run on every rank) where a replica drops that micro-batch alone. Unchanged for a
+  replicated run, the default wherever a replica fits.
 """
 
 from __future__ import annotations
@@ -88,8 +116,10 @@ import numpy as np
 
 from solrl_core import distributed, environment, tracking
 from solrl_core import events as ev
+from solrl_core.bench.live import model_flops
 from solrl_core.checkpoint import list_checkpoints, save_checkpoint
-from solrl_core.config import Config, to_dict
+from solrl_core.config import Config
+from solrl_core.config_io import to_dict
 from solrl_core.faults import guard, oom
 from solrl_core.faults.phase import charged_to
 from solrl_core.loop_state import LoopState
@@ -97,6 +127,7 @@ from solrl_core.phases import PhaseRecorder
 from solrl_core.rewards.watchdog import RewardFailure
 from solrl_core.rundir import EVENTS_FILE, restarts
 from solrl_core.session import Run, Session, open_session
+from solrl_core.sharding import gather
 from solrl_core.stopping import StopAtBoundary, StopFlag, graceful_stop
 from solrl_core.stages import (Scored, after_step, explore, iteration_prompts, rank_check, rank_check_due, regenerate, score_drafts,
                                score_finals, select_seeds, train as train_step)
@@ -252,11 +283,15 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
     if run.world_size > 1:
         p = cfg.run.prompts_per_iteration
         described += f"; {p} prompt groups over {run.world_size} processes, {p // run.world_size} each"
+    if run.world_size > 1 or run.layout.strategy != "replicate":
+        described += f"; weights: {run.layout.describe()}"
     bus.emit(ev.RunStarted(run_dir=str(run.run_dir), preset=cfg.preset, device=str(run.device),
                            dtype=run.dtype_name, explore_precision=plan.explore_precision, plan=described,
                            start_iteration=state.iteration, iterations=cfg.run.iterations, resumed=state.resumed,
                            config=to_dict(cfg), machine=run.machine.describe(),
                            environment=environment.describe(cfg, run.device, run.dtype_name, plan.explore_precision, run.machine)))
+    if run.rank == 0:  # the live MFU's counts (bench/live.py); the other ranks speak to no one
+        bus.emit(model_flops(run))
     copy_ = run.explore_copy
     if copy_ is not None and copy_.report is not None:
         bus.emit(ev.QuantizationReport(summary=copy_.report.summary(), path=str(run.run_dir / "quantization_report.json")))
@@ -293,10 +328,11 @@ def _with_backoff(run: Run, state: LoopState, bus: ev.EventBus, work: Callable[[
 
 
 def _evaluate(run: Run, state: LoopState, bus: ev.EventBus, weights: str) -> None:
-    """On rank 0 alone (every rank holds the same weights); the others wait."""
+    """On rank 0 alone (every rank holds the same weights); the others wait. Sharded, every rank runs
+    it (each forward gathers the weights from all), and rank 0's bus alone is heard."""
     from solrl_core.evaluation import evaluate
 
-    if run.rank == 0:
+    if run.rank == 0 or run.sharded:
         bus.emit(ev.EvalStarted(iteration=state.iteration, weights=weights, prompts=run.config.run.eval_prompts,
                                 samples=len(run.eval_prompts) * run.config.run.eval_seeds))
         with charged_to("evaluation"):
@@ -309,10 +345,12 @@ def _evaluate(run: Run, state: LoopState, bus: ev.EventBus, weights: str) -> Non
 
 
 def _checkpoint(run: Run, state: LoopState, bus: ev.EventBus) -> None:
-    """Rank 0 writes (the state is replicated); the others wait, so no rank exits before it is saved."""
+    """Rank 0 writes (the state is replicated, or gathered whole from the shards by every rank); the
+    others wait, so no rank exits before it is saved."""
+    gathered = gather(run.policy, run.optimizer) if run.sharded else None
     if run.rank == 0:
         t0 = time.perf_counter()
         path = save_checkpoint(run.run_dir, state.iteration, run.policy, run.optimizer, state.to_dict(),
-                               run.config.run.keep_checkpoints)
+                               run.config.run.keep_checkpoints, gathered=gathered)
         bus.emit(ev.CheckpointSaved(iteration=state.iteration, path=str(path), seconds=time.perf_counter() - t0))
     distributed.barrier()

@@ -5,7 +5,8 @@ import itertools
 
 import pytest
 
-from solrl_core.config import Config, from_dict, set_value, to_dict
+from solrl_core.config import Config
+from solrl_core.config_io import from_dict, set_value, to_dict
 from solrl_core.errors import SolrlError
 from solrl_core.presets import get_preset, list_presets, names, resolve_config, split_preset_name
 

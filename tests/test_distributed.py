@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from solrl_core import events as ev
-from solrl_core.config import from_dict
+from solrl_core.config_io import from_dict
 from solrl_core.errors import SolrlError
 from solrl_core.presets import resolve_config
 from solrl_core.rundir import load_run_config

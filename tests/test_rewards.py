@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from solrl_core import events as ev
-from solrl_core.config import Config, set_value
+from solrl_core.config import Config
+from solrl_core.config_io import set_value
 from solrl_core.errors import SolrlError
 from solrl_core.nft import combined_advantages, group_advantages
 from solrl_core.presets import resolve_config

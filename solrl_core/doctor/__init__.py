@@ -4,13 +4,17 @@
 build, Transformer Engine, diffusers/transformers/peft and the combinations known to
 break), the GPUs and the explore precisions each supports, the reward backends and weights, the
 base model's weights (local folder or Hugging Face cache; gated repositories and HF_TOKEN; the
-HF_HUB_OFFLINE state), free disk for what is still to download, processes versus GPUs, a peak GPU
-memory ESTIMATE, and whether the explore precision runs here. Each check says whether the
-requested run depends on it (`needed_by_run`); the CLI exits non-zero only for those that fail.
+HF_HUB_OFFLINE state), the prompt sets (read if local, cached or reachable if not), free disk for
+what is still to download, processes versus GPUs, a peak GPU memory ESTIMATE (per GPU for each
+distributed strategy too, and the collective backend: doctor/strategy.py), and whether the
+explore precision runs here. Each check says whether the requested run depends on it
+(`needed_by_run`); the CLI exits non-zero only for those that fail.
 
-Nothing here touches the network: the hub is only asked through its local cache
-(`huggingface_hub.try_to_load_from_cache`). Sizes below are approximate, from the models' published
-parameter counts and repository sizes, and are labelled so wherever they are shown.
+Weights are looked for only in the local cache (`huggingface_hub.try_to_load_from_cache`); the
+network is asked, with a few seconds' timeout, only whether what is missing can be fetched, and each
+remote:URL or vlm:URL reward the run names is asked whether it answers (doctor/remote.py). Sizes
+below are approximate, from the models' published parameter counts and repository sizes, and are
+labelled so wherever they are shown.
 """
 
 from __future__ import annotations
@@ -18,6 +22,9 @@ from __future__ import annotations
 from solrl_core.config import Config
 from solrl_core.doctor.check import FAIL, Check, machine
 from solrl_core.doctor.memory import EXPLORE_FAMILIES, _explore, _memory, _memory_without_gpu, _processes
+from solrl_core.doctor.prompts import prompt_checks
+from solrl_core.doctor.remote import _remote_rewards
+from solrl_core.doctor.strategy import backend_check, strategy_check
 from solrl_core.doctor.software import (_combinations, _device, _gpus, _library, _python, _reward_backends, _torch,
                                         _torchvision, _transformer_engine, matching_torchvision)
 from solrl_core.doctor.weights import (REWARD_FILES, REWARD_LOCAL_FILES, _disk, _hub_mode, _hub_token, _model_weights, _reward_weights,
@@ -56,12 +63,15 @@ def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None
     checks += _hub_token(cfg, model_download)
     reward_checks, reward_download = _reward_weights(cfg, m)
     checks += reward_checks
+    checks += _remote_rewards(cfg)
+    checks += prompt_checks(cfg, m)
     checks.append(_disk(m, model_download, reward_download, cfg))
     reach = hub_reachable(m, model_download + reward_download)
     if reach is not None:
         checks.append(reach)
     checks.append(_processes(nproc, m, gpu))
     checks.append(_memory(cfg, gpu, requested) if gpu is not None else _memory_without_gpu(cfg, requested))
+    checks += [c for c in (strategy_check(cfg, gpu, nproc), backend_check(nproc, gpu)) if c is not None]
     checks.append(_explore(cfg, gpu, requested))
     return checks
 

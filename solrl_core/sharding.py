@@ -1,0 +1,214 @@
+"""Models larger than one GPU: the policy sharded with torch's FSDP2 (`distributed.strategy = fsdp`).
+
+`replicate` (distributed.py) keeps a full replica of the transformer on every GPU; `fsdp` shards it
+with `torch.distributed.fsdp.fully_shard`, block by block (regions.repeated_blocks: SANA's 20
+transformer blocks, FLUX's 19 + 38, ...) and the rest as the root, so a GPU holds 1/S of the
+weights plus the block being gathered for the forward or backward in flight. Each parameter keeps
+its dtype: the frozen base in the run dtype, the LoRA adapters (and so AdamW's moments) in fp32, and
+the forwards under the same autocast as a replica's. The adapters `default` and `old` and the
+reference (adapters disabled) are switched inside the one sharded module, as on a replica.
+
+The mesh (`device_mesh`) is 1-D over one node's processes, and 2-D with several nodes: shard within
+a node, replicate across nodes (HYBRID_SHARD, FSDP2's HSDP), taking torchrun's LOCAL_WORLD_SIZE as
+the node size. What differs from a replicated run, and why:
+
+- No explore copy and no rollout copy: each would be a full copy of the weights on every GPU, which
+  is what fsdp exists to avoid. Stage 1 and the full-precision rollouts run on the policy with its
+  `old` adapter at the run dtype (the update's v_old too, as `sampler.rollout_copy=false` does), and
+  the start-up line says so. A setting that needs a copy (an explicit low explore.precision, the
+  compile and naive_quant families, sampler.rollout_copy=true) is refused, as is the rank check and
+  a compiled update (neither has run sharded in this version).
+- Gradients are averaged by FSDP (reduce-scatter within the shard group, all-reduce across nodes),
+  once per optimizer step: sync is off for every micro-batch's backward but the last, where the
+  LoRA gradients, small, accumulate unsharded. distributed.all_reduce_mean_grads is not applied.
+- Every forward and backward is a collective, so every rank must run as many: a rank left with
+  fewer samples (those with a non-finite reward are dropped per rank) adds weightless micro-steps
+  to match the others (update.py); a micro-batch whose loss is not finite still runs its backward
+  (a replica skips it), its non-finite gradient then skips the whole step (counted as any skipped
+  step is); evaluation runs on every rank, rank 0 reporting.
+- Checkpoints hold what a replicated run writes: the adapters and AdamW's state gathered whole
+  (`DTensor.full_tensor`) and written by rank 0, so one LoRA file plain diffusers loads. Read back,
+  each rank keeps its shard (`distribute_tensor` with no communication), so a checkpoint resumes at
+  any world size and under either strategy. LoRA state is small (AdamW's moments are twice the
+  adapter), so gathering it costs little; the frozen base is never saved.
+
+With one process, fsdp shards nothing (the whole model, as replicate) but keeps the fsdp plan: no copies.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+from solrl_core import distributed
+from solrl_core.config import Config
+from solrl_core.errors import SolrlError
+from solrl_core.footprint import MemoryEstimate, estimate_memory
+from solrl_core.precision.hardware import GpuInfo
+from solrl_core.precision.resolve import FIT_SHARE, MachinePlan
+from solrl_core.regions import repeated_blocks
+
+# A sharded GPU holds, besides its 1/S of the weights, the blocks gathered whole for the forward in
+# flight and the one prefetched: 2 of SANA's 20 blocks, fewer of the other models' (FLUX.1 57,
+# SD3.5-L 38, Qwen-Image 60). An APPROXIMATE upper share of the full weights, for estimates only.
+GATHERED_SHARE = 0.1
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How this run holds the model: the strategy, why, and the sharding mesh (None: not sharded)."""
+
+    strategy: str  # replicate | fsdp
+    why: str
+    mesh: object | None = None  # torch.distributed.device_mesh.DeviceMesh
+
+    @property
+    def sharded(self) -> bool:
+        return self.mesh is not None
+
+    def describe(self) -> str:
+        if self.mesh is None:
+            return f"{self.strategy} ({self.why})"
+        dims = " x ".join(f"{n} {s}" for n, s in zip(self.mesh.mesh_dim_names, self.mesh.shape))
+        hybrid = ": sharded within a node, replicated across nodes" if self.mesh.ndim == 2 else ""
+        return f"fsdp over {self.mesh.size()} processes (mesh {dims}{hybrid}; {self.why})"
+
+
+def replica_fits(cfg: Config, explore_precision: str, dtype_name: str, gpu: GpuInfo | None) -> tuple[bool, str]:
+    """Whether one full replica (gradient checkpointing on, no rollout copy: its smallest) fits `gpu` by
+    the memory ESTIMATE, and the figures."""
+    if gpu is None:
+        return True, "a CPU: no GPU memory limit"
+    peak = estimate_memory(cfg, explore_precision, dtype_name, checkpointing=True, rollout_copy=False).peak
+    budget = gpu.memory_gib * FIT_SHARE
+    fits = peak <= budget
+    return fits, f"one replica's estimated peak {peak:.1f} GiB, {'within' if fits else 'over'} {budget:.1f} GiB"
+
+
+def resolve_strategy(cfg: Config, machine: MachinePlan, dtype_name: str, gpu: GpuInfo | None,
+                     world: int) -> tuple[str, str]:
+    """(strategy, why) for `distributed.strategy`; auto: replicate while one replica fits (or with one
+    process: nothing to shard over), else fsdp."""
+    asked = cfg.distributed.strategy
+    if asked != "auto":
+        return asked, "as configured"
+    if world == 1:
+        return "replicate", "auto with one process: nothing to shard over"
+    fits, figures = replica_fits(cfg, machine.explore_precision, dtype_name, gpu)
+    return ("replicate" if fits else "fsdp"), f"auto: {figures}"
+
+
+def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str) -> MachinePlan:
+    """`machine` without the copies fsdp does not keep; a setting that needs one is refused."""
+    fix = "set distributed.strategy=replicate (a full replica per GPU), or drop the setting"
+    family = cfg.algorithm.family
+    if family in ("compile", "naive_quant"):
+        raise SolrlError(f"the {family} family rolls out on a {'compiled' if family == 'compile' else 'quantized'} copy "
+                         "of the model, which distributed.strategy=fsdp does not keep", fix)
+    if cfg.explore.precision not in ("auto", dtype_name) and family == "sol_rl":
+        raise SolrlError(f"explore.precision={cfg.explore.precision} needs an explore copy, which distributed.strategy=fsdp "
+                         "does not keep", "set explore.precision=auto (Stage 1 then runs at the run dtype), or " + fix)
+    for name, value in (("sampler.rollout_copy", cfg.sampler.rollout_copy), ("optimizer.compile", cfg.optimizer.compile)):
+        if value == "true":
+            raise SolrlError(f"{name}=true is not available with distributed.strategy=fsdp in this version", fix)
+    if cfg.explore.rank_check_every:
+        raise SolrlError("the rank check (explore.rank_check_every) runs on rank 0 alone, which a sharded model cannot",
+                         "set explore.rank_check_every=0, or distributed.strategy=replicate")
+    return replace(machine, explore_precision=dtype_name, explore_compile=False, rollout_copy=False, rollout_compile=False,
+                   update_compile=False, policy_rollout_compile=False,
+                   explore_why="fsdp keeps no explore copy: Stage 1 at the run dtype on the policy's old adapter",
+                   rollout_copy_why="fsdp keeps none: rollouts and v_old on the policy's old adapter")
+
+
+def device_mesh(device: torch.device, world: int):  # type: ignore[no-untyped-def]
+    """The sharding mesh: 1-D over the processes of one node, 2-D (replicate across nodes, shard within
+    one) when torchrun's LOCAL_WORLD_SIZE says the run spans several with more than one process each
+    (with one GPU per node, shard over all)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    if per_node <= 1 or per_node >= world or world % per_node:
+        return init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
+    return init_device_mesh(device.type, (world // per_node, per_node), mesh_dim_names=("replicate", "shard"))
+
+
+def open_layout(cfg: Config, machine: MachinePlan, dtype_name: str, device: torch.device,
+                gpu: GpuInfo | None) -> tuple[Layout, MachinePlan]:
+    """The run's layout and its machine plan (the copies dropped under fsdp); the mesh is built with
+    more than one process."""
+    world = distributed.world_size()
+    strategy, why = resolve_strategy(cfg, machine, dtype_name, gpu, world)
+    if strategy == "replicate":
+        return Layout("replicate", why), machine
+    machine = fsdp_machine(machine, cfg, dtype_name)
+    if world == 1:
+        return Layout("fsdp", f"{why}; one process: nothing to shard over, the whole model without copies"), machine
+    return Layout("fsdp", why, device_mesh(device, world)), machine
+
+
+def shard_policy(policy, layout: Layout) -> None:  # type: ignore[no-untyped-def]
+    """Shard the policy's transformer in place (each repeated block, then the root) on the layout's
+    mesh, and point the policy at its sharded parameters."""
+    from torch.distributed.fsdp import fully_shard
+
+    for block in repeated_blocks(policy.transformer):
+        fully_shard(block, mesh=layout.mesh)
+    fully_shard(policy.transformer, mesh=layout.mesh)
+    policy.rebind()
+
+
+def sync_gradients(module: nn.Module, on: bool) -> None:
+    """FSDP: whether the next backward reduces the gradients over the ranks (off: they accumulate
+    unsharded on this rank). A replica's module: nothing to do."""
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(module, FSDPModule):
+        module.set_requires_gradient_sync(on)
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """What a checkpoint writes, whole, gathered from every rank's shards (sharded runs)."""
+
+    adapters: dict[str, dict[str, torch.Tensor]]  # default, old, ema -> tensors keyed as Policy.state
+    optimizer: dict  # optimizer.state_dict() with its tensors whole
+
+
+def gather(policy, optimizer: torch.optim.Optimizer) -> Gathered:  # type: ignore[no-untyped-def]
+    """Every adapter and the optimizer state whole: a collective, every rank calls it."""
+    adapters = {name: policy.state(name) for name in ("default", "old", "ema")}
+    return Gathered(adapters, optimizer_state(optimizer))
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
+    """`optimizer.state_dict()` with every sharded tensor gathered whole, in the format a replica
+    saves (a collective when sharded)."""
+    sd = optimizer.state_dict()
+    sd["state"] = {i: {k: distributed.full_tensor(v).cpu() if torch.is_tensor(v) else v for k, v in s.items()}
+                   for i, s in sd["state"].items()}
+    return sd
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, sd: dict) -> None:
+    """Load a whole optimizer state (as a replica saves it) into `optimizer`; where its parameters are
+    sharded, each state tensor keeps this rank's shard (no communication)."""
+    optimizer.load_state_dict(sd)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            state = optimizer.state.get(p, {})
+            for key, value in state.items():
+                if torch.is_tensor(value) and value.shape == p.shape:  # the moments, not the step count
+                    state[key] = distributed.shard_like(value, p)
+
+
+
+def sharded_estimate(cfg: Config, dtype_name: str, shard: int, checkpointing: bool = True) -> MemoryEstimate:
+    """Peak GPU memory ESTIMATE per process under fsdp with `shard` processes per shard group (a node):
+    a replica's estimate (footprint.py) without explore or rollout copy, its policy weights divided
+    by `shard` plus the gathered blocks (GATHERED_SHARE of the weights, when sharded). APPROXIMATE."""
+    est = estimate_memory(cfg, dtype_name, dtype_name, checkpointing, rollout_copy=False)
+    policy = est.policy / shard + (est.policy * GATHERED_SHARE if shard > 1 else 0.0)
+    return replace(est, policy=policy)
