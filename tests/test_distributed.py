@@ -53,8 +53,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _spawn(world: int, root: Path, limit: float = 240.0) -> None:
-    ctx = mp.spawn(_worker, args=(world, _free_port(), root), nprocs=world, join=False)
+def _spawn(world: int, root: Path, limit: float = 240.0, worker=None) -> None:  # type: ignore[no-untyped-def]
+    """`worker(rank, world, port, root)` (default: this file's) on `world` processes; a run that does not
+    finish in `limit` seconds (a rank waiting in a collective another never joins) fails the test."""
+    ctx = mp.spawn(worker or _worker, args=(world, _free_port(), root), nprocs=world, join=False)
     deadline = time.monotonic() + limit
     while not ctx.join(timeout=2):
         if time.monotonic() > deadline:

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from solrl_core import events as ev
 from solrl_core.config import Config
@@ -23,7 +22,7 @@ from solrl_core.presets import resolve_config
 from solrl_core.rundir import load_run_config
 from solrl_core.trainer import StopFlag, train
 from tests.conftest import FAST
-from tests.test_distributed import _adapters, _events, _free_port
+from tests.test_distributed import _adapters, _events, _free_port, _spawn
 
 # As tests/test_distributed.py, with Stage 1 at the run dtype and no rollout copy: what fsdp runs
 # (sharding.py), so the 1-process replicated run computes the same iteration.
@@ -51,16 +50,6 @@ def _worker(rank: int, world: int, port: int, root: Path) -> None:
     (root / "results" / f"rank{rank}.json").write_text(json.dumps(report))
 
 
-def _spawn(world: int, root: Path, limit: float = 240.0) -> None:
-    ctx = mp.spawn(_worker, args=(world, _free_port(), root), nprocs=world, join=False)
-    deadline = time.monotonic() + limit
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.terminate()
-            pytest.fail(f"the {world}-rank run did not finish in {limit:.0f}s")
-
-
 def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys()
     for k in a:  # only the gradient sum's order differs; Adam's step magnifies such rounding a little
@@ -73,7 +62,7 @@ def test_two_sharded_ranks_train_what_one_process_does_and_checkpoints_cross_bot
     train(_config(tmp_path, "one", "replicate", 3), ev.EventBus(), stop=StopFlag())
     one, two, crossed = tmp_path / "one", tmp_path / "two", tmp_path / "one_then_fsdp"
     shutil.copytree(one, crossed)
-    _spawn(2, tmp_path)
+    _spawn(2, tmp_path, worker=_worker)
 
     reports = [json.loads((tmp_path / "results" / f"rank{r}.json").read_text()) for r in range(2)]
     assert all(r["sharded"] for r in reports)
@@ -145,13 +134,7 @@ def _uneven_worker(rank: int, world: int, port: int, root: Path) -> None:
 @pytest.mark.slow
 def test_a_rank_with_fewer_usable_samples_joins_the_others_collectives_and_steps_as_a_replica(tmp_path):
     (tmp_path / "results").mkdir()
-    ctx = mp.spawn(_uneven_worker, args=(2, _free_port(), tmp_path), nprocs=2, join=False)
-    deadline = time.monotonic() + 240
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:  # a rank waiting in a collective the other never joins
-            for p in ctx.processes:
-                p.terminate()
-            pytest.fail("the uneven 2-rank runs did not finish in 240s")
+    _spawn(2, tmp_path, worker=_uneven_worker)  # a hang (a rank in a collective the other never joins) fails
     sizes = [json.loads((tmp_path / "results" / f"rank{r}.json").read_text()) for r in range(2)]
     assert sizes == [[4, 4, 4, 4], [2, 4, 2, 4]]  # per update: replicate's 2 iterations, then fsdp's
     _close(_adapters(tmp_path / "rep", 2), _adapters(tmp_path / "shd", 2))
