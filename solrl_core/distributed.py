@@ -66,7 +66,14 @@ def init_from_env() -> tuple[int, int, int]:
 
 
 def _shutdown() -> None:
+    """At exit, while the interpreter is whole: free what still holds collective work (an FSDP module's
+    pending reduce-scatter, unreachable until a collection), then the process groups. Left to the
+    interpreter's finalization, gloo's worker threads can drop such work without the GIL and abort the
+    process (SIGABRT, "terminate called without an active exception"; pytorch/pytorch#179291)."""
     if is_initialized():
+        import gc
+
+        gc.collect()
         dist.destroy_process_group()
 
 
