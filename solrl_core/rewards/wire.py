@@ -41,11 +41,7 @@ def encode_images(images: torch.Tensor, encoding: str) -> list[dict[str, Any]]:
     out = []
     for a in to_uint8(images):
         if encoding == "png":
-            from PIL import Image
-
-            buf = io.BytesIO()
-            Image.fromarray(a).save(buf, format="PNG")
-            out.append({"format": "png", "data": _b64(buf.getvalue())})
+            out.append({"format": "png", "data": _b64(_png(a))})
         else:
             out.append({"format": "uint8", "shape": list(a.shape), "data": _b64(np.ascontiguousarray(a).tobytes())})
     return out
@@ -53,10 +49,15 @@ def encode_images(images: torch.Tensor, encoding: str) -> list[dict[str, Any]]:
 
 def png_bytes(image: torch.Tensor) -> bytes:
     """One [3, H, W] image in [0, 1] as PNG bytes (what a VLM judge is sent)."""
+    return _png(to_uint8(image[None])[0])
+
+
+def _png(array: np.ndarray) -> bytes:
+    """[H, W, 3] uint8 as PNG bytes."""
     from PIL import Image
 
     buf = io.BytesIO()
-    Image.fromarray(to_uint8(image[None])[0]).save(buf, format="PNG")
+    Image.fromarray(array).save(buf, format="PNG")
     return buf.getvalue()
 
 
