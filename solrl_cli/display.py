@@ -132,8 +132,11 @@ class TerminalDisplay:
                     f"(change {e.last3_reward - e.first_reward:+.4g})")
         a, b = self.first_eval, self.last_eval
         if a is not None and b is not None and a is not b:
-            line = f"  eval on {b.prompts}: {a.weights} {fmt(a.mean)} -> {b.weights} {fmt(b.mean)} (iteration {b.iteration})"
+            se = b.delta_se  # paired standard errors of the changes, when this process scored the base
+            line = (f"  eval on {b.prompts}: {a.weights} {fmt(a.mean)} -> {b.weights} {fmt(b.mean)} (iteration {b.iteration}"
+                    + (f"; change {b.mean - a.mean:+.4f} +- {se['mean']:.4f} s.e." if "mean" in se else "") + ")")
             for key, after in b.extras.items():
                 if key in a.extras:
-                    line += f"; {key.split('.')[-1]} {a.extras[key]:.3f} -> {after:.3f} ({after - a.extras[key]:+.3f})"
+                    pm = f" +- {se[key]:.3f}" if key in se else ""
+                    line += f"; {key.split('.')[-1]} {a.extras[key]:.3f} -> {after:.3f} ({after - a.extras[key]:+.3f}{pm})"
             c.print(line)

@@ -51,21 +51,22 @@ def _print_table(results, req) -> None:  # type: ignore[no-untyped-def]
     from solrl_core.evaluation import summary
 
     table = Table(title=f"{req.prompt_set}: {plural(len(req.prompts), 'prompt')} x {plural(req.per_prompt, 'seed')}, {req.config.sampler.eval_steps} "
-                        f"steps, on {resolve_device(req.config.run.device)}  (delta: versus base)")
-    for col in ("weights", "reward", "mean", "std", "delta"):
+                        f"steps, on {resolve_device(req.config.run.device)}  (delta: versus base, on the same prompts and seeds; "
+                        f"s.e.: its standard error over the paired images)")
+    for col in ("weights", "reward", "mean", "std", "delta", "s.e."):
         table.add_column(col, justify="left" if col in ("weights", "reward") else "right")
     stats = summary(results)
     several = len(req.config.reward.weights) > 1
     for weights, entry in stats.items():
+        first = weights == results[0].weights
         for name, row in entry["rewards"].items():
             if name == "total" and not several:
                 continue
-            delta = "" if weights == results[0].weights else f"{row['delta']:+.4f}"
-            table.add_row(weights, name if name != "total" else "weighted sum", f"{row['mean']:.4f}", f"{row['std']:.4f}", delta)
+            table.add_row(weights, name if name != "total" else "weighted sum", f"{row['mean']:.4f}", f"{row['std']:.4f}",
+                          "" if first else f"{row['delta']:+.4f}", "" if first else f"{row['delta_se']:.4f}")
         for key, value in entry["extras"].items():
-            base = stats[results[0].weights]["extras"].get(key)
-            delta = "" if weights == results[0].weights or base is None else f"{value - base:+.4f}"
-            table.add_row(weights, key, f"{value:.4f}", "", delta)
+            delta, se = entry.get("extras_delta", {}).get(key), entry.get("extras_delta_se", {}).get(key)
+            table.add_row(weights, key, f"{value:.4f}", "", "" if delta is None else f"{delta:+.4f}", "" if se is None else f"{se:.4f}")
     console.print(table)
     console.print(f"per-image scores: {req.out_dir / 'samples.jsonl'}   summary: {req.out_dir / 'summary.json'}"
                   + (f"   images: {req.out_dir / 'images'}" if req.save_images else ""))

@@ -36,6 +36,7 @@ class Evaluation:
     scores: Scores
     extras: dict[str, float]
     seconds: float
+    groups: dict[str, list[int]]  # 'reward.group' -> image indices, for the extras that are group means
 
     @property
     def mean(self) -> float:
@@ -64,7 +65,8 @@ def _score(model: DiffusionModel, policy: Policy, rewards: RewardSet, sampler: S
         latents = Sampler.of(sampler).generate(model, net, cond, seeds, sampler.eval_steps, dtype)
     images = decode_in_chunks(model, latents, sampler.rollout_batch)
     scores = rewards(images, flat)
-    return Evaluation(weights, prompts, seeds, scores, rewards.summary(scores, flat), time.perf_counter() - t0), images
+    return Evaluation(weights, prompts, seeds, scores, rewards.summary(scores, flat), time.perf_counter() - t0,
+                      rewards.groups(flat)), images
 
 
 @dataclass(frozen=True)
@@ -119,8 +121,17 @@ def evaluate_weights(req: EvalRequest, bus: ev.EventBus) -> list[Evaluation]:
     return results
 
 
+def paired_se(values: torch.Tensor, ref: torch.Tensor) -> float:
+    """Standard error of mean(values) - mean(ref) when both score the same (prompt, seed) images: the
+    spread of the per-image differences over sqrt(n). 0 for a single image (no spread to measure)."""
+    diff = (values.double() - ref.double())
+    return float(diff.std(unbiased=True) / diff.numel() ** 0.5) if diff.numel() > 1 else 0.0
+
+
 def summary(results: list[Evaluation]) -> dict:
-    """Per weight set and reward: mean, std and the delta of the mean versus the first (base) set."""
+    """Per weight set and reward: mean, std and the delta of the mean versus the first (base) set, with
+    the delta's paired standard error ('delta_se'); the same for each group mean among the extras
+    ('extras_delta' and 'extras_delta_se', e.g. per kind of prompt). The sets share prompts and seeds."""
     base = results[0]
     out: dict = {}
     for r in results:
@@ -128,9 +139,14 @@ def summary(results: list[Evaluation]) -> dict:
         for name, values in {"total": r.scores.total, **r.scores.components}.items():
             ref = base.scores.total if name == "total" else base.scores.components[name]
             table[name] = {"mean": float(values.mean()), "std": float(values.std(unbiased=False)),
-                           "delta": float(values.mean() - ref.mean())}
-        out[r.weights] = {"rewards": table, "extras": r.extras, "samples": int(r.seeds.numel()), "seconds": r.seconds}
+                           "delta": float(values.mean() - ref.mean()), "delta_se": paired_se(values, ref)}
+        entry = {"rewards": table, "extras": r.extras, "samples": int(r.seeds.numel()), "seconds": r.seconds}
+        if r is not base:
+            entry["extras_delta"] = {k: v - base.extras[k] for k, v in r.extras.items() if k in base.extras}
+            entry["extras_delta_se"] = {}
+            for key, members in r.groups.items():
+                reward = key.split(".", 1)[0]
+                idx = torch.tensor(members, dtype=torch.long)
+                entry["extras_delta_se"][key] = paired_se(r.scores.components[reward][idx], base.scores.components[reward][idx])
+        out[r.weights] = entry
     return out
-
-
-

@@ -120,6 +120,9 @@ class EvalFinished(Event):
     components: dict[str, float]
     extras: dict[str, float]  # reward-defined statistics, e.g. tinyworld_geneval.strict_accuracy
     seconds: float
+    # standard errors of the change since this process's base evaluation (same prompts and seeds):
+    # "mean" and each per-group extra (e.g. tinyworld_geneval.count); empty for the base or after a resume
+    delta_se: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -181,8 +181,9 @@ def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag) -> Run:
     Returns the run as it ended (an out-of-memory back-off may have lowered its batch sizes)."""
     cfg = run.config
     saved = state.iteration  # the iteration of the newest checkpoint (0: none, or the one resumed from)
+    base: dict = {}  # the base evaluation's per-image scores: each later one's change gets a standard error
     if run.eval_prompts and state.iteration == 0:
-        run = _with_backoff(run, state, bus, lambda r: _evaluate(r, state, bus, "base"))
+        run = _with_backoff(run, state, bus, lambda r: _evaluate(r, state, bus, "base", base))
     while state.iteration < cfg.run.iterations and not distributed.any_true(flag.requested):
         streaks, flag.iteration = state.streaks(), state.iteration + 1
         try:
@@ -193,7 +194,7 @@ def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag) -> Run:
         last = state.iteration == cfg.run.iterations
         stopping = distributed.any_true(flag.requested)
         if run.eval_prompts and not stopping and (last or state.iteration % cfg.run.eval_every == 0):
-            run = _with_backoff(run, state, bus, lambda r: _evaluate(r, state, bus, "ema"))
+            run = _with_backoff(run, state, bus, lambda r: _evaluate(r, state, bus, "ema", base))
         failure = state.health.failure() or guard.failure(  # from gathered rewards: the same on every rank
             state.faults, cfg.reward.health_patience, cfg.optimizer.max_nonfinite_steps)
         if failure or stopping or last or state.iteration % cfg.run.checkpoint_every == 0:
@@ -327,20 +328,27 @@ def _with_backoff(run: Run, state: LoopState, bus: ev.EventBus, work: Callable[[
         run.rewards.retried.clear()
 
 
-def _evaluate(run: Run, state: LoopState, bus: ev.EventBus, weights: str) -> None:
+def _evaluate(run: Run, state: LoopState, bus: ev.EventBus, weights: str, base: dict) -> None:
     """On rank 0 alone (every rank holds the same weights); the others wait. Sharded, every rank runs
-    it (each forward gathers the weights from all), and rank 0's bus alone is heard."""
-    from solrl_core.evaluation import evaluate
+    it (each forward gathers the weights from all), and rank 0's bus alone is heard. `base` keeps the
+    base evaluation, against which a later one's change gets its paired standard errors."""
+    from solrl_core.evaluation import evaluate, summary
 
     if run.rank == 0 or run.sharded:
         bus.emit(ev.EvalStarted(iteration=state.iteration, weights=weights, prompts=run.config.run.eval_prompts,
                                 samples=len(run.eval_prompts) * run.config.run.eval_seeds))
         with charged_to("evaluation"):
             result = evaluate(run, run.eval_prompts, run.config.run.eval_seeds, weights)
+        delta_se = {}
+        if weights == "base":
+            base["eval"] = result
+        elif "eval" in base:
+            paired = summary([base["eval"], result])[weights]
+            delta_se = {"mean": paired["rewards"]["total"]["delta_se"], **paired["extras_delta_se"]}
         bus.emit(ev.EvalFinished(iteration=state.iteration, weights=weights, prompts=run.config.run.eval_prompts,
                                  samples=len(result.seeds), mean=result.mean,
                                  components={k: float(v.mean()) for k, v in result.scores.components.items()},
-                                 extras=result.extras, seconds=result.seconds))
+                                 extras=result.extras, seconds=result.seconds, delta_se=delta_se))
     distributed.barrier()
 
 

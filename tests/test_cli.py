@@ -144,6 +144,8 @@ def test_eval_scores_a_run_against_its_base_and_writes_every_image(in_tmp):
     assert summary["base"]["rewards"]["tinyworld_geneval"]["delta"] == 0.0
     ema = summary["ema"]["rewards"]["tinyworld_geneval"]
     assert ema["delta"] == pytest.approx(ema["mean"] - summary["base"]["rewards"]["tinyworld_geneval"]["mean"])
+    assert ema["delta_se"] >= 0.0 and "s.e." in result.output
+    assert set(summary["ema"]["extras_delta_se"]) == {"tinyworld_geneval.object", "tinyworld_geneval.position"}
 
 
 def test_eval_errors_are_one_line(in_tmp):

@@ -160,3 +160,29 @@ def test_the_summary_reports_each_kind_of_prompt_apart():
                    "binding": pytest.approx(0.25), "position": pytest.approx(0.75)}
     only_pairs = TinyWorldReward().summary(scores[2:4], prompts[2:4])
     assert set(only_pairs) == {"strict_accuracy", "binding", "position"}
+
+
+def test_an_evaluation_gives_each_kinds_change_a_paired_standard_error():
+    """Same prompts and seeds for base and tuned: the standard error is that of the per-image
+    differences, overall and within each kind (a kind of 2 images here, so a hand-checkable value)."""
+    from solrl_core.evaluation import Evaluation, summary
+    from solrl_core.rewards import Scores
+
+    prompts = ["a red circle", "a green square", "two blue squares", "three red circles"]
+    groups = TinyWorldReward().groups(prompts)
+    assert groups == {"object": [0, 1], "count": [2, 3]}
+
+    def evaluation(weights, values):
+        scores = torch.tensor(values)
+        return Evaluation(weights, prompts, torch.arange(4), Scores(scores, {"tinyworld_geneval": scores}),
+                          {f"tinyworld_geneval.{k}": v for k, v in TinyWorldReward().summary(scores, prompts).items()}, 0.0,
+                          {f"tinyworld_geneval.{k}": v for k, v in groups.items()})
+
+    base, tuned = evaluation("base", [1.0, 0.5, 0.5, 0.0]), evaluation("ema", [1.0, 1.0, 1.0, 0.5])
+    out = summary([base, tuned])
+    diffs = torch.tensor([0.0, 0.5, 0.5, 0.5], dtype=torch.float64)
+    assert out["ema"]["rewards"]["total"]["delta_se"] == pytest.approx(float(diffs.std() / 2))
+    assert out["base"]["rewards"]["total"]["delta_se"] == 0.0 and "extras_delta" not in out["base"]
+    assert out["ema"]["extras_delta"]["tinyworld_geneval.count"] == pytest.approx(0.5)
+    assert out["ema"]["extras_delta_se"]["tinyworld_geneval.count"] == 0.0  # both count images rose by 0.5
+    assert out["ema"]["extras_delta_se"]["tinyworld_geneval.object"] == pytest.approx(0.25)  # diffs 0, 0.5: std 0.354 / sqrt 2

@@ -193,6 +193,11 @@ def test_evaluation_runs_on_base_then_ema_weights_and_restores_the_live_adapter(
     assert [(e.weights, e.iteration) for e in evals] == [("base", 0), ("ema", 1), ("ema", 2)]
     assert evals[0].samples == 64 and 0.0 <= evals[0].mean <= 1.0
     assert "tinyworld_geneval.strict_accuracy" in evals[0].extras
+    # each EMA evaluation's change since the base gets paired standard errors, overall and per kind
+    assert evals[0].delta_se == {} and all(e.delta_se["mean"] >= 0.0 for e in evals[1:])
+    assert set(evals[2].delta_se) == {"mean", "tinyworld_geneval.binding", "tinyworld_geneval.position"}
+    if evals[2].mean != evals[0].mean:  # some image changed: the differences have a spread
+        assert evals[2].delta_se["mean"] > 0.0
     live = session.run.policy.state("default")
     with session.run.policy.weights("ema"):
         pass

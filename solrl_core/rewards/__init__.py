@@ -5,7 +5,8 @@ float tensors [B, 3, H, W] in [0, 1] on any device, and the result is a float32 
 rewards run on the context's device, in eval mode, under no_grad. Optionally a reward has
 `check_prompts(prompts)` (rejects prompts it cannot score, called before a run writes anything) and
 `summary(scores, prompts) -> dict` (named statistics for evaluations, e.g. GenEval-style strict
-accuracy and the mean per kind of prompt).
+accuracy and the mean per kind of prompt) and `groups(prompts) -> {name: indices}` (the images behind
+each per-group mean, so an evaluation can give each group's change a standard error).
 
 Each reward registers one `RewardSpec`: how to build it from a `RewardContext` (device, dtype and an
 optional local path for its weights), where its weights come from, and what it needs installed.
@@ -169,6 +170,16 @@ class RewardSet:
             summarize = getattr(reward, "summary", None)
             if summarize is not None:
                 out.update({f"{name}.{k}": v for k, v in summarize(scores.components[name], prompts).items()})
+        return out
+
+    def groups(self, prompts: list[str]) -> dict[str, list[int]]:
+        """Named groups of images (by index) whose means `summary` reports, keyed 'reward.group', from
+        the rewards that define `groups(prompts)` (the tiny world's kinds of prompt)."""
+        out = {}
+        for name, reward in self.rewards.items():
+            grouping = getattr(reward, "groups", None)
+            if grouping is not None:
+                out.update({f"{name}.{k}": v for k, v in grouping(prompts).items()})
         return out
 
     @torch.no_grad()

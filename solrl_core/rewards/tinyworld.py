@@ -218,12 +218,14 @@ class TinyWorldReward:
         """Strict accuracy, and the mean score of each kind of prompt present (object, count, binding,
         position): a gain on one kind need not be a gain on the others."""
         out = {"strict_accuracy": strict_accuracy(scores)}
-        kinds = [spec.kind for spec in self._specs(prompts)]
-        for kind in KINDS:
-            members = [i for i, k in enumerate(kinds) if k == kind]
-            if members:
-                out[kind] = float(scores[members].mean())
+        out.update({kind: float(scores[members].mean()) for kind, members in self.groups(prompts).items()})
         return out
+
+    def groups(self, prompts: list[str]) -> dict[str, list[int]]:
+        """The images of each kind of prompt present, by index, in KINDS order: the per-kind means of
+        `summary`, and what an evaluation pairs to give each kind's change a standard error."""
+        kinds = [spec.kind for spec in self._specs(prompts)]
+        return {kind: members for kind in KINDS if (members := [i for i, k in enumerate(kinds) if k == kind])}
 
     def check_prompts(self, prompts: list[str]) -> None:
         """Fail before a run starts, naming the first prompt this reward cannot judge."""
