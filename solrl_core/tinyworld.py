@@ -208,3 +208,23 @@ def every_heldout_prompt() -> list[str]:
     specs += [Spec("binding", ((*a, 1), (*b, 1))) for a, b in pairs]
     specs += [Spec("position", ((*a, 1), (*b, 1)), rel) for a, b in pairs for rel in RELATIONS]
     return [describe(spec) for spec in specs]
+
+
+def validation_prompts(per_kind: int = 32, seed: int = 4321) -> list[str]:
+    """Prompts to choose settings on without touching a held-out pair: every single-object caption
+    (object, count; no single object can be held out, so these are the evaluation world's own), then
+    `per_kind` binding and `per_kind` position captions on *train* pairs that are not in the built-in
+    training prompts (`prompt_set('train', 64)`): captions a run does not train on, pairs it may."""
+    trained = set(prompt_set("train", 64))
+    objects = [(c, s) for c in COLORS for s in SHAPES]
+    out = [describe(Spec("object", ((c, s, 1),))) for c, s in objects]
+    out += [describe(Spec("count", ((c, s, n),))) for c, s in objects for n in (2, 3)]
+    rng = np.random.default_rng(seed)
+    taken = {"binding": 0, "position": 0}
+    while min(taken.values()) < per_kind:
+        spec = sample_spec(rng, "train")
+        text = describe(spec)
+        if spec.kind in taken and taken[spec.kind] < per_kind and text not in trained and text not in out:
+            taken[spec.kind] += 1
+            out.append(text)
+    return out

@@ -61,3 +61,16 @@ def test_the_large_heldout_set_is_the_generators_and_every_pair_in_it_is_held_ou
     two = {_pairs(s) for s in specs if len(s.objects) == 2}
     assert not two & train_pairs
     assert {_pairs(w.parse(p)) for p in load_prompts("tinyworld_heldout")} <= two  # the small set is a sample of it
+
+
+def test_the_validation_set_holds_no_heldout_pair_and_no_training_caption_of_two_objects():
+    from collections import Counter
+
+    prompts = load_prompts("tinyworld_validation")
+    assert prompts == w.validation_prompts() and len(set(prompts)) == len(prompts)
+    specs = [w.parse(p) for p in prompts]
+    assert Counter(s.kind for s in specs) == {"object": 18, "count": 36, "binding": 32, "position": 32}
+    heldout = {_pairs(w.parse(p)) for p in load_prompts("tinyworld_heldout_all") if len(w.parse(p).objects) == 2}
+    two = [p for p, s in zip(prompts, specs) if len(s.objects) == 2]
+    assert not {_pairs(w.parse(p)) for p in two} & heldout
+    assert not set(two) & set(load_prompts("tinyworld_train"))
