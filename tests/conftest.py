@@ -12,7 +12,7 @@ import pytest
 FAST = (
     "explore.group_size=8", "selection.group_size=4", "explore.steps=2", "sampler.steps=4",
     "run.prompts_per_iteration=2", "sampler.rollout_batch=16", "optimizer.micro_batch=8",
-    "algorithm.timestep_fraction=0.5", "run.checkpoint_every=100", "run.threads=2",
+    "algorithm.timestep_fraction=0.5", "run.checkpoint_every=100", "run.threads=2", "run.eval_seeds=1",
 )
 
 
