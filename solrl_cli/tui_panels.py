@@ -194,10 +194,14 @@ def eval_view(s: RunState) -> Table | str:
         table.add_column(col, justify="right" if col in ("iteration", "images", "reward", "change", "seconds") else "left")
     first = s.evals[0].mean
     for e in s.evals:
-        extras = "  ".join(f"{k.split('.')[-1]} {v:.3f}" for k, v in e.extras.items())
+        # a kind's change since the base carries its paired standard error when the run scored the base
+        extras = "  ".join(f"{k.split('.')[-1]} {v:.3f}" + (f" ({v - s.evals[0].extras[k]:+.3f} +- {e.delta_se[k]:.3f})"
+                                                             if k in e.delta_se and k in s.evals[0].extras else "")
+                           for k, v in e.extras.items())
         comps = "  ".join(f"{k} {fmt(v)}" for k, v in e.components.items()) if len(e.components) > 1 else ""
-        table.add_row(str(e.iteration), e.weights, e.prompts, str(e.samples), fmt(e.mean),
-                      f"{e.mean - first:+.4f}" if e is not s.evals[0] else "", "  ".join(x for x in (comps, extras) if x), f"{e.seconds:.1f}")
+        change = "" if e is s.evals[0] else f"{e.mean - first:+.4f}" + (f" +- {e.delta_se['mean']:.4f}" if "mean" in e.delta_se else "")
+        table.add_row(str(e.iteration), e.weights, e.prompts, str(e.samples), fmt(e.mean), change,
+                      "  ".join(x for x in (comps, extras) if x), f"{e.seconds:.1f}")
     return table
 
 

@@ -61,12 +61,13 @@ def write_log(path, iterations: int = 3) -> ev.JsonlLog:
     log(started(str(path.parent)))
     log(ev.QuantizationReport(summary="quantized 40 of 51 layers", path="q.json"))
     log(ev.EvalFinished(iteration=0, weights="base", prompts="tinyworld_heldout", samples=256, mean=0.5254, components={},
-                        extras={"tinyworld_geneval.strict_accuracy": 0.184}, seconds=4.8))
+                        extras={"tinyworld_geneval.strict_accuracy": 0.184, "tinyworld_geneval.binding": 0.8}, seconds=4.8))
     for i in range(1, iterations + 1):
         log(iteration(i))
     log(ev.RunWarning(message="reward tinyworld_geneval is near-constant within every prompt group"))
     log(ev.EvalFinished(iteration=3, weights="ema", prompts="tinyworld_heldout", samples=256, mean=0.6113, components={},
-                        extras={"tinyworld_geneval.strict_accuracy": 0.293}, seconds=4.4))
+                        extras={"tinyworld_geneval.strict_accuracy": 0.293, "tinyworld_geneval.binding": 0.85}, seconds=4.4,
+                        delta_se={"mean": 0.0123, "tinyworld_geneval.binding": 0.021}))
     return log
 
 
@@ -174,6 +175,7 @@ def test_monitor_replays_follows_pauses_and_switches(tmp_path):
             await pilot.press("4")
             text = screen_text(app)
             assert "0.6113" in text and "strict_accuracy 0.293" in text
+            assert "+0.0859 +- 0.0123" in text and "binding 0.850 (+0.050 +- 0.021)" in text  # changes with their errors
             await pilot.press("tab")
             assert "near-constant within every prompt group" in screen_text(app)
             await pilot.press("tab")
