@@ -1,4 +1,4 @@
-"""Tune the tiny world's preset on its training split: per-kind gains of candidate settings.
+"""Tune the tiny world's preset without its held-out pairs: per-kind gains of candidate settings.
 
 Each candidate is the tiny preset (or --model) with a few `--set` overrides. It trains from the
 pre-trained base with the run seed, then the base weights and the final EMA weights are scored on

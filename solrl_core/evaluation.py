@@ -36,7 +36,7 @@ class Evaluation:
     scores: Scores
     extras: dict[str, float]
     seconds: float
-    groups: dict[str, list[int]]  # 'reward.group' -> image indices, for the extras that are group means
+    groups: dict[str, dict[str, list[int]]]  # reward -> group -> image indices, for extras 'reward.group' that are group means
 
     @property
     def mean(self) -> float:
@@ -144,9 +144,10 @@ def summary(results: list[Evaluation]) -> dict:
         if r is not base:
             entry["extras_delta"] = {k: v - base.extras[k] for k, v in r.extras.items() if k in base.extras}
             entry["extras_delta_se"] = {}
-            for key, members in r.groups.items():
-                reward = key.split(".", 1)[0]
-                idx = torch.tensor(members, dtype=torch.long)
-                entry["extras_delta_se"][key] = paired_se(r.scores.components[reward][idx], base.scores.components[reward][idx])
+            for reward, groups in r.groups.items():
+                for group, members in groups.items():
+                    idx = torch.tensor(members, dtype=torch.long)
+                    entry["extras_delta_se"][f"{reward}.{group}"] = paired_se(r.scores.components[reward][idx],
+                                                                            base.scores.components[reward][idx])
         out[r.weights] = entry
     return out

@@ -172,15 +172,10 @@ class RewardSet:
                 out.update({f"{name}.{k}": v for k, v in summarize(scores.components[name], prompts).items()})
         return out
 
-    def groups(self, prompts: list[str]) -> dict[str, list[int]]:
-        """Named groups of images (by index) whose means `summary` reports, keyed 'reward.group', from
-        the rewards that define `groups(prompts)` (the tiny world's kinds of prompt)."""
-        out = {}
-        for name, reward in self.rewards.items():
-            grouping = getattr(reward, "groups", None)
-            if grouping is not None:
-                out.update({f"{name}.{k}": v for k, v in grouping(prompts).items()})
-        return out
+    def groups(self, prompts: list[str]) -> dict[str, dict[str, list[int]]]:
+        """Per reward that defines `groups(prompts)` (the tiny world's kinds of prompt): its named groups
+        of images, by index, whose means `summary` reports as 'reward.group'."""
+        return {name: reward.groups(prompts) for name, reward in self.rewards.items() if hasattr(reward, "groups")}
 
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> Scores:
