@@ -6,11 +6,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from solrl_cli import options as opt
 from solrl_cli.common import console, output_folder, tool_config, weight_sets
 from solrl_cli.errors import user_errors
+from solrl_cli.tables import Column, print_fitted
 from solrl_core.text import plural
 
 Run = Annotated[Optional[Path], typer.Argument(help="A run folder: its newest checkpoint is scored against the base model. Omit to score a base model.")]
@@ -50,11 +50,10 @@ def _print_table(results, req) -> None:  # type: ignore[no-untyped-def]
     from solrl_core.device import resolve_device
     from solrl_core.evaluation import summary
 
-    table = Table(title=f"{req.prompt_set}: {plural(len(req.prompts), 'prompt')} x {plural(req.per_prompt, 'seed')}, {req.config.sampler.eval_steps} "
-                        f"steps, on {resolve_device(req.config.run.device)}  (delta: versus base, on the same prompts and seeds; "
-                        f"s.e.: its standard error over the paired images)")
-    for col in ("weights", "reward", "mean", "std", "delta", "s.e."):
-        table.add_column(col, justify="left" if col in ("weights", "reward") else "right")
+    title = (f"{req.prompt_set}: {plural(len(req.prompts), 'prompt')} x {plural(req.per_prompt, 'seed')}, {req.config.sampler.eval_steps} "
+             f"steps, on {resolve_device(req.config.run.device)}  (delta: versus base, on the same prompts and seeds; "
+             f"s.e.: its standard error over the paired images)")
+    rows = []
     stats = summary(results)
     several = len(req.config.reward.weights) > 1
     for weights, entry in stats.items():
@@ -62,11 +61,12 @@ def _print_table(results, req) -> None:  # type: ignore[no-untyped-def]
         for name, row in entry["rewards"].items():
             if name == "total" and not several:
                 continue
-            table.add_row(weights, name if name != "total" else "weighted sum", f"{row['mean']:.4f}", f"{row['std']:.4f}",
-                          "" if first else f"{row['delta']:+.4f}", "" if first else f"{row['delta_se']:.4f}")
+            rows.append((weights, name if name != "total" else "weighted sum", f"{row['mean']:.4f}", f"{row['std']:.4f}",
+                         "" if first else f"{row['delta']:+.4f}", "" if first else f"{row['delta_se']:.4f}"))
         for key, value in entry["extras"].items():
             delta, se = entry.get("extras_delta", {}).get(key), entry.get("extras_delta_se", {}).get(key)
-            table.add_row(weights, key, f"{value:.4f}", "", "" if delta is None else f"{delta:+.4f}", "" if se is None else f"{se:.4f}")
-    console.print(table)
+            rows.append((weights, key, f"{value:.4f}", "", "" if delta is None else f"{delta:+.4f}", "" if se is None else f"{se:.4f}"))
+    columns = [Column("weights", "key"), Column("reward", "text"), *map(Column, ("mean", "std", "delta", "s.e."))]
+    print_fitted(console, columns, rows, title=title)
     console.print(f"per-image scores: {req.out_dir / 'samples.jsonl'}   summary: {req.out_dir / 'summary.json'}"
                   + (f"   images: {req.out_dir / 'images'}" if req.save_images else ""))

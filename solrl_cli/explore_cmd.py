@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.table import Table
 
 from solrl_cli import options as opt
 from solrl_cli.common import console, output_folder, prompt_texts, reward_set, tool_config
 from solrl_cli.errors import user_errors
+from solrl_cli.tables import Column, print_fitted
 from solrl_core.text import plural
 
 ExploreRun = Annotated[Optional[Path], typer.Argument(help="A run folder: explore with its checkpoint's rollout (old) adapter. Omit for a base model.")]
@@ -55,14 +55,13 @@ def explore(
 
 def _print_selection(result, keep: int) -> None:  # type: ignore[no-untyped-def]
     half = keep // 2
-    table = Table(title=f"selected seeds ({result.seconds:.1f}s for {result.seeds.numel()} rollouts + rewards, measured)")
-    for col in ("prompt", "best seeds (reward)", "worst seeds (reward)"):
-        table.add_column(col)
+    rows = []
     for i, text in enumerate(result.prompts):
         sel = result.selected[i].tolist()
         fmt = lambda idx: ", ".join(f"{int(result.seeds[i, j])} ({float(result.rewards[i, j]):.3f})" for j in idx)  # noqa: E731
-        table.add_row(text[:60], fmt(sel[:half]), fmt(sel[half:]))
-    console.print(table)
+        rows.append((text, fmt(sel[:half]), fmt(sel[half:])))
+    print_fitted(console, [Column(c, "text") for c in ("prompt", "best seeds (reward)", "worst seeds (reward)")], rows,
+                 title=f"selected seeds ({result.seconds:.1f}s for {result.seeds.numel()} rollouts + rewards, measured)")
 
 
 def rank_check(
@@ -97,20 +96,19 @@ def rank_check(
 
 
 def _print_arms(result, ks: list[int], keep: int, where: object) -> None:  # type: ignore[no-untyped-def]
-    table = Table(title=f"against the reference {result.arms[-1]}, means over prompts, on {where}",
-                  caption=f"rho, tau: over prompts where both arms vary (n of them); top/bot K: hit rates; gap: reference "
-                          f"reward of the best {keep // 2} minus the worst {keep // 2} this arm selects (ref gap: when the "
-                          "reference selects, the largest possible); s: seconds")
-    table.add_column("arm", no_wrap=True)
-    for col in ("rho", "tau", "n", *[f"top{k}" for k in ks], *[f"bot{k}" for k in ks], "gap", "ref gap", "s"):
-        table.add_column(col, justify="right", no_wrap=True)
+    names = ("rho", "tau", "n", *[f"top{k}" for k in ks], *[f"bot{k}" for k in ks], "gap", "ref gap", "s")
+    rows = []
     for arm in result.arms:
         m = result.overall.get(arm)
         if m is None:
-            table.add_row(arm + " ref", *[""] * (5 + 2 * len(ks)), f"{result.seconds[arm]:.1f}")
+            rows.append((arm + " ref", *[""] * (len(names) - 1), f"{result.seconds[arm]:.1f}"))
             continue
         cor = [f"{m[c]:.3f}" if m[c] is not None else "-" for c in ("rho", "tau")]
-        table.add_row(arm, *cor, f"{m['defined']}/{m['prompts']}", *[f"{m[f'top{k}']:.2f}" for k in ks],
-                      *[f"{m[f'bottom{k}']:.2f}" for k in ks], f"{m['gap_draft']:.3f}", f"{m['gap_final']:.3f}",
-                      f"{result.seconds[arm]:.1f}")
-    console.print(table)
+        rows.append((arm, *cor, f"{m['defined']}/{m['prompts']}", *[f"{m[f'top{k}']:.2f}" for k in ks],
+                     *[f"{m[f'bottom{k}']:.2f}" for k in ks], f"{m['gap_draft']:.3f}", f"{m['gap_final']:.3f}",
+                     f"{result.seconds[arm]:.1f}"))
+    print_fitted(console, [Column("arm", "key"), *map(Column, names)], rows,
+                 title=f"against the reference {result.arms[-1]}, means over prompts, on {where}",
+                 caption=f"rho, tau: over prompts where both arms vary (n of them); top/bot K: hit rates; gap: reference "
+                         f"reward of the best {keep // 2} minus the worst {keep // 2} this arm selects (ref gap: when the "
+                         "reference selects, the largest possible); s: seconds")

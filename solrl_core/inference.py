@@ -194,7 +194,9 @@ def _clip(text: str, chars: int) -> str:
 
 def grid_rows(prompts: list[str], seeds: list[int] | None = None) -> list[str]:
     """The row labels of a grid: each prompt, with its seed where there is one."""
-    return [p if seeds is None else f"{p} / seed {s}" for p, s in zip(prompts, seeds or [None] * len(prompts))]
+    if seeds is None:
+        return list(prompts)
+    return [_clip(p, LABEL_CHARS - len(f" / seed {s}")) + f" / seed {s}" for p, s in zip(prompts, seeds)]  # the seed is never cut
 
 
 def export_merged(loaded: Loaded, weights: str, out_dir: Path) -> Path:
