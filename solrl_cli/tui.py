@@ -19,15 +19,14 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from rich.markup import escape
 from rich.text import Text
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import ContentSwitcher, Footer, ProgressBar, Sparkline, Static
 
 from solrl_cli.display import fmt
+from solrl_cli.run_summary import end_summary
 from solrl_cli.stop_text import finished_message
 from solrl_core import events as ev
 from solrl_core.bench.mfu import percent
@@ -35,7 +34,9 @@ from solrl_core.errors import SolrlError
 from solrl_core.rundir import EVENTS_FILE
 from solrl_cli.tui_panels import (ChartPanel, env_view, eval_charts, eval_view, latest_table, log_view, loss_note, loss_rows,
                                  reward_charts, reward_note, reward_rows, time_charts, time_note, time_view)
-from solrl_cli.tui_state import PANELS, JsonlTail, QueueSource, RunState, _clock, _duration, gpu_line
+from solrl_cli.tui_meter import ProcessMeter, gpu_line, run_pid
+from solrl_cli.tui_screens import HelpScreen, StopScreen
+from solrl_cli.tui_state import PANELS, JsonlTail, QueueSource, RunState, _duration
 
 
 # ---------------------------------------------------------------- widgets
@@ -115,26 +116,6 @@ class TablePanel(VerticalScroll):
         self.body.update(self._view(state))
 
 
-class StopScreen(ModalScreen[bool]):
-    """q during `train --tui`: stop safely (finish the iteration, save a checkpoint) or cancel."""
-
-    def __init__(self, run_dir: str) -> None:
-        super().__init__()
-        self.run_dir = run_dir
-
-    DEFAULT_CSS = """
-    StopScreen { align: center middle; }
-    StopScreen > Static { width: 78; height: auto; border: thick $warning; padding: 1 2; background: $surface; }
-    """
-    BINDINGS = [Binding("s,enter", "dismiss(True)", "stop safely"), Binding("c,escape", "dismiss(False)", "cancel")]
-
-    def compose(self) -> ComposeResult:
-        yield Static("[bold]Stop training?[/]\n\n"
-                     "[bold]s[/]  stop safely: finish this iteration, save a checkpoint, then exit\n"
-                     f"     (continue later with `solrl train --resume {escape(self.run_dir)}`)\n"
-                     "[bold]c[/]  cancel: keep training and watching")
-
-
 # ---------------------------------------------------------------- the app
 
 
@@ -143,23 +124,30 @@ class SolrlMonitor(App):
 
     TITLE = "solrl"
     ENABLE_COMMAND_PALETTE = False
+    # the header is three lines (run, progress, flags and machine use) so a 24-line terminal keeps its panel
     CSS = """
-    #header { height: auto; padding: 0 1; background: $boost; }
-    #progress { height: 1; }
-    #progress > ProgressBar { width: 50; }
-    #progress > Static { width: 1fr; }
+    #header { height: 3; padding: 0 1; background: $boost; }
+    #header Static { height: 1; overflow: hidden hidden; text-wrap: nowrap; text-overflow: ellipsis; }
+    #progress, #flagrow { height: 1; }
+    #progress > ProgressBar { width: 18; }
+    #progress > Static { width: 1fr; padding: 0 0 0 1; }
+    #flags { width: 1fr; }
+    #machine { width: auto; max-width: 60%; padding: 0 0 0 2; }
     #tabs { height: 1; padding: 0 1; }
     ContentSwitcher { height: 1fr; padding: 0 1; }
     """
     BINDINGS = [Binding("q", "request_quit", "quit"), Binding("ctrl+c", "request_quit", show=False, priority=True),
-                Binding("p", "toggle_pause", "pause/resume"),
+                Binding("question_mark", "help", "help"), Binding("p", "toggle_pause", "pause/resume"),
+                *(Binding(key, f"scroll('{how}')", show=False) for key, how in (
+                    ("up", "up"), ("down", "down"), ("pageup", "page_up"), ("pagedown", "page_down"), ("home", "home"), ("end", "end"))),
                 *(Binding(str(i), f"show('{name}')", label) for i, (name, label) in enumerate(PANELS.items(), 1)),
                 Binding("tab", "cycle(1)", "next panel", show=False, priority=True),
                 Binding("shift+tab", "cycle(-1)", "previous panel", show=False, priority=True)]
 
-    def __init__(self, source: JsonlTail | QueueSource, stop: Callable[[], None] | None = None) -> None:
+    def __init__(self, source: JsonlTail | QueueSource, stop: Callable[[], None] | None = None, pid: int | None = None) -> None:
         super().__init__()
         self.source, self.stop_run = source, stop
+        self.meter = ProcessMeter(pid)  # the training process, measured where it runs on this machine
         self.state = RunState()
         self.paused = False
         self.stopping = False
@@ -173,7 +161,8 @@ class SolrlMonitor(App):
                        "log": TablePanel(log_view, "log"), "env": TablePanel(env_view, "env")}
         self.current = "time"
         # held, not queried: a query would search the active screen, which may be the stop dialog
-        self.run_line, self.status, self.flags, self.gpu = Static("waiting for the first event ..."), Static(), Static(), Static(gpu_line())
+        self.run_line, self.status = Static("waiting for the first event ..."), Static()
+        self.flags, self.machine = Static(id="flags"), Static(id="machine")
         self.bar, self.tabs, self.switcher = ProgressBar(total=None, show_eta=False), Static(id="tabs"), ContentSwitcher(initial="time")
 
     def compose(self) -> ComposeResult:
@@ -182,8 +171,9 @@ class SolrlMonitor(App):
             with Horizontal(id="progress"):
                 yield self.bar
                 yield self.status
-            yield self.flags
-            yield self.gpu
+            with Horizontal(id="flagrow"):
+                yield self.flags
+                yield self.machine
         yield self.tabs
         with self.switcher:
             yield from self.panels.values()
@@ -192,7 +182,14 @@ class SolrlMonitor(App):
     def on_mount(self) -> None:
         self._tick()
         self.set_interval(self.source.poll_interval, self._tick)
-        self.set_interval(2.0, lambda: self.gpu.update(gpu_line()))
+        self._measure()
+        self.set_interval(2.0, self._measure)
+
+    def _measure(self) -> None:
+        """This machine's GPU use, and the training process's CPU% and resident memory."""
+        if self.meter.pid is None and isinstance(self.source, JsonlTail):  # monitor: the run may start after it
+            self.meter.pid = run_pid(self.source.path.parent)
+        self.machine.update("  ".join(x for x in (gpu_line(), self.meter.line()) if x) or "run process: not on this machine")
 
     def _tick(self) -> None:
         try:
@@ -217,8 +214,8 @@ class SolrlMonitor(App):
         if s.started:
             e = s.started
             resumed = f"  resumed at iteration {e.start_iteration}" if e.resumed else ""
-            self.run_line.update(Text.assemble((e.preset, "bold"), f"  device {e.device}  full precision {e.dtype}  "
-                                               f"explore precision {e.explore_precision}{resumed}\n{e.plan}\nrun dir {e.run_dir}"))
+            self.run_line.update(Text.assemble((e.preset, "bold"), f"  {e.device} {e.dtype}, explore {e.explore_precision}{resumed}"
+                                               "  (plan, run dir: key 6)"))
         if s.total:
             self.bar.update(total=s.total, progress=s.iteration)
         self.panels[self.current].draw(s)
@@ -236,7 +233,7 @@ class SolrlMonitor(App):
                 parts.append(f"MFU {percent(mfu['total'])}")
         eta = s.eta()
         if eta is not None:
-            parts.append(f"eta ~{_duration(eta)} (recent s/iteration x iterations left, excl. eval)")
+            parts.append(f"eta ~{_duration(eta)}")
         self.status.update("  ".join(parts))
         flags = []
         if self.paused:
@@ -245,11 +242,11 @@ class SolrlMonitor(App):
             flags.append(f"[bold]run {s.finished.reason}[/]" + (" (q exits)" if self.stop_run else ""))
         elif self.stopping:
             flags.append(f"[bold yellow]stopping: finishing iteration {s.iteration + 1}, then saving a checkpoint[/]")
-        if s.last_time is not None:
-            flags.append(f"last event {_clock(s.last_time)} ({_duration(max(time.time() - s.last_time, 0))} ago)")
         if s.warning_count:
             flags.append(f"[yellow]{s.warning_count} warning{'s' if s.warning_count > 1 else ''} (key 5)[/]")
-        self.flags.update("  ".join(flags) or "waiting for events ...")
+        if s.last_time is not None:
+            flags.append(f"last event {_duration(max(time.time() - s.last_time, 0))} ago")
+        self.flags.update("  ".join(flags))
 
     def action_show(self, name: str) -> None:
         self.current = name
@@ -259,6 +256,13 @@ class SolrlMonitor(App):
     def action_cycle(self, step: int) -> None:
         names = list(PANELS)
         self.action_show(names[(names.index(self.current) + step) % len(names)])
+
+    def action_scroll(self, how: str) -> None:
+        getattr(self.panels[self.current], f"scroll_{how}")(animate=False)
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen(training=self.stop_run is not None))
 
     def action_toggle_pause(self) -> None:
         self.paused = not self.paused
@@ -314,7 +318,7 @@ def run_tui_training(config: Any, resume: bool = False, checkpoint: str | None =
     def stop_run() -> None:
         stop.request("q")
 
-    app = SolrlMonitor(source, stop=stop_run)
+    app = SolrlMonitor(source, stop=stop_run, pid=os.getpid())
     worker = threading.Thread(target=work, name="solrl-train", daemon=True)
     with _signals_stop(stop, app, worker, config.run.stop_on_sigterm):
         worker.start()
@@ -338,11 +342,12 @@ def run_tui_training(config: Any, resume: bool = False, checkpoint: str | None =
 
 
 def outcome(state: RunState) -> str:
-    """The one line left on the terminal once the app has closed."""
+    """What is left on the terminal once the app has closed: the run's last line, and the end summary
+    the plain display prints under it (the reward's and the evaluation's change)."""
     run_dir = _run_dir(state)
     end = state.finished or ev.RunFinished(reason="interrupted", iteration=state.iteration, seconds=0.0, first_reward=None,
                                            last3_reward=None, run_dir=run_dir)
-    return f"solrl: {finished_message(end, state.total)}; replay: solrl monitor {run_dir}"
+    return "\n".join([f"solrl: {finished_message(end, state.total)}; replay: solrl monitor {run_dir}", *end_summary(end)])
 
 
 def _run_dir(state: RunState) -> str:

@@ -9,13 +9,13 @@ as fast as a short one.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 from textual.app import ComposeResult
-from textual.containers import Vertical
+from textual.containers import VerticalScroll
 from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
@@ -24,28 +24,46 @@ from solrl_cli.tui_state import PHASES, ROLLING, RunState, _clock, thin
 from solrl_core.bench.mfu import describe, percent
 
 Lines = dict[str, tuple[list[float], list[float]]]  # legend label -> (iterations, values)
-ChartSpec = tuple[str, str, Lines]  # title, y label, lines
+
+
+class ChartSpec(NamedTuple):
+    title: str
+    ylabel: str
+    lines: Lines
+    errors: dict[str, list[float]] = {}  # legend label -> +- error of each point (drawn as bars, unthinned)
+    ylim: tuple[float, float] | None = None  # None: plotext's own range
 
 
 class Chart(PlotextPlot):
-    DEFAULT_CSS = "Chart { height: 1fr; min-height: 10; }"
+    DEFAULT_CSS = "Chart { height: 1fr; min-height: 12; }"
 
-    def show(self, title: str, ylabel: str, lines: Lines) -> None:
+    def show(self, spec: ChartSpec) -> None:
         plt = self.plt
         plt.clear_data()
+        plt.xlim(None, None)  # plotext keeps limits across draws: each draw sets its own
+        plt.ylim(None, None)
         room = 2 * max(self.size.width, 80)  # braille: two points per column
         seen: list[float] = []
-        for label, (xs, ys) in lines.items():
+        for label, (xs, ys) in spec.lines.items():
             if xs:
                 seen += [xs[0], xs[-1]]
-                xs, ys = thin(xs, ys, room)
-                plt.plot(xs, ys, label=label, marker="braille")
+                bars = spec.errors.get(label)
+                plt.plot(*thin(xs, ys, room), label=label, marker="braille")
+                if bars is not None and len(bars) <= MAX_BARS:  # drawn over the line, capped, so it cannot hide them
+                    for x, y, e in zip(xs, ys, bars):
+                        if e > 0:
+                            plt.plot([x, x], [y - e, y + e], marker="│", color="gray")
+                            plt.scatter([x, x], [y - e, y + e], marker="─", color="gray")
+                    margin = max(0.5, 0.02 * (xs[-1] - xs[0]))  # a bar at either end stays inside the frame
+                    plt.xlim(xs[0] - margin, xs[-1] + margin)
         if seen:
             ticks = iteration_ticks(min(seen), max(seen))
             plt.xticks(ticks, [str(t) for t in ticks])
-        plt.title(title)
+        if spec.ylim:
+            plt.ylim(*spec.ylim)
+        plt.title(spec.title)
         plt.xlabel("iteration")
-        plt.ylabel(ylabel)
+        plt.ylabel(spec.ylabel)
         self.refresh()
 
 
@@ -57,12 +75,13 @@ def iteration_ticks(lo: float, hi: float, count: int = 8) -> list[int]:
     return list(range(first, int(hi) + 1, step)) or [int(lo)]
 
 
-class ChartPanel(Vertical):
-    """A note, charts that appear as their series do, and an optional table of the numbers below."""
+class ChartPanel(VerticalScroll):
+    """A note, charts that appear as their series do, and an optional table of the numbers below; on a
+    small screen the charts keep a readable height and the panel scrolls (up/down, pgup/pgdn)."""
 
     DEFAULT_CSS = """
     ChartPanel > .note { height: auto; }
-    ChartPanel > .numbers { height: auto; max-height: 45%; overflow-y: auto; }
+    ChartPanel > .numbers { height: auto; }
     """
 
     def __init__(self, charts: Callable[[RunState], list[ChartSpec]], note: Callable[[RunState], Any], id: str,
@@ -80,12 +99,12 @@ class ChartPanel(Vertical):
 
     def draw(self, state: RunState) -> None:
         self.note.update(self._note(state))
-        for title, ylabel, lines in self._charts(state):
-            chart = self.charts.get(title)
+        for spec in self._charts(state):
+            chart = self.charts.get(spec.title)
             if chart is None:
-                chart = self.charts[title] = Chart()
+                chart = self.charts[spec.title] = Chart()
                 self.mount(chart, before=self.numbers) if self.numbers is not None else self.mount(chart)
-            chart.show(title, ylabel, lines)
+            chart.show(spec)
         if self.numbers is not None and self._table is not None:
             self.numbers.update(self._table(state))
 
@@ -94,26 +113,44 @@ class ChartPanel(Vertical):
 
 
 def reward_charts(s: RunState) -> list[ChartSpec]:
-    charts: list[ChartSpec] = [("reward per iteration", "reward", {
+    charts: list[ChartSpec] = [ChartSpec("reward per iteration", "reward", {
         "Stage-2 mean": s.points("final", "mean"), "Stage-2 best": s.points("final", "best"),
         "Stage-2 worst": s.points("final", "worst"), "Stage-1 draft mean": s.points("draft", "mean")})]
     components = s.components("final")
     if len(components) > 1:
-        charts.append(("Stage-2 mean per reward component", "reward",
+        charts.append(ChartSpec("Stage-2 mean per reward component", "reward",
                        {c: s.points("final", "components", c) for c in components}))
     return charts
 
 
 def time_charts(s: RunState) -> list[ChartSpec]:
     phases = ("total", "explore", "regenerate", "reward", "train")
-    return [("seconds per phase", "seconds", {p: s.points("seconds", p) for p in phases if any(s.points("seconds", p)[1])})]
+    return [ChartSpec("seconds per phase", "seconds", {p: s.points("seconds", p) for p in phases if any(s.points("seconds", p)[1])})]
 
 
 def eval_charts(s: RunState) -> list[ChartSpec]:
+    """The evaluation means, each later one with a bar of +- the paired standard error of its change
+    since the base; the y range holds every bar and spans at least MIN_SPAN of the values' size, so
+    a change within its error does not look like a climb."""
     if not s.evals:
         return []
-    lines: Lines = {"evaluation mean": ([float(e.iteration) for e in s.evals], [e.mean for e in s.evals])}
-    return [("held-out evaluation (iteration 0: base weights, then EMA)", "reward", lines)]
+    xs, ys = [float(e.iteration) for e in s.evals], [e.mean for e in s.evals]
+    errors = [e.delta_se.get("mean", 0.0) for e in s.evals]
+    label = "evaluation mean" + (" +- s.e. of the change" if any(errors) else "")
+    return [ChartSpec("held-out evaluation (iteration 0: base weights, then EMA)", "reward", {label: (xs, ys)},
+                      errors={label: errors} if any(errors) else {}, ylim=y_range(ys, errors))]
+
+
+MAX_BARS = 80  # error bars drawn at most; more evaluations than that draw the line alone
+MIN_SPAN = 0.1  # of the largest |value|: the smallest y range an evaluation chart draws
+
+
+def y_range(ys: list[float], errors: list[float]) -> tuple[float, float]:
+    """lo..hi holding every value +- its error, widened about its middle to at least MIN_SPAN x max|value|."""
+    lo, hi = min(y - e for y, e in zip(ys, errors)), max(y + e for y, e in zip(ys, errors))
+    span = max(hi - lo, MIN_SPAN * max(abs(y) for y in ys), 1e-6)
+    middle = (lo + hi) / 2
+    return middle - span / 2 - 0.05 * span, middle + span / 2 + 0.05 * span
 
 
 def latest_table(rows: Callable[[RunState], list[tuple[str, list[float]]]]) -> Callable[[RunState], Table]:
@@ -186,23 +223,34 @@ def loss_note(s: RunState) -> str:
     return f"non-finite losses zeroed: {s.nonfinite} in total"
 
 
-def eval_view(s: RunState) -> Table | str:
+def eval_view(s: RunState) -> Group | str:
+    """Two narrow tables (they fit 80 columns): each evaluation's mean and change since the base, then
+    each kind of prompt (and reward component) at the base and at the latest evaluation."""
     if not s.evals:
         return "no evaluation yet (run.eval_prompts sets the prompts, run.eval_every how often)"
-    table = Table(title="evaluations (fixed prompts and seeds)", title_justify="left", box=None, padding=(0, 2))
-    for col in ("iteration", "weights", "prompts", "images", "reward", "change", "extras", "seconds"):
-        table.add_column(col, justify="right" if col in ("iteration", "images", "reward", "change", "seconds") else "left")
-    first = s.evals[0].mean
+    base, last = s.evals[0], s.evals[-1]
+    sets = ", ".join(dict.fromkeys(f"{e.prompts} ({e.samples} images)" for e in s.evals))
+    head = Text(f"evaluations on {sets}, fixed prompts and seeds; change: since the base, +- its paired s.e.")
+    runs = Table(box=None, padding=(0, 1))
+    for col in ("iter", "weights", "reward", "change", "s.e.", "seconds"):
+        runs.add_column(col, justify="left" if col == "weights" else "right", no_wrap=True)
     for e in s.evals:
-        # a kind's change since the base carries its paired standard error when the run scored the base
-        extras = "  ".join(f"{k.split('.')[-1]} {v:.3f}" + (f" ({v - s.evals[0].extras[k]:+.3f} +- {e.delta_se[k]:.3f})"
-                                                             if k in e.delta_se and k in s.evals[0].extras else "")
-                           for k, v in e.extras.items())
-        comps = "  ".join(f"{k} {fmt(v)}" for k, v in e.components.items()) if len(e.components) > 1 else ""
-        change = "" if e is s.evals[0] else f"{e.mean - first:+.4f}" + (f" +- {e.delta_se['mean']:.4f}" if "mean" in e.delta_se else "")
-        table.add_row(str(e.iteration), e.weights, e.prompts, str(e.samples), fmt(e.mean), change,
-                      "  ".join(x for x in (comps, extras) if x), f"{e.seconds:.1f}")
-    return table
+        first = e is base
+        runs.add_row(str(e.iteration), e.weights, fmt(e.mean), "" if first else f"{e.mean - base.mean:+.4f}",
+                     f"{e.delta_se['mean']:.4f}" if "mean" in e.delta_se else "", f"{e.seconds:.1f}")
+    if last is base:
+        return Group(head, runs)
+    kinds = Table(title=f"per kind: base against iteration {last.iteration} ({last.weights})", title_justify="left", box=None,
+                  padding=(0, 1))
+    for col in ("kind", "base", "latest", "change", "s.e."):
+        kinds.add_column(col, justify="left" if col == "kind" else "right", no_wrap=col != "kind", overflow="fold")
+    named = {**(last.components if len(last.components) > 1 else {}), **last.extras}
+    before = {**base.components, **base.extras}
+    for key, value in named.items():
+        was = before.get(key)
+        kinds.add_row(key.split(".")[-1], "" if was is None else f"{was:.3f}", f"{value:.3f}",
+                      "" if was is None else f"{value - was:+.3f}", f"{last.delta_se[key]:.3f}" if key in last.delta_se else "")
+    return Group(head, runs, Text(""), kinds)
 
 
 def log_view(s: RunState) -> Text:
@@ -227,7 +275,12 @@ def _num(x: float | None) -> str:
 
 
 def env_view(s: RunState) -> Any:
-    """What the run started on, from its start event (not the machine showing it)."""
+    """The run's folder and plan, and what it started on, from its start event (not the machine showing it)."""
+    run = Text.assemble(("run dir ", "bold"), s.started.run_dir, "\n", ("plan ", "bold"), s.started.plan, "\n") if s.started else Text()
+    return Group(run, _machine(s))
+
+
+def _machine(s: RunState) -> Any:
     env = s.started.environment if s.started else None
     if not env:
         return "no environment recorded: the run has not started yet, or an older solrl wrote its events"

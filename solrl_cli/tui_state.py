@@ -346,19 +346,3 @@ def _duration(seconds: float) -> str:
     m, s = divmod(int(seconds), 60)
     return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{s:02d}s"
 
-
-def gpu_line() -> str:
-    """Utilisation and memory of this machine's GPUs, when nvidia-ml-py imports and finds one."""
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        parts = []
-        for i in range(pynvml.nvmlDeviceGetCount()):
-            handle = pynvml.nvmlDeviceGetHandleByIndex(i)
-            mem = pynvml.nvmlDeviceGetMemoryInfo(handle)
-            parts.append(f"gpu{i} {pynvml.nvmlDeviceGetUtilizationRates(handle).gpu}% "
-                         f"mem {mem.used / 2**30:.1f}/{mem.total / 2**30:.1f} GiB")
-    except Exception:  # noqa: BLE001 - not installed, no driver, no device: all mean the same here
-        return "GPU: no GPU"
-    return "GPU: " + ("  ".join(parts) if parts else "no GPU")
