@@ -18,7 +18,9 @@ Seeds = Annotated[int, typer.Option("--seeds", min=1, help="Images per prompt, f
 FirstSeed = Annotated[int, typer.Option("--seed", help="First seed.")]
 Grid = Annotated[bool, typer.Option("--grid/--no-grid", help="Write grid.png: one row per (prompt, seed), one column per weight set.")]
 ExportRun = Annotated[Path, typer.Argument(help="A run folder.")]
-ExportOut = Annotated[Path, typer.Option("--out", "-o", help="Folder to write.")]
+ExportOut = Annotated[Optional[Path], typer.Option("--out", "-o", help="Folder to write (new or empty). Default: RUN/export/<checkpoint>-<weights>, e.g. RUN/export/iter_000300-ema.")]
+PushToHub = Annotated[Optional[str], typer.Option("--push-to-hub", metavar="REPO", help="Also upload the export to this Hugging Face Hub model repo (OWNER/NAME, created if missing; HF_ENDPOINT is honoured). Token: HF_TOKEN, else `hf auth login`'s.")]
+Private = Annotated[bool, typer.Option("--private", help="With --push-to-hub: create the repo private.")]
 Merge = Annotated[bool, typer.Option("--merge", help="Write the full transformer with the LoRA merged in, instead of the LoRA alone.")]
 
 
@@ -50,10 +52,11 @@ def infer(
 
 
 def export(
-    run: ExportRun, out: ExportOut, weights: Annotated[str, typer.Option("--weights", help="ema or trained.")] = "ema",
+    run: ExportRun, out: ExportOut = None, weights: Annotated[str, typer.Option("--weights", help="ema or trained.")] = "ema",
     checkpoint: opt.Checkpoint = None, merge: Merge = False, model_path: opt.ModelPath = None,
+    push_to_hub: PushToHub = None, private: Private = False,
 ) -> None:
-    """Export a run's tuned weights: the LoRA in diffusers' format, or (--merge) a merged transformer."""
+    """Export a run's tuned weights with a model card: the LoRA for diffusers and peft, or (--merge) a merged transformer."""
     from solrl_core.errors import SolrlError
     from solrl_core.rundir import check_empty_folder
 
@@ -61,9 +64,22 @@ def export(
         sets = weight_sets(weights)
         if len(sets) != 1:
             raise SolrlError("--weights takes one weight set for export", "--weights ema or --weights trained")
-        check_empty_folder(out)
-        cfg, ckpt = tool_config(run, None, model_path, checkpoint)
-        from solrl_core.inference import export_weights  # torch: only once the inputs are checked
+        if private and not push_to_hub:
+            raise SolrlError("--private is for --push-to-hub", "add --push-to-hub OWNER/NAME, or drop --private")
+        if push_to_hub:
+            from solrl_core.hub import check_push
 
-        exported = export_weights(cfg, ckpt, sets[0], out, merge)
-        console.print(f"{exported.what} ({sets[0]} weights of {ckpt.name}) -> {exported.path}  (load with {exported.how})")
+            check_push(push_to_hub)  # a bad id or no token: said before anything is written
+        if out is not None:
+            check_empty_folder(out)
+        cfg, ckpt = tool_config(run, None, model_path, checkpoint)
+        from solrl_core.export import default_folder, export_weights  # torch: only once the inputs are checked
+
+        exported = export_weights(cfg, ckpt, sets[0], out or default_folder(run, ckpt, sets[0], merge), merge, push_to_hub)
+        console.print(f"{exported.what} ({sets[0]} weights of {ckpt.name}) -> {exported.path}  (model card {exported.card.name}; "
+                      f"load with {exported.how})")
+        if push_to_hub:
+            from solrl_core.hub import push_folder
+
+            url = push_folder(exported.path, push_to_hub, private, f"solrl export: {sets[0]} weights of {run.resolve().name}/{ckpt.name}")
+            console.print(f"pushed to {url}")

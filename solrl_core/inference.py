@@ -1,4 +1,4 @@
-"""Using a trained run: images from fixed seeds (`solrl infer`), and merged-weight export.
+"""Using a trained run: images from fixed seeds (`solrl infer`); `solrl export` is export.py.
 
 `load_tuned` loads the base model once and, for a run, its checkpoint's adapters; any weight set
 (base, trained, ema) is then a switch on the same transformer (`Policy.weights`). Images for the
@@ -19,7 +19,7 @@ from solrl_core import events as ev
 from solrl_core.config import Config
 from solrl_core.errors import SolrlError
 from solrl_core.models.base import Conditioning, DiffusionModel
-from solrl_core.policy import OLD, TRAINED, Policy
+from solrl_core.policy import OLD, Policy
 from solrl_core.precision.quantize import LayerRule
 from solrl_core.rollout import RolloutCopy
 from solrl_core.sampler import Sampler
@@ -197,60 +197,3 @@ def grid_rows(prompts: list[str], seeds: list[int] | None = None) -> list[str]:
     if seeds is None:
         return list(prompts)
     return [_clip(p, LABEL_CHARS - len(f" / seed {s}")) + f" / seed {s}" for p, s in zip(prompts, seeds)]  # the seed is never cut
-
-
-def export_merged(loaded: Loaded, weights: str, out_dir: Path) -> Path:
-    """The transformer with the `weights` adapter merged into its base weights, saved with
-    diffusers' `save_pretrained` into out_dir/transformer (loadable with the transformer class's
-    `from_pretrained`, no peft needed)."""
-    import copy
-
-    if weights == "base":
-        raise ValueError("the base weights have nothing to merge")
-    transformer = loaded.model.transformer
-    with loaded.policy.weights(weights):
-        merged = loaded.policy.merged_weights(TRAINED)
-        plain = {}
-        for key, value in transformer.state_dict().items():
-            if "lora_" in key:
-                continue
-            name = key.replace(".base_layer.", ".")
-            plain[name] = merged.get(name, value).detach().clone()
-    fresh = type(transformer).from_config(copy.deepcopy(dict(transformer.config)))
-    missing, unexpected = fresh.load_state_dict(plain, strict=False)
-    if missing or unexpected:
-        raise RuntimeError(f"merged weights do not fit {type(transformer).__name__}: missing {missing[:3]}, unexpected {unexpected[:3]}")
-    target = out_dir / "transformer"
-    fresh.to(torch.float32 if loaded.dtype == torch.float32 else loaded.dtype).save_pretrained(str(target))
-    return target
-
-
-@dataclass(frozen=True)
-class Exported:
-    what: str  # "LoRA" or "merged transformer"
-    path: Path
-    how: str  # how plain diffusers loads it
-
-
-def export_weights(cfg: Config, checkpoint: Path, weights: str, out_dir: Path, merge: bool) -> Exported:
-    """A checkpoint's `weights` (ema or trained) written to the empty folder `out_dir`: the LoRA file
-    in diffusers' format, or with `merge` the whole transformer with the LoRA merged in."""
-    import shutil
-
-    from solrl_core.faults import disk
-    from solrl_core.policy import LORA_FILE
-    from solrl_core.rundir import check_empty_folder
-
-    check_empty_folder(out_dir)
-    if merge:
-        loaded = load_tuned(cfg, checkpoint)
-        with disk.writing(out_dir, "the merged transformer"):
-            out_dir.mkdir(parents=True, exist_ok=True)
-            path = export_merged(loaded, weights, out_dir)
-        cls = json.loads((path / "config.json").read_text())["_class_name"]
-        return Exported("merged transformer", path, f"diffusers' {cls}.from_pretrained('{path}')")
-    source = checkpoint / LORA_FILE if weights == "trained" else checkpoint / "ema" / LORA_FILE
-    with disk.writing(out_dir, LORA_FILE):
-        out_dir.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(source, out_dir / LORA_FILE)
-    return Exported("LoRA", out_dir / LORA_FILE, f"pipe.load_lora_weights('{out_dir}')")

@@ -110,7 +110,7 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -128,7 +128,7 @@ from solrl_core.rewards.watchdog import RewardFailure
 from solrl_core.rundir import EVENTS_FILE, restarts
 from solrl_core.session import Run, Session, open_session
 from solrl_core.sharding import gather
-from solrl_core.stopping import StopAtBoundary, StopFlag, graceful_stop
+from solrl_core.stopping import ScoringAbandoned, StopAtBoundary, StopFlag, graceful_stop
 from solrl_core.stages import (Scored, after_step, explore, iteration_prompts, rank_check, rank_check_due, regenerate, score_drafts,
                                score_finals, select_seeds, train as train_step)
 from solrl_core.tracking import samples
@@ -153,6 +153,9 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
         flag = stop or stack.enter_context(graceful_stop(StopFlag(), run.config.run.stop_on_sigterm))
         flag.announce = lambda f: bus.emit_from_signal(_stop_requested(run, state, f))  # acknowledged at once
         stack.callback(setattr, flag, "announce", None)
+        if run.world_size == 1:  # a stop abandons a hung scoring call; with several ranks the others would wait for it
+            run.rewards.stop = lambda: flag.requested
+            stack.callback(setattr, run.rewards, "stop", None)
         _announce(run, state, bus)
         if again:
             bus.emit(ev.RunWarning(message=f"{run.run_dir} held a run with no checkpoint (it stopped before its first): "
@@ -183,18 +186,22 @@ def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag) -> Run:
     saved = state.iteration  # the iteration of the newest checkpoint (0: none, or the one resumed from)
     base: dict = {}  # the base evaluation's per-image scores: each later one's change gets a standard error
     if run.eval_prompts and state.iteration == 0:
-        run = _with_backoff(run, state, bus, lambda r: _evaluate(r, state, bus, "base", base))
+        with _skipped_if_abandoned(bus, "the base evaluation is skipped"):
+            run = _with_backoff(run, state, bus, lambda r: _evaluate(r, state, bus, "base", base))
     while state.iteration < cfg.run.iterations and not distributed.any_true(flag.requested):
         streaks, flag.iteration = state.streaks(), state.iteration + 1
         try:
             run = _with_backoff(run, state, bus, lambda r: run_iteration(r, state, bus, flag))
-        except StopAtBoundary:  # before the update: the run's weights and counters are the last finished iteration's
+        except StopAtBoundary as stop:  # before the update: the run's weights and counters are the last finished iteration's
             state.set_streaks(streaks)
+            if isinstance(stop, ScoringAbandoned):
+                bus.emit(ev.RunWarning(message=f"{stop.message}: iteration {flag.iteration} abandoned (redone exactly on resume)"))
             break
         last = state.iteration == cfg.run.iterations
         stopping = distributed.any_true(flag.requested)
         if run.eval_prompts and not stopping and (last or state.iteration % cfg.run.eval_every == 0):
-            run = _with_backoff(run, state, bus, lambda r: _evaluate(r, state, bus, "ema", base))
+            with _skipped_if_abandoned(bus, f"the evaluation of iteration {state.iteration} is skipped"):
+                run = _with_backoff(run, state, bus, lambda r: _evaluate(r, state, bus, "ema", base))
         failure = state.health.failure() or guard.failure(  # from gathered rewards: the same on every rank
             state.faults, cfg.reward.health_patience, cfg.optimizer.max_nonfinite_steps)
         if failure or stopping or last or state.iteration % cfg.run.checkpoint_every == 0:
@@ -207,6 +214,16 @@ def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag) -> Run:
     if state.iteration > saved:  # stopped between an iteration and its save, or at a phase boundary
         _checkpoint(run, state, bus)
     return run
+
+
+@contextlib.contextmanager
+def _skipped_if_abandoned(bus: ev.EventBus, what: str) -> Iterator[None]:
+    """An evaluation whose scoring a stop abandoned: said, and skipped (it scores after the EMA is
+    swapped back, so the weights are the last finished iteration's, saved as the loop ends)."""
+    try:
+        yield
+    except ScoringAbandoned as stop:
+        bus.emit(ev.RunWarning(message=f"{stop.message}: {what}"))
 
 
 def run_iteration(run: Run, state: LoopState, bus: ev.EventBus, stop: StopFlag | None = None) -> None:

@@ -1,0 +1,141 @@
+"""`solrl export`: a checkpoint's tuned weights in a folder anyone can load and share.
+
+A LoRA export holds the adapter twice, once per library that reads it: diffusers' layout
+(`pytorch_lora_weights.safetensors`, for `pipe.load_lora_weights`) and peft's (`adapter_config.json`
+with `adapter_model.safetensors`, for `PeftModel.from_pretrained(transformer, folder)`). A merged
+export is the transformer with the adapter added to its base weights (`save_pretrained`, no peft
+needed). Both get a model card (`README.md`, export_card.py) and permissions others can read: the
+LoRA files are written 0600 by safetensors, so every file and folder is set as a new one would be
+under this process's umask (0644 and 0755 under the usual 022).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from solrl_core.config import Config
+from solrl_core.policy import LORA_FILE, TRAINED
+
+if TYPE_CHECKING:
+    from solrl_core.inference import Loaded
+
+PEFT_WEIGHTS, PEFT_CONFIG = "adapter_model.safetensors", "adapter_config.json"
+_DIFFUSERS_PREFIX, _PEFT_PREFIX = "transformer.", "base_model.model."
+
+
+@dataclass(frozen=True)
+class Exported:
+    what: str  # "LoRA" or "merged transformer"
+    path: Path  # the folder written
+    how: str  # how plain diffusers loads it
+    card: Path  # the model card, README.md
+
+
+def default_folder(run_dir: Path, checkpoint: Path, weights: str, merge: bool) -> Path:
+    """Where an export goes without --out: RUN/export/<checkpoint>-<weights>[-merged]."""
+    return run_dir / "export" / f"{checkpoint.name}-{weights}{'-merged' if merge else ''}"
+
+
+def export_merged(loaded: Loaded, weights: str, out_dir: Path) -> Path:
+    """The transformer with the `weights` adapter merged into its base weights, saved with
+    diffusers' `save_pretrained` into out_dir/transformer (loadable with the transformer class's
+    `from_pretrained`, no peft needed)."""
+    import copy
+
+    if weights == "base":
+        raise ValueError("the base weights have nothing to merge")
+    transformer = loaded.model.transformer
+    with loaded.policy.weights(weights):
+        merged = loaded.policy.merged_weights(TRAINED)
+        plain = {}
+        for key, value in transformer.state_dict().items():
+            if "lora_" in key:
+                continue
+            name = key.replace(".base_layer.", ".")
+            plain[name] = merged.get(name, value).detach().clone()
+    fresh = type(transformer).from_config(copy.deepcopy(dict(transformer.config)))
+    missing, unexpected = fresh.load_state_dict(plain, strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"merged weights do not fit {type(transformer).__name__}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    target = out_dir / "transformer"
+    fresh.to(torch.float32 if loaded.dtype == torch.float32 else loaded.dtype).save_pretrained(str(target))
+    return target
+
+
+def write_peft_adapter(lora_file: Path, cfg: Config, out_dir: Path) -> Path:
+    """peft's files beside diffusers' LoRA file: the same tensors under peft's key names
+    ('base_model.model.<module>.lora_A.weight') and the LoraConfig they were trained with, read
+    from the LoRA file's own metadata (cfg's LoRA settings where an older file has none)."""
+    from peft import LoraConfig
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    with safe_open(str(lora_file), "pt") as f:
+        meta = json.loads((f.metadata() or {}).get("lora_adapter_metadata", "{}"))
+        tensors = {_PEFT_PREFIX + k.removeprefix(_DIFFUSERS_PREFIX): f.get_tensor(k) for k in f.keys()}
+    settings = {k.removeprefix(_DIFFUSERS_PREFIX): v for k, v in meta.items()}
+    if settings:
+        lora = LoraConfig.from_peft_type(**settings)
+    else:
+        from solrl_core.config import LORA_INITS
+
+        m = cfg.model
+        lora = LoraConfig(r=m.lora_rank, lora_alpha=m.lora_alpha, init_lora_weights=LORA_INITS[m.lora_init],
+                          target_modules=list(m.lora_targets))
+    lora.base_model_name_or_path = cfg.model.hub_id or None
+    lora.inference_mode = True
+    lora.save_pretrained(str(out_dir))
+    save_file(tensors, str(out_dir / PEFT_WEIGHTS), metadata={"format": "pt"})
+    return out_dir / PEFT_CONFIG
+
+
+def make_readable(folder: Path) -> None:
+    """Every file and folder under `folder` (itself included) given the mode a new one gets under
+    this process's umask, as if created by `open` and `mkdir`: safetensors writes 0600."""
+    mask = os.umask(0)
+    os.umask(mask)
+    folder.chmod(0o777 & ~mask)
+    for path in folder.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
+
+
+def export_weights(cfg: Config, checkpoint: Path, weights: str, out_dir: Path, merge: bool,
+                   repo_id: str | None = None) -> Exported:
+    """A checkpoint's `weights` (ema or trained) written to the empty folder `out_dir`: the LoRA in
+    diffusers' and peft's layouts, or with `merge` the whole transformer with the LoRA merged in;
+    and a model card naming `repo_id` (where it will be pushed) in its loading code."""
+    import shutil
+
+    from solrl_core.export_card import CardFacts, write_card
+    from solrl_core.faults import disk
+    from solrl_core.rundir import check_empty_folder
+
+    check_empty_folder(out_dir)
+    run_dir = checkpoint.parent.parent
+    if merge:
+        from solrl_core.inference import load_tuned
+
+        loaded = load_tuned(cfg, checkpoint)
+        with disk.writing(out_dir, "the merged transformer"):
+            out_dir.mkdir(parents=True, exist_ok=True)
+            path = export_merged(loaded, weights, out_dir)
+        cls = json.loads((path / "config.json").read_text())["_class_name"]
+        what, how = "merged transformer", f"diffusers' {cls}.from_pretrained('{out_dir}', subfolder='transformer')"
+    else:
+        source = checkpoint / LORA_FILE if weights == "trained" else checkpoint / "ema" / LORA_FILE
+        with disk.writing(out_dir, LORA_FILE):
+            out_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(source, out_dir / LORA_FILE)
+            write_peft_adapter(out_dir / LORA_FILE, cfg, out_dir)
+        cls, what = "", "LoRA"
+        how = f"pipe.load_lora_weights('{out_dir}'), or peft's PeftModel.from_pretrained(transformer, '{out_dir}')"
+    with disk.writing(out_dir, "README.md"):
+        card = write_card(out_dir, CardFacts.of(cfg, run_dir, checkpoint, weights, merge, repo_id, cls))
+    make_readable(out_dir)
+    return Exported(what, out_dir, how, card)
