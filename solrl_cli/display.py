@@ -8,16 +8,12 @@ from rich.console import Console
 from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from solrl_cli.run_summary import end_summary, fmt
 from solrl_cli.stop_text import finished_message, stop_message
 from solrl_cli.tui_state import FAULT_EVENTS, eval_started_text, fault_message, mfu_text
 from solrl_core.text import plural
 from solrl_core import events as ev
 from solrl_core.bench.mfu import describe
-
-
-def fmt(x: float | None) -> str:
-    """Rewards live on very different scales (JPEG KB/500 vs. 0..1 scores): 4 significant digits."""
-    return "-" if x is None else f"{x:.4g}"
 
 
 def memory_text(e: ev.IterationFinished) -> str:
@@ -37,9 +33,9 @@ class TerminalDisplay:
                                  console=self.console, transient=True)
         self.task: int | None = None
         self.label = ""  # the bar's label between evaluations: the last iteration's reward
-        self.first_eval: ev.EvalFinished | None = None
-        self.last_eval: ev.EvalFinished | None = None
         self.flops: ev.ModelFlops | None = None  # the run's model FLOPs and peaks: each iteration's MFU
+        self.eval_started: ev.EvalStarted | None = None  # the evaluation running: its progress lines' clock
+        self.eval_quarter = 0  # quarters of it already said (not on a terminal)
 
     def __call__(self, event: ev.Event) -> None:
         if isinstance(event, FAULT_EVENTS):
@@ -91,13 +87,23 @@ class TerminalDisplay:
 
     def on_eval_started(self, e: ev.EvalStarted) -> None:
         self.console.print(f"  {eval_started_text(e)} ...")
+        self.eval_started, self.eval_quarter = e, 0
         if self.task is not None:
             self.progress.update(self.task, description=f"evaluating {e.weights} weights")
 
+    def on_eval_progress(self, e: ev.EvalProgress) -> None:
+        """On a terminal, the bar's label; otherwise (a log, a pipe, no bar drawn) a line at each quarter."""
+        took = f", {e.time - self.eval_started.time:.0f}s" if self.eval_started is not None else ""
+        text = f"evaluating {e.weights} weights: {e.done}/{e.total} images ({100 * e.done // max(1, e.total)}%{took})"
+        if self.task is not None and self.console.is_terminal:
+            self.progress.update(self.task, description=text)
+            return
+        quarter = 4 * e.done // max(1, e.total)
+        if quarter > self.eval_quarter and e.done < e.total:
+            self.console.print(f"  {text}")
+        self.eval_quarter = max(self.eval_quarter, quarter)
+
     def on_eval(self, e: ev.EvalFinished) -> None:
-        if self.first_eval is None:
-            self.first_eval = e
-        self.last_eval = e
         if self.task is not None:  # the evaluation is over: the bar no longer says it runs
             self.progress.update(self.task, description=self.label)
         extras = "".join(f"  {k.split('.')[-1]} {v:.3f}" for k, v in e.extras.items())
@@ -122,21 +128,7 @@ class TerminalDisplay:
 
     def on_run_finished(self, e: ev.RunFinished) -> None:
         self.progress.stop()
-        c = self.console
         style = {"failed": "red", "interrupted": "yellow"}.get(e.reason, "green")
-        c.print(Text(finished_message(e), style=style))
-        if e.reason == "failed":
-            return
-        if e.first_reward is not None and e.last3_reward is not None:
-            c.print(f"  mean Stage-2 reward: first iteration {fmt(e.first_reward)}, last 3 iterations {fmt(e.last3_reward)} "
-                    f"(change {e.last3_reward - e.first_reward:+.4g})")
-        a, b = self.first_eval, self.last_eval
-        if a is not None and b is not None and a is not b:
-            se = b.delta_se  # paired standard errors of the changes, when this process scored the base
-            line = (f"  eval on {b.prompts}: {a.weights} {fmt(a.mean)} -> {b.weights} {fmt(b.mean)} (iteration {b.iteration}"
-                    + (f"; change {b.mean - a.mean:+.4f} +- {se['mean']:.4f} s.e." if "mean" in se else "") + ")")
-            for key, after in b.extras.items():
-                if key in a.extras:
-                    pm = f" +- {se[key]:.3f}" if key in se else ""
-                    line += f"; {key.split('.')[-1]} {a.extras[key]:.3f} -> {after:.3f} ({after - a.extras[key]:+.3f}{pm})"
-            c.print(line)
+        self.console.print(Text(finished_message(e), style=style))
+        for line in end_summary(e):
+            self.console.print(line)

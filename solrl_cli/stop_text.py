@@ -43,4 +43,7 @@ def finished_message(e: ev.RunFinished, total: int | None = None) -> str:
         return f"failed with {e.iteration} iteration{'' if e.iteration == 1 else 's'} finished; {resume}"
     if e.reason == "interrupted" or (total is not None and e.iteration < total):
         return f"stopped after iteration {e.iteration}; {resume}"
-    return f"done: {e.iteration} iteration{'' if e.iteration == 1 else 's'} in {e.seconds:.1f}s"
+    took = f"{e.seconds:.1f}s"
+    if e.total_seconds is not None and e.total_seconds > e.seconds:  # resumed: the sessions before count too
+        took = f"{e.total_seconds:.1f}s in all ({e.seconds:.1f}s this session)"
+    return f"done: {e.iteration} iteration{'' if e.iteration == 1 else 's'} in {took}"

@@ -3,7 +3,12 @@
 The same (prompt, seed) pairs are used for every evaluation, during training and by `solrl eval`,
 so two evaluations differ only by the weights: a rise is the model's, not the noise's.
 `evaluate` scores a live training run; `evaluate_weights` loads a model (and a run's checkpoint)
-on its own and scores several weight sets, writing one JSONL row per image.
+on its own and scores several weight sets, writing one JSONL row per image. Both report their
+progress (images generated) as they go: an evaluation of thousands of images takes minutes.
+
+A training run keeps its base evaluation's per-image scores in its folder (`eval_base.json`), so a
+resumed run compares its last evaluation with the base, paired standard errors included, as an
+uninterrupted one does (`RunEvals`).
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable
 
 import torch
 
@@ -47,23 +53,39 @@ def eval_seeds(n_prompts: int, per_prompt: int) -> torch.Tensor:
     return EVAL_SEED_BASE + torch.arange(n_prompts * per_prompt, dtype=torch.long)
 
 
+Progress = Callable[[int, int], None]  # (images generated so far, images in all)
+PROGRESS_REPORTS = 20  # at most this many progress reports per evaluation (and always the last)
+
+
 @torch.no_grad()
-def evaluate(run: Run, prompts: list[str], per_prompt: int, weights: str) -> Evaluation:
+def evaluate(run: Run, prompts: list[str], per_prompt: int, weights: str, progress: Progress | None = None) -> Evaluation:
     """Score `weights` ("base": adapters off, "ema": the EMA adapter, "trained": the live adapter)."""
     flat = [p for p in prompts for _ in range(per_prompt)]
     return _score(run.model, run.policy, run.rewards, run.config.sampler, run.dtype, prompts, per_prompt,
-                  weights=weights, cond=run.conditioning(flat))[0]
+                  weights=weights, cond=run.conditioning(flat), progress=progress)[0]
 
 
 @torch.no_grad()
 def _score(model: DiffusionModel, policy: Policy, rewards: RewardSet, sampler: SamplerConfig, dtype: torch.dtype,
-           prompts: list[str], per_prompt: int, *, weights: str, cond: Conditioning) -> tuple[Evaluation, torch.Tensor]:
+           prompts: list[str], per_prompt: int, *, weights: str, cond: Conditioning,
+           progress: Progress | None = None) -> tuple[Evaluation, torch.Tensor]:
+    """Generated and decoded one rollout batch at a time (the sampler batches so anyway: the same
+    images), `progress` told every few batches; then scored together."""
     t0 = time.perf_counter()
     flat = [p for p in prompts for _ in range(per_prompt)]
     seeds = eval_seeds(len(prompts), per_prompt)
+    chunk, total = sampler.rollout_batch, len(flat)
+    starts = range(0, total, chunk)
+    every = max(1, len(starts) // PROGRESS_REPORTS)
+    parts = []
     with policy.weights(weights) as net:
-        latents = Sampler.of(sampler).generate(model, net, cond, seeds, sampler.eval_steps, dtype)
-    images = decode_in_chunks(model, latents, sampler.rollout_batch)
+        for i, start in enumerate(starts):
+            part = slice(start, start + chunk)
+            latents = Sampler.of(sampler).generate(model, net, cond[part], seeds[part], sampler.eval_steps, dtype)
+            parts.append(decode_in_chunks(model, latents, chunk))
+            if progress is not None and ((i + 1) % every == 0 or i + 1 == len(starts)):
+                progress(min(start + chunk, total), total)
+    images = torch.cat(parts)
     scores = rewards(images, flat)
     return Evaluation(weights, prompts, seeds, scores, rewards.summary(scores, flat), time.perf_counter() - t0,
                       rewards.groups(flat)), images
@@ -103,7 +125,7 @@ def evaluate_weights(req: EvalRequest, bus: ev.EventBus) -> list[Evaluation]:
             bus.emit(ev.EvalStarted(iteration=0, weights=weights, prompts=req.prompt_set or plural(len(req.prompts), "prompt"),
                                     samples=len(flat)))
             result, images = _score(model, policy, rewards, cfg.sampler, dtype, req.prompts, req.per_prompt, weights=weights,
-                                     cond=conditioning)
+                                     cond=conditioning, progress=progress_events(bus, 0, weights))
             results.append(result)
             for i, prompt in enumerate(flat):
                 row = {"weights": weights, "prompt": prompt, "seed": int(result.seeds[i]), "reward": float(result.scores.total[i]),
@@ -151,3 +173,83 @@ def summary(results: list[Evaluation]) -> dict:
                                                                             base.scores.components[reward][idx])
         out[r.weights] = entry
     return out
+
+
+def progress_events(bus: ev.EventBus, iteration: int, weights: str) -> Progress:
+    """A `Progress` that emits EvalProgress events on `bus`."""
+    return lambda done, total: bus.emit(ev.EvalProgress(iteration=iteration, weights=weights, done=done, total=total))
+
+
+BASE_FILE = "eval_base.json"  # in the run folder: the base evaluation's per-image scores
+
+
+class RunEvals:
+    """The evaluations a run's end compares: its base (scored as the run began, or read back from the
+    run folder when it resumes) and the latest. Each later evaluation's change since the base gets
+    paired standard errors from the base's per-image scores. `key`: what the scores depend on besides
+    the weights (prompts, seeds per prompt, steps, rewards); a kept base of another key is not used."""
+
+    def __init__(self, run_dir: Path, key: dict[str, Any], write: bool = True) -> None:
+        self.path, self.key, self.write = run_dir / BASE_FILE, key, write
+        self.base: Evaluation | None = None
+        self.base_event: ev.EvalFinished | None = None
+        self.last_event: ev.EvalFinished | None = None
+
+    @classmethod
+    def of(cls, run: Run) -> "RunEvals":
+        cfg = run.config
+        return cls(run.run_dir, {"prompts": run.eval_prompts, "per_prompt": cfg.run.eval_seeds,
+                                 "steps": cfg.sampler.eval_steps, "rewards": dict(cfg.reward.weights)}, write=run.rank == 0)
+
+    def delta_se(self, result: Evaluation) -> dict[str, float]:
+        """'mean' and each per-group extra: the standard errors of the change since the base; {} without one."""
+        if self.base is None or result is self.base:
+            return {}
+        paired = summary([self.base, result])[result.weights]
+        return {"mean": paired["rewards"]["total"]["delta_se"], **paired["extras_delta_se"]}
+
+    def finished(self, result: Evaluation, event: ev.EvalFinished) -> None:
+        """Keep an evaluation; a base one is also written to the run folder (atomically), for a resume."""
+        from solrl_core.rundir import write_atomic
+
+        if result.weights != "base":
+            self.last_event = event
+            return
+        self.base, self.base_event = result, event
+        if self.write:
+            record = {**self.key, "total": result.scores.total.tolist(),
+                      "components": {k: v.tolist() for k, v in result.scores.components.items()},
+                      "extras": result.extras, "seconds": result.seconds, "groups": result.groups, "event": event.to_dict()}
+            write_atomic(self.path, json.dumps(record))
+
+    def restore(self) -> str:
+        """Read the base evaluation back from the run folder. Returns '' or why it cannot serve (missing,
+        unreadable, or of other prompts, seeds, steps or rewards than the run now evaluates): a warning."""
+        none = "the end summary has no base evaluation to compare with"
+        if not self.path.is_file():
+            return f"{self.path} is missing: {none}"
+        try:
+            saved = json.loads(self.path.read_text(encoding="utf-8"))
+            differs = [k for k, v in self.key.items() if saved[k] != v]
+            if differs:
+                return f"{self.path} was scored with other {', '.join(differs)} than the run now evaluates: {none}"
+            self.base, self.base_event = _from_record(saved)
+        except (ValueError, KeyError, TypeError) as exc:
+            return f"{self.path} cannot be read ({type(exc).__name__}: {exc}): {none}"
+        return ""
+
+    def for_end(self) -> dict[str, Any]:
+        """The RunFinished fields of the end summary: the base's and the latest evaluation's records."""
+        last = self.last_event if self.base_event is not None else None
+        return {"base_eval": self.base_event.to_dict() if self.base_event else None,
+                "last_eval": last.to_dict() if last else None}
+
+
+def _from_record(saved: dict[str, Any]) -> tuple[Evaluation, ev.EvalFinished]:
+    event = ev.decode(saved["event"])
+    if not isinstance(event, ev.EvalFinished):
+        raise ValueError(f"its event is a {event.kind}, not an evaluation")
+    scores = Scores(total=torch.tensor(saved["total"], dtype=torch.float32),
+                    components={k: torch.tensor(v, dtype=torch.float32) for k, v in saved["components"].items()})
+    seeds = eval_seeds(len(saved["prompts"]), saved["per_prompt"])
+    return Evaluation("base", saved["prompts"], seeds, scores, saved["extras"], saved["seconds"], saved["groups"]), event

@@ -110,6 +110,17 @@ class EvalStarted(Event):
 
 
 @dataclass(frozen=True)
+class EvalProgress(Event):
+    """An evaluation moves on: images generated so far (reported every few batches, and at the end)."""
+
+    kind: ClassVar[str] = "eval_progress"
+    iteration: int
+    weights: str
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
 class EvalFinished(Event):
     kind: ClassVar[str] = "eval"
     iteration: int
@@ -224,6 +235,11 @@ class RunFinished(Event):
     last3_reward: float | None
     run_dir: str = ""
     checkpoint: str | None = None  # the newest complete checkpoint on disk as the run ended (None: none)
+    # The end summary's two evaluations, as their EvalFinished records: the base (scored as the run began,
+    # or kept in the run folder since: a resumed run has it too) and this session's last; None: none.
+    base_eval: dict[str, Any] | None = None
+    last_eval: dict[str, Any] | None = None
+    total_seconds: float | None = None  # every session of the run together (`seconds`: this session's)
 
 
 @dataclass(frozen=True)

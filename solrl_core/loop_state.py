@@ -1,5 +1,5 @@
 """What a run's loop advances and a checkpoint saves: the iteration and step counters, the reward
-history, and the streaks that decide a stop (near-constant rewards, non-finite rewards and steps).
+history, the seconds spent (every session's, so a resumed run's end counts the time before its stop), and the streaks that decide a stop (near-constant rewards, non-finite rewards and steps).
 
 Everything else a run holds (config, model, copies, optimizer, rewards) is fixed once
 `open_session` returns (session.py); the optimizer's and adapters' tensors are saved beside this
@@ -7,6 +7,7 @@ state in the checkpoint folder (checkpoint.py)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,15 +23,29 @@ class LoopState:
     health: RewardHealth = field(default_factory=lambda: RewardHealth(min_std=0.0, patience=0))
     faults: FaultState = field(default_factory=FaultState)  # non-finite reward and skipped-step streaks
     resumed: bool = False
+    earlier_seconds: float = 0.0  # the seconds of the sessions before this one, up to the checkpoint resumed from
+    session_start: float | None = None  # time.perf_counter() when this session's loop began (start_clock)
+
+    def start_clock(self) -> None:
+        self.session_start = time.perf_counter()
+
+    def session_seconds(self) -> float:
+        return time.perf_counter() - self.session_start if self.session_start is not None else 0.0
+
+    def total_seconds(self) -> float:
+        """Every session's seconds together: the earlier ones' and this one's so far."""
+        return self.earlier_seconds + self.session_seconds()
 
     def to_dict(self) -> dict[str, Any]:
         """The checkpoint's trainer_state.json."""
         return {"iteration": self.iteration, "step": self.step, "history": self.history,
-                "reward_streaks": dict(self.health.streaks), "faults": self.faults.to_dict()}
+                "reward_streaks": dict(self.health.streaks), "faults": self.faults.to_dict(),
+                "seconds": self.total_seconds()}
 
     def restore(self, saved: dict[str, Any]) -> None:
-        """Continue from a checkpoint's trainer_state.json."""
+        """Continue from a checkpoint's trainer_state.json (one written before seconds were kept counts none)."""
         self.iteration, self.step, self.history = saved["iteration"], saved["step"], saved["history"]
+        self.earlier_seconds = float(saved.get("seconds", 0.0))
         self.health.streaks = dict(saved.get("reward_streaks", {}))
         self.faults = FaultState.from_dict(saved.get("faults"))
         self.resumed = True

@@ -120,6 +120,7 @@ from solrl_core.bench.live import model_flops
 from solrl_core.checkpoint import list_checkpoints, save_checkpoint
 from solrl_core.config import Config
 from solrl_core.config_io import to_dict
+from solrl_core.evaluation import RunEvals, evaluate, progress_events
 from solrl_core.faults import guard, oom
 from solrl_core.faults.phase import charged_to
 from solrl_core.loop_state import LoopState
@@ -161,30 +162,35 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
             bus.emit(ev.RunWarning(message=f"{run.run_dir} held a run with no checkpoint (it stopped before its first): "
                                            f"starting it again from iteration 0{' with its saved config' if resume else ''}"))
         warm_up_compiled(run, bus)
-        clock = PhaseRecorder(run.device)
+        state.start_clock()
+        evals = RunEvals.of(run)  # the base and the latest evaluation: the end summary compares them
         try:
-            run = _loop(run, state, bus, flag)
+            run = _loop(run, state, bus, flag, evals)
             reason = "completed" if state.iteration >= run.config.run.iterations else "interrupted"
         except BaseException:
             reason = "failed"
             raise
         finally:
-            hist = state.history
+            hist, took = state.history, state.session_seconds()
             newest = list_checkpoints(run.run_dir)
-            bus.emit(ev.RunFinished(reason=reason, iteration=state.iteration, seconds=clock.elapsed(),
+            bus.emit(ev.RunFinished(reason=reason, iteration=state.iteration, seconds=took,
                                     first_reward=hist[0] if hist else None,
                                     last3_reward=float(np.mean(hist[-3:])) if hist else None,
-                                    run_dir=str(run.run_dir), checkpoint=str(newest[-1]) if newest else None))
+                                    run_dir=str(run.run_dir), checkpoint=str(newest[-1]) if newest else None,
+                                    total_seconds=state.earlier_seconds + took, **evals.for_end()))
     return Session(run, state)
 
 
-def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag) -> Run:
+def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, base: RunEvals) -> Run:
     """Iterations to the end, a stop or a failure; evaluations and checkpoints on their schedule. A
     stop skips an evaluation that was due, and always leaves the last finished iteration saved.
     Returns the run as it ended (an out-of-memory back-off may have lowered its batch sizes)."""
     cfg = run.config
     saved = state.iteration  # the iteration of the newest checkpoint (0: none, or the one resumed from)
-    base: dict = {}  # the base evaluation's per-image scores: each later one's change gets a standard error
+    if run.eval_prompts and state.iteration > 0 and run.rank == 0:  # resumed: the base evaluation the run folder kept
+        unusable = base.restore()
+        if unusable:
+            bus.emit(ev.RunWarning(message=unusable))
     if run.eval_prompts and state.iteration == 0:
         with _skipped_if_abandoned(bus, "the base evaluation is skipped"):
             run = _with_backoff(run, state, bus, lambda r: _evaluate(r, state, bus, "base", base))
@@ -345,27 +351,23 @@ def _with_backoff(run: Run, state: LoopState, bus: ev.EventBus, work: Callable[[
         run.rewards.retried.clear()
 
 
-def _evaluate(run: Run, state: LoopState, bus: ev.EventBus, weights: str, base: dict) -> None:
+def _evaluate(run: Run, state: LoopState, bus: ev.EventBus, weights: str, base: RunEvals) -> None:
     """On rank 0 alone (every rank holds the same weights); the others wait. Sharded, every rank runs
     it (each forward gathers the weights from all), and rank 0's bus alone is heard. `base` keeps the
-    base evaluation, against which a later one's change gets its paired standard errors."""
-    from solrl_core.evaluation import evaluate, summary
-
+    base evaluation (and writes it to the run folder), against which a later one's change gets its
+    paired standard errors, and the latest one."""
     if run.rank == 0 or run.sharded:
         bus.emit(ev.EvalStarted(iteration=state.iteration, weights=weights, prompts=run.config.run.eval_prompts,
                                 samples=len(run.eval_prompts) * run.config.run.eval_seeds))
         with charged_to("evaluation"):
-            result = evaluate(run, run.eval_prompts, run.config.run.eval_seeds, weights)
-        delta_se = {}
-        if weights == "base":
-            base["eval"] = result
-        elif "eval" in base:
-            paired = summary([base["eval"], result])[weights]
-            delta_se = {"mean": paired["rewards"]["total"]["delta_se"], **paired["extras_delta_se"]}
-        bus.emit(ev.EvalFinished(iteration=state.iteration, weights=weights, prompts=run.config.run.eval_prompts,
-                                 samples=len(result.seeds), mean=result.mean,
-                                 components={k: float(v.mean()) for k, v in result.scores.components.items()},
-                                 extras=result.extras, seconds=result.seconds, delta_se=delta_se))
+            result = evaluate(run, run.eval_prompts, run.config.run.eval_seeds, weights,
+                              progress_events(bus, state.iteration, weights))
+        event = ev.EvalFinished(iteration=state.iteration, weights=weights, prompts=run.config.run.eval_prompts,
+                                samples=len(result.seeds), mean=result.mean,
+                                components={k: float(v.mean()) for k, v in result.scores.components.items()},
+                                extras=result.extras, seconds=result.seconds, delta_se=base.delta_se(result))
+        bus.emit(event)
+        base.finished(result, event)
     distributed.barrier()
 
 

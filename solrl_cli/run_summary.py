@@ -1,0 +1,35 @@
+"""The lines a run ends with under its last one: the Stage-2 reward's change and the evaluation's
+change since the base, with paired standard errors. Read from the RunFinished event alone, so the
+plain display, `--tui` (once its app has closed) and a resumed run say the same."""
+
+from __future__ import annotations
+
+from solrl_core import events as ev
+
+
+def fmt(x: float | None) -> str:
+    """Rewards live on very different scales (JPEG KB/500 vs. 0..1 scores): 4 significant digits."""
+    return "-" if x is None else f"{x:.4g}"
+
+
+def end_summary(e: ev.RunFinished) -> list[str]:
+    """'mean Stage-2 reward: ...' and 'eval on SET: base A -> ema B (...)'; [] for a failed run."""
+    if e.reason == "failed":
+        return []
+    lines = []
+    if e.first_reward is not None and e.last3_reward is not None:
+        lines.append(f"  mean Stage-2 reward: first iteration {fmt(e.first_reward)}, last 3 iterations {fmt(e.last3_reward)} "
+                     f"(change {e.last3_reward - e.first_reward:+.4g})")
+    if e.base_eval is None or e.last_eval is None:
+        return lines
+    a, b = ev.decode(dict(e.base_eval)), ev.decode(dict(e.last_eval))
+    if not isinstance(a, ev.EvalFinished) or not isinstance(b, ev.EvalFinished):
+        return lines
+    se = b.delta_se  # paired standard errors of the changes, when this process holds the base's scores
+    line = (f"  eval on {b.prompts}: {a.weights} {fmt(a.mean)} -> {b.weights} {fmt(b.mean)} (iteration {b.iteration}"
+            + (f"; change {b.mean - a.mean:+.4f} +- {se['mean']:.4f} s.e." if "mean" in se else "") + ")")
+    for key, after in b.extras.items():
+        if key in a.extras:
+            pm = f" +- {se[key]:.3f}" if key in se else ""
+            line += f"; {key.split('.')[-1]} {a.extras[key]:.3f} -> {after:.3f} ({after - a.extras[key]:+.3f}{pm})"
+    return [*lines, line]
