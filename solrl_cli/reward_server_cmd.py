@@ -26,6 +26,16 @@ def reward_server(
     token: Token = None,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Images per scoring call; queued requests are merged up to it.")] = 32,
     max_images: Annotated[int, typer.Option("--max-images", min=1, help="Images one request may hold (more: HTTP 413).")] = 512,
+    max_side: Annotated[int, typer.Option("--max-side", min=0, help="Pixels per image side (more: HTTP 422). 0: the larger "
+                                                                    "of 2048 and 4x the side the rewards resize to.")] = 0,
+    max_decoded_mb: Annotated[float, typer.Option("--max-decoded-mb", min=0, help="MiB of decoded float32 pixels per request "
+                                                                                  "(more: HTTP 413). 0: 256.")] = 0.0,
+    max_request_mb: Annotated[float, typer.Option("--max-request-mb", min=0, help="MiB per request body (more: HTTP 413, "
+                                                  "before it is read). 0: the largest legitimate body (342 MiB by default).")] = 0.0,
+    header_timeout: Annotated[float, typer.Option("--header-timeout", min=0, help="Seconds a request's headers may take; its "
+                                                  "body gets as long again plus 1 s per MiB. 0: 10.")] = 0.0,
+    max_connections: Annotated[int, typer.Option("--max-connections", min=0, help="Open connections at once. 0: half the "
+                                                 "open-file limit, at most 512.")] = 0,
     path: Paths = None,
 ) -> None:
     """Serve built-in rewards over HTTP (JSON, no pickle) for `solrl train --reward remote:URL`."""
@@ -35,7 +45,9 @@ def reward_server(
     with user_errors():
         paths = dict(_path(p) for p in path or ())
         opts = ServerOptions(_reward_weights(reward), host=host, port=port, device=device or "auto", token=token or "",
-                             batch_size=batch_size, max_images=max_images, paths=paths)
+                             batch_size=batch_size, max_images=max_images, max_side=max_side, max_decoded_mb=max_decoded_mb,
+                             max_request_mb=max_request_mb, header_timeout_s=header_timeout, max_connections=max_connections,
+                             paths=paths)
 
         def ready(url: str, info: dict) -> None:
             served = ", ".join(f"{r['name']}={r['weight']:g}" for r in info["rewards"])

@@ -50,6 +50,9 @@ def train(
             check_new_run_dir(cfg.run.run_dir)
         if dump_config:
             return _print_config(cfg)
+        from solrl_core.run_inputs import check_inputs
+
+        check_inputs(cfg, resumed_from=resume)  # seconds: before the doctor's imports and any model load
         _preflight(cfg, nproc_per_node)
         if nproc_per_node > 1 or nnodes > 1:  # torch.distributed's own launcher re-runs this command per process
             from solrl_cli.launch import endpoint, launch

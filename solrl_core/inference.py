@@ -65,11 +65,11 @@ def load_tuned(cfg: Config, checkpoint: Path | None, explore: bool = False, nume
     from solrl_core.models import load_model
     from solrl_core.precision.resolve import resolve_machine
     from solrl_core.device import resolve_device, resolve_dtype
+    from solrl_core.threads import apply_threads
 
     device = resolve_device(cfg.run.device)
     dtype_name, dtype = resolve_dtype(cfg.run.dtype, device)
-    if cfg.run.threads > 0:
-        torch.set_num_threads(cfg.run.threads)
+    apply_threads(cfg.run.threads)
     model = load_model(cfg.model, device, dtype)
     explore_copy = None
     if explore:  # copied before the adapters are added, as a training session does

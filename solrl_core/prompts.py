@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
@@ -23,15 +25,15 @@ def builtin_sets() -> list[str]:
     return sorted(e.name[:-4] for e in folder.iterdir() if e.name.endswith(".txt"))
 
 
-def load_prompts(spec: str) -> list[str]:
+def load_prompts(spec: str, origin: str = "--prompts") -> list[str]:
     """The prompts `spec` names (see `prompt_sets` for the syntax): a built-in or download set, a file,
-    a `save_to_disk` folder or a hub dataset."""
+    a `save_to_disk` folder or a hub dataset. `origin`: where the spec came from, for a missing file's fix."""
     parsed = parse_spec(spec)
     if parsed.hub:
         return load_hub(parsed)
     path = Path(parsed.source)
     if not path.exists():
-        return _named(parsed, spec)
+        return _named(parsed, spec, origin)
     if path.is_dir():
         return load_saved(path, parsed)
     _no_split(parsed, path.name)
@@ -40,7 +42,7 @@ def load_prompts(spec: str) -> list[str]:
     return _parse_file(path, parsed)
 
 
-def _named(parsed: PromptSpec, spec: str) -> list[str]:
+def _named(parsed: PromptSpec, spec: str, origin: str) -> list[str]:
     name = parsed.source
     downloads = download_sets()
     if name in builtin_sets():
@@ -51,9 +53,30 @@ def _named(parsed: PromptSpec, spec: str) -> list[str]:
     if name in downloads:
         _no_split(parsed, f"prompt set {name}")
         return _parse_file(fetch_download(downloads[name], hub_offline()), parsed)
-    if Path(name).suffix in (".txt", ".jsonl", ".json", *TABLES) or "/" in name:
-        raise SolrlError(f"prompt file {name} does not exist", "check the path given to --prompts")
+    if missing_path(spec):
+        raise SolrlError(f"prompt file {name} does not exist", f"check the path given to {origin}")
     raise SolrlError(f"unknown prompt set '{spec}'", close_matches(name, builtin_sets() + sorted(downloads)) + f" or pass {FORMATS}")
+
+
+def missing_path(spec: str) -> str:
+    """The file or folder `spec` names when it reads as a path (a known suffix, or a folder separator)
+    and does not exist; '' for a set name, a hub dataset or a path that exists."""
+    parsed = parse_spec(spec)
+    name = parsed.source
+    if parsed.hub or Path(name).exists() or name in builtin_sets() or name in download_sets():
+        return ""
+    return name if Path(name).suffix in (".txt", ".jsonl", ".json", *TABLES) or "/" in name or os.sep in name else ""
+
+
+def absolute_spec(spec: str) -> str:
+    """`spec` with the local file or folder it names written as an absolute path (not resolving links),
+    so a run's saved config reads the same from any working folder; a set name or hub dataset unchanged."""
+    parsed = parse_spec(spec) if spec else None
+    if parsed is None or parsed.hub or not Path(parsed.source).exists():
+        return spec
+    if parsed.source == spec:  # the whole spec is the path (parse_spec reads an existing path whole)
+        return os.path.abspath(spec)
+    return replace(parsed, source=os.path.abspath(parsed.source)).text
 
 
 def _no_split(parsed: PromptSpec, what: str) -> None:

@@ -44,6 +44,7 @@ from solrl_core.rewards import RewardSet
 from solrl_core.rewards.health import RewardHealth
 from solrl_core.regions import CompiledBlocks
 from solrl_core.rollout import RolloutCopy
+from solrl_core.run_inputs import absolute_paths
 from solrl_core.rundir import CONFIG_FILE, fresh_run_dir, restarts, save_run_config, write_atomic
 from solrl_core.sampler import Sampler
 from solrl_core.sharding import Layout, open_layout, shard_policy
@@ -188,7 +189,7 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     state = LoopState(health=RewardHealth(cfg.reward.health_min_std, cfg.reward.health_patience))
     if checkpoint is not None:  # every rank reads it: resuming across nodes needs the run dir on a shared filesystem
         state.restore(load_checkpoint(checkpoint, policy, optimizer))
-    cfg = replace(cfg, run=replace(cfg.run, run_dir=str(run_dir)))
+    cfg = absolute_paths(replace(cfg, run=replace(cfg.run, run_dir=str(run_dir))))  # config.toml works from any folder
     if rank == 0:
         lock = _write_run_dir(run_dir, lock, cfg, explore_copy)
     if rank == 0 and checkpoint is not None:  # only now that the resume is committed: a failure above leaves them listed

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import resource
 import socket
 import subprocess
 import sys
@@ -46,13 +47,20 @@ class Served:
 
 @contextlib.contextmanager
 def serve(args: list[str], ready_path: str, tmp_path: Path, headers: dict[str, str] | None = None,
-          env: dict[str, str] | None = None) -> Iterator[Served]:
-    """Run `python ARGS --port P` from the repository root until GET ready_path answers; kill it after."""
-    port = free_port()
+          env: dict[str, str] | None = None, port: int = 0, open_files: int = 0) -> Iterator[Served]:
+    """Run `python ARGS --port P` from the repository root until GET ready_path answers; kill it after.
+    `port`: that one (0: a free one); `open_files`: the server's descriptor limit (0: as ours)."""
+    port = port or free_port()
     log = tmp_path / f"server-{port}.log"
+
+    def limit() -> None:
+        if open_files:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
+
     with open(log, "w") as out:
         proc = subprocess.Popen([sys.executable, *args, "--port", str(port)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                env={**os.environ, "PYTHONPATH": str(ROOT), "SOLRL_DEBUG": "", **(env or {})})
+                                env={**os.environ, "PYTHONPATH": str(ROOT), "SOLRL_DEBUG": "", **(env or {})},
+                                preexec_fn=limit)
     served = Served(proc, f"http://127.0.0.1:{port}", log)
     try:
         deadline = time.monotonic() + 90
@@ -74,6 +82,7 @@ def serve(args: list[str], ready_path: str, tmp_path: Path, headers: dict[str, s
         proc.wait(timeout=30)
 
 
-def reward_server(tmp_path: Path, *args: str, headers: dict[str, str] | None = None,
-                  env: dict[str, str] | None = None) -> contextlib.AbstractContextManager[Served]:
-    return serve(["-m", "solrl_cli", "reward-server", *args], "/health", tmp_path, headers=headers, env=env)
+def reward_server(tmp_path: Path, *args: str, headers: dict[str, str] | None = None, env: dict[str, str] | None = None,
+                  port: int = 0, open_files: int = 0) -> contextlib.AbstractContextManager[Served]:
+    return serve(["-m", "solrl_cli", "reward-server", *args], "/health", tmp_path, headers=headers, env=env, port=port,
+                 open_files=open_files)

@@ -64,9 +64,9 @@ def test_uint8_on_the_wire_quantises_back_to_the_same_pixels():
                        values.view(16, 16))
     _, images = noisy_world(4)
     for encoding in ("uint8", "png"):
-        back = decode_images(encode_images(images, encoding), max_pixels=10**6)
+        back = decode_images(encode_images(images, encoding), 64, 10**6)
         assert np.array_equal(to_uint8(back), to_uint8(images)), encoding
-    assert torch.equal(decode_images(encode_images(images, "float32"), max_pixels=10**6), images)
+    assert torch.equal(decode_images(encode_images(images, "float32"), 64, 10**6), images)
 
 
 def test_remote_scores_equal_in_process_scores_bit_for_bit(server):
@@ -183,7 +183,7 @@ def test_oversized_and_malformed_requests_get_a_4xx_with_the_reason_and_disturb_
         ({**good, "images": [short, good["images"][1]]}, 422, "image 0: 10 bytes of data for shape [32, 32, 3] in uint8"),
         ({**good, "images": [dict(short, data="%%%"), good["images"][1]]}, 422, "image 0: 'data' is not valid base64"),
         ({**good, "images": [dict(short, format="pickle"), good["images"][1]]}, 422, "format 'pickle' is not one of"),
-        ({**good, "images": [dict(good["images"][0], shape=[40000, 40000, 3]), good["images"][1]]}, 422, "pixels per image"),
+        ({**good, "images": [dict(good["images"][0], shape=[40000, 40000, 3]), good["images"][1]]}, 422, "pixels per side"),
         ({"prompts": ["a red circle"] * 65, "images": [good["images"][0]] * 65}, 413, "at most 64"),
         ({**good, "prompts": ["a red circle", "a cat"]}, 422, "cannot judge prompt 1 ('a cat')"),
     ]

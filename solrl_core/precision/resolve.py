@@ -51,13 +51,15 @@ class MachinePlan:
     # without a rollout copy, the full-precision rollouts on the policy's old adapter run through the
     # update's compiled blocks (regions.py) when the update is compiled and sampler.compile is on
     policy_rollout_compile: bool = False
+    threads: str = ""  # the CPU threads torch got and the OpenMP wait policy (threads.ThreadChoice.describe)
 
     def describe(self) -> str:
         return (f"explore {self.explore_precision} ({self.explore_why}); "
                 f"rollout copy {'on' if self.rollout_copy else 'off'} ({self.rollout_copy_why}); "
                 f"gradient checkpointing {'on' if self.checkpointing else 'off'} ({self.checkpointing_why}); "
                 f"update {'compiled' if self.update_compile else 'eager'}"
-                + ("; full-precision rollouts on the policy's compiled blocks" if self.policy_rollout_compile else ""))
+                + ("; full-precision rollouts on the policy's compiled blocks" if self.policy_rollout_compile else "")
+                + (f"; {self.threads}" if self.threads else ""))
 
 
 def gpu_of(device: torch.device) -> GpuInfo | None:

@@ -3,7 +3,9 @@
 Built once at the start of a run: GET URL/health must answer (so an unreachable server, a wrong
 URL or a missing token stops the run before it writes anything) and name the rewards it serves;
 the score of an image is the server's weighted total of them. Prompts are checked by the server's
-rewards (POST URL/check) before the run starts, as in-process rewards check theirs.
+rewards (POST URL/check) before the run starts, as in-process rewards check theirs. The server's
+identity (what it serves, fingerprinted: identity.py) is kept for the run to record and check on
+resume. A batch is sent in as many requests as the limits the server states in /health require.
 
 Each request is limited to `timeout_s` seconds and retried with back-off on connection errors
 (transport.py); a server that dies mid-run becomes an error, the watchdog's RewardFailure, and the
@@ -35,6 +37,8 @@ class RemoteReward:
         self.encoding = encoding
         self.token = os.environ.get(TOKEN_ENV, "") if token is None else token
         self.info, self.latency_s = self.health()
+        identity = self.info.get("identity")
+        self.identity: dict[str, Any] | None = identity if isinstance(identity, dict) else None
 
     def health(self) -> tuple[dict[str, Any], float]:
         """The server's /health answer (checked: schema and rewards) and how long it took."""
@@ -60,7 +64,21 @@ class RemoteReward:
             raise ValueError(f"{images.shape[0]} images but {len(prompts)} prompts")
         if not prompts:
             return torch.zeros(0)
-        body = {"prompts": list(prompts), "images": encode_images(images, self.encoding)}
+        step = self.images_per_request(images)
+        return torch.cat([self._score(images[i:i + step], list(prompts[i:i + step])) for i in range(0, len(prompts), step)])
+
+    def images_per_request(self, images: torch.Tensor) -> int:
+        """As many images as the server's limits take in one request (its max_images, max_decoded_bytes)."""
+        most = images.shape[0]
+        max_images, max_bytes = self.info.get("max_images"), self.info.get("max_decoded_bytes")
+        if isinstance(max_images, int) and max_images > 0:
+            most = min(most, max_images)
+        if isinstance(max_bytes, int) and max_bytes > 0:  # the server decodes every image to float32 [H, W, 3]
+            most = min(most, max_bytes // (3 * 4 * images.shape[-2] * images.shape[-1]))
+        return max(1, most)
+
+    def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
+        body = {"prompts": prompts, "images": encode_images(images, self.encoding)}
         answer, _ = call(f"{self.url}/score", body, timeout_s=self.timeout_s, token=self.token, what=f"reward server {self.url}")
         total = answer.get("total") if isinstance(answer, dict) else None
         return scores_from_json(total, len(prompts), f"reward server {self.url}")

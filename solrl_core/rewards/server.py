@@ -1,16 +1,21 @@
 """`solrl reward-server`: built-in rewards (one, or a weighted combination) over HTTP, JSON only.
 
 Endpoints (schema 1, wire.py holds the image and score formats):
-  GET  /health  the rewards (name, weight, description), versions, device, batch size and limits
+  GET  /health  the rewards (name, weight, description), versions, device, batch size, limits and identity
+  GET  /info    what it serves: name, version, each reward's weight and fingerprint (identity.py)
   POST /check   {"prompts": [...]} -> 200 {"ok": true}, or 422 naming the first prompt a reward cannot judge
   POST /score   {"prompts": [...], "images": [...]} -> {"total": [...], "scores": {name: [...]}, "seconds": s}
 
 Requests from all clients meet in one queue; one worker thread scores them in order, merging
 queued requests of the same image size into one batch of up to `batch_size` images (one forward
 pass of a model reward). A merged batch that fails is scored again request by request, so one
-client's bad request fails only that request. Limits are checked before anything is decoded: the
-body size (Content-Length, 413), images per request (413), pixels per image (422); a malformed
-body is a 400 or 422 naming what is wrong. A 4xx never reaches the scoring thread.
+client's bad request fails only that request. Limits (limits.py, each derived from the largest
+legitimate request) are checked before anything is decoded: the body size (Content-Length, 413,
+before the body is read), images per request (413), pixels per side from the declared shape or the
+PNG header (422), decoded bytes per request (413); a malformed body (not JSON, nested too deep, a
+wrong field) is a 400 or 422 naming what is wrong. A 4xx never reaches the scoring thread, and a
+refusal before the body closes the connection. Slow headers and bodies time out and open
+connections are capped (http_guard.py); repeated log lines are rate-limited.
 
 The server binds to loopback by default. Any other address needs a token (--token or
 SOLRL_REWARD_TOKEN), and then every request must send `Authorization: Bearer TOKEN` (401 otherwise).
@@ -36,7 +41,9 @@ from solrl_core.errors import SolrlError
 from solrl_core.reward_names import REWARDS
 from solrl_core.rewards import RewardSet, Scores
 from solrl_core.rewards.base import RewardContext
-from solrl_core.rewards.wire import FORMATS, SCHEMA, decode_images, scores_to_json
+from solrl_core.rewards.identity import server_identity
+from solrl_core.rewards.limits import Limits, derive
+from solrl_core.rewards.wire import FORMATS, SCHEMA, TooLarge, decode_images, scores_to_json
 
 
 @dataclass(frozen=True)
@@ -48,8 +55,11 @@ class ServerOptions:
     token: str = ""
     batch_size: int = 32  # images per scoring call; queued requests are merged up to this
     max_images: int = 512  # per request
-    max_pixels: int = 4096 * 4096  # per image
-    max_request_mb: float = 1024.0
+    max_side: int = 0  # pixels per image side; 0 = derived from the rewards (limits.py)
+    max_decoded_mb: float = 0.0  # decoded float32 pixels per request; 0 = limits.DEFAULT_DECODED_MB
+    max_request_mb: float = 0.0  # body size; 0 = derived from the largest legitimate request
+    header_timeout_s: float = 0.0  # 0 = limits.DEFAULT_HEADER_TIMEOUT_S
+    max_connections: int = 0  # 0 = half the open-file limit, at most 512
     paths: dict[str, str] = field(default_factory=dict)
 
 
@@ -128,8 +138,8 @@ def _versions() -> dict[str, str]:
     return {"solrl": solrl, "torch": torch.__version__, "python": platform.python_version()}
 
 
-def load(opts: ServerOptions) -> tuple[RewardSet, dict[str, Any]]:
-    """The rewards, loaded on the resolved device, and the /health answer describing them."""
+def load(opts: ServerOptions) -> tuple[RewardSet, dict[str, Any], Limits]:
+    """The rewards, loaded on the resolved device, the /health answer describing them, and the limits."""
     from solrl_core.device import resolve_device
     from solrl_core.reward_endpoints import is_endpoint
 
@@ -141,15 +151,19 @@ def load(opts: ServerOptions) -> tuple[RewardSet, dict[str, Any]]:
         raise SolrlError(f"a reward server serves built-in rewards, not '{served[0]}'", "name built-in rewards: see `solrl presets`")
     device = resolve_device(opts.device)
     rewards = RewardSet(opts.weights, RewardContext(device, torch.float32, batch_size=opts.batch_size), paths=opts.paths)
+    limits = derive(rewards.rewards.values(), max_images=opts.max_images, max_side=opts.max_side,
+                    max_decoded_mb=opts.max_decoded_mb, max_request_mb=opts.max_request_mb,
+                    header_timeout_s=opts.header_timeout_s, max_connections=opts.max_connections)
     described = {r.name: r.description for r in REWARDS}
-    info = {"schema": SCHEMA, "server": "solrl reward-server", "device": str(device), "versions": _versions(),
+    versions = _versions()
+    info = {"schema": SCHEMA, "server": "solrl reward-server", "device": str(device), "versions": versions,
             "rewards": [{"name": n, "weight": w, "description": described.get(n, "")} for n, w in opts.weights.items()],
-            "batch_size": opts.batch_size, "max_images": opts.max_images, "max_pixels": opts.max_pixels,
-            "max_request_bytes": int(opts.max_request_mb * 2**20), "formats": list(FORMATS), "token_required": bool(opts.token)}
-    return rewards, info
+            "batch_size": opts.batch_size, **limits.describe(), "formats": list(FORMATS), "token_required": bool(opts.token),
+            "identity": server_identity(rewards.rewards, opts.weights, versions["solrl"])}
+    return rewards, info, limits
 
 
-def build_app(rewards: RewardSet, info: dict[str, Any], opts: ServerOptions) -> Any:
+def build_app(rewards: RewardSet, info: dict[str, Any], opts: ServerOptions, limits: Limits) -> Any:
     """The ASGI app serving `rewards`."""
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse
@@ -159,20 +173,23 @@ def build_app(rewards: RewardSet, info: dict[str, Any], opts: ServerOptions) -> 
     batcher = Batcher(rewards, opts.batch_size)
     app.state.batcher = batcher
 
-    def refuse(status: int, detail: str, fix: str = "") -> JSONResponse:
-        return JSONResponse({"detail": detail, **({"fix": fix} if fix else {})}, status_code=status)
+    def refuse(status: int, detail: str, fix: str = "", close: bool = False) -> JSONResponse:
+        """`close`: refused before the body was read, so the connection closes rather than wait for it."""
+        return JSONResponse({"detail": detail, **({"fix": fix} if fix else {})}, status_code=status,
+                            headers={"Connection": "close"} if close else None)
 
     @app.middleware("http")
     async def guard(request: Request, call_next: Any) -> Any:
         sent = request.headers.get("authorization", "")
         if opts.token and not hmac.compare_digest(sent.encode(), f"Bearer {opts.token}".encode()):
-            return refuse(401, "missing or wrong token: send the header 'Authorization: Bearer TOKEN'")
+            return refuse(401, "missing or wrong token: send the header 'Authorization: Bearer TOKEN'", close=True)
         if request.method == "POST":
             length = request.headers.get("content-length", "")
             if not length.isdigit():
-                return refuse(411, "send the body with a Content-Length header")
-            if int(length) > info["max_request_bytes"]:
-                return refuse(413, f"request of {int(length)} bytes is more than the server's {info['max_request_bytes']}")
+                return refuse(411, "send the body with a Content-Length header", close=True)
+            if int(length) > limits.max_request_bytes:
+                return refuse(413, f"request of {int(length)} bytes is more than the server's {limits.max_request_bytes}",
+                              close=True)
         return await call_next(request)
 
     async def body_of(request: Request) -> dict[str, Any] | JSONResponse:
@@ -180,6 +197,8 @@ def build_app(rewards: RewardSet, info: dict[str, Any], opts: ServerOptions) -> 
             body = await request.json()
         except ValueError as exc:
             return refuse(400, f"body is not JSON ({exc})")
+        except RecursionError:
+            return refuse(400, "body is JSON nested too deep to read")
         if not isinstance(body, dict) or not isinstance(body.get("prompts"), list) \
                 or not all(isinstance(p, str) for p in body["prompts"]):
             return refuse(422, "body must be an object with 'prompts', a list of strings")
@@ -196,6 +215,10 @@ def build_app(rewards: RewardSet, info: dict[str, Any], opts: ServerOptions) -> 
     async def health() -> dict[str, Any]:
         return {**info, "batches_scored": len(batcher.batches)}
 
+    @app.get("/info")
+    async def identity() -> dict[str, Any]:
+        return info["identity"]
+
     @app.post("/check")
     async def check_prompts(request: Request) -> Any:
         body = await body_of(request)
@@ -209,12 +232,14 @@ def build_app(rewards: RewardSet, info: dict[str, Any], opts: ServerOptions) -> 
         if isinstance(body, JSONResponse):
             return body
         prompts, items = body["prompts"], body.get("images")
-        if isinstance(items, list) and len(items) > opts.max_images:
-            return refuse(413, f"{len(items)} images in one request; the server takes at most {opts.max_images}")
+        if isinstance(items, list) and len(items) > limits.max_images:
+            return refuse(413, f"{len(items)} images in one request; the server takes at most {limits.max_images}")
         if isinstance(items, list) and len(items) != len(prompts):
             return refuse(422, f"{len(items)} images but {len(prompts)} prompts")
         try:
-            images = await run_in_threadpool(decode_images, items, opts.max_pixels)
+            images = await run_in_threadpool(decode_images, items, limits.max_side, limits.max_decoded_bytes)
+        except TooLarge as exc:
+            return refuse(413, str(exc))
         except ValueError as exc:
             return refuse(422, str(exc))
         refused = await run_in_threadpool(check, prompts)
@@ -260,10 +285,17 @@ def serve(opts: ServerOptions, on_ready: Callable[[str, dict[str, Any]], None]) 
         import uvicorn
     except ImportError as exc:
         raise SolrlError(f"the reward server needs FastAPI and uvicorn ({exc})", 'install them with `pip install "solrl[server]"`') from exc
-    rewards, info = load(opts)
+    from solrl_core.rewards.http_guard import guarded_protocol, quiet_logging
+
+    rewards, info, limits = load(opts)
     sock = bind(opts.host, opts.port)
     host, port = sock.getsockname()[:2]
-    app = build_app(rewards, info, opts)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
+    app = build_app(rewards, info, opts, limits)
+    quiet_logging()
+    # uvicorn's own limits where it has them; `limit_concurrency` is left off: it counts open connections,
+    # so half-open ones would make it refuse real requests (the guarded protocol caps connections instead).
+    server = uvicorn.Server(uvicorn.Config(app, http=guarded_protocol(limits), log_config=None, log_level="warning",
+                                           access_log=False, timeout_keep_alive=5, h11_max_incomplete_event_size=16 * 1024,
+                                           backlog=limits.backlog))
     on_ready(f"http://{f'[{host}]' if ':' in host else host}:{port}", info)
     server.run(sockets=[sock])

@@ -5,6 +5,10 @@ with back-off, `BACKOFF_S` between tries, then becomes a SolrlError naming the U
 runs past its limit is not retried (the server is busy or stuck, and another try would double the
 wait): it is a SolrlError at once. An HTTP error status carries the server's reason. The reward
 watchdog (watchdog.py) wraps all of this, so the run's own retries and time limit still hold.
+
+Redirects are refused, not followed: urllib would send the Authorization header along to wherever a
+redirect points, another host included, and a reward server never redirects (a redirect means a
+wrong URL, or something in between that should not see the token). The error names the target.
 """
 
 from __future__ import annotations
@@ -20,6 +24,14 @@ from typing import Any
 from solrl_core.errors import SolrlError
 
 BACKOFF_S = (0.25, 0.5, 1.0, 2.0)  # sleeps between connection attempts: five tries over about 4 s
+
+
+class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
+    def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
+                         newurl: str) -> None:
+        raise SolrlError(f"{req.full_url} answered with a redirect (HTTP {code}) to {newurl}; redirects are not followed, "
+                         "so the token is never sent on to another address", "give the address the server answers at "
+                         "itself (check the scheme, host, port and path)")
 
 
 class HttpError(SolrlError):
@@ -40,11 +52,12 @@ def call(url: str, body: Any | None, *, timeout_s: float, token: str = "", what:
         headers["Content-Type"] = "application/json"
     if token:
         headers["Authorization"] = f"Bearer {token}"
+    opener = urllib.request.build_opener(_RefuseRedirects)
     for attempt in range(len(backoff) + 1):
         request = urllib.request.Request(url, data=data, headers=headers, method="GET" if data is None else "POST")
         t0 = time.perf_counter()
         try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+            with opener.open(request, timeout=timeout_s) as answer:
                 raw = answer.read()
             return _json(raw, what), time.perf_counter() - t0
         except urllib.error.HTTPError as exc:

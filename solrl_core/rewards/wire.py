@@ -21,6 +21,7 @@ import base64
 import binascii
 import io
 import math
+import struct
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from solrl_core.rewards.jpeg import to_uint8
 
 SCHEMA = 1
 FORMATS = ("uint8", "png", "float32")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def encode_images(images: torch.Tensor, encoding: str) -> list[dict[str, Any]]:
@@ -61,18 +63,34 @@ def _png(array: np.ndarray) -> bytes:
     return buf.getvalue()
 
 
-def decode_images(items: list[Any], max_pixels: int) -> torch.Tensor:
-    """The JSON `images` list -> [B, 3, H, W] float32 in [0, 1]. Raises ValueError naming what is wrong."""
+class TooLarge(ValueError):
+    """A request over the server's size limits (HTTP 413), found before anything was decoded."""
+
+
+def decode_images(items: list[Any], max_side: int, max_bytes: int) -> torch.Tensor:
+    """The JSON `images` list -> [B, 3, H, W] float32 in [0, 1]. Raises ValueError naming what is wrong.
+
+    Every image's size is read first (a raw image's declared `shape`, a PNG's header: PIL reads it
+    without decoding the pixels) and checked against `max_side` per side and `max_bytes` of decoded
+    float32 pixels for the whole request; only then is anything decoded. A PNG of a few KiB can
+    declare 4096x4096 (it compresses rows of zeros 1000:1) and would cost 200 MB once decoded."""
     if not isinstance(items, list) or not items:
         raise ValueError("'images' must be a non-empty list")
-    arrays = [_decode_one(i, item, max_pixels) for i, item in enumerate(items)]
-    shapes = {a.shape for a in arrays}
-    if len(shapes) > 1:
-        raise ValueError(f"all images of a request must share one size; got {sorted(shapes)}")
+    headers = [_header(i, item, max_side) for i, item in enumerate(items)]
+    sizes = {(h, w) for _, _, h, w in headers}
+    if len(sizes) > 1:
+        raise ValueError(f"all images of a request must share one size; got {sorted(sizes)}")
+    total = sum(h * w * 3 * 4 for _, _, h, w in headers)
+    if total > max_bytes:
+        raise TooLarge(f"{len(items)} images of {headers[0][2]}x{headers[0][3]} decode to {total} bytes; the server takes "
+                       f"at most {max_bytes} per request")
+    arrays = [_decode_png(i, raw) if fmt == "png" else _decode_raw(i, fmt, raw, h, w)
+              for i, (fmt, raw, h, w) in enumerate(headers)]
     return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
 
 
-def _decode_one(i: int, item: Any, max_pixels: int) -> np.ndarray:
+def _header(i: int, item: Any, max_side: int) -> tuple[str, bytes, int, int]:
+    """(format, raw bytes, height, width) of one image, its size checked; nothing decoded."""
     if not isinstance(item, dict):
         raise ValueError(f"image {i} is not an object with 'format' and 'data'")
     fmt, data = item.get("format"), item.get("data")
@@ -85,36 +103,51 @@ def _decode_one(i: int, item: Any, max_pixels: int) -> np.ndarray:
     except (binascii.Error, ValueError) as exc:
         raise ValueError(f"image {i}: 'data' is not valid base64 ({exc})") from exc
     if fmt == "png":
-        return _decode_png(i, raw, max_pixels)
-    shape = item.get("shape")
-    if not (isinstance(shape, list) and len(shape) == 3 and shape[2] == 3 and all(isinstance(s, int) and s > 0 for s in shape)):
-        raise ValueError(f"image {i}: 'shape' must be [H, W, 3] with positive integers, got {shape!r}")
-    if shape[0] * shape[1] > max_pixels:
-        raise ValueError(f"image {i}: {shape[0]}x{shape[1]} is more than the server's {max_pixels} pixels per image")
-    itemsize = 4 if fmt == "float32" else 1
-    expected = shape[0] * shape[1] * 3 * itemsize
-    if len(raw) != expected:
-        raise ValueError(f"image {i}: {len(raw)} bytes of data for shape {shape} in {fmt} (expected {expected})")
+        height, width = _png_size(i, raw)
+    else:
+        shape = item.get("shape")
+        # bool is an int in Python: [true, true, 3] must not pass for a 1x1 image
+        if not (isinstance(shape, list) and len(shape) == 3 and shape[2] == 3
+                and all(type(s) is int and s > 0 for s in shape)):
+            raise ValueError(f"image {i}: 'shape' must be [H, W, 3] with positive integers, got {str(shape)[:80]}")
+        height, width = shape[0], shape[1]
+    if max(height, width) > max_side:
+        raise ValueError(f"image {i}: {height}x{width} is larger than the server's {max_side} pixels per side")
+    if fmt != "png":
+        expected = height * width * 3 * (4 if fmt == "float32" else 1)
+        if len(raw) != expected:
+            raise ValueError(f"image {i}: {len(raw)} bytes of data for shape {[height, width, 3]} in {fmt} (expected {expected})")
+    return fmt, raw, height, width
+
+
+def _png_size(i: int, raw: bytes) -> tuple[int, int]:
+    """(height, width) from a PNG's IHDR chunk, which the format puts first: read before PIL sees the
+    file (PIL's own bomb check, at Image.MAX_IMAGE_PIXELS, would answer first with its own words)."""
+    if raw[:8] != PNG_SIGNATURE or raw[12:16] != b"IHDR" or len(raw) < 24:
+        raise ValueError(f"image {i}: not a readable PNG (no PNG signature and IHDR header)")
+    width, height = struct.unpack(">II", raw[16:24])
+    if not (width and height):
+        raise ValueError(f"image {i}: not a readable PNG (its header declares {height}x{width})")
+    return height, width
+
+
+def _decode_raw(i: int, fmt: str, raw: bytes, height: int, width: int) -> np.ndarray:
     if fmt == "uint8":
-        return np.frombuffer(raw, dtype=np.uint8).reshape(shape).astype(np.float32) / np.float32(255)
-    values = np.frombuffer(raw, dtype="<f4").reshape(shape).astype(np.float32)
+        return np.frombuffer(raw, dtype=np.uint8).reshape(height, width, 3).astype(np.float32) / np.float32(255)
+    values = np.frombuffer(raw, dtype="<f4").reshape(height, width, 3).astype(np.float32)
     if not np.isfinite(values).all():
         raise ValueError(f"image {i}: float32 pixels must be finite")
     return values
 
 
-def _decode_png(i: int, raw: bytes, max_pixels: int) -> np.ndarray:
-    from PIL import Image, UnidentifiedImageError
+def _decode_png(i: int, raw: bytes) -> np.ndarray:
+    from PIL import Image
 
     try:
-        with Image.open(io.BytesIO(raw)) as img:
-            if img.format != "PNG":
-                raise ValueError(f"image {i}: format 'png' but the data is {img.format}")
-            if img.width * img.height > max_pixels:
-                raise ValueError(f"image {i}: {img.height}x{img.width} is more than the server's {max_pixels} pixels per image")
+        with Image.open(io.BytesIO(raw), formats=["PNG"]) as img:
             arr = np.asarray(img.convert("RGB"), dtype=np.uint8)
-    except (UnidentifiedImageError, OSError) as exc:
-        raise ValueError(f"image {i}: not a readable PNG ({exc})") from exc
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:  # a header that passed, a body that does not
+        raise ValueError(f"image {i}: not a readable PNG ({type(exc).__name__}: {exc})") from exc
     return arr.astype(np.float32) / np.float32(255)
 
 

@@ -1,0 +1,98 @@
+"""What a reward server serves, and whether it is still what a run trained against.
+
+The server states its identity (GET /info, and in /health): its name and solrl version, and per
+reward its name, weight and a fingerprint: SHA-256 over the reward's weights (every tensor of every
+torch module it holds, by name, dtype, shape and bytes), or, for a reward without weights (the tiny
+world's, the JPEG ones), over its name and the solrl version that implements it. The server's own
+fingerprint covers the list of them, weights included.
+
+A run records the identity of each `remote:` server in `reward_servers.json` beside config.toml when
+it first contacts it. On --resume a server whose fingerprint changed is refused, as a changed LoRA
+rank is (`reward.remote.on_change=warn`: a warning, and the run goes on against the new one).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from solrl_core.errors import SolrlError
+from solrl_core.rundir import write_atomic
+
+RECORD_FILE = "reward_servers.json"
+ON_CHANGE = ("refuse", "warn")
+
+
+def weights_fingerprint(reward: Any) -> str:
+    """SHA-256 over every tensor of the torch modules `reward` holds ('' when it holds none)."""
+    modules = sorted((k, v) for k, v in vars(reward).items() if isinstance(v, torch.nn.Module))
+    if not modules:
+        return ""
+    digest = hashlib.sha256()
+    for attr, module in modules:
+        for key, tensor in sorted(module.state_dict().items()):
+            t = tensor.detach().cpu().contiguous()
+            digest.update(f"{attr}.{key}:{t.dtype}:{tuple(t.shape)}\n".encode())
+            digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()
+
+
+def server_identity(rewards: dict[str, Any], weights: dict[str, float], version: str) -> dict[str, Any]:
+    """The identity a server states: its name, version, and each reward's name, weight and fingerprint."""
+    served = []
+    for name, reward in rewards.items():
+        fingerprint = weights_fingerprint(reward) or hashlib.sha256(f"{name}\n{version}".encode()).hexdigest()
+        served.append({"name": name, "weight": weights[name], "fingerprint": fingerprint})
+    whole = hashlib.sha256(json.dumps(served, sort_keys=True).encode()).hexdigest()
+    return {"name": "solrl reward-server", "version": version, "rewards": served, "fingerprint": whole}
+
+
+def describe(identity: dict[str, Any]) -> str:
+    rewards = ", ".join(f"{r.get('name')}={r.get('weight'):g}" if isinstance(r.get("weight"), (int, float)) else str(r.get("name"))
+                        for r in identity.get("rewards", []) if isinstance(r, dict))
+    return f"{rewards or 'nothing named'} (solrl {identity.get('version')}, fingerprint {str(identity.get('fingerprint'))[:12]})"
+
+
+def _served(rewards: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The identity of each remote: reward of a run that stated one, by reward name."""
+    return {name: r.identity for name, r in rewards.items() if isinstance(getattr(r, "identity", None), dict)}
+
+
+def _read(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / RECORD_FILE
+    if not path.exists():
+        return {}
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise SolrlError(f"{path} is unreadable ({type(exc).__name__}: {exc})",
+                         f"delete it to record the servers afresh (rm {path}), if they still serve what the run trained against")
+    return record if isinstance(record, dict) else {}
+
+
+def check_servers(run_dir: Path, rewards: dict[str, Any], on_change: str = "refuse") -> list[str]:
+    """On resume: each remote: server against the identity the run recorded. A changed one is a
+    SolrlError, or (on_change 'warn') a warning returned for the run's notes."""
+    record, notes = _read(run_dir), []
+    for name, now in _served(rewards).items():
+        before = record.get(name)
+        if not isinstance(before, dict) or before.get("fingerprint") == now.get("fingerprint"):
+            continue
+        message = f"{name} now serves {describe(now)}, not {describe(before)} as when this run trained against it"
+        if on_change == "warn":
+            notes.append(f"{message}; going on (reward.remote.on_change=warn)")
+            continue
+        raise SolrlError(message, "serve the run's reward behind that URL again, or go on against the new one with "
+                                  "--set reward.remote.on_change=warn")
+    return notes
+
+
+def record_servers(run_dir: Path, rewards: dict[str, Any]) -> None:
+    """Write what each remote: server serves now into the run folder (other entries kept)."""
+    served = _served(rewards)
+    if served:
+        write_atomic(run_dir / RECORD_FILE, json.dumps({**_read(run_dir), **served}, indent=2, sort_keys=True))
