@@ -56,7 +56,10 @@ def train(
         _preflight(cfg, nproc_per_node)
         if nproc_per_node > 1 or nnodes > 1:  # torch.distributed's own launcher re-runs this command per process
             from solrl_cli.launch import endpoint, launch
+            from solrl_core.threads import launch_note
 
+            if note := launch_note(nproc_per_node, cfg.run.device, cfg.run.threads):  # more processes than cores on a CPU
+                console.print(note, soft_wrap=True)
             raise typer.Exit(launch(nproc_per_node, nnodes, node_rank, endpoint(rdzv_endpoint, master_addr, master_port),
                                     sys.argv[1:], prompts_per_iteration=cfg.run.prompts_per_iteration,
                                     run_dir=str(resume or cfg.run.run_dir)))

@@ -49,6 +49,7 @@ from solrl_core.rundir import CONFIG_FILE, fresh_run_dir, restarts, save_run_con
 from solrl_core.sampler import Sampler
 from solrl_core.sharding import Layout, open_layout, shard_policy
 from solrl_core.text import plural
+from solrl_core.threads import apply_threads
 
 
 class TextCache:
@@ -161,9 +162,8 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     rewards = RewardSet.from_config(cfg.reward, device)
     rewards.check_prompts(prompts + eval_prompts)
     dtype_name, dtype = resolve_dtype(cfg.run.dtype, device)
-    if cfg.run.threads > 0:
-        torch.set_num_threads(cfg.run.threads)
-    machine = resolve_machine(cfg, device, dtype_name)
+    threads = apply_threads(cfg.run.threads)  # auto: one per usable core, shared by this node's processes (threads.py)
+    machine = replace(resolve_machine(cfg, device, dtype_name), threads=threads.describe())
     layout, machine = open_layout(cfg, machine, dtype_name, device, gpu_of(device))  # fsdp: no copies
     plan = plan_stages(cfg, dtype_name, machine.explore_precision, rollout_copy=machine.rollout_copy,
                        rollout_compiled=machine.rollout_compile, explore_compiled=machine.explore_compile)
