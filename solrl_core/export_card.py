@@ -46,7 +46,7 @@ class CardFacts:
     merged: bool
     repo_id: str | None
     transformer_class: str
-    license: str | None
+    license: dict[str, str]  # the base model's license fields, {} when unknown
     evaluation: EvalTable | None
 
     @classmethod
@@ -90,23 +90,26 @@ def eval_table(run_dir: Path, iteration: int) -> EvalTable | None:
     return EvalTable(last.prompts, last.samples, last.iteration, last.weights, rows)
 
 
-def base_license(hub_id: str, path: str) -> str | None:
-    """The base model's license, from its card when one is on this machine (the local folder's, or
-    the hub cache's README.md); None when unknown. Never asks the network."""
+def base_license(hub_id: str, path: str) -> dict[str, str]:
+    """The base model's license fields (license, and license_name and license_link where its card
+    has them), from its card when one is on this machine (the local folder's, or the hub cache's
+    README.md); empty when unknown. Never asks the network."""
     try:
         from huggingface_hub import ModelCard, try_to_load_from_cache
     except ImportError:
-        return None
-    readme = Path(path) / "README.md" if path else None
-    if readme is None and hub_id:
+        return {}
+    candidates = [Path(path) / "README.md"] if path else []
+    if hub_id:
         cached = try_to_load_from_cache(hub_id, "README.md")
-        readme = Path(cached) if isinstance(cached, str) else None
-    if readme is None or not readme.is_file():
-        return None
-    try:
-        return ModelCard.load(readme).data.to_dict().get("license")
-    except (ValueError, OSError):
-        return None
+        candidates += [Path(cached)] if isinstance(cached, str) else []
+    for readme in candidates:
+        try:
+            data = ModelCard.load(readme).data.to_dict() if readme.is_file() else {}
+        except (ValueError, OSError):
+            data = {}
+        if data.get("license"):
+            return {k: str(data[k]) for k in ("license", "license_name", "license_link") if data.get(k)}
+    return {}
 
 
 def _evaluation(facts: CardFacts) -> list[str]:
@@ -166,7 +169,9 @@ def render(facts: CardFacts) -> str:
              "## Evaluation", "", *_evaluation(facts), "", "## How to load it", "", *_usage(facts), "",
              "## License", ""]
     if facts.license:
-        lines.append(f"The base model's license is `{facts.license}`; these weights derive from it and follow its terms.")
+        named = facts.license.get("license_name", facts.license["license"])
+        link = f" ({facts.license['license_link']})" if "license_link" in facts.license else ""
+        lines.append(f"The base model's license is `{named}`{link}; these weights derive from it and follow its terms.")
     else:
         lines.append("The base model's license was not found on the machine that exported this; these weights derive "
                      "from the base model and follow its terms (see its model card).")
@@ -180,8 +185,8 @@ def write_card(out_dir: Path, facts: CardFacts) -> Path:
     except ImportError as exc:
         raise SolrlError("the model card needs huggingface_hub, which is not installed", HUB_HINT) from exc
     tags = ["solrl", facts.family, "text-to-image", "diffusers"] + ([] if facts.merged else ["lora"])
-    data = ModelCardData(base_model=facts.base_model or None, library_name="diffusers", license=facts.license,
-                         pipeline_tag="text-to-image", tags=tags)
+    data = ModelCardData(base_model=facts.base_model or None, library_name="diffusers", pipeline_tag="text-to-image",
+                         tags=tags, **facts.license)
     path = out_dir / "README.md"
     ModelCard(f"---\n{data.to_yaml()}\n---\n\n{render(facts)}").save(path)
     return path

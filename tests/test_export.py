@@ -109,6 +109,7 @@ def test_export_without_out_writes_under_the_run_with_peft_files_a_card_and_read
 
 def test_a_real_sana_export_opens_in_peft_and_diffusers_and_equals_the_merged_weights(tmp_path, monkeypatch):
     from diffusers import SanaTransformer2DModel
+    from huggingface_hub import ModelCard
     from peft import PeftModel
 
     from solrl_core import events as ev
@@ -120,6 +121,7 @@ def test_a_real_sana_export_opens_in_peft_and_diffusers_and_equals_the_merged_we
     from tests.tiny_pipelines import save_tiny_pipeline
 
     base = save_tiny_pipeline("sana", tmp_path / "sana")
+    (base / "README.md").write_text("---\nlicense: other\nlicense_name: test-base-license\n---\n# base\n")
     # run.seed=1: with seed 0 the two kept images tie on JPEG size and nothing trains (test_real_models).
     cfg = resolve_config("sana", "sol_rl", "jpeg_compressibility",
                          sets=[*REAL_FAST, f"model.path={base}", f"run.run_dir={tmp_path / 'run'}", "run.seed=1"])
@@ -129,6 +131,9 @@ def test_a_real_sana_export_opens_in_peft_and_diffusers_and_equals_the_merged_we
     assert result.exit_code == 0, result.output
     folder = tmp_path / "run/export/iter_000001-trained"
 
+    card = ModelCard.load(folder / "README.md")
+    assert (card.data.license, card.data.license_name, card.data.base_model) == ("other", "test-base-license", cfg.model.hub_id)
+    assert "license is `test-base-license`" in card.text
     settings = json.loads((folder / "adapter_config.json").read_text())
     assert (settings["r"], settings["lora_alpha"]) == (cfg.model.lora_rank, cfg.model.lora_alpha)
     assert sorted(settings["target_modules"]) == sorted(cfg.model.lora_targets) and settings["peft_type"] == "LORA"
