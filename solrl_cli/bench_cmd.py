@@ -24,7 +24,7 @@ N = Annotated[Optional[int], typer.Option("--n", min=2, help="Seeds explored per
 K = Annotated[Optional[int], typer.Option("--k", min=2, help="Seeds kept and trained per prompt. Default: 24 (real), 4 (tiny).")]
 MicroBatch = Annotated[Optional[int], typer.Option("--micro-batch", min=1, help="Update micro-batch. Default: the model preset's.")]
 RolloutBatch = Annotated[Optional[int], typer.Option("--rollout-batch", min=1, help="Samples per rollout forward. Default: 24 (real), 8 (tiny).")]
-Iterations = Annotated[Optional[int], typer.Option("--iterations", min=2, help="Iterations per family, warm-up included (default 3); with --explore, calls per backend (default 13).")]
+Iterations = Annotated[Optional[int], typer.Option("--iterations", min=2, help="Iterations per family, warm-up included (default 6: each figure is the median of the other 5, with their spread); with --explore, calls per backend (default 13).")]
 Warmup = Annotated[Optional[int], typer.Option("--warmup", min=0, help="First iterations (--explore: calls) left out of the figures. Default 1 (--explore: 3).")]
 JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")]
 Explore = Annotated[bool, typer.Option("--explore", help="Time one denoising step per explore backend (bf16, fp8, fp8-e5m2-tensor, nvfp4-emulated), its error against bf16 and the refresh, instead of the families.")]
@@ -63,7 +63,7 @@ def bench(
             _explore_report(result.to_dict())
         else:
             options = BenchOptions(model=model or "sana", families=tuple(family or FAMILIES), size=size, device=device or "auto",
-                                   n=n, k=k, micro_batch=micro_batch, rollout_batch=rollout_batch, iterations=iterations or 3,
+                                   n=n, k=k, micro_batch=micro_batch, rollout_batch=rollout_batch, iterations=iterations or BenchOptions.iterations,
                                    warmup=1 if warmup is None else warmup, sets=tuple(set_ or ()),
                                    check_memory=not skip_memory_check)
             with console.status("solrl bench: starting") as status:
@@ -102,13 +102,14 @@ def _report(result: dict[str, Any]) -> None:
 
     m, o, rows, where = result["model"], result["options"], result["rows"], result["device"]
     console.print(f"\n{m['preset']} at {m['size']} size ({_count(m['parameters'])} parameters, random weights), N={o['n']} K={o['k']}, "
-                  f"one prompt group; mean of {rows[0]['iterations_measured']} iteration(s) after {o['warmup']} warm-up; on {where}")
+                  f"one prompt group; median of {rows[0]['iterations_measured']} iteration(s) after {o['warmup']} warm-up, "
+                  f"the spread (fastest-slowest) under it; on {where}")
     real = any(r["estimate_gib"] is not None for r in rows)  # the doctor's estimate is of the real model
     seconds = _table("seconds per iteration", ("family", "explore", "regen", "reward", "train", "sync", "total", "peak GiB",
                                                 *(("doctor est",) if real else ())))
     for r in rows:
         est = r["estimate_gib"]
-        seconds.add_row(r["family"], *(f"{r['seconds'][p]:.2f}" for p in PHASE_ROWS), f"{r['peak_gib']['total']:.2f}",
+        seconds.add_row(r["family"], *(_with_spread(r, p) for p in PHASE_ROWS), f"{r['peak_gib']['total']:.2f}",
                         *((f"{est:.1f}" if est is not None else "-",) if real else ()))
     console.print(seconds)
     rates = _table("throughput", ("family", "explore steps/s", "regen steps/s", "train pairs/s", "images/s"))
@@ -163,12 +164,29 @@ def _explore_report(result: dict[str, Any]) -> None:
                   "Random weights.")
 
 
+def _with_spread(r: dict[str, Any], phase: str) -> str:
+    """The median seconds, and under it the fastest-slowest of the measured iterations."""
+    spread = r.get("spread", {}).get(phase)
+    median = f"{r['seconds'][phase]:.2f}"
+    return f"{median}\n{spread[0]:.2f}-{spread[1]:.2f}" if spread and spread[1] > spread[0] else median
+
+
+def ratio_text(ratio: Optional[float], span: Optional[list[float]]) -> str:
+    """'2.73x (1.90x-3.60x)', and whether that range holds 1.0x: then the iterations do not tell the two apart."""
+    if not ratio:
+        return "-"
+    if not span:
+        return f"{ratio:.2f}x"
+    overlap = "; the spread overlaps 1.0x: no measured difference" if span[0] <= 1.0 <= span[1] else ""
+    return f"{ratio:.2f}x (range {span[0]:.2f}x-{span[1]:.2f}x{overlap})"
+
+
 def _family_notes(r: dict[str, Any]) -> None:
     notes = []
-    if r["vs_compile"]:
-        rollout = r["vs_compile"]["rollout"]
-        notes.append(f"vs compile: total {r['vs_compile']['total']:.2f}x, rollout (explore + regenerate) "
-                     + (f"{rollout:.2f}x" if rollout else "-"))
+    vs = r["vs_compile"]
+    if vs:
+        notes.append(f"vs compile: total {ratio_text(vs['total'], vs.get('total_range'))}, rollout (explore + regenerate) "
+                     + ratio_text(vs["rollout"], vs.get("rollout_range")))
     if r["compile_seconds"]:
         notes.append("compiled " + ", ".join(f"{t} in {s:.1f} s" for t, s in r["compile_seconds"].items()) + " (one time)")
     if r.get("graphs_after_warmup"):

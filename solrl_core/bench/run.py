@@ -1,11 +1,13 @@
 """`solrl bench`: each family trained for a few iterations through `solrl train`'s own code on a
 random-weight model of the preset's published size, the warm-up iterations dropped.
 
-Per family and phase: seconds (mean over the measured iterations), throughput, peak memory (with the
+Per family and phase: seconds (the median of the measured iterations, with their spread, min to
+max: two noisy iterations make no figure), throughput, peak memory (with the
 doctor's estimate beside it at real size), the one-time compile times, model FLOPs (flops.py), model
 FLOPs utilisation against the device's dense peak at the precision each phase multiplies in
 (peaks.py), and each family's total and rollout (explore + regenerate) time against the `compile`
-family, the compiled bf16 baseline. One prompt group per iteration, a cheap JPEG reward on the CPU.
+family, the compiled bf16 baseline: the ratio of the medians, and the range the iterations allow
+(slowest against fastest each way), which says whether 1.0x is inside it. One prompt group per iteration, a cheap JPEG reward on the CPU.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class BenchOptions:
     k: int | None = None
     micro_batch: int | None = None
     rollout_batch: int | None = None
-    iterations: int = 3
+    iterations: int = 6  # warm-up included: the figures are medians of the others, with their spread
     warmup: int = 1
     sets: tuple[str, ...] = field(default=())
     check_memory: bool = True  # at real size: refuse before building when the doctor's estimate does not fit (fits.py)
@@ -176,10 +178,11 @@ def _run_family(options: BenchOptions, family: str, folder: Path, resolution: in
                                machine.rollout_copy, machine.update_compile).peak if options.size == "real" else None
     if run.device.type == "cuda":
         torch.cuda.empty_cache()
-    seconds = {k: statistics.mean(e.seconds.get(k, 0.0) for e in its) for k in PHASES}
+    figures = phase_seconds(its)
+    seconds = figures["seconds"]
     flops = phase_flops(run.plan, run.config, per_sample, run.config.run.prompts_per_iteration)
     return {"model": options.model, "family": family, "plan": started.plan, "machine": started.machine,
-            "seconds": seconds, "rates": _rates(run.plan, run.config, seconds),
+            **figures, "rates": _rates(run.plan, run.config, seconds),
             "peak_gib": {k: max((e.peak_memory or {}).get(k, 0.0) for e in its) for k in MEMORY_PHASES},
             "memory_source": its[-1].memory_source, "estimate_gib": estimate,
             "compile_seconds": {e.target: e.seconds for e in seen if isinstance(e, ev.CompileFinished)},
@@ -187,6 +190,14 @@ def _run_family(options: BenchOptions, family: str, folder: Path, resolution: in
             "iterations_measured": len(its), "flops": flops, "precision": phase_precisions(run.plan),
             # graphs Dynamo compiled during the measured iterations: any is a recompile after warm-up
             "graphs_after_warmup": graphs[-1] - graphs[options.warmup - 1] if options.warmup else None}
+
+
+def phase_seconds(its: list[ev.IterationFinished]) -> dict[str, Any]:
+    """Per phase, of the measured iterations: the median seconds ('seconds'), each one's ('seconds_each')
+    and their spread, [fastest, slowest] ('spread')."""
+    each = {k: [e.seconds.get(k, 0.0) for e in its] for k in PHASES}
+    return {"seconds": {k: statistics.median(v) for k, v in each.items()}, "seconds_each": each,
+            "spread": {k: [min(v), max(v)] for k, v in each.items()}}
 
 
 def family_config(options: BenchOptions, family: str, root: Path, folder: Path | None = None,
@@ -237,18 +248,34 @@ def _add_utilisation(row: dict[str, Any], device: torch.device, cache: dict, bus
 
 def add_ratios(rows: list[dict[str, Any]]) -> None:
     """Each family's speed-up over the `compile` family of the same model: total iteration time and
-    rollout time (explore + regenerate); None without a compile row."""
+    rollout time (explore + regenerate), as the ratio of the medians; None without a compile row.
+    With the iterations' seconds ('seconds_each'), also the range the ratio may take ('total_range',
+    'rollout_range': compile's fastest over this family's slowest, to its slowest over this one's fastest)."""
     for row in rows:
         base = next((r for r in rows if r["family"] == "compile" and r["model"] == row["model"]), None)
         if base is None or base is row:
             row["vs_compile"] = None
             continue
         mine, theirs = rollout_seconds(row), rollout_seconds(base)
-        row["vs_compile"] = {"total": base["seconds"]["total"] / row["seconds"]["total"],
-                             "rollout": theirs / mine if mine > 0 else None}
+        ratios = {"total": base["seconds"]["total"] / row["seconds"]["total"], "rollout": theirs / mine if mine > 0 else None}
+        if "seconds_each" in row and "seconds_each" in base:
+            ratios["total_range"] = _range(base["seconds_each"]["total"], row["seconds_each"]["total"])
+            ratios["rollout_range"] = _range(_rollouts(base), _rollouts(row))
+        row["vs_compile"] = ratios
+
+
+def _range(theirs: list[float], mine: list[float]) -> list[float] | None:
+    """[lowest, highest] of their seconds over mine, any iteration against any; None where mine has a zero."""
+    return [min(theirs) / max(mine), max(theirs) / min(mine)] if min(mine) > 0 else None
+
+
+def _rollouts(row: dict[str, Any]) -> list[float]:
+    each = row["seconds_each"]
+    return [a + b for a, b in zip(each["explore"], each["regenerate"])]
 
 
 def rollout_seconds(row: dict[str, Any]) -> float:
+    """The median iteration's explore plus the median's regenerate (each phase's median)."""
     return row["seconds"]["explore"] + row["seconds"]["regenerate"]
 
 
