@@ -19,7 +19,9 @@ FirstSeed = Annotated[int, typer.Option("--seed", help="First seed.")]
 Grid = Annotated[bool, typer.Option("--grid/--no-grid", help="Write grid.png: one row per (prompt, seed), one column per weight set.")]
 ExportRun = Annotated[Path, typer.Argument(help="A run folder.")]
 ExportOut = Annotated[Optional[Path], typer.Option("--out", "-o", help="Folder to write (new or empty). Default: RUN/export/<checkpoint>-<weights>[-merged], e.g. RUN/export/iter_000300-ema.")]
-PushToHub = Annotated[Optional[str], typer.Option("--push-to-hub", metavar="REPO", help="Also upload the export to this Hugging Face Hub model repo (OWNER/NAME, created if missing; HF_ENDPOINT is honoured). Token: HF_TOKEN, else `hf auth login`'s.")]
+PushToHub = Annotated[Optional[str], typer.Option(
+    "--push-to-hub", metavar="REPO", help="Also upload the export to this Hugging Face Hub model repo (OWNER/NAME, created if "
+                                          "missing; HF_ENDPOINT is honoured). Token: HF_TOKEN, else `hf auth login`'s.")]
 Private = Annotated[bool, typer.Option("--private", help="With --push-to-hub: create the repo private.")]
 Merge = Annotated[bool, typer.Option("--merge", help="Write the full transformer with the LoRA merged in, instead of the LoRA alone.")]
 
