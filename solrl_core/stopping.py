@@ -9,6 +9,10 @@
     any second signal             stop now (KeyboardInterrupt); checkpoints are written atomically,
                                   so the last one on disk stays intact
 
+A reward that does not answer does not hold a stop: its call is abandoned a few seconds after the
+request (rewards/watchdog.py, one process; with several, the other ranks would wait for it in a
+collective).
+
 Every request is acknowledged at once with a `StopRequested` event naming what the run waits for;
 a closed terminal's output goes to /dev/null so the run can save in peace. With several processes
 a request seen on any rank stops every rank at the same place (a tiny all-reduce at each boundary).
@@ -34,6 +38,16 @@ STOP_MODES = ("phase", "iteration")
 class StopAtBoundary(Exception):
     """Raised where a phase begins, once a stop at the next phase boundary was asked: the iteration in
     progress is abandoned before its update, and the loop saves the last finished one."""
+
+
+class ScoringAbandoned(StopAtBoundary):
+    """A reward's scoring call still running `STOP_GRACE_S` after a stop request (rewards/watchdog.py).
+    Every reward scores before the update, so the iteration is abandoned as at a phase boundary (an
+    evaluation, which scores after the EMA is swapped back, is skipped); `message` says which."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
 
 
 class StopFlag:

@@ -150,6 +150,7 @@ class RewardSet:
                         for n in weights}
         self.retries = retries
         self.retried: list[str] = []
+        self.stop: Callable[[], bool] | None = None  # true once a stop was asked: a hung call is abandoned (watchdog.py)
 
     @classmethod
     def from_config(cls, reward: RewardSection, device: torch.device) -> "RewardSet":
@@ -181,7 +182,7 @@ class RewardSet:
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> Scores:
         with charged_to("reward"):
             components = {n: call_watched(n, lambda r=r: r(images, prompts).float().cpu(), self.timeouts[n], self.retries,
-                                          self.retried.append)
+                                          self.retried.append, self.stop)
                           for n, r in self.rewards.items()}
         total = sum(self.weights[n] * s for n, s in components.items())
         return Scores(total=total, components=components)  # type: ignore[arg-type]

@@ -8,6 +8,12 @@ that, `RewardFailure` stops the run (the trainer saves the last finished iterati
 hung thread is left behind: Python cannot stop a thread, and a daemon one does not keep the
 process alive.
 
+A stop request (Ctrl-C, SIGTERM, SIGHUP, the TUI's q: `stop`) gives the call in progress
+`STOP_GRACE_S` to finish, then abandons it with `ScoringAbandoned`, whatever `timeout_s` says (even 0):
+every reward is scored before the iteration's update, so the loop drops the iteration as a stop at a
+phase boundary does and saves the last finished one. The worker thread runs whenever a stop can be
+asked, so the main thread, which receives the signals, is never stuck inside a reward.
+
 An ordinary exception is retried `retries` times, then becomes `RewardFailure`. A CUDA
 out-of-memory error is not this module's business: it passes through unchanged to the back-off that
 halves reward.batch_size (faults/oom.py), as do KeyboardInterrupt and SystemExit.
@@ -20,15 +26,19 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from typing import Callable, Iterator, TypeVar
 
 import torch
 
 from solrl_core.config_bounds import parse_timeout
 from solrl_core.errors import SolrlError
+from solrl_core.stopping import ScoringAbandoned
 
 T = TypeVar("T")
 MODEL_DEFAULT_S = 600.0  # `auto` for rewards that run a learned model: generous for a batch of 32 on a busy GPU
+STOP_GRACE_S = 3.0  # after a stop request, how long a scoring call may still take before it is abandoned
+_SLICE_S = 0.1  # how often the waiting thread looks at the stop request
 _FIX = ("raise reward.timeout_s, or 0 to turn the watchdog off, and continue from the checkpoint saved: "
         "`solrl train --resume RUN --set reward.timeout_s=SECONDS`")
 
@@ -50,13 +60,15 @@ def timeout_for(setting: str, model_reward: bool) -> float:
 
 
 def call_watched(name: str, score: Callable[[], T], timeout_s: float, retries: int,
-                 on_retry: Callable[[str], None] | None = None) -> T:
-    """`score()` under the watchdog: at most `timeout_s` seconds (0: no limit, no thread), and
-    `retries` more tries after an exception. `on_retry(message)` hears of each retry."""
+                 on_retry: Callable[[str], None] | None = None, stop: Callable[[], bool] | None = None) -> T:
+    """`score()` under the watchdog: at most `timeout_s` seconds (0: no limit), and `retries` more
+    tries after an exception. `on_retry(message)` hears of each retry. `stop()`, true once a stop was
+    asked, abandons the call `STOP_GRACE_S` later (ScoringAbandoned). With neither a limit nor `stop`
+    the call runs in the caller's thread."""
     for attempt in range(retries + 1):
         try:
-            return _within(name, score, timeout_s)
-        except (torch.cuda.OutOfMemoryError, RewardFailure):
+            return _within(name, score, timeout_s, stop)
+        except (torch.cuda.OutOfMemoryError, RewardFailure, ScoringAbandoned):
             raise
         except Exception as exc:  # noqa: BLE001 - any error of a reward's own code is retried, then named
             if attempt == retries:
@@ -69,8 +81,8 @@ def call_watched(name: str, score: Callable[[], T], timeout_s: float, retries: i
     raise AssertionError("unreachable")
 
 
-def _within(name: str, score: Callable[[], T], timeout_s: float) -> T:
-    if not timeout_s:
+def _within(name: str, score: Callable[[], T], timeout_s: float, stop: Callable[[], bool] | None) -> T:
+    if not timeout_s and stop is None:
         return score()
     outcome: dict[str, object] = {}
     done = threading.Event()
@@ -86,12 +98,33 @@ def _within(name: str, score: Callable[[], T], timeout_s: float) -> T:
             done.set()
 
     threading.Thread(target=work, name=f"solrl-reward-{name}", daemon=True).start()
-    if not done.wait(timeout_s):
-        raise RewardFailure(name, f"reward '{name}' did not finish scoring a batch within reward.timeout_s={timeout_s:g} s", _FIX)
+    _wait(name, done, timeout_s, stop)
     error = outcome.pop("error", None)
     if error is not None:
         raise error  # type: ignore[misc]
     return outcome.pop("value")  # type: ignore[return-value]
+
+
+def _wait(name: str, done: threading.Event, timeout_s: float, stop: Callable[[], bool] | None) -> None:
+    """Until `done`, in short slices: RewardFailure past `timeout_s` (0: never), ScoringAbandoned
+    `STOP_GRACE_S` after `stop()` first says yes."""
+    start = time.monotonic()
+    asked: float | None = None
+    while True:
+        now = time.monotonic()
+        limits = [start + timeout_s] if timeout_s else []
+        if stop is not None:
+            if asked is None and stop():
+                asked = now
+            limits.append(asked + STOP_GRACE_S if asked is not None else now + _SLICE_S)
+        if done.wait(max(0.0, min(limits) - now)):
+            return
+        now = time.monotonic()
+        if timeout_s and now >= start + timeout_s:
+            raise RewardFailure(name, f"reward '{name}' did not finish scoring a batch within reward.timeout_s={timeout_s:g} s", _FIX)
+        if asked is not None and now >= asked + STOP_GRACE_S:
+            raise ScoringAbandoned(f"reward '{name}' was still scoring {STOP_GRACE_S:g} s after the stop request "
+                                   "(its call is left running in its thread)")
 
 
 def _callers_state() -> Callable[[], contextlib.AbstractContextManager]:
