@@ -82,6 +82,18 @@ def test_export_without_out_writes_under_the_run_with_peft_files_a_card_and_read
     modes = _modes(Path("private"))
     assert modes.pop(".") == 0o750 and set(modes.values()) == {0o640}, modes
 
+    # A merged export: its own default folder, readable, a card without the lora tag.
+    with umask(0o022):
+        merged = runner.invoke(app, ["export", "run", "--merge"])
+    assert merged.exit_code == 0, merged.output
+    merged_dir = folder.parent / "iter_000001-ema-merged"
+    modes = _modes(merged_dir)
+    assert (merged_dir / "transformer" / "config.json").is_file()
+    assert {m for name, m in modes.items() if (merged_dir / name).is_dir()} == {0o755}
+    assert {m for name, m in modes.items() if (merged_dir / name).is_file()} == {0o644}
+    merged_card = ModelCard.load(merged_dir / "README.md")
+    assert "lora" not in merged_card.data.tags and 'subfolder="transformer"' in merged_card.text
+
     # The card: hub front matter, the run's settings, and its evaluation numbers as events.jsonl has them.
     cfg = load_run_config("run")
     card = ModelCard.load(folder / "README.md")
