@@ -175,7 +175,8 @@ class RewardConfig:
     retries: int = _f(1, "Times a reward whose scoring raises is called again before the run stops with a checkpoint "
                          "(0 = stop at the first error). An out-of-memory error is never retried: it halves reward.batch_size.")
     remote: dict[str, str] = _f({}, "Settings of remote:URL and vlm:URL rewards (docs/rewards.md): encoding (uint8, png, "
-                                    "float32) for remote:; judge, model, template, scoring, scale, concurrency, max_tokens for vlm:.")
+                                    "float32) and on_change (refuse, warn: a server serving another reward on --resume) "
+                                    "for remote:; judge, model, template, scoring, scale, concurrency, max_tokens for vlm:.")
 
 
 @dataclass(frozen=True)

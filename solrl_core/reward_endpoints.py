@@ -50,6 +50,7 @@ SETTINGS = {
     "scale": "divisor of a 'number' judge's answer (default: the judge's)",
     "concurrency": "requests in flight at once to the VLM endpoint (default 8)",
     "max_tokens": "tokens a 'number' judge may answer with (default 8; yes_prob asks for 1)",
+    "on_change": "on --resume, a remote: server serving something else than the run recorded: refuse (default) or warn",
 }
 
 
@@ -99,6 +100,8 @@ def check_settings(settings: dict[str, str]) -> None:
             raise SolrlError(f"reward.remote.encoding = {value!r}", f"choose one of: {', '.join(ENCODINGS)}")
         if key == "judge" and value not in JUDGES:
             raise SolrlError(f"unknown VLM judge '{value}' (reward.remote.judge)", close_matches(value, list(JUDGES)))
+        if key == "on_change" and value not in ("refuse", "warn"):
+            raise SolrlError(f"reward.remote.on_change = {value!r}", "choose one of: refuse, warn")
         if key == "scoring" and value not in SCORINGS:
             raise SolrlError(f"reward.remote.scoring = {value!r}", f"choose one of: {', '.join(SCORINGS)}")
         if key == "template" and "{prompt}" not in value:

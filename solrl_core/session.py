@@ -42,6 +42,7 @@ from solrl_core.precision.resolve import MachinePlan, gpu_of, resolve_machine
 from solrl_core.prompts import check_split, load_prompts
 from solrl_core.rewards import RewardSet
 from solrl_core.rewards.health import RewardHealth
+from solrl_core.rewards.identity import check_servers, record_servers
 from solrl_core.regions import CompiledBlocks
 from solrl_core.rollout import RolloutCopy
 from solrl_core.run_inputs import absolute_paths
@@ -170,6 +171,13 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     if plan.explores_low:  # before anything is written: a refused precision leaves no run dir
         require_explore_precision(plan.explore_precision, device)
     run_dir, checkpoint, lock, notes = _claim_run_dir(cfg, resume, from_checkpoint)  # the lock is dropped with it on an error below
+    if checkpoint is not None:  # a remote: server now serving another reward than the run trained against
+        try:
+            notes = [*notes, *check_servers(run_dir, rewards.rewards, cfg.reward.remote.get("on_change", "refuse"))]
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
 
     model = load_model(cfg.model, device, dtype)
     explore_copy, rollout_copy = _copies(cfg, plan, model)  # copied before the adapters are added
@@ -192,6 +200,7 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     cfg = absolute_paths(replace(cfg, run=replace(cfg.run, run_dir=str(run_dir))))  # config.toml works from any folder
     if rank == 0:
         lock = _write_run_dir(run_dir, lock, cfg, explore_copy)
+        record_servers(run_dir, rewards.rewards)
     if rank == 0 and checkpoint is not None:  # only now that the resume is committed: a failure above leaves them listed
         notes = [*notes, *(f"set {p.name} aside (newer than {checkpoint.name}); it is kept until you delete it: rm -r {p}"
                            for p in set_aside_newer(run_dir, checkpoint))]
