@@ -76,7 +76,7 @@ def _score(model: DiffusionModel, policy: Policy, rewards: RewardSet, sampler: S
     seeds = eval_seeds(len(prompts), per_prompt)
     chunk, total = sampler.rollout_batch, len(flat)
     starts = range(0, total, chunk)
-    every = max(1, len(starts) // PROGRESS_REPORTS)
+    every = -(-len(starts) // PROGRESS_REPORTS)  # ceil: at most PROGRESS_REPORTS reports
     parts = []
     with policy.weights(weights) as net:
         for i, start in enumerate(starts):
