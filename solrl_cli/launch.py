@@ -6,6 +6,9 @@ It is exactly `torchrun --nproc-per-node N [--nnodes M --node-rank R --rdzv-endp
 standalone rendezvous on a free local port; several nodes use its static rendezvous, where node 0
 listens at HOST:PORT and every node is started with its own --node-rank.
 
+If the launcher is killed (kill -9), each process notices (its parent-death signal) and stops as
+a SIGTERM stops it: it saves the last finished iteration and releases the run lock.
+
 Ctrl-C reaches the launcher, which passes the signal on to every process: they finish the
 iteration, save a checkpoint and stop together. torchrun kills them 30 s later whatever they are
 doing; a checkpoint is then either complete or absent, and `--resume` goes on from the newest one.
@@ -104,6 +107,9 @@ def launch(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoi
     args = get_args_parser().parse_args(torchrun_args(nproc_per_node, nnodes, node_rank, rdzv_endpoint, argv))
     if nnodes > 1 and node_rank == 0:  # node 0 hosts the rendezvous store on that port
         check_port_free(int(str(rdzv_endpoint).rpartition(":")[2]))
+    from solrl_core.distributed import LAUNCHER_ENV
+
+    os.environ[LAUNCHER_ENV] = str(os.getpid())  # each process stops when this one dies (distributed.watch_launcher)
     if nproc_per_node > 1:  # what torchrun sets anyway, without its banner; run.threads overrides it per process
         os.environ.setdefault("OMP_NUM_THREADS", "1")
     try:

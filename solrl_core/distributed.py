@@ -17,13 +17,23 @@ clipping is exact, easy to read and costs the same. Every rank then takes the sa
 the same parameters, so old-adapter decay, EMA and explore-copy refresh stay identical everywhere.
 
 With one process (no torchrun variables) nothing is initialised and every helper is the identity.
+
+A process torchrun started watches its launcher (`watch_launcher`): if the launcher dies (kill -9),
+the process gets SIGTERM and stops as a scheduler's stop does (saves, releases the run lock), where
+it would otherwise train on as an orphan holding the lock. A collective that fails because another
+process died becomes one clear error naming that rank (`lost_peer`), not a gloo or NCCL trace.
 """
 
 from __future__ import annotations
 
 import atexit
+import ctypes
 import datetime as dt
 import os
+import signal
+import threading
+import time
+from pathlib import Path
 from typing import Any, Iterable
 
 import torch
@@ -34,6 +44,13 @@ from solrl_core.errors import SolrlError
 # Rank 0 alone evaluates and writes checkpoints while the others wait at a barrier: the default
 # NCCL timeout (10 minutes) is shorter than a large model's evaluation.
 TIMEOUT = dt.timedelta(minutes=60)
+LAUNCHER_ENV = "SOLRL_LAUNCHER_PID"  # set by solrl_cli/launch.py for the processes it has torchrun start
+WATCHED_ENV = "SOLRL_WATCHED_PARENT"  # the launcher's pid, as watch_launcher found it (for `orphaned`)
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+_POLL_S = 1.0  # where prctl is missing: how often the parent's pid is looked at
+# What gloo and NCCL say when the process at the other end of a collective is gone.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing", "Broken pipe",
+              "remote process exited")
 
 
 def init_from_env() -> tuple[int, int, int]:
@@ -53,6 +70,8 @@ def init_from_env() -> tuple[int, int, int]:
         raise SolrlError(f"torch.distributed variables {', '.join(missing)} are not set",
                          "start the processes with `solrl train --nproc-per-node N` or "
                          "`torchrun --nproc-per-node N -m solrl_cli train`")
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # started by torchrun: stop with it, before waiting on its store
+        watch_launcher()
     if torch.cuda.is_available():
         if local >= torch.cuda.device_count():
             raise SolrlError(f"LOCAL_RANK {local} but this node has {torch.cuda.device_count()} GPUs",
@@ -63,6 +82,83 @@ def init_from_env() -> tuple[int, int, int]:
         dist.init_process_group("gloo", timeout=TIMEOUT)
     atexit.register(_shutdown)
     return dist.get_rank(), dist.get_world_size(), local
+
+
+def watch_launcher() -> None:
+    """SIGTERM to this process when its launcher (the parent that started it) dies: the kernel's
+    parent-death signal on Linux, else a thread that polls the parent's pid. The signal is stopped as
+    any SIGTERM is (stopping.py). The launcher's pid comes from launch.py (LAUNCHER_ENV), else it is
+    the parent now; a launcher already gone before the signal was armed is an error here."""
+    launcher = int(os.environ.get(LAUNCHER_ENV) or os.getppid())
+    os.environ[WATCHED_ENV] = str(launcher)
+    if not _parent_death_signal(signal.SIGTERM):
+        threading.Thread(target=_poll_parent, args=(launcher,), name="solrl-launcher-watch", daemon=True).start()
+    if os.getppid() != launcher:  # it died before the signal was armed: nothing would ever send it
+        raise SolrlError(f"the launcher that started this process (pid {launcher}) is gone",
+                         "start the run again (`solrl train --resume RUN` with the same launcher flags if it has a checkpoint)")
+
+
+def orphaned() -> bool:
+    """This process's launcher, watched by `watch_launcher`, is gone. The kernel sends the parent-death
+    signal again each time an exiting thread of the launcher passes this process on to another, so
+    stopping.py does not count those repeats as a second request."""
+    watched = os.environ.get(WATCHED_ENV)
+    return bool(watched) and os.getppid() != int(watched)  # type: ignore[arg-type]
+
+
+def _parent_death_signal(sig: int) -> bool:
+    """prctl(PR_SET_PDEATHSIG, sig): the kernel sends `sig` when the thread that started this process
+    exits (torchrun's agent starts its workers from its main thread, so: when the launcher exits)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+    except (OSError, AttributeError):  # not Linux: no prctl
+        return False
+
+
+def _poll_parent(launcher: int) -> None:
+    while os.getppid() == launcher:
+        time.sleep(_POLL_S)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
+def lost_peer(exc: BaseException, run_dir: object = "RUN") -> SolrlError | None:
+    """The error to stop with when `exc` is a collective failing because another process of the run
+    died (None for any other error). Under solrl's launcher, which names the dead rank and its signal
+    once for the node, this says only that; under torchrun typed by hand, it names the rank as far as
+    this node can tell (/proc)."""
+    if not isinstance(exc, RuntimeError) or world_size() == 1 or not any(m in str(exc) for m in _PEER_GONE):
+        return None
+    dead = [] if os.environ.get(LAUNCHER_ENV) else _dead_local_ranks()
+    if dead:
+        what = f"rank {dead[0]} of this run died" if len(dead) == 1 else f"ranks {', '.join(map(str, dead))} of this run died"
+    elif os.environ.get(LAUNCHER_ENV):
+        what = "another process of this run died (the launcher's line names it)"
+    else:
+        what = "a process of this run on another node died (its node's launcher names it)"
+    return SolrlError(f"rank {rank()} stopped: {what}; its connection closed in a collective",
+                      f"the newest checkpoint is intact (written atomically): continue with `solrl train --resume {run_dir}` "
+                      "and the same launcher flags")
+
+
+def _dead_local_ranks() -> list[int]:
+    """The ranks this node's launcher started that are no longer running, from /proc (Linux): the
+    launcher's children that are alive say their RANK; the node's other ranks are the dead ones."""
+    local, here, me = int(os.environ.get("LOCAL_RANK", "0")), int(os.environ.get("LOCAL_WORLD_SIZE", "0")), rank()
+    if not here or not Path("/proc/self/stat").exists():
+        return []
+    expected = {me - local + i for i in range(here)}
+    alive, parent = set(), os.getppid()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+            if fields[0] == "Z" or int(fields[1]) != parent:
+                continue
+            env = (stat.parent / "environ").read_bytes().split(b"\0")
+            alive.update(int(e.split(b"=", 1)[1]) for e in env if e.startswith(b"RANK="))
+        except (OSError, ValueError, IndexError):  # gone meanwhile, or not ours to read
+            continue
+    return sorted(expected - alive - {me})
 
 
 def _shutdown() -> None:

@@ -8,6 +8,9 @@
                                   finishes it, as Ctrl-C does
     any second signal             stop now (KeyboardInterrupt); checkpoints are written atomically,
                                   so the last one on disk stays intact
+    the launcher killed           (several processes) each gets SIGTERM from the kernel and stops as
+                                  above (distributed.watch_launcher); that signal's repeats are not
+                                  a second request
 
 A reward that does not answer does not hold a stop: its call is abandoned a few seconds after the
 request (rewards/watchdog.py, one process; with several, the other ranks would wait for it in a
@@ -99,6 +102,8 @@ def graceful_stop(flag: StopFlag, sigterm: str = "phase") -> Iterator[StopFlag]:
 
     def handler(signum: int, frame: object) -> None:
         if flag.requested:  # a second request means now; checkpoints are atomic, so nothing is torn
+            if signum == signal.SIGTERM and distributed.orphaned():
+                return  # the launcher died: its parent-death signal, repeated as each of its threads exits
             raise KeyboardInterrupt
         if signum == getattr(signal, "SIGHUP", None):
             detach_from_terminal()

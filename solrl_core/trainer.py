@@ -167,8 +167,11 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
         try:
             run = _loop(run, state, bus, flag, evals)
             reason = "completed" if state.iteration >= run.config.run.iterations else "interrupted"
-        except BaseException:
+        except BaseException as exc:
             reason = "failed"
+            lost = distributed.lost_peer(exc, run.run_dir)  # another process died: said plainly, not the collective's trace
+            if lost is not None:
+                raise lost from exc
             raise
         finally:
             hist, took = state.history, state.session_seconds()

@@ -168,3 +168,106 @@ def test_launcher_reruns_train_under_torchrun_without_its_own_flags():
     assert multi[:8] == ["--nproc-per-node", "8", "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint", "node0:29500"]
     with pytest.raises(SolrlError, match="rdzv-endpoint"):
         torchrun_args(8, 2, 1, None, [])
+
+
+# ---------------------------------------------------------------- a launcher or a rank killed (real processes)
+
+
+def _ranks_of(launcher: int) -> dict[int, int]:
+    """RANK -> pid of the processes `launcher` started (torchrun's workers), from /proc."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rpartition(")")[2].split()[1]) == launcher:
+                env = (stat.parent / "environ").read_bytes().split(b"\0")
+                found.update({int(e.split(b"=", 1)[1]): int(stat.parent.name) for e in env if e.startswith(b"RANK=")})
+        except (OSError, ValueError, IndexError):
+            continue
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Alive and not a zombie (an orphan's zombie waits for a reaper that a container may not run)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _launch_two(tmp_path: Path, run_dir: Path):  # type: ignore[no-untyped-def]
+    """`solrl train --nproc-per-node 2` (output in a file), once it is training past its first checkpoint:
+    (the launcher, its ranks' pids, the output file)."""
+    import subprocess
+    import sys
+
+    from solrl_core.rundir import list_checkpoints
+
+    log = tmp_path / "out.txt"
+    sets = [a for s in (*SETS, "run.checkpoint_every=1", "run.eval_prompts=") for a in ("--set", s)]
+    with open(log, "w") as out:
+        launcher = subprocess.Popen([sys.executable, "-m", "solrl_cli", "train", "--nproc-per-node", "2", "--iterations", "500",
+                                     "--run-dir", str(run_dir), *sets], stdout=out, stderr=subprocess.STDOUT, text=True,
+                                    env={**os.environ, "OMP_NUM_THREADS": "1", "SOLRL_DEBUG": "", "COLUMNS": "300"})
+    deadline = time.monotonic() + 300
+    while not list_checkpoints(run_dir) or len(_ranks_of(launcher.pid)) < 2:
+        if launcher.poll() is not None or time.monotonic() > deadline:
+            launcher.kill()
+            pytest.fail(f"no checkpoint of the 2-process run:\n{log.read_text()[-3000:]}")
+        time.sleep(0.2)
+    return launcher, _ranks_of(launcher.pid), log
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds torchrun's workers through /proc")
+def test_ranks_whose_launcher_is_killed_stop_save_and_free_the_lock(tmp_path):
+    import signal
+
+    from solrl_core.checkpoint import checkpoint_to_resume
+    from solrl_core.faults.lock import RunLock
+    from solrl_core.faults.manifest import verify
+    from solrl_core.rundir import list_checkpoints
+
+    run_dir = tmp_path / "run"
+    launcher, ranks, log = _launch_two(tmp_path, run_dir)
+    os.kill(launcher.pid, signal.SIGKILL)  # no clean-up runs in it, nothing is passed on to the ranks
+    killed = time.monotonic()
+    launcher.wait()
+    while any(_running(p) for p in ranks.values()) and time.monotonic() - killed < 60:
+        time.sleep(0.2)
+    took = time.monotonic() - killed
+    left = [p for p in ranks.values() if _running(p)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"ranks {left} still running {took:.0f} s after their launcher was killed:\n{log.read_text()[-3000:]}"
+    out = log.read_text()
+    assert "stop requested (SIGTERM)" in out and "internal error" not in out, out[-3000:]
+    records = _events(run_dir)
+    assert [e["reason"] for e in records if e["event"] == "run_finished"] == ["interrupted"], out[-3000:]  # as a stop does
+    done = max(e["iteration"] for e in records if e["event"] == "iteration")
+    saved = list_checkpoints(run_dir)
+    assert saved[-1].name in (f"iter_{done:06d}", f"iter_{done - 1:06d}")  # an abandoned iteration is redone on resume
+    assert all(verify(p) is None for p in saved) and checkpoint_to_resume(run_dir) == saved[-1]
+    RunLock.acquire(run_dir).release()  # what --resume takes first: free
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="finds torchrun's workers through /proc")
+def test_a_rank_killed_is_named_once_and_the_survivor_says_how_to_resume(tmp_path):
+    import re
+    import signal
+
+    run_dir = tmp_path / "run"
+    launcher, ranks, log = _launch_two(tmp_path, run_dir)
+    os.kill(ranks[1], signal.SIGKILL)
+    try:
+        launcher.wait(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+    out = log.read_text()
+    assert launcher.returncode != 0
+    assert "internal error" not in out and "Traceback" not in out and "Connection closed" not in out, out[-3000:]
+    assert "error: rank 0 stopped: another process of this run died (the launcher's line names it)" in out, out[-3000:]
+    assert f"`solrl train --resume {run_dir}` and the same launcher flags" in out
+    named = [line for line in out.splitlines() if re.search(r"\brank 1\b.*(died|killed)", line)]
+    assert len(named) == 1 and "was killed by signal SIGKILL" in named[0], out[-3000:]
