@@ -133,16 +133,17 @@ def _evaluation(facts: CardFacts) -> list[str]:
 def _usage(facts: CardFacts) -> list[str]:
     where = facts.repo_id or "path/to/this/folder"
     base = facts.base_model or "path/to/the/base/model"
-    load = [f"import torch", f"from diffusers import {facts.pipeline}", "",
-            f'pipe = {facts.pipeline}.from_pretrained("{base}", torch_dtype=torch.bfloat16)']
+    note = [] if facts.base_model else [f"# the base model, {facts.base_label}, is not a hub repo: give its folder"]
     if facts.merged:
         cls = facts.transformer_class or "SanaTransformer2DModel"
-        return ["The transformer with the LoRA merged in; no peft needed:", "", "```python",
-                *load[:1], f"from diffusers import {facts.pipeline}, {cls}", "",
+        return ["The transformer with the LoRA merged in; no peft needed:", "", "```python", *note, "import torch",
+                f"from diffusers import {facts.pipeline}, {cls}", "",
                 f'transformer = {cls}.from_pretrained("{where}", subfolder="transformer", torch_dtype=torch.bfloat16)',
                 f'pipe = {facts.pipeline}.from_pretrained("{base}", transformer=transformer, torch_dtype=torch.bfloat16)',
                 "```"]
-    return ["With diffusers (`pytorch_lora_weights.safetensors`):", "", "```python", *load,
+    return ["With diffusers (`pytorch_lora_weights.safetensors`):", "", "```python", *note, "import torch",
+            f"from diffusers import {facts.pipeline}", "",
+            f'pipe = {facts.pipeline}.from_pretrained("{base}", torch_dtype=torch.bfloat16)',
             f'pipe.load_lora_weights("{where}")', "```", "",
             "With peft (`adapter_config.json`, `adapter_model.safetensors`):", "", "```python",
             "from peft import PeftModel", "",
