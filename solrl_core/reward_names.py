@@ -16,12 +16,13 @@ class RewardInfo:
     description: str
     weights: str = ""  # where the weights come from, for errors and `doctor`; '' = needs none
     extra: str = ""  # the pip extra that installs its backend; '' = core install
+    best: float | None = None  # the highest score it can give, when bounded: every image there is saturation, not a fault
 
 
 REWARDS: tuple[RewardInfo, ...] = (
     RewardInfo("jpeg_compressibility", "Smaller JPEG files score higher: -size_KB / 500 (PIL, quality 95)"),
     RewardInfo("jpeg_incompressibility", "Larger JPEG files score higher: +size_KB (PIL, quality 95)"),
-    RewardInfo("tinyworld_geneval", "GenEval-style partial score of a tiny-world image against its caption, in [0, 1]"),
+    RewardInfo("tinyworld_geneval", "GenEval-style partial score of a tiny-world image against its caption, in [0, 1]", best=1.0),
     RewardInfo("imagereward", "ImageReward-v1.0 (BLIP ViT-L + BERT cross-attention + MLP head)",
                weights="hub THUDM/ImageReward (ImageReward.pt, med_config.json) + tokenizer bert-base-uncased",
                extra="rewards"),

@@ -125,6 +125,7 @@ from solrl_core.faults import guard, oom
 from solrl_core.faults.phase import charged_to
 from solrl_core.loop_state import LoopState
 from solrl_core.phases import PhaseRecorder
+from solrl_core.rewards.health import raise_if_diverged
 from solrl_core.rewards.watchdog import RewardFailure
 from solrl_core.rundir import EVENTS_FILE, restarts
 from solrl_core.session import Run, Session, open_session
@@ -242,7 +243,9 @@ def run_iteration(run: Run, state: LoopState, bus: ev.EventBus, stop: StopFlag |
     rng = np.random.default_rng([run.config.run.seed, state.iteration])
     prompts = iteration_prompts(run, rng)
     with phases.phase("explore"):
-        drafts = score_drafts(run, state, bus, explore(run, prompts, rng))
+        drafted = explore(run, prompts, rng)
+        raise_if_diverged(drafted.latents, state.step, run.config.optimizer.lr)  # NaN outputs: blame the update, not the reward
+        drafts = score_drafts(run, state, bus, drafted)
     with phases.phase("selection", memory=False):
         kept = drafts.batch.subset(select_seeds(run, drafts, rng))
     if rank_check_due(run, state):
