@@ -59,7 +59,9 @@ def prompt_texts(prompt: Optional[list[str]], prompts: Optional[str], default: s
 
     if prompt and prompts:
         raise SolrlError("both --prompt and --prompts given", "use one: --prompt TEXT (repeatable) or --prompts FILE_OR_SET")
-    return [p for p in (prompt or []) if p.strip()] or load_prompts(prompts or default)
+    if prompt and not all(p.strip() for p in prompt):
+        raise SolrlError("--prompt is empty", "give the text of the image, e.g. --prompt 'a red cube left of a blue sphere'")
+    return list(prompt or []) or load_prompts(prompts or default)
 
 
 def output_folder(out: Optional[Path], run: Optional[Path], kind: str) -> Path:

@@ -5,6 +5,7 @@ plain display, `--tui` (once its app has closed) and a resumed run say the same.
 from __future__ import annotations
 
 from solrl_core import events as ev
+from solrl_core.text import plural
 
 
 def fmt(x: float | None) -> str:
@@ -18,7 +19,8 @@ def end_summary(e: ev.RunFinished) -> list[str]:
         return []
     lines = []
     if e.first_reward is not None and e.last3_reward is not None:
-        lines.append(f"  mean Stage-2 reward: first iteration {fmt(e.first_reward)}, last 3 iterations {fmt(e.last3_reward)} "
+        last = plural(max(min(3, e.iteration), 1), "iteration")  # last3_reward is the mean of at most the last 3
+        lines.append(f"  mean Stage-2 reward: first iteration {fmt(e.first_reward)}, last {last} {fmt(e.last3_reward)} "
                      f"(change {e.last3_reward - e.first_reward:+.4g})")
     if e.base_eval is None or e.last_eval is None:
         return lines

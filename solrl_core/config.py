@@ -268,6 +268,9 @@ class Config:
                              "write each group as suffixes joined by '+', e.g. attn2.to_k+attn2.to_v")
         for name in self.run.log:
             _choice("run.log", name, TRACKERS)
+        twice = sorted({n for n in self.run.log if self.run.log.count(n) > 1})
+        if twice:
+            raise SolrlError(f"run.log names {twice[0]} twice", f"name each tracker once, e.g. run.log={','.join(dict.fromkeys(self.run.log))}")
         if int(self.sampler.steps * self.algorithm.timestep_fraction) < 1:
             raise SolrlError("no timestep would be trained: sampler.steps * algorithm.timestep_fraction < 1",
                              "raise algorithm.timestep_fraction or sampler.steps")

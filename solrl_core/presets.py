@@ -7,6 +7,7 @@ Precedence, lowest first: dataclass defaults < model preset < family preset < re
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -78,7 +79,10 @@ def split_preset_name(name: str) -> tuple[str, str, str]:
             if rest.startswith(family + "_") and rest[len(family) + 1:] in names("rewards"):
                 return model, family, rest[len(family) + 1:]
     every = [f"{m}_{f}_{r}" for m in names("models") for f in names("families") for r in names("rewards")]
-    raise SolrlError(f"unknown preset '{name}'", close_matches(name, every) + " Names are <model>_<family>_<reward>.")
+    near = difflib.get_close_matches(name, every, n=3, cutoff=0.5)  # the closest names only: there are hundreds
+    guess = f"did you mean {' or '.join(map(repr, near))}? " if near else ""
+    raise SolrlError(f"unknown preset '{name}'", f"{guess}names are <model>_<family>_<reward>, e.g. tiny_sol_rl_tinyworld_geneval; "
+                                                 "`solrl presets` lists each part")
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
@@ -86,7 +90,11 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise SolrlError(f"config file {p} does not exist", "check the path given to --config")
-    text = p.read_text(encoding="utf-8")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise SolrlError(f"config file {p} is not UTF-8 text (byte {exc.start} is {exc.object[exc.start]:#04x}): "
+                         "is it a binary file?", "give --config a .toml or .yaml text file") from None
     try:
         if p.suffix in (".yaml", ".yml"):
             data = _load_yaml(p, text)
