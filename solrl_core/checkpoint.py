@@ -4,7 +4,7 @@ A checkpoint is a folder `checkpoints/iter_NNNNNN/` written under a temporary na
 place, so a folder with that name is always complete. It holds the trained adapter in diffusers'
 LoRA format (`pytorch_lora_weights.safetensors`, loadable with `pipe.load_lora_weights`), the old
 and EMA adapters in the same format under `old/` and `ema/`, the optimizer, the loop state and the
-RNG states, and last a `manifest.json` with every file's size and SHA-256 (faults/manifest.py).
+RNG states (tensors and JSON: nothing in a checkpoint is a pickle, faults/state_files.py), and last a `manifest.json` with every file's size and SHA-256 (faults/manifest.py).
 `--resume` continues from the newest folder, after checking it against its manifest; a torn or
 corrupt one is refused, naming the bad file and the newest intact checkpoint, which
 `--resume RUN --checkpoint iter_N` picks. A full disk while saving leaves the previous checkpoints
@@ -35,6 +35,7 @@ from safetensors.torch import load_file
 from solrl_core.errors import SolrlError
 from solrl_core.faults import disk
 from solrl_core.faults.manifest import verify, write_manifest
+from solrl_core.faults.state_files import has_state, load_legacy, load_state, save_state
 from solrl_core.policy import LORA_FILE, OLD, TRAINED, Policy
 from solrl_core.rundir import checkpoint_dir, list_checkpoints
 from solrl_core.sharding import Gathered, load_optimizer_state
@@ -78,8 +79,7 @@ def save_checkpoint(run_dir: Path, iteration: int, policy: Policy, optimizer: to
 
 def _write(tmp: Path, policy: Policy, optimizer: torch.optim.Optimizer, state: dict[str, Any],
            gathered: Gathered | None) -> None:
-    """Every file of a checkpoint into `tmp`, synced, the manifest last. torch.save is given an open
-    file, not a path: then a full disk reaches us as ENOSPC (faults/disk.py), not "unexpected pos"."""
+    """Every file of a checkpoint into `tmp`, synced, the manifest last."""
     adapters = gathered.adapters if gathered is not None else {}
     policy.save_lora(tmp, TRAINED, adapters.get(TRAINED))
     policy.save_lora(tmp / "old", OLD, adapters.get(OLD))
@@ -87,9 +87,8 @@ def _write(tmp: Path, policy: Policy, optimizer: torch.optim.Optimizer, state: d
     rng = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
     optimizer_state = gathered.optimizer if gathered is not None else optimizer.state_dict()
-    for name, obj in (("optimizer.pt", optimizer_state), ("rng.pt", rng)):
-        with open(tmp / name, "wb") as fh:
-            torch.save(obj, fh)
+    save_state(optimizer_state, tmp, "optimizer")  # tensors and JSON, never a pickle (faults/state_files.py)
+    save_state(rng, tmp, "rng")
     (tmp / "trainer_state.json").write_text(json.dumps(state, indent=2))
     _fsync_tree(tmp)
     write_manifest(tmp)  # last: a folder whose manifest is missing was never finished
@@ -182,16 +181,30 @@ def _check_rank(path: Path, tensors: dict[str, torch.Tensor], rank: int) -> None
 def load_checkpoint(path: Path, policy: Policy, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Restore adapters, optimizer and RNG states; return the loop state. Corruption is a clear error."""
     load_adapters(path, policy)
+    optimizer_state, rng = _read_state(path, "optimizer"), _read_state(path, "rng")
     try:
-        load_optimizer_state(optimizer, torch.load(path / "optimizer.pt", map_location="cpu", weights_only=True))
-        rng = torch.load(path / "rng.pt", map_location="cpu", weights_only=False)
+        load_optimizer_state(optimizer, optimizer_state)
         state = json.loads((path / "trainer_state.json").read_text())
+        torch.set_rng_state(rng["torch"])
+        np.random.set_state(rng["numpy"])
+        random.setstate(rng["python"])
     except Exception as exc:  # noqa: BLE001 - any failure to read means the checkpoint cannot be trusted
         raise SolrlError(f"checkpoint {path} is unreadable or corrupt: {type(exc).__name__}: {exc}",
                          "resume from an earlier one with `--checkpoint iter_N`") from exc
-    torch.set_rng_state(rng["torch"])
-    np.random.set_state(rng["numpy"])
-    random.setstate(rng["python"])
     if rng["cuda"] and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(rng["cuda"])
+    if not isinstance(state, dict):
+        raise SolrlError(f"checkpoint {path}'s trainer_state.json is not a JSON object",
+                         "resume from an earlier one with `--checkpoint iter_N`")
     return state
+
+
+def _read_state(path: Path, name: str) -> Any:
+    """`name`'s state in the plain format, or in a checkpoint written before it, `name`.pt through
+    the restricted unpickler (faults/state_files.py): never a pickle that can run code."""
+    if has_state(path, name):
+        return load_state(path, name)
+    if (path / f"{name}.pt").is_file():
+        return load_legacy(path / f"{name}.pt")
+    raise SolrlError(f"checkpoint {path} has no {name} state ({name}.json)",
+                     "resume from an earlier one with `--checkpoint iter_N`")

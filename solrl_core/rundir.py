@@ -98,3 +98,18 @@ def fresh_run_dir(preset: str) -> Path:
         n += 1
         path = Path("runs") / f"{stamp}-{preset or 'run'}-{n}"
     return path
+
+
+FIXED_BY_CHECKPOINT = ("lora_rank", "lora_alpha", "lora_targets")  # the adapters' shape and scale
+
+
+def check_resume_overrides(saved: Config, resumed: Config, run_dir: str | Path) -> None:
+    """A resume's `--set` may not change what the checkpoints' adapters fix: name the flag, not
+    config.toml, and the value the run was saved with."""
+    for key in FIXED_BY_CHECKPOINT:
+        before, after = getattr(saved.model, key), getattr(resumed.model, key)
+        if before != after:
+            shown = ",".join(before) if isinstance(before, tuple) else before
+            raise SolrlError(f"--set model.{key} cannot change a resumed run: the adapters in {run_dir}'s checkpoints "
+                             f"were trained with model.{key} = {shown}",
+                             f"drop --set model.{key}, or start a new run to train with another value")

@@ -66,10 +66,10 @@ def test_resume_of_a_corrupt_checkpoint(in_tmp):
     ok = runner.invoke(app, ["train", *_fast_args("--iterations", "1", "--run-dir", "r")])
     assert ok.exit_code == 0, ok.output
     ckpt = in_tmp / "r" / "checkpoints" / "iter_000001"
-    (ckpt / "optimizer.pt").write_bytes(b"not a torch file")
+    (ckpt / "optimizer.safetensors").write_bytes(b"not a safetensors file")
     result = runner.invoke(app, ["train", "--resume", "r", "--iterations", "2"])
     assert result.exit_code == 2 and "corrupt" in result.output and "iter_000001" in result.output
-    assert "optimizer.pt: truncated or overwritten" in result.output  # the manifest names the file
+    assert "optimizer.safetensors: truncated or overwritten" in result.output  # the manifest names the file
     missing = runner.invoke(app, ["train", "--resume", "r", "--checkpoint", "iter_000009"])
     assert missing.exit_code == 2 and "no checkpoint 'iter_000009'" in missing.output
 

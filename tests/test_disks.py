@@ -107,7 +107,7 @@ def test_a_checkpoint_save_on_a_full_disk_removes_its_folder_and_names_the_free_
     (tmp_path / "checkpoints" / "iter_000001").mkdir(parents=True)
 
     def write(tmp, *args):
-        (tmp / "optimizer.pt").write_bytes(b"half")
+        (tmp / "optimizer.safetensors").write_bytes(b"half")
         raise exc
 
     monkeypatch.setattr(ckpt, "_write", write)
@@ -179,7 +179,7 @@ def test_an_orphaned_save_is_removed_when_the_run_is_resumed(fast_sets):
     first, _ = _train(sets)
     orphan = first.run.run_dir / "checkpoints" / ".tmp-iter_000002-123-456"
     orphan.mkdir()
-    (orphan / "optimizer.pt").write_bytes(b"half")
+    (orphan / "optimizer.safetensors").write_bytes(b"half")
     resumed, seen = _train(fast_sets("run.eval_prompts=", "run.iterations=2"), resume=True)
     assert not orphan.exists()
     assert any(".tmp-iter_000002-123-456" in w.message and "interrupted by a kill" in w.message for w in _of(seen, ev.RunWarning))

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from solrl_core import events as ev
 from solrl_core.errors import SolrlError
+from solrl_core import checkpoint as ckpt
 from solrl_core.faults.manifest import MANIFEST, verify
 from solrl_core.presets import resolve_config
 from solrl_core.rundir import load_run_config
@@ -108,18 +109,18 @@ def test_a_checkpoint_without_its_manifest_is_torn(quick):
 
 
 def test_a_full_disk_leaves_the_previous_checkpoint_and_stops_clearly(quick, monkeypatch):
-    real_save, saves = torch.save, []
+    real_save, saves = ckpt.save_state, []
 
-    def save(obj, f, *args, **kwargs):
-        saves.append(str(f))
-        if len(saves) == 3:  # optimizer.pt of the second checkpoint
+    def save(obj, folder, name):
+        saves.append(name)
+        if len(saves) == 3:  # the optimizer state of the second checkpoint
             raise OSError(errno.ENOSPC, "No space left on device")
-        return real_save(obj, f, *args, **kwargs)
+        return real_save(obj, folder, name)
 
-    monkeypatch.setattr(torch, "save", save)
+    monkeypatch.setattr(ckpt, "save_state", save)
     sets = quick("run.iterations=2", "run.checkpoint_every=1", run_dir="r")
     failed, seen = _train(sets)
-    monkeypatch.setattr(torch, "save", real_save)
+    monkeypatch.setattr(ckpt, "save_state", real_save)
     assert isinstance(failed, SolrlError)
     assert "disk is full" in failed.message and "iter_000002" in failed.message and "iter_000001 is intact" in failed.message
     assert _of(seen, ev.RunFinished)[0].reason == "failed"

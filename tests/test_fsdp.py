@@ -18,6 +18,7 @@ from solrl_core import events as ev
 from solrl_core.config import Config
 from solrl_core.config_io import from_dict, set_value
 from solrl_core.errors import SolrlError
+from solrl_core.faults.state_files import load_state
 from solrl_core.presets import resolve_config
 from solrl_core.rundir import load_run_config
 from solrl_core.trainer import StopFlag, train
@@ -91,7 +92,7 @@ def test_two_sharded_ranks_train_what_one_process_does_and_checkpoints_cross_bot
     reference = _adapters(one, 4)
     _close(reference, _adapters(two, 4))
     _close(reference, _adapters(crossed, 4))
-    moments = [torch.load(d / "checkpoints" / "iter_000004" / "optimizer.pt", weights_only=True)["state"]
+    moments = [load_state(d / "checkpoints" / "iter_000004", "optimizer")["state"]
                for d in (one, two, crossed)]
     for other in moments[1:]:
         assert other.keys() == moments[0].keys()

@@ -60,6 +60,9 @@ def verify(folder: Path) -> Problem | None:
         return Problem(MANIFEST, "missing (the checkpoint was never finished, or predates checksums)")
     except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
         return Problem(MANIFEST, f"unreadable ({type(exc).__name__})")
+    malformed = _malformed(listed)
+    if malformed:
+        return Problem(MANIFEST, f"malformed ({malformed})")
     for name, entry in listed.items():
         path = folder / name
         if not path.is_file():
@@ -70,4 +73,19 @@ def verify(folder: Path) -> Problem | None:
     for name, entry in listed.items():
         if sha256(folder / name) != entry["sha256"]:
             return Problem(name, "checksum mismatch (the file is corrupt)")
+    return None
+
+
+def _malformed(listed: object) -> str | None:
+    """What is wrong with a manifest's "files" (a JSON object of relative path -> {size, sha256}),
+    or None. A listed path may not leave the checkpoint folder."""
+    if not isinstance(listed, dict):
+        return f'"files" is a {type(listed).__name__}, not an object'
+    for name, entry in listed.items():
+        parts = Path(name).parts
+        if Path(name).is_absolute() or ".." in parts or not parts:
+            return f"{name!r} is not a path inside the checkpoint"
+        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int) and not isinstance(entry.get("size"), bool)
+                and isinstance(entry.get("sha256"), str)):
+            return f"{name!r} has no integer size and sha256 string"
     return None
