@@ -235,8 +235,7 @@ class RunFinished(Event):
     last3_reward: float | None
     run_dir: str = ""
     checkpoint: str | None = None  # the newest complete checkpoint on disk as the run ended (None: none)
-    # The end summary's two evaluations, as their EvalFinished records: the base (scored as the run began,
-    # or kept in the run folder since: a resumed run has it too) and this session's last; None: none.
+    # the end summary's evaluations (EvalFinished records): the base, kept in the run folder, and this session's last
     base_eval: dict[str, Any] | None = None
     last_eval: dict[str, Any] | None = None
     total_seconds: float | None = None  # every session of the run together (`seconds`: this session's)
