@@ -54,6 +54,8 @@ class TerminalDisplay:
         if e.machine:
             c.print(f"  this machine: {e.machine}")
         c.print(Text.assemble("  run dir ", (str(e.run_dir), "cyan"), "  (config.toml, events.jsonl, checkpoints/)"))
+        for line in e.tracking:
+            c.print(f"  {line}")
         self.progress.start()
         self.task = self.progress.add_task("", total=e.iterations, completed=e.start_iteration)
 

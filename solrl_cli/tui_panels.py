@@ -276,7 +276,8 @@ def _num(x: float | None) -> str:
 
 def env_view(s: RunState) -> Any:
     """The run's folder and plan, and what it started on, from its start event (not the machine showing it)."""
-    run = Text.assemble(("run dir ", "bold"), s.started.run_dir, "\n", ("plan ", "bold"), s.started.plan, "\n") if s.started else Text()
+    run = Text.assemble(("run dir ", "bold"), s.started.run_dir, "\n", ("plan ", "bold"), s.started.plan, "\n",
+                        *(f"{line}\n" for line in s.started.tracking)) if s.started else Text()
     return Group(run, _machine(s))
 
 

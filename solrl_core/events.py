@@ -44,6 +44,7 @@ class RunStarted(Event):
     config: dict[str, Any]
     machine: str = ""  # what the auto switches chose here, and why (resolve.py)
     environment: dict[str, Any] = field(default_factory=dict)  # what the run started on: environment.describe()
+    tracking: list[str] = field(default_factory=list)  # where each tracker writes, and how to look at it
 
 
 @dataclass(frozen=True)

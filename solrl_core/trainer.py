@@ -290,8 +290,9 @@ def _subscribe_outputs(stack: contextlib.ExitStack, run: Run, state: LoopState, 
         stack.callback(run.lock.release)
     if run.rank != 0:
         return ev.EventBus()
-    for output in (ev.JsonlLog(run.run_dir / EVENTS_FILE),
-                   tracking.open_trackers(run.config.run.log, run.run_dir, to_dict(run.config), state.resumed, state.iteration)):
+    # trackers first: one that cannot start (W&B without a login) undoes the start, leaving no half-made run folder
+    trackers = tracking.open_trackers(run.config.run.log, run.run_dir, to_dict(run.config), state.resumed, state.iteration)
+    for output in (ev.JsonlLog(run.run_dir / EVENTS_FILE), trackers):
         bus.subscribe(output)
         stack.callback(output.close)
         stack.callback(bus.unsubscribe, output)
@@ -318,7 +319,7 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
     bus.emit(ev.RunStarted(run_dir=str(run.run_dir), preset=cfg.preset, device=str(run.device),
                            dtype=run.dtype_name, explore_precision=plan.explore_precision, plan=described,
                            start_iteration=state.iteration, iterations=cfg.run.iterations, resumed=state.resumed,
-                           config=to_dict(cfg), machine=run.machine.describe(),
+                           config=to_dict(cfg), machine=run.machine.describe(), tracking=tracking.where(cfg.run.log, run.run_dir),
                            environment=environment.describe(cfg, run.device, run.dtype_name, plan.explore_precision, run.machine)))
     if run.rank == 0:  # the live MFU's counts (bench/live.py); the other ranks speak to no one
         bus.emit(model_flops(run))

@@ -54,6 +54,9 @@ def test_tensorboard_holds_both_iterations_and_a_resume_continues_them(fast_sets
         "requested": "auto", "resolved": "nvfp4-emulated", "full_precision": "fp32", "implemented": ["fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "bf16", "fp32"],
         "why": "auto on a CPU: the exact NVFP4 emulation (no real low-precision kernel runs here)"}
     assert "rollout copy on" in env["machine"]
+    board = session.run.run_dir / "tensorboard"
+    started = [e for e in seen + seen2 if isinstance(e, ev.RunStarted)]
+    assert [e.tracking for e in started] == [[f"TensorBoard: {board}  (view: tensorboard --logdir {board})"]] * 2  # said where
     assert env["libraries"]["torch"] and "installed" in env["transformer_engine"] and "installed" in env["torchao"]
 
 
@@ -121,6 +124,8 @@ def test_wandb_offline_summary_and_resume_keep_one_run(fast_sets, monkeypatch):
     assert summary["time/train"] == pytest.approx(last.seconds["train"])
     assert config["reward"]["weights"] == {"tinyworld_geneval": 1.0}  # the resolved config
     assert config["run"]["log"] == ["wandb"]
+    for started, folder in zip((e for e in seen + seen2 if isinstance(e, ev.RunStarted)), folders):
+        assert started.tracking == [f"W&B offline run: {folder.resolve()}  (upload: wandb sync {folder.resolve()})"]
 
 
 def test_a_tracker_that_is_not_installed_is_named(monkeypatch, fast_sets, tmp_path):
@@ -180,3 +185,55 @@ def test_a_wandb_that_cannot_start_is_one_line_with_the_fix(monkeypatch, tmp_pat
     with pytest.raises(SolrlError, match=r"W&B could not start a run: api_key not configured \(no-tty\)") as exc:
         WandbLog(tmp_path, {}, resumed=False)
     assert "WANDB_MODE=offline" in exc.value.fix and "\n" not in exc.value.message
+
+
+@pytest.mark.slow
+def test_a_failed_wandb_start_leaves_no_half_made_run(monkeypatch, fast_sets, tmp_path):
+    wandb = pytest.importorskip("wandb")
+
+    def refuse(**kwargs):
+        raise wandb.errors.UsageError("api_key not configured (no-tty)")
+
+    monkeypatch.setattr(wandb, "init", refuse)
+    monkeypatch.delenv("WANDB_DIR", raising=False)
+    with pytest.raises(SolrlError, match="W&B could not start a run"):
+        _train(fast_sets("run.log=tensorboard,wandb", "run.eval_prompts="))
+    assert not (tmp_path / "run").exists()  # no config.toml, no empty events.jsonl, no tensorboard/ or wandb/ folder
+
+
+def test_a_failed_start_keeps_what_it_did_not_make(tmp_path):
+    from solrl_core.tracking import undo_start
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("the user's")
+    before = set(mine.iterdir())
+    for name in ("config.toml", "events.jsonl", "solrl.lock"):
+        (mine / name).write_text("")
+    (mine / "wandb").mkdir()
+    undo_start(mine, before | {mine / "config.toml", mine / "events.jsonl", mine / "solrl.lock"}, fresh=True)
+    assert sorted(p.name for p in mine.iterdir()) == ["notes.txt"]  # a folder that held other files stays, with them
+
+    resumed = tmp_path / "resumed"
+    resumed.mkdir()
+    (resumed / "config.toml").write_text("")
+    before = set(resumed.iterdir())
+    (resumed / "wandb").mkdir()
+    undo_start(resumed, before, fresh=False)
+    assert sorted(p.name for p in resumed.iterdir()) == ["config.toml"]  # a resumed run keeps its own files
+
+
+def test_the_terminal_says_where_the_trackers_write():
+    import io
+
+    from rich.console import Console
+
+    from solrl_cli.display import TerminalDisplay
+
+    console = Console(file=io.StringIO(), width=200)
+    display = TerminalDisplay(console)
+    line = "W&B offline run: /r/wandb/offline-run-1  (upload: wandb sync /r/wandb/offline-run-1)"
+    display(ev.RunStarted(run_dir="/r", preset="p", device="cpu", dtype="fp32", explore_precision="fp32", plan="plan",
+                          start_iteration=0, iterations=1, resumed=False, config={}, tracking=[line]))
+    display.progress.stop()
+    assert f"  {line}" in console.file.getvalue()

@@ -3,7 +3,8 @@
 W&B's own environment decides where and how: WANDB_PROJECT (default "solrl"), WANDB_DIR (default
 the run folder), WANDB_MODE (offline writes RUN/wandb/offline-run-*; `wandb sync` uploads it later),
 WANDB_ENTITY, WANDB_API_KEY. The W&B run id is kept in RUN/wandb_run.json, so `--resume` continues
-the same W&B run and its series.
+the same W&B run and its series; beside it, the run's URL, or for an offline run the folder that
+`wandb sync` uploads (`tracking.where` says both when the run starts).
 """
 
 from __future__ import annotations
@@ -38,8 +39,9 @@ class WandbLog(Tracker):
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
             raise SolrlError(f"W&B could not start a run: {first}", "run `wandb login` or set WANDB_API_KEY; "
                              "WANDB_MODE=offline logs locally (upload later with `wandb sync`)") from exc
-        if run_id is None:
-            id_file.write_text(json.dumps({"id": self.run.id, "project": self.run.project}), encoding="utf-8")
+        offline = bool(getattr(self.run, "offline", False))  # (reading .url of an offline run prints a W&B warning)
+        where = {"offline_dir": str(Path(self.run.settings.sync_dir).resolve())} if offline else {"url": self.run.url}
+        id_file.write_text(json.dumps({"id": self.run.id, "project": self.run.project, **where}), encoding="utf-8")
         self._wandb = wandb
 
     def scalars(self, step: int, values: dict[str, float]) -> None:
