@@ -122,16 +122,21 @@ def test_a_stop_abandons_a_hung_call_after_the_grace_and_lets_a_slow_one_finish(
     assert call_watched("jpeg_compressibility", lambda: time.sleep(0.5) or 7, 0, 0, stop=lambda: flag.requested) == 7
 
 
+@pytest.mark.slow
 def test_a_stop_while_an_evaluation_hangs_saves_the_iteration_just_finished(tmp_path, monkeypatch):
     from solrl_core.rewards.tinyworld import TinyWorldReward
 
     (tmp_path / "eval.txt").write_text("a red circle\n")
-    real_call, calls, flag, release = TinyWorldReward.__call__, [], StopFlag(), threading.Event()
+    real_call, calls, flag, release, asked = TinyWorldReward.__call__, [], StopFlag(), threading.Event(), []
+
+    def request():
+        asked.append(time.monotonic())
+        flag.request("SIGTERM", True)
 
     def call(self, images, prompts):
         calls.append(1)
         if len(calls) == 4:  # the base evaluation, iteration 1's two scorings, then its evaluation
-            threading.Timer(0.2, flag.request, args=("SIGTERM", True)).start()
+            threading.Timer(0.2, request).start()
             release.wait(60)
         return real_call(self, images, prompts)
     monkeypatch.setattr(TinyWorldReward, "__call__", call)
@@ -142,7 +147,9 @@ def test_a_stop_while_an_evaluation_hangs_saves_the_iteration_just_finished(tmp_
     try:
         session = train(resolve_config("tiny", "sol_rl", sets=sets), bus, stop=flag)
     finally:
+        ended = time.monotonic()
         release.set()
+    assert ended - asked[0] < STOP_GRACE_S + 20  # the grace and a checkpoint, not the hung call's 60 s
     assert session.state.iteration == 1
     assert [p.name for p in list_checkpoints(session.run.run_dir)] == ["iter_000001"]
     assert [e.reason for e in seen if isinstance(e, ev.RunFinished)] == ["interrupted"]
