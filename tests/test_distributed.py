@@ -271,3 +271,36 @@ def test_a_rank_killed_is_named_once_and_the_survivor_says_how_to_resume(tmp_pat
     assert f"`solrl train --resume {run_dir}` and the same launcher flags" in out
     named = [line for line in out.splitlines() if re.search(r"\brank 1\b.*(died|killed)", line)]
     assert len(named) == 1 and "was killed by signal SIGKILL" in named[0], out[-3000:]
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads the node's processes from /proc")
+def test_a_lost_peer_is_named_from_the_node_processes_under_torchrun_by_hand(monkeypatch, tmp_path):
+    import subprocess
+
+    from solrl_core import distributed
+
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:27870. This is typically "
+                        "caused by a remote worker crashing.")
+    monkeypatch.setattr(distributed, "world_size", lambda: 3)
+    monkeypatch.setattr(distributed, "rank", lambda: 0)
+    monkeypatch.setattr(os, "getppid", os.getpid)  # this process plays the launcher: its children are the node's ranks
+    monkeypatch.delenv(distributed.LAUNCHER_ENV, raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    peers = [subprocess.Popen(["sleep", "60"], env={**os.environ, "RANK": str(r)}) for r in (1, 2)]
+    try:
+        assert distributed.lost_peer(ValueError("Connection closed by peer")) is None  # not a collective's error
+        assert distributed.lost_peer(RuntimeError("CUDA error: out of memory")) is None
+        alive = distributed.lost_peer(gloo, tmp_path)
+        assert alive is not None and "on another node died" in alive.message  # both local peers still run
+        peers[1].kill()
+        peers[1].wait()
+        named = distributed.lost_peer(gloo, tmp_path)
+        assert named is not None and named.message == "rank 0 stopped: rank 2 of this run died; its connection closed in a collective"
+        assert f"`solrl train --resume {tmp_path}`" in named.fix and "gloo" not in named.message + named.fix
+        monkeypatch.setenv(distributed.LAUNCHER_ENV, "1")  # under solrl's launcher, which names the rank itself
+        assert "the launcher's line names it" in distributed.lost_peer(gloo, tmp_path).message
+    finally:
+        for p in peers:
+            p.kill()
+            p.wait()
