@@ -139,5 +139,5 @@ def oversubscription(nproc: int, cores: int, setting: int = 0) -> str | None:
     share, threads = cores / nproc, choose_threads(setting, cores, nproc).threads
     return (f"note: --nproc-per-node {nproc} on a CPU with {cores} usable core{'s' if cores != 1 else ''}: the processes "
             f"share {'them' if cores != 1 else 'it'}, {share:.2g} of a core and {threads} torch thread{'s' if threads != 1 else ''} each, each with its own copy "
-            f"of the model; at most {cores} run at once, so this tests the distributed code but runs no faster than "
-            f"--nproc-per-node {cores} (docs/speed-and-memory.md)")
+            f"of the model; at most {cores} run at once: this exercises the distributed code, not speed (one process "
+            f"with run.threads=0 already uses every core; docs/speed-and-memory.md)")
