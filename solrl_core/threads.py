@@ -4,8 +4,8 @@ torch's CPU kernels run on an OpenMP thread pool (libgomp in the pip wheels). Le
 default, a thread that finishes its share of a parallel region spins (about 300,000 turns, a few
 milliseconds) waiting for the next one. Alone on the machine that costs nothing; when another
 process wants the same cores, the spinning threads take CPU from the one thread every region waits
-for, and a tiny-world iteration on a shared 2-core CPU took 100-120 s instead of 3-12 s
-(docs/BENCHMARKS.md). So:
+for, and two tiny-world iterations on a shared 2-core CPU took 286 s instead of 14 s with idle
+threads asleep (docs/BENCHMARKS.md). So:
 
 - `prepare_openmp` sets OMP_WAIT_POLICY=PASSIVE (idle threads sleep at once) unless the user set
   OMP_WAIT_POLICY or GOMP_SPINCOUNT. libgomp reads it once, when torch loads it, so `solrl` calls

@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from tests.conftest import FAST
+
 
 @pytest.fixture
 def bench(benchmark_module):
@@ -46,9 +48,8 @@ def test_the_table_gives_busy_over_alone_per_setting(bench):
 @pytest.mark.slow
 def test_a_tiny_run_is_timed_alone_and_beside_a_burner(bench, tmp_path, capsys):
     out = tmp_path / "threads.json"
-    bench.main(["--settings", "auto", "--iterations", "1", "--set", "explore.group_size=4", "--set", "selection.group_size=2",
-                "--set", "run.prompts_per_iteration=2", "--set", "sampler.steps=2", "--set", "explore.steps=2",
-                "--json", str(out)])
+    small = [x for s in FAST if not s.startswith("run.threads=") for x in ("--set", s)]  # the setting decides threads
+    bench.main(["--settings", "auto", "--iterations", "1", *small, "--json", str(out)])
     runs = json.loads(out.read_text())["runs"]
     assert [(r["setting"], r["burners"]) for r in runs] == [("auto", 0), ("auto", 1)]
     for r in runs:
