@@ -124,10 +124,12 @@ def launch(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoi
 
 
 def _say_who_failed(exc, nnodes: int, run_dir: str) -> None:  # type: ignore[no-untyped-def]
-    """One line on the worker that ended the run (its own error, if it raised one, is printed above)."""
+    """One line on the worker that ended the run (its own error, if it raised one, is printed above).
+    A worker killed by a signal is named before one that exited: the others' collectives fail the
+    moment it dies, and torchrun may record their exits in the same second as its death."""
     from solrl_cli.errors import err_console
 
-    rank, failure = exc.get_first_failure()
+    rank, failure = min(exc.failures.items(), key=lambda kv: (kv[1].exitcode >= 0, kv[1].timestamp, kv[0]))
     how = (f"was killed by signal {failure.signal_name()}" if failure.exitcode < 0
            else f"failed with exit code {failure.exitcode} (its error is above)")
     where = f"; the run directory is {run_dir}" if run_dir else ""

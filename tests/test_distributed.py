@@ -304,3 +304,16 @@ def test_a_lost_peer_is_named_from_the_node_processes_under_torchrun_by_hand(mon
         for p in peers:
             p.kill()
             p.wait()
+
+
+def test_the_launcher_names_the_killed_rank_not_a_survivor_that_exited_in_the_same_second(capsys, tmp_path):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    from solrl_cli.launch import _say_who_failed
+
+    missing = str(tmp_path / "none.json")  # no error file: torchrun stamps each failure with the second it saw it
+    survivor, killed = ProcessFailure(0, 101, 2, missing), ProcessFailure(1, 102, -9, missing)
+    killed.timestamp = survivor.timestamp
+    _say_who_failed(ChildFailedError("solrl_cli", {0: survivor, 1: killed}), 1, "/r/x")
+    err = capsys.readouterr().err
+    assert "error: rank 1 (pid 102) was killed by signal SIGKILL" in err and "rank 0" not in err, err
