@@ -8,7 +8,8 @@
 Settings layer as on the command line (defaults < model preset < family preset < reward preset <
 `config` file < `sets` < the keyword arguments); every event the run emits (solrl_core/events.py)
 is passed to `on_event`, which is where a notebook draws its own progress. Errors are
-`solrl_core.errors.SolrlError`s carrying `.message` and `.fix`.
+`solrl_core.errors.SolrlError`s carrying `.message` and `.fix`. Import solrl before torch: it asks
+OpenMP's idle threads to sleep (OMP_WAIT_POLICY=PASSIVE, unless set), which only works before torch loads.
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from solrl_core.threads import prepare_openmp
+
 __all__ = ["RunResult", "train"]
+
+prepare_openmp()  # imported before torch, idle OpenMP threads sleep (solrl_core/threads.py), as under `solrl train`
 
 
 @dataclass(frozen=True)
