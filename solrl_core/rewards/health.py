@@ -49,7 +49,7 @@ class RewardHealth:
                 self.saturated.add(name)
                 findings.append(Finding(name, f"reward '{name}' is saturated: every one of the {scores.numel()} images scores "
                                               f"its best, {BEST[name]:g} (iteration {streak} in a row), so the advantages carry "
-                                              "no signal; harder prompts would", streak))
+                                              "no signal (harder prompts would give one)", streak))
                 continue
             self.saturated.discard(name)
             findings.append(Finding(name, f"reward '{name}' is near-constant: {reason} (iteration {streak} "
