@@ -17,6 +17,7 @@ doing; a checkpoint is then either complete or absent, and `--resume` goes on fr
 from __future__ import annotations
 
 import os
+import signal
 from typing import Sequence
 
 from solrl_core.errors import SolrlError
@@ -123,13 +124,21 @@ def launch(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoi
     return 0
 
 
+def _blame(exitcode: int) -> int:
+    """0: killed by a signal of its own (SIGKILL, SIGSEGV, ...); 1: exited with an error; 2: stopped."""
+    if exitcode >= 0:
+        return 1
+    return 2 if -exitcode in (signal.SIGTERM, signal.SIGINT) else 0
+
+
 def _say_who_failed(exc, nnodes: int, run_dir: str) -> None:  # type: ignore[no-untyped-def]
     """One line on the worker that ended the run (its own error, if it raised one, is printed above).
-    A worker killed by a signal is named before one that exited: the others' collectives fail the
-    moment it dies, and torchrun may record their exits in the same second as its death."""
+    torchrun may record the others in the same second as the first (their collectives fail the moment
+    it dies, and it stops them with SIGTERM), so a worker killed by another signal is named first,
+    then one that exited with an error, then one stopped by SIGTERM or SIGINT."""
     from solrl_cli.errors import err_console
 
-    rank, failure = min(exc.failures.items(), key=lambda kv: (kv[1].exitcode >= 0, kv[1].timestamp, kv[0]))
+    rank, failure = min(exc.failures.items(), key=lambda kv: (_blame(kv[1].exitcode), kv[1].timestamp, kv[0]))
     how = (f"was killed by signal {failure.signal_name()}" if failure.exitcode < 0
            else f"failed with exit code {failure.exitcode} (its error is above)")
     where = f"; the run directory is {run_dir}" if run_dir else ""

@@ -312,8 +312,13 @@ def test_the_launcher_names_the_killed_rank_not_a_survivor_that_exited_in_the_sa
     from solrl_cli.launch import _say_who_failed
 
     missing = str(tmp_path / "none.json")  # no error file: torchrun stamps each failure with the second it saw it
-    survivor, killed = ProcessFailure(0, 101, 2, missing), ProcessFailure(1, 102, -9, missing)
-    killed.timestamp = survivor.timestamp
-    _say_who_failed(ChildFailedError("solrl_cli", {0: survivor, 1: killed}), 1, "/r/x")
-    err = capsys.readouterr().err
-    assert "error: rank 1 (pid 102) was killed by signal SIGKILL" in err and "rank 0" not in err, err
+    for code in (2, -15):  # the survivor's own error line, or torchrun's SIGTERM while it exits
+        survivor, killed = ProcessFailure(0, 101, code, missing), ProcessFailure(1, 102, -9, missing)
+        killed.timestamp = survivor.timestamp
+        _say_who_failed(ChildFailedError("solrl_cli", {0: survivor, 1: killed}), 1, "/r/x")
+        err = capsys.readouterr().err
+        assert "error: rank 1 (pid 102) was killed by signal SIGKILL" in err and "rank 0" not in err, err
+    first, stopped = ProcessFailure(0, 101, 1, missing), ProcessFailure(1, 102, -15, missing)
+    stopped.timestamp = first.timestamp
+    _say_who_failed(ChildFailedError("solrl_cli", {0: first, 1: stopped}), 1, "/r/x")
+    assert "error: rank 0 (pid 101) failed with exit code 1" in capsys.readouterr().err
