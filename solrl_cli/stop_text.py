@@ -7,9 +7,13 @@ from pathlib import Path
 
 from solrl_core import events as ev
 
+LAUNCHER_SOURCE = "the launcher died"  # solrl_core.stopping's, which imports torch: the views must not
+
 
 def _again(source: str) -> str:
-    return "Ctrl-C again" if source in ("Ctrl-C", "q") else f"a second {source} (or Ctrl-C)"
+    if source in ("Ctrl-C", "q"):
+        return "Ctrl-C again"
+    return "Ctrl-C or SIGTERM" if source == LAUNCHER_SOURCE else f"a second {source} (or Ctrl-C)"
 
 
 def _kept(checkpoint: str | None) -> str:

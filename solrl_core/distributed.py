@@ -19,7 +19,7 @@ the same parameters, so old-adapter decay, EMA and explore-copy refresh stay ide
 With one process (no torchrun variables) nothing is initialised and every helper is the identity.
 
 A process torchrun started watches its launcher (`watch_launcher`): if the launcher dies (kill -9),
-the process gets SIGTERM and stops as a scheduler's stop does (saves, releases the run lock), where
+the process gets a signal and stops as a scheduler's SIGTERM stops it (saves, releases the run lock), where
 it would otherwise train on as an orphan holding the lock. A collective that fails because another
 process died becomes one clear error naming that rank (`lost_peer`), not a gloo or NCCL trace.
 """
@@ -46,6 +46,9 @@ from solrl_core.errors import SolrlError
 TIMEOUT = dt.timedelta(minutes=60)
 LAUNCHER_ENV = "SOLRL_LAUNCHER_PID"  # set by solrl_cli/launch.py for the processes it has torchrun start
 WATCHED_ENV = "SOLRL_WATCHED_PARENT"  # the launcher's pid, as watch_launcher found it (for `orphaned`)
+# The parent-death signal: a signal of its own, because the kernel sends it again as each thread of the
+# dying launcher exits, and a repeated SIGTERM would mean "stop now". Unhandled, it ends the process.
+LAUNCHER_GONE = signal.SIGUSR2
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
 _POLL_S = 1.0  # where prctl is missing: how often the parent's pid is looked at
 # What gloo and NCCL say when the process at the other end of a collective is gone.
@@ -85,13 +88,13 @@ def init_from_env() -> tuple[int, int, int]:
 
 
 def watch_launcher() -> None:
-    """SIGTERM to this process when its launcher (the parent that started it) dies: the kernel's
-    parent-death signal on Linux, else a thread that polls the parent's pid. The signal is stopped as
-    any SIGTERM is (stopping.py). The launcher's pid comes from launch.py (LAUNCHER_ENV), else it is
-    the parent now; a launcher already gone before the signal was armed is an error here."""
+    """LAUNCHER_GONE to this process when its launcher (the parent that started it) dies: the kernel's
+    parent-death signal on Linux, else a thread that polls the parent's pid. stopping.py stops on it
+    as on a first SIGTERM. The launcher's pid comes from launch.py (LAUNCHER_ENV), else it is the
+    parent now; a launcher already gone before the signal was armed is an error here."""
     launcher = int(os.environ.get(LAUNCHER_ENV) or os.getppid())
     os.environ[WATCHED_ENV] = str(launcher)
-    if not _parent_death_signal(signal.SIGTERM):
+    if not _parent_death_signal(LAUNCHER_GONE):
         threading.Thread(target=_poll_parent, args=(launcher,), name="solrl-launcher-watch", daemon=True).start()
     if os.getppid() != launcher:  # it died before the signal was armed: nothing would ever send it
         raise SolrlError(f"the launcher that started this process (pid {launcher}) is gone",
@@ -99,9 +102,8 @@ def watch_launcher() -> None:
 
 
 def orphaned() -> bool:
-    """This process's launcher, watched by `watch_launcher`, is gone. The kernel sends the parent-death
-    signal again each time an exiting thread of the launcher passes this process on to another, so
-    stopping.py does not count those repeats as a second request."""
+    """This process's launcher, watched by `watch_launcher`, is gone (a LAUNCHER_GONE sent while the
+    launcher's last threads still exit, or by anyone else, is not acted on)."""
     watched = os.environ.get(WATCHED_ENV)
     return bool(watched) and os.getppid() != int(watched)  # type: ignore[arg-type]
 
@@ -119,7 +121,7 @@ def _parent_death_signal(sig: int) -> bool:
 def _poll_parent(launcher: int) -> None:
     while os.getppid() == launcher:
         time.sleep(_POLL_S)
-    os.kill(os.getpid(), signal.SIGTERM)
+    os.kill(os.getpid(), LAUNCHER_GONE)
 
 
 def lost_peer(exc: BaseException, run_dir: object = "RUN") -> SolrlError | None:

@@ -8,9 +8,9 @@
                                   finishes it, as Ctrl-C does
     any second signal             stop now (KeyboardInterrupt); checkpoints are written atomically,
                                   so the last one on disk stays intact
-    the launcher killed           (several processes) each gets SIGTERM from the kernel and stops as
-                                  above (distributed.watch_launcher); that signal's repeats are not
-                                  a second request
+    the launcher killed           (several processes) each process gets the parent-death signal
+                                  (distributed.watch_launcher) and stops as a first SIGTERM does; its
+                                  repeats are not a second request
 
 A reward that does not answer does not hold a stop: its call is abandoned a few seconds after the
 request (rewards/watchdog.py, one process; with several, the other ranks would wait for it in a
@@ -34,6 +34,7 @@ from solrl_core import distributed
 SIGNAL_NAMES = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}
 if hasattr(signal, "SIGHUP"):
     SIGNAL_NAMES[signal.SIGHUP] = "SIGHUP"
+LAUNCHER_SOURCE = "the launcher died"
 ABANDONABLE = ("explore", "selection", "regenerate", "train")  # entered before the update: the weights are untouched
 STOP_MODES = ("phase", "iteration")
 
@@ -101,15 +102,17 @@ def graceful_stop(flag: StopFlag, sigterm: str = "phase") -> Iterator[StopFlag]:
         return
 
     def handler(signum: int, frame: object) -> None:
+        if signum == distributed.LAUNCHER_GONE:  # repeated as each thread of the launcher exits: not a second request
+            if distributed.orphaned() and not flag.requested:
+                flag.request(LAUNCHER_SOURCE, at_phase=sigterm == "phase")
+            return
         if flag.requested:  # a second request means now; checkpoints are atomic, so nothing is torn
-            if signum == signal.SIGTERM and distributed.orphaned():
-                return  # the launcher died: its parent-death signal, repeated as each of its threads exits
             raise KeyboardInterrupt
         if signum == getattr(signal, "SIGHUP", None):
             detach_from_terminal()
         flag.request(SIGNAL_NAMES[signum], at_phase=signum == signal.SIGTERM and sigterm == "phase")
 
-    previous = {s: signal.signal(s, handler) for s in SIGNAL_NAMES}
+    previous = {s: signal.signal(s, handler) for s in (*SIGNAL_NAMES, distributed.LAUNCHER_GONE)}
     try:
         yield flag
     finally:

@@ -240,7 +240,7 @@ def test_ranks_whose_launcher_is_killed_stop_save_and_free_the_lock(tmp_path):
         os.kill(pid, signal.SIGKILL)
     assert not left, f"ranks {left} still running {took:.0f} s after their launcher was killed:\n{log.read_text()[-3000:]}"
     out = log.read_text()
-    assert "stop requested (SIGTERM)" in out and "internal error" not in out, out[-3000:]
+    assert "stop requested (the launcher died)" in out and "internal error" not in out and "stopped." not in out, out[-3000:]
     records = _events(run_dir)
     assert [e["reason"] for e in records if e["event"] == "run_finished"] == ["interrupted"], out[-3000:]  # as a stop does
     done = max(e["iteration"] for e in records if e["event"] == "iteration")
@@ -271,6 +271,15 @@ def test_a_rank_killed_is_named_once_and_the_survivor_says_how_to_resume(tmp_pat
     assert f"`solrl train --resume {run_dir}` and the same launcher flags" in out
     named = [line for line in out.splitlines() if re.search(r"\brank 1\b.*(died|killed)", line)]
     assert len(named) == 1 and "was killed by signal SIGKILL" in named[0], out[-3000:]
+
+
+def test_the_views_name_a_launcher_death_as_the_engine_does():
+    from solrl_cli.stop_text import LAUNCHER_SOURCE, stop_message
+    from solrl_core import stopping
+
+    assert LAUNCHER_SOURCE == stopping.LAUNCHER_SOURCE
+    ack = ev.StopRequested(source=LAUNCHER_SOURCE, mode="phase", iteration=2, phase="explore", run_dir="/r", checkpoint=None)
+    assert "Ctrl-C or SIGTERM stops at once" in stop_message(ack)
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="reads the node's processes from /proc")
