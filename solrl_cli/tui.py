@@ -27,7 +27,6 @@ from textual.widgets import ContentSwitcher, Footer, ProgressBar, Sparkline, Sta
 
 from solrl_cli.display import fmt
 from solrl_cli.run_summary import end_summary
-from solrl_cli.run_summary import end_summary
 from solrl_cli.stop_text import finished_message
 from solrl_core import events as ev
 from solrl_core.bench.mfu import percent
