@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import torch
+
+from solrl_core.nft import combined_advantages
 
 
 def select(rewards: torch.Tensor, k: int, mode: str, rng: np.random.Generator) -> torch.Tensor:
@@ -35,3 +39,11 @@ def select(rewards: torch.Tensor, k: int, mode: str, rng: np.random.Generator) -
         pick = rng.choice(middle.numel(), size=k - 2 * e, replace=False)
         return torch.cat([ends, middle[torch.as_tensor(np.sort(pick), dtype=torch.long)]])
     raise ValueError(f"unknown selection mode {mode}")
+
+
+def ranking_values(total: torch.Tensor, components: dict[str, torch.Tensor], weights: dict[str, float],
+                   texts: torch.Tensor, aggregation: str) -> torch.Tensor:
+    """What seeds are ranked by within a prompt group: the advantage the update will see (unclipped),
+    so that with several rewards and `reward.aggregation = advantage` the kept seeds are the ones the
+    update weighs most. Training (stages.select_seeds) and `solrl explore` (stage1.py) both rank by it."""
+    return combined_advantages(total, components, weights, texts, aggregation, math.inf)

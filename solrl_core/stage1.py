@@ -1,6 +1,8 @@
 """Stage 1 alone (`solrl explore`): N seeds per prompt through the explore copy at the preview step
 count, scored, ranked, and the K seeds Stage 2 would regenerate selected, exactly as a training
-iteration does (same selection function, same stable tie order)."""
+iteration does: ranked by the same values (selection.ranking_values: the advantage the update sees,
+so several rewards under `reward.aggregation = advantage` rank as in training), the same selection
+function, the same stable tie order."""
 
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ import torch
 from solrl_core.inference import Loaded, decode_in_chunks, encode_each
 from solrl_core.rewards import RewardSet
 from solrl_core.sampler import Sampler
-from solrl_core.selection import select
+from solrl_core.prompts import text_keys
+from solrl_core.selection import ranking_values, select
 
 
 @dataclass(frozen=True)
@@ -24,7 +27,7 @@ class ExploreResult:
     seeds: torch.Tensor  # [P, N]
     rewards: torch.Tensor  # [P, N] total reward
     components: dict[str, torch.Tensor]  # [P, N] per reward
-    ranks: torch.Tensor  # [P, N] 1 = best, stable ties by seed order
+    ranks: torch.Tensor  # [P, N] 1 = best by the training's ranking (selection.ranking_values), stable ties by seed order
     selected: torch.Tensor  # [P, K] indices into N, in selection order
     images: torch.Tensor  # [P, N, 3, H, W]
     seconds: float
@@ -48,11 +51,14 @@ def explore_only(loaded: Loaded, rewards: RewardSet, prompts: list[str], n: int,
     images = decode_in_chunks(loaded.model, latents, smp.rollout_batch)
     scores = rewards(images, flat)
     total = scores.total.view(len(prompts), n)
-    order = torch.argsort(total, dim=1, descending=True, stable=True)
+    reward = loaded.config.reward
+    ranking = ranking_values(scores.total, scores.components, reward.weights,
+                             torch.tensor(text_keys(flat), dtype=torch.long), reward.aggregation).view(len(prompts), n)
+    order = torch.argsort(ranking, dim=1, descending=True, stable=True)
     ranks = torch.empty_like(order)
     ranks.scatter_(1, order, torch.arange(1, n + 1).expand(len(prompts), n).contiguous())
     rng = np.random.default_rng(seed_base)
-    selected = torch.stack([select(total[i], keep, mode, rng) for i in range(len(prompts))])
+    selected = torch.stack([select(ranking[i], keep, mode, rng) for i in range(len(prompts))])
     return ExploreResult(prompts, seeds.view(len(prompts), n), total,
                          {k: v.view(len(prompts), n) for k, v in scores.components.items()}, ranks, selected,
                          images.view(len(prompts), n, *images.shape[1:]), time.perf_counter() - t0, copy_.precision, steps)
@@ -76,7 +82,7 @@ def explore_to_folder(loaded: Loaded, rewards: RewardSet, prompts: list[str], se
                                      **{f"reward.{c}": float(v[i, j]) for c, v in result.components.items()},
                                      "rank": int(result.ranks[i, j]), "selected": j in chosen}) + "\n")
     half = k // 2
-    order = torch.argsort(result.rewards, dim=1, descending=True, stable=True)
+    order = torch.argsort(result.ranks, dim=1)  # best first, by the ranking the selection used
     columns = {f"best {r + 1}": result.images[range(len(prompts)), order[:, r]] for r in range(half)}
     columns.update({f"worst {half - r}": result.images[range(len(prompts)), order[:, n - half + r]] for r in range(half)})
     picked = [order[:, r] for r in range(half)] + [order[:, n - half + r] for r in range(half)]

@@ -23,7 +23,7 @@ from solrl_core.nft import combined_advantages
 from solrl_core.policy import OLD
 from solrl_core.prompts import prompts_for_iteration, shard, text_keys
 from solrl_core.rollout import Draws, RolloutBatch, rollout
-from solrl_core.selection import select
+from solrl_core.selection import ranking_values, select
 from solrl_core.session import Run
 from solrl_core.update import UpdateResult, autocast, update
 
@@ -154,7 +154,8 @@ def select_seeds(run: Run, drafts: Scored, rng: np.random.Generator) -> torch.Te
     Every rank selects for every group (cheap: it sorts rewards) so that a random selection mode
     draws from `rng` as one process would, then keeps its own groups' picks."""
     scores, valid = drafts.scores, drafts.screen.valid
-    ranking = advantages(run, drafts.usable, math.inf)  # within a group, ranks like the reward the update sees
+    usable, reward = drafts.usable, run.config.reward
+    ranking = ranking_values(usable.rewards, usable.components, reward.weights, usable.texts, reward.aggregation)
     if not bool(valid.all()):  # a non-finite draft ranks nowhere: it is kept only to fill a group (guard.prefer_finite)
         ranking = torch.zeros(valid.numel(), dtype=ranking.dtype).index_put_((valid,), ranking)
     keep = []
