@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 
@@ -32,10 +33,28 @@ def in_tmp(tmp_path, monkeypatch):
 
 
 def _train(*extra: str):  # type: ignore[no-untyped-def]
-    args = [a for s in FAST for a in ("--set", s)]
+    args = [a for s in (*FAST, "run.eval_prompts=") for a in ("--set", s)]  # no evaluation: a checkpoint is all we need
     result = runner.invoke(app, ["train", *args, *extra])
     assert result.exit_code == 0, result.output
     return result
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """One trained run (lora rank 8, a checkpoint at iteration 1) that each test copies."""
+    home = tmp_path_factory.mktemp("trained")
+    cwd = os.getcwd()
+    os.chdir(home)
+    try:
+        _train("--iterations", "1", "--run-dir", "r", "--set", "model.lora_rank=8")
+    finally:
+        os.chdir(cwd)
+    return home / "r"
+
+
+def _copy(trained, to):  # type: ignore[no-untyped-def]
+    shutil.copytree(trained, to)
+    return to
 
 
 class _Planted:
@@ -61,8 +80,8 @@ def _to_legacy(folder, rng=None) -> None:  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.slow
-def test_resume_never_runs_a_pickle_planted_in_a_checkpoint(in_tmp):
-    _train("--iterations", "1", "--run-dir", "r")
+def test_resume_never_runs_a_pickle_planted_in_a_checkpoint(in_tmp, trained):
+    _copy(trained, in_tmp / "r")
     folder = in_tmp.joinpath("r", *CKPT)
     marker = in_tmp / "planted-code-ran"
     _to_legacy(folder, rng=_Planted(f"open({str(marker)!r}, 'w').write('ran')"))
@@ -75,18 +94,17 @@ def test_resume_never_runs_a_pickle_planted_in_a_checkpoint(in_tmp):
     assert "refuses to load it" in done.stdout + done.stderr and "Traceback" not in done.stdout + done.stderr
 
 
-def test_a_checkpoint_holds_no_pickle(in_tmp):
-    _train("--iterations", "1", "--run-dir", "r")
-    folder = in_tmp.joinpath("r", *CKPT)
+def test_a_checkpoint_holds_no_pickle(trained):
+    folder = trained.joinpath(*CKPT)
     suffixes = {p.suffix for p in folder.rglob("*") if p.is_file()}
     assert suffixes == {".safetensors", ".json"}, suffixes
     for path in folder.rglob("*.safetensors"):
         load_file(str(path))  # each parses as safetensors
 
 
-def test_a_checkpoint_of_the_old_format_still_resumes_and_continues_the_same(in_tmp):
-    _train("--iterations", "1", "--run-dir", "new", "--set", "run.checkpoint_every=1")
-    _train("--iterations", "1", "--run-dir", "old", "--set", "run.checkpoint_every=1")
+def test_a_checkpoint_of_the_old_format_still_resumes_and_continues_the_same(in_tmp, trained):
+    _copy(trained, in_tmp / "new")
+    _copy(trained, in_tmp / "old")
     _to_legacy(in_tmp.joinpath("old", *CKPT))
     for run in ("new", "old"):
         result = runner.invoke(app, ["train", "--resume", run, "--iterations", "2"])
@@ -128,8 +146,8 @@ def test_the_legacy_reader_refuses_anything_but_plain_data(tmp_path):
 
 
 @pytest.mark.parametrize("files", [[1, 2], {"../../etc/passwd": {"size": 1, "sha256": "x"}}, {"a": {"size": "1"}}])
-def test_a_malformed_manifest_is_a_clear_refusal(in_tmp, files):
-    _train("--iterations", "1", "--run-dir", "r")
+def test_a_malformed_manifest_is_a_clear_refusal(in_tmp, trained, files):
+    _copy(trained, in_tmp / "r")
     manifest = in_tmp.joinpath("r", *CKPT, MANIFEST)
     manifest.write_text(json.dumps({"format": 1, "files": files}))
     result = runner.invoke(app, ["train", "--resume", "r", "--iterations", "2"])
@@ -137,8 +155,8 @@ def test_a_malformed_manifest_is_a_clear_refusal(in_tmp, files):
     assert "manifest.json: malformed" in result.output and "internal error" not in result.output
 
 
-def test_resume_blames_the_flag_that_changes_the_lora_rank(in_tmp):
-    _train("--iterations", "1", "--run-dir", "r", "--set", "model.lora_rank=8")
+def test_resume_blames_the_flag_that_changes_the_lora_rank(in_tmp, trained):
+    _copy(trained, in_tmp / "r")
     result = runner.invoke(app, ["train", "--resume", "r", "--iterations", "2", "--set", "model.lora_rank=4"])
     assert result.exit_code == 2, result.output
     assert "--set model.lora_rank cannot change a resumed run" in result.output and "= 8" in result.output
