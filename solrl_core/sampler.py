@@ -61,6 +61,8 @@ def sigma_grid(steps: int, shift: float = 1.0, kind: str = "linspace") -> torch.
         sigmas = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
         return _shifted(sigmas, shift).float()
     if kind == "qwen_image":
+        if steps == 1:  # the stretch divides 1 - sigma_last = 0 by itself (NaN, in diffusers' scheduler too): one step, 1 -> 0
+            return torch.tensor([1.0, 0.0])
         sigmas = _shifted(torch.linspace(1.0, 1.0 / steps, steps, dtype=torch.float64), shift)
         one_minus = 1.0 - sigmas
         sigmas = 1.0 - one_minus / (one_minus[-1] / (1.0 - QWEN_IMAGE_SHIFT_TERMINAL))

@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from solrl_core.sampler import noise_for_seeds, sample, sigma_grid
@@ -21,3 +22,11 @@ def test_euler_recovers_x0_for_the_exact_velocity():
     noise = torch.randn(2, 3, 4, 4)
     out = sample(lambda x, s, c: noise - x0, noise, None, sigma_grid(5))  # straight-line flow
     assert torch.allclose(out, x0, atol=1e-5)
+
+
+@pytest.mark.parametrize("kind", ["linspace", "scheduler", "qwen_image"])
+def test_every_grid_is_finite_at_one_step(kind):
+    # One preview step (explore.steps=1) is allowed; Qwen-Image's stretch to its terminal sigma divides
+    # 0 by 0 there, and every Stage-1 image came out NaN.
+    grid = sigma_grid(1, 3.0, kind)
+    assert torch.isfinite(grid).all() and grid[0] == 1.0 and grid[-1] == 0.0 and grid.numel() == 2
