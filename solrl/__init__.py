@@ -44,16 +44,14 @@ def train(model: str = "tiny", family: str = "sol_rl", reward: str | None = None
     `resume`: a run folder to continue with the config saved there (`sets` and `iterations` may
     still change what a resume may change)."""
     from solrl_core import events
-    from solrl_core.presets import apply_overrides, resolve_config
-    from solrl_core.rundir import check_new_run_dir, check_resume_overrides, load_run_config
+    from solrl_core.presets import resolve_config, resumed_config
+    from solrl_core.rundir import check_new_run_dir
     from solrl_core.trainer import train as run
 
     flags = {"run": {"iterations": iterations, "seed": seed, "device": device,
                      "run_dir": str(resume or run_dir) if (resume or run_dir) else None}}
     if resume is not None:
-        saved = load_run_config(resume)
-        cfg = apply_overrides(saved, sets, flags)
-        check_resume_overrides(saved, cfg, resume)
+        cfg = resumed_config(resume, sets, flags)
     else:
         cfg = resolve_config(model, family, reward, preset, config, sets, flags)
         check_new_run_dir(cfg.run.run_dir)

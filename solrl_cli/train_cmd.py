@@ -110,18 +110,14 @@ def _preflight(cfg, nproc: int) -> None:  # type: ignore[no-untyped-def]
 def _resume_config(run_dir: Path, choices: tuple, sets: Optional[list[str]], flags: dict):  # type: ignore[no-untyped-def]
     """The config saved in `run_dir`, with the few flags a resume may change."""
     from solrl_core.errors import SolrlError
-    from solrl_core.presets import apply_overrides
-    from solrl_core.rundir import check_resume_overrides, load_run_config
+    from solrl_core.presets import resumed_config
 
     given = {k for k, v in flags["run"].items() if v is not None}
     if any(choices) or given - {"iterations", "device", "log"} or flags["explore"]["precision"] is not None:
         raise SolrlError("--resume continues a run with the config saved in its folder",
                          "only --iterations, --device, --log, --model-path and --set may be given with --resume")
     flags = {"run": {**flags["run"], "run_dir": str(run_dir)}, "model": flags["model"]}
-    saved = load_run_config(run_dir)
-    resumed = apply_overrides(saved, sets or (), flags)
-    check_resume_overrides(saved, resumed, run_dir)
-    return resumed
+    return resumed_config(run_dir, sets or (), flags)
 
 
 def _print_config(cfg) -> None:  # type: ignore[no-untyped-def]

@@ -151,6 +151,18 @@ def resolve_config(
     return apply_overrides(config, sets, flags)
 
 
+def resumed_config(run_dir: str | Path, sets: Iterable[str] = (), flags: dict[str, dict[str, Any]] | None = None) -> Config:
+    """The config saved in `run_dir` with a resume's overrides, refused where they would change what
+    the run's checkpoints fix (rundir.check_resume_overrides). `solrl train --resume` and the Python
+    API both resume through this."""
+    from solrl_core.rundir import check_resume_overrides, load_run_config
+
+    saved = load_run_config(run_dir)
+    resumed = apply_overrides(saved, sets, flags)
+    check_resume_overrides(saved, resumed, run_dir)
+    return resumed
+
+
 def apply_overrides(config: Config, sets: Iterable[str] = (), flags: dict[str, dict[str, Any]] | None = None) -> Config:
     """`--set section.key=value` assignments, then explicit flags (None values left out), over
     `config`; validated. Every command applies its overrides through this."""
