@@ -51,7 +51,7 @@ class LoopState:
         self.resumed = True
 
     def streaks(self) -> tuple[dict[str, int], FaultState]:
-        """A copy of what a failed attempt at an iteration may have advanced (see faults/oom.py)."""
+        """A copy of what a failed attempt at an iteration may have advanced (see backoff.py)."""
         return dict(self.health.streaks), FaultState.from_dict(self.faults.to_dict())
 
     def set_streaks(self, saved: tuple[dict[str, int], FaultState]) -> None:

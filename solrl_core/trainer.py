@@ -114,14 +114,14 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from solrl_core import distributed, environment, tracking
+from solrl_core import backoff, distributed, environment, tracking
 from solrl_core import events as ev
 from solrl_core.bench.live import model_flops
 from solrl_core.checkpoint import list_checkpoints, save_checkpoint
 from solrl_core.config import Config
 from solrl_core.config_io import to_dict
 from solrl_core.evaluation import RunEvals, evaluate, progress_events
-from solrl_core.faults import guard, oom
+from solrl_core.faults import guard
 from solrl_core.faults.phase import charged_to
 from solrl_core.loop_state import LoopState
 from solrl_core.phases import PhaseRecorder
@@ -331,7 +331,7 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
 
 
 def _with_backoff(run: Run, state: LoopState, bus: ev.EventBus, work: Callable[[Run], None]) -> Run:
-    """`work(run)` under the out-of-memory back-off (faults/oom.py); returns the run to go on with.
+    """`work(run)` under the out-of-memory back-off (backoff.py); returns the run to go on with.
     When a phase does not fit even at batch size 1, or a reward hangs or keeps raising (rewards/watchdog.py),
     the last finished iteration is saved and the run stops.
 
@@ -343,8 +343,8 @@ def _with_backoff(run: Run, state: LoopState, bus: ev.EventBus, work: Callable[[
     ends the run without a checkpoint (torchrun stops every rank) and the previous one is intact."""
     saved = state.streaks()
     try:
-        return oom.retry(run, state, bus, work)
-    except oom.DoesNotFit:
+        return backoff.retry(run, state, bus, work)
+    except backoff.DoesNotFit:
         _checkpoint(run, state, bus)
         raise
     except RewardFailure:

@@ -138,7 +138,7 @@ def test_the_count_uses_the_shapes_solrl_passes_its_transformer(preset, tmp_path
 
 def test_a_phase_out_of_memory_names_the_bench_setting_to_lower(monkeypatch):
     from solrl_core import trainer
-    from solrl_core.faults.oom import DoesNotFit
+    from solrl_core.backoff import DoesNotFit
 
     def fail(phase):
         def train(*a, **k):

@@ -402,7 +402,7 @@ def test_an_oom_is_charged_to_the_innermost_phase_it_passed_through():
 def test_each_phase_names_itself_where_it_runs(quick, monkeypatch):
     """The real rollout, reward and update code charge an error raised inside them to their phase."""
     import solrl_core.sampler as sampler
-    from solrl_core.faults.oom import phase_of
+    from solrl_core.faults.phase import phase_of
     from solrl_core.rewards.tinyworld import TinyWorldReward
 
     def oom(*args, **kwargs):

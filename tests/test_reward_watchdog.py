@@ -207,7 +207,7 @@ def test_an_oom_passes_the_watchdog_unchanged_and_untried_again():
     rewards.rewards["tinyworld_geneval"] = lambda images, prompts: oom()
     with pytest.raises(error) as info:
         rewards(torch.rand(1, 3, 8, 8), ["x"])
-    assert phase_of(info.value) == "reward" and len(calls) == 2  # charged to the reward phase: oom.py halves its batch
+    assert phase_of(info.value) == "reward" and len(calls) == 2  # charged to the reward phase: backoff.py halves its batch
 
 
 def test_a_keyboard_interrupt_is_not_retried():

@@ -140,7 +140,7 @@ FIXES = {"rollout": "lower --rollout-batch or --n (explore.group_size)",
 
 def _train(cfg: Any, bus: ev.EventBus, family: str) -> Any:
     """`solrl train` on `cfg`; running out of memory is said with the bench's own settings to lower."""
-    from solrl_core.faults.oom import DoesNotFit
+    from solrl_core.backoff import DoesNotFit
     from solrl_core.trainer import StopFlag, train
 
     try:

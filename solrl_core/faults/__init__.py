@@ -2,7 +2,8 @@
 
 manifest.py  checksums of a checkpoint's files, written last and verified on resume
 lock.py      one writer per run folder (an advisory lock that dies with its process)
-oom.py       out-of-memory back-off: halve the failing phase's batch and redo the iteration
+phase.py     which phase an out-of-memory error belongs to (the back-off that halves its batch is the
+             loop's own policy: solrl_core/backoff.py)
 disk.py      a full or read-only filesystem, whatever raised it, as one clear error
 guard.py     non-finite rewards (samples dropped, groups skipped) and non-finite steps (skipped)
 """

@@ -1,6 +1,6 @@
-"""Which phase an out-of-memory error belongs to, named where the phase runs (see oom.py).
+"""Which phase an out-of-memory error belongs to, named where the phase runs (see backoff.py).
 
-Kept apart from oom.py, which rewrites the run's config: the rewards, the rollouts and the update
+Kept apart from backoff.py, which rewrites the run's config: the rewards, the rollouts and the update
 charge their errors here without depending on the config or the run."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Iterator
 
 import torch
 
-PHASES = ("reward", "update", "evaluation", "rollout")  # each with a batch size oom.py can halve
+PHASES = ("reward", "update", "evaluation", "rollout")  # each with a batch size backoff.py can halve
 _ATTRIBUTE = "solrl_oom_phase"
 
 
