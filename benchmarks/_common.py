@@ -1,5 +1,5 @@
 """The command-line options the benchmarks share. The machine a figure was measured on is named by
-solrl_core.bench.peaks.device_label, as `solrl bench` names it."""
+solrl_core.telemetry.peaks.device_label, as `solrl bench` names it."""
 
 from __future__ import annotations
 

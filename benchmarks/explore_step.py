@@ -44,7 +44,7 @@ import torch
 
 from solrl_core import events as ev
 from solrl_core.bench.explore import BACKENDS, ExploreOptions, run_explore
-from solrl_core.bench.peaks import device_label
+from solrl_core.telemetry.peaks import device_label
 
 PRESET = {"sana": "sana", "flux": "flux1"}  # this script's model names -> the model presets
 LABEL = {v: k for k, v in PRESET.items()}

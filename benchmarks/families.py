@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from solrl_core import events as ev
-from solrl_core.bench.peaks import device_label
+from solrl_core.telemetry.peaks import device_label
 from solrl_core.presets import resolve_config
 from solrl_core.trainer import train
 from _common import add_common_args, add_families_arg  # benchmarks/ is on sys.path when a script runs

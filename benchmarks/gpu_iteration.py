@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from solrl_core import events as ev
-from solrl_core.bench.peaks import device_label
+from solrl_core.telemetry.peaks import device_label
 from solrl_core.bench.run import BenchOptions, run_bench
 from solrl_core.errors import SolrlError
 

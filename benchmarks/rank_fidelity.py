@@ -19,7 +19,7 @@ import json
 import torch
 
 from _common import add_common_args  # benchmarks/ is on sys.path when a script runs
-from solrl_core.bench.peaks import device_label
+from solrl_core.telemetry.peaks import device_label
 from solrl_core.inference import load_tuned
 from solrl_core.presets import resolve_config
 from solrl_core.prompts import load_prompts

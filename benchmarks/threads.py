@@ -108,7 +108,7 @@ def summary(runs: list[dict], burners: int) -> list[str]:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     cores = usable_cores()
-    from solrl_core.bench.peaks import device_label
+    from solrl_core.telemetry.peaks import device_label
 
     print(f"{device_label('cpu')}; {cores} usable cores; {args.iterations} iterations of the tiny world "
           f"({', '.join(WORKLOAD + tuple(args.sets))}); burner: {args.burners} pure-Python spin loop(s)", flush=True)

@@ -98,7 +98,7 @@ def _progress(event: Any, status: Any) -> None:
 
 
 def _report(result: dict[str, Any]) -> None:
-    from solrl_core.bench.flops import format_flops
+    from solrl_core.telemetry.mfu import format_flops
 
     m, o, rows, where = result["model"], result["options"], result["rows"], result["device"]
     console.print(f"\n{m['preset']} at {m['size']} size ({_count(m['parameters'])} parameters, random weights), N={o['n']} K={o['k']}, "

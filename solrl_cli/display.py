@@ -13,7 +13,7 @@ from solrl_cli.stop_text import finished_message, stop_message
 from solrl_cli.tui_state import FAULT_EVENTS, eval_started_text, fault_message, mfu_text
 from solrl_core.text import plural
 from solrl_core import events as ev
-from solrl_core.bench.mfu import describe
+from solrl_core.telemetry.mfu import describe
 
 
 def memory_text(e: ev.IterationFinished) -> str:

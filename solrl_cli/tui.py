@@ -29,7 +29,7 @@ from solrl_cli.display import fmt
 from solrl_cli.run_summary import end_summary
 from solrl_cli.stop_text import finished_message
 from solrl_core import events as ev
-from solrl_core.bench.mfu import percent
+from solrl_core.telemetry.mfu import percent
 from solrl_core.errors import SolrlError
 from solrl_core.rundir import EVENTS_FILE
 from solrl_cli.tui_panels import (ChartPanel, env_view, eval_charts, eval_view, latest_table, log_view, loss_note, loss_rows,
@@ -229,7 +229,7 @@ class SolrlMonitor(App):
             it = s.iterations[-1]
             parts.append(f"reward {fmt(it.final.mean)}" + (f" (draft {fmt(it.draft.mean)})" if it.draft else ""))
             mfu = s.mfu()
-            if mfu:  # the run's model FLOPs were counted (bench/live.py)
+            if mfu:  # the run's model FLOPs were counted (telemetry/model_flops.py)
                 parts.append(f"MFU {percent(mfu['total'])}")
         eta = s.eta()
         if eta is not None:

@@ -21,7 +21,7 @@ from textual_plotext import PlotextPlot
 
 from solrl_cli.display import fmt
 from solrl_cli.tui_state import PHASES, ROLLING, RunState, _clock, thin
-from solrl_core.bench.mfu import describe, percent
+from solrl_core.telemetry.mfu import describe, percent
 
 Lines = dict[str, tuple[list[float], list[float]]]  # legend label -> (iterations, values)
 

@@ -19,7 +19,7 @@ from typing import Any, TypedDict
 
 from solrl_cli.stop_text import finished_message, stop_message
 from solrl_core import events as ev
-from solrl_core.bench.mfu import describe, percent, phase_mfu
+from solrl_core.telemetry.mfu import describe, percent, phase_mfu
 from solrl_core.config import Config
 from solrl_core.config_io import from_dict
 from solrl_core.errors import SolrlError
@@ -264,7 +264,7 @@ class RunState:
                 f"{plural(min(len(self.iterations), ROLLING), 'iteration')})"]
 
     def mfu(self) -> dict[str, float | None]:
-        """The last iteration's model FLOPs utilisation per phase and in total (bench/mfu.py); {} when
+        """The last iteration's model FLOPs utilisation per phase and in total (telemetry/mfu.py); {} when
         the run's FLOPs were not counted or no iteration finished."""
         return phase_mfu(self.flops, self.iterations[-1].seconds) if self.iterations else {}
 

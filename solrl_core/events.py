@@ -269,7 +269,7 @@ class BenchProgress(Event):
 @dataclass(frozen=True)
 class ModelFlops(Event):
     """The transformer's model FLOPs per iteration and the device's dense peaks, counted once as a run
-    starts (bench/live.py); with each iteration's phase seconds they give its MFU (bench/mfu.py)."""
+    starts (telemetry/model_flops.py); with each iteration's phase seconds they give its MFU (telemetry/mfu.py)."""
 
     kind: ClassVar[str] = "model_flops"
     forward: float | None  # one sample through one denoising step; None: not counted (`note` says why)

@@ -116,7 +116,6 @@ import numpy as np
 
 from solrl_core import backoff, distributed, environment, tracking
 from solrl_core import events as ev
-from solrl_core.bench.live import model_flops
 from solrl_core.checkpoint import list_checkpoints, save_checkpoint
 from solrl_core.config import Config
 from solrl_core.config_io import to_dict
@@ -133,6 +132,7 @@ from solrl_core.sharding import gather
 from solrl_core.stopping import ScoringAbandoned, StopAtBoundary, StopFlag, graceful_stop
 from solrl_core.stages import (Scored, after_step, explore, iteration_prompts, rank_check, rank_check_due, regenerate, score_drafts,
                                score_finals, select_seeds, train as train_step)
+from solrl_core.telemetry.model_flops import model_flops
 from solrl_core.tracking import samples
 from solrl_core.update import UpdateResult
 from solrl_core.warmup import warm_up_compiled
@@ -321,7 +321,7 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
                            start_iteration=state.iteration, iterations=cfg.run.iterations, resumed=state.resumed,
                            config=to_dict(cfg), machine=run.machine.describe(), tracking=tracking.where(cfg.run.log, run.run_dir),
                            environment=environment.describe(cfg, run.device, run.dtype_name, plan.explore_precision, run.machine)))
-    if run.rank == 0:  # the live MFU's counts (bench/live.py); the other ranks speak to no one
+    if run.rank == 0:  # the live MFU's counts (telemetry/model_flops.py); the other ranks speak to no one
         bus.emit(model_flops(run))
     copy_ = run.explore_copy
     if copy_ is not None and copy_.report is not None:

@@ -15,12 +15,12 @@ from typer.testing import CliRunner
 
 from solrl_cli.app import app
 from solrl_core import events as ev
-from solrl_core.bench import peaks as pk
 from solrl_core.bench import run as bench_run
 from solrl_core.bench.build import REAL, TINY, BenchModel, bench_model, build_pipeline
-from solrl_core.bench.flops import (SampleFlops, count_sample_flops, forward_inputs, phase_flops, phase_precisions,
-                                   sana_forward_flops, text_tokens)
+from solrl_core.bench.flops import count_sample_flops, forward_inputs, sana_forward_flops, text_tokens
 from solrl_core.errors import SolrlError
+from solrl_core.telemetry import peaks as pk
+from solrl_core.telemetry.model_flops import SampleFlops, phase_flops, phase_precisions
 
 pytest.importorskip("diffusers")
 runner = CliRunner()

@@ -1,6 +1,6 @@
-"""Live MFU: a run announces its model FLOPs and the device's peaks once (bench/live.py), and the
+"""Live MFU: a run announces its model FLOPs and the device's peaks once (telemetry/model_flops.py), and the
 terminal, the TUI state and `solrl monitor`'s replay turn each iteration's phase seconds into the
-MFU `solrl bench` prints (bench/mfu.py). The MFU arithmetic is checked on exact numbers, the count
+MFU `solrl bench` prints (telemetry/mfu.py). The MFU arithmetic is checked on exact numbers, the count
 against the analytic SANA count, the display on a real tiny run."""
 
 from __future__ import annotations
@@ -18,9 +18,9 @@ from solrl_cli.display import TerminalDisplay
 from solrl_cli.tui_panels import time_view
 from solrl_cli.tui_state import JsonlTail, RunState, mfu_text
 from solrl_core import events as ev
-from solrl_core.bench.flops import SampleFlops, phase_flops, sana_forward_flops
-from solrl_core.bench.live import model_flops
-from solrl_core.bench.mfu import phase_mfu
+from solrl_core.bench.flops import sana_forward_flops
+from solrl_core.telemetry.mfu import phase_mfu
+from solrl_core.telemetry.model_flops import SampleFlops, model_flops, phase_flops
 
 pytest.importorskip("diffusers")
 

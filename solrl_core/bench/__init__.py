@@ -3,13 +3,12 @@
     encoders.py  offline tokenizers and small text encoders / VAEs of the real widths
     build.py     the model presets' transformers at their published sizes (or tiny ones), random weights,
                  saved as hub-layout pipelines that `solrl train` loads
-    flops.py     model FLOPs of one transformer forward (FlopCounterMode on the meta device) and per phase
-    peaks.py     the device's dense peak FLOP/s by precision: a datasheet table, else a measured GEMM rate
+    flops.py     model FLOPs of one transformer forward (FlopCounterMode on the meta device)
     run.py       the families through `solrl train`'s own code, warm-up dropped: seconds, memory, MFU, ratios
     fits.py      before building at real size: each family against the GPU's memory, by the doctor's estimate
     explore.py   `--explore`: one denoising step per explore backend, its error against bf16, the refresh
-    live.py      a training run's model FLOPs and the device's peaks, counted once as it starts
-    mfu.py       each iteration's MFU from those and its phase seconds (torch-free: the monitor uses it)
+
+The per-phase FLOPs, the device's peaks and the MFU are telemetry/'s, shared with a training run's live MFU.
 
 Random weights: speed and memory only, nothing here is a quality figure.
 """

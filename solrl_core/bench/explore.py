@@ -39,8 +39,8 @@ from torch import nn
 from solrl_core import events as ev
 from solrl_core.bench.build import REAL, bench_model, build_transformer
 from solrl_core.bench.flops import forward_inputs, text_tokens
-from solrl_core.bench.peaks import device_label
 from solrl_core.errors import SolrlError
+from solrl_core.telemetry.peaks import device_label
 
 BACKENDS = ("bf16", "fp8", "fp8-e5m2-tensor", "nvfp4-emulated", "fp8-torchao")
 DEFAULT_BACKENDS = BACKENDS[:4]  # torchao's conversion is one-way and optional: only when asked

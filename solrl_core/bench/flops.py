@@ -16,13 +16,12 @@ peak is for.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from solrl_core.bench.build import BenchModel, build_transformer
-from solrl_core.bench.mfu import format_flops  # noqa: F401 - where bench/run.py and the CLI take it from
+from solrl_core.telemetry.model_flops import SampleFlops
 
 SANA_TOKENS = 300  # models/sana.py MAX_SEQUENCE_LENGTH
 T5_DEFAULT_TOKENS = {"flux1": 512, "sd3": 256}  # the pipelines' own max_sequence_length, when the preset sets none
@@ -58,14 +57,6 @@ def forward_inputs(model: BenchModel, tokens: int, batch: int, device: torch.dev
                 pooled_projections=torch.randn(batch, c["pooled_projection_dim"], **kw), return_dict=False)
 
 
-@dataclass(frozen=True)
-class SampleFlops:
-    """Model FLOPs per sample: one forward, and one forward + backward with the base weights frozen."""
-
-    forward: float
-    forward_backward: float
-
-
 def count_sample_flops(model: BenchModel, tokens: int) -> SampleFlops:
     """FlopCounterMode over the transformer on the meta device at batch 1 (FLOPs are linear in the batch)."""
     from torch.utils.flop_counter import FlopCounterMode
@@ -79,31 +70,6 @@ def count_sample_flops(model: BenchModel, tokens: int) -> SampleFlops:
     with FlopCounterMode(display=False) as counter:
         net(**inputs)[0].float().sum().backward()
     return SampleFlops(float(forward), float(counter.get_total_flops()))
-
-
-def phase_flops(plan: Any, cfg: Any, per_sample: SampleFlops, prompts: int) -> dict[str, float]:
-    """Model FLOPs of each phase of one iteration of `plan` (plan.py's StagePlan) on `prompts` groups.
-
-        explore     prompts x explore seeds x explore steps x forward
-        regenerate  prompts x K x full steps x forward                 (when Stage 2 regenerates)
-        train       prompts x K x train timesteps x (forward + backward, + old forward, + reference forward if KL)
-    """
-    steps = min(max(1, int(plan.full_steps * cfg.algorithm.timestep_fraction)), plan.full_steps)  # update.py
-    pair = per_sample.forward_backward + per_sample.forward * (2 if cfg.algorithm.kl_beta != 0 else 1)
-    flops = {"explore": prompts * plan.explore_seeds * plan.explore_steps * per_sample.forward,
-             "regenerate": prompts * plan.keep * plan.full_steps * per_sample.forward if plan.regenerate else 0.0,
-             "train": prompts * plan.keep * steps * pair}
-    return {**flops, "total": sum(flops.values())}
-
-
-GEMM_PRECISIONS = ("fp8", "nvfp4", "bf16", "fp32")  # explore precisions whose GEMMs run at that precision
-
-
-def phase_precisions(plan: Any) -> dict[str, str]:
-    """The GEMM precision each phase's model FLOPs run at: fp8 in fp8; an emulated copy (nvfp4-emulated,
-    fp8-e5m2-tensor) multiplies dequantized weights in the run dtype."""
-    explore = plan.explore_precision if plan.explore_precision in GEMM_PRECISIONS else plan.full_precision
-    return {"explore": explore, "regenerate": plan.full_precision, "train": plan.full_precision}
 
 
 def sana_forward_flops(config: dict[str, Any], latent_side: int, tokens: int) -> int:

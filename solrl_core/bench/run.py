@@ -5,7 +5,7 @@ Per family and phase: seconds (the median of the measured iterations, with their
 max: two noisy iterations make no figure), throughput, peak memory (with the
 doctor's estimate beside it at real size), the one-time compile times, model FLOPs (flops.py), model
 FLOPs utilisation against the device's dense peak at the precision each phase multiplies in
-(peaks.py), and each family's total and rollout (explore + regenerate) time against the `compile`
+(telemetry/peaks.py), and each family's total and rollout (explore + regenerate) time against the `compile`
 family, the compiled bf16 baseline: the ratio of the medians, and the range the iterations allow
 (slowest against fastest each way), which says whether 1.0x is inside it. One prompt group per iteration, a cheap JPEG reward on the CPU.
 """
@@ -22,11 +22,12 @@ from typing import Any
 import torch
 
 from solrl_core import events as ev
-from solrl_core.bench import peaks as pk
 from solrl_core.bench.build import bench_model, build_pipeline, parameters
-from solrl_core.bench.flops import (SampleFlops, count_sample_flops, format_flops, phase_flops, phase_precisions,
-                                   text_tokens)
+from solrl_core.bench.flops import count_sample_flops, text_tokens
 from solrl_core.errors import SolrlError
+from solrl_core.telemetry import peaks as pk
+from solrl_core.telemetry.mfu import format_flops
+from solrl_core.telemetry.model_flops import SampleFlops, phase_flops, phase_precisions
 
 FAMILIES = ("sol_rl", "compile", "naive_scaling")
 PHASES = ("explore", "regenerate", "reward", "train", "sync", "total")

@@ -1,11 +1,11 @@
-"""The model FLOPs a training run announces as it starts, for its live MFU (bench/mfu.py): the figure
+"""The model FLOPs a training run announces as it starts, for its live MFU (mfu.py): the figure
 `solrl bench` prints, per iteration, in the terminal, the TUI and `solrl monitor`.
 
 Counted once by FlopCounterMode on a copy of the run's transformer built on the meta device from its
-config (no memory, no time; the LoRA adapters' own products are left out, as in flops.py), called
+config (no memory, no time; the LoRA adapters' own products are left out, as in bench/flops.py), called
 through the model's own velocity function with one prompt's conditioning at batch 1: one forward (a
 sample-step) and one forward + backward with the base weights frozen. The phases' FLOPs follow from
-the stage plan (flops.phase_flops). Peaks are peaks.py's: a datasheet figure for a listed GPU, else a
+the stage plan (phase_flops, which `solrl bench` uses too). Peaks are peaks.py's: a datasheet figure for a listed GPU, else a
 GEMM rate measured here once as the run starts (about 0.1 s on a CPU: a 1024 fp32 matmul, best of a
 few calls; half a second on an unlisted GPU). fp8 on a device with no portable fp8 matmul (a CPU) has
 no peak: its MFU is shown as unmeasured.
@@ -13,16 +13,49 @@ no peak: its MFU is shown as unmeasured.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import nn
 
 from solrl_core import events as ev
-from solrl_core.bench import peaks as pk
-from solrl_core.bench.flops import SampleFlops, phase_flops, phase_precisions
+from solrl_core.telemetry import peaks as pk
 
 CPU_MEASURE_SECONDS = 0.1  # at every run start on a CPU: kept short (the tests start many runs)
+
+
+@dataclass(frozen=True)
+class SampleFlops:
+    """Model FLOPs per sample: one forward, and one forward + backward with the base weights frozen."""
+
+    forward: float
+    forward_backward: float
+
+
+def phase_flops(plan: Any, cfg: Any, per_sample: SampleFlops, prompts: int) -> dict[str, float]:
+    """Model FLOPs of each phase of one iteration of `plan` (plan.py's StagePlan) on `prompts` groups.
+
+        explore     prompts x explore seeds x explore steps x forward
+        regenerate  prompts x K x full steps x forward                 (when Stage 2 regenerates)
+        train       prompts x K x train timesteps x (forward + backward, + old forward, + reference forward if KL)
+    """
+    steps = min(max(1, int(plan.full_steps * cfg.algorithm.timestep_fraction)), plan.full_steps)  # update.py
+    pair = per_sample.forward_backward + per_sample.forward * (2 if cfg.algorithm.kl_beta != 0 else 1)
+    flops = {"explore": prompts * plan.explore_seeds * plan.explore_steps * per_sample.forward,
+             "regenerate": prompts * plan.keep * plan.full_steps * per_sample.forward if plan.regenerate else 0.0,
+             "train": prompts * plan.keep * steps * pair}
+    return {**flops, "total": sum(flops.values())}
+
+
+GEMM_PRECISIONS = ("fp8", "nvfp4", "bf16", "fp32")  # explore precisions whose GEMMs run at that precision
+
+
+def phase_precisions(plan: Any) -> dict[str, str]:
+    """The GEMM precision each phase's model FLOPs run at: fp8 in fp8; an emulated copy (nvfp4-emulated,
+    fp8-e5m2-tensor) multiplies dequantized weights in the run dtype."""
+    explore = plan.explore_precision if plan.explore_precision in GEMM_PRECISIONS else plan.full_precision
+    return {"explore": explore, "regenerate": plan.full_precision, "train": plan.full_precision}
 
 
 def model_flops(run: Any) -> ev.ModelFlops:
