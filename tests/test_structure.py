@@ -85,6 +85,51 @@ def test_no_import_cycle():
     assert cycle is None, " -> ".join(cycle)
 
 
+def _folder(name: str) -> str:
+    """The node `name` belongs to at folder level: a sub-package of solrl_core as a whole (with the
+    packages inside it), any other module as itself."""
+    parts = name.split(".")
+    package = ".".join(parts[:2])
+    if parts[0] == "solrl_core" and len(parts) > 1 and MODULES.get(package, ROOT).name == "__init__.py":
+        return package
+    return name
+
+
+def _folder_graph(graph: dict[str, set[str]]) -> tuple[dict[str, set[str]], dict[tuple[str, str], list[str]]]:
+    """`graph` with each sub-package of solrl_core collapsed into one node, and for each edge left
+    between two nodes the module imports that make it."""
+    folders: dict[str, set[str]] = {}
+    why: dict[tuple[str, str], list[str]] = {}
+    for name, targets in graph.items():
+        here = folders.setdefault(_folder(name), set())
+        for target in sorted(targets):
+            if (there := _folder(target)) != _folder(name):
+                here.add(there)
+                why.setdefault((_folder(name), there), []).append(f"{name} imports {target}")
+    return folders, why
+
+
+def test_the_folder_graph_finds_a_cycle_the_module_graph_does_not():
+    planted = {"solrl_core.faults.oom": {"solrl_core.session"}, "solrl_core.session": {"solrl_core.faults.disk"},
+               "solrl_core.faults.disk": set(), "solrl_core.errors": set()}
+    assert _cycle(planted) is None
+    folders, why = _folder_graph(planted)
+    assert _cycle(folders) == ["solrl_core.faults", "solrl_core.session", "solrl_core.faults"]
+    assert why[("solrl_core.faults", "solrl_core.session")] == ["solrl_core.faults.oom imports solrl_core.session"]
+    assert _folder("solrl_core.models.tinyworld.net") == "solrl_core.models"  # a package inside one is part of it
+    assert _folder("solrl_core.tinyworld") == "solrl_core.tinyworld" and _folder("solrl_cli.app") == "solrl_cli.app"
+
+
+def test_no_import_cycle_between_folders():
+    """Sub-packages are leaves below the core (faults, precision, models, rewards) or tools above it
+    (bench, doctor, tracking): a folder that both imports the core and is imported by it is neither."""
+    folders, why = _folder_graph({name: _imports(name, path) for name, path in MODULES.items()})
+    assert "solrl_core.faults" in folders["solrl_core.trainer"]  # the graph sees the folders
+    cycle = _cycle(folders)
+    assert cycle is None, " -> ".join(cycle) + ": " + "; ".join(
+        "; ".join(why[(a, b)]) for a, b in zip(cycle, cycle[1:]))
+
+
 def test_modules_stay_short():
     long = {name: n for name, path in sorted(MODULES.items())
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
