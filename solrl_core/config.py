@@ -4,7 +4,7 @@ A config is built in layers, each overriding the last: dataclass defaults (the o
 defaults for an 8-GPU node) < model preset < family preset < reward preset < `--config FILE` <
 `--set section.key=value` < explicit CLI flags. `resolve_config` in presets.py does the layering;
 this module holds the schema and the cross-field rules (`validate`); config_io.py the (de)serialisation.
-Each field's `help` metadata is the documentation shown by `solrl train --help-config`.
+Each field's `help` metadata is the documentation shown by `solrl config-help`.
 """
 
 from __future__ import annotations

@@ -151,7 +151,7 @@ def _type_name(hint: Any) -> str:
 
 
 def help_table() -> list[tuple[str, str, str]]:
-    """(key, default, help) for every setting, for `--help-config`."""
+    """(key, default, help) for every setting, for `solrl config-help`."""
     rows = []
     for section, cls in _SECTION_TYPES.items():
         for f in fields(cls):

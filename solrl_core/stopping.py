@@ -36,7 +36,6 @@ if hasattr(signal, "SIGHUP"):
     SIGNAL_NAMES[signal.SIGHUP] = "SIGHUP"
 LAUNCHER_SOURCE = "the launcher died"
 ABANDONABLE = ("explore", "selection", "regenerate", "train")  # entered before the update: the weights are untouched
-STOP_MODES = ("phase", "iteration")
 
 
 class StopAtBoundary(Exception):

@@ -1,8 +1,8 @@
 """The shape of the code a newcomer reads: no import cycle between solrl's modules (an import
-inside a function counts), no module over 450 lines, no function with more than 8 positional
-parameters (a Typer command's parameters are its options, so the commands of solrl_cli/*_cmd.py
-are exempt), and the
-training loop's iteration short enough to read on one screen."""
+inside a function counts) nor between its folders (a sub-package of solrl_core as one node), no
+module over 450 lines, no function with more than 8 positional parameters (a Typer command's
+parameters are its options, so the commands of solrl_cli/*_cmd.py are exempt), and the training
+loop's iteration short enough to read on one screen."""
 
 from __future__ import annotations
 
