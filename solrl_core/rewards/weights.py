@@ -36,13 +36,3 @@ def hub_file(reward: str, repo_id: str, filename: str) -> Path:
         raise SolrlError(f"reward '{reward}' needs {filename} from hub {repo_id}, which is neither in the Hugging Face "
                          f"cache nor reachable ({type(exc).__name__})", local_fix(reward, [filename])) from exc
 
-
-def hub_folder(reward: str, repo_id: str, allow: list[str] | None = None) -> Path:
-    """A hub repository snapshot (only the `allow` patterns) through the cache."""
-    from huggingface_hub import snapshot_download
-
-    try:
-        return Path(snapshot_download(repo_id=repo_id, allow_patterns=allow))
-    except Exception as exc:  # noqa: BLE001
-        raise SolrlError(f"reward '{reward}' needs hub {repo_id}, which is neither in the Hugging Face cache nor "
-                         f"reachable ({type(exc).__name__})", local_fix(reward, ["the repository's files"])) from exc
