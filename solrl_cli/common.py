@@ -81,7 +81,7 @@ def reward_set(cfg: Any) -> Any:
 def _reward_weights(reward: str) -> dict[str, float]:
     """--reward: a reward preset or reward name, or NAME=W,NAME=W."""
     from solrl_core.presets import get_preset
-    from solrl_core.reward_names import is_weight_list, known_names, parse_weights
+    from solrl_core.rewards.names import is_weight_list, known_names, parse_weights
 
     if is_weight_list(reward):
         return parse_weights(reward)

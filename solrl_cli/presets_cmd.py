@@ -8,7 +8,7 @@ from solrl_cli.tables import Column, print_fitted
 
 
 def presets() -> None:
-    """List the built-in model, family and reward presets and prompt sets."""
+    """List the built-in model and family presets, the rewards (built-in and installed plugins) and prompt sets."""
     from solrl_core.presets import list_presets
     from solrl_core.prompt_sets import cached_path, download_sets
     from solrl_core.prompts import builtin_sets
@@ -22,6 +22,8 @@ def presets() -> None:
         print_fitted(console, [Column("kind", "key"), Column("name", "key"), Column("description", "text")], rows,
                      title="solrl presets  (combine as --model M --family F --reward R, or --preset M_F_R)")
         console.print(f"precedence: {PRECEDENCE}")
+        console.print("a reward of your own: --reward mypkg.rewards:fn or path/to/file.py:fn, or an installed package's "
+                      "'solrl.rewards' entry point by name (docs/rewards.md)")
 
 
 def config_help() -> None:

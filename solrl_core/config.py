@@ -15,7 +15,7 @@ from typing import Any
 from solrl_core.config_bounds import check_ranges, parse_timeout
 from solrl_core.errors import SolrlError, close_matches
 from solrl_core.reward_endpoints import check_settings
-from solrl_core.reward_names import check_names
+from solrl_core.rewards.names import check_names
 
 FAMILIES = ("sol_rl", "naive_scaling", "compile", "naive_quant", "diffusionnft")
 SELECTION_MODES = ("best_worst", "random", "mean_deviation", "extremes_random")

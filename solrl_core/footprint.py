@@ -43,8 +43,7 @@ MODEL_SIZES_BY_HUB_ID = {
     "stabilityai/stable-diffusion-3.5-medium":
         ModelSize("SD3.5-Medium 2.5B + T5-XXL + CLIP-L + CLIP-G", 2.24, 5.6, 0.08, 17.0, 0.3, 3.0),
 }
-# Approximate download of each reward's weights, GB.
-REWARD_DOWNLOAD_GB = {"imagereward": 1.8, "pickscore": 4.0, "clipscore": 1.7, "hpsv2": 2.0}
+# A reward's download and memory are declared with the reward (rewards/registry.py).
 
 # Explore-copy bytes per transformer parameter, by precision; None: the run dtype's own width.
 # nvfp4 (Transformer Engine): half a bf16 copy, as the real low-precision weights plus scales and

@@ -1,4 +1,6 @@
-"""Presets are TOML files on disk, found by name; a run's config is layered from them.
+"""Presets are TOML files on disk, found by name; a run's config is layered from them. A reward
+preset is a reward declared in the registry (rewards/registry.py: the built-ins and the installed
+plugins): it weights that one reward 1.0, so no file repeats what the registry says.
 
 Precedence, lowest first: dataclass defaults < model preset < family preset < reward preset <
 `--config FILE` < `--set section.key=value` < explicit CLI flags. A preset name
@@ -18,8 +20,8 @@ import tomllib
 from solrl_core.config import Config
 from solrl_core.config_io import from_dict, set_value
 from solrl_core.errors import SolrlError, close_matches
-from solrl_core.reward_endpoints import label
-from solrl_core.reward_names import is_weight_list, parse_weights
+from solrl_core.rewards.names import is_weight_list, label, parse_weights
+from solrl_core.rewards.registry import RewardInfo, registry
 
 KINDS = ("models", "families", "rewards")
 
@@ -41,6 +43,9 @@ def list_presets(kind: str | None = None) -> list[Preset]:
     """Every shipped preset of one kind (or all), sorted by name."""
     out = []
     for k in ([kind] if kind else KINDS):
+        if k == "rewards":
+            out += [_reward_preset(info) for info in sorted(registry().values(), key=lambda r: r.name)]
+            continue
         folder = _preset_root() / k
         for entry in sorted(folder.iterdir(), key=lambda e: e.name):
             if entry.name.endswith(".toml"):
@@ -57,13 +62,21 @@ def _read(kind: str, entry: Any) -> Preset:
     return Preset(kind, entry.name[:-5], description, data, str(entry))
 
 
+def _reward_preset(info: RewardInfo) -> Preset:
+    needs = f"; weights: {info.weights}" if info.weights else "; needs no weights" if info.build else ""
+    extra = f"; needs solrl[{info.extra}]" if info.extra else ""
+    return Preset("rewards", info.name, f"{info.description}{needs}{extra}", {"reward": {"weights": {info.name: 1.0}}}, info.origin)
+
+
 def names(kind: str) -> list[str]:
     return [p.name for p in list_presets(kind)]
 
 
 def get_preset(kind: str, name: str) -> Preset:
+    if kind == "rewards" and name in registry():
+        return _reward_preset(registry()[name])
     entry = _preset_root() / kind / f"{name}.toml"
-    if not entry.is_file():
+    if kind == "rewards" or not entry.is_file():
         singular = kind[:-1] if kind != "families" else "family"
         raise SolrlError(f"unknown {singular} '{name}'", close_matches(name, names(kind)) + " (list them with: solrl presets)")
     return _read(kind, entry)

@@ -1,6 +1,6 @@
 """Rewards that live behind a URL, by name: `remote:URL` (a `solrl reward-server`) and `vlm:URL` (any
 OpenAI-compatible chat-completions endpoint judging the image), and the `reward.remote` settings
-they read. Torch-free, like reward_names.py, so a config naming them can be checked without torch.
+they read. Torch-free, like rewards/names.py, so a config naming them can be checked without torch.
 
 A name is the prefix and the URL: `remote:http://gpu-box:8000`, `vlm:http://127.0.0.1:8001/v1`. In a
 weight list the weight follows the URL after its last '=': `remote:http://h:8000=0.5,pickscore=1`.

@@ -84,12 +84,12 @@ def _local_prompts(spec: str, origin: str) -> list[str]:
 
 def _check_vocabulary(cfg: Config, prompts: list[str]) -> None:
     """Rewards that need no weights are built (cheap) and asked whether they can judge the prompts."""
-    from solrl_core.reward_endpoints import is_endpoint
-    from solrl_core.rewards import SPECS, build_reward
+    from solrl_core.rewards.registry import BUILTIN
+    from solrl_core.rewards import build_reward
 
     for name in cfg.reward.weights:
-        if is_endpoint(name) or name not in SPECS or SPECS[name].weights or not prompts:
-            continue
+        if name not in BUILTIN or BUILTIN[name].needs_weights or not prompts:
+            continue  # a URL reward, a plugin (checked when the run's rewards are built) or a model reward
         check = getattr(build_reward(name), "check_prompts", None)
         if check is not None:
             check(prompts)

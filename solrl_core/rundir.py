@@ -6,7 +6,6 @@ Torch-free, so the CLI and the TUI can read a run folder without loading torch.
 from __future__ import annotations
 
 import datetime as dt
-import os
 import re
 import tomllib
 from pathlib import Path
@@ -15,23 +14,11 @@ import tomli_w
 
 from solrl_core.config import Config
 from solrl_core.config_io import from_dict, to_dict
+from solrl_core.atomic import write_atomic
 from solrl_core.errors import SolrlError
-from solrl_core.faults import disk
 
 CONFIG_FILE = "config.toml"
 EVENTS_FILE = "events.jsonl"
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write a small file so that a reader sees the old or the new content, never a torn one."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    try:
-        with disk.writing(path.parent, path.name):  # a full or read-only folder: one clear line
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
 
 
 def load_run_config(run_dir: str | Path) -> Config:

@@ -242,11 +242,13 @@ def test_matching_torchvision():
 
 def test_reward_file_table_matches_the_backends():
     pytest.importorskip("open_clip")
-    from solrl_core.rewards import SPECS, clip_rewards, hpsv2, imagereward
+    from solrl_core.rewards.registry import BUILTINS
+    from solrl_core.rewards import clip_rewards, hpsv2, imagereward
 
-    assert set(doc.REWARD_FILES) == {n for n, s in SPECS.items() if s.weights}
-    repos = {name: {repo for repo, _ in needs} for name, needs in doc.REWARD_FILES.items()}
-    files = {name: {f for _, names in needs for f in names} for name, needs in doc.REWARD_FILES.items()}
+    hub = {r.name: r.hub_files for r in BUILTINS if r.hub_files}
+    assert set(hub) == {r.name for r in BUILTINS if r.weights} == {r.name for r in BUILTINS if r.local_files}
+    repos = {name: {repo for repo, _ in needs} for name, needs in hub.items()}
+    files = {name: {f for _, names in needs for f in names} for name, needs in hub.items()}
     assert repos["imagereward"] == {imagereward.HUB_ID, imagereward.TOKENIZER_ID}
     assert {imagereward.CHECKPOINT, imagereward.MED_CONFIG} <= files["imagereward"]
     assert repos["pickscore"] == {clip_rewards.PickScore.model_id, clip_rewards.PickScore.processor_id}

@@ -18,7 +18,7 @@ from solrl_core import events as ev
 from solrl_core.errors import SolrlError
 from solrl_core.faults.manifest import verify
 from solrl_core.presets import resolve_config
-from solrl_core.reward_names import parse_weights
+from solrl_core.rewards.names import parse_weights
 from solrl_core.rewards import RewardSet
 from solrl_core.rewards.base import RewardContext
 from solrl_core.rewards.jpeg import to_uint8

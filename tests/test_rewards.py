@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,7 +14,8 @@ from solrl_core.config_io import set_value
 from solrl_core.errors import SolrlError
 from solrl_core.nft import combined_advantages, group_advantages
 from solrl_core.presets import resolve_config
-from solrl_core.rewards import SPECS, RewardSet, RewardSpec, parse_weights
+from solrl_core.rewards.registry import BUILTIN, RewardInfo
+from solrl_core.rewards import RewardSet, parse_weights
 from solrl_core.rewards.health import RewardHealth, near_constant
 from solrl_core.trainer import StopFlag, train
 
@@ -104,7 +106,7 @@ class _Constant:
 
 
 def test_a_constant_reward_warns_then_stops_the_run_with_a_checkpoint(fast_sets, monkeypatch):
-    monkeypatch.setitem(SPECS, "constant", RewardSpec("constant", lambda ctx: _Constant(), "always 0"))
+    monkeypatch.setitem(BUILTIN, "constant", RewardInfo("constant", "always 0", lambda ctx: _Constant()))
     cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("reward.weights=constant=1.0", "run.iterations=5",
                                                           "reward.health_patience=2"))
     bus, seen = ev.EventBus(), []
@@ -141,7 +143,7 @@ def test_unknown_reward_and_a_missing_backend_are_clear_errors(monkeypatch):
 
     def missing(ctx):
         raise ImportError("No module named 'open_clip'")
-    monkeypatch.setitem(SPECS, "hpsv2", RewardSpec("hpsv2", missing, "x", extra="rewards"))
+    monkeypatch.setitem(BUILTIN, "hpsv2", replace(BUILTIN["hpsv2"], build=missing))
     with pytest.raises(SolrlError, match=r"solrl\[rewards\]"):
         RewardSet({"hpsv2": 1.0})
 

@@ -27,11 +27,10 @@ from solrl_core.doctor.remote import _remote_rewards
 from solrl_core.doctor.strategy import backend_check, strategy_check
 from solrl_core.doctor.software import (_combinations, _device, _gpus, _library, _python, _reward_backends, _torch,
                                         _torchvision, _transformer_engine, matching_torchvision)
-from solrl_core.doctor.weights import (REWARD_FILES, REWARD_LOCAL_FILES, _disk, _hub_mode, _hub_token, _model_weights, _reward_weights,
-                                      hub_reachable)
+from solrl_core.doctor.weights import _disk, _hub_mode, _hub_token, _model_weights, _reward_weights, hub_reachable
 from solrl_core.precision.hardware import GpuInfo
 
-__all__ = ["Check", "REWARD_FILES", "REWARD_LOCAL_FILES", "failed_for_run", "matching_torchvision", "run_checks"]
+__all__ = ["Check", "failed_for_run", "matching_torchvision", "run_checks"]
 
 
 def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None = None) -> list[Check]:

@@ -10,30 +10,11 @@ from pathlib import Path
 
 from solrl_core.config import Config
 from solrl_core.doctor.check import FAIL, PASS, WARN, Check, Machine
-from solrl_core.footprint import REWARD_DOWNLOAD_GB, model_size
+from solrl_core.footprint import model_size
 from solrl_core.reward_endpoints import is_endpoint
+from solrl_core.rewards.registry import RewardInfo, lookup
 
 GATED_HINT = "accept its licence on huggingface.co/{repo} and set HF_TOKEN (or run `hf auth login`)"
-
-# The weights each model reward loads from the hub: (repo, alternatives: any one cached will do).
-# They mirror the backend modules' constants (a test keeps them in step).
-REWARD_FILES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
-    "imagereward": (("THUDM/ImageReward", ("ImageReward.pt",)), ("THUDM/ImageReward", ("med_config.json",)),
-                    ("bert-base-uncased", ("vocab.txt",))),
-    "pickscore": (("yuvalkirstain/PickScore_v1", ("config.json",)),
-                  ("yuvalkirstain/PickScore_v1", ("model.safetensors", "pytorch_model.bin")),
-                  ("laion/CLIP-ViT-H-14-laion2B-s32B-b79K", ("preprocessor_config.json",)),
-                  ("laion/CLIP-ViT-H-14-laion2B-s32B-b79K", ("tokenizer.json", "vocab.json"))),
-    "clipscore": (("openai/clip-vit-large-patch14", ("config.json",)),
-                  ("openai/clip-vit-large-patch14", ("model.safetensors", "pytorch_model.bin")),
-                  ("openai/clip-vit-large-patch14", ("preprocessor_config.json",)),
-                  ("openai/clip-vit-large-patch14", ("tokenizer.json", "vocab.json"))),
-    "hpsv2": (("xswu/HPSv2", ("HPS_v2.1_compressed.pt",)),),
-}
-# What a local folder given as reward.paths.NAME must hold (imagereward's tokenizer/ is optional).
-REWARD_LOCAL_FILES = {"imagereward": ("ImageReward.pt", "med_config.json"), "pickscore": ("config.json",),
-                      "clipscore": ("config.json",), "hpsv2": ("HPS_v2.1_compressed.pt",)}
-
 
 def _cached(repo: str, names: tuple[str, ...], cache: Path) -> bool:
     from huggingface_hub import try_to_load_from_cache
@@ -46,42 +27,60 @@ def _reward_weights(cfg: Config, m: Machine) -> tuple[list[Check], float]:
     for name in cfg.reward.weights:
         if is_endpoint(name):
             continue  # a remote: or vlm: reward loads its weights where it is served (doctor/remote.py asks it)
-        row = f"reward weights {name}"
-        if name not in REWARD_FILES:
-            out.append(Check(row, PASS, "needs no weights", "", True))
+        info = lookup(name)
+        if info is None:
+            continue  # config validation has named it already
+        if info.build is None:
+            out.append(_plugin(name))
             continue
-        local = cfg.reward.paths.get(name, "")
-        needs = REWARD_FILES[name]
-        if local:
-            path = Path(local).expanduser()
-            files = REWARD_LOCAL_FILES[name]
-            folder = path.parent if path.is_file() else path
-            lacking = [f for f in files if not (folder / f).exists()]
-            if not path.exists() or lacking:
-                out.append(Check(row, FAIL, f"reward.paths.{name} = {local} " + ("does not exist" if not path.exists() else
-                                 f"lacks {', '.join(lacking)}"), f"point it at a folder holding {', '.join(files)}", True))
-                continue
-            if name == "imagereward" and not (folder / "tokenizer").is_dir():
-                needs = tuple(n for n in needs if n[0] == "bert-base-uncased")  # the tokenizer still comes from the hub
-            else:
-                out.append(Check(row, PASS, f"local folder {folder}", "", True))
-                continue
-        missing = [(repo, names) for repo, names in needs if not _cached(repo, names, m.cache)]
-        if not missing:
-            out.append(Check(row, PASS, f"in the Hugging Face cache ({', '.join(dict.fromkeys(r for r, _ in needs))})", "", True))
-            continue
-        what = ", ".join(f"{repo}/{'|'.join(names)}" for repo, names in missing)
-        local_fix = f"--set reward.paths.{name}=DIR with {', '.join(REWARD_LOCAL_FILES[name])}"
-        if m.offline:
-            out.append(Check(row, FAIL, f"not in the Hugging Face cache ({m.cache}) and HF_HUB_OFFLINE=1: missing {what}",
-                             f"download hub {', '.join(dict.fromkeys(r for r, _ in missing))} once with network (unset HF_HUB_OFFLINE), "
-                             f"or {local_fix}", True))
-        else:
-            size = REWARD_DOWNLOAD_GB.get(name, 0.0)
-            download += size
-            out.append(Check(row, WARN, f"not cached; will download on first use (~{size:.1f} GB, approximate): {what}",
-                             f"nothing to do with network access; offline: {local_fix}", True))
+        check, size = _builtin_weights(info, cfg.reward.paths.get(name, ""), m)
+        out.append(check)
+        download += size
     return out, download
+
+
+def _plugin(name: str) -> Check:
+    """A plugin imports and can be called as (images, prompts), checked as a run checks it, without
+    creating or calling it (a class may load a model when created)."""
+    from solrl_core.errors import SolrlError
+    from solrl_core.rewards.plugins import check_plugin
+
+    row = f"reward plugin {name}"
+    try:
+        found = check_plugin(name)
+    except SolrlError as exc:
+        return Check(row, FAIL, exc.message, exc.fix, True)
+    return Check(row, PASS, f"imports and takes (images, prompts): {found}; its own weights are not checked", "", True)
+
+
+def _builtin_weights(info: RewardInfo, local: str, m: Machine) -> tuple[Check, float]:
+    name, row = info.name, f"reward weights {info.name}"
+    if not info.hub_files:
+        return Check(row, PASS, "needs no weights", "", True), 0.0
+    needs = info.hub_files
+    local_fix = f"--set reward.paths.{name}=DIR with {', '.join(info.local_files)}"
+    if local:
+        path = Path(local).expanduser()
+        folder = path.parent if path.is_file() else path
+        lacking = [f for f in info.local_files if not (folder / f).exists()]
+        if not path.exists() or lacking:
+            return Check(row, FAIL, f"reward.paths.{name} = {local} " + ("does not exist" if not path.exists() else
+                         f"lacks {', '.join(lacking)}"), f"point it at a folder holding {', '.join(info.local_files)}", True), 0.0
+        if name == "imagereward" and not (folder / "tokenizer").is_dir():
+            needs = tuple(n for n in needs if n[0] == "bert-base-uncased")  # the tokenizer still comes from the hub
+        else:
+            return Check(row, PASS, f"local folder {folder}", "", True), 0.0
+    memory = f"; about {info.memory_gib:.1f} GiB on the device once loaded (approximate)"
+    missing = [(repo, names) for repo, names in needs if not _cached(repo, names, m.cache)]
+    if not missing:
+        return Check(row, PASS, f"in the Hugging Face cache ({', '.join(dict.fromkeys(r for r, _ in needs))}){memory}", "", True), 0.0
+    what = ", ".join(f"{repo}/{'|'.join(names)}" for repo, names in missing)
+    if m.offline:
+        return Check(row, FAIL, f"not in the Hugging Face cache ({m.cache}) and HF_HUB_OFFLINE=1: missing {what}",
+                     f"download hub {', '.join(dict.fromkeys(r for r, _ in missing))} once with network (unset HF_HUB_OFFLINE), "
+                     f"or {local_fix}", True), 0.0
+    return Check(row, WARN, f"not cached; will download on first use (~{info.download_gb:.1f} GB, approximate): {what}{memory}",
+                 f"nothing to do with network access; offline: {local_fix}", True), info.download_gb
 
 
 def _model_weights(cfg: Config, m: Machine) -> tuple[Check, float]:
@@ -99,7 +98,8 @@ def _model_weights(cfg: Config, m: Machine) -> tuple[Check, float]:
                          "give a folder holding config.json and model.safetensors in model.weights, or leave it empty", True), 0.0
         origin = "shipped with solrl" if folder == shipped else "local folder"
         return Check(row, PASS, f"tiny model '{mc.weights}' ({origin}: {folder})", "", True), 0.0
-    from solrl_core.models.diffusers_models import LAYOUTS, missing_part
+    from solrl_core.models.diffusers_models import missing_part
+    from solrl_core.models.layouts import LAYOUTS
 
     layout = LAYOUTS.get(mc.loader)
     if layout is None:
@@ -139,7 +139,7 @@ def _has_token() -> bool:
 
 
 def _hub_token(cfg: Config, model_download: float) -> list[Check]:
-    from solrl_core.models.diffusers_models import LAYOUTS
+    from solrl_core.models.layouts import LAYOUTS
 
     layout = LAYOUTS.get(cfg.model.loader)
     if layout is None or not layout.gated or cfg.model.path:

@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 import torch
 
 from solrl_core.errors import SolrlError
-from solrl_core.reward_names import REWARDS
+from solrl_core.rewards.registry import BUILTINS
 from solrl_core.text import plural
 
-BEST = {r.name: r.best for r in REWARDS if r.best is not None}  # bounded rewards: their highest score
+BEST = {r.name: r.best for r in BUILTINS if r.best is not None}  # bounded rewards: their highest score
 
 
 @dataclass(frozen=True)

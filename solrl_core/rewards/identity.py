@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from solrl_core.errors import SolrlError
-from solrl_core.rundir import write_atomic
+from solrl_core.atomic import write_atomic
 
 RECORD_FILE = "reward_servers.json"
 ON_CHANGE = ("refuse", "warn")

@@ -38,7 +38,7 @@ from typing import Any, Callable
 import torch
 
 from solrl_core.errors import SolrlError
-from solrl_core.reward_names import REWARDS
+from solrl_core.rewards.registry import lookup
 from solrl_core.rewards import RewardSet, Scores
 from solrl_core.rewards.base import RewardContext
 from solrl_core.rewards.identity import server_identity
@@ -148,13 +148,14 @@ def load(opts: ServerOptions) -> tuple[RewardSet, dict[str, Any], Limits]:
                          "pass --token TOKEN (or set SOLRL_REWARD_TOKEN), or bind to 127.0.0.1")
     served = [n for n in opts.weights if is_endpoint(n)]
     if served:
-        raise SolrlError(f"a reward server serves built-in rewards, not '{served[0]}'", "name built-in rewards: see `solrl presets`")
+        raise SolrlError(f"a reward server serves built-in rewards and plugins, not '{served[0]}'",
+                         "name built-in rewards or plugins: see `solrl presets`")
     device = resolve_device(opts.device)
     rewards = RewardSet(opts.weights, RewardContext(device, torch.float32, batch_size=opts.batch_size), paths=opts.paths)
     limits = derive(rewards.rewards.values(), max_images=opts.max_images, max_side=opts.max_side,
                     max_decoded_mb=opts.max_decoded_mb, max_request_mb=opts.max_request_mb,
                     header_timeout_s=opts.header_timeout_s, max_connections=opts.max_connections)
-    described = {r.name: r.description for r in REWARDS}
+    described = {n: info.description for n in opts.weights if (info := lookup(n)) is not None}
     versions = _versions()
     info = {"schema": SCHEMA, "server": "solrl reward-server", "device": str(device), "versions": versions,
             "rewards": [{"name": n, "weight": w, "description": described.get(n, "")} for n, w in opts.weights.items()],

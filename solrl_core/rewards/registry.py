@@ -1,0 +1,202 @@
+"""Every reward solrl can use, declared once: the built-ins below, the plugins installed packages
+declare (entry-point group `solrl.rewards`), and a plugin named by where it lives
+(`mypkg.rewards:ocr`, `path/to/file.py:score`). Torch-free, so a config can be checked and
+`solrl presets` can list the rewards without loading torch: a builder imports its backend only
+when it is called.
+
+Each other place that needs a fact about a reward reads it from here: the builders
+(rewards/__init__.py), the doctor's weight checks (doctor/weights.py), the download sizes, the
+reward presets `solrl presets` lists and `--reward NAME` resolves (presets.py), the best score
+reward health knows (rewards/health.py), the descriptions a reward server publishes. Loading and
+checking a plugin is rewards/plugins.py; the interface a reward implements is in the docstring of
+rewards/__init__.py and in docs/rewards.md.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Callable
+
+from solrl_core.errors import SolrlError
+
+GROUP = "solrl.rewards"  # the entry-point group installed plugins declare their rewards in
+_IDENT = r"[A-Za-z_]\w*"
+_MODULE = re.compile(rf"{_IDENT}(\.{_IDENT})*")
+_NUMBER = re.compile(r"\s*[-+]?[0-9.]+([eE][-+]?[0-9]+)?\s*")
+
+# (hub repository, files: any one of them cached will do)
+HubFiles = tuple[tuple[str, tuple[str, ...]], ...]
+
+
+@dataclass(frozen=True)
+class RewardInfo:
+    """One reward: what it is, what it needs and how it is built. Sizes are APPROXIMATE."""
+
+    name: str
+    description: str
+    build: Callable[[Any], Any] | None = None  # RewardContext -> Reward; None: a plugin (rewards/plugins.py loads it)
+    weights: str = ""  # where the weights come from, for errors and `doctor`; '' = needs none
+    extra: str = ""  # the pip extra that installs its backend; '' = core install
+    best: float | None = None  # the highest score it can give, when bounded: every image there is saturation, not a fault
+    media: str = "image"  # what it judges: "image" ([B, 3, H, W] in [0, 1]); a video reward would say "video"
+    hub_files: HubFiles = ()  # what it downloads from the hub (doctor looks for them in the cache)
+    local_files: tuple[str, ...] = ()  # what a local folder given as reward.paths.NAME must hold
+    download_gb: float = 0.0  # size of that download, GB (approximate)
+    memory_gib: float = 0.0  # its weights on the device in fp32, GiB (approximate; activations not counted)
+    plugin: str = ""  # a plugin's target: 'module:attr' or 'path/file.py:attr' ('' for a built-in)
+    origin: str = "built-in"  # where it was declared, for listings and errors
+
+    @property
+    def needs_weights(self) -> bool:
+        return bool(self.weights)
+
+
+# --- the built-ins: each builder imports its backend only when called -------------------------------
+
+def _jpeg(name: str, sign: float, scale: float) -> Callable[[Any], Any]:
+    def build(ctx: Any) -> Any:
+        from solrl_core.rewards.jpeg import JpegSize
+
+        return JpegSize(name, sign=sign, scale=scale)
+    return build
+
+
+def _tinyworld(ctx: Any) -> Any:
+    from solrl_core.rewards.tinyworld import TinyWorldReward
+
+    return TinyWorldReward()
+
+
+def _imagereward(ctx: Any) -> Any:
+    from solrl_core.rewards.imagereward import ImageRewardScore
+
+    return ImageRewardScore.load(ctx)
+
+
+def _pickscore(ctx: Any) -> Any:
+    from solrl_core.rewards.clip_rewards import PickScore
+
+    return PickScore.load(ctx)
+
+
+def _clipscore(ctx: Any) -> Any:
+    from solrl_core.rewards.clip_rewards import ClipScore
+
+    return ClipScore.load(ctx)
+
+
+def _hpsv2(ctx: Any) -> Any:
+    from solrl_core.rewards.hpsv2 import HPSv2
+
+    return HPSv2.load(ctx)
+
+
+_CLIP_L = "openai/clip-vit-large-patch14"
+_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+_TOKENIZER = ("tokenizer.json", "vocab.json")
+BUILTINS: tuple[RewardInfo, ...] = (
+    RewardInfo("jpeg_compressibility", "Smaller JPEG files score higher: -size_KB / 500 (PIL, quality 95)",
+               _jpeg("jpeg_compressibility", -1.0, 1 / 500)),
+    RewardInfo("jpeg_incompressibility", "Larger JPEG files score higher: +size_KB (PIL, quality 95)",
+               _jpeg("jpeg_incompressibility", 1.0, 1.0)),
+    RewardInfo("tinyworld_geneval", "GenEval-style partial score of a tiny-world image against its caption (objects, colours, "
+               "counts, positions), in [0, 1]", _tinyworld, best=1.0),
+    RewardInfo("imagereward", "ImageReward-v1.0 (BLIP ViT-L + BERT cross-attention + MLP head)", _imagereward,
+               weights="hub THUDM/ImageReward (ImageReward.pt, med_config.json) + tokenizer bert-base-uncased", extra="rewards",
+               hub_files=(("THUDM/ImageReward", ("ImageReward.pt",)), ("THUDM/ImageReward", ("med_config.json",)),
+                          ("bert-base-uncased", ("vocab.txt",))),
+               local_files=("ImageReward.pt", "med_config.json"), download_gb=1.8, memory_gib=1.7),
+    RewardInfo("pickscore", "PickScore_v1: logit_scale * cos(text, image) / 26", _pickscore,
+               weights="hub yuvalkirstain/PickScore_v1 + processor laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
+               hub_files=(("yuvalkirstain/PickScore_v1", ("config.json",)), ("yuvalkirstain/PickScore_v1", _WEIGHTS),
+                          ("laion/CLIP-ViT-H-14-laion2B-s32B-b79K", ("preprocessor_config.json",)),
+                          ("laion/CLIP-ViT-H-14-laion2B-s32B-b79K", _TOKENIZER)),
+               local_files=("config.json",), download_gb=4.0, memory_gib=3.7),
+    RewardInfo("clipscore", "CLIP ViT-L/14: logit_scale * cos(text, image) / 100", _clipscore, weights=f"hub {_CLIP_L}",
+               hub_files=((_CLIP_L, ("config.json",)), (_CLIP_L, _WEIGHTS), (_CLIP_L, ("preprocessor_config.json",)),
+                          (_CLIP_L, _TOKENIZER)),
+               local_files=("config.json",), download_gb=1.7, memory_gib=1.6),
+    RewardInfo("hpsv2", "HPS v2.1 through open_clip ViT-H-14: image . text features", _hpsv2,
+               weights="hub xswu/HPSv2 (HPS_v2.1_compressed.pt)", extra="rewards",
+               hub_files=(("xswu/HPSv2", ("HPS_v2.1_compressed.pt",)),), local_files=("HPS_v2.1_compressed.pt",),
+               download_gb=2.0, memory_gib=3.7),
+)
+BUILTIN: dict[str, RewardInfo] = {r.name: r for r in BUILTINS}
+
+
+# --- plugins ----------------------------------------------------------------------------------------
+
+def is_plugin_ref(name: str) -> bool:
+    """Whether a reward name points at code: 'module:attr' or 'path/file.py:attr' (a URL reward,
+    remote:URL or vlm:URL, also holds ':' and is not one: reward_endpoints.py)."""
+    from solrl_core.reward_endpoints import is_endpoint
+
+    return ":" in name and not is_endpoint(name)
+
+
+def split_ref(name: str) -> tuple[str, str]:
+    """'mypkg.rewards:ocr' -> ('mypkg.rewards', 'ocr'); 'path/to/file.py:score' -> ('path/to/file.py',
+    'score'). The attribute is after the last ':' and is a Python name; a file ends in .py."""
+    target, _, attr = name.rpartition(":")
+    example = "write it like mypkg.rewards:ocr or path/to/file.py:score, with a weight after '=': mypkg.rewards:ocr=0.5"
+    if _NUMBER.fullmatch(attr) and target:
+        raise SolrlError(f"reward '{name}': a weight follows '=', not ':'", f"write {target}={attr.strip()}")
+    if not re.fullmatch(_IDENT, attr):
+        raise SolrlError(f"reward plugin '{name}': '{attr}' after the last ':' is not a Python name", example)
+    if target.endswith(".py"):
+        return target, attr
+    if not _MODULE.fullmatch(target):
+        raise SolrlError(f"reward plugin '{name}': '{target}' is neither a module path (a.b.c) nor a .py file", example)
+    return target, attr
+
+
+def check_ref(name: str) -> None:
+    """What can be known of a plugin reference without importing it: its form, and that a file exists."""
+    target, _ = split_ref(name)
+    if target.endswith(".py") and not Path(target).expanduser().is_file():
+        raise SolrlError(f"reward plugin '{name}': the file {target} does not exist",
+                         "give a path to a .py file, relative to the folder you run solrl in, or absolute")
+
+
+def entry_points() -> dict[str, metadata.EntryPoint]:
+    """The rewards installed packages declare in the `solrl.rewards` entry-point group, by name
+    (the first one found wins when two packages declare the same name). Read from the packages'
+    metadata: nothing is imported."""
+    found: dict[str, metadata.EntryPoint] = {}
+    for ep in metadata.entry_points(group=GROUP):
+        found.setdefault(ep.name, ep)
+    return found
+
+
+def _dist(ep: metadata.EntryPoint) -> str:
+    dist = getattr(ep, "dist", None)
+    return f"{dist.metadata['Name']} {dist.version}" if dist is not None else "an installed package"
+
+
+def _from_entry_point(ep: metadata.EntryPoint) -> RewardInfo:
+    origin = f"entry point {ep.value} of {_dist(ep)}"
+    return RewardInfo(ep.name, f"plugin: {ep.value} (installed package {_dist(ep)})", plugin=ep.value, origin=origin)
+
+
+def registry() -> dict[str, RewardInfo]:
+    """Every reward a name can select: the built-ins, then the installed plugins (a plugin named
+    like a built-in is shadowed by it)."""
+    out = dict(BUILTIN)
+    for name, ep in entry_points().items():
+        out.setdefault(name, _from_entry_point(ep))
+    return out
+
+
+def lookup(name: str) -> RewardInfo | None:
+    """The reward `name` selects: a built-in, an installed plugin, or a plugin reference; None when
+    the name selects nothing (URL rewards are not here: reward_endpoints.py)."""
+    if name in BUILTIN:
+        return BUILTIN[name]
+    if is_plugin_ref(name):
+        split_ref(name)
+        return RewardInfo(name, f"plugin: {name}", plugin=name, origin=f"plugin {name}")
+    ep = entry_points().get(name)
+    return _from_entry_point(ep) if ep is not None else None

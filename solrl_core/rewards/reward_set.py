@@ -1,0 +1,149 @@
+"""A run's rewards together (`RewardSet`: weights, the watchdog around each call, the same plugin
+code on every process) and `build_reward`, which builds one reward as the registry declares it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Protocol
+
+import torch
+
+from solrl_core.errors import SolrlError, close_matches
+from solrl_core.faults.phase import charged_to
+from solrl_core.reward_endpoints import is_endpoint
+from solrl_core.rewards.names import check_names, known_names
+from solrl_core.rewards.registry import lookup
+from solrl_core.rewards.base import Reward, RewardContext
+from solrl_core.rewards.watchdog import call_watched, timeout_for
+
+
+
+class RewardSection(Protocol):
+    """What a RewardSet reads of a run's config (config.RewardConfig; the rewards import no config)."""
+
+    weights: dict[str, float]
+    paths: dict[str, str]
+    batch_size: int
+    timeout_s: str
+    retries: int
+    remote: dict[str, str]
+
+
+def reward_names() -> list[str]:
+    return known_names()
+
+
+def build_reward(name: str, ctx: RewardContext | None = None, *, remote: dict[str, str] | None = None,
+                 timeout_s: float = 0.0) -> Reward:
+    """One reward by name, loaded for `ctx` (CPU, fp32, hub weights when omitted): a built-in or a
+    plugin (plugins.py) as the registry declares it (rewards/registry.py). A remote:URL or vlm:URL
+    reward (remote.py, vlm.py) reads the reward.remote settings and limits each request to
+    `timeout_s` seconds (0: its default)."""
+    if is_endpoint(name):
+        from solrl_core.rewards.remote import build_endpoint
+
+        return build_endpoint(name, remote or {}, timeout_s)
+    info = lookup(name)
+    if info is None:
+        raise SolrlError(f"unknown reward '{name}'", close_matches(name, reward_names()) + " (list them with: solrl presets)")
+    if info.build is None:
+        from solrl_core.rewards.plugins import load_plugin
+
+        return load_plugin(name, ctx)
+    try:
+        return info.build(ctx or RewardContext())
+    except ImportError as exc:
+        install = f"pip install 'solrl[{info.extra}]'" if info.extra else "pip install solrl"
+        raise SolrlError(f"reward '{name}' cannot import its backend ({exc})", f"install it with `{install}`") from exc
+
+
+def _may_hang(name: str) -> bool:
+    info = lookup(name)
+    return is_endpoint(name) or info is None or info.build is None or info.needs_weights
+
+
+def same_plugins_on_every_rank(rewards: dict[str, Reward]) -> None:
+    """Under --nproc-per-node, every process must score with the same plugin code: each compares
+    what its plugins resolved to (plugins.fingerprint) with rank 0's, and all stop together if any differs."""
+    from solrl_core import distributed
+
+    mine = {n: r.fingerprint for n, r in rewards.items() if hasattr(r, "fingerprint") and isinstance(r.fingerprint, str)}
+    if distributed.world_size() == 1 or not mine:
+        return
+    first = distributed.broadcast_object(mine)
+    differs = sorted(n for n in mine if first.get(n) != mine[n])
+    if distributed.any_true(bool(differs)):
+        fix = "install the same version of the plugin for every process (every node), or give its file by an absolute path"
+        if not differs:
+            raise SolrlError("a reward plugin is not the same code on every process (another rank names it)", fix)
+        name = differs[0]
+        raise SolrlError(f"reward plugin '{name}' is not the same code on every process: rank {distributed.rank()} loaded "
+                         f"{mine[name]}, rank 0 {first.get(name)}", fix)
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Per-image total reward and each component's raw score."""
+
+    total: torch.Tensor
+    components: dict[str, torch.Tensor]
+
+
+class RewardSet:
+    """Several rewards with weights. `total` is always the weighted sum of raw scores; how the
+    components meet the advantage (sum or per-reward normalisation) is `nft.combined_advantages`.
+
+    Each reward's scoring call runs under the watchdog (watchdog.py): `timeout_s` is the
+    reward.timeout_s setting (auto: model rewards only; '0': none), `retries` the tries after an
+    error. Retries survived are kept in `retried` for the trainer to report."""
+
+    def __init__(self, weights: dict[str, float], ctx: RewardContext | None = None,
+                 paths: dict[str, str] | None = None, *, timeout_s: str = "0", retries: int = 0,
+                 remote: dict[str, str] | None = None) -> None:
+        check_names(weights, paths or {})
+        base = ctx or RewardContext()
+        self.weights = dict(weights)
+        # A reward behind a URL, or the user's own code, is watched like a model reward: either can hang as a model can.
+        self.timeouts = {n: timeout_for(timeout_s, model_reward=_may_hang(n)) for n in weights}
+        self.rewards = {n: build_reward(n, RewardContext(base.device, base.dtype, (paths or {}).get(n, ""), base.batch_size),
+                                        remote=remote, timeout_s=self.timeouts[n])
+                        for n in weights}
+        same_plugins_on_every_rank(self.rewards)
+        self.retries = retries
+        self.retried: list[str] = []
+        self.stop: Callable[[], bool] | None = None  # true once a stop was asked: a hung call is abandoned (watchdog.py)
+
+    @classmethod
+    def from_config(cls, reward: RewardSection, device: torch.device) -> "RewardSet":
+        """The rewards of a run's `reward` config section, loaded on `device` in fp32."""
+        return cls(reward.weights, RewardContext(device, torch.float32, batch_size=reward.batch_size), paths=reward.paths,
+                   timeout_s=reward.timeout_s, retries=reward.retries, remote=reward.remote)
+
+    def check_prompts(self, prompts: list[str]) -> None:
+        for reward in self.rewards.values():
+            check = getattr(reward, "check_prompts", None)
+            if check is not None:
+                check(prompts)
+
+    def summary(self, scores: Scores, prompts: list[str]) -> dict[str, float]:
+        """Extra named statistics the rewards define, keyed 'reward.statistic' (`prompts`: one per score)."""
+        out = {}
+        for name, reward in self.rewards.items():
+            summarize = getattr(reward, "summary", None)
+            if summarize is not None:
+                out.update({f"{name}.{k}": v for k, v in summarize(scores.components[name], prompts).items()})
+        return out
+
+    def groups(self, prompts: list[str]) -> dict[str, dict[str, list[int]]]:
+        """Per reward that defines `groups(prompts)` (the tiny world's kinds of prompt): its named groups
+        of images, by index, whose means `summary` reports as 'reward.group'."""
+        return {name: reward.groups(prompts) for name, reward in self.rewards.items() if hasattr(reward, "groups")}
+
+    @torch.no_grad()
+    def __call__(self, images: torch.Tensor, prompts: list[str]) -> Scores:
+        with charged_to("reward"):
+            components = {n: call_watched(n, lambda r=r: r(images, prompts).float().cpu(), self.timeouts[n], self.retries,
+                                          self.retried.append, self.stop)
+                          for n, r in self.rewards.items()}
+        total = sum(self.weights[n] * s for n, s in components.items())
+        return Scores(total=total, components=components)  # type: ignore[arg-type]
