@@ -149,25 +149,26 @@ BAD = {
 
 
 @pytest.mark.parametrize("reward,message", [
-    ("broken.py:score", "reward plugin 'broken.py:score' failed to import broken.py: ModuleNotFoundError: No module named "
-                        "'not_a_module_anywhere'"),
-    ("no_such_package_xyz.rewards:score", "reward plugin 'no_such_package_xyz.rewards:score' failed to import: "
-                                          "ModuleNotFoundError"),
-    ("shapes.py:nothere", "reward plugin 'shapes.py:nothere' has no attribute 'nothere' in shapes.py"),
-    ("shapes.py:VALUE", "reward plugin 'shapes.py:VALUE' is not callable: it is a int"),
-    ("shapes.py:one", "reward plugin 'shapes.py:one' cannot be called as (images, prompts): its signature is (images)"),
-    ("shapes.py:NoCall", "reward plugin 'shapes.py:NoCall' is a class without __call__"),
-    ("shapes.py:TwoArgs", "reward plugin 'shapes.py:TwoArgs' is a class whose __init__(a, b) needs more than one argument"),
-    ("missing.py:score", "reward plugin 'missing.py:score': the file missing.py does not exist"),
-    ("shapes.py:scalar:0.5", "reward 'shapes.py:scalar:0.5': a weight follows '=', not ':'"),
+    ("broken.py:score", "failed to import broken.py: ModuleNotFoundError: No module named 'not_a_module_anywhere'"),
+    ("no_such_package_xyz.rewards:score", "failed to import: ModuleNotFoundError: No module named 'no_such_package_xyz'"),
+    ("shapes.py:nothere", "has no attribute 'nothere' in shapes.py"),
+    ("shapes.py:VALUE", "is not callable: it is a int"),
+    ("shapes.py:one", "cannot be called as (images, prompts): its signature is (images)"),
+    ("shapes.py:NoCall", "is a class without __call__"),
+    ("shapes.py:TwoArgs", "is a class whose __init__(a, b) needs more than one argument"),
+    ("missing.py:score", ": the file missing.py does not exist"),
+    ("shapes.py:scalar:0.5", "a weight follows '=', not ':'"),
 ])
 def test_a_plugin_that_cannot_work_is_one_line_before_the_model_loads(in_tmp, reward, message):
     for name, text in BAD.items():
         Path(name).write_text(text)
-    result = runner.invoke(app, ["train", "--reward", reward, "--run-dir", "r", *_fast()])
-    assert result.exit_code == 2, result.output
-    assert message in result.output, result.output
-    assert not Path("r").exists()  # refused before the run folder, and the model, were made
+    for command in (["train", "--run-dir", "r"], ["explore", "--prompt", "a red circle", "--out", "ex"]):
+        result = runner.invoke(app, [*command, "--reward", reward, *_fast()])
+        assert result.exit_code == 2, result.output
+        error = next(line for line in result.output.splitlines() if line.startswith("error:"))
+        assert reward in error and message in error, result.output  # one line: the plugin and what is wrong
+        assert "fix:" in result.output
+        assert not Path("r").exists() and not Path("ex").exists()  # refused before the run folder, and the model, were made
 
 
 @pytest.mark.parametrize("attr,message", [

@@ -48,8 +48,8 @@ def _plugin(name: str) -> Check:
     row = f"reward plugin {name}"
     try:
         found = check_plugin(name)
-    except SolrlError as exc:
-        return Check(row, FAIL, exc.message, exc.fix, True)
+    except SolrlError as exc:  # the row names the plugin: the detail says what is wrong with it
+        return Check(row, FAIL, exc.message.removeprefix(f"reward plugin '{name}' "), exc.fix, True)
     return Check(row, PASS, f"imports and takes (images, prompts): {found}; its own weights are not checked", "", True)
 
 
