@@ -63,7 +63,7 @@ class CardFacts:
 
 
 def _pipeline(loader: str) -> str:
-    from solrl_core.models.diffusers_models import LAYOUTS
+    from solrl_core.models.layouts import LAYOUTS
 
     return LAYOUTS[loader].pipeline if loader in LAYOUTS else "SanaPipeline"  # the tiny model is a SANA
 

@@ -159,7 +159,7 @@ class Policy:
         `state(adapter)` gives them, gathered beforehand where the policy is sharded."""
         import diffusers
 
-        from solrl_core.models.diffusers_models import LAYOUTS
+        from solrl_core.models.layouts import LAYOUTS
 
         pipeline = getattr(diffusers, LAYOUTS[self.loader].pipeline if self.loader in LAYOUTS else "SanaPipeline")
 

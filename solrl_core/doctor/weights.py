@@ -98,7 +98,8 @@ def _model_weights(cfg: Config, m: Machine) -> tuple[Check, float]:
                          "give a folder holding config.json and model.safetensors in model.weights, or leave it empty", True), 0.0
         origin = "shipped with solrl" if folder == shipped else "local folder"
         return Check(row, PASS, f"tiny model '{mc.weights}' ({origin}: {folder})", "", True), 0.0
-    from solrl_core.models.diffusers_models import LAYOUTS, missing_part
+    from solrl_core.models.diffusers_models import missing_part
+    from solrl_core.models.layouts import LAYOUTS
 
     layout = LAYOUTS.get(mc.loader)
     if layout is None:
@@ -138,7 +139,7 @@ def _has_token() -> bool:
 
 
 def _hub_token(cfg: Config, model_download: float) -> list[Check]:
-    from solrl_core.models.diffusers_models import LAYOUTS
+    from solrl_core.models.layouts import LAYOUTS
 
     layout = LAYOUTS.get(cfg.model.loader)
     if layout is None or not layout.gated or cfg.model.path:

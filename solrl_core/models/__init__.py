@@ -1,6 +1,6 @@
 """Model loaders by name. A model preset names its loader; the loader builds a DiffusionModel:
 `tiny` (models/tiny.py, built offline) or a real diffusers model named in
-models/diffusers_models.py's LAYOUTS (from model.path or the hub)."""
+models/layouts.py's LAYOUTS (from model.path or the hub: models/diffusers_models.py)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 from solrl_core.config import ModelConfig
 from solrl_core.errors import SolrlError
 from solrl_core.models.base import Conditioning, DiffusionModel
-from solrl_core.models.diffusers_models import LAYOUTS
+from solrl_core.models.layouts import LAYOUTS
 
 __all__ = ["Conditioning", "DiffusionModel", "load_model"]
 
@@ -24,5 +24,5 @@ def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Di
     if cfg.loader in LOADERS:
         from solrl_core.models.diffusers_models import load_diffusers_model
 
-        return load_diffusers_model(cfg, device, dtype)
+        return load_diffusers_model(cfg, LAYOUTS[cfg.loader], device, dtype)
     raise SolrlError(f"unknown model loader '{cfg.loader}'", f"model.loader must be one of: {', '.join(LOADERS)}")

@@ -55,7 +55,7 @@ class Layout:
     models: tuple[str, ...]  # subfolders holding config.json and weights
     tokenizers: tuple[str, ...]  # subfolders holding tokenizer_config.json
     gated: bool  # the hub repo asks for a licence acceptance and a token
-    builder: str  # "module:function" taking Components and returning the DiffusionModel
+    builder: Callable[["Components"], DiffusionModel]  # builds the DiffusionModel from the folder's components
     pipeline: str  # the diffusers pipeline class whose save_lora_weights / load_lora_weights the LoRA follows
 
     @property
@@ -63,32 +63,12 @@ class Layout:
         return self.models + self.tokenizers
 
 
-LAYOUTS = {
-    "sana": Layout("SANA", ("transformer", "vae", "text_encoder"), ("tokenizer",), gated=False,
-                   builder="solrl_core.models.sana:build_sana", pipeline="SanaPipeline"),
-    "flux1": Layout("FLUX.1", ("transformer", "vae", "text_encoder", "text_encoder_2"), ("tokenizer", "tokenizer_2"),
-                    gated=True, builder="solrl_core.models.flux:build_flux", pipeline="FluxPipeline"),
-    "sd3": Layout("SD3", ("transformer", "vae", "text_encoder", "text_encoder_2", "text_encoder_3"),
-                  ("tokenizer", "tokenizer_2", "tokenizer_3"), gated=True,
-                  builder="solrl_core.models.sd3:build_sd3", pipeline="StableDiffusion3Pipeline"),
-    "qwen_image": Layout("Qwen-Image", ("transformer", "vae", "text_encoder"), ("tokenizer",), gated=False,
-                         builder="solrl_core.models.qwen_image:build_qwen_image", pipeline="QwenImagePipeline"),
-    "zimage": Layout("Z-Image", ("transformer", "vae", "text_encoder"), ("tokenizer",), gated=False,
-                     builder="solrl_core.models.zimage:build_zimage", pipeline="ZImagePipeline"),
-    "flux2": Layout("FLUX.2 [klein]", ("transformer", "vae", "text_encoder"), ("tokenizer",), gated=False,
-                    builder="solrl_core.models.flux2:build_flux2", pipeline="Flux2KleinPipeline"),
-}
-
-
-def load_diffusers_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> DiffusionModel:
-    import importlib
-
-    layout = LAYOUTS[cfg.loader]
+def load_diffusers_model(cfg: ModelConfig, layout: Layout, device: torch.device, dtype: torch.dtype) -> DiffusionModel:
+    """The model of `cfg` from its diffusers folder (model.path or the hub), built as `layout` says
+    (models/layouts.py holds every model's layout)."""
     folder = model_folder(cfg, layout, dtype)
     check_layout(folder, layout, cfg)
-    module, function = layout.builder.split(":")
-    build = getattr(importlib.import_module(module), function)
-    return build(Components(folder, cfg, device, dtype))
+    return layout.builder(Components(folder, cfg, device, dtype))
 
 
 # --- where the folder comes from -------------------------------------------------------------------
