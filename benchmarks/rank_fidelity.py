@@ -20,7 +20,8 @@ import torch
 
 from _common import add_common_args  # benchmarks/ is on sys.path when a script runs
 from solrl_core.telemetry.peaks import device_label
-from solrl_core.inference import load_tuned
+from solrl_core.device import resolve_device
+from solrl_core.engine import open_engine
 from solrl_core.presets import resolve_config
 from solrl_core.prompts import load_prompts
 from solrl_core.rankcheck import check
@@ -52,15 +53,15 @@ def main(argv: list[str] | None = None) -> None:
         f"run.threads={args.threads}", *args.sets])
     prompts = load_prompts(args.prompt_set)[:args.prompts]
     keep = min(cfg.selection.group_size, args.seeds)
-    loaded = load_tuned(cfg, None, explore=True, numerics_only=args.numerics_only)
-    rewards = RewardSet.from_config(cfg.reward, loaded.device)
-    result = check(loaded, rewards, prompts, args.seeds, seed_base=args.seed_base, preview_steps=args.preview_steps,
+    rewards = RewardSet.from_config(cfg.reward, resolve_device(cfg.run.device))
+    engine = open_engine(cfg, explore=True, numerics_only=args.numerics_only, rewards=rewards)
+    result = check(engine, prompts, args.seeds, seed_base=args.seed_base, preview_steps=args.preview_steps,
                    full_steps=args.full_steps, hit_k=args.hit_k, keep=keep,
                    progress=lambda arm, s: print(f"  {arm}: {len(prompts) * args.seeds} rollouts scored in {s:.2f} s", flush=True))
     ks, ref = args.hit_k, result.arms[-1]
 
-    print(f"\nranking fidelity on the base model ({loaded.model.description}), adapters off")
-    print(f"device: {device_label(loaded.device)} | torch {torch.__version__} | threads {torch.get_num_threads()} | dtype {loaded.dtype_name}")
+    print(f"\nranking fidelity on the base model ({engine.model.description}), adapters off")
+    print(f"device: {device_label(engine.device)} | torch {torch.__version__} | threads {torch.get_num_threads()} | dtype {engine.dtype_name}")
     print(f"P={len(prompts)} prompts (first of {args.prompt_set}) x S={args.seeds} seeds | reference {ref} | "
           f"reward {', '.join(cfg.reward.weights)} | hit K {', '.join(map(str, ks))} | best_worst K={keep}")
     hits = "".join(f" {f'top{k}':>5} {f'bot{k}':>5}" for k in ks)
@@ -83,8 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     print("mean reward over all P x S rollouts: " + " | ".join(f"{n} {r.mean():.3f}" for n, r in result.rewards.items()))
     print("seconds per arm (generate + decode + reward): " + " | ".join(f"{n} {s:.2f}" for n, s in result.seconds.items()))
     if args.json:
-        meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": device_label(loaded.device),
-                "dtype": loaded.dtype_name, "model": loaded.model.description}
+        meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": device_label(engine.device),
+                "dtype": engine.dtype_name, "model": engine.model.description}
         args.json.write_text(json.dumps({"meta": meta, **result.to_dict()}, indent=2) + "\n")
         print(f"\nraw rewards and statistics written to {args.json}")
 

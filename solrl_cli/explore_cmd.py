@@ -36,7 +36,7 @@ def explore(
     out: opt.Out = None, set_: opt.Sets = None, device: opt.Device = None,
 ) -> None:
     """Stage 1 alone: N seeds per prompt at the explore precision and preview steps, scored, ranked, K selected."""
-    from solrl_core.inference import load_tuned
+    from solrl_core.engine import open_engine
     from solrl_core.stage1 import explore_to_folder
 
     with user_errors():
@@ -45,11 +45,11 @@ def explore(
         cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, flags=flags)
         texts, out_dir, rewards = prompt_texts(prompt, prompts, cfg.run.prompts), output_folder(out, run, "explore"), reward_set(cfg)
         rewards.check_prompts(texts)
-        loaded = load_tuned(cfg, ckpt, explore=True)
+        engine = open_engine(cfg, checkpoint=ckpt, explore=True, rewards=rewards)
         console.print(f"solrl explore  {ckpt or cfg.model.name + ' (base)'}  {plural(len(texts), 'prompt')} x "
-                      f"{plural(cfg.explore.group_size, 'seed')} at {loaded.explore_copy.precision}, {cfg.explore.steps} steps  -> keep "
-                      f"{cfg.selection.group_size} ({cfg.selection.mode})  on {loaded.device}")
-        _print_selection(explore_to_folder(loaded, rewards, texts, seed, out_dir), cfg.selection.group_size)
+                      f"{plural(cfg.explore.group_size, 'seed')} at {engine.explore_copy.precision}, {cfg.explore.steps} steps  -> keep "
+                      f"{cfg.selection.group_size} ({cfg.selection.mode})  on {engine.device}")
+        _print_selection(explore_to_folder(engine, texts, seed, out_dir), cfg.selection.group_size)
         console.print(f"every seed: {out_dir / 'seeds.jsonl'}   grid of best and worst: {out_dir / 'grid.png'}")
 
 
@@ -72,7 +72,7 @@ def rank_check(
 ) -> None:
     """Measure whether the cheap Stage-1 rollout ranks seeds like the full one: four arms, rho, tau, hit rates."""
     from solrl_core.errors import SolrlError
-    from solrl_core.inference import load_tuned
+    from solrl_core.engine import open_engine
     from solrl_core.rankcheck import check_to_folder
 
     with user_errors():
@@ -86,12 +86,12 @@ def rank_check(
         texts, out_dir = prompt_texts(None, prompts, cfg.run.prompts)[:count], output_folder(out, run, "rank_check")
         rewards = reward_set(cfg)
         rewards.check_prompts(texts)
-        loaded = load_tuned(cfg, ckpt, explore=True)
+        engine = open_engine(cfg, checkpoint=ckpt, explore=True, rewards=rewards)
         console.print(f"solrl rank-check  {ckpt or cfg.model.name + ' (base)'}  {plural(len(texts), 'prompt')} x {plural(seeds, 'seed')}  "
-                      f"on {loaded.device}  rewards {', '.join(cfg.reward.weights)}")
-        result = check_to_folder(loaded, rewards, texts, out_dir, per_prompt=seeds, seed_base=seed, hit_k=ks, keep=keep,
+                      f"on {engine.device}  rewards {', '.join(cfg.reward.weights)}")
+        result = check_to_folder(engine, texts, out_dir, per_prompt=seeds, seed_base=seed, hit_k=ks, keep=keep,
                                  progress=lambda arm, s: console.print(f"  {arm}: {plural(len(texts) * seeds, 'rollout')} scored in {s:.1f}s"))
-        _print_arms(result, ks, keep, loaded.device)
+        _print_arms(result, ks, keep, engine.device)
         console.print(f"json: {out_dir / 'rank_check.json'}   plot: {out_dir / 'rank_check.png'}")
 
 

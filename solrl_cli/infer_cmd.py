@@ -38,18 +38,19 @@ def infer(
         cfg, ckpt = tool_config(run, model, model_path, checkpoint, sets=set_, flags={"run": {"device": device}})
         texts = prompt_texts(prompt, prompts, cfg.run.eval_prompts or cfg.run.prompts)
         from solrl_core import events  # torch: only once the inputs are checked
-        from solrl_core.inference import InferRequest, check_vocabulary, infer as run_infer, load_tuned
+        from solrl_core.engine import open_engine
+        from solrl_core.inference import InferRequest, check_vocabulary, infer as run_infer
         from solrl_cli.display import TerminalDisplay
 
-        loaded = load_tuned(cfg, ckpt)
-        check_vocabulary(loaded.model, texts)  # before anything is written
+        engine = open_engine(cfg, checkpoint=ckpt)
+        check_vocabulary(engine.model, texts)  # before anything is written
         req = InferRequest(prompts=texts, seeds=list(range(seed, seed + seeds)), weights=("base", *tuned) if ckpt else ("base",),
                            steps=steps or cfg.sampler.eval_steps, out_dir=output_folder(out, run, "infer"), grid=grid)
         console.print(f"solrl infer  {ckpt or cfg.model.name + ' (base)'}  {plural(len(texts), 'prompt')} x {plural(seeds, 'seed')}  "
                       f"steps {req.steps}  weights {', '.join(req.weights)}")
         bus = events.EventBus()
         bus.subscribe(TerminalDisplay(console))
-        rows = run_infer(loaded, req, bus)
+        rows = run_infer(engine, req, bus)
         console.print(f"images: {req.out_dir}   index: {rows}" + (f"   grid: {req.out_dir / 'grid.png'}" if grid else ""))
 
 

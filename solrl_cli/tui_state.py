@@ -24,6 +24,7 @@ from solrl_core.config import Config
 from solrl_core.config_io import from_dict
 from solrl_core.errors import SolrlError
 from solrl_core.events import PHASES
+from solrl_core.families import FAMILIES
 from solrl_core.text import plural
 
 PANELS = {"time": "time", "rewards": "rewards", "loss": "loss", "eval": "eval", "log": "warnings & log", "env": "environment"}
@@ -250,7 +251,7 @@ class RunState:
         if not self.started or not t_draft or not t_final:
             return []
         cfg = self.config
-        if cfg is None or cfg.algorithm.family != "sol_rl":
+        if cfg is None or not FAMILIES[cfg.algorithm.family].regenerate:
             return []
         prompts, n, k = cfg.run.prompts_per_iteration, cfg.explore.group_size, cfg.selection.group_size
         steps_draft, steps_final = cfg.explore.steps, cfg.sampler.steps

@@ -14,10 +14,10 @@ from typing import Any
 
 from solrl_core.config_bounds import check_ranges, parse_timeout
 from solrl_core.errors import SolrlError, close_matches
+from solrl_core.families import FAMILIES
 from solrl_core.reward_endpoints import check_settings
 from solrl_core.rewards.names import check_names
 
-FAMILIES = ("sol_rl", "naive_scaling", "compile", "naive_quant", "diffusionnft")
 SELECTION_MODES = ("best_worst", "random", "mean_deviation", "extremes_random")
 EXPLORE_PRECISIONS = ("auto", "nvfp4", "fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "bf16", "fp32")
 DTYPES = ("auto", "bf16", "fp32")
@@ -236,7 +236,7 @@ class Config:
         """Cross-field rules. Raises SolrlError naming the knob and the fix."""
         n, k = self.explore.group_size, self.selection.group_size
         family = self.algorithm.family
-        _choice("algorithm.family", family, FAMILIES)
+        _choice("algorithm.family", family, tuple(FAMILIES))
         _choice("selection.mode", self.selection.mode, SELECTION_MODES)
         _choice("explore.precision", self.explore.precision, EXPLORE_PRECISIONS)
         _choice("run.dtype", self.run.dtype, DTYPES)
@@ -255,7 +255,7 @@ class Config:
         if k < 2 or k % 2:
             raise SolrlError(f"selection.group_size K={k} must be an even number >= 2",
                              "K/2 best and K/2 worst seeds are kept: use e.g. --set selection.group_size=24")
-        if family != "diffusionnft" and k > n:
+        if FAMILIES[family].explores_pool and k > n:
             raise SolrlError(f"K={k} kept seeds is more than the N={n} explored",
                              f"raise explore.group_size to at least {k} or lower selection.group_size")
         if self.explore.steps > self.sampler.steps:

@@ -22,7 +22,7 @@ LIBRARIES = ("torch", "diffusers", "transformers", "peft", "torchao", "transform
 
 def describe(cfg: Any, device: Any, dtype_name: str, explore_precision: str, machine: Any = None) -> dict[str, Any]:
     """The environment of a run on `device` (a torch.device) whose explore copy resolved to `explore_precision`,
-    with what the auto switches chose there (`machine`, a resolve.MachinePlan) when given."""
+    with what the auto switches chose there (`machine`, a plan.MachinePlan) when given."""
     import torch
 
     gpus = hardware.gpus()

@@ -17,17 +17,14 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from solrl_core import events as ev
-from solrl_core.config import Config, SamplerConfig
-from solrl_core.inference import decode_in_chunks
-from solrl_core.models.base import Conditioning, DiffusionModel
-from solrl_core.policy import Policy
+from solrl_core.config import Config
+from solrl_core.engine import Engine, Progress
 from solrl_core.rewards import RewardSet, Scores
-from solrl_core.sampler import Sampler
 from solrl_core.session import Run
 from solrl_core.text import plural
 
@@ -53,39 +50,22 @@ def eval_seeds(n_prompts: int, per_prompt: int) -> torch.Tensor:
     return EVAL_SEED_BASE + torch.arange(n_prompts * per_prompt, dtype=torch.long)
 
 
-Progress = Callable[[int, int], None]  # (images generated so far, images in all)
-PROGRESS_REPORTS = 20  # at most this many progress reports per evaluation (and always the last)
-
-
 @torch.no_grad()
 def evaluate(run: Run, prompts: list[str], per_prompt: int, weights: str, progress: Progress | None = None) -> Evaluation:
     """Score `weights` ("base": adapters off, "ema": the EMA adapter, "trained": the live adapter)."""
-    flat = [p for p in prompts for _ in range(per_prompt)]
-    return _score(run.model, run.policy, run.rewards, run.config.sampler, run.dtype, prompts, per_prompt,
-                  weights=weights, cond=run.conditioning(flat), progress=progress)[0]
+    return _score(run.engine, prompts, per_prompt, weights, progress)[0]
 
 
 @torch.no_grad()
-def _score(model: DiffusionModel, policy: Policy, rewards: RewardSet, sampler: SamplerConfig, dtype: torch.dtype,
-           prompts: list[str], per_prompt: int, *, weights: str, cond: Conditioning,
+def _score(engine: Engine, prompts: list[str], per_prompt: int, weights: str,
            progress: Progress | None = None) -> tuple[Evaluation, torch.Tensor]:
-    """Generated and decoded one rollout batch at a time (the sampler batches so anyway: the same
-    images), `progress` told every few batches; then scored together."""
+    """Generated and decoded one rollout batch at a time (engine.generate), `progress` told every few
+    batches; then scored together with the engine's rewards."""
     t0 = time.perf_counter()
     flat = [p for p in prompts for _ in range(per_prompt)]
     seeds = eval_seeds(len(prompts), per_prompt)
-    chunk, total = sampler.rollout_batch, len(flat)
-    starts = range(0, total, chunk)
-    every = -(-len(starts) // PROGRESS_REPORTS)  # ceil: at most PROGRESS_REPORTS reports
-    parts = []
-    with policy.weights(weights) as net:
-        for i, start in enumerate(starts):
-            part = slice(start, start + chunk)
-            latents = Sampler.of(sampler).generate(model, net, cond[part], seeds[part], sampler.eval_steps, dtype)
-            parts.append(decode_in_chunks(model, latents, chunk))
-            if progress is not None and ((i + 1) % every == 0 or i + 1 == len(starts)):
-                progress(min(start + chunk, total), total)
-    images = torch.cat(parts)
+    images = engine.images(flat, seeds, engine.config.sampler.eval_steps, weights, progress=progress)
+    rewards = engine.rewards
     scores = rewards(images, flat)
     return Evaluation(weights, prompts, seeds, scores, rewards.summary(scores, flat), time.perf_counter() - t0,
                       rewards.groups(flat)), images
@@ -107,25 +87,23 @@ class EvalRequest:
 
 def evaluate_weights(req: EvalRequest, bus: ev.EventBus) -> list[Evaluation]:
     """Load the model once, score each weight set, write `samples.jsonl` and `summary.json` in out_dir."""
-    from solrl_core.inference import encode_each, load_tuned, save_png
     from solrl_core.device import resolve_device
+    from solrl_core.engine import open_engine
+    from solrl_core.inference import save_png
     from solrl_core.rundir import write_atomic
 
     cfg = req.config
     rewards = RewardSet.from_config(cfg.reward, resolve_device(cfg.run.device))
-    rewards.check_prompts(req.prompts)
-    loaded = load_tuned(cfg, req.checkpoint)
-    model, policy, dtype = loaded.model, loaded.policy, loaded.dtype
+    rewards.check_prompts(req.prompts)  # before the model loads
+    engine = open_engine(cfg, checkpoint=req.checkpoint, rewards=rewards)
     flat = [p for p in req.prompts for _ in range(req.per_prompt)]
-    conditioning = encode_each(model, req.prompts, req.per_prompt)
     req.out_dir.mkdir(parents=True, exist_ok=True)
     results = []
     with open(req.out_dir / "samples.jsonl", "w", encoding="utf-8") as rows:
         for weights in req.weights:
             bus.emit(ev.EvalStarted(iteration=0, weights=weights, prompts=req.prompt_set or plural(len(req.prompts), "prompt"),
                                     samples=len(flat)))
-            result, images = _score(model, policy, rewards, cfg.sampler, dtype, req.prompts, req.per_prompt, weights=weights,
-                                     cond=conditioning, progress=progress_events(bus, 0, weights))
+            result, images = _score(engine, req.prompts, req.per_prompt, weights, progress_events(bus, 0, weights))
             results.append(result)
             for i, prompt in enumerate(flat):
                 row = {"weights": weights, "prompt": prompt, "seed": int(result.seeds[i]), "reward": float(result.scores.total[i]),

@@ -23,7 +23,7 @@ from solrl_core.config import Config
 from solrl_core.policy import LORA_FILE, TRAINED
 
 if TYPE_CHECKING:
-    from solrl_core.inference import Loaded
+    from solrl_core.engine import Engine
 
 PEFT_WEIGHTS, PEFT_CONFIG = "adapter_model.safetensors", "adapter_config.json"
 _DIFFUSERS_PREFIX, _PEFT_PREFIX = "transformer.", "base_model.model."
@@ -42,7 +42,7 @@ def default_folder(run_dir: Path, checkpoint: Path, weights: str, merge: bool) -
     return run_dir / "export" / f"{checkpoint.name}-{weights}{'-merged' if merge else ''}"
 
 
-def export_merged(loaded: Loaded, weights: str, out_dir: Path) -> Path:
+def export_merged(engine: Engine, weights: str, out_dir: Path) -> Path:
     """The transformer with the `weights` adapter merged into its base weights, saved with
     diffusers' `save_pretrained` into out_dir/transformer (loadable with the transformer class's
     `from_pretrained`, no peft needed)."""
@@ -50,9 +50,9 @@ def export_merged(loaded: Loaded, weights: str, out_dir: Path) -> Path:
 
     if weights == "base":
         raise ValueError("the base weights have nothing to merge")
-    transformer = loaded.model.transformer
-    with loaded.policy.weights(weights):
-        merged = loaded.policy.merged_weights(TRAINED)
+    transformer = engine.model.transformer
+    with engine.policy.weights(weights):
+        merged = engine.policy.merged_weights(TRAINED)
         plain = {}
         for key, value in transformer.state_dict().items():
             if "lora_" in key:
@@ -64,7 +64,7 @@ def export_merged(loaded: Loaded, weights: str, out_dir: Path) -> Path:
     if missing or unexpected:
         raise RuntimeError(f"merged weights do not fit {type(transformer).__name__}: missing {missing[:3]}, unexpected {unexpected[:3]}")
     target = out_dir / "transformer"
-    fresh.to(torch.float32 if loaded.dtype == torch.float32 else loaded.dtype).save_pretrained(str(target))
+    fresh.to(torch.float32 if engine.dtype == torch.float32 else engine.dtype).save_pretrained(str(target))
     return target
 
 
@@ -119,12 +119,12 @@ def export_weights(cfg: Config, checkpoint: Path, weights: str, out_dir: Path, m
     check_empty_folder(out_dir)
     run_dir = checkpoint.parent.parent
     if merge:
-        from solrl_core.inference import load_tuned
+        from solrl_core.engine import open_engine
 
-        loaded = load_tuned(cfg, checkpoint)
+        engine = open_engine(cfg, checkpoint=checkpoint)
         with disk.writing(out_dir, "the merged transformer"):
             out_dir.mkdir(parents=True, exist_ok=True)
-            path = export_merged(loaded, weights, out_dir)
+            path = export_merged(engine, weights, out_dir)
         cls = json.loads((path / "config.json").read_text())["_class_name"]
         what, how = "merged transformer", f"diffusers' {cls}.from_pretrained('{out_dir}', subfolder='transformer')"
     else:

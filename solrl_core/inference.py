@@ -1,9 +1,9 @@
 """Using a trained run: images from fixed seeds (`solrl infer`); `solrl export` is export.py.
 
-`load_tuned` loads the base model once and, for a run, its checkpoint's adapters; any weight set
-(base, trained, ema) is then a switch on the same transformer (`Policy.weights`). Images for the
-same (prompt, seed) come from the same noise whatever the weights, so a grid of base next to tuned
-shows what training changed and nothing else.
+The engine (engine.py) loads the base model once and, for a run, its checkpoint's adapters; any
+weight set (base, trained, ema) is then a switch on the same transformer (`Policy.weights`). Images
+for the same (prompt, seed) come from the same noise whatever the weights, so a grid of base next to
+tuned shows what training changed and nothing else. The grids here are drawn for every command.
 """
 
 from __future__ import annotations
@@ -12,29 +12,16 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from solrl_core import events as ev
-from solrl_core.config import Config
 from solrl_core.errors import SolrlError
-from solrl_core.models.base import Conditioning, DiffusionModel
-from solrl_core.policy import OLD, Policy
-from solrl_core.precision.quantize import LayerRule
-from solrl_core.rollout import RolloutCopy
-from solrl_core.sampler import Sampler
+from solrl_core.models.base import DiffusionModel
 
-
-@dataclass
-class Loaded:
-    config: Config
-    model: DiffusionModel
-    policy: Policy
-    device: torch.device
-    dtype_name: str
-    dtype: torch.dtype
-    explore_copy: RolloutCopy | None = None  # base + old adapter at the explore precision, when asked for
-    checkpoint: Path | None = None  # the checkpoint its adapters came from (None: untrained)
+if TYPE_CHECKING:
+    from solrl_core.engine import Engine
 
 
 def check_vocabulary(model: DiffusionModel, prompts: list[str]) -> None:
@@ -53,60 +40,6 @@ def check_vocabulary(model: DiffusionModel, prompts: list[str]) -> None:
                          f"write prompts from its vocabulary: {' '.join(sorted(known))} (e.g. 'a red circle left of a blue square')")
 
 
-def load_tuned(cfg: Config, checkpoint: Path | None, explore: bool = False, numerics_only: bool = False) -> Loaded:
-    """The model of `cfg` with LoRA adapters, loaded from `checkpoint` when given (else untrained);
-    with `explore`, also the Stage-1 copy at cfg's explore precision, refreshed from base + old.
-    `numerics_only` skips the hardware check of that precision: for measuring its numerics where it
-    has only a reference kernel (fp8 on a CPU: torch._scaled_mm's CPU kernel, no speed-up)."""
-    import copy
-
-    from solrl_core.checkpoint import load_adapters
-    from solrl_core.precision.hardware import require_explore_precision
-    from solrl_core.models import load_model
-    from solrl_core.precision.resolve import resolve_machine
-    from solrl_core.device import resolve_device, resolve_dtype
-    from solrl_core.threads import apply_threads
-
-    device = resolve_device(cfg.run.device)
-    dtype_name, dtype = resolve_dtype(cfg.run.dtype, device)
-    apply_threads(cfg.run.threads)
-    model = load_model(cfg.model, device, dtype)
-    explore_copy = None
-    if explore:  # copied before the adapters are added, as a training session does
-        precision = resolve_machine(cfg, device, dtype_name).explore_precision
-        if not numerics_only:
-            require_explore_precision(precision, device)
-        explore_copy = RolloutCopy(copy.deepcopy(model.transformer), precision, LayerRule.of(cfg.model))
-    policy = Policy(model.transformer, cfg.model)
-    if checkpoint is not None:
-        load_adapters(checkpoint, policy)
-    if explore_copy is not None:
-        explore_copy.refresh(policy.merged_weights(OLD))
-    return Loaded(cfg, model, policy, device, dtype_name, dtype, explore_copy, checkpoint)
-
-
-def encode_each(model: DiffusionModel, prompts: list[str], per_prompt: int, chunk: int = 64) -> Conditioning:
-    """Each prompt encoded once, repeated `per_prompt` times (prompt-major order)."""
-    with torch.no_grad():
-        parts = [model.encode(prompts[i:i + chunk]) for i in range(0, len(prompts), chunk)]
-    return Conditioning.cat(parts)[torch.arange(len(prompts)).repeat_interleave(per_prompt)]
-
-
-@torch.no_grad()
-def decode_in_chunks(model: DiffusionModel, latents: torch.Tensor, chunk: int) -> torch.Tensor:
-    """Images [B, 3, H, W] in [0, 1] on the CPU, decoded `chunk` latents at a time (VAE memory)."""
-    return torch.cat([model.decode(latents[i:i + chunk]).float().cpu() for i in range(0, latents.shape[0], chunk)])
-
-
-@torch.no_grad()
-def render(loaded: Loaded, cond: Conditioning, seeds: torch.Tensor, weights: str, steps: int) -> torch.Tensor:
-    """Images [B, 3, H, W] in [0, 1] for one seed per conditioning row, with `weights`."""
-    sampler = loaded.config.sampler
-    with loaded.policy.weights(weights) as net:
-        latents = Sampler.of(sampler).generate(loaded.model, net, cond, seeds, steps, loaded.dtype)
-    return decode_in_chunks(loaded.model, latents, sampler.rollout_batch)
-
-
 @dataclass(frozen=True)
 class InferRequest:
     prompts: list[str]
@@ -117,20 +50,19 @@ class InferRequest:
     grid: bool = True
 
 
-def infer(loaded: Loaded, req: InferRequest, bus: ev.EventBus) -> Path:
+def infer(engine: Engine, req: InferRequest, bus: ev.EventBus) -> Path:
     """Write every image as PNG, `images.jsonl` (weights, prompt, seed, path) and `grid.png`
     (one row per (prompt, seed), one column per weight set). Returns the JSONL path."""
     req.out_dir.mkdir(parents=True, exist_ok=True)
     per = len(req.seeds)
     flat = [p for p in req.prompts for _ in range(per)]
     seeds = torch.tensor(req.seeds * len(req.prompts), dtype=torch.long)
-    cond = encode_each(loaded.model, req.prompts, per)
     columns = {}
     rows_path = req.out_dir / "images.jsonl"
     with open(rows_path, "w", encoding="utf-8") as rows:
         for weights in req.weights:
             t0 = time.perf_counter()
-            images = render(loaded, cond, seeds, weights, req.steps)
+            images = engine.images(flat, seeds, req.steps, weights)
             columns[weights] = images
             for i, prompt in enumerate(flat):
                 path = req.out_dir / weights / f"{i // per:03d}_seed{int(seeds[i])}.png"

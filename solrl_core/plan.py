@@ -1,28 +1,67 @@
-"""What each stage of an iteration does: derived from the config's family alone, with the
-precision and copies that resolve.py chose for the machine passed in."""
+"""The run's plan, resolved once at start-up: what each stage of an iteration does (from the
+family's row in families.py), at which precision, on which copy, and what the machine's `auto`
+switches chose and why (`MachinePlan`, filled in by precision/resolve.py and sharding.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from solrl_core.config import Config
+from solrl_core.families import family
 
 
 @dataclass(frozen=True)
-class StagePlan:
-    """What each stage of an iteration does, derived from the family and the machine (resolve.py)."""
+class MachinePlan:
+    explore_precision: str
+    explore_why: str
+    explore_compile: bool
+    rollout_copy: bool
+    rollout_copy_why: str
+    rollout_compile: bool
+    checkpointing: bool
+    checkpointing_why: str
+    update_compile: bool = False
+    # without a rollout copy, the full-precision rollouts on the policy's old adapter run through the
+    # update's compiled blocks (regions.py) when the update is compiled and sampler.compile is on
+    policy_rollout_compile: bool = False
+    threads: str = ""  # the CPU threads torch got and the OpenMP wait policy (threads.ThreadChoice.describe)
+
+    def describe(self) -> str:
+        return (f"explore {self.explore_precision} ({self.explore_why}); "
+                f"rollout copy {'on' if self.rollout_copy else 'off'} ({self.rollout_copy_why}); "
+                f"gradient checkpointing {'on' if self.checkpointing else 'off'} ({self.checkpointing_why}); "
+                f"update {'compiled' if self.update_compile else 'eager'}"
+                + ("; full-precision rollouts on the policy's compiled blocks" if self.policy_rollout_compile else "")
+                + (f"; {self.threads}" if self.threads else ""))
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What each stage of an iteration does, from the family's row (families.py), and, for a run,
+    what the machine's `auto` switches chose (`machine`, resolve.py): resolved once at start-up."""
 
     family: str
     explore_seeds: int  # seeds rolled out per prompt in Stage 1
     explore_steps: int
-    explore_precision: str  # resolved: nvfp4-emulated | fp8 | bf16 | fp32
+    explore_precision: str  # what Stage 1 runs at, resolved: nvfp4-emulated | fp8 | bf16 | fp32
     keep: int  # K
     regenerate: bool  # Stage 2 regenerates the kept seeds at full precision
     full_precision: str
     full_steps: int
-    rollout_copy: bool = False  # full-precision rollouts and v_old on a merged copy (else the policy's old adapter)
-    rollout_compiled: bool = False
-    explore_compiled: bool = False
+    machine: MachinePlan | None = None  # None: a plan for an estimate, before any machine is chosen
+
+    @property
+    def rollout_copy(self) -> bool:
+        """Full-precision rollouts and v_old on a merged copy (else the policy's old adapter)."""
+        return self.machine is not None and self.machine.rollout_copy
+
+    @property
+    def rollout_compiled(self) -> bool:
+        return self.machine is not None and self.machine.rollout_copy and self.machine.rollout_compile
+
+    @property
+    def explore_compiled(self) -> bool:
+        return self.machine is not None and self.machine.explore_compile
 
     @property
     def explores_low(self) -> bool:
@@ -41,18 +80,11 @@ class StagePlan:
         return stage1 + f" -> keep {self.keep}" + stage2
 
 
-def plan_stages(cfg: Config, full_precision: str, explore_precision: str, *, rollout_copy: bool = False,
-                rollout_compiled: bool = False, explore_compiled: bool = False) -> StagePlan:
-    """The family's stages with the resolved explore precision and the copies the machine keeps."""
-    family, k = cfg.algorithm.family, cfg.selection.group_size
-    full_steps = cfg.sampler.steps
-    copies = dict(rollout_copy=rollout_copy, rollout_compiled=rollout_compiled, explore_compiled=explore_compiled)
-    if family == "sol_rl":
-        return StagePlan(family, cfg.explore.group_size, cfg.explore.steps, explore_precision, k, True, full_precision,
-                         full_steps, **copies)
-    if family == "naive_quant":
-        return StagePlan(family, cfg.explore.group_size, full_steps, explore_precision, k, False, full_precision, full_steps,
-                         **copies)
-    if family == "diffusionnft":
-        return StagePlan(family, k, full_steps, full_precision, k, False, full_precision, full_steps, **copies)
-    return StagePlan(family, cfg.explore.group_size, full_steps, full_precision, k, False, full_precision, full_steps, **copies)
+def plan_stages(cfg: Config, full_precision: str, explore_precision: str, machine: MachinePlan | None = None) -> RunPlan:
+    """The family's stages with the resolved explore precision, and the machine's choices (the copies
+    it keeps) when given."""
+    fam, k, full_steps = family(cfg.algorithm.family), cfg.selection.group_size, cfg.sampler.steps
+    return RunPlan(fam.name, explore_seeds=cfg.explore.group_size if fam.explores_pool else k,
+                   explore_steps=cfg.explore.steps if fam.preview_steps else full_steps,
+                   explore_precision=explore_precision if fam.low_precision else full_precision, keep=k,
+                   regenerate=fam.regenerate, full_precision=full_precision, full_steps=full_steps, machine=machine)

@@ -19,7 +19,6 @@ reference selects (the largest possible). The training signal is that contrast.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,13 +27,11 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 import torch
 
-from solrl_core.models.base import Conditioning
 from solrl_core.selection import select
 from solrl_core.text import plural
 
 if TYPE_CHECKING:
-    from solrl_core.inference import Loaded
-    from solrl_core.rewards import RewardSet
+    from solrl_core.engine import Engine
 
 
 def average_ranks(x: np.ndarray) -> np.ndarray:
@@ -109,8 +106,7 @@ def summarize(rows: list[dict]) -> dict:
 @dataclass(frozen=True)
 class Arm:
     name: str
-    network: Callable[[], contextlib.AbstractContextManager]  # yields the module to roll out with
-    dtype: torch.dtype
+    network: str  # the engine's network it rolls out on: explore or rollout (engine.py)
     steps: int
 
 
@@ -132,7 +128,7 @@ class RankCheck:
                 "per_prompt": self.per_prompt, "overall": self.overall}
 
 
-def run_arms(arms: list[Arm], generate_images: Callable[[torch.nn.Module, torch.dtype, int], torch.Tensor],
+def run_arms(arms: list[Arm], generate_images: Callable[[str, int], torch.Tensor],
              score: Callable[[torch.Tensor], torch.Tensor], prompts: list[str], seeds: torch.Tensor, hit_k: list[int],
              keep: int, progress: Callable[[str, float], None] | None = None) -> RankCheck:
     """Roll every arm out on the same seeds, score, and compare each arm with the last (reference)."""
@@ -140,8 +136,7 @@ def run_arms(arms: list[Arm], generate_images: Callable[[torch.nn.Module, torch.
     rewards, seconds = {}, {}
     for arm in arms:
         t0 = time.perf_counter()
-        with torch.no_grad(), arm.network() as net:
-            images = generate_images(net, arm.dtype, arm.steps)
+        images = generate_images(arm.network, arm.steps)
         rewards[arm.name] = score(images).float().numpy().reshape(P, S)
         seconds[arm.name] = time.perf_counter() - t0
         if progress:
@@ -158,40 +153,22 @@ def group_correlation(draft: torch.Tensor, final: torch.Tensor) -> tuple[float |
     return spearman(d, f), kendall_tau_b(d, f)
 
 
-def repeat_conditioning(cond: Conditioning, per: int) -> Conditioning:
-    return cond[torch.arange(cond.embeds.shape[0]).repeat_interleave(per)]
-
-
-def check(loaded: Loaded, rewards: RewardSet, prompts: list[str], per_prompt: int, *, seed_base: int, preview_steps: int,
-          full_steps: int, hit_k: list[int], keep: int, progress: Callable[[str, float], None] | None = None) -> RankCheck:
-    """The four arms on `loaded` (its explore copy and its policy's old adapter), seeds
-    seed_base + i*S ... for prompt i, scored with `rewards`."""
-    from solrl_core.inference import decode_in_chunks, encode_each
-    from solrl_core.policy import OLD
-    from solrl_core.sampler import Sampler
-
-    copy_ = loaded.explore_copy
-    if copy_ is None:
-        raise ValueError("rank-check needs the model loaded with its explore copy (load_tuned(..., explore=True))")
-    smp = loaded.config.sampler
+def check(engine: Engine, prompts: list[str], per_prompt: int, *, seed_base: int, preview_steps: int, full_steps: int,
+          hit_k: list[int], keep: int, progress: Callable[[str, float], None] | None = None) -> RankCheck:
+    """The four arms on `engine`'s explore network (its explore copy) and its full-precision rollout
+    network (as training's Stage 2), seeds seed_base + i*S ... for prompt i, scored with its rewards."""
+    if engine.explore_copy is None or engine.rewards is None:
+        raise ValueError("rank-check needs an engine opened with its explore copy and rewards (open_engine(explore=True, rewards=...))")
     flat = [p for p in prompts for _ in range(per_prompt)]
     seeds = seed_base + torch.arange(len(prompts) * per_prompt, dtype=torch.long)
-    cond = encode_each(loaded.model, prompts, per_prompt)
-
-    def images(net: torch.nn.Module, dtype: torch.dtype, steps: int) -> torch.Tensor:
-        latents = Sampler.of(smp).generate(loaded.model, net, cond, seeds, steps, dtype)
-        return decode_in_chunks(loaded.model, latents, smp.rollout_batch)
-
-    low, full = copy_.precision, loaded.dtype_name
-    arms = [Arm(f"{low}@{preview_steps}", lambda: contextlib.nullcontext(copy_.forward), copy_.dtype, preview_steps),
-            Arm(f"{low}@{full_steps}", lambda: contextlib.nullcontext(copy_.forward), copy_.dtype, full_steps),
-            Arm(f"{full}@{preview_steps}", lambda: loaded.policy.use(OLD), loaded.dtype, preview_steps),
-            Arm(f"{full}@{full_steps}", lambda: loaded.policy.use(OLD), loaded.dtype, full_steps)]
-    return run_arms(arms, images, lambda x: rewards(x, flat).total, prompts, seeds.view(len(prompts), per_prompt),
-                    hit_k, keep, progress)
+    low, full = engine.explore_copy.precision, engine.dtype_name
+    arms = [Arm(f"{low}@{preview_steps}", "explore", preview_steps), Arm(f"{low}@{full_steps}", "explore", full_steps),
+            Arm(f"{full}@{preview_steps}", "rollout", preview_steps), Arm(f"{full}@{full_steps}", "rollout", full_steps)]
+    return run_arms(arms, lambda on, steps: engine.images(flat, seeds, steps, on), lambda x: engine.rewards(x, flat).total,
+                    prompts, seeds.view(len(prompts), per_prompt), hit_k, keep, progress)
 
 
-def check_to_folder(loaded: Loaded, rewards: RewardSet, prompts: list[str], out_dir: Path, *, per_prompt: int, seed_base: int,
+def check_to_folder(engine: Engine, prompts: list[str], out_dir: Path, *, per_prompt: int, seed_base: int,
                     hit_k: list[int], keep: int, progress: Callable[[str, float], None] | None = None) -> RankCheck:
     """`check` at the config's preview and full step counts, written to `out_dir`: rank_check.json
     (the result, with the device, model, checkpoint and rewards it ran with) and rank_check.png."""
@@ -199,15 +176,15 @@ def check_to_folder(loaded: Loaded, rewards: RewardSet, prompts: list[str], out_
 
     from solrl_core.rundir import write_atomic
 
-    cfg = loaded.config
-    result = check(loaded, rewards, prompts, per_prompt, seed_base=seed_base, preview_steps=cfg.explore.steps,
+    cfg = engine.config
+    result = check(engine, prompts, per_prompt, seed_base=seed_base, preview_steps=cfg.explore.steps,
                    full_steps=cfg.sampler.steps, hit_k=hit_k, keep=keep, progress=progress)
     out_dir.mkdir(parents=True, exist_ok=True)
-    meta = {"device": str(loaded.device), "model": loaded.model.description,
-            "checkpoint": str(loaded.checkpoint) if loaded.checkpoint else None, "rewards": cfg.reward.weights}
+    meta = {"device": str(engine.device), "model": engine.model.description,
+            "checkpoint": str(engine.checkpoint) if engine.checkpoint else None, "rewards": cfg.reward.weights}
     write_atomic(out_dir / "rank_check.json", json.dumps({"meta": meta, **result.to_dict()}, indent=2))
     rank_check_figure(result, out_dir / "rank_check.png",
-                      f"{loaded.model.description} | {plural(len(prompts), 'prompt')} x {plural(per_prompt, 'seed')} | {loaded.device}")
+                      f"{engine.model.description} | {plural(len(prompts), 'prompt')} x {plural(per_prompt, 'seed')} | {engine.device}")
     return result
 
 

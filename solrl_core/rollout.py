@@ -8,19 +8,14 @@ on the policy with its `old` adapter active, so a large model is held once.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
-from solrl_core.faults.phase import charged_to
-from solrl_core.models.base import Conditioning, DiffusionModel
 from solrl_core.precision.hardware import IMPLEMENTED_EXPLORE
 from solrl_core.precision.quantize import WRAPPERS, LayerRule, QuantReport, quantize_model, requantize
 from solrl_core.regions import CompiledBlocks
-from solrl_core.rewards import RewardSet
-from solrl_core.sampler import Sampler
 
 
 @dataclass(frozen=True)
@@ -41,7 +36,6 @@ class RolloutBatch:
     sigmas: torch.Tensor  # the sigma grid the rollout integrated
     rewards: torch.Tensor  # [B] total reward
     components: dict[str, torch.Tensor]  # [B] per reward
-    seconds_generate: float
     seconds_reward: float
 
     @property
@@ -83,25 +77,3 @@ class RolloutCopy:
             raise RuntimeError(f"rollout copy does not hold {result.unexpected_keys[:3]}")
         if self.report is not None:
             requantize(self.module)
-
-
-def rollout(model: DiffusionModel, network: nn.Module, dtype: torch.dtype, sampler: Sampler, steps: int,
-            draws: Draws, cond: Conditioning, rewards: RewardSet) -> RolloutBatch:
-    """Generate and score one image per drawn (prompt, seed) on `network`, `steps` sampler steps."""
-    t0 = time.perf_counter()
-    with charged_to("rollout"):
-        latents = sampler.generate(model, network, cond, draws.seeds, steps, dtype)
-        images = model.decode(latents)
-        _sync(images)
-    t1 = time.perf_counter()
-    scores = rewards(images, draws.prompts)
-    t2 = time.perf_counter()
-    return RolloutBatch(prompts=draws.prompts, groups=draws.groups, seeds=draws.seeds, latents=latents,
-                        sigmas=sampler.sigmas(steps), rewards=scores.total, components=scores.components,
-                        seconds_generate=t1 - t0, seconds_reward=t2 - t1)
-
-
-def _sync(t: torch.Tensor) -> None:
-    """Wait for queued GPU work so a phase's time is its own."""
-    if t.is_cuda:
-        torch.cuda.synchronize(t.device)

@@ -13,32 +13,24 @@ before the checkpoint is read until the run ends.
 
 from __future__ import annotations
 
-import contextlib
-import copy
 import json
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from solrl_core import distributed
-from solrl_core.attention import training_attention
 from solrl_core.checkpoint import checkpoint_to_resume, list_checkpoints, load_checkpoint, remove_orphans, set_aside_newer
 from solrl_core.config import Config
-from solrl_core.device import resolve_device, resolve_dtype
+from solrl_core.engine import CopySpec, Engine, open_engine, resolve_runtime
 from solrl_core.errors import SolrlError
 from solrl_core.faults import disk
 from solrl_core.faults.lock import RunLock
 from solrl_core.loop_state import LoopState
-from solrl_core.models import DiffusionModel, load_model
-from solrl_core.models.base import Conditioning
-from solrl_core.plan import StagePlan, plan_stages
-from solrl_core.policy import OLD, TRAINED, Policy
+from solrl_core.plan import MachinePlan, RunPlan, plan_stages
+from solrl_core.policy import OLD, TRAINED
 from solrl_core.precision.hardware import require_explore_precision
-from solrl_core.precision.quantize import LayerRule
-from solrl_core.precision.resolve import MachinePlan, gpu_of, resolve_machine
+from solrl_core.precision.resolve import gpu_of, resolve_machine
 from solrl_core.prompts import check_split, load_prompts
 from solrl_core.rewards import RewardSet
 from solrl_core.rewards.health import RewardHealth
@@ -47,56 +39,24 @@ from solrl_core.regions import CompiledBlocks
 from solrl_core.rollout import RolloutCopy
 from solrl_core.run_inputs import absolute_paths
 from solrl_core.rundir import CONFIG_FILE, fresh_run_dir, restarts, save_run_config, write_atomic
-from solrl_core.sampler import Sampler
 from solrl_core.sharding import Layout, open_layout, shard_policy
 from solrl_core.text import plural
 from solrl_core.threads import apply_threads
 
 
-class TextCache:
-    """Text conditioning per prompt, each unique prompt encoded once per run (text encoders can then
-    leave the GPU: see the model loaders)."""
-
-    def __init__(self, model: DiffusionModel) -> None:
-        self.model = model
-        self.cache: dict[str, Conditioning] = {}
-
-    def __call__(self, prompts: list[str]) -> Conditioning:
-        new = [p for p in dict.fromkeys(prompts) if p not in self.cache]
-        if new:
-            enc = self.model.encode(new)
-            for i, p in enumerate(new):
-                self.cache[p] = enc[i:i + 1]
-        return Conditioning.cat([self.cache[p] for p in prompts])
-
-
 @dataclass(frozen=True)
 class Run:
-    """What is fixed for a run once it is open. An out-of-memory back-off continues with
-    `with_config` (smaller batches); nothing else replaces a field."""
+    """What is fixed for a run once it is open: its engine (model, policy, copies, sampler, rewards),
+    its plan and the training's own parts. An out-of-memory back-off continues with `with_config`
+    (smaller batches); nothing else replaces a field."""
 
     config: Config
     run_dir: Path
-    device: torch.device
-    dtype_name: str
-    dtype: torch.dtype
-    plan: StagePlan
-    machine: MachinePlan
-    model: DiffusionModel
-    policy: Policy
+    engine: Engine
+    plan: RunPlan  # its machine: what the auto switches chose on this machine, and why
     optimizer: torch.optim.Optimizer
-    rewards: RewardSet
     prompts: list[str]
     eval_prompts: list[str]  # empty: no evaluation during training
-    sampler: Sampler  # built from config.sampler
-    conditioning: TextCache  # the prompts' text conditioning, encoded once each
-    explore_copy: RolloutCopy | None = None  # None: Stage 1 runs at full precision
-    rollout_copy: RolloutCopy | None = None  # None: full-precision rollouts and v_old on the policy's old adapter
-    # The update's policy forwards (trained, reference, old without a rollout copy) call this: the
-    # transformer, or (optimizer.compile) the transformer with its blocks compiled while the update
-    # runs (regions.py), whose guards give each adapter state and grad mode its own graph.
-    # Evaluation and inference call the transformer itself, eager.
-    policy_forward: nn.Module | CompiledBlocks | None = None
     rank: int = 0  # this process among world_size (torchrun); it owns prompt groups rank*P/W .. (rank+1)*P/W - 1
     world_size: int = 1
     lock: RunLock | None = None  # rank 0's hold on run_dir; released when train() returns
@@ -109,36 +69,20 @@ class Run:
         return self.layout.sharded
 
     @property
-    def compiled_update(self) -> bool:
-        return isinstance(self.policy_forward, CompiledBlocks)
+    def machine(self) -> MachinePlan:
+        return self.plan.machine
 
-    def rollout_scope(self) -> contextlib.AbstractContextManager:
-        """Where full-precision rollouts on the policy run: its compiled blocks when the machine says so."""
-        return self.update_scope() if self.machine.policy_rollout_compile else contextlib.nullcontext()
+    @property
+    def device(self) -> torch.device:
+        return self.engine.device
 
-    @contextlib.contextmanager
-    def update_scope(self) -> Iterator[None]:
-        """Where the update runs: its compiled blocks on for forwards and backwards alike (a
-        checkpointed block recomputed eagerly would not match its compiled forward), and SDPA
-        without cuDNN attention, whose backward fails at FLUX's shapes (attention.py)."""
-        with training_attention(), (self.policy_forward.on() if isinstance(self.policy_forward, CompiledBlocks)
-                                    else contextlib.nullcontext()):
-            yield
+    @property
+    def rewards(self) -> RewardSet:
+        return self.engine.rewards
 
     def with_config(self, config: Config) -> "Run":
-        """The same run with a changed config (batch sizes), its sampler rebuilt from it."""
-        return replace(self, config=config, sampler=Sampler.of(config.sampler))
-
-    def copies(self) -> list[RolloutCopy]:
-        return [c for c in (self.explore_copy, self.rollout_copy) if c is not None]
-
-    def refresh_copies(self) -> None:
-        """Load base + old adapter (merged once) into every rollout copy, re-quantizing the explore copy."""
-        copies = self.copies()
-        if copies:
-            merged = self.policy.merged_weights(OLD)
-            for c in copies:
-                c.refresh(merged)
+        """The same run with a changed config (batch sizes), its engine's sampler rebuilt from it."""
+        return replace(self, config=config, engine=self.engine.with_config(config))
 
 
 @dataclass
@@ -157,17 +101,13 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     check_split(cfg.run.prompts_per_iteration, world)
     prompts = load_prompts(cfg.run.prompts)
     eval_prompts = load_prompts(cfg.run.eval_prompts) if cfg.run.eval_prompts else []
-    device = resolve_device(cfg.run.device)
-    if world > 1 and device.type == "cuda":  # one GPU per process, whatever cuda:N the config names
-        device = torch.device("cuda", torch.cuda.current_device())
+    device, dtype_name, dtype = resolve_runtime(cfg)
     rewards = RewardSet.from_config(cfg.reward, device)
     rewards.check_prompts(prompts + eval_prompts)
-    dtype_name, dtype = resolve_dtype(cfg.run.dtype, device)
     threads = apply_threads(cfg.run.threads)  # auto: one per usable core, shared by this node's processes (threads.py)
     machine = replace(resolve_machine(cfg, device, dtype_name), threads=threads.describe())
     layout, machine = open_layout(cfg, machine, dtype_name, device, gpu_of(device))  # fsdp: no copies
-    plan = plan_stages(cfg, dtype_name, machine.explore_precision, rollout_copy=machine.rollout_copy,
-                       rollout_compiled=machine.rollout_compile, explore_compiled=machine.explore_compile)
+    plan = plan_stages(cfg, dtype_name, machine.explore_precision, machine=machine)
     if plan.explores_low:  # before anything is written: a refused precision leaves no run dir
         require_explore_precision(plan.explore_precision, device)
     run_dir, checkpoint, lock, notes = _claim_run_dir(cfg, resume, from_checkpoint)  # the lock is dropped with it on an error below
@@ -179,13 +119,10 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
                 lock.release()
             raise
 
-    model = load_model(cfg.model, device, dtype)
-    explore_copy, rollout_copy = _copies(cfg, plan, model)  # copied before the adapters are added
-    if cfg.model.train_precision == "fp32-base" and dtype == torch.bfloat16:  # the copies stay bf16, as the official SD3's
-        model.transformer.to(torch.float32)
-    if machine.checkpointing:  # acts only where gradients are on: the trained forward
-        model.transformer.enable_gradient_checkpointing()
-    policy = Policy(model.transformer, cfg.model)
+    engine = open_engine(cfg, device=device, rewards=rewards, checkpointing=machine.checkpointing, refresh=False,
+                         explore=CopySpec(plan.explore_precision, plan.explore_compiled) if plan.explores_low else None,
+                         rollout=CopySpec(plan.full_precision, plan.rollout_compiled) if plan.rollout_copy else None)
+    policy = engine.policy
     if world > 1:  # a LoRA's random init (and anything else) must start equal on every rank: rank 0's
         for adapter in (TRAINED, OLD, "ema"):
             policy.load_state(adapter, distributed.broadcast_tensors(policy.state(adapter)))
@@ -199,33 +136,20 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
         state.restore(load_checkpoint(checkpoint, policy, optimizer))
     cfg = absolute_paths(replace(cfg, run=replace(cfg.run, run_dir=str(run_dir))))  # config.toml works from any folder
     if rank == 0:
-        lock = _write_run_dir(run_dir, lock, cfg, explore_copy)
+        lock = _write_run_dir(run_dir, lock, cfg, engine.explore_copy)
         record_servers(run_dir, rewards.rewards)
     if rank == 0 and checkpoint is not None:  # only now that the resume is committed: a failure above leaves them listed
         notes = [*notes, *(f"set {p.name} aside (newer than {checkpoint.name}); it is kept until you delete it: rm -r {p}"
                            for p in set_aside_newer(run_dir, checkpoint))]
     forward = (CompiledBlocks(policy.transformer, cfg.run.compile_mode, active=False) if machine.update_compile
                else policy.transformer)
-    run = Run(config=cfg, run_dir=run_dir, device=device, dtype_name=dtype_name, dtype=dtype, plan=plan, machine=machine,
-              model=model, policy=policy, optimizer=optimizer, rewards=rewards, prompts=prompts, eval_prompts=eval_prompts,
-              sampler=Sampler.of(cfg.sampler), conditioning=TextCache(model), explore_copy=explore_copy,
-              rollout_copy=rollout_copy, policy_forward=forward, rank=rank, world_size=world, lock=lock,
-              layout=layout, notes=tuple(notes))
-    run.refresh_copies()
+    engine = replace(engine.with_config(cfg), policy_forward=forward, policy_rollout_compile=machine.policy_rollout_compile)
+    run = Run(config=cfg, run_dir=run_dir, engine=engine, plan=plan, optimizer=optimizer,
+              prompts=prompts, eval_prompts=eval_prompts, rank=rank, world_size=world, lock=lock, layout=layout,
+              notes=tuple(notes))
+    engine.refresh_copies()
     distributed.barrier()  # the run directory exists before any rank goes on
     return Session(run, state)
-
-
-def _copies(cfg: Config, plan: StagePlan, model: DiffusionModel) -> tuple[RolloutCopy | None, RolloutCopy | None]:
-    """The explore copy (a low explore precision) and the full-precision rollout copy, each where the plan keeps one."""
-    explore_copy = rollout_copy = None
-    if plan.explores_low:
-        explore_copy = RolloutCopy(copy.deepcopy(model.transformer), plan.explore_precision, LayerRule.of(cfg.model),
-                                   compile=plan.explore_compiled, compile_mode=cfg.run.compile_mode)
-    if plan.rollout_copy:
-        rollout_copy = RolloutCopy(copy.deepcopy(model.transformer), plan.full_precision, LayerRule.of(cfg.model),
-                                   compile=plan.rollout_compiled, compile_mode=cfg.run.compile_mode)
-    return explore_copy, rollout_copy
 
 
 def _write_run_dir(run_dir: Path, lock: RunLock | None, cfg: Config, explore_copy: RolloutCopy | None) -> RunLock:

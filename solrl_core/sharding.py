@@ -45,10 +45,12 @@ from torch import nn
 
 from solrl_core import distributed
 from solrl_core.config import Config
+from solrl_core.families import family
 from solrl_core.errors import SolrlError
 from solrl_core.footprint import MemoryEstimate, estimate_memory
 from solrl_core.precision.hardware import GpuInfo
-from solrl_core.precision.resolve import FIT_SHARE, MachinePlan
+from solrl_core.plan import MachinePlan
+from solrl_core.precision.resolve import FIT_SHARE
 from solrl_core.regions import repeated_blocks
 
 # A sharded GPU holds, besides its 1/S of the weights, the blocks gathered whole for the forward in
@@ -104,11 +106,11 @@ def resolve_strategy(cfg: Config, machine: MachinePlan, dtype_name: str, gpu: Gp
 def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str) -> MachinePlan:
     """`machine` without the copies fsdp does not keep; a setting that needs one is refused."""
     fix = "set distributed.strategy=replicate (a full replica per GPU), or drop the setting"
-    family = cfg.algorithm.family
-    if family in ("compile", "naive_quant"):
-        raise SolrlError(f"the {family} family rolls out on a {'compiled' if family == 'compile' else 'quantized'} copy "
+    fam = family(cfg.algorithm.family)
+    if fam.copy:
+        raise SolrlError(f"the {fam.name} family rolls out on a {fam.copy} copy "
                          "of the model, which distributed.strategy=fsdp does not keep", fix)
-    if cfg.explore.precision not in ("auto", dtype_name) and family == "sol_rl":
+    if cfg.explore.precision not in ("auto", dtype_name) and fam.low_precision:
         raise SolrlError(f"explore.precision={cfg.explore.precision} needs an explore copy, which distributed.strategy=fsdp "
                          "does not keep", "set explore.precision=auto (Stage 1 then runs at the run dtype), or " + fix)
     for name, value in (("sampler.rollout_copy", cfg.sampler.rollout_copy), ("optimizer.compile", cfg.optimizer.compile)):

@@ -1,8 +1,9 @@
 """Stage 1 alone (`solrl explore`): N seeds per prompt through the explore copy at the preview step
 count, scored, ranked, and the K seeds Stage 2 would regenerate selected, exactly as a training
-iteration does: ranked by the same values (selection.ranking_values: the advantage the update sees,
-so several rewards under `reward.aggregation = advantage` rank as in training), the same selection
-function, the same stable tie order."""
+iteration does: generated on the engine's `explore` network (engine.py), screened for non-finite
+scores and selected by the training's own `stages.keep_seeds` (ranked by the advantage the update
+sees, so several rewards under `reward.aggregation = advantage` rank as in training; the same
+selection function, the same stable tie order)."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from solrl_core.inference import Loaded, decode_in_chunks, encode_each
-from solrl_core.rewards import RewardSet
-from solrl_core.sampler import Sampler
+from solrl_core.engine import Engine
+from solrl_core.faults import guard
 from solrl_core.prompts import text_keys
-from solrl_core.selection import ranking_values, select
+from solrl_core.selection import ranking_values
+from solrl_core.stages import GlobalScores, Scored, keep_seeds
 
 
 @dataclass(frozen=True)
@@ -30,49 +31,48 @@ class ExploreResult:
     ranks: torch.Tensor  # [P, N] 1 = best by the training's ranking (selection.ranking_values), stable ties by seed order
     selected: torch.Tensor  # [P, K] indices into N, in selection order
     images: torch.Tensor  # [P, N, 3, H, W]
-    seconds: float
+    seconds: float  # generation, decoding and scoring, measured
     precision: str
     steps: int
 
 
 @torch.no_grad()
-def explore_only(loaded: Loaded, rewards: RewardSet, prompts: list[str], n: int, keep: int, mode: str, seed_base: int,
-                 steps: int) -> ExploreResult:
-    """Seeds seed_base + i*N ... seed_base + i*N + N-1 for prompt i (so a result names its seeds)."""
-    copy_ = loaded.explore_copy
-    if copy_ is None:
-        raise ValueError("explore needs the model loaded with its explore copy (load_tuned(..., explore=True))")
-    smp = loaded.config.sampler
+def explore_only(engine: Engine, prompts: list[str], n: int, keep: int, mode: str, seed_base: int, steps: int) -> ExploreResult:
+    """Seeds seed_base + i*N ... seed_base + i*N + N-1 for prompt i (so a result names its seeds),
+    scored with the engine's rewards; a random selection mode draws from default_rng(seed_base)."""
+    if engine.explore_copy is None or engine.rewards is None:
+        raise ValueError("explore needs an engine opened with its explore copy and rewards (open_engine(explore=True, rewards=...))")
     t0 = time.perf_counter()
     flat = [p for p in prompts for _ in range(n)]
     seeds = seed_base + torch.arange(len(prompts) * n, dtype=torch.long)
-    cond = encode_each(loaded.model, prompts, n)
-    latents = Sampler.of(smp).generate(loaded.model, copy_.forward, cond, seeds, steps, copy_.dtype)
-    images = decode_in_chunks(loaded.model, latents, smp.rollout_batch)
-    scores = rewards(images, flat)
-    total = scores.total.view(len(prompts), n)
-    reward = loaded.config.reward
-    ranking = ranking_values(scores.total, scores.components, reward.weights,
-                             torch.tensor(text_keys(flat), dtype=torch.long), reward.aggregation).view(len(prompts), n)
+    made = engine.generate(engine.conditioning(flat), seeds, steps, "explore")
+    scores = engine.rewards(made.images, flat)
+    groups = torch.arange(len(prompts)).repeat_interleave(n)
+    texts = torch.tensor(text_keys(flat), dtype=torch.long)
+    every = GlobalScores(scores.total, scores.components, groups, slice(0, len(flat)), texts)
+    drafts = Scored(batch=None, scores=every, screen=guard.screen(scores.components, groups))
+    kept = keep_seeds(drafts, engine.config.reward, keep, mode, np.random.default_rng(seed_base))
+    selected = kept.view(len(prompts), keep) - torch.arange(len(prompts))[:, None] * n
+    reward = engine.config.reward
+    ranking = ranking_values(scores.total, scores.components, reward.weights, texts, reward.aggregation).view(len(prompts), n)
     order = torch.argsort(ranking, dim=1, descending=True, stable=True)
     ranks = torch.empty_like(order)
     ranks.scatter_(1, order, torch.arange(1, n + 1).expand(len(prompts), n).contiguous())
-    rng = np.random.default_rng(seed_base)
-    selected = torch.stack([select(ranking[i], keep, mode, rng) for i in range(len(prompts))])
-    return ExploreResult(prompts, seeds.view(len(prompts), n), total,
-                         {k: v.view(len(prompts), n) for k, v in scores.components.items()}, ranks, selected,
-                         images.view(len(prompts), n, *images.shape[1:]), time.perf_counter() - t0, copy_.precision, steps)
+    shape = (len(prompts), n)
+    return ExploreResult(prompts, seeds.view(shape), scores.total.view(shape),
+                         {k: v.view(shape) for k, v in scores.components.items()}, ranks, selected,
+                         made.images.view(*shape, *made.images.shape[1:]), time.perf_counter() - t0, engine.explore_copy.precision, steps)
 
 
-def explore_to_folder(loaded: Loaded, rewards: RewardSet, prompts: list[str], seed_base: int, out_dir: Path) -> ExploreResult:
+def explore_to_folder(engine: Engine, prompts: list[str], seed_base: int, out_dir: Path) -> ExploreResult:
     """`explore_only` with the config's N, K, selection mode and preview steps, written to `out_dir`:
     seeds.jsonl (every seed of every prompt: reward, each component, rank, selected) and grid.png
     (each prompt's K/2 best and K/2 worst images)."""
     from solrl_core.inference import grid_rows, make_grid
 
-    cfg = loaded.config
+    cfg = engine.config
     n, k = cfg.explore.group_size, cfg.selection.group_size
-    result = explore_only(loaded, rewards, prompts, n, k, cfg.selection.mode, seed_base, cfg.explore.steps)
+    result = explore_only(engine, prompts, n, k, cfg.selection.mode, seed_base, cfg.explore.steps)
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / "seeds.jsonl", "w", encoding="utf-8") as fh:
         for i, text in enumerate(prompts):

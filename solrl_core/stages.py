@@ -7,7 +7,6 @@ would."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from dataclasses import dataclass
@@ -20,12 +19,12 @@ from solrl_core import events as ev
 from solrl_core.faults import guard
 from solrl_core.loop_state import LoopState
 from solrl_core.nft import combined_advantages
-from solrl_core.policy import OLD
 from solrl_core.prompts import prompts_for_iteration, shard, text_keys
-from solrl_core.rollout import Draws, RolloutBatch, rollout
+from solrl_core.config import RewardConfig
+from solrl_core.rollout import Draws, RolloutBatch
 from solrl_core.selection import ranking_values, select
 from solrl_core.session import Run
-from solrl_core.update import UpdateResult, autocast, update
+from solrl_core.update import UpdateResult, update
 
 
 @dataclass(frozen=True)
@@ -101,14 +100,14 @@ def regenerate(run: Run, kept: RolloutBatch) -> RolloutBatch:
 def roll_out(run: Run, draws: Draws, steps: int, explore: bool) -> RolloutBatch:
     """Generate and score on the explore copy (explore=True, when there is one), else at full precision:
     on the rollout copy (base + old merged) when the run keeps one, or on the policy's old adapter."""
-    copy_ = run.explore_copy if explore and run.explore_copy is not None else run.rollout_copy
-    plain = contextlib.nullcontext()
-    if copy_ is not None:
-        network, dtype, cast, scope = contextlib.nullcontext(copy_.forward), copy_.dtype, plain, plain
-    else:
-        network, dtype, cast, scope = run.policy.use(OLD), run.dtype, autocast(run), run.rollout_scope()
-    with network as net, cast, scope:
-        return rollout(run.model, net, dtype, run.sampler, steps, draws, run.conditioning(draws.prompts), run.rewards)
+    engine = run.engine
+    made = engine.generate(engine.conditioning(draws.prompts), draws.seeds, steps, "explore" if explore else "rollout",
+                           to_cpu=False)
+    t0 = time.perf_counter()
+    scores = run.rewards(made.images, draws.prompts)
+    return RolloutBatch(prompts=draws.prompts, groups=draws.groups, seeds=draws.seeds, latents=made.latents,
+                        sigmas=made.sigmas, rewards=scores.total, components=scores.components,
+                        seconds_reward=time.perf_counter() - t0)
 
 
 def gather_scores(run: Run, batch: RolloutBatch) -> GlobalScores:
@@ -153,18 +152,24 @@ def select_seeds(run: Run, drafts: Scored, rng: np.random.Generator) -> torch.Te
 
     Every rank selects for every group (cheap: it sorts rewards) so that a random selection mode
     draws from `rng` as one process would, then keeps its own groups' picks."""
-    scores, valid = drafts.scores, drafts.screen.valid
-    usable, reward = drafts.usable, run.config.reward
+    kept = keep_seeds(drafts, run.config.reward, run.plan.keep, run.config.selection.mode, rng)
+    local = drafts.scores.local
+    return kept[(kept >= local.start) & (kept < local.stop)] - local.start
+
+
+def keep_seeds(drafts: Scored, reward: RewardConfig, keep: int, mode: str, rng: np.random.Generator) -> torch.Tensor:
+    """Global indices of the `keep` seeds kept in each prompt group, group by group: ranked by the
+    advantage the update sees (selection.ranking_values), a non-finite draft ranking nowhere (kept
+    only to fill a group: guard.prefer_finite). Training and `solrl explore` both select here."""
+    scores, valid, usable = drafts.scores, drafts.screen.valid, drafts.usable
     ranking = ranking_values(usable.rewards, usable.components, reward.weights, usable.texts, reward.aggregation)
-    if not bool(valid.all()):  # a non-finite draft ranks nowhere: it is kept only to fill a group (guard.prefer_finite)
+    if not bool(valid.all()):
         ranking = torch.zeros(valid.numel(), dtype=ranking.dtype).index_put_((valid,), ranking)
-    keep = []
+    chosen = []
     for g in scores.groups.unique(sorted=True):
-        members = guard.prefer_finite(torch.nonzero(scores.groups == g).flatten(), valid, run.plan.keep)
-        chosen = select(ranking[members], run.plan.keep, run.config.selection.mode, rng)
-        keep.append(members[chosen])
-    kept = torch.cat(keep)
-    return kept[(kept >= scores.local.start) & (kept < scores.local.stop)] - scores.local.start
+        members = guard.prefer_finite(torch.nonzero(scores.groups == g).flatten(), valid, keep)
+        chosen.append(members[select(ranking[members], keep, mode, rng)])
+    return torch.cat(chosen)
 
 
 def train(run: Run, finals: Scored, rng: np.random.Generator) -> UpdateResult:
@@ -195,9 +200,9 @@ def sync(run: Run, state: LoopState) -> float:
     alg = run.config.algorithm
     state.step += 1
     decay = min(alg.old_decay_rate * state.step, alg.old_decay_max)
-    run.policy.update_old(decay)
-    run.policy.update_ema(min((1 + state.step) / (10 + state.step), alg.ema_max_decay))
-    run.refresh_copies()
+    run.engine.policy.update_old(decay)
+    run.engine.policy.update_ema(min((1 + state.step) / (10 + state.step), alg.ema_max_decay))
+    run.engine.refresh_copies()
     return decay
 
 

@@ -6,8 +6,10 @@
              update      DiffusionNFT loss on the Stage-2 rollouts, one optimizer step
              sync        old adapter decay, EMA, explore copy refreshed and re-quantized
 
-The other families are the same loop with stages switched off (plan.py). The stages are in
-stages.py and update.py; what a run holds fixed is session.Run, what it advances loop_state.LoopState.
+The other families are the same loop with stages switched off (one row each in families.py; the
+plan in plan.py). The stages are in stages.py and update.py; what a run holds fixed is session.Run
+(its engine.Engine holds the model, the policy, its copies, the sampler and the rewards, and
+generates every rollout), what it advances loop_state.LoopState.
 
 Many GPUs (torchrun, see distributed.py): the iteration's prompt groups are split over the ranks,
 each group whole on one rank. Every random draw is made for the whole iteration on every rank and
@@ -262,7 +264,7 @@ def run_iteration(run: Run, state: LoopState, bus: ev.EventBus, stop: StopFlag |
     state.history.append(finals.mean_reward())
     bus.emit(_iteration_finished(run, state, phases, drafts, finals, result, decay))
     if samples.due(run.config.run.log, run.config.run.image_every, state.iteration, run.rank):
-        bus.emit(samples.sample_grid(run.model, finals.batch, run.run_dir, state.iteration))
+        bus.emit(samples.sample_grid(run.engine, finals.batch, run.run_dir, state.iteration))
 
 
 def _iteration_finished(run: Run, state: LoopState, phases: PhaseRecorder, drafts: Scored, finals: Scored,
@@ -317,13 +319,13 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
     if run.world_size > 1 or run.layout.strategy != "replicate":
         described += f"; weights: {run.layout.describe()}"
     bus.emit(ev.RunStarted(run_dir=str(run.run_dir), preset=cfg.preset, device=str(run.device),
-                           dtype=run.dtype_name, explore_precision=plan.explore_precision, plan=described,
+                           dtype=run.engine.dtype_name, explore_precision=plan.explore_precision, plan=described,
                            start_iteration=state.iteration, iterations=cfg.run.iterations, resumed=state.resumed,
                            config=to_dict(cfg), machine=run.machine.describe(), tracking=tracking.where(cfg.run.log, run.run_dir),
-                           environment=environment.describe(cfg, run.device, run.dtype_name, plan.explore_precision, run.machine)))
+                           environment=environment.describe(cfg, run.device, run.engine.dtype_name, plan.explore_precision, run.machine)))
     if run.rank == 0:  # the live MFU's counts (telemetry/model_flops.py); the other ranks speak to no one
         bus.emit(model_flops(run))
-    copy_ = run.explore_copy
+    copy_ = run.engine.explore_copy
     if copy_ is not None and copy_.report is not None:
         bus.emit(ev.QuantizationReport(summary=copy_.report.summary(), path=str(run.run_dir / "quantization_report.json")))
     for note in run.notes:
@@ -381,10 +383,10 @@ def _evaluate(run: Run, state: LoopState, bus: ev.EventBus, weights: str, base: 
 def _checkpoint(run: Run, state: LoopState, bus: ev.EventBus) -> None:
     """Rank 0 writes (the state is replicated, or gathered whole from the shards by every rank); the
     others wait, so no rank exits before it is saved."""
-    gathered = gather(run.policy, run.optimizer) if run.sharded else None
+    gathered = gather(run.engine.policy, run.optimizer) if run.sharded else None
     if run.rank == 0:
         t0 = time.perf_counter()
-        path = save_checkpoint(run.run_dir, state.iteration, run.policy, run.optimizer, state.to_dict(),
+        path = save_checkpoint(run.run_dir, state.iteration, run.engine.policy, run.optimizer, state.to_dict(),
                                run.config.run.keep_checkpoints, gathered=gathered)
         bus.emit(ev.CheckpointSaved(iteration=state.iteration, path=str(path), seconds=time.perf_counter() - t0))
     distributed.barrier()

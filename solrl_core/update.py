@@ -3,7 +3,6 @@ loss), accumulated over micro-batches and train timesteps."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 from dataclasses import dataclass
 
@@ -49,20 +48,20 @@ def update(run: Run, batch: RolloutBatch, advantages: torch.Tensor, rng: np.rand
     equally many samples) average their gradients. Each sample's timesteps and training noise come
     from its own generator, drawn for all `samples` of every rank (this rank's, `batch`, are the
     `local` ones), so neither the split over ranks nor the micro-batch size changes them."""
-    cfg, policy = run.config, run.policy
+    cfg, policy = run.config, run.engine.policy
     alg = cfg.algorithm
     grid = batch.sigmas[:-1]
     per_sample = min(max(1, int(run.plan.full_steps * alg.timestep_fraction)), grid.numel())
     n = len(batch.prompts)
     gens = [torch.Generator().manual_seed(int(s)) for s in rng.integers(0, 2**63 - 1, size=samples)[local]]
     picks = torch.stack([torch.randperm(grid.numel(), generator=g)[:per_sample] for g in gens])
-    cond = run.conditioning(batch.prompts)
+    cond = run.engine.conditioning(batch.prompts)
     micro = cfg.optimizer.micro_batch
     pairs = n * per_sample
     params = policy.trainable_parameters()
     run.optimizer.zero_grad(set_to_none=True)
     sums = torch.zeros(4, dtype=torch.float64)  # loss, policy, kl, non-finite terms
-    with charged_to("update"), run.update_scope():
+    with charged_to("update"), run.engine.update_scope():
         mine = per_sample * math.ceil(n / micro)
         # sharded, every rank runs as many forwards and backwards (each gathers weights from all): as the
         # rank with most (samples with a non-finite reward are dropped per rank)
@@ -95,21 +94,21 @@ def _micro_step(run: Run, x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tens
                 weight: float) -> torch.Tensor:
     """Forward and backward of one micro-batch at one train timestep per sample, its loss weighted by
     its share of the pairs. Returns (loss, policy, kl) x weight and the non-finite terms."""
-    alg, model, device = run.config.algorithm, run.model, run.device
+    alg, model, device = run.config.algorithm, run.engine.model, run.device
     x0, sigma, eps, cond, adv = x0.to(device), sigma.to(device), eps.to(device), cond.to(device), adv.to(device)
     s = sigma.view(-1, 1, 1, 1)
     xt = (1 - s) * x0 + s * eps
     # The three forwards get one input, xt in the run dtype, and the same fp32 timesteps, as the
     # official code feeds its one bf16 xt and sigma to old, trained and reference (train_sana.py:878-889).
-    x_in = xt.to(run.dtype)
+    x_in = xt.to(run.engine.dtype)
     with torch.no_grad():
         v_old = old_velocity(run, x_in, sigma, cond)
         v_ref = None
         if alg.kl_beta != 0:  # the reference only enters the loss through kl_beta: no forward for nothing
-            with autocast(run), run.policy.use(None):
-                v_ref = model.velocity(run.policy_forward, x_in, sigma, cond).float()
-    with autocast(run):
-        v = model.velocity(run.policy_forward, x_in, sigma, cond).float()
+            with run.engine.autocast(), run.engine.policy.use(None):
+                v_ref = model.velocity(run.engine.policy_forward, x_in, sigma, cond).float()
+    with run.engine.autocast():
+        v = model.velocity(run.engine.policy_forward, x_in, sigma, cond).float()
     terms = nft_loss(v, v_old, v_ref, xt, x0, sigma, adv, nft_beta=alg.nft_beta, kl_beta=alg.kl_beta,
                      adv_clip_max=alg.adv_clip_max)
     finite = bool(torch.isfinite(terms.loss))
@@ -125,24 +124,15 @@ def _micro_step(run: Run, x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tens
 def _idle_step(run: Run, grid: torch.Tensor) -> None:
     """A micro-step that adds nothing to the gradient (weight 0, zero input): the collectives a
     sharded rank with fewer samples must join."""
-    x0 = torch.zeros(1, *run.model.latent_shape)
-    _micro_step(run, x0, grid[:1], torch.zeros_like(x0), run.conditioning(run.prompts[:1]), torch.zeros(1), 0.0)
+    x0 = torch.zeros(1, *run.engine.model.latent_shape)
+    _micro_step(run, x0, grid[:1], torch.zeros_like(x0), run.engine.conditioning(run.prompts[:1]), torch.zeros(1), 0.0)
 
 
 def old_velocity(run: Run, xt: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
     """v_old: on the rollout copy (base + old merged, no adapter overhead; called outside autocast in
     its own dtype, as its rollouts are, so a compiled copy keeps its graph), else the old adapter."""
-    full = run.rollout_copy
+    full = run.engine.rollout_copy
     if full is not None:
-        return run.model.velocity(full.forward, xt.to(full.dtype), sigma, cond).float()
-    with autocast(run), run.policy.use(OLD):
-        return run.model.velocity(run.policy_forward, xt, sigma, cond).float()
-
-
-def autocast(run: Run) -> contextlib.AbstractContextManager:
-    """bf16 autocast around the policy's forwards in a bf16 run (the adapters are fp32), unless
-    `model.train_precision = bf16` (the official SANA regime: no autocast); on CUDA and on a CPU
-    alike, so the bf16 path runs the same way in the CPU test suite."""
-    if run.dtype == torch.bfloat16 and run.config.model.train_precision != "bf16":
-        return torch.autocast(run.device.type, dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+        return run.engine.model.velocity(full.forward, xt.to(full.dtype), sigma, cond).float()
+    with run.engine.autocast(), run.engine.policy.use(OLD):
+        return run.engine.model.velocity(run.engine.policy_forward, xt, sigma, cond).float()

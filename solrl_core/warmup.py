@@ -11,7 +11,6 @@ import torch
 from solrl_core import events as ev
 from solrl_core.policy import OLD
 from solrl_core.session import Run
-from solrl_core.update import autocast
 
 
 def warm_up_compiled(run: Run, bus: ev.EventBus) -> None:
@@ -21,22 +20,22 @@ def warm_up_compiled(run: Run, bus: ev.EventBus) -> None:
     depend on the batch (on a CPU the convolution backend changes at batch 16, and SANA's feed-forward
     is convolutions), so only the sizes themselves make sure iteration 1 compiles nothing."""
     sizes = warm_up_sizes(run)
-    for target, copy_ in (("explore copy", run.explore_copy), ("rollout copy", run.rollout_copy)):
+    for target, copy_ in (("explore copy", run.engine.explore_copy), ("rollout copy", run.engine.rollout_copy)):
         if copy_ is None or copy_.compiled is None:
             continue
         bus.emit(ev.CompileStarted(target=target))
         t0 = time.perf_counter()
         for n in sizes[target]:
-            cond = run.conditioning(run.prompts[:1] * n).to(run.device)
-            x = torch.zeros(n, *run.model.latent_shape, device=run.device, dtype=copy_.dtype)
+            cond = run.engine.conditioning(run.prompts[:1] * n).to(run.device)
+            x = torch.zeros(n, *run.engine.model.latent_shape, device=run.device, dtype=copy_.dtype)
             with torch.no_grad():
-                run.model.velocity(copy_.forward, x, torch.ones(n, device=run.device), cond)
+                run.engine.model.velocity(copy_.forward, x, torch.ones(n, device=run.device), cond)
         _synchronize(run)
         bus.emit(ev.CompileFinished(target=target, seconds=time.perf_counter() - t0))
-    if run.compiled_update:
+    if run.engine.compiled_update:
         bus.emit(ev.CompileStarted(target="update"))
         t0 = time.perf_counter()
-        with run.update_scope():
+        with run.engine.update_scope():
             _warm_up_update(run, sizes["update"])
             if run.machine.policy_rollout_compile:  # implies no rollout copy
                 _warm_up_policy_rollouts(run, sizes["rollout copy"])
@@ -57,7 +56,7 @@ def warm_up_sizes(run: Run) -> dict[str, list[int]]:
 
     drafts, kept = groups * plan.explore_seeds, groups * plan.keep
     full = chunks(kept, batch) if plan.regenerate else set()
-    if run.explore_copy is None:  # Stage 1 (every rollout of a full-precision family) on the rollout copy
+    if run.engine.explore_copy is None:  # Stage 1 (every rollout of a full-precision family) on the rollout copy
         full |= chunks(drafts, batch)
     if plan.regenerate and cfg.explore.rank_check_every:
         full |= chunks(plan.explore_seeds, batch)
@@ -69,20 +68,20 @@ def _warm_up_update(run: Run, sizes: list[int]) -> None:
     """Each graph of the compiled update at each micro-batch size, in the update's own states: the
     trained forward and backward under autocast, the reference (and, without a rollout copy, the old
     adapter) without gradients. The warm-up's gradients are dropped; the weights are not touched."""
-    model, policy = run.model, run.policy
+    model, policy = run.engine.model, run.engine.policy
     states = [None] if run.config.algorithm.kl_beta != 0 else []
-    if run.rollout_copy is None:
+    if run.engine.rollout_copy is None:
         states.append(OLD)
     for n in sizes:
-        cond = run.conditioning(run.prompts[:1] * n).to(run.device)
-        x = torch.zeros(n, *model.latent_shape, device=run.device, dtype=run.dtype)  # as update._micro_step feeds them
+        cond = run.engine.conditioning(run.prompts[:1] * n).to(run.device)
+        x = torch.zeros(n, *model.latent_shape, device=run.device, dtype=run.engine.dtype)  # as update._micro_step feeds them
         sigma = torch.full((n,), 0.5, device=run.device)
-        with autocast(run):
-            model.velocity(run.policy_forward, x, sigma, cond).float().sum().backward()
+        with run.engine.autocast():
+            model.velocity(run.engine.policy_forward, x, sigma, cond).float().sum().backward()
         with torch.no_grad():
             for state in states:
-                with autocast(run), policy.use(state):
-                    model.velocity(run.policy_forward, x, sigma, cond)
+                with run.engine.autocast(), policy.use(state):
+                    model.velocity(run.engine.policy_forward, x, sigma, cond)
     for p in policy.trainable_parameters():
         p.grad = None
     _synchronize(run)
@@ -92,10 +91,10 @@ def _warm_up_policy_rollouts(run: Run, sizes: list[int]) -> None:
     """The full-precision rollouts' graphs on the policy's old adapter (no rollout copy): latents in
     the run dtype under autocast, without gradients, as stages.roll_out calls them."""
     for n in sizes:
-        cond = run.conditioning(run.prompts[:1] * n).to(run.device)
-        x = torch.zeros(n, *run.model.latent_shape, device=run.device, dtype=run.dtype)
-        with torch.no_grad(), autocast(run), run.policy.use(OLD):
-            run.model.velocity(run.policy_forward, x, torch.ones(n, device=run.device), cond)
+        cond = run.engine.conditioning(run.prompts[:1] * n).to(run.device)
+        x = torch.zeros(n, *run.engine.model.latent_shape, device=run.device, dtype=run.engine.dtype)
+        with torch.no_grad(), run.engine.autocast(), run.engine.policy.use(OLD):
+            run.engine.model.velocity(run.engine.policy_forward, x, torch.ones(n, device=run.device), cond)
 
 
 def _synchronize(run: Run) -> None:

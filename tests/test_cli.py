@@ -181,7 +181,7 @@ def test_export_writes_the_lora_or_a_merged_transformer_equal_to_the_tuned_model
     from diffusers import SanaTransformer2DModel
 
     from solrl_core.checkpoint import list_checkpoints
-    from solrl_core.inference import encode_each, load_tuned
+    from solrl_core.engine import open_engine
     from solrl_core.rundir import load_run_config
 
     assert runner.invoke(app, ["train", *_fast_args("--iterations", "1", "--run-dir", "r")]).exit_code == 0
@@ -192,9 +192,9 @@ def test_export_writes_the_lora_or_a_merged_transformer_equal_to_the_tuned_model
     again = runner.invoke(app, ["export", "r", "--out", "full"])
     assert again.exit_code == 2 and "not empty" in again.output
 
-    loaded = load_tuned(load_run_config("r"), list_checkpoints(Path("r"))[-1])
+    loaded = open_engine(load_run_config("r"), checkpoint=list_checkpoints(Path("r"))[-1])
     plain = SanaTransformer2DModel.from_pretrained("full/transformer")
-    cond = encode_each(loaded.model, ["a red circle", "a blue square"], 1)
+    cond = loaded.conditioning(["a red circle", "a blue square"])
     x, s = torch.randn(2, *loaded.model.latent_shape), torch.tensor([0.8, 0.3])
     with torch.no_grad(), loaded.policy.weights("trained") as net:
         tuned = loaded.model.velocity(net, x, s, cond)

@@ -15,7 +15,7 @@ runner = CliRunner()
 def heavy(monkeypatch, tmp_path):
     """What ran of the slow work: the doctor's checks and the model load (each recorded, then refused)."""
     import solrl_core.doctor as doctor
-    import solrl_core.session as session
+    import solrl_core.engine as engine
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SOLRL_DEBUG", raising=False)
@@ -30,7 +30,7 @@ def heavy(monkeypatch, tmp_path):
         raise RuntimeError("the model was loaded")
 
     monkeypatch.setattr(doctor, "run_checks", doctor_checks)
-    monkeypatch.setattr(session, "load_model", load_model)
+    monkeypatch.setattr(engine, "load_model", load_model)
     return ran
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from solrl_core.faults import guard
-from solrl_core.inference import load_tuned
+from solrl_core.engine import open_engine
 from solrl_core.presets import resolve_config
 from solrl_core.prompts import text_keys
 from solrl_core.rewards import RewardSet
@@ -42,12 +42,11 @@ def _training_selection(cfg, result) -> torch.Tensor:  # type: ignore[no-untyped
 def test_explore_keeps_the_seeds_training_keeps(tmp_path, aggregation):
     sets = [*FAST, f"run.run_dir={tmp_path / 'r'}", f"reward.aggregation={aggregation}"]
     cfg = resolve_config("tiny", "sol_rl", "tinyworld_geneval=1.0,jpeg_compressibility=1.0", sets=sets)
-    loaded = load_tuned(cfg, None, explore=True)
-    rewards = RewardSet.from_config(cfg.reward, loaded.device)
+    engine = open_engine(cfg, explore=True, rewards=RewardSet.from_config(cfg.reward, torch.device("cpu")))
     differ_from_total = 0
     for mode in ("best_worst", "random", "mean_deviation", "extremes_random"):
         mode_cfg = cfg.__class__(**{**cfg.__dict__, "selection": cfg.selection.__class__(**{**cfg.selection.__dict__, "mode": mode})})
-        result = explore_only(loaded, rewards, PROMPTS, N, K, mode, seed_base=0, steps=cfg.explore.steps)
+        result = explore_only(engine, PROMPTS, N, K, mode, seed_base=0, steps=cfg.explore.steps)
         assert torch.equal(result.selected, _training_selection(mode_cfg, result)), mode
         rng = np.random.default_rng(0)  # what `explore` kept before: the K of the raw weighted total
         by_total = torch.stack([select(result.rewards[i], K, mode, rng) for i in range(len(PROMPTS))])

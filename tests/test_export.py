@@ -59,7 +59,7 @@ def test_export_without_out_writes_under_the_run_with_peft_files_a_card_and_read
     from huggingface_hub import ModelCard
     from peft import PeftModel
 
-    from solrl_core.inference import encode_each, load_tuned
+    from solrl_core.engine import open_engine
     from solrl_core.models import load_model
     from solrl_core.rundir import load_run_config
 
@@ -111,9 +111,9 @@ def test_export_without_out_writes_under_the_run_with_peft_files_a_card_and_read
     assert "PeftModel.from_pretrained" in card.text and "load_lora_weights" in card.text
 
     # peft opens it on a plain copy of the base transformer, and it is the run's EMA weights.
-    loaded = load_tuned(cfg, Path("run/checkpoints/iter_000001"))
+    loaded = open_engine(cfg, checkpoint=Path("run/checkpoints/iter_000001"))
     peft_net = PeftModel.from_pretrained(load_model(cfg.model, torch.device("cpu"), torch.float32).transformer, str(folder))
-    cond = encode_each(loaded.model, ["a red circle"], 1)
+    cond = loaded.conditioning(["a red circle"])
     x, s = torch.randn(1, *loaded.model.latent_shape), torch.tensor([0.7])
     with torch.no_grad(), loaded.policy.weights("ema") as net:
         assert torch.allclose(loaded.model.velocity(peft_net, x, s, cond), loaded.model.velocity(net, x, s, cond), atol=1e-6)
@@ -125,7 +125,7 @@ def test_a_real_sana_export_opens_in_peft_and_diffusers_and_equals_the_merged_we
     from peft import PeftModel
 
     from solrl_core import events as ev
-    from solrl_core.inference import load_tuned
+    from solrl_core.engine import open_engine
     from solrl_core.policy import TRAINED
     from solrl_core.presets import resolve_config
     from solrl_core.trainer import StopFlag, train
@@ -150,7 +150,7 @@ def test_a_real_sana_export_opens_in_peft_and_diffusers_and_equals_the_merged_we
     assert (settings["r"], settings["lora_alpha"]) == (cfg.model.lora_rank, cfg.model.lora_alpha)
     assert sorted(settings["target_modules"]) == sorted(cfg.model.lora_targets) and settings["peft_type"] == "LORA"
 
-    loaded = load_tuned(cfg, tmp_path / "run/checkpoints/iter_000001")
+    loaded = open_engine(cfg, checkpoint=tmp_path / "run/checkpoints/iter_000001")
     with loaded.policy.weights("trained"):
         merged = loaded.policy.merged_weights(TRAINED)
     solrl_merged = SanaTransformer2DModel.from_pretrained(str(base), subfolder="transformer")
@@ -161,9 +161,9 @@ def test_a_real_sana_export_opens_in_peft_and_diffusers_and_equals_the_merged_we
     pipe.load_lora_weights(str(folder))
     plain = SanaTransformer2DModel.from_pretrained(str(base), subfolder="transformer")
 
-    cond = session.run.conditioning(["a red circle"])
-    x, s = torch.randn(1, *session.run.model.latent_shape), torch.tensor([0.7])
-    v = lambda net: session.run.model.velocity(net, x, s, cond)  # noqa: E731
+    cond = session.run.engine.conditioning(["a red circle"])
+    x, s = torch.randn(1, *session.run.engine.model.latent_shape), torch.tensor([0.7])
+    v = lambda net: session.run.engine.model.velocity(net, x, s, cond)  # noqa: E731
     with torch.no_grad():
         expected, by_peft, by_diffusers, untuned = v(solrl_merged), v(peft_net), v(pipe.transformer), v(plain)
     assert torch.allclose(by_peft, expected, atol=1e-5), (by_peft - expected).abs().max()

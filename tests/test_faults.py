@@ -48,7 +48,7 @@ def _train(sets, resume=False, checkpoint=None, stop_after=None):
 def _same_run(a, b, atol=0.0):
     assert a.state.history == pytest.approx(b.state.history, abs=atol, rel=0)
     for which in ("default", "old", "ema"):
-        x, y = a.run.policy.state(which), b.run.policy.state(which)
+        x, y = a.run.engine.policy.state(which), b.run.engine.policy.state(which)
         assert all(torch.allclose(x[k], y[k], rtol=0, atol=atol) for k in x), which
 
 
@@ -74,7 +74,7 @@ def test_a_damaged_newest_checkpoint_is_refused_and_an_older_one_resumes(quick):
     sets = quick("run.iterations=3", "run.checkpoint_every=1", "run.keep_checkpoints=3", run_dir="r")
     straight, seen = _train(sets)
     ckpts = straight.run.run_dir / "checkpoints"
-    final = {k: v.clone() for k, v in straight.run.policy.state("default").items()}
+    final = {k: v.clone() for k, v in straight.run.engine.policy.state("default").items()}
     (ckpts / "iter_000003" / "ema" / LORA).write_bytes((ckpts / "iter_000003" / "ema" / LORA).read_bytes()[:-100])
     refused, _ = _train(sets, resume=True)
     assert isinstance(refused, SolrlError)
@@ -91,7 +91,7 @@ def test_a_damaged_newest_checkpoint_is_refused_and_an_older_one_resumes(quick):
     assert [e.iteration for e in _of(again, ev.IterationFinished)] == [2, 3]
     assert _losses(again) == pytest.approx(_losses(seen, after=1), abs=1e-6)
     assert resumed.state.history == pytest.approx(straight.state.history, abs=1e-6)
-    now = resumed.run.policy.state("default")
+    now = resumed.run.engine.policy.state("default")
     assert all(torch.allclose(final[k], now[k], rtol=0, atol=1e-6) for k in final)
     names = sorted(p.name for p in ckpts.iterdir())
     assert names[:3] == ["iter_000001", "iter_000002", "iter_000003"] and len(names) == 5

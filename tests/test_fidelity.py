@@ -29,7 +29,7 @@ def test_bf16_run_on_a_cpu_keeps_adapters_ema_and_adam_moments_in_fp32(fast_sets
     session = train(cfg, bus, stop=StopFlag())
     (it,) = [e for e in seen if isinstance(e, ev.IterationFinished)]
     assert np.isfinite(it.loss["loss"]) and it.grad_norm > 0
-    policy = session.run.policy
+    policy = session.run.engine.policy
     base = [p for n, p in policy.transformer.named_parameters() if "lora_" not in n]
     assert {p.dtype for p in base} == {torch.bfloat16}
     lora = {n: p for n, p in policy.transformer.named_parameters() if "lora_" in n}
@@ -39,7 +39,7 @@ def test_bf16_run_on_a_cpu_keeps_adapters_ema_and_adam_moments_in_fp32(fast_sets
     moments = [s[k] for s in session.run.optimizer.state.values() for k in ("exp_avg", "exp_avg_sq")]
     assert moments and {m.dtype for m in moments} == {torch.float32}
     # The explore copy got the merged old adapter in the base dtype.
-    assert next(session.run.explore_copy.module.parameters()).dtype == torch.bfloat16
+    assert next(session.run.engine.explore_copy.module.parameters()).dtype == torch.bfloat16
 
 
 # --- the official quantized-layer rule ------------------------------------------------------------

@@ -84,8 +84,8 @@ def test_a_run_counts_its_flops_once_as_the_bench_does(tiny_run):
     assert kinds.count(ev.ModelFlops) == 1 and kinds.index(ev.ModelFlops) == kinds.index(ev.RunStarted) + 1
     flops = next(e for e in seen if isinstance(e, ev.ModelFlops))
     run = session.run
-    side, tokens = run.model.latent_shape[-1], run.conditioning(run.prompts[:1]).embeds.shape[1]
-    assert flops.forward == sana_forward_flops(dict(run.model.transformer.config), side, tokens)  # exact, independent
+    side, tokens = run.engine.model.latent_shape[-1], run.engine.conditioning(run.prompts[:1]).embeds.shape[1]
+    assert flops.forward == sana_forward_flops(dict(run.engine.model.transformer.config), side, tokens)  # exact, independent
     cfg = run.config
     per = SampleFlops(flops.forward, flops.train_pair - flops.forward * (2 if cfg.algorithm.kl_beta else 1))
     assert flops.phases == phase_flops(run.plan, cfg, per, cfg.run.prompts_per_iteration)

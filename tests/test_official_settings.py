@@ -94,7 +94,7 @@ def test_presets_say_which_family_is_compiled():
 def test_old_trained_and_reference_forwards_get_identical_inputs(fast_sets):
     cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("run.eval_prompts=", "run.dtype=bf16", "sampler.rollout_copy=true"))
     run = open_session(cfg).run
-    assert run.rollout_copy is not None and cfg.algorithm.kl_beta != 0
+    assert run.engine.rollout_copy is not None and cfg.algorithm.kl_beta != 0
     rng = np.random.default_rng(0)
     drafts = explore(run, run.prompts[:2], rng)
     kept = drafts.subset(select_seeds(run, score_drafts(run, LoopState(), ev.EventBus(), drafts), rng))
@@ -104,7 +104,7 @@ def test_old_trained_and_reference_forwards_get_identical_inputs(fast_sets):
     def record(module, args, kwargs):  # type: ignore[no-untyped-def]
         calls.append((kwargs["timestep"].detach().clone(), kwargs["hidden_states"].dtype))
 
-    hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for m in (run.rollout_copy.module, run.policy.transformer)]
+    hooks = [m.register_forward_pre_hook(record, with_kwargs=True) for m in (run.engine.rollout_copy.module, run.engine.policy.transformer)]
     try:
         update_on(run, batch, rng)
     finally:
@@ -168,7 +168,7 @@ def test_e5m2_explore_precision_trains_the_tiny_model(fast_sets):
                                                           "explore.precision=fp8-e5m2-tensor"))
     session = train(cfg, ev.EventBus(), stop=StopFlag())
     assert session.run.plan.explore_precision == "fp8-e5m2-tensor"
-    assert session.run.explore_copy.report.precision == "fp8-e5m2-tensor"
+    assert session.run.engine.explore_copy.report.precision == "fp8-e5m2-tensor"
 
 
 # --- training precision per model -------------------------------------------------------------------
@@ -207,14 +207,14 @@ def test_each_training_regime_runs_its_forwards_as_named(fast_sets, monkeypatch,
 
     def hooked(*a, **k):  # type: ignore[no-untyped-def]
         s = opened(*a, **k)
-        s.run.policy.transformer.register_forward_pre_hook(record, with_kwargs=True)
+        s.run.engine.policy.transformer.register_forward_pre_hook(record, with_kwargs=True)
         return s
 
     import solrl_core.trainer as trainer_module
 
     monkeypatch.setattr(trainer_module, "open_session", hooked)
     session = train(cfg, ev.EventBus(), stop=StopFlag())
-    base_dtypes = {p.dtype for n, p in session.run.policy.transformer.named_parameters() if "lora_" not in n}
+    base_dtypes = {p.dtype for n, p in session.run.engine.policy.transformer.named_parameters() if "lora_" not in n}
     assert base_dtypes == {base}
     assert seen and {a for a, _ in seen} == {autocast_on} and {d for _, d in seen} == {torch.bfloat16}
-    assert next(session.run.explore_copy.module.parameters()).dtype == torch.bfloat16
+    assert next(session.run.engine.explore_copy.module.parameters()).dtype == torch.bfloat16

@@ -9,7 +9,8 @@ from rich.console import Console
 
 from solrl_cli.display import TerminalDisplay
 from solrl_core import events as ev
-from solrl_core.evaluation import PROGRESS_REPORTS, evaluate
+from solrl_core.engine import PROGRESS_REPORTS
+from solrl_core.evaluation import evaluate
 from solrl_core.presets import resolve_config
 from solrl_core.session import open_session
 from tests.conftest import FAST

@@ -158,19 +158,19 @@ def test_one_training_iteration(name, folders, tmp_path):
     (it,) = [e for e in seen if isinstance(e, ev.IterationFinished)]
     assert np.isfinite(it.final.mean) and np.isfinite(it.draft.mean) and np.isfinite(it.loss["loss"]) and np.isfinite(it.grad_norm)
     assert it.final.std > 0 and it.grad_norm > 0, "the kept samples tied: nothing was trained"
-    assert session.run.model.latent_shape[1:] == (LATENT_SIDE.get(name, 16),) * 2
+    assert session.run.engine.model.latent_shape[1:] == (LATENT_SIDE.get(name, 16),) * 2
     ckpt = tmp_path / "run" / "checkpoints" / "iter_000001"
     assert (ckpt / "pytorch_lora_weights.safetensors").is_file()
     # The saved LoRA loads through the model's own diffusers pipeline and reproduces the tuned model.
     pipe = _pipeline(name, folders[name])
     pipe.load_lora_weights(str(ckpt))
-    cond = session.run.conditioning(["a red circle"])
-    x, s = torch.randn(1, *session.run.model.latent_shape), torch.tensor([0.7])
+    cond = session.run.engine.conditioning(["a red circle"])
+    x, s = torch.randn(1, *session.run.engine.model.latent_shape), torch.tensor([0.7])
     with torch.no_grad():
-        tuned = session.run.model.velocity(session.run.policy.transformer, x, s, cond)
-        reloaded = session.run.model.velocity(pipe.transformer, x, s, cond)
-        with session.run.policy.use(None) as base:
-            untuned = session.run.model.velocity(base, x, s, cond)
+        tuned = session.run.engine.model.velocity(session.run.engine.policy.transformer, x, s, cond)
+        reloaded = session.run.engine.model.velocity(pipe.transformer, x, s, cond)
+        with session.run.engine.policy.use(None) as base:
+            untuned = session.run.engine.model.velocity(base, x, s, cond)
     assert torch.allclose(tuned, reloaded, atol=1e-5), (tuned - reloaded).abs().max()
     assert not torch.allclose(tuned, untuned, atol=1e-6)
 

@@ -98,7 +98,7 @@ def test_the_tiny_world_trains_through_a_remote_reward_exactly_as_in_process(ser
         assert a.final.components["tinyworld_geneval"] == b.final.components[name]
         assert a.loss == b.loss
     for which in ("default", "old", "ema"):
-        x, y = local.run.policy.state(which), remote.run.policy.state(which)
+        x, y = local.run.engine.policy.state(which), remote.run.engine.policy.state(which)
         assert all(torch.equal(x[k], y[k]) for k in x), which
     saved = load_run_config(remote.run.run_dir)  # the URL survives the saved config (resume, eval read it back)
     assert saved.reward.weights == {name: 1.0}

@@ -127,7 +127,7 @@ def test_a_reward_that_raises_once_is_retried_and_the_run_equals_an_untouched_on
     assert len(calls) == 5
     assert retried.state.history == straight.state.history
     for which in ("default", "old", "ema"):
-        x, y = straight.run.policy.state(which), retried.run.policy.state(which)
+        x, y = straight.run.engine.policy.state(which), retried.run.engine.policy.state(which)
         assert all(torch.equal(x[k], y[k]) for k in x), which
     warnings = [e.message for e in seen if isinstance(e, ev.RunWarning)]
     assert warnings == ["reward 'tinyworld_geneval' raised RuntimeError: reward server said 503 (call 3); trying again (1 of 1)"]

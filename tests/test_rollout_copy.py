@@ -67,20 +67,20 @@ def _full_latents(session, seeds):
 def test_the_copy_equals_the_adapter_path_and_follows_each_refresh_in_place(fast_sets):
     with_copy = _session(fast_sets, "sampler.rollout_copy=true", run_dir="a")
     without = _session(fast_sets, "sampler.rollout_copy=false", run_dir="b")
-    assert with_copy.rollout_copy is not None and without.rollout_copy is None
-    module = with_copy.rollout_copy.module
+    assert with_copy.engine.rollout_copy is not None and without.engine.rollout_copy is None
+    module = with_copy.engine.rollout_copy.module
     pointers = [p.data_ptr() for p in module.parameters()]
     for seed in (1, 2):  # two refreshes with different old adapters
-        _perturb(with_copy.policy, seed)
+        _perturb(with_copy.engine.policy, seed)
         for name in (TRAINED, OLD):
-            without.policy.load_state(name, with_copy.policy.state(name))
-        with_copy.refresh_copies()
+            without.engine.policy.load_state(name, with_copy.engine.policy.state(name))
+        with_copy.engine.refresh_copies()
         ours, theirs = _full_latents(with_copy, [5, 6, 7]), _full_latents(without, [5, 6, 7])
         assert torch.allclose(ours, theirs, atol=1e-4), (ours - theirs).abs().max()
-    assert with_copy.rollout_copy.module is module  # refreshed in place: not rebuilt, a compiled graph stays valid
+    assert with_copy.engine.rollout_copy.module is module  # refreshed in place: not rebuilt, a compiled graph stays valid
     assert [p.data_ptr() for p in module.parameters()] == pointers
     before = _full_latents(with_copy, [5])
-    with_copy.policy.update_old(0.0)  # old <- default: the copy must follow at the next sync
+    with_copy.engine.policy.update_old(0.0)  # old <- default: the copy must follow at the next sync
     sync(with_copy, LoopState())
     assert not torch.allclose(_full_latents(with_copy, [5]), before, atol=1e-4)
 
@@ -100,18 +100,18 @@ UNCHANGED = [("sampler.rollout_copy=true",), ("optimizer.checkpointing=true",),
 def test_the_update_loss_and_gradient_are_unchanged(fast_sets, extra, aot_eager):
     base = _session(fast_sets, "sampler.rollout_copy=false", "optimizer.checkpointing=false", run_dir="base")
     other = _session(fast_sets, *extra, run_dir="other")
-    _perturb(base.policy, 3)
+    _perturb(base.engine.policy, 3)
     for name in (TRAINED, OLD):
-        other.policy.load_state(name, base.policy.state(name))
-    other.refresh_copies()
+        other.engine.policy.load_state(name, base.engine.policy.state(name))
+    other.engine.refresh_copies()
     compiled = "optimizer.compile=true" in extra
-    assert (other.policy_forward is not other.policy.transformer) == compiled
-    assert base.policy_forward is base.policy.transformer
+    assert (other.engine.policy_forward is not other.engine.policy.transformer) == compiled
+    assert base.engine.policy_forward is base.engine.policy.transformer
     batch = _kept(base, ["a red circle", "two blue squares"])
     results = [update(s, batch, np.random.default_rng(7)) for s in (base, other)]
     for key in ("loss", "policy", "kl"):
         assert getattr(results[0], key) == pytest.approx(getattr(results[1], key), rel=1e-5, abs=1e-9), key
-    grads = [torch.cat([p.grad.flatten() for p in s.policy.trainable_parameters()]) for s in (base, other)]
+    grads = [torch.cat([p.grad.flatten() for p in s.engine.policy.trainable_parameters()]) for s in (base, other)]
     assert grads[0].abs().max() > 0
     assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7), (grads[0] - grads[1]).abs().max()
 
@@ -167,23 +167,23 @@ def test_kl_beta_zero_runs_no_reference_forward(fast_sets, monkeypatch):
     are those of a run that computes it at a vanishing weight, and the KL is reported as not
     measured (NaN)."""
     sessions = [_session(fast_sets, f"algorithm.kl_beta={beta}", run_dir=f"kl{i}") for i, beta in enumerate(("0", "1e-30"))]
-    _perturb(sessions[0].policy, 4)
+    _perturb(sessions[0].engine.policy, 4)
     for name in (TRAINED, OLD):
-        sessions[1].policy.load_state(name, sessions[0].policy.state(name))
+        sessions[1].engine.policy.load_state(name, sessions[0].engine.policy.state(name))
     for s in sessions:
-        s.refresh_copies()
+        s.engine.refresh_copies()
     batch = _kept(sessions[0], ["a red circle"])
     results = []
     for s in sessions:
         states: list[object] = []
-        real_use = s.policy.use
-        monkeypatch.setattr(s.policy, "use", lambda state, real_use=real_use, states=states: states.append(state) or real_use(state))
+        real_use = s.engine.policy.use
+        monkeypatch.setattr(s.engine.policy, "use", lambda state, real_use=real_use, states=states: states.append(state) or real_use(state))
         results.append((update(s, batch, np.random.default_rng(7)), states))
     (skipped, skipped_states), (with_ref, ref_states) = results
     assert None not in skipped_states and None in ref_states  # None: the reference (adapters disabled)
     assert np.isnan(skipped.kl) and np.isfinite(with_ref.kl) and with_ref.kl > 0
     assert skipped.loss == pytest.approx(with_ref.loss, rel=1e-6)
-    grads = [torch.cat([p.grad.flatten() for p in s.policy.trainable_parameters()]) for s in sessions]
+    grads = [torch.cat([p.grad.flatten() for p in s.engine.policy.trainable_parameters()]) for s in sessions]
     assert grads[0].abs().max() > 0 and torch.allclose(grads[0], grads[1], rtol=1e-5, atol=1e-8)
 
 
@@ -192,7 +192,7 @@ def test_the_compile_mode_reaches_every_compiled_module(fast_sets, monkeypatch):
     monkeypatch.setattr(torch, "compile", lambda module, mode=None: modes.append(mode) or module)
     run = _session(fast_sets, "run.compile_mode=max-autotune-no-cudagraphs", "explore.compile=true", "sampler.compile=true",
                    "optimizer.compile=true")
-    blocks = len(repeated_blocks(run.policy.transformer))
+    blocks = len(repeated_blocks(run.engine.policy.transformer))
     assert blocks >= 2 and modes == ["max-autotune-no-cudagraphs"] * 3 * blocks  # explore copy, rollout copy, update: per block
     with pytest.raises(SolrlError, match="run.compile_mode"):
         resolve_config("tiny", "sol_rl", sets=["run.compile_mode=reduce-overhead"]).validate()
@@ -227,19 +227,19 @@ def test_without_a_rollout_copy_the_full_rollouts_use_the_compiled_blocks_warmed
     """No rollout copy, a compiled update and sampler.compile on: Stage 2 runs on the policy's
     compiled blocks (old adapter), which warm-up compiled, so no iteration compiles anything; with
     sampler.compile off (the eager baselines) the same rollouts stay eager."""
-    import solrl_core.stages as stages
+    from solrl_core.sampler import Sampler
 
     for compiled in (True, False):
         seen: list[tuple[bool, bool]] = []  # (explore, blocks compiled) per rollout call
-        real = stages.rollout
+        real = Sampler.generate
 
-        def spy(model, network, *args, real=real, seen=seen):
+        def spy(self, model, network, *args, real=real, seen=seen):
             blocks = repeated_blocks(network)
-            seen.append((network is not session_run[0].policy.transformer, blocks[0]._compiled_call_impl is not None))
-            return real(model, network, *args)
+            seen.append((network is not session_run[0].engine.policy.transformer, blocks[0]._compiled_call_impl is not None))
+            return real(self, model, network, *args)
 
         session_run: list = []
-        monkeypatch.setattr(stages, "rollout", spy)
+        monkeypatch.setattr(Sampler, "generate", spy)
         bus = ev.EventBus()
         bus.subscribe(lambda e: setattr(torch._dynamo.config, "error_on_recompile", True)
                       if isinstance(e, ev.CompileFinished) and e.target == "update" else None)
@@ -255,7 +255,7 @@ def test_without_a_rollout_copy_the_full_rollouts_use_the_compiled_blocks_warmed
         assert opened.run.machine.policy_rollout_compile == compiled
         full = [on for explore_copy, on in seen if not explore_copy]
         assert len(full) == 2 and all(on == compiled for on in full), seen  # Stage 2 of both iterations
-        assert not any(b._compiled_call_impl for b in repeated_blocks(opened.run.policy.transformer))  # off again after
+        assert not any(b._compiled_call_impl for b in repeated_blocks(opened.run.engine.policy.transformer))  # off again after
 
 
 @pytest.mark.parametrize("compiled", [False, True])
@@ -265,14 +265,14 @@ def test_the_update_trains_without_cudnn_attention(fast_sets, compiled, aot_eage
     run = _session(fast_sets, f"optimizer.compile={str(compiled).lower()}")
     batch = _kept(run, ["a red circle", "two blue squares"])
     states: list[tuple[bool, bool]] = []  # (grad enabled, cuDNN SDPA enabled) per policy forward
-    real = run.model.velocity
+    real = run.engine.model.velocity
 
     def spy(network, *args):
         states.append((torch.is_grad_enabled(), torch.backends.cuda.cudnn_sdp_enabled()))
         assert torch.compiler.config.cache_key_tag == CACHE_TAG  # not the cached graphs of an earlier run
         return real(network, *args)
 
-    monkeypatch.setattr(run.model, "velocity", spy)
+    monkeypatch.setattr(run.engine.model, "velocity", spy)
     assert torch.backends.cuda.cudnn_sdp_enabled()
     update(run, batch, np.random.default_rng(7))
     assert any(grad for grad, _ in states) and not any(cudnn for _, cudnn in states), states

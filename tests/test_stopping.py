@@ -167,7 +167,7 @@ def test_a_phase_stop_abandons_the_iteration_and_a_resume_equals_an_uninterrupte
     resumed, _ = _run(sets, resume=True)
     assert resumed.state.history == straight.state.history
     for which in ("default", "old", "ema"):
-        x, y = straight.run.policy.state(which), resumed.run.policy.state(which)
+        x, y = straight.run.engine.policy.state(which), resumed.run.engine.policy.state(which)
         assert all(torch.equal(x[k], y[k]) for k in x), which
 
 
@@ -182,19 +182,19 @@ def test_a_resume_from_an_older_checkpoint_sets_newer_ones_aside_only_once_commi
     first, _ = _run(sets)
     run_dir = first.run.run_dir
     first.run.lock.release()
-    import solrl_core.session as session
+    import solrl_core.engine as engine
 
-    real = session.load_model
+    real = engine.load_model
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt  # Ctrl-C while the model loads
 
-    monkeypatch.setattr(session, "load_model", interrupted)
+    monkeypatch.setattr(engine, "load_model", interrupted)
     with pytest.raises(KeyboardInterrupt):
         _run(sets, resume=True, checkpoint="iter_000001")
     assert [p.name for p in list_checkpoints(run_dir)] == ["iter_000001", "iter_000002", "iter_000003"]
     assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("superseded-")]
-    monkeypatch.setattr(session, "load_model", real)
+    monkeypatch.setattr(engine, "load_model", real)
     resumed, _ = _run(sets, resume=True, checkpoint="iter_000001")
     assert resumed.state.iteration == 3
     aside = sorted(p.name.split("-")[1] for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("superseded-"))

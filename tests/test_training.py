@@ -45,7 +45,7 @@ def test_each_family_completes_two_iterations(family, fast_sets):
     assert compiled == (["rollout copy"] if family == "compile" else [])  # compiled once, before iteration 1
     # auto on a CPU: v_old (and full-precision rollouts) on the merged copy; the official peft baselines
     # roll out on the policy's old adapter (their family presets: sampler.rollout_copy=false)
-    assert (session.run.rollout_copy is None) == (family in ("naive_scaling", "diffusionnft"))
+    assert (session.run.engine.rollout_copy is None) == (family in ("naive_scaling", "diffusionnft"))
     assert (its[0].draft is not None) == (family != "diffusionnft")
 
 
@@ -59,7 +59,7 @@ def test_stage2_regenerates_exactly_the_stage1_noise(fast_sets):
     kept = drafts.subset(select_seeds(session.run, score_drafts(session.run, session.state, ev.EventBus(), drafts), rng))
     finals = regenerate(session.run, kept)
     assert torch.equal(finals.seeds, kept.seeds)
-    tol = _roundoff_bound(session.run.model.transformer, steps=4, dtype=finals.latents.dtype,
+    tol = _roundoff_bound(session.run.engine.model.transformer, steps=4, dtype=finals.latents.dtype,
                           scale=kept.latents.abs().max().item())
     assert (finals.latents - kept.latents).abs().max().item() <= tol
     assert torch.allclose(finals.rewards, kept.rewards)
@@ -83,7 +83,7 @@ def _roundoff_bound(transformer: torch.nn.Module, steps: int, dtype: torch.dtype
 def test_explore_runs_on_the_quantized_copy(fast_sets):
     cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("explore.steps=4"))
     session = open_session(cfg)
-    assert session.run.explore_copy is not None and session.run.explore_copy.report.quantized
+    assert session.run.engine.explore_copy is not None and session.run.engine.explore_copy.report.quantized
     rng = np.random.default_rng(0)
     drafts = explore(session.run, ["a red circle"], rng)
     kept = drafts.subset(select_seeds(session.run, score_drafts(session.run, session.state, ev.EventBus(), drafts), rng))
@@ -97,7 +97,7 @@ def test_explore_runs_on_the_quantized_copy(fast_sets):
 
 
 def _adapter(session, which):
-    return session.run.policy.state(which)
+    return session.run.engine.policy.state(which)
 
 
 def test_resume_after_interrupt_equals_uninterrupted(fast_sets):
@@ -124,13 +124,13 @@ def test_saved_lora_loads_in_plain_diffusers(fast_sets):
     fresh = load_model(session.run.config.model, torch.device("cpu"), torch.float32)
     pipe = SanaPipeline(tokenizer=None, text_encoder=None, vae=None, transformer=fresh.transformer, scheduler=None)
     pipe.load_lora_weights(str(ckpt))
-    cond = session.run.conditioning(["a red circle", "a blue square"])
-    x, s = torch.randn(2, *session.run.model.latent_shape), torch.tensor([0.8, 0.3])
+    cond = session.run.engine.conditioning(["a red circle", "a blue square"])
+    x, s = torch.randn(2, *session.run.engine.model.latent_shape), torch.tensor([0.8, 0.3])
     with torch.no_grad():
-        tuned = session.run.model.velocity(session.run.policy.transformer, x, s, cond)
+        tuned = session.run.engine.model.velocity(session.run.engine.policy.transformer, x, s, cond)
         reloaded = fresh.velocity(pipe.transformer, x, s, cond)
-        with session.run.policy.use(None) as base:
-            untuned = session.run.model.velocity(base, x, s, cond)
+        with session.run.engine.policy.use(None) as base:
+            untuned = session.run.engine.model.velocity(base, x, s, cond)
     assert torch.allclose(tuned, reloaded, atol=1e-5)
     assert not torch.allclose(tuned, untuned, atol=1e-5)  # the LoRA did change the model
 
@@ -217,12 +217,12 @@ def test_evaluation_runs_on_base_then_ema_weights_and_restores_the_live_adapter(
     assert set(evals[2].delta_se) == {"mean", "tinyworld_geneval.binding", "tinyworld_geneval.position"}
     if evals[2].mean != evals[0].mean:  # some image changed: the differences have a spread
         assert evals[2].delta_se["mean"] > 0.0
-    live = session.run.policy.state("default")
-    with session.run.policy.weights("ema"):
+    live = session.run.engine.policy.state("default")
+    with session.run.engine.policy.weights("ema"):
         pass
-    after = session.run.policy.state("default")
+    after = session.run.engine.policy.state("default")
     assert all(torch.equal(live[k], after[k]) for k in live)
-    assert not all(torch.equal(live[k], session.run.policy.state("ema")[k]) for k in live)
+    assert not all(torch.equal(live[k], session.run.engine.policy.state("ema")[k]) for k in live)
 
 
 def test_prompts_outside_the_rewards_grammar_are_refused_before_anything_is_written(tmp_path):

@@ -175,7 +175,7 @@ def _run_family(options: BenchOptions, family: str, folder: Path, resolution: in
         raise SolrlError(f"{family} stopped before a measured iteration", "let it run to the end (no stop during a bench)")
     started = next(e for e in seen if isinstance(e, ev.RunStarted))
     # the doctor's estimate is of the preset's real model: only a real size compares
-    estimate = estimate_memory(run.config, machine.explore_precision, run.dtype_name, machine.checkpointing,
+    estimate = estimate_memory(run.config, machine.explore_precision, run.engine.dtype_name, machine.checkpointing,
                                machine.rollout_copy, machine.update_compile).peak if options.size == "real" else None
     if run.device.type == "cuda":
         torch.cuda.empty_cache()

@@ -6,11 +6,12 @@ import dataclasses
 
 from solrl_core.config import EXPLORE_PRECISIONS, Config
 from solrl_core.doctor.check import FAIL, PASS, WARN, Check, Machine
+from solrl_core.families import FAMILIES
 from solrl_core.footprint import estimate_memory, model_size
 from solrl_core.precision import hardware
 from solrl_core.precision.hardware import GpuInfo
 
-EXPLORE_FAMILIES = ("sol_rl", "naive_quant")  # the families whose Stage 1 runs at the explore precision
+EXPLORE_FAMILIES = tuple(f.name for f in FAMILIES.values() if f.low_precision)  # Stage 1 at the explore precision
 
 
 def _processes(nproc: int, m: Machine, gpu: GpuInfo | None) -> Check:

@@ -22,12 +22,12 @@ Each choice carries the reason, which the start-up line and `solrl doctor` show.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from solrl_core.config import Config
+from solrl_core.families import family
 from solrl_core.footprint import estimate_memory
+from solrl_core.plan import MachinePlan
 from solrl_core.precision.hardware import FP8_CC, GpuInfo, gpus
 
 # measured on an H100 (docs/BENCHMARKS.md, 2026-11-24): fp8 pays only compiled, where the input
@@ -35,31 +35,6 @@ from solrl_core.precision.hardware import FP8_CC, GpuInfo, gpus
 FP8_EAGER_SLOWER = ("eager fp8 ran slower than eager bf16 on an H100 (one step at batch 24: SANA-1.6B 299 vs 253 ms, "
                     "FLUX.1 1934 vs 1277 ms); use explore.precision=bf16 for an eager explore copy")
 FIT_SHARE = 0.9  # of a GPU's memory the estimate may use: the rest is the allocator's and the estimate's slack
-
-
-@dataclass(frozen=True)
-class MachinePlan:
-    explore_precision: str
-    explore_why: str
-    explore_compile: bool
-    rollout_copy: bool
-    rollout_copy_why: str
-    rollout_compile: bool
-    checkpointing: bool
-    checkpointing_why: str
-    update_compile: bool = False
-    # without a rollout copy, the full-precision rollouts on the policy's old adapter run through the
-    # update's compiled blocks (regions.py) when the update is compiled and sampler.compile is on
-    policy_rollout_compile: bool = False
-    threads: str = ""  # the CPU threads torch got and the OpenMP wait policy (threads.ThreadChoice.describe)
-
-    def describe(self) -> str:
-        return (f"explore {self.explore_precision} ({self.explore_why}); "
-                f"rollout copy {'on' if self.rollout_copy else 'off'} ({self.rollout_copy_why}); "
-                f"gradient checkpointing {'on' if self.checkpointing else 'off'} ({self.checkpointing_why}); "
-                f"update {'compiled' if self.update_compile else 'eager'}"
-                + ("; full-precision rollouts on the policy's compiled blocks" if self.policy_rollout_compile else "")
-                + (f"; {self.threads}" if self.threads else ""))
 
 
 def gpu_of(device: torch.device) -> GpuInfo | None:
@@ -96,10 +71,10 @@ def resolve_machine(cfg: Config, device: torch.device, dtype_name: str, gpu: Gpu
     if cuda and precision == "fp8" and not explore_compile:
         explore_compile = True
         why += f"; compiled although explore.compile=false: {FP8_EAGER_SLOWER}"
-    family = cfg.algorithm.family
+    fam = family(cfg.algorithm.family)
     estimate = estimate_memory(cfg, precision, dtype_name, checkpointing=True, rollout_copy=False)
     budget = gpu.memory_gib * FIT_SHARE if gpu is not None else None
-    copy_needed = family == "compile"  # the compile family is the compiled copy
+    copy_needed = fam.copy == "compiled"  # the compile family is the compiled copy
     if cfg.sampler.rollout_copy != "auto" and not copy_needed:
         copy, copy_why = cfg.sampler.rollout_copy == "true", "as configured"
     elif copy_needed:
@@ -123,6 +98,6 @@ def resolve_machine(cfg: Config, device: torch.device, dtype_name: str, gpu: Gpu
                     f"micro-batch {cfg.optimizer.micro_batch}")
     return MachinePlan(explore_precision=precision, explore_why=why, explore_compile=explore_compile,
                        rollout_copy=copy, rollout_copy_why=copy_why,
-                       rollout_compile=copy and (family == "compile" or _switch(cfg.sampler.compile, cuda)),
+                       rollout_compile=copy and (copy_needed or _switch(cfg.sampler.compile, cuda)),
                        checkpointing=ckpt, checkpointing_why=ckpt_why, update_compile=update_compile,
                        policy_rollout_compile=not copy and update_compile and _switch(cfg.sampler.compile, cuda))

@@ -34,7 +34,7 @@ class SampleFlops:
 
 
 def phase_flops(plan: Any, cfg: Any, per_sample: SampleFlops, prompts: int) -> dict[str, float]:
-    """Model FLOPs of each phase of one iteration of `plan` (plan.py's StagePlan) on `prompts` groups.
+    """Model FLOPs of each phase of one iteration of `plan` (plan.py's RunPlan) on `prompts` groups.
 
         explore     prompts x explore seeds x explore steps x forward
         regenerate  prompts x K x full steps x forward                 (when Stage 2 regenerates)
@@ -62,7 +62,7 @@ def model_flops(run: Any) -> ev.ModelFlops:
     """The run's ModelFlops event (session.Run); counting that fails says why, and the run goes on."""
     label = pk.device_label(run.device)
     try:
-        per_sample = count_velocity_flops(run.model, run.conditioning(run.prompts[:1]), run.dtype)
+        per_sample = count_velocity_flops(run.engine.model, run.engine.conditioning(run.prompts[:1]), run.engine.dtype)
     except Exception as exc:  # noqa: BLE001 - a model the meta device cannot run: no MFU, not a failed run
         return ev.ModelFlops(forward=None, train_pair=None, phases={}, precisions={}, peaks={}, peak_sources={},
                              devices=run.world_size, device=label,

@@ -21,15 +21,15 @@ def due(run_log: tuple[str, ...], image_every: int, iteration: int, rank: int) -
 
 
 @torch.no_grad()
-def sample_grid(model, batch, run_dir: Path, iteration: int) -> ev.SampleGrid:  # type: ignore[no-untyped-def]
+def sample_grid(engine, batch, run_dir: Path, iteration: int) -> ev.SampleGrid:  # type: ignore[no-untyped-def]
     """Write RUN/samples/iter_NNNNNN.png: the first prompt group of `batch` (a RolloutBatch),
-    its samples from best to worst reward, each captioned with its reward."""
+    its samples from best to worst reward, each captioned with its reward, decoded by `engine`."""
     from solrl_core.inference import make_grid
 
     t0 = time.perf_counter()
     members = torch.nonzero(batch.groups == batch.groups[0]).flatten()
     order = members[torch.argsort(batch.rewards[members].float(), descending=True, stable=True)]
-    images = model.decode(batch.latents[order]).float().cpu()
+    images = engine.decode(batch.latents[order])
     rewards = [float(r) for r in batch.rewards[order]]
     columns = {f"{'best' if i == 0 else 'worst' if i == len(rewards) - 1 else '#' + str(i + 1)} {r:.3g}": images[i:i + 1]
                for i, r in enumerate(rewards)}

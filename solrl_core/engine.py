@@ -1,0 +1,264 @@
+"""The engine: the model, the policy and its copies, the sampler, the text cache and the rewards,
+opened by `open_engine` for every command (train, eval, infer, explore, rank-check, export), with
+one `generate` every rollout, evaluation and image goes through.
+
+`Engine.generate(cond, seeds, steps, on=...)` samples and decodes on one of the networks a run has:
+
+    explore   the low-precision explore copy (base + old merged, quantized); without one, as `rollout`
+    rollout   full precision: the merged rollout copy, or the policy's old adapter (autocast, and its
+              compiled blocks where the machine says so) where the run keeps no copy
+    base, trained, ema   the policy with those weights (evaluation and inference), eager
+
+so Stage 1 in training and in `solrl explore`, Stage 2 and the rank check in training and in
+`solrl rank-check`, run on the same network the same way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable, Iterator
+
+import torch
+from torch import nn
+
+from solrl_core.attention import training_attention
+from solrl_core.config import Config
+from solrl_core.faults.phase import charged_to
+from solrl_core.models import DiffusionModel, load_model
+from solrl_core.models.base import Conditioning
+from solrl_core.policy import OLD, Policy
+from solrl_core.precision.quantize import LayerRule
+from solrl_core.regions import CompiledBlocks
+from solrl_core.rewards import RewardSet
+from solrl_core.rollout import RolloutCopy
+from solrl_core.sampler import Sampler
+
+NETWORKS = ("explore", "rollout", "base", "trained", "ema")
+Progress = Callable[[int, int], None]  # (images generated so far, images in all)
+PROGRESS_REPORTS = 20  # at most this many progress reports per call (and always the last)
+
+
+class TextCache:
+    """Text conditioning per prompt, each unique prompt encoded once (text encoders can then leave
+    the GPU: see the model loaders), `chunk` new prompts at a time (a text encoder's memory)."""
+
+    def __init__(self, model: DiffusionModel, chunk: int = 64) -> None:
+        self.model, self.chunk = model, chunk
+        self.cache: dict[str, Conditioning] = {}
+
+    def __call__(self, prompts: list[str]) -> Conditioning:
+        new = [p for p in dict.fromkeys(prompts) if p not in self.cache]
+        for start in range(0, len(new), self.chunk):
+            part = new[start:start + self.chunk]
+            with torch.no_grad():
+                enc = self.model.encode(part)
+            for i, p in enumerate(part):
+                self.cache[p] = enc[i:i + 1]
+        return Conditioning.cat([self.cache[p] for p in prompts])
+
+
+@dataclass(frozen=True)
+class CopySpec:
+    """A rollout copy to keep: its precision, and whether its blocks are torch.compile'd."""
+
+    precision: str
+    compiled: bool = False
+
+
+@dataclass(frozen=True)
+class Generated:
+    latents: torch.Tensor  # [B, C, H, W] final clean latents
+    images: torch.Tensor  # [B, 3, H, W] in [0, 1]
+    sigmas: torch.Tensor  # the sigma grid integrated
+    seconds: float  # generation and decoding, measured
+
+
+@dataclass(frozen=True)
+class Engine:
+    config: Config
+    device: torch.device
+    dtype_name: str
+    dtype: torch.dtype
+    model: DiffusionModel
+    policy: Policy
+    sampler: Sampler  # built from config.sampler
+    conditioning: TextCache  # the prompts' text conditioning, encoded once each
+    rewards: RewardSet | None = None
+    explore_copy: RolloutCopy | None = None  # None: Stage 1 runs at full precision
+    rollout_copy: RolloutCopy | None = None  # None: full-precision rollouts and v_old on the policy's old adapter
+    # The update's policy forwards (trained, reference, old without a rollout copy) call this: the
+    # transformer, or (optimizer.compile) the transformer with its blocks compiled while the update
+    # runs (regions.py), whose guards give each adapter state and grad mode its own graph.
+    # Evaluation and inference call the transformer itself, eager.
+    policy_forward: nn.Module | CompiledBlocks | None = None
+    policy_rollout_compile: bool = False  # full-precision rollouts on the policy use its compiled blocks
+    checkpoint: Path | None = None  # the checkpoint its adapters came from (None: untrained, or a training run's own)
+
+    @property
+    def compiled_update(self) -> bool:
+        return isinstance(self.policy_forward, CompiledBlocks)
+
+    def with_config(self, config: Config) -> "Engine":
+        """The same engine with a changed config (batch sizes), its sampler rebuilt from it."""
+        return replace(self, config=config, sampler=Sampler.of(config.sampler))
+
+    def copies(self) -> list[RolloutCopy]:
+        return [c for c in (self.explore_copy, self.rollout_copy) if c is not None]
+
+    def refresh_copies(self) -> None:
+        """Load base + old adapter (merged once) into every rollout copy, re-quantizing the explore copy."""
+        copies = self.copies()
+        if copies:
+            merged = self.policy.merged_weights(OLD)
+            for c in copies:
+                c.refresh(merged)
+
+    def autocast(self) -> contextlib.AbstractContextManager:
+        """bf16 autocast around the policy's forwards in a bf16 run (the adapters are fp32), unless
+        `model.train_precision = bf16` (the official SANA regime: no autocast); on CUDA and on a CPU
+        alike, so the bf16 path runs the same way in the CPU test suite."""
+        if self.dtype == torch.bfloat16 and self.config.model.train_precision != "bf16":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def update_scope(self) -> Iterator[None]:
+        """Where the update runs: its compiled blocks on for forwards and backwards alike (a
+        checkpointed block recomputed eagerly would not match its compiled forward), and SDPA
+        without cuDNN attention, whose backward fails at FLUX's shapes (attention.py)."""
+        with training_attention(), (self.policy_forward.on() if isinstance(self.policy_forward, CompiledBlocks)
+                                    else contextlib.nullcontext()):
+            yield
+
+    def rollout_scope(self) -> contextlib.AbstractContextManager:
+        """Where full-precision rollouts on the policy run: its compiled blocks when the machine says so."""
+        return self.update_scope() if self.policy_rollout_compile else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def network(self, on: str) -> Iterator[tuple[nn.Module, torch.dtype]]:
+        """The network `on` names (module docstring) and the dtype its noise is drawn in."""
+        if on not in NETWORKS:
+            raise ValueError(f"unknown network {on!r}: one of {', '.join(NETWORKS)}")
+        copy_ = self.explore_copy if on == "explore" and self.explore_copy is not None else self.rollout_copy
+        if on in ("explore", "rollout") and copy_ is not None:
+            yield copy_.forward, copy_.dtype
+        elif on in ("explore", "rollout"):
+            with self.policy.use(OLD) as net, self.autocast(), self.rollout_scope():
+                yield net, self.dtype
+        else:
+            with self.policy.weights(on) as net:
+                yield net, self.dtype
+
+    @torch.no_grad()
+    def generate(self, cond: Conditioning, seeds: torch.Tensor, steps: int, on: str, *, to_cpu: bool = True,
+                 progress: Progress | None = None) -> Generated:
+        """One image per (conditioning row, seed), `steps` sampler steps on the network `on`.
+
+        `to_cpu` (evaluation, inference, the side tools): generated and decoded one rollout batch at a
+        time, images gathered on the CPU, `progress` told every few batches. Otherwise (training's
+        rollouts): generated, then decoded together and left on the device for the rewards."""
+        t0 = time.perf_counter()
+        with self.network(on) as (net, dtype), charged_to("rollout"):
+            if not to_cpu:
+                latents = self.sampler.generate(self.model, net, cond, seeds, steps, dtype)
+                images = self.model.decode(latents)
+                if images.is_cuda:  # wait for queued GPU work so a phase's time is its own
+                    torch.cuda.synchronize(images.device)
+            else:
+                latents, images = self._in_batches(net, dtype, cond, seeds, steps, progress)
+        return Generated(latents, images, self.sampler.sigmas(steps), time.perf_counter() - t0)
+
+    def _in_batches(self, net: nn.Module, dtype: torch.dtype, cond: Conditioning, seeds: torch.Tensor, steps: int,
+                    progress: Progress | None) -> tuple[torch.Tensor, torch.Tensor]:
+        chunk, total = self.sampler.batch_size, seeds.numel()
+        starts = range(0, total, chunk)
+        every = -(-len(starts) // PROGRESS_REPORTS)  # ceil: at most PROGRESS_REPORTS reports
+        latents, images = [], []
+        for i, start in enumerate(starts):
+            part = slice(start, start + chunk)
+            latents.append(self.sampler.generate(self.model, net, cond[part], seeds[part], steps, dtype))
+            images.append(self.decode(latents[-1]))
+            if progress is not None and ((i + 1) % every == 0 or i + 1 == len(starts)):
+                progress(min(start + chunk, total), total)
+        return torch.cat(latents), torch.cat(images)
+
+    @torch.no_grad()
+    def decode(self, latents: torch.Tensor) -> torch.Tensor:
+        """Images [B, 3, H, W] in [0, 1] on the CPU, decoded a rollout batch at a time (VAE memory)."""
+        chunk = self.sampler.batch_size
+        return torch.cat([self.model.decode(latents[i:i + chunk]).float().cpu() for i in range(0, latents.shape[0], chunk)])
+
+    def images(self, prompts: list[str], seeds: torch.Tensor, steps: int, on: str,
+               progress: Progress | None = None) -> torch.Tensor:
+        """Images [B, 3, H, W] in [0, 1] on the CPU, one per (prompt, seed) row."""
+        return self.generate(self.conditioning(prompts), seeds, steps, on, progress=progress).images
+
+
+def resolve_runtime(cfg: Config) -> tuple[torch.device, str, torch.dtype]:
+    """The device and dtype of `cfg`, "auto" resolved: one GPU per process under torchrun."""
+    from solrl_core import distributed
+    from solrl_core.device import resolve_device, resolve_dtype
+
+    device = resolve_device(cfg.run.device)
+    if distributed.world_size() > 1 and device.type == "cuda":  # one GPU per process, whatever cuda:N the config names
+        device = torch.device("cuda", torch.cuda.current_device())
+    dtype_name, dtype = resolve_dtype(cfg.run.dtype, device)
+    return device, dtype_name, dtype
+
+
+def open_engine(cfg: Config, *, device: torch.device | None = None, explore: CopySpec | bool | None = None,
+                rollout: CopySpec | None = None, checkpoint: Path | None = None, rewards: RewardSet | None = None,
+                checkpointing: bool = False, numerics_only: bool = False, refresh: bool = True) -> Engine:
+    """The model of `cfg` with its LoRA adapters (loaded from `checkpoint` when given, else untrained)
+    and the copies asked for, copied from the base weights before the adapters are added.
+
+    `explore=True`: an explore copy at the precision the machine resolves for cfg (uncompiled), checked
+    to run on this device unless `numerics_only` (measuring its numerics where it has only a
+    reference kernel, e.g. fp8 on a CPU). `device`: the one a training session resolved (it has set
+    the threads); None resolves it from cfg. `refresh=False` leaves the copies unloaded: a training
+    session refreshes them once its adapters are final (synchronised over ranks, or restored)."""
+    from solrl_core.precision.hardware import require_explore_precision
+
+    if device is None:  # a side tool: it resolves the device, and sets the torch threads, itself (threads.py)
+        from solrl_core.threads import apply_threads
+
+        device, dtype_name, dtype = resolve_runtime(cfg)
+        apply_threads(cfg.run.threads)
+    else:
+        from solrl_core.device import resolve_dtype
+
+        dtype_name, dtype = resolve_dtype(cfg.run.dtype, device)
+    if explore is True:
+        from solrl_core.precision.resolve import resolve_machine
+
+        explore = CopySpec(resolve_machine(cfg, device, dtype_name).explore_precision)
+        if not numerics_only:
+            require_explore_precision(explore.precision, device)
+    model = load_model(cfg.model, device, dtype)
+    explore_copy = _copy(cfg, model, explore) if explore else None
+    rollout_copy = _copy(cfg, model, rollout) if rollout else None
+    if cfg.model.train_precision == "fp32-base" and dtype == torch.bfloat16:  # the copies stay bf16, as the official SD3's
+        model.transformer.to(torch.float32)
+    if checkpointing:  # acts only where gradients are on: the trained forward
+        model.transformer.enable_gradient_checkpointing()
+    policy = Policy(model.transformer, cfg.model)
+    if checkpoint is not None:
+        from solrl_core.checkpoint import load_adapters
+
+        load_adapters(checkpoint, policy)
+    engine = Engine(config=cfg, device=device, dtype_name=dtype_name, dtype=dtype, model=model, policy=policy,
+                    sampler=Sampler.of(cfg.sampler), conditioning=TextCache(model), rewards=rewards,
+                    explore_copy=explore_copy, rollout_copy=rollout_copy, policy_forward=policy.transformer,
+                    checkpoint=checkpoint)
+    if refresh:
+        engine.refresh_copies()
+    return engine
+
+
+def _copy(cfg: Config, model: DiffusionModel, spec: CopySpec) -> RolloutCopy:
+    return RolloutCopy(copy.deepcopy(model.transformer), spec.precision, LayerRule.of(cfg.model), compile=spec.compiled,
+                       compile_mode=cfg.run.compile_mode)
