@@ -96,10 +96,12 @@ def _check_vocabulary(cfg: Config, prompts: list[str]) -> None:
 
 
 def _check_servers(cfg: Config) -> None:
-    """A remote: or vlm: reward's server answers its health request (the doctor's own check)."""
-    from solrl_core.doctor.check import FAIL
-    from solrl_core.doctor.remote import _remote_rewards
+    """A remote: or vlm: reward's server answers its health request (the request the doctor makes)."""
+    from solrl_core.reward_endpoints import is_endpoint
+    from solrl_core.rewards.probe import probe_endpoint
 
-    for check in _remote_rewards(cfg):
-        if check.status == FAIL:
-            raise SolrlError(f"{check.name}: {check.detail}", check.fix or "run `solrl doctor` for details")
+    for name in filter(is_endpoint, cfg.reward.weights):
+        try:
+            probe_endpoint(name, cfg.reward.remote)
+        except SolrlError as exc:
+            raise SolrlError(f"reward endpoint {name}: {exc.message}", exc.fix or "run `solrl doctor` for details") from exc

@@ -130,6 +130,18 @@ def test_no_import_cycle_between_folders():
         "; ".join(why[(a, b)]) for a, b in zip(cycle, cycle[1:]))
 
 
+TOOLS = ("solrl_core.bench", "solrl_core.doctor")  # side tools above the core: only the CLI and each other use them
+
+
+def test_the_core_never_imports_a_side_tool():
+    """`solrl bench` and `solrl doctor` run the core; the core (the loop, the engine, the leaves) runs
+    without them. A check the core needs lives below it (e.g. rewards/probe.py, which both use)."""
+    folders, why = _folder_graph({name: _imports(name, path) for name, path in MODULES.items()})
+    wrong = [f"{a} -> {b} ({'; '.join(why[(a, b)])})" for a, targets in sorted(folders.items()) for b in sorted(targets)
+             if b in TOOLS and a.startswith("solrl_core") and a not in TOOLS]
+    assert not wrong, "the core imports a side tool: " + ", ".join(wrong)
+
+
 def test_modules_stay_short():
     long = {name: n for name, path in sorted(MODULES.items())
             if (n := len(path.read_text(encoding="utf-8").splitlines())) > MAX_LINES}

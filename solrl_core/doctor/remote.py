@@ -8,8 +8,9 @@ from solrl_core.config import Config
 from solrl_core.doctor.check import FAIL, PASS, WARN, Check
 from solrl_core.errors import SolrlError
 from solrl_core.reward_endpoints import is_endpoint
+from solrl_core.rewards.probe import PROBE_TIMEOUT_S, probe_endpoint
 
-TIMEOUT_S = 10.0
+TIMEOUT_S = PROBE_TIMEOUT_S
 SLOW_S = 1.0  # a health round trip slower than this is worth a warning: every batch pays it at least once
 
 
@@ -20,21 +21,10 @@ def _remote_rewards(cfg: Config) -> list[Check]:
 def _endpoint(name: str, settings: dict[str, str]) -> Check:
     row = f"reward endpoint {name}"
     try:
-        if name.startswith("vlm:"):
-            from solrl_core.rewards.vlm import VlmJudge
-
-            judge = VlmJudge(name, settings, TIMEOUT_S)
-            detail = f"OpenAI-compatible, model {judge.model}, judge scoring {judge.judge.scoring}"
-        else:
-            from solrl_core.rewards.remote import RemoteReward
-
-            remote = RemoteReward(name, TIMEOUT_S, encoding=settings.get("encoding", "uint8"))
-            info = remote.info
-            detail = (f"solrl reward-server schema {info['schema']} (solrl {info.get('versions', {}).get('solrl', '?')}) "
-                      f"serving {', '.join(remote.served)} on {info.get('device', '?')}")
-            judge = remote
+        judge = probe_endpoint(name, settings, TIMEOUT_S)
     except SolrlError as exc:
         return Check(row, FAIL, exc.message, exc.fix, True)
+    detail = judge.detail
     latency = f"; round trip {judge.latency_s * 1000:.0f} ms"
     if judge.latency_s > SLOW_S:
         return Check(row, WARN, detail + latency, "a slow answer to a health request: check the network or the server's load", True)
