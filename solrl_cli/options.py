@@ -9,7 +9,7 @@ import typer
 
 Model = Annotated[Optional[str], typer.Option("--model", "-m", help="Model preset (see `solrl presets`). Default: tiny.")]
 Family = Annotated[Optional[str], typer.Option("--family", "-f", help="Family preset: sol_rl, naive_scaling, compile, naive_quant, diffusionnft. Default: sol_rl.")]
-Reward = Annotated[Optional[str], typer.Option("--reward", "-r", help="Reward preset, or several rewards with weights: imagereward=1.0,pickscore=0.5. Default: the model preset's reward.")]
+Reward = Annotated[Optional[str], typer.Option("--reward", "-r", help="Reward, or several with weights: imagereward=1.0,pickscore=0.5. A reward of your own: mypkg.rewards:fn, path/file.py:fn, or the name of an installed solrl.rewards entry point (docs/rewards.md). Default: the model preset's reward.")]
 ModelPath = Annotated[Optional[Path], typer.Option("--model-path", help="Local folder with the base model in the hub's diffusers layout (instead of downloading its hub id).")]
 Preset = Annotated[Optional[str], typer.Option("--preset", help="All three at once: <model>_<family>_<reward>.")]
 ConfigFile = Annotated[Optional[Path], typer.Option("--config", "-c", help="TOML or YAML file of settings, applied over the presets.")]

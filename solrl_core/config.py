@@ -170,7 +170,8 @@ class RewardConfig:
                                  "iterations where it scored every image NaN or infinite (0 = never).")
     timeout_s: str = _f("auto", "Seconds one reward may take to score one batch before the run stops with a checkpoint "
                                 "(a hung reward model or server). auto: 600 for the model rewards (imagereward, pickscore, "
-                                "clipscore, hpsv2), none for the built-in ones (jpeg_*, tinyworld_geneval); a number sets it "
+                                "clipscore, hpsv2), URL rewards and reward plugins, none for the built-in programmatic ones "
+                                "(jpeg_*, tinyworld_geneval); a number sets it "
                                 "for every reward; 0 turns the watchdog off.")
     retries: int = _f(1, "Times a reward whose scoring raises is called again before the run stops with a checkpoint "
                          "(0 = stop at the first error). An out-of-memory error is never retried: it halves reward.batch_size.")
