@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from solrl_cli.run_summary import end_summary, fmt
+from solrl_cli.run_summary import end_summary, eval_rewards_text, fmt
 from solrl_cli.stop_text import finished_message, stop_message
 from solrl_cli.tui_state import FAULT_EVENTS, eval_started_text, fault_message, mfu_text
 from solrl_core.text import plural
@@ -110,6 +110,8 @@ class TerminalDisplay:
             self.progress.update(self.task, description=self.label)
         extras = "".join(f"  {k.split('.')[-1]} {v:.3f}" for k, v in e.extras.items())
         self.console.print(f"  eval ({e.weights} weights, {e.prompts}, {plural(e.samples, 'image')}): reward {fmt(e.mean)}{extras}  ({e.seconds:.1f}s)")
+        if e.eval_rewards:
+            self.console.print(f"  eval rewards (not trained on): {eval_rewards_text(e)}")
 
     def on_rank_check(self, e: ev.RankCheckResult) -> None:
         cor = " ".join(f"{n} {v:.3f}" if v is not None else f"{n} - (constant)" for n, v in (("rho", e.rho), ("tau", e.tau)))

@@ -15,6 +15,9 @@ from solrl_core.text import plural
 
 Run = Annotated[Optional[Path], typer.Argument(help="A run folder: its newest checkpoint is scored against the base model. Omit to score a base model.")]
 Seeds = Annotated[Optional[int], typer.Option("--seeds", min=1, help="Fixed seeds per prompt. Default: run.eval_seeds.")]
+EvalRewards = Annotated[Optional[str], typer.Option(
+    "--rewards", help="Rewards to score besides the run's own, comma-separated (e.g. imagereward,pickscore,clipscore,hpsv2), "
+                      "each base -> tuned with its paired s.e. Default: run.eval_rewards; '' for none.")]
 SaveImages = Annotated[bool, typer.Option("--save-images", help="Keep every image as PNG under OUT/images/.")]
 
 
@@ -22,12 +25,13 @@ def eval_(
     run: Run = None, model: opt.Model = None, model_path: opt.ModelPath = None, reward: opt.Reward = None,
     prompts: opt.Prompts = None, seeds: Seeds = None, steps: opt.EvalSteps = None, weights: opt.Weights = "ema",
     checkpoint: opt.Checkpoint = None, out: opt.Out = None, save_images: SaveImages = False, set_: opt.Sets = None,
-    device: opt.Device = None,
+    device: opt.Device = None, rewards: EvalRewards = None,
 ) -> None:
     """Score the base model, or a run's checkpoint against its base, with one or more rewards."""
     from solrl_core import events
     from solrl_core.evaluation import EvalRequest, evaluate_weights
     from solrl_core.prompts import load_prompts
+    from solrl_core.rewards.names import check_names
     from solrl_cli.display import TerminalDisplay
 
     with user_errors():
@@ -35,12 +39,14 @@ def eval_(
         cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_,
                                 flags={"run": {"device": device}, "sampler": {"eval_steps": steps}})
         spec = prompts or cfg.run.eval_prompts or cfg.run.prompts
+        extra = cfg.run.eval_rewards if rewards is None else tuple(n.strip() for n in rewards.split(",") if n.strip())
+        check_names(dict.fromkeys(extra, 1.0), {})  # a typo named before anything loads
         req = EvalRequest(config=cfg, prompts=load_prompts(spec), per_prompt=seeds or cfg.run.eval_seeds,
                           weights=("base", *tuned) if ckpt is not None else ("base",), checkpoint=ckpt,
-                          out_dir=output_folder(out, run, "eval"), save_images=save_images, prompt_set=spec)
+                          out_dir=output_folder(out, run, "eval"), save_images=save_images, prompt_set=spec, eval_rewards=extra)
         console.print(f"solrl eval  {ckpt or cfg.model.name + ' (base)'}  prompts {spec} "
                       f"({len(req.prompts)} x {plural(req.per_prompt, 'seed')})  steps {cfg.sampler.eval_steps}  "
-                      f"rewards {', '.join(cfg.reward.weights)}")
+                      f"rewards {', '.join(cfg.reward.weights)}" + (f"  eval rewards {', '.join(extra)}" if extra else ""))
         bus = events.EventBus()
         bus.subscribe(TerminalDisplay(console))
         _print_table(evaluate_weights(req, bus), req)
@@ -66,6 +72,9 @@ def _print_table(results, req) -> None:  # type: ignore[no-untyped-def]
         for key, value in entry["extras"].items():
             delta, se = entry.get("extras_delta", {}).get(key), entry.get("extras_delta_se", {}).get(key)
             rows.append((weights, key, f"{value:.4f}", "", "" if delta is None else f"{delta:+.4f}", "" if se is None else f"{se:.4f}"))
+        for name, row in entry.get("eval_rewards", {}).items():  # scored, not trained on
+            rows.append((weights, f"{name} (eval)", f"{row['mean']:.4f}", f"{row['std']:.4f}",
+                         "" if first else f"{row['delta']:+.4f}", "" if first else f"{row['delta_se']:.4f}"))
     columns = [Column("weights", "key"), Column("reward", "text"), *map(Column, ("mean", "std", "delta", "s.e."))]
     print_fitted(console, columns, rows, title=title)
     console.print(f"per-image scores: {req.out_dir / 'samples.jsonl'}   summary: {req.out_dir / 'summary.json'}"

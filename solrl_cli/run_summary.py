@@ -13,6 +13,20 @@ def fmt(x: float | None) -> str:
     return "-" if x is None else f"{x:.4g}"
 
 
+def eval_rewards_text(e: ev.EvalFinished) -> str:
+    """'NAME base B -> now N (change +- s.e.); ...' per eval reward of an evaluation (run.eval_rewards);
+    the mean alone where it has no base to compare with (the base itself, or a base kept without it)."""
+    parts = []
+    for name, now in e.eval_rewards.items():
+        change, se = e.eval_changes.get(name), e.eval_se.get(name)
+        if change is None:
+            parts.append(f"{name} {fmt(now)}")
+            continue
+        pm = f" +- {se:.4f} s.e." if se is not None else ""
+        parts.append(f"{name} base {fmt(now - change)} -> {e.weights} {fmt(now)} ({change:+.4f}{pm})")
+    return "; ".join(parts)
+
+
 def end_summary(e: ev.RunFinished) -> list[str]:
     """'mean Stage-2 reward: ...' and 'eval on SET: base A -> ema B (...)'; [] for a failed run."""
     if e.reason == "failed":
@@ -34,4 +48,7 @@ def end_summary(e: ev.RunFinished) -> list[str]:
         if key in a.extras:
             pm = f" +- {se[key]:.3f}" if key in se else ""
             line += f"; {key.split('.')[-1]} {a.extras[key]:.3f} -> {after:.3f} ({after - a.extras[key]:+.3f}{pm})"
-    return [*lines, line]
+    lines.append(line)
+    if b.eval_rewards:
+        lines.append(f"  eval rewards (scored, not trained on): {eval_rewards_text(b)}")
+    return lines

@@ -244,12 +244,15 @@ def eval_view(s: RunState) -> Group | str:
                   padding=(0, 1))
     for col in ("kind", "base", "latest", "change", "s.e."):
         kinds.add_column(col, justify="left" if col == "kind" else "right", no_wrap=col != "kind", overflow="fold")
-    named = {**(last.components if len(last.components) > 1 else {}), **last.extras}
-    before = {**base.components, **base.extras}
+    named = {**(last.components if len(last.components) > 1 else {}), **last.extras,
+             **{f"eval.{k}": v for k, v in last.eval_rewards.items()}}  # eval rewards: scored, not trained on
+    before = {**base.components, **base.extras, **{f"eval.{k}": last.eval_rewards[k] - c for k, c in last.eval_changes.items()}}
+    se = {**last.delta_se, **{f"eval.{k}": v for k, v in last.eval_se.items()}}
     for key, value in named.items():
         was = before.get(key)
-        kinds.add_row(key.split(".")[-1], "" if was is None else f"{was:.3f}", f"{value:.3f}",
-                      "" if was is None else f"{value - was:+.3f}", f"{last.delta_se[key]:.3f}" if key in last.delta_se else "")
+        label = f"{key[5:]} (eval)" if key.startswith("eval.") else key.split(".")[-1]
+        kinds.add_row(label, "" if was is None else f"{was:.3f}", f"{value:.3f}",
+                      "" if was is None else f"{value - was:+.3f}", f"{se[key]:.3f}" if key in se else "")
     return Group(head, runs, Text(""), kinds)
 
 

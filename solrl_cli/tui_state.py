@@ -274,7 +274,7 @@ class RunState:
         return None if per is None or self.finished else per * max(self.total - self.iteration, 0)
 
 
-FAULT_EVENTS = (ev.OutOfMemoryBackoff, ev.SamplesDropped, ev.StepSkipped)
+FAULT_EVENTS = (ev.OutOfMemoryBackoff, ev.SamplesDropped, ev.StepSkipped, ev.RewardHacking)  # each view shows them as warnings
 
 
 def mfu_text(flops: ev.ModelFlops | None, seconds: dict[str, float]) -> str:
@@ -286,8 +286,14 @@ def mfu_text(flops: ev.ModelFlops | None, seconds: dict[str, float]) -> str:
     return f"  MFU {percent(mfu['total'])} (" + ", ".join(f"{p} {percent(v)}" for p, v in mfu.items() if p != "total") + ")"
 
 
-def fault_message(e: ev.OutOfMemoryBackoff | ev.SamplesDropped | ev.StepSkipped) -> str:
-    """One line for a fault the run survived (solrl_core/faults), shown as a warning by every view."""
+def fault_message(e: ev.OutOfMemoryBackoff | ev.SamplesDropped | ev.StepSkipped | ev.RewardHacking) -> str:
+    """One line for a fault the run survived (solrl_core/faults) or a reward-hacking alarm, shown as a warning by every view."""
+    if isinstance(e, ev.RewardHacking):
+        then = ("the run stops here with a checkpoint (run.stop_on_hacking)" if e.stopping
+                else "images may be degrading; --set run.stop_on_hacking=true stops a run here")
+        return (f"reward hacking? iteration {e.iteration}: the trained reward {e.trained} rose {e.trained_change:+.4f} "
+                f"(+- {e.trained_se:.4f} s.e.) since the base while eval reward {e.reward} fell {e.change:+.4f} "
+                f"(+- {e.se:.4f} s.e., more than {e.threshold:g} s.e.): {then}")
     if isinstance(e, ev.OutOfMemoryBackoff):
         return (f"out of GPU memory in the {e.phase} (iteration {e.iteration}): {e.setting} {e.old} -> {e.new}, "
                 "iteration redone")

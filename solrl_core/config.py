@@ -206,6 +206,13 @@ class RunConfig:
     eval_prompts: str = _f("", "Prompt set evaluated with the EMA weights during training, any run.prompts spec ('' = none).")
     eval_every: int = _f(20, "Evaluate every this many iterations (and before the first and after the last).")
     eval_seeds: int = _f(4, "Fixed noise seeds per evaluation prompt (the same for every evaluation).")
+    eval_rewards: tuple[str, ...] = _f((), "Rewards scored at every evaluation besides the trained one(s), on the same images, "
+                                           "never trained on: each shown base -> now with its paired standard error "
+                                           "(docs/rewards.md). The real-model presets: imagereward, pickscore, clipscore, "
+                                           "hpsv2, as the paper reports; tiny: tinyworld_fidelity. `--set run.eval_rewards=` drops them.")
+    stop_on_hacking: bool = _f(False, "Stop the run, with a checkpoint of the iteration just evaluated, when an evaluation "
+                                      "finds the trained reward up since the base while an eval reward fell by more than "
+                                      "two paired standard errors (a RewardHacking warning is shown either way).")
     log: tuple[str, ...] = _f((), "Experiment trackers fed from rank 0: tensorboard, wandb (pip install -e '.[tracking]').")
     image_every: int = _f(10, "Send the trackers a grid of one prompt's Stage-2 samples every this many iterations (0 = never).")
 
@@ -281,7 +288,8 @@ class Config:
         if not self.reward.weights:
             raise SolrlError("no reward configured", "pass --reward NAME or --reward NAME=W,NAME=W")
         parse_timeout(self.reward.timeout_s)
-        check_names(self.reward.weights, self.reward.paths)
+        check_names(self.reward.weights, {k: v for k, v in self.reward.paths.items() if k not in self.run.eval_rewards})
+        check_names(dict.fromkeys(self.run.eval_rewards, 1.0), {})  # a typo in an eval reward: named now, not at the first evaluation
         check_settings(self.reward.remote)
         _check_model_path(self.model)
         if self.model.max_sequence_length and self.model.loader not in T5_LOADERS:

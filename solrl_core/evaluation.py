@@ -9,13 +9,18 @@ progress (images generated) as they go: an evaluation of thousands of images tak
 A training run keeps its base evaluation's per-image scores in its folder (`eval_base.json`), so a
 resumed run compares its last evaluation with the base, paired standard errors included, as an
 uninterrupted one does (`RunEvals`).
+
+Eval rewards (`run.eval_rewards`) are scored on the same images besides the trained reward(s), never
+trained on: each gets its base -> now change with a paired standard error. When the trained reward
+(the evaluation's total) rose since the base while an eval reward fell by more than
+HACKING_SE paired standard errors, `hacking` names them (the trainer's RewardHacking warning).
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,11 +29,13 @@ import torch
 from solrl_core import events as ev
 from solrl_core.config import Config
 from solrl_core.engine import Engine, Progress
+from solrl_core.eval_rewards import HeldOut, held_out_rewards
 from solrl_core.rewards import RewardSet, Scores
 from solrl_core.session import Run
 from solrl_core.text import plural
 
 EVAL_SEED_BASE = 1_000_000_007  # far from training seeds' typical draws; any fixed value works
+HACKING_SE = 2.0  # an eval reward this many paired standard errors down while the trained reward rose: a warning
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,7 @@ class Evaluation:
     extras: dict[str, float]
     seconds: float
     groups: dict[str, dict[str, list[int]]]  # reward -> group -> image indices, for extras 'reward.group' that are group means
+    held_out: dict[str, torch.Tensor] = field(default_factory=dict)  # eval reward -> per-image scores (run.eval_rewards)
 
     @property
     def mean(self) -> float:
@@ -51,24 +59,29 @@ def eval_seeds(n_prompts: int, per_prompt: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def evaluate(run: Run, prompts: list[str], per_prompt: int, weights: str, progress: Progress | None = None) -> Evaluation:
+def evaluate(run: Run, prompts: list[str], per_prompt: int, weights: str, progress: Progress | None = None,
+             held_out: HeldOut | None = None) -> Evaluation:
     """Score `weights` ("base": adapters off, "ema": the EMA adapter, "trained": the live adapter)."""
-    return _score(run.engine, prompts, per_prompt, weights, progress)[0]
+    return _score(run.engine, prompts, per_prompt, weights, progress, held_out)[0]
 
 
 @torch.no_grad()
 def _score(engine: Engine, prompts: list[str], per_prompt: int, weights: str,
-           progress: Progress | None = None) -> tuple[Evaluation, torch.Tensor]:
+           progress: Progress | None = None, held_out: HeldOut | None = None) -> tuple[Evaluation, torch.Tensor]:
     """Generated and decoded one rollout batch at a time (engine.generate), `progress` told every few
-    batches; then scored together with the engine's rewards."""
+    batches; then scored together with the engine's rewards, and the eval rewards on the same images."""
     t0 = time.perf_counter()
     flat = [p for p in prompts for _ in range(per_prompt)]
     seeds = eval_seeds(len(prompts), per_prompt)
     images = engine.images(flat, seeds, engine.config.sampler.eval_steps, weights, progress=progress)
     rewards = engine.rewards
     scores = rewards(images, flat)
+    extra = {}
+    if held_out is not None:
+        other = held_out.rewards(images, flat).components if held_out.rewards is not None else {}
+        extra = {n: scores.components[n] if n in scores.components else other[n] for n in held_out.names}
     return Evaluation(weights, prompts, seeds, scores, rewards.summary(scores, flat), time.perf_counter() - t0,
-                      rewards.groups(flat)), images
+                      rewards.groups(flat), extra), images
 
 
 @dataclass(frozen=True)
@@ -83,6 +96,7 @@ class EvalRequest:
     out_dir: Path
     save_images: bool = False
     prompt_set: str = ""  # the name or file the prompts came from, for the record
+    eval_rewards: tuple[str, ...] = ()  # scored besides the run's own reward(s), each base -> tuned (`--rewards`)
 
 
 def evaluate_weights(req: EvalRequest, bus: ev.EventBus) -> list[Evaluation]:
@@ -95,6 +109,7 @@ def evaluate_weights(req: EvalRequest, bus: ev.EventBus) -> list[Evaluation]:
     cfg = req.config
     rewards = RewardSet.from_config(cfg.reward, resolve_device(cfg.run.device))
     rewards.check_prompts(req.prompts)  # before the model loads
+    held_out = held_out_rewards(cfg, req.eval_rewards, resolve_device(cfg.run.device))
     engine = open_engine(cfg, checkpoint=req.checkpoint, rewards=rewards)
     flat = [p for p in req.prompts for _ in range(req.per_prompt)]
     req.out_dir.mkdir(parents=True, exist_ok=True)
@@ -103,11 +118,12 @@ def evaluate_weights(req: EvalRequest, bus: ev.EventBus) -> list[Evaluation]:
         for weights in req.weights:
             bus.emit(ev.EvalStarted(iteration=0, weights=weights, prompts=req.prompt_set or plural(len(req.prompts), "prompt"),
                                     samples=len(flat)))
-            result, images = _score(engine, req.prompts, req.per_prompt, weights, progress_events(bus, 0, weights))
+            result, images = _score(engine, req.prompts, req.per_prompt, weights, progress_events(bus, 0, weights), held_out)
             results.append(result)
             for i, prompt in enumerate(flat):
                 row = {"weights": weights, "prompt": prompt, "seed": int(result.seeds[i]), "reward": float(result.scores.total[i]),
-                       **{f"reward.{k}": float(v[i]) for k, v in result.scores.components.items()}}
+                       **{f"reward.{k}": float(v[i]) for k, v in result.scores.components.items()},
+                       **{f"eval.{k}": float(v[i]) for k, v in result.held_out.items()}}
                 if req.save_images:
                     path = req.out_dir / "images" / weights / f"{i:05d}.png"
                     path.parent.mkdir(parents=True, exist_ok=True)
@@ -116,7 +132,9 @@ def evaluate_weights(req: EvalRequest, bus: ev.EventBus) -> list[Evaluation]:
                 rows.write(json.dumps(row) + "\n")
             bus.emit(ev.EvalFinished(iteration=0, weights=weights, prompts=req.prompt_set or plural(len(req.prompts), "prompt"), samples=len(flat),
                                      mean=result.mean, components={k: float(v.mean()) for k, v in result.scores.components.items()},
-                                     extras=result.extras, seconds=result.seconds))
+                                     extras=result.extras, seconds=result.seconds, delta_se=_delta_se(results[0], result),
+                                     eval_rewards=_means(result.held_out),
+                                     **_changes(results[0], result)))
     write_atomic(req.out_dir / "summary.json", json.dumps(summary(results), indent=2))
     return results
 
@@ -141,6 +159,11 @@ def summary(results: list[Evaluation]) -> dict:
             table[name] = {"mean": float(values.mean()), "std": float(values.std(unbiased=False)),
                            "delta": float(values.mean() - ref.mean()), "delta_se": paired_se(values, ref)}
         entry = {"rewards": table, "extras": r.extras, "samples": int(r.seeds.numel()), "seconds": r.seconds}
+        if r.held_out:  # the eval rewards, each on the same images: base -> this set, paired
+            entry["eval_rewards"] = {name: {"mean": float(values.mean()), "std": float(values.std(unbiased=False)),
+                                            **({"delta": float(values.mean() - base.held_out[name].mean()),
+                                                "delta_se": paired_se(values, base.held_out[name])} if name in base.held_out else {})}
+                                     for name, values in r.held_out.items()}
         if r is not base:
             entry["extras_delta"] = {k: v - base.extras[k] for k, v in r.extras.items() if k in base.extras}
             entry["extras_delta_se"] = {}
@@ -150,6 +173,44 @@ def summary(results: list[Evaluation]) -> dict:
                     entry["extras_delta_se"][f"{reward}.{group}"] = paired_se(r.scores.components[reward][idx],
                                                                             base.scores.components[reward][idx])
         out[r.weights] = entry
+    return out
+
+
+def _means(scores: dict[str, torch.Tensor]) -> dict[str, float]:
+    return {k: float(v.mean()) for k, v in scores.items()}
+
+
+def _delta_se(base: Evaluation | None, result: Evaluation) -> dict[str, float]:
+    """'mean' and each per-group extra: the standard errors of the change since the base; {} without
+    one (or for the base itself)."""
+    if base is None or result is base:
+        return {}
+    paired = summary([base, result])[result.weights]
+    return {"mean": paired["rewards"]["total"]["delta_se"], **paired["extras_delta_se"]}
+
+
+def _changes(base: Evaluation | None, result: Evaluation) -> dict[str, dict[str, float]]:
+    """EvalFinished's 'eval_changes' and 'eval_se': each eval reward's change of mean since the base
+    and its paired standard error (those the base holds); empty without a base."""
+    if base is None or result is base:
+        return {"eval_changes": {}, "eval_se": {}}
+    shared = [k for k in result.held_out if k in base.held_out]
+    return {"eval_changes": {k: float(result.held_out[k].mean() - base.held_out[k].mean()) for k in shared},
+            "eval_se": {k: paired_se(result.held_out[k], base.held_out[k]) for k in shared}}
+
+
+def hacking(base: Evaluation, now: Evaluation, threshold: float = HACKING_SE) -> list[tuple[str, float, float]]:
+    """The eval rewards that fell by more than `threshold` paired standard errors since the base while
+    the trained reward (the total) rose: (name, change, standard error) each; [] when the total did
+    not rise. A change with a standard error of 0 (every image moved alike) counts when it is negative."""
+    if float(now.scores.total.mean() - base.scores.total.mean()) <= 0:
+        return []
+    out = []
+    for name, values in now.held_out.items():
+        if name in base.held_out:
+            change, se = float(values.mean() - base.held_out[name].mean()), paired_se(values, base.held_out[name])
+            if change < 0 and -change > threshold * se:
+                out.append((name, change, se))
     return out
 
 
@@ -172,6 +233,7 @@ class RunEvals:
         self.base: Evaluation | None = None
         self.base_event: ev.EvalFinished | None = None
         self.last_event: ev.EvalFinished | None = None
+        self.hacked = False  # the latest evaluation warned of reward hacking (trainer._warn_of_hacking)
 
     @classmethod
     def of(cls, run: Run) -> "RunEvals":
@@ -181,10 +243,15 @@ class RunEvals:
 
     def delta_se(self, result: Evaluation) -> dict[str, float]:
         """'mean' and each per-group extra: the standard errors of the change since the base; {} without one."""
-        if self.base is None or result is self.base:
-            return {}
-        paired = summary([self.base, result])[result.weights]
-        return {"mean": paired["rewards"]["total"]["delta_se"], **paired["extras_delta_se"]}
+        return _delta_se(self.base, result)
+
+    def changes(self, result: Evaluation) -> dict[str, dict[str, float]]:
+        """EvalFinished's eval_changes and eval_se (`_changes`)."""
+        return _changes(self.base, result)
+
+    def hacking(self, result: Evaluation) -> list[tuple[str, float, float]]:
+        """`hacking(base, result)`; [] without a base."""
+        return hacking(self.base, result) if self.base is not None and result is not self.base else []
 
     def finished(self, result: Evaluation, event: ev.EvalFinished) -> None:
         """Keep an evaluation; a base one is also written to the run folder (atomically), for a resume."""
@@ -197,12 +264,15 @@ class RunEvals:
         if self.write:
             record = {**self.key, "total": result.scores.total.tolist(),
                       "components": {k: v.tolist() for k, v in result.scores.components.items()},
-                      "extras": result.extras, "seconds": result.seconds, "groups": result.groups, "event": event.to_dict()}
+                      "extras": result.extras, "seconds": result.seconds, "groups": result.groups, "event": event.to_dict(),
+                      "eval_rewards": {k: v.tolist() for k, v in result.held_out.items()}}
             write_atomic(self.path, json.dumps(record))
 
-    def restore(self) -> str:
+    def restore(self, eval_rewards: tuple[str, ...] = ()) -> str:
         """Read the base evaluation back from the run folder. Returns '' or why it cannot serve (missing,
-        unreadable, or of other prompts, seeds, steps or rewards than the run now evaluates): a warning."""
+        unreadable, or of other prompts, seeds, steps or rewards than the run now evaluates): a warning.
+        A base without some of `eval_rewards` (kept before they were, or added on resume) serves the
+        rest, and the warning names those that have no base -> now."""
         none = "the end summary has no base evaluation to compare with"
         if not self.path.is_file():
             return f"{self.path} is missing: {none}"
@@ -214,6 +284,11 @@ class RunEvals:
             self.base, self.base_event = _from_record(saved)
         except (ValueError, KeyError, TypeError) as exc:
             return f"{self.path} cannot be read ({type(exc).__name__}: {exc}): {none}"
+        missing = [n for n in eval_rewards if n not in self.base.held_out]
+        if missing:
+            return (f"{self.path} holds no base scores of the eval reward{'s' * (len(missing) > 1)} {', '.join(missing)} "
+                    f"(kept by an earlier solrl, or added since): no base -> now and no hacking check for "
+                    f"{'them' if len(missing) > 1 else 'it'}; the trained reward still compares with its base")
         return ""
 
     def for_end(self) -> dict[str, Any]:
@@ -230,4 +305,5 @@ def _from_record(saved: dict[str, Any]) -> tuple[Evaluation, ev.EvalFinished]:
     scores = Scores(total=torch.tensor(saved["total"], dtype=torch.float32),
                     components={k: torch.tensor(v, dtype=torch.float32) for k, v in saved["components"].items()})
     seeds = eval_seeds(len(saved["prompts"]), saved["per_prompt"])
-    return Evaluation("base", saved["prompts"], seeds, scores, saved["extras"], saved["seconds"], saved["groups"]), event
+    held_out = {k: torch.tensor(v, dtype=torch.float32) for k, v in saved.get("eval_rewards", {}).items()}  # absent in older files
+    return Evaluation("base", saved["prompts"], seeds, scores, saved["extras"], saved["seconds"], saved["groups"], held_out), event

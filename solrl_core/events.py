@@ -6,16 +6,12 @@ so a live run and a replay of `events.jsonl` show the same thing.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
-import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import Any, ClassVar
 
-from solrl_core.faults import disk
+from solrl_core.event_bus import EventBus, JsonlLog, Subscriber  # noqa: F401  (re-exported: ev.EventBus, ev.JsonlLog)
 
 PHASES = ("explore", "selection", "regenerate", "reward", "train", "sync", "total")
 
@@ -135,6 +131,28 @@ class EvalFinished(Event):
     # standard errors of the change since this process's base evaluation (same prompts and seeds):
     # "mean" and each per-group extra (e.g. tinyworld_geneval.count); empty for the base or after a resume
     delta_se: dict[str, float] = field(default_factory=dict)
+    # run.eval_rewards: each one's mean on the same images (scored in evaluation only, never trained on)
+    eval_rewards: dict[str, float] = field(default_factory=dict)
+    eval_changes: dict[str, float] = field(default_factory=dict)  # each one's change since the base; empty without a base
+    eval_se: dict[str, float] = field(default_factory=dict)  # the paired standard error of each of those changes
+
+
+@dataclass(frozen=True)
+class RewardHacking(Event):
+    """After an evaluation: the trained reward (the evaluation's total) rose since the base while an
+    eval reward fell by more than `threshold` paired standard errors: the images may be degrading
+    in ways the trained reward does not see (evaluation.hacking)."""
+
+    kind: ClassVar[str] = "reward_hacking"
+    iteration: int
+    trained: str  # the trained reward(s), as reward.weights names them
+    trained_change: float  # the total's change since the base
+    trained_se: float
+    reward: str  # the eval reward that fell
+    change: float
+    se: float
+    threshold: float  # in standard errors
+    stopping: bool  # run.stop_on_hacking: the run stops with a checkpoint of this iteration
 
 
 @dataclass(frozen=True)
@@ -358,93 +376,3 @@ def _value(annotation: str, value: Any, kind: str, name: str) -> Any:
     if not isinstance(value, _JSON_TYPES[base]) or (isinstance(value, bool) and base != "bool"):
         raise EventDecodeError(f"event {kind!r} field {name!r} should be {annotation}, not {value!r}", kind)
     return float(value) if base == "float" else value
-
-
-Subscriber = Callable[[Event], None]
-
-
-class EventBus:
-    """Fan-out of events to subscribers, in subscription order, one event at a time (the TUI's
-    trainer thread and a signal handler in the main thread may both emit)."""
-
-    def __init__(self) -> None:
-        self._subscribers: list[Subscriber] = []
-        self._lock = threading.Lock()
-        self._pending: list[Event] = []
-
-    def subscribe(self, fn: Subscriber) -> None:
-        self._subscribers.append(fn)
-
-    def unsubscribe(self, fn: Subscriber) -> None:
-        self._subscribers.remove(fn)
-
-    def emit(self, event: Event) -> None:
-        with self._lock:
-            self._deliver(event)
-        self._flush()
-
-    def emit_from_signal(self, event: Event) -> None:
-        """Safe inside a signal handler: delivered now, or, when the handler interrupted a delivery
-        (a subscriber half way through writing), right after that delivery ends."""
-        self._pending.append(event)
-        self._flush()
-
-    def _flush(self) -> None:
-        while self._pending and self._lock.acquire(blocking=False):
-            try:
-                while self._pending:
-                    self._deliver(self._pending.pop(0))
-            finally:
-                self._lock.release()
-
-    def _deliver(self, event: Event) -> None:
-        for fn in self._subscribers:
-            fn(event)
-
-
-class JsonlLog:
-    """Appends every event as one JSON line; flushed per event so a crash loses nothing written.
-
-    A file whose last line a kill tore (no newline at its end) gets a newline first, so the next record
-    starts a line of its own. A full or read-only disk is raised once, as the SolrlError of
-    faults/disk.py; the log then writes nothing more, so the run's ending does not raise it again."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.failed = False
-        with self._writing():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            torn = self.path.is_file() and self.path.stat().st_size > 0 and not _ends_in_newline(self.path)
-            self._fh = open(self.path, "a", encoding="utf-8")
-            if torn:
-                self._fh.write("\n")
-                self._fh.flush()
-
-    def _writing(self) -> contextlib.AbstractContextManager[None]:
-        return disk.writing(self.path.parent, self.path.name,
-                            f"free space on that filesystem, then `solrl train --resume {self.path.parent}`")
-
-    def __call__(self, event: Event) -> None:
-        if self.failed:
-            return
-        try:
-            with self._writing():
-                self._fh.write(json.dumps(event.to_dict()) + "\n")
-                self._fh.flush()
-        except BaseException:
-            self.failed = True
-            raise
-
-    def close(self) -> None:
-        try:
-            self._fh.close()
-        except OSError:  # the buffer a full disk refused: already raised once
-            if not self.failed:
-                raise
-
-
-def _ends_in_newline(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        fh.seek(-1, 2)
-        return fh.read(1) == b"\n"
-

@@ -32,10 +32,11 @@ from solrl_core.policy import OLD, TRAINED
 from solrl_core.precision.hardware import require_explore_precision
 from solrl_core.precision.resolve import gpu_of, resolve_machine
 from solrl_core.prompts import check_split, load_prompts
+from solrl_core.eval_rewards import HeldOut, held_out_rewards
 from solrl_core.rewards import RewardSet
 from solrl_core.rewards.health import RewardHealth
 from solrl_core.rewards.identity import check_servers, record_servers
-from solrl_core.regions import CompiledBlocks
+from solrl_core.regions import UPDATE_COMPILE_MODE, CompiledBlocks
 from solrl_core.rollout import RolloutCopy
 from solrl_core.run_inputs import absolute_paths
 from solrl_core.rundir import CONFIG_FILE, fresh_run_dir, restarts, save_run_config, write_atomic
@@ -62,6 +63,7 @@ class Run:
     lock: RunLock | None = None  # rank 0's hold on run_dir; released when train() returns
     layout: Layout = Layout("replicate", "default")  # distributed.strategy as resolved (sharding.py)
     notes: tuple[str, ...] = ()  # what opening the run folder did (orphaned saves removed, checkpoints set aside): warnings
+    held_out: HeldOut | None = None  # run.eval_rewards, loaded when the run evaluates (eval_rewards.py)
 
     @property
     def sharded(self) -> bool:
@@ -104,6 +106,7 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     device, dtype_name, dtype = resolve_runtime(cfg)
     rewards = RewardSet.from_config(cfg.reward, device)
     rewards.check_prompts(prompts + eval_prompts)
+    held_out = held_out_rewards(cfg, cfg.run.eval_rewards, device) if eval_prompts else None
     threads = apply_threads(cfg.run.threads)  # auto: one per usable core, shared by this node's processes (threads.py)
     machine = replace(resolve_machine(cfg, device, dtype_name), threads=threads.describe())
     layout, machine = open_layout(cfg, machine, dtype_name, device, gpu_of(device))  # fsdp: no copies
@@ -141,12 +144,13 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     if rank == 0 and checkpoint is not None:  # only now that the resume is committed: a failure above leaves them listed
         notes = [*notes, *(f"set {p.name} aside (newer than {checkpoint.name}); it is kept until you delete it: rm -r {p}"
                            for p in set_aside_newer(run_dir, checkpoint))]
-    forward = (CompiledBlocks(policy.transformer, cfg.run.compile_mode, active=False) if machine.update_compile
+    # torch's default mode: run.compile_mode is the official copies' mode; the official update runs eager
+    forward = (CompiledBlocks(policy.transformer, UPDATE_COMPILE_MODE, active=False) if machine.update_compile
                else policy.transformer)
     engine = replace(engine.with_config(cfg), policy_forward=forward, policy_rollout_compile=machine.policy_rollout_compile)
     run = Run(config=cfg, run_dir=run_dir, engine=engine, plan=plan, optimizer=optimizer,
               prompts=prompts, eval_prompts=eval_prompts, rank=rank, world_size=world, lock=lock, layout=layout,
-              notes=tuple(notes))
+              notes=tuple(notes), held_out=held_out)
     engine.refresh_copies()
     distributed.barrier()  # the run directory exists before any rank goes on
     return Session(run, state)

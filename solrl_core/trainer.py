@@ -65,9 +65,13 @@ after its increment) are the official ones. Where this differs from it, and why:
   function. With
   `algorithm.kl_beta = 0` the reference forward, which then has no weight in the loss, is skipped
   and the KL reported as not measured; the official code always runs it.
-- torch.compile runs in its default mode (`run.compile_mode`); the official code compiles its
-  inference copies with `max-autotune-no-cudagraphs` (train_sana.py, `compile_mode`), which
-  autotunes every GEMM at a much longer compile. Which is faster on a given GPU is unmeasured here.
+- The explore and rollout copies compile in the official mode, `max-autotune-no-cudagraphs`
+  (`run.compile_mode`, configs/sol_rl/base.py:112), but block by block (regions.py) where the official
+  code compiles each copy whole; the update's compiled blocks, which the official code does not have
+  (it runs the update eager), compile in torch's default mode. Whether the official mode is faster
+  than the default on a given GPU is unmeasured: `solrl bench --compile-mode default --compile-mode
+  max-autotune-no-cudagraphs` times both. TF32 is on for fp32 matmuls and convolutions on CUDA, as
+  in the official code (`run.tf32`, tf32.py).
 - Faults (solrl_core/faults): samples whose reward is NaN or infinite are left out of selection and
   the update (the official code would train on them), and an optimizer step whose gradient norm is
   not finite is skipped and counted (the official code zeroes non-finite losses and steps anyway),
@@ -121,7 +125,7 @@ from solrl_core import events as ev
 from solrl_core.checkpoint import list_checkpoints, save_checkpoint
 from solrl_core.config import Config
 from solrl_core.config_io import to_dict
-from solrl_core.evaluation import RunEvals, evaluate, progress_events
+from solrl_core.evaluation import HACKING_SE, Evaluation, RunEvals, evaluate, progress_events
 from solrl_core.faults import guard
 from solrl_core.faults.phase import charged_to
 from solrl_core.loop_state import LoopState
@@ -194,7 +198,7 @@ def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, base: Ru
     cfg = run.config
     saved = state.iteration  # the iteration of the newest checkpoint (0: none, or the one resumed from)
     if run.eval_prompts and state.iteration > 0 and run.rank == 0:  # resumed: the base evaluation the run folder kept
-        unusable = base.restore()
+        unusable = base.restore(cfg.run.eval_rewards)
         if unusable:
             bus.emit(ev.RunWarning(message=unusable))
     if run.eval_prompts and state.iteration == 0:
@@ -214,6 +218,8 @@ def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, base: Ru
         if run.eval_prompts and not stopping and (last or state.iteration % cfg.run.eval_every == 0):
             with _skipped_if_abandoned(bus, f"the evaluation of iteration {state.iteration} is skipped"):
                 run = _with_backoff(run, state, bus, lambda r: _evaluate(r, state, bus, "ema", base))
+            # run.stop_on_hacking: every rank stops here, with a checkpoint of this iteration (below)
+            stopping = cfg.run.stop_on_hacking and distributed.any_true(base.hacked)
         failure = state.health.failure() or guard.failure(  # from gathered rewards: the same on every rank
             state.faults, cfg.reward.health_patience, cfg.optimizer.max_nonfinite_steps)
         if failure or stopping or last or state.iteration % cfg.run.checkpoint_every == 0:
@@ -370,14 +376,33 @@ def _evaluate(run: Run, state: LoopState, bus: ev.EventBus, weights: str, base: 
                                 samples=len(run.eval_prompts) * run.config.run.eval_seeds))
         with charged_to("evaluation"):
             result = evaluate(run, run.eval_prompts, run.config.run.eval_seeds, weights,
-                              progress_events(bus, state.iteration, weights))
+                              progress_events(bus, state.iteration, weights), run.held_out)
         event = ev.EvalFinished(iteration=state.iteration, weights=weights, prompts=run.config.run.eval_prompts,
                                 samples=len(result.seeds), mean=result.mean,
                                 components={k: float(v.mean()) for k, v in result.scores.components.items()},
-                                extras=result.extras, seconds=result.seconds, delta_se=base.delta_se(result))
+                                extras=result.extras, seconds=result.seconds, delta_se=base.delta_se(result),
+                                eval_rewards={k: float(v.mean()) for k, v in result.held_out.items()},
+                                **base.changes(result))
         bus.emit(event)
+        _warn_of_hacking(run, state, bus, base, result)
         base.finished(result, event)
     distributed.barrier()
+
+
+def _warn_of_hacking(run: Run, state: LoopState, bus: ev.EventBus, base: RunEvals, result: Evaluation) -> None:
+    """A RewardHacking event for each eval reward that fell by more than two paired standard errors
+    while the trained reward rose (evaluation.hacking); `base.hacked` says whether any did."""
+    fell = base.hacking(result)
+    base.hacked = bool(fell)
+    if not fell:
+        return
+    assert base.base is not None  # hacking needs a base
+    change = float(result.scores.total.mean() - base.base.scores.total.mean())
+    trained = "+".join(run.config.reward.weights)
+    for name, drop, se in fell:
+        bus.emit(ev.RewardHacking(iteration=state.iteration, trained=trained, trained_change=change,
+                                  trained_se=base.delta_se(result).get("mean", 0.0), reward=name, change=drop, se=se,
+                                  threshold=HACKING_SE, stopping=run.config.run.stop_on_hacking))
 
 
 def _checkpoint(run: Run, state: LoopState, bus: ev.EventBus) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
@@ -23,8 +24,19 @@ def _cached(repo: str, names: tuple[str, ...], cache: Path) -> bool:
 
 
 def _reward_weights(cfg: Config, m: Machine) -> tuple[list[Check], float]:
+    """The trained rewards' weights, and the eval rewards' (run.eval_rewards, when the run evaluates):
+    an eval reward's row says so, and its fix how to evaluate without it."""
     out, download = [], 0.0
-    for name in cfg.reward.weights:
+    evals = [n for n in cfg.run.eval_rewards if n not in cfg.reward.weights] if cfg.run.eval_prompts else []
+    for name in [*cfg.reward.weights, *evals]:
+        if name in evals:
+            checks, size = _reward_weights(replace(cfg, reward=replace(cfg.reward, weights={name: 1.0}),
+                                                   run=replace(cfg.run, eval_prompts="")), m)
+            rest = ",".join(n for n in cfg.run.eval_rewards if n != name)
+            out += [replace(c, name=f"eval {c.name}", fix=f"{c.fix}; or evaluate without it: --set run.eval_rewards={rest}"
+                            if c.fix else c.fix) for c in checks]
+            download += size
+            continue
         if is_endpoint(name):
             continue  # a remote: or vlm: reward loads its weights where it is served (doctor/remote.py asks it)
         info = lookup(name)

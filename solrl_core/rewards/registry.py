@@ -70,6 +70,12 @@ def _tinyworld(ctx: Any) -> Any:
     return TinyWorldReward()
 
 
+def _fidelity(ctx: Any) -> Any:
+    from solrl_core.rewards.palette import PaletteFidelity
+
+    return PaletteFidelity()
+
+
 def _imagereward(ctx: Any) -> Any:
     from solrl_core.rewards.imagereward import ImageRewardScore
 
@@ -104,6 +110,9 @@ BUILTINS: tuple[RewardInfo, ...] = (
                _jpeg("jpeg_incompressibility", 1.0, 1.0)),
     RewardInfo("tinyworld_geneval", "GenEval-style partial score of a tiny-world image against its caption (objects, colours, "
                "counts, positions), in [0, 1]", _tinyworld, best=1.0),
+    RewardInfo("tinyworld_fidelity", "Share of a tiny-world image painted in the tiny world's seven colours: per pixel "
+               "max(0, 1 - RGB distance to the nearest / 64), averaged, in [0, 1]; falls as images wash out, blur or get "
+               "noisy (an eval reward of the tiny preset)", _fidelity, best=1.0),
     RewardInfo("imagereward", "ImageReward-v1.0 (BLIP ViT-L + BERT cross-attention + MLP head)", _imagereward,
                weights="hub THUDM/ImageReward (ImageReward.pt, med_config.json) + tokenizer bert-base-uncased", extra="rewards",
                hub_files=(("THUDM/ImageReward", ("ImageReward.pt",)), ("THUDM/ImageReward", ("med_config.json",)),

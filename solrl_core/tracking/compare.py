@@ -123,7 +123,7 @@ def table(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
     """Header and one row per run: progress, Stage-2 reward first and last-3, evaluation first and
     last, measured seconds (iterations, evaluations, checkpoints), and mean seconds per phase."""
     header = ["run", "family", "device", "iterations", "reward first", "reward last 3", "eval first", "eval last",
-              "measured s", *[f"{p} s/it" for p in PHASES]]
+              "measured s", "eval rewards: base -> last (change +- s.e.)", *[f"{p} s/it" for p in PHASES]]
     rows = []
     for run in runs:
         _, secs, rewards = run.series("mean")
@@ -132,8 +132,21 @@ def table(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
         rows.append([run.name, run.family, run.device, f"{len(run.iterations)}/{run.total}",
                      _num(rewards[0] if rewards else None), _num(statistics.fmean(rewards[-3:]) if rewards else None),
                      _num(run.evals[0].event.mean if run.evals else None), _num(run.evals[-1].event.mean if run.evals else None),
-                     f"{measured:.1f}" if measured is not None else "-", *[f"{means[p]:.3f}" if p in means else "-" for p in PHASES]])
+                     f"{measured:.1f}" if measured is not None else "-", _eval_rewards(run.evals[-1].event) if run.evals else "-", *[f"{means[p]:.3f}" if p in means else "-" for p in PHASES]])
     return header, rows
+
+
+def _eval_rewards(e: ev.Event) -> str:
+    """'NAME 0.901 -> 0.896 (-0.0054 +- 0.0013); ...': each eval reward of a run's last evaluation since its
+    base (run.eval_rewards); the mean alone without a base; '-' for none."""
+    if not isinstance(e, ev.EvalFinished) or not e.eval_rewards:
+        return "-"
+    parts = []
+    for name, now in e.eval_rewards.items():
+        change, se = e.eval_changes.get(name), e.eval_se.get(name)
+        parts.append(f"{name} {now:.4g}" if change is None else
+                     f"{name} {now - change:.4g} -> {now:.4g} ({change:+.4f}" + (f" +- {se:.4f})" if se is not None else ")"))
+    return "; ".join(parts)
 
 
 def figure(runs: list[RunRecord], path: Path) -> Path:

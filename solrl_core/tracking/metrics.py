@@ -17,6 +17,12 @@ model before the first update). The README lists these names; renaming one break
     eval/component/<reward>, eval/<extra> per component; reward-defined extras (e.g.
                                           eval/tinyworld_geneval.strict_accuracy)
     eval/seconds                          time the evaluation took
+    eval/mean_change_se                   paired standard error of eval/mean's change since the base
+    eval_reward/<reward>                  an eval reward's mean (run.eval_rewards: scored, not trained on)
+    eval_reward/<reward>/change           its change since the base, and the change's paired
+    eval_reward/<reward>/change_se        standard error (absent for the base, or a base kept without it)
+    hacking/<reward>                      1 when an evaluation warned of reward hacking on this eval
+                                          reward (its change in standard errors, when not 0: hacking/<reward>/z)
     rank_check/{rho,tau}                  in-run Stage-1 ranking check (absent when a side was constant)
     rank_check/{draft_mean,full_mean,seconds}
 
@@ -54,6 +60,19 @@ def scalars(event: ev.Event) -> tuple[int, dict[str, float]] | None:
         _flatten("eval/component", event.components, out)
         _flatten("eval", event.extras, out)
         out["eval/seconds"] = float(event.seconds)
+        if "mean" in event.delta_se:
+            out["eval/mean_change_se"] = float(event.delta_se["mean"])
+        for name, value in event.eval_rewards.items():
+            out[f"eval_reward/{name}"] = float(value)
+            if name in event.eval_changes:
+                out[f"eval_reward/{name}/change"] = float(event.eval_changes[name])
+            if name in event.eval_se:
+                out[f"eval_reward/{name}/change_se"] = float(event.eval_se[name])
+        return event.iteration, out
+    if isinstance(event, ev.RewardHacking):
+        out[f"hacking/{event.reward}"] = 1.0
+        if event.se > 0:
+            out[f"hacking/{event.reward}/z"] = event.change / event.se
         return event.iteration, out
     if isinstance(event, ev.RankCheckResult):
         _flatten("rank_check", {k: getattr(event, k) for k in ("rho", "tau", "draft_mean", "full_mean", "seconds")}, out)

@@ -1,0 +1,102 @@
+"""The event bus and the JSONL log: how events reach their subscribers and the run folder (the
+event classes are in events.py, which re-exports these names)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+from solrl_core.faults import disk
+
+
+Subscriber = Callable[[Any], None]
+
+
+class EventBus:
+    """Fan-out of events to subscribers, in subscription order, one event at a time (the TUI's
+    trainer thread and a signal handler in the main thread may both emit)."""
+
+    def __init__(self) -> None:
+        self._subscribers: list[Subscriber] = []
+        self._lock = threading.Lock()
+        self._pending: list[Any] = []
+
+    def subscribe(self, fn: Subscriber) -> None:
+        self._subscribers.append(fn)
+
+    def unsubscribe(self, fn: Subscriber) -> None:
+        self._subscribers.remove(fn)
+
+    def emit(self, event: Any) -> None:
+        with self._lock:
+            self._deliver(event)
+        self._flush()
+
+    def emit_from_signal(self, event: Any) -> None:
+        """Safe inside a signal handler: delivered now, or, when the handler interrupted a delivery
+        (a subscriber half way through writing), right after that delivery ends."""
+        self._pending.append(event)
+        self._flush()
+
+    def _flush(self) -> None:
+        while self._pending and self._lock.acquire(blocking=False):
+            try:
+                while self._pending:
+                    self._deliver(self._pending.pop(0))
+            finally:
+                self._lock.release()
+
+    def _deliver(self, event: Any) -> None:
+        for fn in self._subscribers:
+            fn(event)
+
+
+class JsonlLog:
+    """Appends every event as one JSON line; flushed per event so a crash loses nothing written.
+
+    A file whose last line a kill tore (no newline at its end) gets a newline first, so the next record
+    starts a line of its own. A full or read-only disk is raised once, as the SolrlError of
+    faults/disk.py; the log then writes nothing more, so the run's ending does not raise it again."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.failed = False
+        with self._writing():
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            torn = self.path.is_file() and self.path.stat().st_size > 0 and not _ends_in_newline(self.path)
+            self._fh = open(self.path, "a", encoding="utf-8")
+            if torn:
+                self._fh.write("\n")
+                self._fh.flush()
+
+    def _writing(self) -> contextlib.AbstractContextManager[None]:
+        return disk.writing(self.path.parent, self.path.name,
+                            f"free space on that filesystem, then `solrl train --resume {self.path.parent}`")
+
+    def __call__(self, event: Any) -> None:
+        if self.failed:
+            return
+        try:
+            with self._writing():
+                self._fh.write(json.dumps(event.to_dict()) + "\n")
+                self._fh.flush()
+        except BaseException:
+            self.failed = True
+            raise
+
+    def close(self) -> None:
+        try:
+            self._fh.close()
+        except OSError:  # the buffer a full disk refused: already raised once
+            if not self.failed:
+                raise
+
+
+def _ends_in_newline(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        fh.seek(-1, 2)
+        return fh.read(1) == b"\n"
+

@@ -1,0 +1,172 @@
+"""Eval rewards (run.eval_rewards) and the reward-hacking warning: a second, independent score on
+the evaluation's images, shown base -> now with its paired standard error wherever a run is shown;
+a run trained to hack (a reward that counts bright pixels) is caught within the run, and
+run.stop_on_hacking stops it with a checkpoint that resumes. CPU, no network."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import torch
+from rich.console import Console
+from typer.testing import CliRunner
+
+from solrl_cli.app import app
+from solrl_cli.display import TerminalDisplay
+from solrl_cli.tui_panels import eval_view
+from solrl_cli.tui_state import RunState
+from solrl_core import events as ev
+from solrl_core.evaluation import BASE_FILE, Evaluation, eval_seeds, hacking
+from solrl_core.presets import resolve_config
+from solrl_core.rewards import Scores
+from solrl_core.rewards.palette import PaletteFidelity
+from solrl_core.stopping import StopFlag
+from solrl_core.tinyworld import example
+from solrl_core.tracking.metrics import scalars
+from solrl_core.trainer import train
+from tests.conftest import FAST
+
+CAPTIONS = "a red circle\ntwo blue squares\na green triangle left of a yellow circle\na red circle and a blue square\n"
+BRIGHT = "import torch\n\n\ndef score(images, prompts):\n    return images.float().mean(dim=(1, 2, 3))  # bright pixels only\n"
+# lr 3e-3 brightens the tiny world's images within 2 iterations (its fidelity from about 0.9 to 0.5)
+HACK = ("optimizer.lr=3e-3", "run.iterations=4", "run.eval_every=2", "run.eval_seeds=2", "sampler.eval_steps=3")
+
+
+def _scenes(n: int = 6) -> torch.Tensor:
+    return torch.stack([torch.from_numpy(example(i)[1]).permute(2, 0, 1).float() / 255 for i in range(n)])
+
+
+def test_fidelity_is_one_on_rendered_scenes_and_falls_as_they_degrade():
+    fidelity, clean = PaletteFidelity(), _scenes()
+    assert fidelity(clean, []).tolist() == [1.0] * 6  # flat paint in the palette's colours
+    noisy = (clean + 0.05 * torch.randn(clean.shape, generator=torch.Generator().manual_seed(0))).clamp(0, 1)
+    washed = (clean + 0.15).clamp(0, 1)
+    blurred = torch.nn.functional.avg_pool2d(clean, 3, stride=1, padding=1, count_include_pad=False)
+    for degraded in (noisy, washed, blurred):
+        assert (fidelity(degraded, []) < 0.95).all()
+    assert (fidelity(washed, []) < fidelity(noisy, [])).all()  # washing out the background is the worst of these
+
+
+def _evaluation(total: list[float], held: list[float]) -> Evaluation:
+    t = torch.tensor(total)
+    return Evaluation("x", ["p"] * len(total), eval_seeds(len(total), 1), Scores(t, {"r": t}), {}, 0.0, {},
+                      {"fid": torch.tensor(held)})
+
+
+def test_hacking_needs_the_trained_reward_up_and_an_eval_reward_down_by_more_than_two_standard_errors():
+    base = _evaluation([0.5, 0.5, 0.5, 0.5], [0.9, 0.9, 0.9, 0.9])
+    fell = _evaluation([0.6, 0.7, 0.6, 0.7], [0.8, 0.7, 0.8, 0.7])  # -0.15, s.e. 0.029
+    ((name, change, se),) = hacking(base, fell)
+    assert name == "fid" and change == pytest.approx(-0.15) and se == pytest.approx(0.0289, abs=1e-4)
+    assert hacking(base, _evaluation([0.4, 0.4, 0.4, 0.4], [0.8, 0.7, 0.8, 0.7])) == []  # trained reward fell too
+    assert hacking(base, _evaluation([0.6, 0.7, 0.6, 0.7], [0.95, 0.8, 0.95, 0.8])) == []  # -0.025 +- 0.043: noise
+
+
+def _train(sets, resume=False, stop_after=None, reward=None):
+    """A tiny run through the plain display: its printed text and events."""
+    out, seen, flag = io.StringIO(), [], StopFlag()
+    bus = ev.EventBus()
+    bus.subscribe(seen.append)
+    bus.subscribe(TerminalDisplay(Console(file=out, width=400, highlight=False, markup=False)))
+    if stop_after is not None:
+        bus.subscribe(lambda e: setattr(flag, "requested", True)
+                      if isinstance(e, ev.IterationFinished) and e.iteration == stop_after else None)
+    train(resolve_config("tiny", "sol_rl", reward=reward, sets=sets), bus, resume=resume, stop=flag)
+    return out.getvalue(), seen
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("eval_rewards")
+    (tmp / "ev.txt").write_text(CAPTIONS)
+    (tmp / "bright.py").write_text(BRIGHT)
+    return tmp
+
+
+def _sets(folder, name, *extra):
+    return [*FAST, f"run.run_dir={folder / name}", f"run.eval_prompts={folder / 'ev.txt'}", *extra]
+
+
+def test_a_tiny_run_shows_its_second_score_base_to_now_with_standard_errors(folder):
+    text, seen = _train(_sets(folder, "plain", "sampler.eval_steps=3", "run.eval_every=2", "run.iterations=2"))
+    evals = [e for e in seen if isinstance(e, ev.EvalFinished)]
+    assert [set(e.eval_rewards) for e in evals] == [{"tinyworld_fidelity"}] * 2  # the tiny preset's default
+    last = evals[-1]
+    assert set(last.eval_se) == {"tinyworld_fidelity"} and last.eval_se["tinyworld_fidelity"] > 0
+    base, now = evals[0].eval_rewards["tinyworld_fidelity"], last.eval_rewards["tinyworld_fidelity"]
+    assert last.eval_changes["tinyworld_fidelity"] == pytest.approx(now - base)
+    summary = text[text.index("done: "):]
+    assert "s.e.)" in next(line for line in summary.splitlines() if line.startswith("  eval on "))
+    line = next(line for line in summary.splitlines() if line.startswith("  eval rewards (scored, not trained on):"))
+    se = last.eval_se["tinyworld_fidelity"]
+    assert f"tinyworld_fidelity base {base:.4g} -> ema {now:.4g} ({now - base:+.4f} +- {se:.4f} s.e.)" in line
+    assert json.loads((folder / "plain" / BASE_FILE).read_text())["eval_rewards"]["tinyworld_fidelity"]
+    state = RunState()  # the TUI's evaluations panel
+    for e in seen:
+        state.apply(e)
+    console = Console(file=io.StringIO(), width=120, record=True)
+    console.print(eval_view(state))
+    assert "tinyworld_fidelity (eval)" in console.export_text()
+    step, values = scalars(last)  # TensorBoard and W&B
+    assert step == 2 and values["eval_reward/tinyworld_fidelity/change_se"] == se
+
+
+def test_a_run_trained_to_hack_is_warned_within_the_run(folder):
+    text, seen = _train(_sets(folder, "hack", *HACK), reward=f"{folder / 'bright.py'}:score")
+    warned = [e for e in seen if isinstance(e, ev.RewardHacking)]
+    assert warned and warned[0].iteration == 2 and warned[0].reward == "tinyworld_fidelity" and not warned[0].stopping
+    w = warned[0]
+    assert w.trained_change > 0 and w.change < -2 * w.se
+    assert f"reward hacking? iteration 2: the trained reward {w.trained} rose {w.trained_change:+.4f}" in text
+    logged = [json.loads(line) for line in (folder / "hack" / "events.jsonl").read_text().splitlines()]
+    assert any(r["event"] == "reward_hacking" for r in logged)
+    assert next(e for e in seen if isinstance(e, ev.RunFinished)).reason == "completed"  # a warning, not a stop
+
+
+def test_stop_on_hacking_stops_with_a_checkpoint_that_resumes(folder):
+    sets, bright = _sets(folder, "stop", *HACK), f"{folder / 'bright.py'}:score"
+    _, seen = _train([*sets, "run.stop_on_hacking=true"], reward=bright)
+    end = next(e for e in seen if isinstance(e, ev.RunFinished))
+    assert end.reason == "interrupted" and end.iteration == 2 and end.checkpoint.endswith("iter_000002")
+    assert [e.stopping for e in seen if isinstance(e, ev.RewardHacking)] == [True]
+    _, seen = _train([*sets, "run.stop_on_hacking=false"], resume=True, reward=bright)
+    started = next(e for e in seen if isinstance(e, ev.RunStarted))
+    assert started.resumed and started.start_iteration == 2
+    assert next(e for e in seen if isinstance(e, ev.RunFinished)).reason == "completed"
+    assert not any(isinstance(e, ev.RunWarning) for e in seen)  # the base evaluation, eval rewards included, read back
+
+
+def test_a_base_kept_without_eval_rewards_resumes_with_a_warning(folder):
+    sets = _sets(folder, "old", "sampler.eval_steps=3", "run.eval_every=2", "run.iterations=2")
+    _train(sets, stop_after=1)
+    kept = folder / "old" / BASE_FILE
+    record = json.loads(kept.read_text())
+    del record["eval_rewards"]  # as an earlier solrl wrote it
+    kept.write_text(json.dumps(record))
+    text, seen = _train(sets, resume=True)
+    warnings = [e.message for e in seen if isinstance(e, ev.RunWarning)]
+    assert any("holds no base scores of the eval reward tinyworld_fidelity" in m for m in warnings), warnings
+    assert next(e for e in seen if isinstance(e, ev.RunFinished)).reason == "completed"
+    assert "s.e.)" in next(line for line in text.splitlines() if line.startswith("  eval on "))  # the trained reward still compares
+    assert "  eval rewards (scored, not trained on): tinyworld_fidelity " in text  # its mean, with no base to compare
+
+
+def test_solrl_eval_scores_any_rewards_after_the_fact(folder, monkeypatch):
+    monkeypatch.chdir(folder)
+    runner = CliRunner()
+    args = [a for s in FAST for a in ("--set", s)]
+    assert runner.invoke(app, ["train", *args, "--iterations", "1", "--run-dir", "e"]).exit_code == 0
+    result = runner.invoke(app, ["eval", "e", "--prompts", "ev.txt", "--seeds", "2", "--steps", "2", "--out", "ev",
+                                 "--rewards", "tinyworld_fidelity,jpeg_compressibility"])
+    assert result.exit_code == 0, result.output
+    assert "tinyworld_fidelity (eval)" in result.output and "jpeg_compressibility (eval)" in result.output
+    summary = json.loads((folder / "ev" / "summary.json").read_text())
+    for name in ("tinyworld_fidelity", "jpeg_compressibility"):
+        ema, base = summary["ema"]["eval_rewards"][name], summary["base"]["eval_rewards"][name]
+        assert ema["delta"] == pytest.approx(ema["mean"] - base["mean"]) and ema["delta_se"] > 0
+    rows = [json.loads(line) for line in (folder / "ev" / "samples.jsonl").read_text().splitlines()]
+    assert "eval.jpeg_compressibility" in rows[0]
+    bad = runner.invoke(app, ["eval", "e", "--rewards", "tinyworld_fidelty"])
+    assert bad.exit_code == 2 and "tinyworld_fidelity" in bad.output  # a typo named, with the close match
