@@ -200,9 +200,17 @@ class RunConfig:
     stop_on_sigterm: str = _f("phase", "What a first SIGTERM stops at: phase (the next phase boundary: an iteration whose "
                                        "update has not begun is abandoned and redone on resume; fits a cluster's grace period) "
                                        "or iteration (finish it, as Ctrl-C does). A second signal stops at once.")
-    compile_mode: str = _f("default", "torch.compile mode of every compiled module (explore.compile, sampler.compile, "
-                                      "optimizer.compile): default, or max-autotune-no-cudagraphs (the official code's, "
-                                      "for its inference copies: autotunes each GEMM, a longer compile).")
+    compile_mode: str = _f("max-autotune-no-cudagraphs", "torch.compile mode of the compiled explore and rollout copies "
+                                      "(explore.compile, sampler.compile): max-autotune-no-cudagraphs (the official code's "
+                                      "for its inference copies, configs/sol_rl/base.py:112: autotunes each GEMM, a longer "
+                                      "compile; kept until a GPU measurement shows it slower than default: none has been "
+                                      "made) or default. The update's compiled blocks (optimizer.compile) use torch's "
+                                      "default mode: the official update runs eager, so it has no mode to follow.")
+    tf32: bool = _f(True, "TF32 tensor cores for fp32 matmuls and convolutions on CUDA (torch.set_float32_matmul_precision "
+                          "'high', torch.backends.cudnn.allow_tf32), set once when the device is resolved, for training "
+                          "and every side tool, as the official base config and scripts (configs/sol_rl/base.py:25; "
+                          "train_sana.py:583-585, train_flux1.py:616-618, train_sd3.py:641-643). false: full fp32 "
+                          "('highest', cuDNN without TF32). No effect on a CPU.")
     eval_prompts: str = _f("", "Prompt set evaluated with the EMA weights during training, any run.prompts spec ('' = none).")
     eval_every: int = _f(20, "Evaluate every this many iterations (and before the first and after the last).")
     eval_seeds: int = _f(4, "Fixed noise seeds per evaluation prompt (the same for every evaluation).")

@@ -199,13 +199,16 @@ class Engine:
 
 
 def resolve_runtime(cfg: Config) -> tuple[torch.device, str, torch.dtype]:
-    """The device and dtype of `cfg`, "auto" resolved: one GPU per process under torchrun."""
+    """The device and dtype of `cfg`, "auto" resolved: one GPU per process under torchrun. On CUDA it
+    also sets TF32 as `run.tf32` says (tf32.py), so train and every side tool run the same matmuls."""
     from solrl_core import distributed
     from solrl_core.device import resolve_device, resolve_dtype
+    from solrl_core.tf32 import apply_tf32
 
     device = resolve_device(cfg.run.device)
     if distributed.world_size() > 1 and device.type == "cuda":  # one GPU per process, whatever cuda:N the config names
         device = torch.device("cuda", torch.cuda.current_device())
+    apply_tf32(cfg.run.tf32, device)
     dtype_name, dtype = resolve_dtype(cfg.run.dtype, device)
     return device, dtype_name, dtype
 

@@ -25,6 +25,7 @@ class MachinePlan:
     # update's compiled blocks (regions.py) when the update is compiled and sampler.compile is on
     policy_rollout_compile: bool = False
     threads: str = ""  # the CPU threads torch got and the OpenMP wait policy (threads.ThreadChoice.describe)
+    tf32: str = ""  # run.tf32 as set on this device (tf32.describe_tf32)
 
     def describe(self) -> str:
         return (f"explore {self.explore_precision} ({self.explore_why}); "
@@ -32,6 +33,7 @@ class MachinePlan:
                 f"gradient checkpointing {'on' if self.checkpointing else 'off'} ({self.checkpointing_why}); "
                 f"update {'compiled' if self.update_compile else 'eager'}"
                 + ("; full-precision rollouts on the policy's compiled blocks" if self.policy_rollout_compile else "")
+                + (f"; {self.tf32}" if self.tf32 else "")
                 + (f"; {self.threads}" if self.threads else ""))
 
 

@@ -29,6 +29,12 @@ from torch import nn
 # limit Dynamo would run the blocks eager without an error.
 RECOMPILE_LIMIT = 64
 
+# The update's compiled blocks (optimizer.compile) compile in torch's default mode, whatever
+# run.compile_mode says: that mode is the official code's for its inference copies, and the official
+# update runs eager, so there is no official mode to follow; max-autotune would also autotune every
+# GEMM of each forward and backward graph (one per adapter state and grad mode) before iteration 1.
+UPDATE_COMPILE_MODE = "default"
+
 
 def repeated_blocks(module: nn.Module) -> list[nn.Module]:
     """The blocks to compile: the classes named in diffusers' `_repeated_blocks` where the model
@@ -49,7 +55,9 @@ def repeated_blocks(module: nn.Module) -> list[nn.Module]:
 
 
 class CompiledBlocks:
-    """`module` with its repeated blocks torch.compile'd (the whole module where it has none)."""
+    """`module` with its repeated blocks torch.compile'd (the whole module where it has none), in
+    torch.compile's `mode` ('default': no mode passed). A backend other than Inductor (the tests'
+    aot_eager) ignores the mode with a logged warning."""
 
     def __init__(self, module: nn.Module, mode: str = "default", active: bool = True) -> None:
         import torch._dynamo

@@ -82,6 +82,13 @@ after its increment) are the official ones. Where this differs from it, and why:
 - Stopping (stopping.py): a first SIGTERM stops at the next phase boundary, abandoning an iteration
   whose update has not begun (redone exactly on resume), and a stop skips an evaluation that was
   due; the official scripts have no stop handling. Neither changes a run that is not stopped.
+- Evaluation: the official runs score the EMA weights on the PickScore test set with the trained
+  reward during training; ImageReward, CLIPScore, PickScore and HPSv2 appear only in the paper's
+  tables, scored afterwards. solrl scores `run.eval_rewards` (those four in the real-model presets,
+  `tinyworld_fidelity` in the tiny one) at every evaluation on the same images, never trained on,
+  each base -> now with its paired standard error, and warns (RewardHacking) when the trained reward
+  rose while one of them fell by more than two standard errors; `run.stop_on_hacking` stops the run
+  there with a checkpoint. The trained numbers are those of a run without them (benchmarks/same_run.py).
 - The update's three forwards (old, trained, reference) get one input, xt in the run dtype, and the
   same timesteps, as the official code's (train_sana.py:878-889). The SANA and SD3 wrappers hand the
   transformer fp32 timesteps, in rollouts too (a bf16 sigma moved SD3's by up to 2/1000); FLUX's

@@ -187,13 +187,15 @@ def test_kl_beta_zero_runs_no_reference_forward(fast_sets, monkeypatch):
     assert grads[0].abs().max() > 0 and torch.allclose(grads[0], grads[1], rtol=1e-5, atol=1e-8)
 
 
-def test_the_compile_mode_reaches_every_compiled_module(fast_sets, monkeypatch):
+@pytest.mark.parametrize("sets, copies", [((), "max-autotune-no-cudagraphs"),  # the default: the official copies' mode
+                                           (("run.compile_mode=default",), None)])
+def test_the_compile_mode_reaches_the_copies_and_the_update_compiles_in_default_mode(fast_sets, monkeypatch, sets, copies):
     modes: list[str | None] = []
     monkeypatch.setattr(torch, "compile", lambda module, mode=None: modes.append(mode) or module)
-    run = _session(fast_sets, "run.compile_mode=max-autotune-no-cudagraphs", "explore.compile=true", "sampler.compile=true",
-                   "optimizer.compile=true")
+    run = _session(fast_sets, *sets, "explore.compile=true", "sampler.compile=true", "optimizer.compile=true")
     blocks = len(repeated_blocks(run.engine.policy.transformer))
-    assert blocks >= 2 and modes == ["max-autotune-no-cudagraphs"] * 3 * blocks  # explore copy, rollout copy, update: per block
+    # per block: explore copy and rollout copy in run.compile_mode, then the update in torch's default (no mode)
+    assert blocks >= 2 and modes == [copies] * 2 * blocks + [None] * blocks
     with pytest.raises(SolrlError, match="run.compile_mode"):
         resolve_config("tiny", "sol_rl", sets=["run.compile_mode=reduce-overhead"]).validate()
 

@@ -73,7 +73,8 @@ def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
               f"rollout copy: {machine.rollout_copy_why}; torch.compile: "
               + ", ".join(f"{name} {'on' if on else 'off'}" for name, on in (
                   ("explore copy", machine.explore_compile), ("rollout copy", machine.rollout_compile),
-                  ("update", machine.update_compile))))
+                  ("update", machine.update_compile)))
+              + f" (the copies in mode {cfg.run.compile_mode}); {machine.tf32}")
     fix = ("lower optimizer.micro_batch (--set optimizer.micro_batch=N), use a GPU with more memory, or an explore "
            "precision with a smaller copy")
     if est.peak > gpu.memory_gib:

@@ -29,6 +29,7 @@ from solrl_core.families import family
 from solrl_core.footprint import estimate_memory
 from solrl_core.plan import MachinePlan
 from solrl_core.precision.hardware import FP8_CC, GpuInfo, gpus
+from solrl_core.tf32 import describe_tf32
 
 # measured on an H100 (docs/BENCHMARKS.md, 2026-11-24): fp8 pays only compiled, where the input
 # quantization fuses into the producer; eager, the explore copy would be slower than no fp8 at all
@@ -100,4 +101,5 @@ def resolve_machine(cfg: Config, device: torch.device, dtype_name: str, gpu: Gpu
                        rollout_copy=copy, rollout_copy_why=copy_why,
                        rollout_compile=copy and (copy_needed or _switch(cfg.sampler.compile, cuda)),
                        checkpointing=ckpt, checkpointing_why=ckpt_why, update_compile=update_compile,
-                       policy_rollout_compile=not copy and update_compile and _switch(cfg.sampler.compile, cuda))
+                       policy_rollout_compile=not copy and update_compile and _switch(cfg.sampler.compile, cuda),
+                       tf32=describe_tf32(cfg.run.tf32, device))
