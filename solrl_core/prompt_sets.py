@@ -105,28 +105,53 @@ def git_blob_id(data: bytes) -> str:
 
 
 def fetch_download(entry: DownloadSet, offline: bool) -> Path:
-    """The cached file of `entry`, downloaded first when it is not there (never when `offline`)."""
+    """The cached file of `entry`, downloaded first when it is not there (never when `offline`), with the
+    progress bar a model download shows (huggingface_hub's; HF_HUB_DISABLE_PROGRESS_BARS=1 hides both)."""
     path = cached_path(entry)
     if path.is_file():
         return path
-    manual = f"or download {entry.url} to {path} yourself"
+    fix = download_fix(entry)
     if offline:
         raise SolrlError(f"prompt set {entry.name} is not downloaded ({path}) and HF_HUB_OFFLINE=1",
-                         f"run once with network (unset HF_HUB_OFFLINE), {manual}")
+                         f"run once with network (unset HF_HUB_OFFLINE), {fix}")
     try:
         with urllib.request.urlopen(entry.url, timeout=DOWNLOAD_SECONDS) as answer:
-            data = answer.read()
+            data = _read_with_progress(answer, entry)
     except (urllib.error.URLError, OSError) as exc:
         raise SolrlError(f"cannot download prompt set {entry.name} from {entry.url} ({getattr(exc, 'reason', exc)})",
-                         f"connect this machine, {manual}") from exc
+                         f"connect this machine, {fix}") from exc
     if git_blob_id(data) != entry.blob:
         raise SolrlError(f"the download of prompt set {entry.name} is not the expected file (git blob {entry.blob})",
-                         f"retry later, {manual}")
+                         f"retry later, {fix}")
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(path.name + ".partial")
     partial.write_bytes(data)
     os.replace(partial, path)
     return path
+
+
+def download_fix(entry: DownloadSet) -> str:
+    """How to do without the network: the file by hand, or another set for a quick look."""
+    return (f"or download {entry.url} to {cached_path(entry)} yourself, or pass a local file "
+            f"(--prompts FILE.txt), or for a quick look the built-in set: --prompts general "
+            f"(--set run.eval_prompts=general for evaluation)")
+
+
+def progress_bar(total: int | None, desc: str) -> Any:
+    """The bar model downloads show (huggingface_hub's tqdm; HF_HUB_DISABLE_PROGRESS_BARS=1 hides it)."""
+    from huggingface_hub.utils import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc=desc)
+
+
+def _read_with_progress(answer: Any, entry: DownloadSet, chunk: int = 1 << 16) -> bytes:
+    length = answer.headers.get("Content-Length") if answer.headers is not None else None
+    parts: list[bytes] = []
+    with progress_bar(int(length) if length else None, f"prompt set {entry.name}") as bar:
+        while block := answer.read(chunk):
+            parts.append(block)
+            bar.update(len(block))
+    return b"".join(parts)
 
 
 # -- tables: a column of text ---------------------------------------------------------------------------

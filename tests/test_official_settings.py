@@ -218,3 +218,205 @@ def test_each_training_regime_runs_its_forwards_as_named(fast_sets, monkeypatch,
     assert base_dtypes == {base}
     assert seen and {a for a, _ in seen} == {autocast_on} and {d for _, d in seen} == {torch.bfloat16}
     assert next(session.run.engine.explore_copy.module.parameters()).dtype == torch.bfloat16
+
+
+# --- every setting of the three paper models against the official table ----------------------------
+# docs/official-settings.md says where each official value comes from (NVlabs/Sana configs/sol_rl/*.py,
+# train_scripts/sol_rl/train_*.py). The values are written here by hand, not read from the presets.
+
+OFFICIAL_COMMON = {
+    "run.prompts_per_iteration": 48, "explore.group_size": 96, "selection.group_size": 24, "selection.mode": "best_worst",
+    "explore.steps": 6, "sampler.steps": 10, "sampler.rollout_batch": 24, "sampler.guidance": 1.0,
+    "model.lora_rank": 32, "model.lora_alpha": 64, "model.lora_init": "gaussian",
+    "optimizer.lr": 3e-4, "optimizer.beta1": 0.9, "optimizer.beta2": 0.999, "optimizer.weight_decay": 1e-4,
+    "optimizer.eps": 1e-8, "algorithm.nft_beta": 1.0, "algorithm.kl_beta": 1e-4, "algorithm.adv_clip_max": 5.0,
+    "algorithm.old_decay_rate": 0.001, "algorithm.old_decay_max": 0.5, "algorithm.ema_max_decay": 0.9,
+    "run.prompts": "pickscore_train", "run.eval_prompts": "pickscore_test", "run.eval_every": 20, "run.eval_seeds": 1,
+    "run.tf32": True, "run.compile_mode": "max-autotune-no-cudagraphs", "run.checkpoint_every": 5, "run.seed": 42,
+}
+OFFICIAL = {
+    "sana": {"model.resolution": 1024, "sampler.eval_steps": 40, "sampler.solver": "euler", "sampler.shift": 1.0,
+             "algorithm.timestep_fraction": 0.6, "optimizer.grad_clip": 1.0, "optimizer.micro_batch": 16,
+             "model.train_precision": "bf16", "model.quant_min_dim": 2240, "model.prompt_instruction": False,
+             # attn.qkv, attn.proj, cross_attn.q_linear/kv_linear/proj, as diffusers splits them
+             "model.lora_targets": ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
+                                    "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0")},
+    "sd3": {"model.resolution": 1024, "sampler.eval_steps": 40, "sampler.solver": "dpm2", "sampler.sigma_grid": "scheduler",
+            "algorithm.timestep_fraction": 0.6, "optimizer.grad_clip": 0.002, "optimizer.micro_batch": 4,
+            "model.train_precision": "fp32-base", "model.quant_min_dim": 2432, "model.max_sequence_length": 128,
+            "model.lora_targets": ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj",
+                                   "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")},
+    "flux1": {"model.resolution": 512, "sampler.eval_steps": 28, "sampler.solver": "dpm2", "algorithm.timestep_fraction": 0.4,
+              "optimizer.grad_clip": 1.0, "optimizer.micro_batch": 12, "model.train_precision": "autocast",
+              "model.quant_min_dim": 1000, "model.max_sequence_length": 128,
+              "model.lora_targets": ("to_q", "to_k", "to_v", "to_out.0")},
+}
+
+
+def _get(cfg, key: str):  # type: ignore[no-untyped-def]
+    section, name = key.split(".")
+    return getattr(getattr(cfg, section), name)
+
+
+@pytest.mark.parametrize("model", sorted(OFFICIAL))
+def test_each_paper_preset_carries_the_official_settings(model):
+    cfg = resolve_config(model, "sol_rl", "pickscore")
+    want = {**OFFICIAL_COMMON, **OFFICIAL[model]}
+    got = {key: _get(cfg, key) for key in want}
+    assert {k: v for k, v in got.items() if v != want[k]} == {}
+
+
+@pytest.mark.parametrize("family, n", [("sol_rl", 96), ("naive_scaling", 96), ("diffusionnft", 24)])
+def test_each_family_keeps_the_official_group_sizes(family, n):
+    cfg = resolve_config("sana", family, "pickscore")
+    assert (cfg.explore.group_size if family != "diffusionnft" else cfg.selection.group_size) == n
+    assert cfg.selection.group_size == 24
+
+
+# --- prompts and evaluation of the real-model presets, resolved offline ------------------------------
+
+REAL = ("sana", "sd3", "flux1", "sana15", "sana_600m", "sd35_medium", "flux2_klein", "qwen_image", "zimage")
+
+
+@pytest.mark.parametrize("model", REAL)
+def test_real_presets_name_the_pickscore_sets_without_downloading(model, monkeypatch, tmp_path):
+    import urllib.request
+
+    from solrl_core.prompt_sets import cached_path, download_sets
+
+    def no_network(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AssertionError("resolving a preset must not download")
+
+    monkeypatch.setattr(urllib.request, "urlopen", no_network)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    cfg = resolve_config(model, "sol_rl", "pickscore")
+    sets = download_sets()
+    assert (cfg.run.prompts, cfg.run.eval_prompts, cfg.run.eval_every) == ("pickscore_train", "pickscore_test", 20)
+    assert cfg.run.prompts in sets and cfg.run.eval_prompts in sets
+    assert not cached_path(sets["pickscore_train"]).exists()
+    assert (cfg.run.seed, cfg.run.checkpoint_every, cfg.run.eval_seeds) == (42, 5, 1)
+
+
+def test_the_general_set_stays_a_flag_away(monkeypatch):
+    from solrl_core.prompts import load_prompts
+
+    cfg = resolve_config("sana", "sol_rl", "pickscore", sets=["run.prompts=general", "run.eval_prompts=general"])
+    assert cfg.run.prompts == "general" and len(load_prompts(cfg.run.prompts)) == 24
+
+
+def test_without_network_a_download_set_fails_with_the_quick_look_fix(monkeypatch, tmp_path):
+    import urllib.error
+    import urllib.request
+
+    from solrl_core.prompts import load_prompts
+
+    def unreachable(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise urllib.error.URLError("Name or service not known")
+
+    monkeypatch.setattr(urllib.request, "urlopen", unreachable)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with pytest.raises(SolrlError) as err:
+        load_prompts("pickscore_train")
+    assert "cannot download prompt set pickscore_train" in err.value.message and "\n" not in err.value.message
+    assert "--prompts general" in err.value.fix and "--prompts FILE.txt" in err.value.fix
+
+
+def test_a_download_shows_progress_and_is_cached(monkeypatch, tmp_path):
+    import io
+    import urllib.request
+
+    from solrl_core import prompt_sets
+    from solrl_core.prompt_sets import DownloadSet, fetch_download, git_blob_id
+
+    body = b"a cat on a mat\n" * 10_000
+    calls: list[int] = []
+
+    class Answer(io.BytesIO):
+        headers = {"Content-Length": str(len(body))}
+
+        def __exit__(self, *exc):  # type: ignore[no-untyped-def]
+            calls.append(1)
+            return super().__exit__(*exc)
+
+    updates: list[int] = []
+
+    class Bar:
+        def __init__(self, total, desc):  # type: ignore[no-untyped-def]
+            assert total == len(body) and "prompt set small" in desc
+
+        def __enter__(self):  # type: ignore[no-untyped-def]
+            return self
+
+        def __exit__(self, *exc):  # type: ignore[no-untyped-def]
+            return False
+
+        def update(self, n: int) -> None:
+            updates.append(n)
+
+    monkeypatch.setattr(prompt_sets, "progress_bar", Bar)
+    monkeypatch.setattr(urllib.request, "urlopen", lambda url, timeout: Answer(body))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    entry = DownloadSet("small", "https://example.invalid/small.txt", git_blob_id(body), "test", "here")
+    path = fetch_download(entry, offline=False)
+    assert path.read_bytes() == body and calls == [1]
+    assert sum(updates) == len(body) and len(updates) > 1, updates
+    assert fetch_download(entry, offline=True) == path and calls == [1]  # the second read is the cache's
+    assert prompt_sets.cached_path(entry) == path
+
+
+def test_dump_config_shows_the_official_run_settings():
+    from typer.testing import CliRunner
+
+    from solrl_cli.app import app
+
+    for model in ("sana", "sd3", "flux1"):
+        result = CliRunner().invoke(app, ["train", "--model", model, "--dump-config"])
+        assert result.exit_code == 0, result.output
+        for line in ('prompts = "pickscore_train"', 'eval_prompts = "pickscore_test"', "eval_every = 20", "tf32 = true",
+                     'compile_mode = "max-autotune-no-cudagraphs"', "checkpoint_every = 5", "seed = 42"):
+            assert line in result.output.splitlines(), (model, line)
+
+
+# --- TF32 --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("enabled, matmul", [(True, "high"), (False, "highest")])
+def test_tf32_reaches_torch_on_cuda_and_nothing_on_a_cpu(monkeypatch, enabled, matmul):
+    import solrl_core.device as device_module
+    from solrl_core.engine import resolve_runtime
+
+    seen: list[str] = []
+    monkeypatch.setattr(torch, "set_float32_matmul_precision", seen.append)
+    monkeypatch.setattr(torch.backends.cudnn, "allow_tf32", not enabled)  # restored after the test
+    cfg = resolve_config("tiny", "sol_rl", sets=[f"run.tf32={str(enabled).lower()}", "run.device=cpu"])
+    assert resolve_runtime(cfg)[0].type == "cpu" and seen == []  # a CPU: nothing set
+    monkeypatch.setattr(device_module, "resolve_device", lambda name: CUDA)  # the CUDA path, on this CPU
+    device, _, _ = resolve_runtime(cfg)
+    assert device == CUDA and seen == [matmul] and torch.backends.cudnn.allow_tf32 is enabled
+
+
+def test_the_start_up_line_names_tf32_on_cuda_only():
+    cfg = resolve_config("sana", "sol_rl", "imagereward")
+    assert "TF32 on" in resolve_machine(cfg, CUDA, "bf16", gpu=H100).describe()
+    off = resolve_config("sana", "sol_rl", "imagereward", sets=["run.tf32=false"])
+    assert "TF32 off" in resolve_machine(off, CUDA, "bf16", gpu=H100).describe()
+    assert "TF32" not in resolve_machine(cfg, torch.device("cpu"), "fp32").describe()
+
+
+def test_tf32_settings_leave_the_legacy_and_generic_getters_readable():
+    """Inductor's max-autotune reads torch.get_float32_matmul_precision(), which raises after a mix of
+    torch's legacy and per-backend TF32 APIs: the settings solrl applies keep both readable."""
+    from solrl_core.tf32 import tf32_settings
+
+    before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
+    try:
+        for enabled in (True, False):
+            s = tf32_settings(enabled, CUDA)
+            torch.set_float32_matmul_precision(s["float32_matmul_precision"])
+            torch.backends.cudnn.allow_tf32 = s["cudnn.allow_tf32"]
+            assert torch.get_float32_matmul_precision() == s["float32_matmul_precision"]
+            assert torch.backends.cuda.matmul.allow_tf32 is enabled and torch.backends.cudnn.allow_tf32 is enabled
+        assert tf32_settings(True, torch.device("cpu")) == {}
+    finally:
+        torch.set_float32_matmul_precision(before[0])
+        torch.backends.cudnn.allow_tf32 = before[1]

@@ -183,6 +183,7 @@ def _run_family(options: BenchOptions, family: str, folder: Path, resolution: in
     seconds = figures["seconds"]
     flops = phase_flops(run.plan, run.config, per_sample, run.config.run.prompts_per_iteration)
     return {"model": options.model, "family": family, "plan": started.plan, "machine": started.machine,
+            "compile_mode": run.config.run.compile_mode,
             **figures, "rates": _rates(run.plan, run.config, seconds),
             "peak_gib": {k: max((e.peak_memory or {}).get(k, 0.0) for e in its) for k in MEMORY_PHASES},
             "memory_source": its[-1].memory_source, "estimate_gib": estimate,
@@ -208,7 +209,8 @@ def family_config(options: BenchOptions, family: str, root: Path, folder: Path |
     from solrl_core.presets import resolve_config
 
     model = [f"model.path={folder}", f"model.resolution={resolution}"] if folder is not None else []
-    sets = [*model, f"explore.group_size={options.n}", f"selection.group_size={options.k}", "run.prompts_per_iteration=1",
+    # the built-in prompts: a random-weight model needs no download (the real-model presets name PickScore's)
+    sets = [*model, "run.prompts=general", f"explore.group_size={options.n}", f"selection.group_size={options.k}", "run.prompts_per_iteration=1",
             f"run.iterations={options.iterations}", f"run.checkpoint_every={options.iterations}", f"run.device={options.device}",
             f"run.run_dir={root / family}", "run.eval_prompts=", f"sampler.rollout_batch={options.rollout_batch}",
             *([f"optimizer.micro_batch={options.micro_batch}"] if options.micro_batch else []), *options.sets]

@@ -24,7 +24,7 @@ def prompt_checks(cfg: Config, m: Machine, timeout: float = PROBE_SECONDS) -> li
 
 
 def _check(row: str, spec: str, m: Machine, timeout: float) -> Check:
-    from solrl_core.prompt_sets import cached_path, download_sets, parse_spec
+    from solrl_core.prompt_sets import cached_path, download_fix, download_sets, parse_spec
     from solrl_core.prompts import load_prompts
 
     parsed = parse_spec(spec)
@@ -36,12 +36,13 @@ def _check(row: str, spec: str, m: Machine, timeout: float) -> Check:
         path = cached_path(entry)
         if path.is_file():
             return Check(row, PASS, f"{spec}: downloaded ({path})", "", True)
-        fix = f"download {entry.url} to {path} on a machine with network"
+        fix = download_fix(entry)
         if m.offline:
-            return Check(row, FAIL, f"{spec}: not downloaded ({path}) and HF_HUB_OFFLINE=1", f"unset HF_HUB_OFFLINE once, or {fix}", True)
+            return Check(row, FAIL, f"{spec}: not downloaded ({path}) and HF_HUB_OFFLINE=1", f"unset HF_HUB_OFFLINE once, {fix}", True)
         reason = _probe(urllib.request.Request(entry.url, method="HEAD"), timeout)[1]
         if reason:
-            return Check(row, FAIL, f"{spec}: not downloaded and {entry.url} cannot be reached ({reason})", fix, True)
+            return Check(row, FAIL, f"{spec}: not downloaded and {entry.url} cannot be reached ({reason})",
+                         f"connect this machine, {fix}", True)
         return Check(row, WARN, f"{spec}: not downloaded; fetched from {entry.origin} on first use", "nothing to do with network access", True)
     try:
         count = len(load_prompts(spec))
