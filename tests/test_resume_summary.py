@@ -34,8 +34,9 @@ def _train(sets, resume=False, stop_after=None):
 
 
 def _summary(text):
-    """The end summary's lines: the Stage-2 reward's change and the evaluation's."""
-    return [line for line in text.splitlines() if line.startswith(("  mean Stage-2 reward:", "  eval on "))]
+    """The end summary's lines: the Stage-2 reward's change, the evaluation's and the eval rewards'."""
+    return [line for line in text.splitlines()
+            if line.startswith(("  mean Stage-2 reward:", "  eval on ", "  eval rewards (scored, not trained on):"))]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +61,7 @@ def test_a_stopped_and_resumed_run_ends_with_the_summary_of_an_uninterrupted_one
     resumed, seen = runs["resumed"]
     assert "evaluating the base weights" not in resumed  # not scored again: read back from the run folder
     expected = _summary(straight)
-    assert len(expected) == 2 and "s.e.)" in expected[1]
+    assert len(expected) == 3 and "s.e.)" in expected[1] and "s.e.)" in expected[2]  # the tiny preset's tinyworld_fidelity
     assert _summary(resumed) == expected  # the same numbers, standard errors included
     kept = json.loads((runs["dir"] / BASE_FILE).read_text())
     assert len(kept["total"]) == 4 and kept["event"]["weights"] == "base"
