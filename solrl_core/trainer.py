@@ -223,6 +223,7 @@ def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, base: Ru
         last = state.iteration == cfg.run.iterations
         stopping = distributed.any_true(flag.requested)
         if run.eval_prompts and not stopping and (last or state.iteration % cfg.run.eval_every == 0):
+            base.hacked = False  # an evaluation a stop abandons warns of nothing
             with _skipped_if_abandoned(bus, f"the evaluation of iteration {state.iteration} is skipped"):
                 run = _with_backoff(run, state, bus, lambda r: _evaluate(r, state, bus, "ema", base))
             # run.stop_on_hacking: every rank stops here, with a checkpoint of this iteration (below)

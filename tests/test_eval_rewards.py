@@ -170,3 +170,18 @@ def test_solrl_eval_scores_any_rewards_after_the_fact(folder, monkeypatch):
     assert "eval.jpeg_compressibility" in rows[0]
     bad = runner.invoke(app, ["eval", "e", "--rewards", "tinyworld_fidelty"])
     assert bad.exit_code == 2 and "tinyworld_fidelity" in bad.output  # a typo named, with the close match
+
+
+def test_an_eval_reward_that_cannot_load_is_named_with_how_to_go_on_without_it(tmp_path):
+    from solrl_core.errors import SolrlError
+    from solrl_core.eval_rewards import held_out_rewards
+
+    (tmp_path / "broken.py").write_text("raise RuntimeError('no model here')\n")
+    cfg = resolve_config("tiny", "sol_rl")
+    broken = f"{tmp_path / 'broken.py'}:score"
+    with pytest.raises(SolrlError) as err:
+        held_out_rewards(cfg, ("tinyworld_fidelity", broken), torch.device("cpu"))
+    assert err.value.message.startswith("eval reward (run.eval_rewards): ") and broken in err.value.message
+    assert err.value.fix.endswith("; or evaluate without it: --set run.eval_rewards=tinyworld_fidelity")
+    kept = held_out_rewards(cfg, ("tinyworld_geneval", "tinyworld_fidelity"), torch.device("cpu"))
+    assert kept.names == ("tinyworld_geneval", "tinyworld_fidelity") and list(kept.rewards.rewards) == ["tinyworld_fidelity"]
