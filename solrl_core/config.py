@@ -204,8 +204,10 @@ class RunConfig:
                                       "(explore.compile, sampler.compile): max-autotune-no-cudagraphs (the official code's "
                                       "for its inference copies, configs/sol_rl/base.py:112: autotunes each GEMM, a longer "
                                       "compile; kept until a GPU measurement shows it slower than default: none has been "
-                                      "made) or default. The update's compiled blocks (optimizer.compile) use torch's "
-                                      "default mode: the official update runs eager, so it has no mode to follow.")
+                                      "made) or default. On CUDA only: a CPU compiles in torch's default mode (Inductor's "
+                                      "CPU max-autotune failed on the tiny model, regions.py). The update's compiled blocks "
+                                      "(optimizer.compile) use torch's default mode: the official update runs eager, so it "
+                                      "has no mode to follow.")
     tf32: bool = _f(True, "TF32 tensor cores for fp32 matmuls and convolutions on CUDA (torch.set_float32_matmul_precision "
                           "'high', torch.backends.cudnn.allow_tf32), set once when the device is resolved, for training "
                           "and every side tool, as the official base config and scripts (configs/sol_rl/base.py:25; "

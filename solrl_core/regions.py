@@ -36,6 +36,15 @@ RECOMPILE_LIMIT = 64
 UPDATE_COMPILE_MODE = "default"
 
 
+def compile_mode_for(mode: str, module: nn.Module) -> str:
+    """The mode `module` compiles in: `mode` on CUDA, torch's default on a CPU. On a CPU, Inductor's
+    max-autotune tries its C++ GEMM templates, and on the tiny model's compiled rollout copy it failed
+    (InductorError 'expected Y numel == epilogue numel', torch 2.14, tests/test_bench.py's compile
+    family) after printing its autotune tables; the official mode is a GPU setting."""
+    on_cuda = any(p.device.type == "cuda" for p in module.parameters())
+    return mode if on_cuda else "default"
+
+
 def repeated_blocks(module: nn.Module) -> list[nn.Module]:
     """The blocks to compile: the classes named in diffusers' `_repeated_blocks` where the model
     declares them, else the members of every ModuleList of two or more modules of one class (SANA's
@@ -56,8 +65,9 @@ def repeated_blocks(module: nn.Module) -> list[nn.Module]:
 
 class CompiledBlocks:
     """`module` with its repeated blocks torch.compile'd (the whole module where it has none), in
-    torch.compile's `mode` ('default': no mode passed). A backend other than Inductor (the tests'
-    aot_eager) ignores the mode with a logged warning."""
+    torch.compile's `mode` on CUDA ('default': no mode passed; on a CPU always the default, see
+    `compile_mode_for`). A backend other than Inductor (the tests' aot_eager) ignores a mode with a
+    logged warning."""
 
     def __init__(self, module: nn.Module, mode: str = "default", active: bool = True) -> None:
         import torch._dynamo
@@ -67,7 +77,8 @@ class CompiledBlocks:
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self.module = module
         self.regions = repeated_blocks(module) or [module]
-        options = {} if mode == "default" else {"mode": mode}
+        self.mode = compile_mode_for(mode, module)
+        options = {} if self.mode == "default" else {"mode": self.mode}
         self._compiled = [torch.compile(r._call_impl, **options) for r in self.regions]
         self.active = False
         if active:

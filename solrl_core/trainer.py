@@ -68,10 +68,11 @@ after its increment) are the official ones. Where this differs from it, and why:
 - The explore and rollout copies compile in the official mode, `max-autotune-no-cudagraphs`
   (`run.compile_mode`, configs/sol_rl/base.py:112), but block by block (regions.py) where the official
   code compiles each copy whole; the update's compiled blocks, which the official code does not have
-  (it runs the update eager), compile in torch's default mode. Whether the official mode is faster
-  than the default on a given GPU is unmeasured: `solrl bench --compile-mode default --compile-mode
-  max-autotune-no-cudagraphs` times both. TF32 is on for fp32 matmuls and convolutions on CUDA, as
-  in the official code (`run.tf32`, tf32.py).
+  (it runs the update eager), compile in torch's default mode, as does everything on a CPU, where
+  Inductor's max-autotune failed on the tiny model (regions.compile_mode_for). Whether the official
+  mode is faster than the default on a given GPU is unmeasured: `solrl bench --compile-mode default
+  --compile-mode max-autotune-no-cudagraphs` times both. TF32 is on for fp32 matmuls and
+  convolutions on CUDA, as in the official code (`run.tf32`, tf32.py).
 - Faults (solrl_core/faults): samples whose reward is NaN or infinite are left out of selection and
   the update (the official code would train on them), and an optimizer step whose gradient norm is
   not finite is skipped and counted (the official code zeroes non-finite losses and steps anyway),

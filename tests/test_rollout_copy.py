@@ -190,12 +190,18 @@ def test_kl_beta_zero_runs_no_reference_forward(fast_sets, monkeypatch):
 @pytest.mark.parametrize("sets, copies", [((), "max-autotune-no-cudagraphs"),  # the default: the official copies' mode
                                            (("run.compile_mode=default",), None)])
 def test_the_compile_mode_reaches_the_copies_and_the_update_compiles_in_default_mode(fast_sets, monkeypatch, sets, copies):
+    import solrl_core.regions as regions
+
     modes: list[str | None] = []
     monkeypatch.setattr(torch, "compile", lambda module, mode=None: modes.append(mode) or module)
+    real = regions.compile_mode_for
+    monkeypatch.setattr(regions, "compile_mode_for", lambda mode, module: mode)  # as on CUDA
     run = _session(fast_sets, *sets, "explore.compile=true", "sampler.compile=true", "optimizer.compile=true")
     blocks = len(repeated_blocks(run.engine.policy.transformer))
     # per block: explore copy and rollout copy in run.compile_mode, then the update in torch's default (no mode)
     assert blocks >= 2 and modes == [copies] * 2 * blocks + [None] * blocks
+    # on this CPU the modules themselves compile in torch's default mode
+    assert real("max-autotune-no-cudagraphs", run.engine.policy.transformer) == "default"
     with pytest.raises(SolrlError, match="run.compile_mode"):
         resolve_config("tiny", "sol_rl", sets=["run.compile_mode=reduce-overhead"]).validate()
 
