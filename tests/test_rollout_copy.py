@@ -226,7 +226,7 @@ def test_warm_up_sizes_are_the_batches_of_an_iteration(family, sets, sizes):
                                                "sampler.rollout_batch=24", "optimizer.micro_batch=16", *sets])
     plan = plan_stages(cfg, "fp32", "nvfp4-emulated" if family == "sol_rl" else "fp32")
     explore_copy = object() if plan.explore_precision != "fp32" else None
-    session = SimpleNamespace(config=cfg, plan=plan, world_size=1, explore_copy=explore_copy)
+    session = SimpleNamespace(config=cfg, plan=plan, world_size=1, engine=SimpleNamespace(explore_copy=explore_copy))
     got = warm_up_sizes(session)
     assert {k: got[k] for k in sizes} == sizes
 
