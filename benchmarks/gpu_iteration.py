@@ -12,6 +12,7 @@ family's, the strongest honest baseline (compiled bf16 rollouts, as the official
     python benchmarks/gpu_iteration.py                                  # SANA and FLUX on the GPU
     python benchmarks/gpu_iteration.py --models sana --json /tmp/it.json
     python benchmarks/gpu_iteration.py --size tiny --device cpu --n 8 --k 4   # the same code on a CPU
+    python benchmarks/gpu_iteration.py --models sana --compile-mode default max-autotune-no-cudagraphs
 
 The first `--warmup` iterations of each family are dropped. Random weights: speed and memory only.
 The work is `solrl bench`'s (solrl_core/bench/run.py), which also prints throughput and MFU per phase;
@@ -30,6 +31,7 @@ import torch
 from solrl_core import events as ev
 from solrl_core.telemetry.peaks import device_label
 from solrl_core.bench.run import BenchOptions, run_bench
+from solrl_core.config import COMPILE_MODES
 from solrl_core.errors import SolrlError
 
 FAMILIES = ("sol_rl", "naive_scaling", "compile")
@@ -50,14 +52,18 @@ def _printer(model: str) -> ev.Subscriber:
 
 
 def run_model(model: str, args: argparse.Namespace) -> list[dict]:
-    """`solrl bench` for one model, with the script's model names ("sana", "flux") in the rows."""
-    options = BenchOptions(model=PRESET[model], families=tuple(args.families), size=args.size, device=args.device, n=args.n,
-                           k=args.k, rollout_batch=args.rollout_batch, iterations=args.iterations, warmup=args.warmup,
-                           sets=tuple(args.sets))
-    bus = ev.EventBus()
-    bus.subscribe(_printer(model))
-    rows = run_bench(options, bus).rows
-    return [{**r, "model": model} for r in rows]
+    """`solrl bench` for one model, with the script's model names ("sana", "flux") in the rows; with
+    --compile-mode, once per mode, the mode in the row's name ("sana [default]")."""
+    rows: list[dict] = []
+    for mode in args.compile_mode or [None]:
+        label = model if mode is None else f"{model} [{mode}]"
+        options = BenchOptions(model=PRESET[model], families=tuple(args.families), size=args.size, device=args.device, n=args.n,
+                               k=args.k, rollout_batch=args.rollout_batch, iterations=args.iterations, warmup=args.warmup,
+                               sets=(*args.sets, *(() if mode is None else (f"run.compile_mode={mode}",))))
+        bus = ev.EventBus()
+        bus.subscribe(_printer(label))
+        rows += [{**r, "model": label} for r in run_bench(options, bus).rows]
+    return rows
 
 
 def report(rows: list[dict], device: str) -> None:
@@ -105,6 +111,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.KEY=VALUE")
     p.add_argument("--json", type=Path, metavar="PATH")
+    p.add_argument("--compile-mode", nargs="+", choices=COMPILE_MODES, metavar="MODE",
+                   help="run.compile_mode of the compiled copies, each timed in turn (default: the config's, "
+                        f"max-autotune-no-cudagraphs); choices: {', '.join(COMPILE_MODES)}")
     args = p.parse_args(argv)
     if args.iterations <= args.warmup:
         p.error("--iterations must exceed --warmup")

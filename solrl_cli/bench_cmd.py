@@ -31,6 +31,7 @@ Explore = Annotated[bool, typer.Option("--explore", help="Time one denoising ste
 Backends = Annotated[Optional[list[str]], typer.Option("--backend", help="--explore: a backend to time (repeatable; fp8-torchao too). Default: bf16, fp8, fp8-e5m2-tensor, nvfp4-emulated.")]
 Compile = Annotated[bool, typer.Option("--compile/--no-compile", help="--explore: also time each backend torch.compile'd block by block.")]
 NumericsOnly = Annotated[bool, typer.Option("--numerics-only", help="--explore on a CPU: run fp8 through torch's CPU reference kernel (exact numerics, no speed-up) instead of skipping it.")]
+CompileModes = Annotated[Optional[list[str]], typer.Option("--compile-mode", help="torch.compile mode of the compiled copies (run.compile_mode; repeatable: each mode timed in turn, e.g. --compile-mode default --compile-mode max-autotune-no-cudagraphs). Default: the config's, max-autotune-no-cudagraphs.")]
 SkipMemoryCheck = Annotated[bool, typer.Option("--skip-memory-check", help="--size real: build even when the doctor's (approximate) memory estimate says a family does not fit.")]
 PHASE_ROWS = ("explore", "regenerate", "reward", "train", "sync", "total")
 MODEL_PHASES = ("explore", "regenerate", "train")
@@ -41,7 +42,7 @@ def bench(
     k: K = None, micro_batch: MicroBatch = None, rollout_batch: RolloutBatch = None, iterations: Iterations = None,
     warmup: Warmup = None, set_: opt.Sets = None, json_out: JsonOut = None, explore: Explore = False,
     backend: Backends = None, compile_: Compile = True, numerics_only: NumericsOnly = False,
-    skip_memory_check: SkipMemoryCheck = False,
+    skip_memory_check: SkipMemoryCheck = False, compile_mode: CompileModes = None,
 ) -> None:
     """Time Sol-RL against its baselines on this machine before any download: random weights at the published size."""
     from solrl_core import events as ev
@@ -56,22 +57,31 @@ def bench(
         if explore:
             options = explore_options(model=model, size=size, device=device, n=n, batch=rollout_batch, calls=iterations,
                                       warmup=warmup, backends=backend, compile=compile_, numerics_only=numerics_only,
-                                      unused={"--family": family, "--k": k, "--micro-batch": micro_batch, "--set": set_})
+                                      unused={"--family": family, "--k": k, "--micro-batch": micro_batch, "--set": set_,
+                                              "--compile-mode": compile_mode})
             with console.status("solrl bench --explore: starting") as status:
                 bus.subscribe(lambda e: _progress(e, status))
                 result = run_explore(options, bus)
             _explore_report(result.to_dict())
         else:
-            options = BenchOptions(model=model or "sana", families=tuple(family or FAMILIES), size=size, device=device or "auto",
-                                   n=n, k=k, micro_batch=micro_batch, rollout_batch=rollout_batch, iterations=iterations or BenchOptions.iterations,
-                                   warmup=1 if warmup is None else warmup, sets=tuple(set_ or ()),
-                                   check_memory=not skip_memory_check)
-            with console.status("solrl bench: starting") as status:
-                bus.subscribe(lambda e: _progress(e, status))
-                result = run_bench(options, bus)
-            _report(result.to_dict())
+            results = []
+            for mode in compile_mode or [None]:  # each mode a bench of its own, one after the other
+                mode_set = () if mode is None else (f"run.compile_mode={mode}",)
+                options = BenchOptions(model=model or "sana", families=tuple(family or FAMILIES), size=size, device=device or "auto",
+                                       n=n, k=k, micro_batch=micro_batch, rollout_batch=rollout_batch, iterations=iterations or BenchOptions.iterations,
+                                       warmup=1 if warmup is None else warmup, sets=(*(set_ or ()), *mode_set),
+                                       check_memory=not skip_memory_check)
+                with console.status(f"solrl bench: starting{f' (compile mode {mode})' if mode else ''}") as status:
+                    bus = ev.EventBus()
+                    bus.subscribe(lambda e: _progress(e, status))
+                    result = run_bench(options, bus)
+                if mode is not None:
+                    console.print(f"\n[bold]compile mode {mode}[/bold] (the compiled explore and rollout copies)")
+                _report(result.to_dict())
+                results.append(result.to_dict())
         if json_out:
-            json_out.write_text(json.dumps(result.to_dict(), indent=2))
+            data = results if not explore and len(results) > 1 else result.to_dict()
+            json_out.write_text(json.dumps(data, indent=2))
             console.print(f"json: {json_out}")
 
 
@@ -104,6 +114,9 @@ def _report(result: dict[str, Any]) -> None:
     console.print(f"\n{m['preset']} at {m['size']} size ({_count(m['parameters'])} parameters, random weights), N={o['n']} K={o['k']}, "
                   f"one prompt group; median of {rows[0]['iterations_measured']} iteration(s) after {o['warmup']} warm-up, "
                   f"the spread (fastest-slowest) under it; on {where}")
+    for r in rows:  # what the auto switches chose per family, TF32 included on CUDA (plan.MachinePlan.describe)
+        if r.get("machine"):
+            console.print(f"  {r['family']}: {r['machine']}", highlight=False)
     real = any(r["estimate_gib"] is not None for r in rows)  # the doctor's estimate is of the real model
     seconds = _table("seconds per iteration", ("family", "explore", "regen", "reward", "train", "sync", "total", "peak GiB",
                                                 *(("doctor est",) if real else ())))

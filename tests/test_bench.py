@@ -197,3 +197,20 @@ def test_the_default_tiny_bench_times_three_families_against_compile(tmp_path):
     assert rows["compile"]["compile_seconds"] and rows["compile"]["vs_compile"] is None
     assert rows["sol_rl"]["vs_compile"]["total"] > 0 and "vs compile: total" in result.output
     assert dataclasses.asdict(bench_run.BenchOptions(size="tiny").resolved())["n"] == 8
+
+
+def test_a_compile_mode_is_refused_with_explore():
+    result = runner.invoke(app, ["bench", "--explore", "--size", "tiny", "--device", "cpu", "--compile-mode", "default"])
+    assert result.exit_code != 0 and "--compile-mode does not apply to --explore" in result.output
+
+
+@pytest.mark.slow
+def test_each_compile_mode_is_benched_in_turn(tmp_path):
+    out = tmp_path / "modes.json"
+    result = runner.invoke(app, ["bench", "--size", "tiny", "--device", "cpu", "--family", "sol_rl", "--n", "4", "--k", "2",
+                                 "--rollout-batch", "4", "--iterations", "2", "--json", str(out),
+                                 "--compile-mode", "default", "--compile-mode", "max-autotune-no-cudagraphs"])
+    assert result.exit_code == 0, result.output
+    assert "compile mode default" in result.output and "compile mode max-autotune-no-cudagraphs" in result.output
+    runs = json.loads(out.read_text())
+    assert [r["rows"][0]["compile_mode"] for r in runs] == ["default", "max-autotune-no-cudagraphs"]

@@ -42,3 +42,15 @@ def test_ratios_are_against_the_compile_family(gpu_iteration, capsys):
     text = capsys.readouterr().out
     assert "sol_rl vs compile: total 1.50x, rollout (explore + regenerate) 2.00x" in text
     assert "1.00       12.50  -" in text and "doctor est" in text  # the estimate next to the measured peak
+
+
+def test_each_compile_mode_is_timed_in_turn(gpu_iteration, tmp_path):
+    out = tmp_path / "modes.json"
+    gpu_iteration.main(["--size", "tiny", "--device", "cpu", "--models", "sana", "--families", "sol_rl", "--n", "4", "--k", "2",
+                        "--rollout-batch", "4", "--iterations", "2", "--warmup", "1", "--json", str(out),
+                        "--compile-mode", "default", "max-autotune-no-cudagraphs"])
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["model"], r["compile_mode"]) for r in rows] == [("sana [default]", "default"),
+                                                              ("sana [max-autotune-no-cudagraphs]", "max-autotune-no-cudagraphs")]
+    with pytest.raises(SystemExit):
+        gpu_iteration.main(["--compile-mode", "reduce-overhead"])

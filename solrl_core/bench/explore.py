@@ -14,7 +14,7 @@ min-dim is scaled by the tiny width over the real one at tiny size, so the same 
                      (only when asked and torchao imports; it leaves SANA's 1x1-conv feed-forward in bf16)
 
 Each backend eager and, with `compile`, torch.compile'd block by block as solrl compiles its copies
-(regions.py). A quantized backend's refresh (load the merged weights, re-quantize) is timed too and
+(regions.py), in the default run.compile_mode. A quantized backend's refresh (load the merged weights, re-quantize) is timed too and
 set against one prompt group's explore forwards (derived: step time x explore steps x N / batch).
 Each output is compared with the bf16 output on the same inputs (relative RMS error): a check that
 the kernels compute the right thing on this device, not a quality figure.
@@ -181,11 +181,13 @@ def measure_model(preset: str, options: ExploreOptions, device: torch.device, bu
 
 
 def _steps(m: _Model, backend: str, what: str) -> list[dict[str, Any]]:
+    from solrl_core.config import RunConfig
     from solrl_core.regions import CompiledBlocks
 
     rows = []
     for compiled in ((False, True) if m.options.compile else (False,)):
-        fn = CompiledBlocks(m.net, active=False) if compiled else m.net  # as the explore copy compiles: block by block
+        # as the explore copy compiles: block by block, in run.compile_mode's default (the official mode)
+        fn = CompiledBlocks(m.net, RunConfig().compile_mode, active=False) if compiled else m.net
         label = backend + (" +compile" if compiled else "")
         try:
             with torch.no_grad():
