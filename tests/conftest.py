@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# A cache of our own for the whole session and its subprocesses: a prompt set a user's machine once
+# downloaded (~/.cache/solrl/prompts) must not let a test pass there that fails on a fresh machine.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="solrl-test-cache-")
 
 # Small enough that one iteration takes well under a second on 2 CPU cores.
 FAST = (

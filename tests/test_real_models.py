@@ -31,7 +31,8 @@ LATENT_SIDE = {"qwen_image": 8, "flux2_klein": 8}
 FAST = ("model.resolution=32", "model.lora_rank=4", "model.lora_alpha=8", "explore.group_size=4", "selection.group_size=2",
         "explore.steps=1", "sampler.steps=2", "sampler.eval_steps=2", "run.prompts_per_iteration=1", "run.iterations=1",
         "sampler.rollout_batch=4", "optimizer.micro_batch=2", "algorithm.timestep_fraction=0.5", "run.threads=2",
-        "run.device=cpu", "run.prompts=tiny")
+        "run.device=cpu", "run.prompts=tiny",
+        "run.eval_prompts=")  # no evaluation: the presets' pickscore_test would need a download
 
 
 def _marked(slow: tuple[str, ...]) -> list:  # type: ignore[type-arg]
