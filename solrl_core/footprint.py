@@ -36,6 +36,10 @@ MODEL_SIZES = {
     "flux2": ModelSize("FLUX.2 [klein] 4B + Qwen3-4B + FLUX.2 VAE", 3.9, 4.0, 0.08, 16.0, 0.3, 3.0),
     "zimage": ModelSize("Z-Image 6B + Qwen3-4B + FLUX VAE", 6.2, 4.0, 0.08, 21.0, 0.4, 4.0),
     "qwen_image": ModelSize("Qwen-Image 20B + Qwen2.5-VL-7B + Qwen-Image VAE", 20.4, 8.3, 0.13, 58.0, 1.0, 10.1),
+    # Wan 2.1 T2V 1.3B: parameters of the published configs (transformer 1.42B, UMT5-XXL encoder 5.7B,
+    # VAE 0.13B); the download is an estimate of their weights' files; activations scaled from SANA's by
+    # tokens (a 256px 5-frame clip is 512 tokens, SANA's 1024px image 1024): APPROXIMATE, unmeasured.
+    "wan": ModelSize("Wan 2.1 T2V 1.3B + UMT5-XXL + Wan VAE", 1.42, 5.7, 0.13, 29.0, 0.2, 1.8),
 }
 MODEL_SIZES_BY_HUB_ID = {
     "Efficient-Large-Model/Sana_600M_1024px_diffusers":

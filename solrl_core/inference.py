@@ -79,9 +79,12 @@ def infer(engine: Engine, req: InferRequest, bus: ev.EventBus) -> Path:
 
 
 def save_png(image: torch.Tensor, path: Path) -> None:
+    """An image [3, H, W], or a clip [F, 3, H, W] as its contact sheet (frames in a row)."""
     from PIL import Image
 
-    Image.fromarray(to_uint8(image)).save(path)
+    from solrl_core.video_output import still
+
+    Image.fromarray(to_uint8(still(image))).save(path)
 
 
 def to_uint8(image: torch.Tensor):  # noqa: ANN201 - numpy array [H, W, 3]
@@ -95,6 +98,9 @@ def make_grid(columns: dict[str, torch.Tensor], min_cell: int = 128, rows: list[
     (its prompt, seed); `captions`: a line under each image of a column (its reward)."""
     from PIL import Image, ImageDraw
 
+    from solrl_core.video_output import stills
+
+    columns = {name: stills(batch) for name, batch in columns.items()}  # a clip: its frames in a row
     names = list(columns)
     count, _, h, w = columns[names[0]].shape
     scale = max(1, -(-min_cell // max(h, w)))

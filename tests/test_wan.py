@@ -1,0 +1,161 @@
+"""Wan 2.1 text-to-video on a tiny random WanPipeline of the real architecture (WanTransformer3DModel,
+AutoencoderKLWan, a UMT5 encoder with a local tokenizer), saved in the hub's diffusers layout and
+loaded back through the loader a hub download takes: rollout parity with WanPipeline, the explore
+copy's layer rule on the published 1.3B configuration, `solrl explore`, one sol_rl iteration with an
+image reward scored on frames, resume, and the exported LoRA in WanPipeline.load_lora_weights."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from solrl_core import events as ev
+from solrl_core.errors import SolrlError
+from solrl_core.models import load_model
+from solrl_core.presets import resolve_config
+from solrl_core.sampler import noise_for_seeds, sample, sigma_grid
+from solrl_core.trainer import StopFlag, train
+from tests.tiny_pipelines import save_tiny_pipeline
+
+NAME = "wan21_t2v_1_3b"
+CPU = torch.device("cpu")
+FAST = ("model.resolution=32", "model.lora_rank=4", "model.lora_alpha=8", "explore.group_size=4", "selection.group_size=2",
+        "explore.steps=1", "sampler.steps=2", "sampler.eval_steps=2", "run.prompts_per_iteration=1", "run.iterations=1",
+        "sampler.rollout_batch=4", "optimizer.micro_batch=2", "algorithm.timestep_fraction=0.5", "run.threads=2",
+        "run.device=cpu", "run.prompts=tiny", "run.eval_prompts=tiny", "run.eval_rewards=jpeg_incompressibility",
+        "model.quant_min_dim=0")
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    return save_tiny_pipeline(NAME, tmp_path_factory.mktemp("wan") / NAME)
+
+
+def _config(folder, *extra: str, reward: str = "jpeg_compressibility"):  # type: ignore[no-untyped-def]
+    return resolve_config(NAME, "sol_rl", reward, sets=[*FAST, f"model.path={folder}", *extra])
+
+
+def test_rollout_matches_wan_pipeline(folder):
+    # Same prompt, same noise, same sigmas: encode + velocity + Euler + decode give WanPipeline's own
+    # latents and frames. Pins the timestep scale (sigma * 1000), the padded UMT5 embeddings, the
+    # latent frame count and the VAE's latents_mean / latents_std.
+    from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
+
+    model = load_model(_config(folder).model, CPU, torch.float32)
+    assert model.latent_shape == (4, 2, 4, 4) and model.frames == 5 and model.media == "video"
+    prompts = ["a red circle", "two blue squares"]
+    noise = noise_for_seeds([3, 4], model.latent_shape, CPU)
+    sigmas = sigma_grid(2, 1.0, "scheduler")  # FlowMatchEulerDiscreteScheduler().set_timesteps(2)
+    ours = sample(lambda x, s, c: model.velocity(model.transformer, x, s, c), noise, model.encode(prompts), sigmas)
+    pipe = WanPipeline.from_pretrained(str(folder))
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler()
+    kwargs = dict(num_inference_steps=2, guidance_scale=1.0, height=32, width=32, num_frames=5, latents=noise)
+    theirs = pipe(prompt=list(prompts), output_type="latent", **kwargs)[0]
+    assert torch.allclose(ours, theirs, atol=1e-5), (ours - theirs).abs().max()
+    frames = pipe(prompt=list(prompts), output_type="pt", **kwargs)[0]  # [B, F, 3, H, W] in [0, 1]
+    clips = model.decode(ours)
+    assert clips.shape == (2, 5, 3, 32, 32)
+    assert torch.allclose(clips, frames, atol=1e-4), (clips - frames).abs().max()
+
+
+def test_the_explore_rule_quantizes_every_block_linear_of_the_published_1_3b():
+    import diffusers
+
+    from solrl_core.precision.quantize import LayerRule, plan_layers
+
+    with torch.device("meta"):  # Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer/config.json
+        model = diffusers.WanTransformer3DModel(
+            patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
+            text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
+            eps=1e-6, rope_max_seq_len=1024)
+    assert round(sum(p.numel() for p in model.parameters()) / 1e9, 2) == 1.42  # the footprint's transformer size
+    entries = plan_layers(model, LayerRule.of(resolve_config(NAME, "sol_rl").model))
+    kept = {e.name.split(".")[0] for e in entries if not e.quantized}
+    quantized = {".".join(e.name.split(".")[2:]) for e in entries if e.quantized}
+    assert kept == {"condition_embedder", "proj_out"}  # the patch embedding is a Conv3d: never a GEMM here
+    assert all(e.name.startswith("blocks.") for e in entries if e.quantized)
+    assert quantized == {"attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0", "attn2.to_q", "attn2.to_k",
+                         "attn2.to_v", "attn2.to_out.0", "ffn.net.0.proj", "ffn.net.2"}
+
+
+def test_frames_and_rewards_must_fit_the_model():
+    with pytest.raises(SolrlError, match="model.frames=6 does not fit the Wan VAE"):
+        from solrl_core.models.wan import latent_frames
+
+        latent_frames(6, 4)
+    with pytest.raises(SolrlError, match="the wan loader makes videos"):
+        resolve_config(NAME, "sol_rl", sets=["model.frames=0"]).validate()
+    with pytest.raises(SolrlError, match="applies to the video loaders"):
+        resolve_config("sana", "sol_rl", sets=["model.frames=5"]).validate()
+    with pytest.raises(SolrlError, match="tinyworld_geneval' judges only the tiny world's still images") as err:
+        resolve_config(NAME, "sol_rl", "tinyworld_geneval").validate()
+    assert "\n" not in str(err.value)
+    with pytest.raises(SolrlError, match="unknown reward.frame_reduce 'median'"):
+        resolve_config(NAME, "sol_rl", sets=["reward.frame_reduce=median"]).validate()
+    resolve_config(NAME, "sol_rl", "imagereward").validate()  # an image reward on a video model: scored on frames
+
+
+def test_explore_writes_ranked_seeds_and_a_contact_sheet_grid(folder, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from solrl_cli.app import app
+
+    monkeypatch.chdir(tmp_path)
+    sets = [a for s in FAST if not s.startswith(("explore.group_size", "selection.group_size")) for a in ("--set", s)]
+    result = CliRunner().invoke(app, ["explore", "--model", NAME, "--model-path", str(folder), "--reward", "jpeg_compressibility",
+                                      "--prompts", "tiny", "--n", "4", "--k", "2", "--out", "ex", *sets])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "ex" / "seeds.jsonl").read_text().splitlines()]
+    assert len(rows) % 4 == 0 and sum(r["selected"] for r in rows) == len(rows) // 2
+    from PIL import Image
+
+    with Image.open(tmp_path / "ex" / "grid.png") as grid:  # each cell a clip's 5 frames in a row
+        assert grid.width > 2 * 5 * 32
+
+
+@pytest.mark.slow  # about 37 s on a 2-core CPU: a run, a resume and two exports
+def test_one_iteration_resumes_and_exports_a_lora_wan_pipeline_loads(folder, tmp_path, monkeypatch):
+    from diffusers import WanPipeline, WanTransformer3DModel
+    from typer.testing import CliRunner
+
+    from solrl_cli.app import app
+
+    # run.seed=1, as the image models' test: a seed whose two kept clips do not tie on JPEG size.
+    sets = [f"run.run_dir={tmp_path / 'run'}", "run.seed=1", "run.checkpoint_every=1"]
+    seen: list[object] = []
+    bus = ev.EventBus()
+    bus.subscribe(seen.append)
+    session = train(_config(folder, *sets), bus, stop=StopFlag())
+    (it,) = [e for e in seen if isinstance(e, ev.IterationFinished)]
+    assert np.isfinite(it.loss["loss"]) and it.final.std > 0 and it.grad_norm > 0, "nothing was trained"
+    report = json.loads((tmp_path / "run" / "quantization_report.json").read_text())
+    quantized = {e["name"] for e in report["entries"] if e["quantized"]}
+    assert "blocks.0.ffn.net.0.proj" in quantized and "blocks.1.attn1.to_q" in quantized, report["skipped_by_rule"]
+    assert (tmp_path / "run" / "checkpoints" / "iter_000001" / "pytorch_lora_weights.safetensors").is_file()
+
+    resumed: list[object] = []
+    bus = ev.EventBus()
+    bus.subscribe(resumed.append)
+    train(_config(folder, *sets, "run.iterations=2"), bus, resume=True, stop=StopFlag())
+    assert [e.iteration for e in resumed if isinstance(e, ev.IterationFinished)] == [2]
+
+    monkeypatch.chdir(tmp_path)
+    runner = CliRunner()
+    for extra in ([], ["--merge"]):
+        result = runner.invoke(app, ["export", "run", "--weights", "trained", *extra])
+        assert result.exit_code == 0, result.output
+    pipe = WanPipeline.from_pretrained(str(folder))
+    pipe.load_lora_weights(str(tmp_path / "run/export/iter_000002-trained"))
+    merged = WanTransformer3DModel.from_pretrained(str(tmp_path / "run/export/iter_000002-trained-merged"), subfolder="transformer")
+    plain = WanTransformer3DModel.from_pretrained(str(folder), subfolder="transformer")
+    engine = session.run.engine
+    cond = engine.conditioning(["a red circle"])
+    x, s = torch.randn(1, *engine.model.latent_shape), torch.tensor([0.7])
+    v = lambda net: engine.model.velocity(net, x, s, cond)  # noqa: E731
+    with torch.no_grad():
+        by_lora, by_merged, untuned = v(pipe.transformer), v(merged), v(plain)
+    assert torch.allclose(by_lora, by_merged, atol=1e-5), (by_lora - by_merged).abs().max()
+    assert not torch.allclose(by_lora, untuned, atol=1e-6)
