@@ -97,6 +97,12 @@ def _clipscore(ctx: Any) -> Any:
     return ClipScore.load(ctx)
 
 
+def _temporal(ctx: Any) -> Any:
+    from solrl_core.rewards.temporal import TemporalConsistency
+
+    return TemporalConsistency.load(ctx)
+
+
 def _hpsv2(ctx: Any) -> Any:
     from solrl_core.rewards.hpsv2 import HPSv2
 
@@ -131,6 +137,12 @@ BUILTINS: tuple[RewardInfo, ...] = (
                hub_files=((_CLIP_L, ("config.json",)), (_CLIP_L, _WEIGHTS), (_CLIP_L, ("preprocessor_config.json",)),
                           (_CLIP_L, _TOKENIZER)),
                local_files=("config.json",), download_gb=1.7, memory_gib=1.6),
+    RewardInfo("temporal_consistency", "Video: mean cosine similarity of consecutive frames' CLIP ViT-L/14 image features, "
+               "in [-1, 1]; weigh it against an image reward (alone, a still clip maximises it)", _temporal,
+               weights=f"hub {_CLIP_L}", media="video",
+               hub_files=((_CLIP_L, ("config.json",)), (_CLIP_L, _WEIGHTS), (_CLIP_L, ("preprocessor_config.json",)),
+                          (_CLIP_L, _TOKENIZER)),
+               local_files=("config.json",), download_gb=1.7, memory_gib=1.6, best=1.0),
     RewardInfo("hpsv2", "HPS v2.1 through open_clip ViT-H-14: image . text features", _hpsv2,
                weights="hub xswu/HPSv2 (HPS_v2.1_compressed.pt)", extra="rewards",
                hub_files=(("xswu/HPSv2", ("HPS_v2.1_compressed.pt",)),), local_files=("HPS_v2.1_compressed.pt",),
