@@ -52,7 +52,9 @@ class InferRequest:
 
 def infer(engine: Engine, req: InferRequest, bus: ev.EventBus) -> Path:
     """Write every image as PNG, `images.jsonl` (weights, prompt, seed, path) and `grid.png`
-    (one row per (prompt, seed), one column per weight set). Returns the JSONL path."""
+    (one row per (prompt, seed), one column per weight set). A video model's clip is written as an
+    animated GIF (the row's `video`) and as a PNG contact sheet of its frames in a row (`path`), and
+    the grid shows the contact sheets. Returns the JSONL path."""
     req.out_dir.mkdir(parents=True, exist_ok=True)
     per = len(req.seeds)
     flat = [p for p in req.prompts for _ in range(per)]
@@ -67,9 +69,14 @@ def infer(engine: Engine, req: InferRequest, bus: ev.EventBus) -> Path:
             for i, prompt in enumerate(flat):
                 path = req.out_dir / weights / f"{i // per:03d}_seed{int(seeds[i])}.png"
                 path.parent.mkdir(exist_ok=True)
-                save_png(images[i], path)
-                rows.write(json.dumps({"weights": weights, "prompt": prompt, "seed": int(seeds[i]),
-                                       "path": str(path.relative_to(req.out_dir))}) + "\n")
+                save_png(images[i], path)  # a clip: its contact sheet, frames in a row
+                row = {"weights": weights, "prompt": prompt, "seed": int(seeds[i]), "path": str(path.relative_to(req.out_dir))}
+                if images.dim() == 5:  # a video model: the clip itself too
+                    from solrl_core.video_output import save_gif
+
+                    save_gif(images[i], path.with_suffix(".gif"))
+                    row["video"] = str(path.with_suffix(".gif").relative_to(req.out_dir))
+                rows.write(json.dumps(row) + "\n")
             bus.emit(ev.ImagesWritten(weights=weights, count=len(flat), seconds=time.perf_counter() - t0,
                                       folder=str(req.out_dir / weights)))
     if req.grid:

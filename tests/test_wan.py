@@ -116,6 +116,28 @@ def test_explore_writes_ranked_seeds_and_a_contact_sheet_grid(folder, tmp_path, 
         assert grid.width > 2 * 5 * 32
 
 
+def test_infer_writes_each_clip_as_a_gif_and_a_contact_sheet(folder, tmp_path, monkeypatch):
+    from PIL import Image
+    from typer.testing import CliRunner
+
+    from solrl_cli.app import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["infer", "--model", NAME, "--model-path", str(folder), "--prompt", "a red circle",
+                                      "--seeds", "2", "--steps", "2", "--out", "clips", "--set", "model.resolution=32",
+                                      "--set", "run.device=cpu"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in (tmp_path / "clips" / "images.jsonl").read_text().splitlines()]
+    assert [r["seed"] for r in rows] == [0, 1]
+    for row in rows:
+        with Image.open(tmp_path / "clips" / row["video"]) as gif:
+            assert gif.n_frames == 5 and gif.size == (32, 32)
+        with Image.open(tmp_path / "clips" / row["path"]) as sheet:
+            assert sheet.size == (5 * 32, 32)  # the five frames in a row
+    with Image.open(tmp_path / "clips" / "grid.png") as grid:
+        assert grid.width > 5 * 32
+
+
 @pytest.mark.slow  # about 37 s on a 2-core CPU: a run, a resume and two exports
 def test_one_iteration_resumes_and_exports_a_lora_wan_pipeline_loads(folder, tmp_path, monkeypatch):
     from diffusers import WanPipeline, WanTransformer3DModel
