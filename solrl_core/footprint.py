@@ -46,6 +46,9 @@ MODEL_SIZES_BY_HUB_ID = {
         ModelSize("SANA 0.6B + Gemma2-2B text encoder + DC-AE", 0.6, 2.6, 0.32, 10.0, 0.2, 2.0),
     "stabilityai/stable-diffusion-3.5-medium":
         ModelSize("SD3.5-Medium 2.5B + T5-XXL + CLIP-L + CLIP-G", 2.24, 5.6, 0.08, 17.0, 0.3, 3.0),
+    # The 14B transformer (14.29B parameters, tests/test_wan.py) with the 1.3B's encoder and VAE; activations
+    # the 1.3B's scaled by width x depth (5120 x 40 against 1536 x 30): APPROXIMATE, unmeasured.
+    "Wan-AI/Wan2.1-T2V-14B-Diffusers": ModelSize("Wan 2.1 T2V 14B + UMT5-XXL + Wan VAE", 14.29, 5.7, 0.13, 80.0, 0.9, 8.0),
 }
 # A reward's download and memory are declared with the reward (rewards/registry.py).
 

@@ -33,7 +33,10 @@ def test_every_shipped_preset_file_resolves_and_validates(preset):
     every setting it makes reaches the config unless a later default part sets it too."""
     where = f"{preset.kind}/{preset.name}"
     assert preset.description, f"{where} has no description for `solrl presets`"
-    cfg = resolve_config(**{ARGUMENT[preset.kind]: preset.name})
+    parts = {ARGUMENT[preset.kind]: preset.name}
+    if preset.kind == "rewards" and not _judges(preset.name, video=False):  # a video reward: with a video model
+        parts["model"] = "wan21_t2v_1_3b"
+    cfg = resolve_config(**parts)
     later = list(ARGUMENT)[list(ARGUMENT).index(preset.kind) + 1:]
     shadowed = {key for kind in later if DEFAULTS[kind] for key in _settings(get_preset(kind, DEFAULTS[kind]).values)}
     resolved = _settings(to_dict(cfg))

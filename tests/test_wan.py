@@ -38,13 +38,14 @@ def _config(folder, *extra: str, reward: str = "jpeg_compressibility"):  # type:
     return resolve_config(NAME, "sol_rl", reward, sets=[*FAST, f"model.path={folder}", *extra])
 
 
-def test_rollout_matches_wan_pipeline(folder):
+@pytest.mark.parametrize("name", [NAME, "wan21_t2v_14b"])
+def test_rollout_matches_wan_pipeline(name, folder):
     # Same prompt, same noise, same sigmas: encode + velocity + Euler + decode give WanPipeline's own
     # latents and frames. Pins the timestep scale (sigma * 1000), the padded UMT5 embeddings, the
     # latent frame count and the VAE's latents_mean / latents_std.
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
 
-    model = load_model(_config(folder).model, CPU, torch.float32)
+    model = load_model(resolve_config(name, "sol_rl", sets=[*FAST, f"model.path={folder}"]).model, CPU, torch.float32)
     assert model.latent_shape == (4, 2, 4, 4) and model.frames == 5 and model.media == "video"
     prompts = ["a red circle", "two blue squares"]
     noise = noise_for_seeds([3, 4], model.latent_shape, CPU)
@@ -61,18 +62,21 @@ def test_rollout_matches_wan_pipeline(folder):
     assert torch.allclose(clips, frames, atol=1e-4), (clips - frames).abs().max()
 
 
-def test_the_explore_rule_quantizes_every_block_linear_of_the_published_1_3b():
+@pytest.mark.parametrize("name, heads, ffn, layers, size", [(NAME, 12, 8960, 30, 1.42), ("wan21_t2v_14b", 40, 13824, 40, 14.29)])
+def test_the_explore_rule_quantizes_every_block_linear_of_the_published_models(name, heads, ffn, layers, size):
     import diffusers
 
+    from solrl_core.footprint import model_size
     from solrl_core.precision.quantize import LayerRule, plan_layers
 
-    with torch.device("meta"):  # Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer/config.json
+    with torch.device("meta"):  # Wan-AI/Wan2.1-T2V-1.3B-Diffusers and -14B-Diffusers transformer/config.json
         model = diffusers.WanTransformer3DModel(
-            patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
-            text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True, qk_norm="rms_norm_across_heads",
-            eps=1e-6, rope_max_seq_len=1024)
-    assert round(sum(p.numel() for p in model.parameters()) / 1e9, 2) == 1.42  # the footprint's transformer size
-    entries = plan_layers(model, LayerRule.of(resolve_config(NAME, "sol_rl").model))
+            patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=128, in_channels=16, out_channels=16,
+            text_dim=4096, freq_dim=256, ffn_dim=ffn, num_layers=layers, cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
+    cfg = resolve_config(name, "sol_rl")
+    assert round(sum(p.numel() for p in model.parameters()) / 1e9, 2) == size == model_size(cfg).transformer_b
+    entries = plan_layers(model, LayerRule.of(cfg.model))
     kept = {e.name.split(".")[0] for e in entries if not e.quantized}
     quantized = {".".join(e.name.split(".")[2:]) for e in entries if e.quantized}
     assert kept == {"condition_embedder", "proj_out"}  # the patch embedding is a Conv3d: never a GEMM here
