@@ -49,6 +49,9 @@ MODEL_SIZES_BY_HUB_ID = {
     # The 14B transformer (14.29B parameters, tests/test_wan.py) with the 1.3B's encoder and VAE; activations
     # the 1.3B's scaled by width x depth (5120 x 40 against 1536 x 30): APPROXIMATE, unmeasured.
     "Wan-AI/Wan2.1-T2V-14B-Diffusers": ModelSize("Wan 2.1 T2V 14B + UMT5-XXL + Wan VAE", 14.29, 5.7, 0.13, 80.0, 0.9, 8.0),
+    # The 5.00B transformer (tests/test_wan.py), the same encoder, the Wan 2.2 VAE (size an estimate); activations
+    # the 1.3B's scaled by width (3072 against 1536) at about the same tokens: APPROXIMATE, unmeasured.
+    "Wan-AI/Wan2.2-TI2V-5B-Diffusers": ModelSize("Wan 2.2 TI2V 5B + UMT5-XXL + Wan 2.2 VAE", 5.0, 5.7, 0.7, 34.0, 0.4, 3.6),
 }
 # A reward's download and memory are declared with the reward (rewards/registry.py).
 

@@ -1,8 +1,9 @@
 """Wan 2.1 text-to-video on a tiny random WanPipeline of the real architecture (WanTransformer3DModel,
 AutoencoderKLWan, a UMT5 encoder with a local tokenizer), saved in the hub's diffusers layout and
-loaded back through the loader a hub download takes: rollout parity with WanPipeline, the explore
-copy's layer rule on the published 1.3B configuration, `solrl explore`, one sol_rl iteration with an
-image reward scored on frames, resume, and the exported LoRA in WanPipeline.load_lora_weights."""
+loaded back through the loader a hub download takes, and a tiny Wan 2.2 TI2V pipeline likewise:
+rollout parity with WanPipeline, the explore copy's layer rule on the published configurations, `solrl explore`, one sol_rl iteration with an
+image reward scored on frames, resume, the exported LoRA in WanPipeline.load_lora_weights, and
+`solrl infer`'s GIFs and contact sheets."""
 
 from __future__ import annotations
 
@@ -34,19 +35,24 @@ def folder(tmp_path_factory):
     return save_tiny_pipeline(NAME, tmp_path_factory.mktemp("wan") / NAME)
 
 
-def _config(folder, *extra: str, reward: str = "jpeg_compressibility"):  # type: ignore[no-untyped-def]
-    return resolve_config(NAME, "sol_rl", reward, sets=[*FAST, f"model.path={folder}", *extra])
+@pytest.fixture(scope="module")
+def folders(folder, tmp_path_factory):
+    """Per preset, its tiny pipeline: the Wan 2.1 presets share one architecture, Wan 2.2 TI2V has its own."""
+    ti2v = save_tiny_pipeline("wan22_ti2v_5b", tmp_path_factory.mktemp("wan22") / "wan22_ti2v_5b")
+    return {NAME: folder, "wan21_t2v_14b": folder, "wan22_ti2v_5b": ti2v}
 
 
-@pytest.mark.parametrize("name", [NAME, "wan21_t2v_14b"])
-def test_rollout_matches_wan_pipeline(name, folder):
+@pytest.mark.parametrize("name, latent_shape", [(NAME, (4, 2, 4, 4)), ("wan21_t2v_14b", (4, 2, 4, 4)),
+                                                 ("wan22_ti2v_5b", (48, 2, 2, 2))])
+def test_rollout_matches_wan_pipeline(name, latent_shape, folders):
     # Same prompt, same noise, same sigmas: encode + velocity + Euler + decode give WanPipeline's own
-    # latents and frames. Pins the timestep scale (sigma * 1000), the padded UMT5 embeddings, the
-    # latent frame count and the VAE's latents_mean / latents_std.
+    # latents and frames. Pins the timestep scale (sigma * 1000; per token for Wan 2.2 TI2V), the padded
+    # UMT5 embeddings, the latent frame count and the VAE's latents_mean / latents_std.
     from diffusers import FlowMatchEulerDiscreteScheduler, WanPipeline
 
+    folder = folders[name]
     model = load_model(resolve_config(name, "sol_rl", sets=[*FAST, f"model.path={folder}"]).model, CPU, torch.float32)
-    assert model.latent_shape == (4, 2, 4, 4) and model.frames == 5 and model.media == "video"
+    assert model.latent_shape == latent_shape and model.frames == 5 and model.media == "video"
     prompts = ["a red circle", "two blue squares"]
     noise = noise_for_seeds([3, 4], model.latent_shape, CPU)
     sigmas = sigma_grid(2, 1.0, "scheduler")  # FlowMatchEulerDiscreteScheduler().set_timesteps(2)
@@ -62,20 +68,22 @@ def test_rollout_matches_wan_pipeline(name, folder):
     assert torch.allclose(clips, frames, atol=1e-4), (clips - frames).abs().max()
 
 
-@pytest.mark.parametrize("name, heads, ffn, layers, size", [(NAME, 12, 8960, 30, 1.42), ("wan21_t2v_14b", 40, 13824, 40, 14.29)])
-def test_the_explore_rule_quantizes_every_block_linear_of_the_published_models(name, heads, ffn, layers, size):
+@pytest.mark.parametrize("name, heads, ffn, layers, channels, size", [
+    (NAME, 12, 8960, 30, 16, 1.42), ("wan21_t2v_14b", 40, 13824, 40, 16, 14.29), ("wan22_ti2v_5b", 24, 14336, 30, 48, 5.0)])
+def test_the_explore_rule_quantizes_every_block_linear_of_the_published_models(name, heads, ffn, layers, channels, size):
     import diffusers
 
     from solrl_core.footprint import model_size
     from solrl_core.precision.quantize import LayerRule, plan_layers
 
-    with torch.device("meta"):  # Wan-AI/Wan2.1-T2V-1.3B-Diffusers and -14B-Diffusers transformer/config.json
+    with torch.device("meta"):  # transformer/config.json of Wan-AI/Wan2.1-T2V-1.3B, -14B and Wan2.2-TI2V-5B-Diffusers
         model = diffusers.WanTransformer3DModel(
-            patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=128, in_channels=16, out_channels=16,
+            patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=128, in_channels=channels, out_channels=channels,
             text_dim=4096, freq_dim=256, ffn_dim=ffn, num_layers=layers, cross_attn_norm=True,
             qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
     cfg = resolve_config(name, "sol_rl")
     assert round(sum(p.numel() for p in model.parameters()) / 1e9, 2) == size == model_size(cfg).transformer_b
+    assert model_size(cfg).label.startswith("Wan")
     entries = plan_layers(model, LayerRule.of(cfg.model))
     kept = {e.name.split(".")[0] for e in entries if not e.quantized}
     quantized = {".".join(e.name.split(".")[2:]) for e in entries if e.quantized}
@@ -102,14 +110,15 @@ def test_frames_and_rewards_must_fit_the_model():
     resolve_config(NAME, "sol_rl", "imagereward").validate()  # an image reward on a video model: scored on frames
 
 
-def test_explore_writes_ranked_seeds_and_a_contact_sheet_grid(folder, tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", [NAME, "wan22_ti2v_5b"])
+def test_explore_writes_ranked_seeds_and_a_contact_sheet_grid(name, folders, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from solrl_cli.app import app
 
     monkeypatch.chdir(tmp_path)
     sets = [a for s in FAST if not s.startswith(("explore.group_size", "selection.group_size")) for a in ("--set", s)]
-    result = CliRunner().invoke(app, ["explore", "--model", NAME, "--model-path", str(folder), "--reward", "jpeg_compressibility",
+    result = CliRunner().invoke(app, ["explore", "--model", name, "--model-path", str(folders[name]), "--reward", "jpeg_compressibility",
                                       "--prompts", "tiny", "--n", "4", "--k", "2", "--out", "ex", *sets])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (tmp_path / "ex" / "seeds.jsonl").read_text().splitlines()]
@@ -142,8 +151,9 @@ def test_infer_writes_each_clip_as_a_gif_and_a_contact_sheet(folder, tmp_path, m
         assert grid.width > 5 * 32
 
 
-@pytest.mark.slow  # about 37 s on a 2-core CPU: a run, a resume and two exports
-def test_one_iteration_resumes_and_exports_a_lora_wan_pipeline_loads(folder, tmp_path, monkeypatch):
+@pytest.mark.slow  # about 37 s each on a 2-core CPU: a run, a resume and two exports
+@pytest.mark.parametrize("name", [NAME, "wan22_ti2v_5b"])
+def test_one_iteration_resumes_and_exports_a_lora_wan_pipeline_loads(name, folders, tmp_path, monkeypatch):
     from diffusers import WanPipeline, WanTransformer3DModel
     from typer.testing import CliRunner
 
@@ -154,7 +164,9 @@ def test_one_iteration_resumes_and_exports_a_lora_wan_pipeline_loads(folder, tmp
     seen: list[object] = []
     bus = ev.EventBus()
     bus.subscribe(seen.append)
-    session = train(_config(folder, *sets), bus, stop=StopFlag())
+    folder = folders[name]
+    session = train(resolve_config(name, "sol_rl", "jpeg_compressibility", sets=[*FAST, f"model.path={folder}", *sets]), bus,
+                    stop=StopFlag())
     (it,) = [e for e in seen if isinstance(e, ev.IterationFinished)]
     assert np.isfinite(it.loss["loss"]) and it.final.std > 0 and it.grad_norm > 0, "nothing was trained"
     report = json.loads((tmp_path / "run" / "quantization_report.json").read_text())
@@ -165,7 +177,8 @@ def test_one_iteration_resumes_and_exports_a_lora_wan_pipeline_loads(folder, tmp
     resumed: list[object] = []
     bus = ev.EventBus()
     bus.subscribe(resumed.append)
-    train(_config(folder, *sets, "run.iterations=2"), bus, resume=True, stop=StopFlag())
+    train(resolve_config(name, "sol_rl", "jpeg_compressibility", sets=[*FAST, f"model.path={folder}", *sets, "run.iterations=2"]),
+          bus, resume=True, stop=StopFlag())
     assert [e.iteration for e in resumed if isinstance(e, ev.IterationFinished)] == [2]
 
     monkeypatch.chdir(tmp_path)

@@ -174,9 +174,27 @@ def wan_pipeline():  # type: ignore[no-untyped-def]
     return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer, scheduler=scheduler)
 
 
+def wan22_ti2v_pipeline():  # type: ignore[no-untyped-def]
+    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+
+    # Wan 2.2 TI2V 5B's layout, as diffusers' tests build it: a residual VAE over 2x2 pixel patches
+    # (16x spatial compression, 48 latent channels) and per-token timesteps (expand_timesteps).
+    base = wan_pipeline()
+    vae = AutoencoderKLWan(base_dim=3, z_dim=48, in_channels=12, out_channels=12, is_residual=True, patch_size=2,
+                           latents_mean=[0.05 * (i % 5) for i in range(48)], latents_std=[1.0 + 0.1 * (i % 3) for i in range(48)],
+                           dim_mult=[1, 1, 1, 1], num_res_blocks=1, scale_factor_spatial=16, scale_factor_temporal=4,
+                           temperal_downsample=[False, True, True])
+    transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=48,
+                                        out_channels=48, text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2,
+                                        cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
+    return WanPipeline(tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=vae, transformer=transformer,
+                       scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0), expand_timesteps=True)
+
+
 BUILDERS = {"sana": sana_pipeline, "flux1": flux_pipeline, "sd3": sd3_pipeline, "sd35_medium": sd35_medium_pipeline,
             "qwen_image": qwen_image_pipeline, "zimage": zimage_pipeline,
-            "flux2_klein": flux2_klein_pipeline, "wan21_t2v_1_3b": wan_pipeline}
+            "flux2_klein": flux2_klein_pipeline, "wan21_t2v_1_3b": wan_pipeline,
+            "wan22_ti2v_5b": wan22_ti2v_pipeline}
 
 
 def save_tiny_pipeline(loader: str, folder: str | Path, seed: int = 0) -> Path:

@@ -8,13 +8,16 @@ padding is kept: it changes the velocity, as in the pipeline.
 `latent_shape` is the pipeline's latent [z_dim, 1 + (frames - 1) / 4, H / 8, W / 8] (the VAE's
 temporal and spatial scale factors), where the pipeline draws its noise; the sampler, the loss and
 the copies treat the frame axis as one more latent axis. `velocity` passes the timestep as
-sigma * 1000, one per clip, as WanPipeline does for Wan 2.1 (`expand_timesteps` false); Wan predicts
-the flow velocity noise - x0 natively. `decode` undoes the latents' normalisation (latents_mean and
+sigma * 1000, one per clip, as WanPipeline does for Wan 2.1; for Wan 2.2 TI2V 5B, whose
+model_index.json sets `expand_timesteps`, one per latent token (all equal in text-to-video, as the
+pipeline's all-ones mask makes them). Wan predicts the flow velocity noise - x0 natively. `decode` undoes the latents' normalisation (latents_mean and
 latents_std) as the pipeline does and returns clips [B, F, 3, H, W] in [0, 1]: frames first, so a
 clip's frames are ordinary images to every image reward (rewards/video.py).
 """
 
 from __future__ import annotations
+
+import json
 
 import torch
 from torch import nn
@@ -60,7 +63,9 @@ def build_wan(parts: Components) -> DiffusionModel:
         return torch.cat(out)
 
     description = parts.describe("Wan", transformer, latent_shape) + f", {parts.cfg.frames} frames"
-    return DiffusionModel(transformer=transformer, encode=encode, decode=decode, velocity=wan_velocity,
+    per_token = json.loads((parts.folder / "model_index.json").read_text()).get("expand_timesteps", False)
+    return DiffusionModel(transformer=transformer, encode=encode, decode=decode,
+                          velocity=wan22_velocity if per_token else wan_velocity,
                           latent_shape=latent_shape, description=description, frames=parts.cfg.frames)
 
 
@@ -76,3 +81,13 @@ def latent_frames(frames: int, temporal: int) -> int:
 def wan_velocity(module: nn.Module, latents: torch.Tensor, sigmas: torch.Tensor, cond: Conditioning) -> torch.Tensor:
     return module(hidden_states=latents, timestep=sigmas.float() * 1000.0,
                   encoder_hidden_states=cond.embeds.to(latents.dtype), return_dict=False)[0]
+
+
+def wan22_velocity(module: nn.Module, latents: torch.Tensor, sigmas: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+    """Wan 2.2 TI2V: one timestep per latent token (frames x 2x2 patches), as WanPipeline passes them
+    with `expand_timesteps`."""
+    b, _, f, h, w = latents.shape
+    tokens = f * (h // 2) * (w // 2)
+    timestep = (sigmas.float() * 1000.0)[:, None].expand(b, tokens)
+    return module(hidden_states=latents, timestep=timestep, encoder_hidden_states=cond.embeds.to(latents.dtype),
+                  return_dict=False)[0]
