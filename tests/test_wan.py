@@ -129,6 +129,25 @@ def test_explore_writes_ranked_seeds_and_a_contact_sheet_grid(name, folders, tmp
         assert grid.width > 2 * 5 * 32
 
 
+def test_rank_check_compares_the_explore_copys_clip_ranking_with_full_precision(folder, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from solrl_cli.app import app
+
+    monkeypatch.chdir(tmp_path)
+    sets = [a for s in ("model.resolution=32", "run.device=cpu", "run.threads=2", "sampler.rollout_batch=4", "model.quant_min_dim=0")
+            for a in ("--set", s)]
+    result = CliRunner().invoke(app, ["rank-check", "--model", NAME, "--model-path", str(folder), "--reward", "jpeg_compressibility",
+                                      "--prompts", "tiny", "--count", "1", "--seeds", "4", "--hit-k", "1", "--preview-steps", "1",
+                                      "--full-steps", "2", "--out", "rc", *sets])
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "rc" / "rank_check.json").read_text())
+    assert data["arms"] == ["nvfp4-emulated@1", "nvfp4-emulated@2", "fp32@1", "fp32@2"]
+    assert np.array(data["rewards"]["fp32@2"]).shape == (1, 4)
+    # The quantized copy changes the clips (so its ranking is a real measurement, not the reference's own).
+    assert data["rewards"]["nvfp4-emulated@2"] != data["rewards"]["fp32@2"]
+
+
 def test_infer_writes_each_clip_as_a_gif_and_a_contact_sheet(folder, tmp_path, monkeypatch):
     from PIL import Image
     from typer.testing import CliRunner
