@@ -52,8 +52,8 @@ class InferRequest:
 
 def infer(engine: Engine, req: InferRequest, bus: ev.EventBus) -> Path:
     """Write every image as PNG, `images.jsonl` (weights, prompt, seed, path) and `grid.png`
-    (one row per (prompt, seed), one column per weight set). A video model's clip is written as an
-    animated GIF (the row's `video`) and as a PNG contact sheet of its frames in a row (`path`), and
+    (one row per (prompt, seed), one column per weight set). A video model's clip is written as MP4
+    (an animated GIF without the video extra: the row's `video`) and as a PNG contact sheet of its frames in a row (`path`), and
     the grid shows the contact sheets. Returns the JSONL path."""
     req.out_dir.mkdir(parents=True, exist_ok=True)
     per = len(req.seeds)
@@ -71,11 +71,10 @@ def infer(engine: Engine, req: InferRequest, bus: ev.EventBus) -> Path:
                 path.parent.mkdir(exist_ok=True)
                 save_png(images[i], path)  # a clip: its contact sheet, frames in a row
                 row = {"weights": weights, "prompt": prompt, "seed": int(seeds[i]), "path": str(path.relative_to(req.out_dir))}
-                if images.dim() == 5:  # a video model: the clip itself too
-                    from solrl_core.video_output import save_gif
+                if images.dim() == 5:  # a video model: the clip itself too (MP4, or GIF without the video extra)
+                    from solrl_core.video_output import save_clip
 
-                    save_gif(images[i], path.with_suffix(".gif"))
-                    row["video"] = str(path.with_suffix(".gif").relative_to(req.out_dir))
+                    row["video"] = str(save_clip(images[i], path.with_suffix("")).relative_to(req.out_dir))
                 rows.write(json.dumps(row) + "\n")
             bus.emit(ev.ImagesWritten(weights=weights, count=len(flat), seconds=time.perf_counter() - t0,
                                       folder=str(req.out_dir / weights)))

@@ -148,12 +148,18 @@ def test_rank_check_compares_the_explore_copys_clip_ranking_with_full_precision(
     assert data["rewards"]["nvfp4-emulated@2"] != data["rewards"]["fp32@2"]
 
 
-def test_infer_writes_each_clip_as_a_gif_and_a_contact_sheet(folder, tmp_path, monkeypatch):
+@pytest.mark.parametrize("mp4", [True, False], ids=["mp4", "gif"])
+def test_infer_writes_each_clip_as_a_video_and_a_contact_sheet(mp4, folder, tmp_path, monkeypatch):
     from PIL import Image
     from typer.testing import CliRunner
 
     from solrl_cli.app import app
+    from solrl_core import video_output
 
+    if mp4:
+        pytest.importorskip("imageio_ffmpeg")  # the video extra (in dev)
+    else:  # a machine without the video extra: GIFs
+        monkeypatch.setattr(video_output, "mp4_available", lambda: False)
     monkeypatch.chdir(tmp_path)
     result = CliRunner().invoke(app, ["infer", "--model", NAME, "--model-path", str(folder), "--prompt", "a red circle",
                                       "--seeds", "2", "--steps", "2", "--out", "clips", "--set", "model.resolution=32",
@@ -162,8 +168,15 @@ def test_infer_writes_each_clip_as_a_gif_and_a_contact_sheet(folder, tmp_path, m
     rows = [json.loads(line) for line in (tmp_path / "clips" / "images.jsonl").read_text().splitlines()]
     assert [r["seed"] for r in rows] == [0, 1]
     for row in rows:
-        with Image.open(tmp_path / "clips" / row["video"]) as gif:
-            assert gif.n_frames == 5 and gif.size == (32, 32)
+        video = tmp_path / "clips" / row["video"]
+        assert video.suffix == (".mp4" if mp4 else ".gif")
+        if mp4:
+            import imageio.v3 as iio
+
+            assert iio.imread(video).shape == (5, 32, 32, 3)  # five frames read back
+        else:
+            with Image.open(video) as gif:
+                assert gif.n_frames == 5 and gif.size == (32, 32)
         with Image.open(tmp_path / "clips" / row["path"]) as sheet:
             assert sheet.size == (5 * 32, 32)  # the five frames in a row
     with Image.open(tmp_path / "clips" / "grid.png") as grid:
