@@ -183,7 +183,7 @@ def test_infer_writes_each_clip_as_a_video_and_a_contact_sheet(mp4, folder, tmp_
         assert grid.width > 5 * 32
 
 
-@pytest.mark.slow  # about 37 s each on a 2-core CPU: a run, a resume and two exports
+@pytest.mark.slow  # 8 to 37 s each on a shared 2-core CPU: a run, a resume and two exports
 @pytest.mark.parametrize("name", [NAME, "wan22_ti2v_5b"])
 def test_one_iteration_resumes_and_exports_a_lora_wan_pipeline_loads(name, folders, tmp_path, monkeypatch):
     from diffusers import WanPipeline, WanTransformer3DModel
