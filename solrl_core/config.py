@@ -16,7 +16,7 @@ from solrl_core.config_bounds import check_ranges, parse_timeout
 from solrl_core.errors import SolrlError, close_matches
 from solrl_core.families import FAMILIES
 from solrl_core.reward_endpoints import check_settings
-from solrl_core.rewards.names import check_names
+from solrl_core.rewards.names import FRAME_REDUCTIONS, check_media, check_names
 
 SELECTION_MODES = ("best_worst", "random", "mean_deviation", "extremes_random")
 EXPLORE_PRECISIONS = ("auto", "nvfp4", "fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "bf16", "fp32")
@@ -42,12 +42,13 @@ def _f(default: Any, help: str) -> Any:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = _f("tiny", "Model preset name (informational; the loader decides what is built).")
-    loader: str = _f("tiny", "Which loader builds the model: tiny, sana, flux1, sd3, qwen_image, zimage, flux2.")
+    loader: str = _f("tiny", "Which loader builds the model: tiny, sana, flux1, sd3, qwen_image, zimage, flux2, wan (video).")
     hub_id: str = _f("", "Hugging Face hub id of the base model.")
     path: str = _f("", "Local folder with the base model; used instead of hub_id when set.")
     weights: str = _f("", "Weights file for the tiny model ('' = random init from init_seed).")
     init_seed: int = _f(0, "Seed of the random init when no weights are given.")
     resolution: int = _f(1024, "Image side in pixels.")
+    frames: int = _f(0, "Frames per clip of a video model (the wan loader: 1 + a multiple of 4); 0 = an image model.")
     lora_rank: int = _f(32, "LoRA rank r.")
     lora_alpha: int = _f(64, "LoRA alpha (scale = alpha / r).")
     lora_init: str = _f("gaussian", "How each adapter's A matrix starts (B is zero, so the adapted model starts equal to the "
@@ -164,6 +165,11 @@ class RewardConfig:
                                  "group advantage, then the weighted sum (robust to rewards on different scales).")
     paths: dict[str, str] = _f({}, "Reward name -> local folder (or file) with its weights; unset = hub id / HF cache.")
     batch_size: int = _f(32, "Images per forward pass of a model reward.")
+    video_frames: int = _f(0, "Video models: frames of each clip an image reward scores, evenly spaced from the first to "
+                              "the last (0 = every frame, as Flow-Factory's image rewards score a video: "
+                              "rewards/pick_score.py _compute_video_scores).")
+    frame_reduce: str = _f("mean", "Video models: how an image reward's frame scores make the clip's score: mean "
+                                   "(Flow-Factory's) or min (the worst frame).")
     health_min_std: float = _f(1e-6, "A reward whose std over the batch, or within every prompt group, is at most this "
                                      "is near-constant (a failed load or broken preprocessing): warned about.")
     health_patience: int = _f(3, "Stop the run after this many consecutive near-constant iterations of one reward, or "
@@ -302,6 +308,7 @@ class Config:
         check_names(dict.fromkeys(self.run.eval_rewards, 1.0), {})  # a typo in an eval reward: named now, not at the first evaluation
         check_settings(self.reward.remote)
         _check_model_path(self.model)
+        _check_frames(self)
         if self.model.max_sequence_length and self.model.loader not in T5_LOADERS:
             raise SolrlError(f"model.max_sequence_length={self.model.max_sequence_length} applies to the T5-encoded models "
                              f"({', '.join(T5_LOADERS)}), not to loader {self.model.loader}",
@@ -310,6 +317,23 @@ class Config:
 
 
 T5_LOADERS = ("flux1", "sd3")  # the loaders that read model.max_sequence_length
+
+
+VIDEO_LOADERS = ("wan",)  # the loaders whose samples are clips of model.frames frames
+
+
+def _check_frames(cfg: "Config") -> None:
+    """A video model has frames, an image model none, and each reward judges what the model makes."""
+    video = cfg.model.loader in VIDEO_LOADERS
+    if video and cfg.model.frames < 1:
+        raise SolrlError(f"model.frames={cfg.model.frames}: the {cfg.model.loader} loader makes videos",
+                         "set the clip length, e.g. --set model.frames=5 (a Wan preset sets it)")
+    if not video and cfg.model.frames:
+        raise SolrlError(f"model.frames={cfg.model.frames} applies to the video loaders ({', '.join(VIDEO_LOADERS)}), "
+                         f"not to loader {cfg.model.loader}", "drop the setting")
+    _choice("reward.frame_reduce", cfg.reward.frame_reduce, FRAME_REDUCTIONS)
+    check_media(list(cfg.reward.weights), video)
+    check_media(list(cfg.run.eval_rewards), video, knob="run.eval_rewards")
 
 
 def _check_model_path(model: ModelConfig) -> None:

@@ -36,12 +36,22 @@ MODEL_SIZES = {
     "flux2": ModelSize("FLUX.2 [klein] 4B + Qwen3-4B + FLUX.2 VAE", 3.9, 4.0, 0.08, 16.0, 0.3, 3.0),
     "zimage": ModelSize("Z-Image 6B + Qwen3-4B + FLUX VAE", 6.2, 4.0, 0.08, 21.0, 0.4, 4.0),
     "qwen_image": ModelSize("Qwen-Image 20B + Qwen2.5-VL-7B + Qwen-Image VAE", 20.4, 8.3, 0.13, 58.0, 1.0, 10.1),
+    # Wan 2.1 T2V 1.3B: parameters of the published configs (transformer 1.42B, UMT5-XXL encoder 5.7B,
+    # VAE 0.13B); the download is an estimate of their weights' files; activations scaled from SANA's by
+    # tokens (a 256px 5-frame clip is 512 tokens, SANA's 1024px image 1024): APPROXIMATE, unmeasured.
+    "wan": ModelSize("Wan 2.1 T2V 1.3B + UMT5-XXL + Wan VAE", 1.42, 5.7, 0.13, 29.0, 0.2, 1.8),
 }
 MODEL_SIZES_BY_HUB_ID = {
     "Efficient-Large-Model/Sana_600M_1024px_diffusers":
         ModelSize("SANA 0.6B + Gemma2-2B text encoder + DC-AE", 0.6, 2.6, 0.32, 10.0, 0.2, 2.0),
     "stabilityai/stable-diffusion-3.5-medium":
         ModelSize("SD3.5-Medium 2.5B + T5-XXL + CLIP-L + CLIP-G", 2.24, 5.6, 0.08, 17.0, 0.3, 3.0),
+    # The 14B transformer (14.29B parameters, tests/test_wan.py) with the 1.3B's encoder and VAE; activations
+    # the 1.3B's scaled by width x depth (5120 x 40 against 1536 x 30): APPROXIMATE, unmeasured.
+    "Wan-AI/Wan2.1-T2V-14B-Diffusers": ModelSize("Wan 2.1 T2V 14B + UMT5-XXL + Wan VAE", 14.29, 5.7, 0.13, 80.0, 0.9, 8.0),
+    # The 5.00B transformer (tests/test_wan.py), the same encoder, the Wan 2.2 VAE (size an estimate); activations
+    # the 1.3B's scaled by width (3072 against 1536) at about the same tokens: APPROXIMATE, unmeasured.
+    "Wan-AI/Wan2.2-TI2V-5B-Diffusers": ModelSize("Wan 2.2 TI2V 5B + UMT5-XXL + Wan 2.2 VAE", 5.0, 5.7, 0.7, 34.0, 0.4, 3.6),
 }
 # A reward's download and memory are declared with the reward (rewards/registry.py).
 

@@ -52,7 +52,9 @@ class InferRequest:
 
 def infer(engine: Engine, req: InferRequest, bus: ev.EventBus) -> Path:
     """Write every image as PNG, `images.jsonl` (weights, prompt, seed, path) and `grid.png`
-    (one row per (prompt, seed), one column per weight set). Returns the JSONL path."""
+    (one row per (prompt, seed), one column per weight set). A video model's clip is written as MP4
+    (an animated GIF without the video extra: the row's `video`) and as a PNG contact sheet of its frames in a row (`path`), and
+    the grid shows the contact sheets. Returns the JSONL path."""
     req.out_dir.mkdir(parents=True, exist_ok=True)
     per = len(req.seeds)
     flat = [p for p in req.prompts for _ in range(per)]
@@ -67,9 +69,13 @@ def infer(engine: Engine, req: InferRequest, bus: ev.EventBus) -> Path:
             for i, prompt in enumerate(flat):
                 path = req.out_dir / weights / f"{i // per:03d}_seed{int(seeds[i])}.png"
                 path.parent.mkdir(exist_ok=True)
-                save_png(images[i], path)
-                rows.write(json.dumps({"weights": weights, "prompt": prompt, "seed": int(seeds[i]),
-                                       "path": str(path.relative_to(req.out_dir))}) + "\n")
+                save_png(images[i], path)  # a clip: its contact sheet, frames in a row
+                row = {"weights": weights, "prompt": prompt, "seed": int(seeds[i]), "path": str(path.relative_to(req.out_dir))}
+                if images.dim() == 5:  # a video model: the clip itself too (MP4, or GIF without the video extra)
+                    from solrl_core.video_output import save_clip
+
+                    row["video"] = str(save_clip(images[i], path.with_suffix("")).relative_to(req.out_dir))
+                rows.write(json.dumps(row) + "\n")
             bus.emit(ev.ImagesWritten(weights=weights, count=len(flat), seconds=time.perf_counter() - t0,
                                       folder=str(req.out_dir / weights)))
     if req.grid:
@@ -79,9 +85,12 @@ def infer(engine: Engine, req: InferRequest, bus: ev.EventBus) -> Path:
 
 
 def save_png(image: torch.Tensor, path: Path) -> None:
+    """An image [3, H, W], or a clip [F, 3, H, W] as its contact sheet (frames in a row)."""
     from PIL import Image
 
-    Image.fromarray(to_uint8(image)).save(path)
+    from solrl_core.video_output import still
+
+    Image.fromarray(to_uint8(still(image))).save(path)
 
 
 def to_uint8(image: torch.Tensor):  # noqa: ANN201 - numpy array [H, W, 3]
@@ -95,6 +104,9 @@ def make_grid(columns: dict[str, torch.Tensor], min_cell: int = 128, rows: list[
     (its prompt, seed); `captions`: a line under each image of a column (its reward)."""
     from PIL import Image, ImageDraw
 
+    from solrl_core.video_output import stills
+
+    columns = {name: stills(batch) for name, batch in columns.items()}  # a clip: its frames in a row
     names = list(columns)
     count, _, h, w = columns[names[0]].shape
     scale = max(1, -(-min_cell // max(h, w)))

@@ -96,7 +96,7 @@ def _micro_step(run: Run, x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tens
     its share of the pairs. Returns (loss, policy, kl) x weight and the non-finite terms."""
     alg, model, device = run.config.algorithm, run.engine.model, run.device
     x0, sigma, eps, cond, adv = x0.to(device), sigma.to(device), eps.to(device), cond.to(device), adv.to(device)
-    s = sigma.view(-1, 1, 1, 1)
+    s = sigma.view(-1, *[1] * (x0.dim() - 1))  # image latents [B,C,H,W], video [B,C,F,H,W]
     xt = (1 - s) * x0 + s * eps
     # The three forwards get one input, xt in the run dtype, and the same fp32 timesteps, as the
     # official code feeds its one bf16 xt and sigma to old, trained and reference (train_sana.py:878-889).

@@ -259,9 +259,9 @@ def test_reward_file_table_matches_the_backends():
 def test_new_model_presets_have_their_own_footprint_and_a_20b_model_names_what_fits():
     from solrl_core.footprint import MODEL_SIZES
 
-    names = ("sd35_medium", "qwen_image", "zimage", "flux2_klein")
+    names = ("sd35_medium", "qwen_image", "zimage", "flux2_klein", "wan21_t2v_1_3b", "wan21_t2v_14b", "wan22_ti2v_5b")
     labels = {name: model_size(resolve_config(name, "sol_rl")).label for name in names}
-    assert len(set(labels.values())) == 4 and MODEL_SIZES["sana"].label not in labels.values()
+    assert len(set(labels.values())) == 7 and MODEL_SIZES["sana"].label not in labels.values()
     assert "SD3.5-Medium" in labels["sd35_medium"] and "Qwen-Image 20B" in labels["qwen_image"]
     # Qwen-Image's 20B transformer with an emulated-NVFP4 copy cannot fit on an 80 GB H100; the check
     # says so before anything loads, and names the precision that fits (bf16: rollouts on the policy).

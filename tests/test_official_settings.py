@@ -275,7 +275,7 @@ def test_each_family_keeps_the_official_group_sizes(family, n):
 
 # --- prompts and evaluation of the real-model presets, resolved offline ------------------------------
 
-REAL = ("sana", "sd3", "flux1", "sana15", "sana_600m", "sd35_medium", "flux2_klein", "qwen_image", "zimage")
+REAL = ("sana", "sd3", "flux1", "sana15", "sana_600m", "sd35_medium", "flux2_klein", "qwen_image", "zimage", "wan21_t2v_1_3b", "wan21_t2v_14b", "wan22_ti2v_5b")
 
 
 @pytest.mark.parametrize("model", REAL)

@@ -240,7 +240,9 @@ def test_resolution_must_fit_the_latent_grid(folders):
         load_model(_model_config("flux1", folders["flux1"], "model.resolution=30"), CPU, torch.float32)
 
 
-@pytest.mark.parametrize("name", ["sana", "sana_600m", "sana15", "flux1", "sd3", "sd35_medium", "qwen_image", "zimage", "flux2_klein"])
+@pytest.mark.parametrize("name", ["sana", "sana_600m", "sana15", "flux1", "sd3", "sd35_medium", "qwen_image", "zimage", "flux2_klein",
+                                  "wan21_t2v_1_3b", "wan21_t2v_14b",
+                                  "wan22_ti2v_5b"])
 def test_missing_hub_weights_offline_name_the_hub_id(name, tmp_path, monkeypatch):
     from huggingface_hub import constants
 

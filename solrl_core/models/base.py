@@ -31,7 +31,7 @@ class Conditioning:
         return Conditioning(torch.cat([p.embeds for p in parts]), torch.cat([p.mask for p in parts]), pooled)
 
 
-# velocity(module, latents [B,C,H,W], sigmas [B], cond) -> predicted flow velocity (noise - x0)
+# velocity(module, latents [B,C,H,W] (video: [B,C,F,H,W]), sigmas [B], cond) -> predicted flow velocity (noise - x0)
 VelocityFn = Callable[[nn.Module, torch.Tensor, torch.Tensor, Conditioning], torch.Tensor]
 
 
@@ -41,11 +41,17 @@ class DiffusionModel:
 
     transformer: nn.Module
     encode: Callable[[list[str]], Conditioning]
-    decode: Callable[[torch.Tensor], torch.Tensor]  # latents -> images [B,3,H,W] in [0,1]
+    decode: Callable[[torch.Tensor], torch.Tensor]  # latents -> images [B,3,H,W] (a video model: clips [B,F,3,H,W]) in [0,1]
     velocity: VelocityFn
     latent_shape: tuple[int, int, int]
     description: str
     vocabulary: tuple[str, ...] = ()  # the words its text encoder knows (others are dropped); () = any text
+    frames: int = 0  # 0: an image model (decode gives [B, 3, H, W]); a video model's frames per clip ([B, F, 3, H, W])
+
+    @property
+    def media(self) -> str:
+        """What its samples are, as a reward declares what it judges (rewards/registry.py): image or video."""
+        return "video" if self.frames else "image"
 
 
 def sana_velocity(module: nn.Module, latents: torch.Tensor, sigmas: torch.Tensor, cond: Conditioning) -> torch.Tensor:

@@ -10,6 +10,7 @@ from solrl_core.models.flux2 import build_flux2
 from solrl_core.models.qwen_image import build_qwen_image
 from solrl_core.models.sana import build_sana
 from solrl_core.models.sd3 import build_sd3
+from solrl_core.models.wan import build_wan
 from solrl_core.models.zimage import build_zimage
 
 LAYOUTS = {
@@ -26,4 +27,6 @@ LAYOUTS = {
                      builder=build_zimage, pipeline="ZImagePipeline"),
     "flux2": Layout("FLUX.2 [klein]", ("transformer", "vae", "text_encoder"), ("tokenizer",), gated=False,
                     builder=build_flux2, pipeline="Flux2KleinPipeline"),
+    "wan": Layout("Wan", ("transformer", "vae", "text_encoder"), ("tokenizer",), gated=False, builder=build_wan,
+                  pipeline="WanPipeline"),
 }

@@ -15,7 +15,7 @@ from pathlib import PurePath
 
 from solrl_core.errors import SolrlError, close_matches
 from solrl_core.reward_endpoints import is_endpoint, label as endpoint_label, split_name, split_weight
-from solrl_core.rewards.registry import check_ref, is_plugin_ref, registry, split_ref
+from solrl_core.rewards.registry import check_ref, is_plugin_ref, lookup, registry, split_ref
 
 
 def known_names() -> list[str]:
@@ -38,6 +38,25 @@ def check_names(weights: dict[str, float], paths: dict[str, str]) -> None:
     if stray:
         raise SolrlError(f"reward.paths names '{stray[0]}', which is not among the run's rewards ({', '.join(weights)})",
                          "remove it, or add the reward with --reward")
+
+
+FRAME_REDUCTIONS = ("mean", "min")  # how an image reward's frame scores make a clip's score (rewards/video.py)
+
+
+def check_media(names: list[str], video: bool, knob: str = "--reward") -> None:
+    """Each reward can judge what the model makes (registry.py's `media` and `on_frames`): a video
+    reward refuses an image model, a reward of still images only refuses a video model. A URL
+    reward or a plugin is taken to judge images (on a video run: sampled frames)."""
+    for name in names:
+        info = None if is_endpoint(name) else lookup(name)
+        if info is None:
+            continue
+        if info.media == "video" and not video:
+            raise SolrlError(f"reward '{name}' judges videos and this model makes images",
+                             f"drop {name} from {knob}, or train a video model (e.g. --model wan21_t2v_1_3b)")
+        if info.media == "image" and video and not info.on_frames:
+            raise SolrlError(f"reward '{name}' judges only the tiny world's still images and this model makes videos",
+                             f"drop {name} from {knob}, or use a reward scored on frames (e.g. --reward imagereward)")
 
 
 def is_weight_list(text: str) -> bool:

@@ -41,7 +41,10 @@ class RewardInfo:
     weights: str = ""  # where the weights come from, for errors and `doctor`; '' = needs none
     extra: str = ""  # the pip extra that installs its backend; '' = core install
     best: float | None = None  # the highest score it can give, when bounded: every image there is saturation, not a fault
-    media: str = "image"  # what it judges: "image" ([B, 3, H, W] in [0, 1]); a video reward would say "video"
+    media: str = "image"  # what it judges: "image" ([B, 3, H, W] in [0, 1]) or "video" (clips [B, F, 3, H, W]); a video
+    # reward refuses an image model's run (names.check_media)
+    on_frames: bool = True  # an image reward on a video model's run scores sampled frames of each clip (rewards/video.py);
+    # False: it judges only a still model's images and refuses a video run
     hub_files: HubFiles = ()  # what it downloads from the hub (doctor looks for them in the cache)
     local_files: tuple[str, ...] = ()  # what a local folder given as reward.paths.NAME must hold
     download_gb: float = 0.0  # size of that download, GB (approximate)
@@ -94,6 +97,12 @@ def _clipscore(ctx: Any) -> Any:
     return ClipScore.load(ctx)
 
 
+def _temporal(ctx: Any) -> Any:
+    from solrl_core.rewards.temporal import TemporalConsistency
+
+    return TemporalConsistency.load(ctx)
+
+
 def _hpsv2(ctx: Any) -> Any:
     from solrl_core.rewards.hpsv2 import HPSv2
 
@@ -109,10 +118,10 @@ BUILTINS: tuple[RewardInfo, ...] = (
     RewardInfo("jpeg_incompressibility", "Larger JPEG files score higher: +size_KB (PIL, quality 95)",
                _jpeg("jpeg_incompressibility", 1.0, 1.0)),
     RewardInfo("tinyworld_geneval", "GenEval-style partial score of a tiny-world image against its caption (objects, colours, "
-               "counts, positions), in [0, 1]", _tinyworld, best=1.0),
+               "counts, positions), in [0, 1]", _tinyworld, best=1.0, on_frames=False),
     RewardInfo("tinyworld_fidelity", "Share of a tiny-world image painted in the tiny world's seven colours: per pixel "
                "max(0, 1 - RGB distance to the nearest / 64), averaged, in [0, 1]; falls as images wash out, blur or get "
-               "noisy (an eval reward of the tiny preset)", _fidelity, best=1.0),
+               "noisy (an eval reward of the tiny preset)", _fidelity, best=1.0, on_frames=False),
     RewardInfo("imagereward", "ImageReward-v1.0 (BLIP ViT-L + BERT cross-attention + MLP head)", _imagereward,
                weights="hub THUDM/ImageReward (ImageReward.pt, med_config.json) + tokenizer bert-base-uncased", extra="rewards",
                hub_files=(("THUDM/ImageReward", ("ImageReward.pt",)), ("THUDM/ImageReward", ("med_config.json",)),
@@ -128,6 +137,12 @@ BUILTINS: tuple[RewardInfo, ...] = (
                hub_files=((_CLIP_L, ("config.json",)), (_CLIP_L, _WEIGHTS), (_CLIP_L, ("preprocessor_config.json",)),
                           (_CLIP_L, _TOKENIZER)),
                local_files=("config.json",), download_gb=1.7, memory_gib=1.6),
+    RewardInfo("temporal_consistency", "Video: mean cosine similarity of consecutive frames' CLIP ViT-L/14 image features, "
+               "in [-1, 1]; weigh it against an image reward (alone, a still clip maximises it)", _temporal,
+               weights=f"hub {_CLIP_L}", media="video",
+               hub_files=((_CLIP_L, ("config.json",)), (_CLIP_L, _WEIGHTS), (_CLIP_L, ("preprocessor_config.json",)),
+                          (_CLIP_L, _TOKENIZER)),
+               local_files=("config.json",), download_gb=1.7, memory_gib=1.6, best=1.0),
     RewardInfo("hpsv2", "HPS v2.1 through open_clip ViT-H-14: image . text features", _hpsv2,
                weights="hub xswu/HPSv2 (HPS_v2.1_compressed.pt)", extra="rewards",
                hub_files=(("xswu/HPSv2", ("HPS_v2.1_compressed.pt",)),), local_files=("HPS_v2.1_compressed.pt",),

@@ -27,6 +27,8 @@ class RewardSection(Protocol):
     timeout_s: str
     retries: int
     remote: dict[str, str]
+    video_frames: int
+    frame_reduce: str
 
 
 def reward_names() -> list[str]:
@@ -99,7 +101,7 @@ class RewardSet:
 
     def __init__(self, weights: dict[str, float], ctx: RewardContext | None = None,
                  paths: dict[str, str] | None = None, *, timeout_s: str = "0", retries: int = 0,
-                 remote: dict[str, str] | None = None) -> None:
+                 remote: dict[str, str] | None = None, video_frames: int = 0, frame_reduce: str = "mean") -> None:
         check_names(weights, paths or {})
         base = ctx or RewardContext()
         self.weights = dict(weights)
@@ -110,6 +112,9 @@ class RewardSet:
                         for n in weights}
         same_plugins_on_every_rank(self.rewards)
         self.retries = retries
+        # On clips [B, F, 3, H, W]: which rewards judge them whole (media "video"); the others score frames (video.py).
+        self.judges_clips = {n for n in weights if (info := lookup(n)) is not None and info.media == "video"}
+        self.video_frames, self.frame_reduce = video_frames, frame_reduce
         self.retried: list[str] = []
         self.stop: Callable[[], bool] | None = None  # true once a stop was asked: a hung call is abandoned (watchdog.py)
 
@@ -117,7 +122,8 @@ class RewardSet:
     def from_config(cls, reward: RewardSection, device: torch.device) -> "RewardSet":
         """The rewards of a run's `reward` config section, loaded on `device` in fp32."""
         return cls(reward.weights, RewardContext(device, torch.float32, batch_size=reward.batch_size), paths=reward.paths,
-                   timeout_s=reward.timeout_s, retries=reward.retries, remote=reward.remote)
+                   timeout_s=reward.timeout_s, retries=reward.retries, remote=reward.remote,
+                   video_frames=reward.video_frames, frame_reduce=reward.frame_reduce)
 
     def check_prompts(self, prompts: list[str]) -> None:
         for reward in self.rewards.values():
@@ -139,10 +145,19 @@ class RewardSet:
         of images, by index, whose means `summary` reports as 'reward.group'."""
         return {name: reward.groups(prompts) for name, reward in self.rewards.items() if hasattr(reward, "groups")}
 
+    def _scorer(self, name: str, reward: Reward, images: torch.Tensor, prompts: list[str]) -> Callable[[], torch.Tensor]:
+        """One reward's call on `images`: an image reward on clips [B, F, 3, H, W] scores their frames (video.py)."""
+        if images.dim() == 5 and name not in self.judges_clips:
+            from solrl_core.rewards.video import score_frames
+
+            return lambda: score_frames(reward, images, prompts, self.video_frames, self.frame_reduce)
+        return lambda: reward(images, prompts).float().cpu()
+
     @torch.no_grad()
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> Scores:
+        """Scores of images [B, 3, H, W], or of a video model's clips [B, F, 3, H, W]."""
         with charged_to("reward"):
-            components = {n: call_watched(n, lambda r=r: r(images, prompts).float().cpu(), self.timeouts[n], self.retries,
+            components = {n: call_watched(n, self._scorer(n, r, images, prompts), self.timeouts[n], self.retries,
                                           self.retried.append, self.stop)
                           for n, r in self.rewards.items()}
         total = sum(self.weights[n] * s for n, s in components.items())

@@ -1,0 +1,59 @@
+"""How a video model's clips are looked at: a clip [F, 3, H, W] laid out as its frames in a row (the
+contact sheet every grid and PNG of a clip shows), and written as a video file: MP4 (H.264) where
+the `video` extra is installed (imageio with imageio-ffmpeg's bundled ffmpeg, imported only here and
+only when a clip is written), else an animated GIF through PIL. Images [3, H, W] pass through
+unchanged, so the grids and PNG writers take either."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+GIF_FPS = 16  # Wan 2.1's frame rate (WanPipeline's export_to_video example writes fps=16)
+
+
+def still(item: torch.Tensor) -> torch.Tensor:
+    """One sample as an image: a clip [F, 3, H, W] as its frames in a row [3, H, F * W]; an image
+    [3, H, W] as it is."""
+    return torch.cat(list(item), dim=-1) if item.dim() == 4 else item
+
+
+def stills(batch: torch.Tensor) -> torch.Tensor:
+    """A batch as images: clips [B, F, 3, H, W] as [B, 3, H, F * W]; images [B, 3, H, W] as they are."""
+    return torch.cat(list(batch.unbind(1)), dim=-1) if batch.dim() == 5 else batch
+
+
+def mp4_available() -> bool:
+    """Whether clips can be written as MP4: imageio and its ffmpeg binary (pip install 'solrl[video]')."""
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) is not None for m in ("imageio", "imageio_ffmpeg"))
+
+
+def save_clip(clip: torch.Tensor, stem: Path, fps: int = GIF_FPS) -> Path:
+    """A clip [F, 3, H, W] in [0, 1] as `stem`.mp4, or `stem`.gif without the video extra; returns the file."""
+    if not mp4_available():
+        save_gif(clip, stem.with_suffix(".gif"), fps)
+        return stem.with_suffix(".gif")
+    import imageio.v2 as imageio
+
+    path = stem.with_suffix(".mp4")
+    # quality 8 of 10 (imageio's default 5 blurs small clips); frames whose sides are not multiples of 16
+    # are padded up by imageio, as H.264 with yuv420p needs even sides.
+    with imageio.get_writer(path, fps=fps, codec="libx264", quality=8, macro_block_size=16) as writer:
+        for frame in clip:
+            writer.append_data(_uint8(frame))
+    return path
+
+
+def save_gif(clip: torch.Tensor, path: Path, fps: int = GIF_FPS) -> None:
+    """A clip [F, 3, H, W] in [0, 1] as an animated GIF that loops."""
+    from PIL import Image
+
+    frames = [Image.fromarray(_uint8(f)) for f in clip]
+    frames[0].save(path, save_all=True, append_images=frames[1:], duration=round(1000 / fps), loop=0)
+
+
+def _uint8(image: torch.Tensor):  # noqa: ANN202 - numpy array [H, W, 3]
+    return (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
