@@ -1,0 +1,157 @@
+"""A low-precision explore copy under distributed.strategy=fsdp (sharded_copy.py) on a CPU (gloo): a
+2-rank sharded run explores at the requested precision and trains what a 1-process run with the
+same explore precision does (draft and final rewards, kept seeds, losses, adapters), with the rank
+check running sharded; the copy built from the shards equals a replica's copy, and holds no
+high-precision weight of a quantized layer."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from solrl_core import events as ev
+from solrl_core.config import Config
+from solrl_core.presets import resolve_config
+from solrl_core.trainer import StopFlag, train
+from tests.test_distributed import _adapters, _events, _spawn
+from tests.test_fsdp import SETS, _close
+
+PRECISIONS = ("nvfp4-emulated", "fp8-e5m2-tensor")
+
+
+def _config(root: Path, run: str, strategy: str, precision: str) -> Config:
+    sets = [s for s in SETS if not s.startswith("explore.precision=")]
+    return resolve_config("tiny", "sol_rl", sets=[*sets, f"explore.precision={precision}", "run.iterations=2",
+                                                  "explore.rank_check_every=1", "run.eval_prompts=", f"run.run_dir={root / run}",
+                                                  f"distributed.strategy={strategy}"])
+
+
+def _train_recording_kept(cfg: Config, out: Path) -> None:
+    """Train `cfg`, writing the seeds each iteration kept (this rank's) to `out`."""
+    import solrl_core.trainer as trainer
+
+    real, kept = trainer.select_seeds, []
+
+    def select(run, drafts, rng):  # type: ignore[no-untyped-def]
+        index = real(run, drafts, rng)
+        kept.append(drafts.batch.seeds[index].tolist())
+        return index
+
+    trainer.select_seeds = select
+    try:
+        train(cfg, ev.EventBus(), stop=StopFlag())
+    finally:
+        trainer.select_seeds = real
+    out.write_text(json.dumps(kept))
+
+
+def _worker(rank: int, world: int, port: int, root: Path) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    for precision in PRECISIONS:
+        _train_recording_kept(_config(root, f"two-{precision}", "fsdp", precision),
+                              root / "results" / f"{precision}-rank{rank}.json")
+
+
+def test_two_sharded_ranks_explore_at_the_requested_precision_as_one_process_does(tmp_path):
+    (tmp_path / "results").mkdir()
+    for precision in PRECISIONS:
+        _train_recording_kept(_config(tmp_path, f"one-{precision}", "replicate", precision),
+                              tmp_path / "results" / f"{precision}-one.json")
+    _spawn(2, tmp_path, limit=420.0, worker=_worker)
+
+    for precision in PRECISIONS:
+        one, two = tmp_path / f"one-{precision}", tmp_path / f"two-{precision}"
+        started = _events(two)[0]
+        assert started["explore_precision"] == precision
+        assert f"Stage 1: 8 seeds/prompt at {precision}" in started["plan"]
+        assert "fsdp over 2 processes" in started["plan"]
+        assert f"under fsdp a whole {precision} copy on each process" in started["machine"]
+        its = [[e for e in _events(d) if e["event"] == "iteration"] for d in (one, two)]
+        assert len(its[1]) == 2
+        for a, b in zip(*its):
+            assert b["draft"]["mean"] == pytest.approx(a["draft"]["mean"], abs=1e-6)
+            assert b["draft"]["best"] == pytest.approx(a["draft"]["best"], abs=1e-6)
+            assert b["final"]["mean"] == pytest.approx(a["final"]["mean"], abs=1e-6)
+            assert b["loss"]["loss"] == pytest.approx(a["loss"]["loss"], rel=1e-4)
+            assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+        checks = [[e for e in _events(d) if e["event"] == "rank_check"] for d in (one, two)]
+        assert len(checks[1]) == 2  # the rank check ran sharded, every iteration
+        for a, b in zip(*checks):
+            assert (b["draft_mean"], b["full_mean"]) == pytest.approx((a["draft_mean"], a["full_mean"]), abs=1e-6)
+        kept_one = json.loads((tmp_path / "results" / f"{precision}-one.json").read_text())
+        ranks = [json.loads((tmp_path / "results" / f"{precision}-rank{r}.json").read_text()) for r in range(2)]
+        assert [r0 + r1 for r0, r1 in zip(*ranks)] == kept_one  # rank 0 holds the first group, rank 1 the second
+        reference = _adapters(one, 2)
+        assert any(v.abs().max() > 0 for k, v in reference.items() if "lora_B" in k)
+        _close(reference, _adapters(two, 2))
+
+
+def _copy_worker(rank: int, world: int, port: int, root: Path) -> None:
+    """Both explore copies of a 2-rank fsdp session (built from the shards, refreshed after a changed
+    old adapter), saved whole by rank 0 next to what it holds."""
+    from solrl_core.precision.quantize import QuantizedGemm
+    from solrl_core.session import open_session
+
+    from solrl_core import distributed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    distributed.init_from_env()
+    for precision in PRECISIONS:
+        run = open_session(_config(root, f"copy-{precision}", "fsdp", precision)).run
+        try:
+            engine = run.engine
+            built = _caches(engine.explore_copy.module)
+            old = engine.policy.state("old")  # whole on every rank (a collective)
+            noise = torch.Generator().manual_seed(0)  # an old adapter moved by training: its B no longer zero
+            old = {k: v + 0.01 * torch.randn(v.shape, generator=noise) for k, v in old.items()}
+            engine.policy.load_state("old", old)
+            engine.refresh_copies()
+            held = {m.weight.device.type for m in engine.explore_copy.module.modules() if isinstance(m, QuantizedGemm)}
+            assert held == {"meta"}, held  # never holds a quantized layer's high-precision weight
+            if rank == 0:
+                torch.save({"built": built, "refreshed": _caches(engine.explore_copy.module), "old": old},
+                           root / "results" / f"{precision}.pt")
+        finally:
+            if run.lock is not None:
+                run.lock.release()
+
+
+def _caches(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor the copy computes with: its buffers (the quantized caches among them) and the
+    parameters it holds (not on the meta device)."""
+    out = {k: v.clone() for k, v in module.named_buffers()}
+    out.update({k: v.detach().clone() for k, v in module.named_parameters() if not v.is_meta})
+    return out
+
+
+def test_the_copy_built_from_the_shards_is_a_replicas_copy(tmp_path):
+    from solrl_core.session import open_session
+
+    (tmp_path / "results").mkdir()
+    _spawn(2, tmp_path, limit=300.0, worker=_copy_worker)
+    for precision in PRECISIONS:
+        saved = torch.load(tmp_path / "results" / f"{precision}.pt")
+        run = open_session(_config(tmp_path, f"replica-{precision}", "replicate", precision)).run
+        try:
+            engine = run.engine
+            assert _caches_equal(saved["built"], _caches(engine.explore_copy.module))
+            engine.policy.load_state("old", saved["old"])
+            engine.refresh_copies()
+            assert _caches_equal(saved["refreshed"], _caches(engine.explore_copy.module))
+            assert not _caches_equal(saved["built"], saved["refreshed"])  # the refresh reached the quantized caches
+        finally:
+            if run.lock is not None:
+                run.lock.release()
+
+
+def _caches_equal(sharded: dict[str, torch.Tensor], replica: dict[str, torch.Tensor]) -> bool:
+    """The sharded copy's tensors equal the replica copy's of the same name (the replica also holds
+    its quantized layers' high-precision weights, which the sharded one never has)."""
+    assert set(sharded) <= set(replica), set(sharded) - set(replica)
+    return all(torch.equal(v, replica[k]) for k, v in sharded.items())
