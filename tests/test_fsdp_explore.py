@@ -2,7 +2,8 @@
 2-rank sharded run explores at the requested precision and trains what a 1-process run with the
 same explore precision does (draft and final rewards, kept seeds, losses, adapters), with the rank
 check running sharded; the copy built from the shards equals a replica's copy, and holds no
-high-precision weight of a quantized layer."""
+high-precision weight of a quantized layer; the bytes per weight the estimate counts for each copy
+are those the copies hold; and a 4-process two-"node" hybrid mesh explores as one process does (slow)."""
 
 from __future__ import annotations
 
@@ -155,3 +156,39 @@ def _caches_equal(sharded: dict[str, torch.Tensor], replica: dict[str, torch.Ten
     its quantized layers' high-precision weights, which the sharded one never has)."""
     assert set(sharded) <= set(replica), set(sharded) - set(replica)
     return all(torch.equal(v, replica[k]) for k, v in sharded.items())
+
+
+@pytest.mark.parametrize("precision", ["nvfp4-emulated", "fp8-e5m2-tensor", "fp8"])
+def test_a_copy_without_its_high_precision_weights_holds_the_bytes_the_estimate_counts(precision):
+    """The estimate's bytes per quantized weight (footprint.copy_bytes) against the tensors each copy
+    holds on the tiny model (fp32): a replica's copy keeps its weights and the cache, the copy fsdp
+    fills (quantize.load_tensor into a meta skeleton) the cache alone, with the same values."""
+    import copy
+
+    from solrl_core.footprint import copy_bytes
+    from solrl_core.models import load_model
+    from solrl_core.precision.quantize import LayerRule, QuantizedGemm, load_tensor
+    from solrl_core.rollout import RolloutCopy
+    from solrl_core.sharded_copy import meta_copy
+
+    cfg = resolve_config("tiny", "sol_rl")
+    transformer = load_model(cfg.model, torch.device("cpu"), torch.float32).transformer
+    replica = RolloutCopy(copy.deepcopy(transformer), precision, LayerRule.of(cfg.model))
+    lean = RolloutCopy(meta_copy(transformer), precision, LayerRule.of(cfg.model))
+    assert lean.on_meta
+    lean.materialize(torch.device("cpu"))
+    for name, value in transformer.state_dict().items():
+        load_tensor(lean.module, name, value)
+    assert _caches_equal(_caches(lean.module), _caches(replica.module))
+
+    def per_weight(module: torch.nn.Module, what: str) -> float:
+        layers = [m for m in module.modules() if isinstance(m, QuantizedGemm)]
+        assert layers
+        held = sum(t.numel() * t.element_size() for m in layers for n, t in [*m.named_buffers(), *m.named_parameters()]
+                   if not t.is_meta and n.split(".")[-1] in what.split())
+        return held / sum(m.weight.numel() for m in layers)
+
+    assert per_weight(lean.module, "weight") == 0  # never held
+    assert per_weight(lean.module, "weight_q") == copy_bytes(precision, 4.0, lean=True)
+    assert per_weight(replica.module, "weight weight_q") == copy_bytes(precision, 4.0)
+    assert per_weight(lean.module, "weight_scale") < 0.25  # fp8's row scales: one fp32 per output row, left out
