@@ -24,11 +24,16 @@ from tests.test_fsdp import SETS, _close
 PRECISIONS = ("nvfp4-emulated", "fp8-e5m2-tensor")
 
 
-def _config(root: Path, run: str, strategy: str, precision: str) -> Config:
-    sets = [s for s in SETS if not s.startswith("explore.precision=")]
-    return resolve_config("tiny", "sol_rl", sets=[*sets, f"explore.precision={precision}", "run.iterations=2",
-                                                  "explore.rank_check_every=1", "run.eval_prompts=", f"run.run_dir={root / run}",
-                                                  f"distributed.strategy={strategy}"])
+def _sets(precision: str, *extra: str) -> list[str]:
+    """test_fsdp's settings (no rollout copy, as fsdp), exploring at `precision`, the rank check every
+    iteration, no evaluation."""
+    return [*(s for s in SETS if not s.startswith("explore.precision=")), f"explore.precision={precision}",
+            "run.iterations=2", "explore.rank_check_every=1", "run.eval_prompts=", *extra]
+
+
+def _config(root: Path, run: str, strategy: str, precision: str, *extra: str) -> Config:
+    return resolve_config("tiny", "sol_rl", sets=_sets(precision, *extra, f"run.run_dir={root / run}",
+                                                       f"distributed.strategy={strategy}"))
 
 
 def _train_recording_kept(cfg: Config, out: Path) -> None:
@@ -192,3 +197,39 @@ def test_a_copy_without_its_high_precision_weights_holds_the_bytes_the_estimate_
     assert per_weight(lean.module, "weight_q") == copy_bytes(precision, 4.0, lean=True)
     assert per_weight(replica.module, "weight weight_q") == copy_bytes(precision, 4.0)
     assert per_weight(lean.module, "weight_scale") < 0.25  # fp8's row scales: one fp32 per output row, left out
+
+
+@pytest.mark.slow
+def test_a_2x2_mesh_on_two_launched_nodes_explores_at_nvfp4_as_one_process_does(tmp_path):
+    """Two launcher invocations with --nnodes 2 on this machine, 2 processes each (a replicate 2 x
+    shard 2 mesh): Stage 1 on each process's NVFP4 copy filled from the hybrid-sharded policy, the
+    rank check on, and the adapters a 1-process run's."""
+    import subprocess
+    import sys
+
+    from tests.test_distributed import _free_port
+
+    train(_config(tmp_path, "one", "replicate", "nvfp4-emulated", "run.prompts_per_iteration=4"), ev.EventBus(), stop=StopFlag())
+    sets = [a for s in _sets("nvfp4-emulated", "run.prompts_per_iteration=4", "distributed.strategy=fsdp") for a in ("--set", s)]
+    port = _free_port()
+    nodes = [subprocess.Popen([sys.executable, "-m", "solrl_cli", "train", "--nproc-per-node", "2", "--nnodes", "2",
+                               "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
+                               "--run-dir", str(tmp_path / "mesh"), *sets], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}) for node in (0, 1)]
+    try:
+        outputs = [n.communicate(timeout=500)[0] for n in nodes]
+    finally:
+        for n in nodes:
+            if n.poll() is None:
+                n.kill()
+    assert [n.returncode for n in nodes] == [0, 0], outputs
+    started = _events(tmp_path / "mesh")[0]
+    assert "fsdp over 4 processes (mesh replicate 2 x shard 2" in started["plan"]
+    assert started["explore_precision"] == "nvfp4-emulated" and "under fsdp a whole nvfp4-emulated copy" in started["machine"]
+    its = [[e for e in _events(d) if e["event"] == "iteration"] for d in (tmp_path / "one", tmp_path / "mesh")]
+    assert len(its[1]) == 2
+    for a, b in zip(*its):
+        assert b["draft"]["mean"] == pytest.approx(a["draft"]["mean"], abs=1e-6)
+        assert b["final"]["mean"] == pytest.approx(a["final"]["mean"], abs=1e-6)
+    assert len([e for e in _events(tmp_path / "mesh") if e["event"] == "rank_check"]) == 2
+    _close(_adapters(tmp_path / "one", 2), _adapters(tmp_path / "mesh", 2))
