@@ -108,8 +108,11 @@ def resolve_strategy(cfg: Config, machine: MachinePlan, dtype_name: str, gpu: Gp
     return ("replicate" if fits else "fsdp"), f"auto: {figures}"
 
 
-def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str) -> MachinePlan:
-    """`machine` under fsdp: the explore copy kept whole on every process (sharded_copy.py), no rollout
+def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInfo | None = None,
+                 shard: int = 1) -> MachinePlan:
+    """`machine` under fsdp over `shard` processes per node: the explore copy kept whole on every
+    process (sharded_copy.py) where the memory ESTIMATE says it fits `gpu` (else, with
+    explore.precision=auto, Stage 1 at the run dtype; an explicit precision is refused), no rollout
     copy; a setting that needs what fsdp does not keep is refused."""
     fix = "set distributed.strategy=replicate (a full replica per GPU), or drop the setting"
     fam = family(cfg.algorithm.family)
@@ -120,12 +123,40 @@ def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str) -> MachineP
         if value == "true":
             raise SolrlError(f"{name}=true is not available with distributed.strategy=fsdp in this version", fix)
     low = fam.low_precision and machine.explore_precision != dtype_name
-    explore_why = (f"{machine.explore_why}; under fsdp a whole {machine.explore_precision} copy on each process, built "
-                   "and refreshed one gathered block at a time from the sharded policy, without its high-precision weights"
-                   if low else "Stage 1 at the run dtype on the policy's old adapter")
-    return replace(machine, explore_compile=machine.explore_compile and low, rollout_copy=False, rollout_compile=False,
+    over = _whole_copy_over(machine, cfg, dtype_name, gpu, shard) if low and gpu is not None else ""
+    if low and not over:
+        explore_why = (f"{machine.explore_why}; under fsdp a whole {machine.explore_precision} copy on each process, built "
+                       "and refreshed one gathered block at a time from the sharded policy, without its high-precision weights")
+    else:
+        low, explore_why = False, (f"auto: {over}, so " if over else "") + "Stage 1 at the run dtype on the policy's old adapter"
+    return replace(machine, explore_precision=machine.explore_precision if low else dtype_name,
+                   explore_compile=machine.explore_compile and low, rollout_copy=False, rollout_compile=False,
                    update_compile=False, policy_rollout_compile=False, explore_why=explore_why,
                    rollout_copy_why="fsdp keeps none: rollouts and v_old on the policy's old adapter")
+
+
+def _whole_copy_over(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInfo, shard: int) -> str:
+    """"" where a whole explore copy per GPU fits under fsdp by the memory ESTIMATE; else the figures,
+    for `explore.precision=auto` to explore at the run dtype, and an explicit precision is refused.
+    (A copy sharded like the policy is not in this version.)"""
+    precision, budget = machine.explore_precision, gpu.memory_gib * FIT_SHARE
+    peak = sharded_estimate(cfg, dtype_name, shard, explore_precision=precision).peak
+    if peak <= budget:
+        return ""
+    without = sharded_estimate(cfg, dtype_name, shard).peak
+    figures = (f"a whole {precision} explore copy per GPU takes the estimated peak under fsdp over {shard} to {peak:.1f} GiB, "
+               f"over {budget:.1f} GiB ({without:.1f} GiB without it)")
+    if cfg.explore.precision != "auto":
+        raise SolrlError(figures, "set explore.precision=auto (Stage 1 then at the run dtype where the copy does not fit), "
+                                  "more processes per node, or a GPU with more memory")
+    return figures
+
+
+def shard_count(world: int) -> int:
+    """Processes sharing one copy of the weights: one node's (torchrun's LOCAL_WORLD_SIZE) where the
+    mesh is 2-D (`device_mesh`), else all of them."""
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return world if per_node <= 1 or per_node >= world or world % per_node else per_node
 
 
 def device_mesh(device: torch.device, world: int):  # type: ignore[no-untyped-def]
@@ -134,8 +165,8 @@ def device_mesh(device: torch.device, world: int):  # type: ignore[no-untyped-de
     (with one GPU per node, shard over all)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    if per_node <= 1 or per_node >= world or world % per_node:
+    per_node = shard_count(world)
+    if per_node == world:
         return init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
     return init_device_mesh(device.type, (world // per_node, per_node), mesh_dim_names=("replicate", "shard"))
 
@@ -148,9 +179,9 @@ def open_layout(cfg: Config, machine: MachinePlan, dtype_name: str, device: torc
     strategy, why = resolve_strategy(cfg, machine, dtype_name, gpu, world)
     if strategy == "replicate":
         return Layout("replicate", why), machine
-    machine = fsdp_machine(machine, cfg, dtype_name)
+    machine = fsdp_machine(machine, cfg, dtype_name, gpu, shard_count(world))
     if world == 1:
-        return Layout("fsdp", f"{why}; one process: nothing to shard over, the whole model without copies"), machine
+        return Layout("fsdp", f"{why}; one process: nothing to shard over, the whole model, no rollout copy"), machine
     return Layout("fsdp", why, device_mesh(device, world)), machine
 
 

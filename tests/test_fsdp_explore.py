@@ -233,3 +233,30 @@ def test_a_2x2_mesh_on_two_launched_nodes_explores_at_nvfp4_as_one_process_does(
         assert b["final"]["mean"] == pytest.approx(a["final"]["mean"], abs=1e-6)
     assert len([e for e in _events(tmp_path / "mesh") if e["event"] == "rank_check"]) == 2
     _close(_adapters(tmp_path / "one", 2), _adapters(tmp_path / "mesh", 2))
+
+
+def test_a_whole_copy_per_gpu_is_kept_where_the_estimate_says_it_fits_and_else_auto_explores_at_the_run_dtype():
+    import dataclasses
+
+    from solrl_core.config_io import set_value
+    from solrl_core.errors import SolrlError
+    from solrl_core.precision.hardware import GpuInfo
+    from solrl_core.precision.resolve import resolve_machine
+    from solrl_core.sharding import fsdp_machine
+
+    qwen = resolve_config("qwen_image", "sol_rl", "imagereward")
+    fp8 = dataclasses.replace(resolve_machine(qwen, torch.device("cpu"), "bf16"), explore_precision="fp8",
+                              explore_why="auto on compute capability 9.0")  # what auto resolves on an H100
+    h100, ada = GpuInfo(0, "H100", (9, 0), 79.1), GpuInfo(0, "RTX 6000 Ada", (8, 9), 47.5)
+    kept = fsdp_machine(fp8, qwen, "bf16", h100, 8)  # estimated 44.8 GiB of 71.2 (docs/distributed.md)
+    assert kept.explore_precision == "fp8" and "under fsdp a whole fp8 copy on each process" in kept.explore_why
+    dropped = fsdp_machine(fp8, qwen, "bf16", ada, 2)  # 59.0 GiB with the copy, 40.0 without, of 42.8
+    assert dropped.explore_precision == "bf16" and not dropped.explore_compile
+    assert dropped.explore_why.startswith("auto: a whole fp8 explore copy per GPU takes the estimated peak under fsdp "
+                                          "over 2 to 59.0 GiB, over 42.8 GiB (40.0 GiB without it)")
+    assert dropped.explore_why.endswith("so Stage 1 at the run dtype on the policy's old adapter")
+    asked = set_value(qwen, "explore.precision=fp8")
+    with pytest.raises(SolrlError, match="a whole fp8 explore copy per GPU takes the estimated peak"):
+        fsdp_machine(fp8, asked, "bf16", ada, 2)
+    assert fsdp_machine(fp8, asked, "bf16", h100, 8).explore_precision == "fp8"
+    assert fsdp_machine(fp8, qwen, "bf16", None, 2).explore_precision == "fp8"  # a CPU: no GPU memory to respect
