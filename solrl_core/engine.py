@@ -36,6 +36,7 @@ from solrl_core.regions import CompiledBlocks
 from solrl_core.rewards import RewardSet
 from solrl_core.rollout import RolloutCopy
 from solrl_core.sampler import Sampler
+from solrl_core.sharded_copy import is_sharded, meta_copy, refresh_from_shards
 
 NETWORKS = ("explore", "rollout", "base", "trained", "ema")
 Progress = Callable[[int, int], None]  # (images generated so far, images in all)
@@ -67,6 +68,9 @@ class CopySpec:
 
     precision: str
     compiled: bool = False
+    # filled from the policy once it is sharded (sharded_copy.py): built on the meta device, without
+    # the high-precision weights of its quantized layers
+    from_shards: bool = False
 
 
 @dataclass(frozen=True)
@@ -112,7 +116,9 @@ class Engine:
     def refresh_copies(self) -> None:
         """Load base + old adapter (merged once) into every rollout copy, re-quantizing the explore copy."""
         copies = self.copies()
-        if copies:
+        if copies and is_sharded(self.policy.transformer):  # one gathered block at a time, on every rank
+            refresh_from_shards(self.policy, copies, self.device)
+        elif copies:
             merged = self.policy.merged_weights(OLD)
             for c in copies:
                 c.refresh(merged)
@@ -263,5 +269,6 @@ def open_engine(cfg: Config, *, device: torch.device | None = None, explore: Cop
 
 
 def _copy(cfg: Config, model: DiffusionModel, spec: CopySpec) -> RolloutCopy:
-    return RolloutCopy(copy.deepcopy(model.transformer), spec.precision, LayerRule.of(cfg.model), compile=spec.compiled,
+    module = meta_copy(model.transformer) if spec.from_shards else copy.deepcopy(model.transformer)
+    return RolloutCopy(module, spec.precision, LayerRule.of(cfg.model), compile=spec.compiled,
                        compile_mode=cfg.run.compile_mode)

@@ -69,6 +69,18 @@ OVERHEAD_GIB = 1.5  # CUDA context, LoRA + AdamW state, one VAE decode chunk, al
 COMPILED_ACTIVATION_SHARE = 0.79
 
 
+def copy_bytes(precision: str, width: float, lean: bool = False) -> float:
+    """Explore-copy bytes per transformer parameter at `precision` in a run of `width` bytes: a
+    replica's copy keeps its weights at the run dtype besides the quantized cache (quantize.py); a
+    `lean` one (sharded_copy.py, under fsdp) only the cache: the fake-quantized weights at the run
+    dtype for the emulations, 1 byte for fp8 (its row scales and the layers the rule keeps at the
+    run dtype left out: APPROXIMATE)."""
+    if lean:
+        return {"nvfp4-emulated": width, "fp8-e5m2-tensor": width, "fp8": 1.0}.get(precision) or COPY_BYTES.get(precision, width)
+    return {"nvfp4-emulated": 2 * width, "fp8-e5m2-tensor": 2 * width, "fp8": width + 1}.get(precision) \
+        or COPY_BYTES.get(precision, width)
+
+
 def model_size(cfg: Config) -> ModelSize:
     return MODEL_SIZES_BY_HUB_ID.get(cfg.model.hub_id) or MODEL_SIZES.get(cfg.model.loader) or MODEL_SIZES["sana"]
 
@@ -94,7 +106,7 @@ class MemoryEstimate:
 
 
 def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16", checkpointing: bool = True,
-                    rollout_copy: bool = False, compiled_update: bool = False) -> MemoryEstimate:
+                    rollout_copy: bool = False, compiled_update: bool = False, lean_copy: bool = False) -> MemoryEstimate:
     """Peak GPU memory ESTIMATE for one process, GiB, from approximate model sizes (`MODEL_SIZES`);
     `explore_precision` is the resolved one (see resolve.py):
 
@@ -102,7 +114,8 @@ def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16
                         the LoRA adapters are negligible)
         explore copy  = transformer params x COPY_BYTES[precision] when the family explores at a precision other
                         than the run dtype; nvfp4-emulated: 2 x the run dtype (weights + cached fake-quantized
-                        weights); fp8: the run dtype + 1 byte (weights + cached e4m3 weights)
+                        weights); fp8: the run dtype + 1 byte (weights + cached e4m3 weights); `lean_copy`
+                        (fsdp's copy, sharded_copy.py): the cached quantized weights alone (`copy_bytes`)
         rollout copy  = transformer params x bytes of the run dtype, when kept (sampler.rollout_copy)
         vae           = VAE params x bytes of the run dtype
         activations   = optimizer.micro_batch x activation GiB per sample (bf16; with or without checkpointing;
@@ -115,9 +128,7 @@ def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16
     gib = 1e9 / 2**30  # billions of bytes -> GiB
     copy = 0.0
     if plan.explore_precision != dtype_name:
-        per_param = {"nvfp4-emulated": 2 * width, "fp8-e5m2-tensor": 2 * width, "fp8": width + 1}.get(plan.explore_precision) \
-            or COPY_BYTES.get(plan.explore_precision, width)
-        copy = size.transformer_b * per_param * gib
+        copy = size.transformer_b * copy_bytes(plan.explore_precision, width, lean_copy) * gib
     per_sample = size.activation_gib if checkpointing else size.activation_full_gib
     if compiled_update and not checkpointing:
         per_sample *= COMPILED_ACTIVATION_SHARE

@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import torch
 from peft import LoraConfig
@@ -142,15 +142,19 @@ class Policy:
         for key, value in state.items():  # whole tensors; a sharded target keeps this rank's shard
             target[key].copy_(distributed.shard_like(value, target[key]))
 
+    @staticmethod
+    def adapted(modules: Iterable[tuple[str, nn.Module]], adapter: str = OLD) -> list[tuple[str, nn.Module]]:
+        """The (name, layer) pairs among `modules` that carry `adapter`."""
+        return [(n, m) for n, m in modules if isinstance(m, BaseTunerLayer) and adapter in m.lora_A]
+
     @torch.no_grad()
-    def merged_weights(self, adapter: str = OLD) -> dict[str, torch.Tensor]:
-        """Base weight + scale * B @ A of every adapted layer, keyed as in the plain base model, summed
-        in fp32 and returned in the base weight's dtype."""
+    def merged_weights(self, adapter: str = OLD, layers: list[tuple[str, nn.Module]] | None = None) -> dict[str, torch.Tensor]:
+        """Base weight + scale * B @ A of every adapted layer (or of `layers`, from `adapted`), keyed as
+        in the plain base model, summed in fp32 and returned in the base weight's dtype."""
         out = {}
-        for name, module in self.transformer.named_modules():
-            if isinstance(module, BaseTunerLayer) and adapter in module.lora_A:
-                base = module.get_base_layer().weight
-                out[f"{name}.weight"] = (base.float() + module.get_delta_weight(adapter).float()).to(base.dtype)
+        for name, module in self.adapted(self.transformer.named_modules(), adapter) if layers is None else layers:
+            base = module.get_base_layer().weight
+            out[f"{name}.weight"] = (base.float() + module.get_delta_weight(adapter).float()).to(base.dtype)
         return out
 
     def save_lora(self, directory: str | Path, adapter: str = TRAINED, state: dict[str, torch.Tensor] | None = None) -> Path:

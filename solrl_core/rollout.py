@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from solrl_core.precision.hardware import IMPLEMENTED_EXPLORE
-from solrl_core.precision.quantize import WRAPPERS, LayerRule, QuantReport, quantize_model, requantize
+from solrl_core.precision.quantize import WRAPPERS, LayerRule, QuantizedGemm, QuantReport, quantize_model, requantize
 from solrl_core.regions import CompiledBlocks
 
 
@@ -65,9 +65,27 @@ class RolloutCopy:
         self.report: QuantReport | None = None
         if precision in WRAPPERS:
             self.report = quantize_model(self.module, rule, precision)
-        # compiled in place, block by block (regions.py): `forward` is the module either way
-        self.compiled = CompiledBlocks(self.module, compile_mode) if compile else None
+        # compiled in place, block by block (regions.py): `forward` is the module either way. A copy
+        # still on the meta device (sharded_copy.py) compiles once it is on its device (`materialize`).
+        self.compile_mode = compile_mode if compile else None
+        self.compiled = CompiledBlocks(self.module, compile_mode) if compile and not self.on_meta else None
         self.forward: nn.Module = self.module
+
+    @property
+    def on_meta(self) -> bool:
+        """Built as a skeleton (sharded_copy.meta_copy): its weights are not filled in yet."""
+        return any(p.is_meta for p in self.module.parameters())
+
+    def materialize(self, device: torch.device) -> None:
+        """Give every meta parameter storage on `device` (filled afterwards), except a quantized
+        layer's high-precision weight, which such a copy never holds (quantize.load_tensor); then compile."""
+        skipped = {id(m.weight) for m in self.module.modules() if isinstance(m, QuantizedGemm)}
+        for module in self.module.modules():
+            for name, p in list(module.named_parameters(recurse=False)):
+                if p.is_meta and id(p) not in skipped:
+                    module._parameters[name] = nn.Parameter(torch.empty_like(p, device=device), requires_grad=False)
+        if self.compile_mode is not None and self.compiled is None:
+            self.compiled = CompiledBlocks(self.module, self.compile_mode)
 
     @torch.no_grad()
     def refresh(self, merged: dict[str, torch.Tensor]) -> None:

@@ -109,7 +109,7 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     held_out = held_out_rewards(cfg, cfg.run.eval_rewards, device) if eval_prompts else None
     threads = apply_threads(cfg.run.threads)  # auto: one per usable core, shared by this node's processes (threads.py)
     machine = replace(resolve_machine(cfg, device, dtype_name), threads=threads.describe())
-    layout, machine = open_layout(cfg, machine, dtype_name, device, gpu_of(device))  # fsdp: no copies
+    layout, machine = open_layout(cfg, machine, dtype_name, device, gpu_of(device))  # fsdp: no rollout copy
     plan = plan_stages(cfg, dtype_name, machine.explore_precision, machine=machine)
     if plan.explores_low:  # before anything is written: a refused precision leaves no run dir
         require_explore_precision(plan.explore_precision, device)
@@ -123,7 +123,8 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
             raise
 
     engine = open_engine(cfg, device=device, rewards=rewards, checkpointing=machine.checkpointing, refresh=False,
-                         explore=CopySpec(plan.explore_precision, plan.explore_compiled) if plan.explores_low else None,
+                         explore=CopySpec(plan.explore_precision, plan.explore_compiled, from_shards=layout.sharded)
+                         if plan.explores_low else None,
                          rollout=CopySpec(plan.full_precision, plan.rollout_compiled) if plan.rollout_copy else None)
     policy = engine.policy
     if world > 1:  # a LoRA's random init (and anything else) must start equal on every rank: rank 0's

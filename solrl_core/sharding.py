@@ -12,12 +12,16 @@ The mesh (`device_mesh`) is 1-D over one node's processes, and 2-D with several 
 a node, replicate across nodes (HYBRID_SHARD, FSDP2's HSDP), taking torchrun's LOCAL_WORLD_SIZE as
 the node size. What differs from a replicated run, and why:
 
-- No explore copy and no rollout copy: each would be a full copy of the weights on every GPU, which
-  is what fsdp exists to avoid. Stage 1 and the full-precision rollouts run on the policy with its
-  `old` adapter at the run dtype (the update's v_old too, as `sampler.rollout_copy=false` does), and
-  the start-up line says so. A setting that needs a copy (an explicit low explore.precision, the
-  compile and naive_quant families, sampler.rollout_copy=true) is refused, as is the rank check and
-  a compiled update (neither has run sharded in this version).
+- The low-precision explore copy is kept whole on every process (sharded_copy.py): built on the meta
+  device, filled and refreshed one gathered FSDP unit at a time from the sharded policy, without the
+  high-precision weights of its quantized layers (fp8: about half a bf16 copy; the emulations hold
+  their fake-quantized weights at the run dtype). So sol_rl and naive_quant explore at the explore
+  precision, as on a replica, and the rank check runs (every rank regenerates its own first group,
+  each forward a collective; rank 0 reports). No full-precision rollout copy: the full-precision
+  rollouts and the update's v_old run on the policy with its `old` adapter (as
+  `sampler.rollout_copy=false` does), and the start-up line says so. What needs one (the compile
+  family, sampler.rollout_copy=true) is refused, as is a compiled update (not run sharded in this
+  version).
 - Gradients are averaged by FSDP (reduce-scatter within the shard group, all-reduce across nodes),
   once per optimizer step: sync is off for every micro-batch's backward but the last, where the
   LoRA gradients, small, accumulate unsharded. distributed.all_reduce_mean_grads is not applied.
@@ -32,7 +36,8 @@ the node size. What differs from a replicated run, and why:
   any world size and under either strategy. LoRA state is small (AdamW's moments are twice the
   adapter), so gathering it costs little; the frozen base is never saved.
 
-With one process, fsdp shards nothing (the whole model, as replicate) but keeps the fsdp plan: no copies.
+With one process, fsdp shards nothing (the whole model, as replicate) but keeps the fsdp plan: no
+rollout copy, and an explore copy as a replica's.
 """
 
 from __future__ import annotations
@@ -103,26 +108,55 @@ def resolve_strategy(cfg: Config, machine: MachinePlan, dtype_name: str, gpu: Gp
     return ("replicate" if fits else "fsdp"), f"auto: {figures}"
 
 
-def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str) -> MachinePlan:
-    """`machine` without the copies fsdp does not keep; a setting that needs one is refused."""
+def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInfo | None = None,
+                 shard: int = 1) -> MachinePlan:
+    """`machine` under fsdp over `shard` processes per node: the explore copy kept whole on every
+    process (sharded_copy.py) where the memory ESTIMATE says it fits `gpu` (else, with
+    explore.precision=auto, Stage 1 at the run dtype; an explicit precision is refused), no rollout
+    copy; a setting that needs what fsdp does not keep is refused."""
     fix = "set distributed.strategy=replicate (a full replica per GPU), or drop the setting"
     fam = family(cfg.algorithm.family)
-    if fam.copy:
-        raise SolrlError(f"the {fam.name} family rolls out on a {fam.copy} copy "
-                         "of the model, which distributed.strategy=fsdp does not keep", fix)
-    if cfg.explore.precision not in ("auto", dtype_name) and fam.low_precision:
-        raise SolrlError(f"explore.precision={cfg.explore.precision} needs an explore copy, which distributed.strategy=fsdp "
-                         "does not keep", "set explore.precision=auto (Stage 1 then runs at the run dtype), or " + fix)
+    if fam.copy == "compiled":
+        raise SolrlError(f"the {fam.name} family rolls out on a compiled full-precision copy "
+                         "of the model, which distributed.strategy=fsdp does not keep in this version", fix)
     for name, value in (("sampler.rollout_copy", cfg.sampler.rollout_copy), ("optimizer.compile", cfg.optimizer.compile)):
         if value == "true":
             raise SolrlError(f"{name}=true is not available with distributed.strategy=fsdp in this version", fix)
-    if cfg.explore.rank_check_every:
-        raise SolrlError("the rank check (explore.rank_check_every) runs on rank 0 alone, which a sharded model cannot",
-                         "set explore.rank_check_every=0, or distributed.strategy=replicate")
-    return replace(machine, explore_precision=dtype_name, explore_compile=False, rollout_copy=False, rollout_compile=False,
-                   update_compile=False, policy_rollout_compile=False,
-                   explore_why="fsdp keeps no explore copy: Stage 1 at the run dtype on the policy's old adapter",
+    low = fam.low_precision and machine.explore_precision != dtype_name
+    over = _whole_copy_over(machine, cfg, dtype_name, gpu, shard) if low and gpu is not None else ""
+    if low and not over:
+        explore_why = (f"{machine.explore_why}; under fsdp a whole {machine.explore_precision} copy on each process, built "
+                       "and refreshed one gathered block at a time from the sharded policy, without its high-precision weights")
+    else:
+        low, explore_why = False, (f"auto: {over}, so " if over else "") + "Stage 1 at the run dtype on the policy's old adapter"
+    return replace(machine, explore_precision=machine.explore_precision if low else dtype_name,
+                   explore_compile=machine.explore_compile and low, rollout_copy=False, rollout_compile=False,
+                   update_compile=False, policy_rollout_compile=False, explore_why=explore_why,
                    rollout_copy_why="fsdp keeps none: rollouts and v_old on the policy's old adapter")
+
+
+def _whole_copy_over(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInfo, shard: int) -> str:
+    """"" where a whole explore copy per GPU fits under fsdp by the memory ESTIMATE; else the figures,
+    for `explore.precision=auto` to explore at the run dtype, and an explicit precision is refused.
+    (A copy sharded like the policy is not in this version.)"""
+    precision, budget = machine.explore_precision, gpu.memory_gib * FIT_SHARE
+    peak = sharded_estimate(cfg, dtype_name, shard, explore_precision=precision).peak
+    if peak <= budget:
+        return ""
+    without = sharded_estimate(cfg, dtype_name, shard).peak
+    figures = (f"a whole {precision} explore copy per GPU takes the estimated peak under fsdp over {shard} to {peak:.1f} GiB, "
+               f"over {budget:.1f} GiB ({without:.1f} GiB without it)")
+    if cfg.explore.precision != "auto":
+        raise SolrlError(figures, "set explore.precision=auto (Stage 1 then at the run dtype where the copy does not fit), "
+                                  "more processes per node, or a GPU with more memory")
+    return figures
+
+
+def shard_count(world: int) -> int:
+    """Processes sharing one copy of the weights: one node's (torchrun's LOCAL_WORLD_SIZE) where the
+    mesh is 2-D (`device_mesh`), else all of them."""
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    return world if per_node <= 1 or per_node >= world or world % per_node else per_node
 
 
 def device_mesh(device: torch.device, world: int):  # type: ignore[no-untyped-def]
@@ -131,8 +165,8 @@ def device_mesh(device: torch.device, world: int):  # type: ignore[no-untyped-de
     (with one GPU per node, shard over all)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-    if per_node <= 1 or per_node >= world or world % per_node:
+    per_node = shard_count(world)
+    if per_node == world:
         return init_device_mesh(device.type, (world,), mesh_dim_names=("shard",))
     return init_device_mesh(device.type, (world // per_node, per_node), mesh_dim_names=("replicate", "shard"))
 
@@ -145,9 +179,9 @@ def open_layout(cfg: Config, machine: MachinePlan, dtype_name: str, device: torc
     strategy, why = resolve_strategy(cfg, machine, dtype_name, gpu, world)
     if strategy == "replicate":
         return Layout("replicate", why), machine
-    machine = fsdp_machine(machine, cfg, dtype_name)
+    machine = fsdp_machine(machine, cfg, dtype_name, gpu, shard_count(world))
     if world == 1:
-        return Layout("fsdp", f"{why}; one process: nothing to shard over, the whole model without copies"), machine
+        return Layout("fsdp", f"{why}; one process: nothing to shard over, the whole model, no rollout copy"), machine
     return Layout("fsdp", why, device_mesh(device, world)), machine
 
 
@@ -156,10 +190,16 @@ def shard_policy(policy, layout: Layout) -> None:  # type: ignore[no-untyped-def
     mesh, and point the policy at its sharded parameters."""
     from torch.distributed.fsdp import fully_shard
 
-    for block in repeated_blocks(policy.transformer):
-        fully_shard(block, mesh=layout.mesh)
-    fully_shard(policy.transformer, mesh=layout.mesh)
+    for _, unit in fsdp_units(policy.transformer):  # the blocks first, the root last
+        fully_shard(unit, mesh=layout.mesh)
     policy.rebind()
+
+
+def fsdp_units(transformer: nn.Module) -> list[tuple[str, nn.Module]]:
+    """(name, module) of each unit `shard_policy` shards, gathered whole at once: every repeated block,
+    then the root ("", holding the layers outside the blocks)."""
+    blocks = {id(b) for b in repeated_blocks(transformer)}
+    return [(n, m) for n, m in transformer.named_modules() if id(m) in blocks] + [("", transformer)]
 
 
 def sync_gradients(module: nn.Module, on: bool) -> None:
@@ -207,10 +247,14 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, sd: dict) -> None:
 
 
 
-def sharded_estimate(cfg: Config, dtype_name: str, shard: int, checkpointing: bool = True) -> MemoryEstimate:
+def sharded_estimate(cfg: Config, dtype_name: str, shard: int, checkpointing: bool = True,
+                     explore_precision: str | None = None) -> MemoryEstimate:
     """Peak GPU memory ESTIMATE per process under fsdp with `shard` processes per shard group (a node):
-    a replica's estimate (footprint.py) without explore or rollout copy, its policy weights divided
-    by `shard` plus the gathered blocks (GATHERED_SHARE of the weights, when sharded). APPROXIMATE."""
-    est = estimate_memory(cfg, dtype_name, dtype_name, checkpointing, rollout_copy=False)
+    a replica's estimate (footprint.py) without rollout copy, its policy weights divided by `shard`
+    plus the gathered blocks (GATHERED_SHARE of the weights, when sharded), and, where the family
+    explores at `explore_precision` (None: at the run dtype), a whole explore copy without its
+    high-precision weights (footprint.sharded_copy_bytes). APPROXIMATE."""
+    explore = explore_precision or dtype_name
+    est = estimate_memory(cfg, explore, dtype_name, checkpointing, rollout_copy=False, lean_copy=shard > 1)
     policy = est.policy / shard + (est.policy * GATHERED_SHARE if shard > 1 else 0.0)
     return replace(est, policy=policy)

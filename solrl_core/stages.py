@@ -226,7 +226,9 @@ def advantages(run: Run, scores: GlobalScores, clip: float) -> torch.Tensor:
 
 def rank_check_due(run: Run, state: LoopState) -> bool:
     every = run.config.explore.rank_check_every
-    return bool(every) and run.plan.regenerate and state.iteration % every == 0 and run.rank == 0  # the first group is rank 0's
+    # the first group is rank 0's; sharded, every rank regenerates its own first group (each forward
+    # gathers the weights from all), and rank 0's result alone is heard
+    return bool(every) and run.plan.regenerate and state.iteration % every == 0 and (run.rank == 0 or run.sharded)
 
 
 def rank_check(run: Run, state: LoopState, bus: ev.EventBus, drafts: RolloutBatch) -> None:

@@ -112,9 +112,10 @@ after its increment) are the official ones. Where this differs from it, and why:
   own 512 / 256 tokens.
 - `distributed.strategy = fsdp` (sharding.py; auto picks it with several processes when one replica
   does not fit a GPU by the memory estimate) shards the policy with FSDP2, where the official code
-  holds a full replica per GPU, and then keeps no explore or rollout copy: Stage 1 runs at the run
-  dtype on the `old` adapter (not at a low explore precision) and v_old on the `old` adapter, as
-  `sampler.rollout_copy=false`. A micro-batch whose loss is not finite skips the whole step there (its
+  holds a full replica per GPU. Stage 1 still explores at the explore precision, on a whole
+  low-precision copy per process built and refreshed one gathered block at a time from the shards
+  (sharded_copy.py; the same weights as a replica's copy); there is no full-precision rollout copy,
+  so Stage 2 and v_old run on the `old` adapter, as `sampler.rollout_copy=false`. A micro-batch whose loss is not finite skips the whole step there (its
   backward must run on every rank) where a replica drops that micro-batch alone. Unchanged for a
   replicated run, the default wherever a replica fits.
 """

@@ -1,6 +1,7 @@
 """distributed.strategy=fsdp on a CPU (gloo): a 2-rank sharded run trains what a 1-rank run does,
-checkpoints cross strategies and world sizes both ways, settings that need a copy are refused, and
-the per-GPU memory estimate of each strategy."""
+checkpoints cross strategies and world sizes both ways, settings that need a full-precision copy are
+refused, and the per-GPU memory estimate of each strategy (the low-precision explore copy under fsdp:
+tests/test_fsdp_explore.py)."""
 
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ def test_two_sharded_ranks_train_what_one_process_does_and_checkpoints_cross_bot
     assert all(r["sharded"] for r in reports)
     started = _events(two)[0]
     assert "fsdp over 2 processes (mesh shard 2; as configured)" in started["plan"]
-    assert "fsdp keeps no explore copy" in started["machine"]
+    assert "explore fp32 (Stage 1 at the run dtype on the policy's old adapter)" in started["machine"]
 
     # The same rewards, losses and evaluations, iteration by iteration, and the same adapters (trained,
     # old, EMA) in the checkpoint rank 0 wrote from the gathered shards.
@@ -146,25 +147,30 @@ def _machine(cfg: Config):  # type: ignore[no-untyped-def]
     return resolve_machine(cfg, torch.device("cpu"), "fp32")
 
 
-def test_fsdp_keeps_no_copy_and_refuses_the_settings_that_need_one():
+def test_fsdp_keeps_a_whole_explore_copy_and_refuses_the_settings_that_need_a_full_precision_copy():
     from solrl_core.sharding import fsdp_machine
 
     cfg = resolve_config("tiny", "sol_rl")
     machine = _machine(cfg)
     assert machine.explore_precision == "nvfp4-emulated"  # a replica on a CPU explores on an emulated NVFP4 copy
     sharded = fsdp_machine(machine, cfg, "fp32")
-    assert (sharded.explore_precision, sharded.rollout_copy, sharded.update_compile) == ("fp32", False, False)
-    assert "no explore copy" in sharded.describe()
-    refused = {"explore.precision=nvfp4-emulated": "needs an explore copy", "sampler.rollout_copy=true": "sampler.rollout_copy",
-               "optimizer.compile=true": "optimizer.compile", "explore.rank_check_every=2": "rank check"}
+    assert (sharded.explore_precision, sharded.rollout_copy, sharded.update_compile) == ("nvfp4-emulated", False, False)
+    assert "under fsdp a whole nvfp4-emulated copy on each process" in sharded.describe()
+    for setting in ("explore.precision=fp8-e5m2-tensor", "explore.rank_check_every=2"):  # refused before this version
+        ok = set_value(cfg, setting)
+        assert fsdp_machine(_machine(ok), ok, "fp32").explore_precision == ok.explore.precision.replace("auto", "nvfp4-emulated")
+    naive_quant = resolve_config("tiny", "naive_quant")
+    assert fsdp_machine(_machine(naive_quant), naive_quant, "fp32").explore_precision == "nvfp4-emulated"
+    at_dtype = set_value(cfg, "explore.precision=fp32")
+    assert "Stage 1 at the run dtype" in fsdp_machine(_machine(at_dtype), at_dtype, "fp32").explore_why
+    refused = {"sampler.rollout_copy=true": "sampler.rollout_copy", "optimizer.compile=true": "optimizer.compile"}
     for setting, words in refused.items():
         bad = set_value(cfg, setting)
         with pytest.raises(SolrlError, match=words):
             fsdp_machine(_machine(bad), bad, "fp32")
-    for family in ("compile", "naive_quant"):
-        bad = resolve_config("tiny", family)
-        with pytest.raises(SolrlError, match=f"the {family} family"):
-            fsdp_machine(_machine(bad), bad, "fp32")
+    bad = resolve_config("tiny", "compile")
+    with pytest.raises(SolrlError, match="the compile family rolls out on a compiled full-precision copy"):
+        fsdp_machine(_machine(bad), bad, "fp32")
     with pytest.raises(SolrlError, match="unknown distributed.strategy 'fdsp'"):
         set_value(cfg, "distributed.strategy=fdsp").validate()
 
@@ -195,6 +201,12 @@ def test_the_sharded_estimate_divides_the_weights_and_adds_the_gathered_blocks()
     assert eight.policy == pytest.approx(whole.policy / 8 + whole.policy * GATHERED_SHARE)
     assert eight.explore_copy == 0 and eight.rollout_copy == 0
     assert eight.peak - eight.policy == pytest.approx(whole.peak - whole.policy)
+    # exploring at fp8: a whole copy on each process, its quantized cache alone (1 byte a weight)
+    fp8 = sharded_estimate(cfg, "bf16", 8, explore_precision="fp8")
+    assert fp8.explore_copy == pytest.approx(20.4e9 / 2**30) and fp8.peak == pytest.approx(eight.peak + fp8.explore_copy)
+    emulated = sharded_estimate(cfg, "bf16", 8, explore_precision="nvfp4-emulated")
+    assert emulated.explore_copy == pytest.approx(2 * fp8.explore_copy)  # its fake-quantized weights at bf16
+    assert sharded_estimate(cfg, "bf16", 1, explore_precision="fp8").explore_copy == pytest.approx(3 * fp8.explore_copy)
 
 
 def test_the_doctor_names_the_strategy_and_process_count_that_fit():
@@ -203,7 +215,7 @@ def test_the_doctor_names_the_strategy_and_process_count_that_fit():
 
     qwen = resolve_config("qwen_image", "sol_rl", "imagereward")
     check = strategy_check(qwen, GpuInfo(0, "H100", (9, 0), 79.1), 1)
-    assert check.status == "warn" and "replicate 112.2 GiB" in check.detail and "fsdp over 8 25.8 GiB" in check.detail
+    assert check.status == "warn" and "replicate 112.2 GiB" in check.detail and "fsdp over 8 44.8 GiB" in check.detail
     assert "--set distributed.strategy=fsdp --nproc-per-node 2" in check.fix
     assert strategy_check(qwen, GpuInfo(0, "H200", (9, 0), 139.7), 1).status == "pass"
     assert backend_check(1, None) is None and backend_check(2, None).detail.startswith("gloo is available")

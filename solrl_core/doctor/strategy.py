@@ -16,10 +16,11 @@ SHARD_COUNTS = (2, 4, 8)  # processes per node shown besides the run's own
 
 def strategy_estimates(cfg: Config, explore_precision: str, dtype_name: str, nproc: int) -> dict[str, float]:
     """Peak GiB per GPU ESTIMATE: 'replicate' (the smallest replica: gradient checkpointing on, no
-    rollout copy) and 'fsdp/S' for S processes per node sharing the weights."""
+    rollout copy) and 'fsdp/S' for S processes per node sharing the weights, each with a whole
+    explore copy without its high-precision weights (sharded_copy.py)."""
     out = {"replicate": estimate_memory(cfg, explore_precision, dtype_name, checkpointing=True, rollout_copy=False).peak}
     for shard in sorted({*SHARD_COUNTS, nproc} - {1}):
-        out[f"fsdp/{shard}"] = sharded_estimate(cfg, dtype_name, shard).peak
+        out[f"fsdp/{shard}"] = sharded_estimate(cfg, dtype_name, shard, explore_precision=explore_precision).peak
     return out
 
 

@@ -60,7 +60,8 @@ class _QuantizedGemm(nn.Module):
                 setattr(self, dim, getattr(module, dim))
         for name in self.CACHES:  # not persistent: derived from `weight`, never saved or loaded
             self.register_buffer(name, torch.empty(0), persistent=False)
-        self.requantize()
+        if not self.weight.is_meta:  # a copy filled later from a sharded policy (sharded_copy.py): nothing to quantize yet
+            self.requantize()
 
     @property
     def wrapped(self) -> nn.Module:
@@ -70,9 +71,13 @@ class _QuantizedGemm(nn.Module):
         module.bias = self.bias
         return module
 
-    def requantize(self) -> None:
-        """Recompute the cached quantized weight from the current (high-precision) weight."""
+    def requantize(self, weight: Tensor | None = None) -> None:
+        """Recompute the cached quantized weight from the current (high-precision) weight, or from
+        `weight` (of its shape), which is then not kept."""
         raise NotImplementedError
+
+    def _source(self, weight: Tensor | None) -> Tensor:
+        return (self.weight if weight is None else weight).detach()
 
     def _store(self, name: str, value: Tensor) -> None:
         """Set a cache buffer, in place when its shape, dtype and device are unchanged, so whatever
@@ -93,8 +98,8 @@ class _EmulatedNVFP4(_QuantizedGemm):
     weight_q: Tensor
 
     @torch.no_grad()
-    def requantize(self) -> None:
-        w = self.weight.detach()
+    def requantize(self, weight: Tensor | None = None) -> None:
+        w = self._source(weight)
         self._store("weight_q", fake_quantize_2d(w.reshape(w.shape[0], -1)).reshape(w.shape))
 
 
@@ -132,9 +137,9 @@ class _Fp8(_QuantizedGemm):
     rowwise: bool
 
     @torch.no_grad()
-    def requantize(self) -> None:
+    def requantize(self, weight: Tensor | None = None) -> None:
         """Also after a move or a dtype change: the scaling follows the weight's device."""
-        w = self.weight.detach()
+        w = self._source(weight)
         self.rowwise = fp8.rowwise_supported(w.device)
         q, scale = fp8.quantize(w.reshape(w.shape[0], -1), self.rowwise)
         self._store("weight_q", q)
@@ -166,8 +171,8 @@ class _EmulatedE5M2(_QuantizedGemm):
     weight_q: Tensor
 
     @torch.no_grad()
-    def requantize(self) -> None:
-        self._store("weight_q", e5m2.fake_quantize_tensor(self.weight.detach()))
+    def requantize(self, weight: Tensor | None = None) -> None:
+        self._store("weight_q", e5m2.fake_quantize_tensor(self._source(weight)))
 
 
 class EmulatedE5M2Linear(_EmulatedE5M2):
@@ -187,6 +192,8 @@ class EmulatedE5M2Conv1x1(_EmulatedE5M2):
     def forward(self, x: Tensor) -> Tensor:
         return F.conv2d(e5m2.fake_quantize_tensor(x), self.weight_q, self.bias)
 
+
+QuantizedGemm = _QuantizedGemm  # what every wrapper is, for isinstance checks outside this module
 
 # precision -> (wrapper for nn.Linear, wrapper for 1x1 nn.Conv2d)
 WRAPPERS: dict[str, tuple[type[_QuantizedGemm], type[_QuantizedGemm]]] = {
@@ -397,3 +404,17 @@ def requantize(model: nn.Module) -> None:
     for module in model.modules():
         if isinstance(module, _QuantizedGemm):
             module.requantize()
+
+
+@torch.no_grad()
+def load_tensor(model: nn.Module, name: str, value: Tensor) -> None:
+    """Set the parameter or buffer `name` of `model` to `value` (cast to its dtype). A quantized
+    layer's weight goes straight into its quantized cache, its high-precision weight left untouched:
+    a copy filled from a sharded policy never holds it (sharded_copy.py)."""
+    owner_name, _, attr = name.rpartition(".")
+    owner = model.get_submodule(owner_name)
+    target = getattr(owner, attr)
+    if isinstance(owner, _QuantizedGemm) and attr == "weight":
+        owner.requantize(value.to(target.dtype))
+    else:
+        target.copy_(value)

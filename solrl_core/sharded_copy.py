@@ -1,0 +1,95 @@
+"""A whole low-precision explore copy on every process of a sharded run (distributed.strategy=fsdp).
+
+Under fsdp each GPU holds 1/S of the policy's weights (sharding.py), so a copy cannot be a deep
+copy of a whole transformer the process holds. Instead:
+
+- Built as a skeleton: `meta_copy` deep-copies the base transformer (before the adapters) with every
+  parameter on the meta device (no memory), and quantize.py wraps its GEMM layers as for a replica,
+  so the layer set and the quantization report are the replica's.
+- Filled block by block from the sharded policy (`refresh_from_shards`): each FSDP unit (each
+  repeated block, then the root's own layers) is gathered whole (`FSDPModule.unshard`), its adapted
+  layers merged with the `old` adapter by the policy's own `merged_weights`, written into the copy
+  (a quantized layer's weight straight into its quantized cache: `quantize.load_tensor`), and the
+  gathered unit freed (`reshard`) before the next. The first fill writes every weight; each refresh
+  after an optimizer step only the adapted layers' (the others are frozen).
+- A quantized layer's high-precision weight is never held (it stays on the meta device): the copy
+  holds the quantized caches and, at the run dtype, the layers the quantized-layer rule keeps. With
+  fp8 that is about half a bf16 copy; the NVFP4 and E5M2 emulations store their fake-quantized
+  weights at the run dtype, a full copy's size (footprint.sharded_copy_bytes).
+
+Every rank runs the same units in the same order (each gather is a collective), and the merged
+weights are the policy's own (`Policy.merged_weights`), so the copy equals a replica's exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+from solrl_core.policy import OLD, Policy
+from solrl_core.precision.quantize import load_tensor
+from solrl_core.rollout import RolloutCopy
+from solrl_core.sharding import fsdp_units
+
+
+def meta_copy(module: nn.Module) -> nn.Module:
+    """A deep copy of `module` whose parameters are on the meta device (buffers copied as they are)."""
+    memo = {id(p): nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=False) for p in module.parameters()}
+    return copy.deepcopy(module, memo)
+
+
+def is_sharded(module: nn.Module) -> bool:
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(module, FSDPModule)
+
+
+def _unit_modules(policy: Policy, prefix: str, blocks: list[str]) -> list[tuple[str, nn.Module]]:
+    """The modules whose parameters the unit at `prefix` holds ("" the root: those in no block)."""
+    def inside(name: str, block: str) -> bool:
+        return name == block or name.startswith(block + ".")
+
+    everything = policy.transformer.named_modules()
+    if prefix:
+        return [(n, m) for n, m in everything if inside(n, prefix)]
+    return [(n, m) for n, m in everything if not any(inside(n, b) for b in blocks)]
+
+
+def _base_tensors(modules: list[tuple[str, nn.Module]]) -> dict[str, torch.Tensor]:
+    """The base model's parameters among `modules`, keyed as in the plain base model (peft's
+    `base_layer` dropped, its LoRA layers left out)."""
+    out = {}
+    for name, module in modules:
+        if any(part.startswith("lora_") for part in name.split(".")):
+            continue
+        for pname, p in module.named_parameters(recurse=False):
+            out[f"{name}.{pname}".replace(".base_layer.", ".").removeprefix(".")] = p.detach()
+    return out
+
+
+@torch.no_grad()
+def refresh_from_shards(policy: Policy, copies: list[RolloutCopy], device: torch.device) -> None:
+    """Fill `copies` (skeletons from `meta_copy`) with base + `old` adapter, one FSDP unit gathered at
+    a time: every weight the first time, the adapted layers' after that. A collective: every rank calls it."""
+    first = [c.on_meta for c in copies]
+    for c, fresh in zip(copies, first):
+        if fresh:
+            c.materialize(device)
+    units = fsdp_units(policy.transformer)
+    blocks = [name for name, _ in units if name]
+    for prefix, unit in units:
+        modules = _unit_modules(policy, prefix, blocks)
+        merged_layers = policy.adapted(modules, OLD)
+        if not merged_layers and not any(first):
+            continue  # nothing here changes after a step
+        unit.unshard()
+        try:
+            merged = policy.merged_weights(OLD, merged_layers)
+            base = _base_tensors(modules) if any(first) else {}
+            for c, fresh in zip(copies, first):
+                for name, value in ({**base, **merged} if fresh else merged).items():
+                    load_tensor(c.module, name, value)
+        finally:
+            unit.reshard()

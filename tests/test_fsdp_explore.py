@@ -1,0 +1,264 @@
+"""A low-precision explore copy under distributed.strategy=fsdp (sharded_copy.py) on a CPU (gloo): a
+2-rank sharded run explores at the requested precision and trains what a 1-process run with the
+same explore precision does (draft and final rewards, kept seeds, losses, adapters), with the rank
+check running sharded; the copy built from the shards equals a replica's copy, and holds no
+high-precision weight of a quantized layer; the bytes per weight the estimate counts for each copy
+are those the copies hold; and a 4-process two-"node" hybrid mesh explores as one process does (slow)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from solrl_core import events as ev
+from solrl_core.config import Config
+from solrl_core.presets import resolve_config
+from solrl_core.trainer import StopFlag, train
+from tests.test_distributed import _adapters, _events, _spawn
+from tests.test_fsdp import SETS, _close
+
+PRECISIONS = ("nvfp4-emulated", "fp8-e5m2-tensor")
+# (family, explore precision) of the 2-rank runs: sol_rl at both, and naive_quant, which trains on its drafts
+RUNS = (*(("sol_rl", p) for p in PRECISIONS), ("naive_quant", "nvfp4-emulated"))
+
+
+def _sets(precision: str, *extra: str) -> list[str]:
+    """test_fsdp's settings (no rollout copy, as fsdp), exploring at `precision`, the rank check every
+    iteration, no evaluation."""
+    return [*(s for s in SETS if not s.startswith("explore.precision=")), f"explore.precision={precision}",
+            "run.iterations=2", "explore.rank_check_every=1", "run.eval_prompts=", *extra]
+
+
+def _config(root: Path, run: str, strategy: str, precision: str, *extra: str, family: str = "sol_rl") -> Config:
+    return resolve_config("tiny", family, sets=_sets(precision, *extra, f"run.run_dir={root / run}",
+                                                       f"distributed.strategy={strategy}"))
+
+
+def _train_recording_kept(cfg: Config, out: Path) -> None:
+    """Train `cfg`, writing the seeds each iteration kept (this rank's) to `out`."""
+    import solrl_core.trainer as trainer
+
+    real, kept = trainer.select_seeds, []
+
+    def select(run, drafts, rng):  # type: ignore[no-untyped-def]
+        index = real(run, drafts, rng)
+        kept.append(drafts.batch.seeds[index].tolist())
+        return index
+
+    trainer.select_seeds = select
+    try:
+        train(cfg, ev.EventBus(), stop=StopFlag())
+    finally:
+        trainer.select_seeds = real
+    out.write_text(json.dumps(kept))
+
+
+def _worker(rank: int, world: int, port: int, root: Path) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    for family, precision in RUNS:
+        _train_recording_kept(_config(root, f"two-{family}-{precision}", "fsdp", precision, family=family),
+                              root / "results" / f"{family}-{precision}-rank{rank}.json")
+
+
+def test_two_sharded_ranks_explore_at_the_requested_precision_as_one_process_does_in_sol_rl_and_naive_quant(tmp_path):
+    (tmp_path / "results").mkdir()
+    for family, precision in RUNS:
+        _train_recording_kept(_config(tmp_path, f"one-{family}-{precision}", "replicate", precision, family=family),
+                              tmp_path / "results" / f"{family}-{precision}-one.json")
+    _spawn(2, tmp_path, limit=600.0, worker=_worker)
+
+    for family, precision in RUNS:
+        one, two = tmp_path / f"one-{family}-{precision}", tmp_path / f"two-{family}-{precision}"
+        started = _events(two)[0]
+        assert started["explore_precision"] == precision
+        assert f"Stage 1: 8 seeds/prompt at {precision}, " in started["plan"]
+        assert "fsdp over 2 processes" in started["plan"]
+        assert f"under fsdp a whole {precision} copy on each process" in started["machine"]
+        its = [[e for e in _events(d) if e["event"] == "iteration"] for d in (one, two)]
+        assert len(its[1]) == 2
+        for a, b in zip(*its):
+            assert b["draft"]["mean"] == pytest.approx(a["draft"]["mean"], abs=1e-6)
+            assert b["draft"]["best"] == pytest.approx(a["draft"]["best"], abs=1e-6)
+            assert b["final"]["mean"] == pytest.approx(a["final"]["mean"], abs=1e-6)
+            assert b["loss"]["loss"] == pytest.approx(a["loss"]["loss"], rel=1e-4)
+            assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
+        checks = [[e for e in _events(d) if e["event"] == "rank_check"] for d in (one, two)]
+        assert len(checks[1]) == (2 if family == "sol_rl" else 0)  # sharded, every iteration; naive_quant regenerates nothing
+        for a, b in zip(*checks):
+            assert (b["draft_mean"], b["full_mean"]) == pytest.approx((a["draft_mean"], a["full_mean"]), abs=1e-6)
+        kept_one = json.loads((tmp_path / "results" / f"{family}-{precision}-one.json").read_text())
+        ranks = [json.loads((tmp_path / "results" / f"{family}-{precision}-rank{r}.json").read_text()) for r in range(2)]
+        assert [r0 + r1 for r0, r1 in zip(*ranks)] == kept_one  # rank 0 holds the first group, rank 1 the second
+        reference = _adapters(one, 2)
+        assert any(v.abs().max() > 0 for k, v in reference.items() if "lora_B" in k)
+        _close(reference, _adapters(two, 2))
+
+
+def _copy_worker(rank: int, world: int, port: int, root: Path) -> None:
+    """Both explore copies of a 2-rank fsdp session (built from the shards, refreshed after a changed
+    old adapter), saved whole by rank 0 next to what it holds."""
+    from solrl_core.precision.quantize import QuantizedGemm
+    from solrl_core.session import open_session
+
+    from solrl_core import distributed
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    distributed.init_from_env()
+    for precision in PRECISIONS:
+        run = open_session(_config(root, f"copy-{precision}", "fsdp", precision)).run
+        try:
+            engine = run.engine
+            built = _caches(engine.explore_copy.module)
+            old = engine.policy.state("old")  # whole on every rank (a collective)
+            noise = torch.Generator().manual_seed(0)  # an old adapter moved by training: its B no longer zero
+            old = {k: v + 0.01 * torch.randn(v.shape, generator=noise) for k, v in old.items()}
+            engine.policy.load_state("old", old)
+            engine.refresh_copies()
+            held = {m.weight.device.type for m in engine.explore_copy.module.modules() if isinstance(m, QuantizedGemm)}
+            assert held == {"meta"}, held  # never holds a quantized layer's high-precision weight
+            if rank == 0:
+                torch.save({"built": built, "refreshed": _caches(engine.explore_copy.module), "old": old},
+                           root / "results" / f"{precision}.pt")
+        finally:
+            if run.lock is not None:
+                run.lock.release()
+
+
+def _caches(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Every tensor the copy computes with: its buffers (the quantized caches among them) and the
+    parameters it holds (not on the meta device)."""
+    out = {k: v.clone() for k, v in module.named_buffers()}
+    out.update({k: v.detach().clone() for k, v in module.named_parameters() if not v.is_meta})
+    return out
+
+
+def test_the_copy_built_from_the_shards_is_a_replicas_copy(tmp_path):
+    from solrl_core.session import open_session
+
+    (tmp_path / "results").mkdir()
+    _spawn(2, tmp_path, limit=300.0, worker=_copy_worker)
+    for precision in PRECISIONS:
+        saved = torch.load(tmp_path / "results" / f"{precision}.pt")
+        run = open_session(_config(tmp_path, f"replica-{precision}", "replicate", precision)).run
+        try:
+            engine = run.engine
+            assert _caches_equal(saved["built"], _caches(engine.explore_copy.module))
+            engine.policy.load_state("old", saved["old"])
+            engine.refresh_copies()
+            assert _caches_equal(saved["refreshed"], _caches(engine.explore_copy.module))
+            assert not _caches_equal(saved["built"], saved["refreshed"])  # the refresh reached the quantized caches
+        finally:
+            if run.lock is not None:
+                run.lock.release()
+
+
+def _caches_equal(sharded: dict[str, torch.Tensor], replica: dict[str, torch.Tensor]) -> bool:
+    """The sharded copy's tensors equal the replica copy's of the same name (the replica also holds
+    its quantized layers' high-precision weights, which the sharded one never has)."""
+    assert set(sharded) <= set(replica), set(sharded) - set(replica)
+    return all(torch.equal(v, replica[k]) for k, v in sharded.items())
+
+
+@pytest.mark.parametrize("precision", ["nvfp4-emulated", "fp8-e5m2-tensor", "fp8"])
+def test_a_copy_without_its_high_precision_weights_holds_the_bytes_the_estimate_counts(precision):
+    """The estimate's bytes per quantized weight (footprint.copy_bytes) against the tensors each copy
+    holds on the tiny model (fp32): a replica's copy keeps its weights and the cache, the copy fsdp
+    fills (quantize.load_tensor into a meta skeleton) the cache alone, with the same values."""
+    import copy
+
+    from solrl_core.footprint import copy_bytes
+    from solrl_core.models import load_model
+    from solrl_core.precision.quantize import LayerRule, QuantizedGemm, load_tensor
+    from solrl_core.rollout import RolloutCopy
+    from solrl_core.sharded_copy import meta_copy
+
+    cfg = resolve_config("tiny", "sol_rl")
+    transformer = load_model(cfg.model, torch.device("cpu"), torch.float32).transformer
+    replica = RolloutCopy(copy.deepcopy(transformer), precision, LayerRule.of(cfg.model))
+    lean = RolloutCopy(meta_copy(transformer), precision, LayerRule.of(cfg.model))
+    assert lean.on_meta
+    lean.materialize(torch.device("cpu"))
+    for name, value in transformer.state_dict().items():
+        load_tensor(lean.module, name, value)
+    assert _caches_equal(_caches(lean.module), _caches(replica.module))
+
+    def per_weight(module: torch.nn.Module, what: str) -> float:
+        layers = [m for m in module.modules() if isinstance(m, QuantizedGemm)]
+        assert layers
+        held = sum(t.numel() * t.element_size() for m in layers for n, t in [*m.named_buffers(), *m.named_parameters()]
+                   if not t.is_meta and n.split(".")[-1] in what.split())
+        return held / sum(m.weight.numel() for m in layers)
+
+    assert per_weight(lean.module, "weight") == 0  # never held
+    assert per_weight(lean.module, "weight_q") == copy_bytes(precision, 4.0, lean=True)
+    assert per_weight(replica.module, "weight weight_q") == copy_bytes(precision, 4.0)
+    assert per_weight(lean.module, "weight_scale") < 0.25  # fp8's row scales: one fp32 per output row, left out
+
+
+@pytest.mark.slow
+def test_a_2x2_mesh_on_two_launched_nodes_explores_at_nvfp4_as_one_process_does(tmp_path):
+    """Two launcher invocations with --nnodes 2 on this machine, 2 processes each (a replicate 2 x
+    shard 2 mesh): Stage 1 on each process's NVFP4 copy filled from the hybrid-sharded policy, the
+    rank check on, and the adapters a 1-process run's."""
+    import subprocess
+    import sys
+
+    from tests.test_distributed import _free_port
+
+    train(_config(tmp_path, "one", "replicate", "nvfp4-emulated", "run.prompts_per_iteration=4"), ev.EventBus(), stop=StopFlag())
+    sets = [a for s in _sets("nvfp4-emulated", "run.prompts_per_iteration=4", "distributed.strategy=fsdp") for a in ("--set", s)]
+    port = _free_port()
+    nodes = [subprocess.Popen([sys.executable, "-m", "solrl_cli", "train", "--nproc-per-node", "2", "--nnodes", "2",
+                               "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
+                               "--run-dir", str(tmp_path / "mesh"), *sets], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}) for node in (0, 1)]
+    try:
+        outputs = [n.communicate(timeout=500)[0] for n in nodes]
+    finally:
+        for n in nodes:
+            if n.poll() is None:
+                n.kill()
+    assert [n.returncode for n in nodes] == [0, 0], outputs
+    started = _events(tmp_path / "mesh")[0]
+    assert "fsdp over 4 processes (mesh replicate 2 x shard 2" in started["plan"]
+    assert started["explore_precision"] == "nvfp4-emulated" and "under fsdp a whole nvfp4-emulated copy" in started["machine"]
+    its = [[e for e in _events(d) if e["event"] == "iteration"] for d in (tmp_path / "one", tmp_path / "mesh")]
+    assert len(its[1]) == 2
+    for a, b in zip(*its):
+        assert b["draft"]["mean"] == pytest.approx(a["draft"]["mean"], abs=1e-6)
+        assert b["final"]["mean"] == pytest.approx(a["final"]["mean"], abs=1e-6)
+    assert len([e for e in _events(tmp_path / "mesh") if e["event"] == "rank_check"]) == 2
+    _close(_adapters(tmp_path / "one", 2), _adapters(tmp_path / "mesh", 2))
+
+
+def test_a_whole_copy_per_gpu_is_kept_where_the_estimate_says_it_fits_and_else_auto_explores_at_the_run_dtype():
+    import dataclasses
+
+    from solrl_core.config_io import set_value
+    from solrl_core.errors import SolrlError
+    from solrl_core.precision.hardware import GpuInfo
+    from solrl_core.precision.resolve import resolve_machine
+    from solrl_core.sharding import fsdp_machine
+
+    qwen = resolve_config("qwen_image", "sol_rl", "imagereward")
+    fp8 = dataclasses.replace(resolve_machine(qwen, torch.device("cpu"), "bf16"), explore_precision="fp8",
+                              explore_why="auto on compute capability 9.0")  # what auto resolves on an H100
+    h100, ada = GpuInfo(0, "H100", (9, 0), 79.1), GpuInfo(0, "RTX 6000 Ada", (8, 9), 47.5)
+    kept = fsdp_machine(fp8, qwen, "bf16", h100, 8)  # estimated 44.8 GiB of 71.2 (docs/distributed.md)
+    assert kept.explore_precision == "fp8" and "under fsdp a whole fp8 copy on each process" in kept.explore_why
+    dropped = fsdp_machine(fp8, qwen, "bf16", ada, 2)  # 59.0 GiB with the copy, 40.0 without, of 42.8
+    assert dropped.explore_precision == "bf16" and not dropped.explore_compile
+    assert dropped.explore_why.startswith("auto: a whole fp8 explore copy per GPU takes the estimated peak under fsdp "
+                                          "over 2 to 59.0 GiB, over 42.8 GiB (40.0 GiB without it)")
+    assert dropped.explore_why.endswith("so Stage 1 at the run dtype on the policy's old adapter")
+    asked = set_value(qwen, "explore.precision=fp8")
+    with pytest.raises(SolrlError, match="a whole fp8 explore copy per GPU takes the estimated peak"):
+        fsdp_machine(fp8, asked, "bf16", ada, 2)
+    assert fsdp_machine(fp8, asked, "bf16", h100, 8).explore_precision == "fp8"
+    assert fsdp_machine(fp8, qwen, "bf16", None, 2).explore_precision == "fp8"  # a CPU: no GPU memory to respect
