@@ -144,8 +144,10 @@ from solrl_core.rundir import EVENTS_FILE, restarts
 from solrl_core.session import Run, Session, open_session
 from solrl_core.sharding import gather
 from solrl_core.stopping import ScoringAbandoned, StopAtBoundary, StopFlag, graceful_stop
-from solrl_core.stages import (Scored, after_step, explore, iteration_prompts, rank_check, rank_check_due, regenerate, score_drafts,
-                               score_finals, select_seeds, train as train_step)
+from solrl_core.calibration import due as calibration_due
+from solrl_core.stages import (Scored, after_step, at_explore_steps, calibrate, explore, explore_steps, iteration_prompts,
+                               rank_check, rank_check_due, regenerate, score_drafts, score_finals, select_seeds,
+                               train as train_step)
 from solrl_core.telemetry.model_flops import model_flops
 from solrl_core.tracking import samples
 from solrl_core.update import UpdateResult
@@ -259,8 +261,11 @@ def run_iteration(run: Run, state: LoopState, bus: ev.EventBus, stop: StopFlag |
     phases = PhaseRecorder(run.device, stop.entering if stop is not None else None)
     rng = np.random.default_rng([run.config.run.seed, state.iteration])
     prompts = iteration_prompts(run, rng)
+    if calibration_due(run, state.iteration, state.explore_steps):  # its draws are its own: rng is untouched
+        with phases.phase("calibrate", memory=False):
+            calibrate(run, state, bus)
     with phases.phase("explore"):
-        drafted = explore(run, prompts, rng)
+        drafted = explore(run, prompts, rng, explore_steps(run, state))
         raise_if_diverged(drafted.latents, state.step, run.config.optimizer.lr)  # NaN outputs: blame the update, not the reward
         drafts = score_drafts(run, state, bus, drafted)
     with phases.phase("selection", memory=False):
@@ -291,7 +296,8 @@ def _iteration_finished(run: Run, state: LoopState, phases: PhaseRecorder, draft
     seconds = {"explore": took["explore"] - drafts.batch.seconds_reward, "selection": took["selection"],
                "regenerate": took["regenerate"] - regenerated.seconds_reward if regenerated else 0.0,
                "reward": drafts.batch.seconds_reward + (regenerated.seconds_reward if regenerated else 0.0),
-               "train": took["train"], "sync": took["sync"], "total": phases.elapsed()}
+               "train": took["train"], "sync": took["sync"], "total": phases.elapsed(),
+               **({"calibrate": took["calibrate"]} if "calibrate" in took else {})}
     seconds, peaks = phases.slowest_rank(seconds, dict(phases.peaks))
     peaks["total"] = max(peaks.values())
     return ev.IterationFinished(iteration=state.iteration, iterations=run.config.run.iterations, seconds=seconds,
@@ -333,13 +339,15 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
         described += f"; {p} prompt groups over {run.world_size} processes, {p // run.world_size} each"
     if run.world_size > 1 or run.layout.strategy != "replicate":
         described += f"; weights: {run.layout.describe()}"
+    if plan.calibrated and state.explore_steps:
+        described += f"; Stage 1 continues at the last calibration's {state.explore_steps} preview steps (from the checkpoint)"
     bus.emit(ev.RunStarted(run_dir=str(run.run_dir), preset=cfg.preset, device=str(run.device),
                            dtype=run.engine.dtype_name, explore_precision=plan.explore_precision, plan=described,
                            start_iteration=state.iteration, iterations=cfg.run.iterations, resumed=state.resumed,
                            config=to_dict(cfg), machine=run.machine.describe(), tracking=tracking.where(cfg.run.log, run.run_dir),
                            environment=environment.describe(cfg, run.device, run.engine.dtype_name, plan.explore_precision, run.machine)))
-    if run.rank == 0:  # the live MFU's counts (telemetry/model_flops.py); the other ranks speak to no one
-        bus.emit(model_flops(run))
+    if run.rank == 0 and not (plan.calibrated and not state.explore_steps):  # else the calibration's (stages.calibrate)
+        bus.emit(model_flops(at_explore_steps(run, state)))  # the live MFU's counts; the other ranks speak to no one
     copy_ = run.engine.explore_copy
     if copy_ is not None and copy_.report is not None:
         bus.emit(ev.QuantizationReport(summary=copy_.report.summary(), path=str(run.run_dir / "quantization_report.json")))

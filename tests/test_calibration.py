@@ -1,0 +1,124 @@
+"""explore.calibrate=steps: the cheapest preview step count whose measured recall of the
+full-precision selection reaches the floor, on a constructed case whose answer is known; a resumed
+calibrating run equals an uninterrupted one; 1 and 2 processes choose alike."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from solrl_core import events as ev
+from solrl_core.calibration import candidate_arms, choose, measure
+from solrl_core.errors import SolrlError
+from solrl_core.presets import resolve_config
+from solrl_core.rankcheck import Arm, run_arms
+from solrl_core.trainer import StopFlag, train
+
+# The reference ranks seeds 0..7 by their index; each candidate's rewards by steps, per prompt:
+REFERENCE = torch.arange(8.0)
+BY_STEPS = {
+    2: torch.arange(8.0).flip(0),  # reversed: keeps the reference's worst as best: recall 0
+    3: torch.tensor([3.0, 4.0, 0.0, 1.0, 2.0, 5.0, 6.0, 7.0]),  # best two right, worst two middle ones: 0.5
+    4: torch.tensor([0.0, 1.0, 3.0, 2.0, 5.0, 4.0, 6.0, 7.0]),  # middle shuffled, ends right: 1.0
+    5: REFERENCE, 6: REFERENCE,
+}
+
+
+def _constructed(seconds: dict[int, float]):  # type: ignore[no-untyped-def]
+    """A rank check of the candidates 2..6 steps against a 6-step reference on two prompts, its
+    measured seconds replaced by `seconds` (steps -> s) so the cost is known."""
+    arms = [*candidate_arms("nvfp4-emulated", "explore", 6), Arm("fp32@6", "rollout", 6)]
+
+    def images(network: str, steps: int) -> torch.Tensor:
+        row = REFERENCE if network == "rollout" else BY_STEPS[steps]
+        return row.repeat(2)  # the "images" are the rewards they will score
+
+    result = run_arms(arms, images, lambda x: x, ["a", "b"], torch.arange(16).view(2, 8), [2], 4)
+    result = dataclasses.replace(result, seconds={**{f"nvfp4-emulated@{s}": t for s, t in seconds.items()}, "fp32@6": 9.0})
+    return measure(result, arms, keep=4)
+
+
+def test_recall_is_the_share_of_the_reference_selection_recovered():
+    measured = _constructed({s: float(s) for s in range(2, 7)})
+    assert [m.steps for m in measured] == [2, 3, 4, 5, 6]
+    assert [m.recall for m in measured] == [0.0, 0.5, 1.0, 1.0, 1.0]
+    assert all(m.recall_se == 0.0 for m in measured)  # both prompts alike
+    assert measured[0].rho == pytest.approx(-1.0) and measured[-1].tau == pytest.approx(1.0)
+
+
+def test_auto_floor_picks_the_cheapest_candidate_as_good_as_the_fixed_setting():
+    measured = _constructed({s: float(s) for s in range(2, 7)})
+    fixed = measured[-1]  # 6 steps: recall 1.0, s.e. 0 -> floor 1.0
+    chosen, floor, why = choose(measured, 0.0, fixed)
+    assert (chosen.steps, floor) == (4, 1.0)
+    assert "nvfp4-emulated@6's recall 1.000" in why
+
+
+def test_an_explicit_floor_picks_the_cheapest_that_reaches_it():
+    measured = _constructed({s: float(s) for s in range(2, 7)})
+    assert choose(measured, 0.5, measured[-1])[0].steps == 3
+    assert choose(measured, 0.6, measured[-1])[0].steps == 4
+
+
+def test_cheapest_is_by_measured_seconds_across_precisions_never_more_steps_for_less():
+    # 5 steps measured faster than 4 (noise): a running maximum makes it cost no less, so 4 is chosen.
+    measured = _constructed({2: 1.0, 3: 1.5, 4: 2.0, 5: 1.8, 6: 3.0})
+    assert [m.cost for m in measured] == [1.0, 1.5, 2.0, 2.0, 3.0]
+    assert choose(measured, 0.9, measured[-1])[0].steps == 4
+    # A faster precision that reaches the floor wins over fewer steps of a slower one.
+    fast = dataclasses.replace(measured[4], name="fp8@6", precision="fp8", seconds=0.5, cost=0.5)
+    assert choose([*measured, fast], 0.9, measured[-1])[0].name == "fp8@6"
+
+
+def test_no_candidate_reaching_an_explicit_floor_keeps_the_fixed_setting():
+    measured = _constructed({s: float(s) for s in range(2, 7)})
+    worse = [dataclasses.replace(m, recall=0.5) for m in measured]
+    chosen, _, why = choose(worse, 0.9, worse[2])
+    assert chosen is worse[2] and "no candidate reached" in why
+
+
+def _run(sets, resume=False, stop_after=None):  # type: ignore[no-untyped-def]
+    bus, seen, flag = ev.EventBus(), [], StopFlag()
+    bus.subscribe(seen.append)
+    if stop_after is not None:
+        bus.subscribe(lambda e: setattr(flag, "requested", True)
+                      if isinstance(e, ev.IterationFinished) and e.iteration == stop_after else None)
+    return train(resolve_config("tiny", "sol_rl", sets=sets), bus, resume=resume, stop=flag), seen
+
+
+CALIBRATING = ("explore.steps=4", "explore.calibrate=steps", "explore.recalibrate_every=3", "run.iterations=4",
+               "run.checkpoint_every=2", "run.eval_prompts=")
+
+
+def _calibrations(seen: list) -> list[ev.CalibrationDone]:
+    return [e for e in seen if isinstance(e, ev.CalibrationDone)]
+
+
+def test_a_resumed_calibrating_run_equals_an_uninterrupted_one(fast_sets):
+    straight, seen = _run(fast_sets(*CALIBRATING, run_dir="a"))
+    done = _calibrations(seen)
+    assert [e.iteration for e in done] == [1, 4]  # at start, then after recalibrate_every=3 iterations
+    assert [c["steps"] for c in done[0].candidates] == [2, 3, 4]
+    assert all(e.seconds["calibrate"] > 0 for e in seen if isinstance(e, ev.IterationFinished) and e.iteration in (1, 4))
+    _run(fast_sets(*CALIBRATING, run_dir="b"), stop_after=2)
+    saved = json.loads((Path(straight.run.run_dir).parent / "b" / "checkpoints" / "iter_000002" / "trainer_state.json").read_text())
+    assert saved["explore_steps"] == done[0].steps
+    resumed, seen = _run(fast_sets(*CALIBRATING, run_dir="b"), resume=True)
+    again = _calibrations(seen)
+    assert [e.iteration for e in again] == [4]  # iteration 3 runs at the checkpoint's choice, 4 recalibrates
+    assert [(c["name"], c["recall"]) for c in again[0].candidates] == [(c["name"], c["recall"]) for c in done[1].candidates]
+    assert again[0].steps == done[1].steps
+    assert resumed.state.history == pytest.approx(straight.state.history, abs=1e-7)
+    for which in ("default", "old", "ema"):
+        a, b = straight.run.engine.policy.state(which), resumed.run.engine.policy.state(which)
+        assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a), which
+
+
+def test_off_by_default_and_refused_where_stage1_has_no_preview_steps():
+    assert resolve_config("tiny", "sol_rl").explore.calibrate == "off"
+    with pytest.raises(SolrlError, match="explore.calibrate"):
+        resolve_config("tiny", "naive_scaling", sets=["explore.calibrate=steps"]).validate()
