@@ -232,7 +232,7 @@ class CalibrationDone(Event):
     prompts: int
     seeds: int  # per prompt
     reference: str  # precision@steps the candidates are compared with
-    candidates: list[dict]  # calibration.Measured fields: name, precision, steps, recall, recall_se, rho, tau, seconds, cost
+    candidates: list[dict[str, Any]]  # calibration.Measured fields: name, precision, steps, recall, recall_se, rho, tau, seconds, cost
     chosen: str  # precision@steps
     steps: int
     precision: str

@@ -46,6 +46,10 @@ after its increment) are the official ones. Where this differs from it, and why:
 - The update's gradient is the mean over every (sample, train timestep) pair of the iteration; with
   micro-batches of unequal size it does not over-weight the samples of the last, smaller one.
 - Stage-1 draft rewards are kept and reported next to Stage-2 rewards; the official code drops them.
+- `explore.calibrate = steps` (off by default; calibration.py) chooses Stage 1's preview steps, before
+  the first iteration and every `explore.recalibrate_every`, as the cheapest measured here whose
+  selection recovers the full-precision one as well as the fixed explore.steps does; the official
+  code fixes 6. Its seconds count in the iteration's time; it draws nothing from the iteration's rng.
 - Full-precision rollouts run, as in the official code, on a copy of base + `old` merged (refreshed
   after each step; compiled on CUDA) when the memory estimate says it fits (`sampler.rollout_copy`);
   where it does not, on the policy with its `old` adapter active (one copy of the model), said at
