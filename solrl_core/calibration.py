@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
@@ -120,7 +121,7 @@ def calibrate_engine(engine: Engine, prompts: list[str], seeds: torch.Tensor, *,
     t0 = time.perf_counter()
     full_steps = engine.config.sampler.steps
     precision = engine.explore_copy.precision if engine.explore_copy is not None else engine.dtype_name
-    arms = [*candidate_arms(precision, "explore", full_steps), Arm(f"{engine.dtype_name}@{full_steps}*", "rollout", full_steps)]
+    arms = [*candidate_arms(precision, "explore", full_steps), Arm("reference", "rollout", full_steps)]
     flat = [p for p in prompts for _ in range(seeds.shape[1])]
     assert engine.rewards is not None  # a training engine holds its rewards
     result = run_arms(arms, lambda on, steps: engine.images(flat, seeds.flatten(), steps, on),
@@ -128,7 +129,7 @@ def calibrate_engine(engine: Engine, prompts: list[str], seeds: torch.Tensor, *,
     measured = measure(result, arms, keep)
     fixed = next(m for m in measured if m.steps == min(max(fixed_steps, measured[0].steps), full_steps))
     chosen, threshold, why = choose(measured, min_recall, fixed)
-    return Calibration(measured, chosen, threshold, why, arms[-1].name.rstrip("*"), result.seconds[arms[-1].name],
+    return Calibration(measured, chosen, threshold, why, f"{engine.dtype_name}@{full_steps}", result.seconds["reference"],
                        len(prompts), int(seeds.shape[1]), time.perf_counter() - t0)
 
 
@@ -150,3 +151,27 @@ def due(run: Run, iteration: int, chosen_steps: int) -> bool:
         return False
     every = run.config.explore.recalibrate_every
     return chosen_steps == 0 or bool(every and iteration % every == 0)
+
+
+def calibrate_to_folder(engine: Engine, prompts: list[str], out_dir: Path, *, per_prompt: int, seed_base: int, keep: int,
+                        progress: Callable[[str, float], None] | None = None) -> Calibration:
+    """`solrl rank-check --candidates`: the calibration a training run with explore.calibrate=steps
+    would make, on `prompts` with seeds seed_base + i*S ... for prompt i (the config's explore.steps
+    the fixed setting, explore.min_recall the floor), written to `out_dir`/calibration.json."""
+    import json
+
+    from solrl_core.rundir import write_atomic
+
+    cfg = engine.config
+    seeds = seed_base + torch.arange(len(prompts) * per_prompt, dtype=torch.long).view(len(prompts), per_prompt)
+    found = calibrate_engine(engine, prompts, seeds, keep=keep, fixed_steps=cfg.explore.steps,
+                             min_recall=cfg.explore.min_recall, progress=progress)
+    meta = {"device": str(engine.device), "model": engine.model.description,
+            "checkpoint": str(engine.checkpoint) if engine.checkpoint else None, "rewards": cfg.reward.weights,
+            "keep": keep, "fixed_steps": cfg.explore.steps}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(out_dir / "calibration.json", json.dumps(
+        {"meta": meta, "prompts": prompts, "seeds": seeds.tolist(), "reference": found.reference,
+         "reference_seconds": found.reference_seconds, "candidates": found.to_dict(), "chosen": found.chosen.name,
+         "min_recall": found.min_recall, "why": found.why, "seconds": found.seconds}, indent=2))
+    return found

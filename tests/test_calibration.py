@@ -122,3 +122,21 @@ def test_off_by_default_and_refused_where_stage1_has_no_preview_steps():
     assert resolve_config("tiny", "sol_rl").explore.calibrate == "off"
     with pytest.raises(SolrlError, match="explore.calibrate"):
         resolve_config("tiny", "naive_scaling", sets=["explore.calibrate=steps"]).validate()
+
+
+def test_rank_check_candidates_prints_the_curve_and_the_setting_auto_would_pick(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from solrl_cli.app import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["rank-check", "--candidates", "--count", "2", "--seeds", "4", "--preview-steps", "3",
+                                      "--full-steps", "4", "--min-recall", "0.75", "--out", "rc"])
+    assert result.exit_code == 0, result.output
+    for row in ("nvfp4-emulated@2", "nvfp4-emulated@3 (fixed)", "nvfp4-emulated@4", "fp32@4 ref", "would pick"):
+        assert row in result.output
+    data = json.loads((tmp_path / "rc" / "calibration.json").read_text())
+    assert [c["steps"] for c in data["candidates"]] == [2, 3, 4] and data["min_recall"] == 0.75
+    reached = [c for c in data["candidates"] if c["recall"] >= 0.75]
+    expected = min(reached, key=lambda c: (c["cost"], c["steps"]))["name"] if reached else "nvfp4-emulated@3"
+    assert data["chosen"] == expected
