@@ -140,3 +140,33 @@ def test_rank_check_candidates_prints_the_curve_and_the_setting_auto_would_pick(
     reached = [c for c in data["candidates"] if c["recall"] >= 0.75]
     expected = min(reached, key=lambda c: (c["cost"], c["steps"]))["name"] if reached else "nvfp4-emulated@3"
     assert data["chosen"] == expected
+
+
+def _calibrating_worker(rank: int, world: int, port: int, root: Path) -> None:
+    import os
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    session = train(resolve_config("tiny", "sol_rl", sets=_two_process_sets(root, "two")), ev.EventBus(), stop=StopFlag())
+    (root / f"rank{rank}.json").write_text(json.dumps({"explore_steps": session.state.explore_steps}))
+
+
+def _two_process_sets(root: Path, run: str) -> list[str]:
+    from tests.test_distributed import SETS  # batches of 4: one rank and two batch alike
+
+    return [*SETS, f"run.run_dir={root / run}", *CALIBRATING[:3], "run.iterations=1", "run.eval_prompts="]
+
+
+@pytest.mark.slow
+def test_one_and_two_processes_choose_the_same_preview_steps(tmp_path):
+    from tests.test_distributed import _events, _spawn
+
+    _spawn(2, tmp_path, worker=_calibrating_worker)
+    train(resolve_config("tiny", "sol_rl", sets=_two_process_sets(tmp_path, "one")), ev.EventBus(), stop=StopFlag())
+    one, two = ([e for e in _events(tmp_path / d) if e["event"] == "calibration"] for d in ("one", "two"))
+    assert len(one) == len(two) == 1
+    assert [(c["name"], c["recall"], c["rho"]) for c in two[0]["candidates"]] == \
+        [(c["name"], c["recall"], c["rho"]) for c in one[0]["candidates"]]
+    assert two[0]["chosen"] == one[0]["chosen"]
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text())["explore_steps"] for r in range(2)]
+    assert ranks == [one[0]["steps"]] * 2  # rank 1 explores at rank 0's choice
