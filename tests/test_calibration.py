@@ -170,3 +170,23 @@ def test_one_and_two_processes_choose_the_same_preview_steps(tmp_path):
     assert two[0]["chosen"] == one[0]["chosen"]
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text())["explore_steps"] for r in range(2)]
     assert ranks == [one[0]["steps"]] * 2  # rank 1 explores at rank 0's choice
+
+
+def test_the_choice_is_shown_in_the_terminal_the_tui_and_the_trackers():
+    from rich.console import Console
+
+    from solrl_cli.display import TerminalDisplay
+    from solrl_cli.tui_state import log_line
+    from solrl_core.tracking.metrics import scalars as metrics
+
+    done = ev.CalibrationDone(iteration=1, prompts=2, seeds=8, reference="fp32@4", chosen="nvfp4-emulated@3", steps=3,
+                              precision="nvfp4-emulated", min_recall=0.75, why="cheapest (0.30s) with recall 0.800 >= 0.750",
+                              fixed_steps=4, seconds=1.5,
+                              candidates=[{"name": f"nvfp4-emulated@{s}", "steps": s, "recall": r, "seconds": 0.1 * s}
+                                          for s, r in ((2, 0.5), (3, 0.8), (4, 0.9))])
+    assert "Stage 1 at nvfp4-emulated@3; recall by preview steps 2:0.50  3:0.80  4:0.90; floor 0.750" in log_line(done)
+    console = Console(record=True, width=200)
+    TerminalDisplay(console)(done)
+    assert "Stage 1 at nvfp4-emulated@3: cheapest" in console.export_text()
+    step, scalars = metrics(done)
+    assert step == 1 and scalars["calibration/steps"] == 3 and scalars["calibration/recall/nvfp4-emulated@2"] == 0.5
