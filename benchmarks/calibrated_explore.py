@@ -117,6 +117,8 @@ def main(argv: list[str] | None = None) -> None:
         for seed in args.seeds:
             for arm in ARMS:  # interleaved: a machine's slow spell falls on both arms alike
                 rows.append(run_one(args, arm, seed, Path(tmp)))
+                if args.json:  # after every run: a long benchmark stopped early keeps what it measured
+                    args.json.write_text(json.dumps({"rows": rows}, indent=2))
                 print(f"{arm} seed {seed}: gain {rows[-1]['gain']:+.4f}, Stage 1 {rows[-1]['stage1_seconds']:.3f} s/it, "
                       f"steps {sorted(set(rows[-1]['explore_steps']))}", flush=True)
     where = device_label(torch.device("cpu" if args.device == "auto" and not torch.cuda.is_available() else
