@@ -114,20 +114,27 @@ def choose(measured: list[Measured], min_recall: float, fixed: Measured) -> tupl
 
 
 def calibrate_engine(engine: Engine, prompts: list[str], seeds: torch.Tensor, *, keep: int, fixed_steps: int,
-                     min_recall: float, progress: Callable[[str, float], None] | None = None) -> Calibration:
+                     min_recall: float, whole_curve: bool = True,
+                     progress: Callable[[str, float], None] | None = None) -> Calibration:
     """Every candidate preview step count on `engine`'s explore network (its explore copy, else the
     full-precision rollout network) against the rollout network at full steps, on `prompts` x
-    `seeds` ([P, S]), scored with the engine's rewards; the choice as `choose` makes it."""
+    `seeds` ([P, S]), scored with the engine's rewards; the choice as `choose` makes it.
+
+    `whole_curve=False` (a training run) with the auto floor (min_recall 0) measures only up to the
+    fixed steps: the fixed setting reaches its own floor, and more steps never count as cheaper, so
+    no candidate above it could be chosen."""
     t0 = time.perf_counter()
     full_steps = engine.config.sampler.steps
+    fixed_steps = min(max(fixed_steps, MIN_STEPS), full_steps)
     precision = engine.explore_copy.precision if engine.explore_copy is not None else engine.dtype_name
-    arms = [*candidate_arms(precision, "explore", full_steps), Arm("reference", "rollout", full_steps)]
+    upto = full_steps if whole_curve or min_recall > 0 else fixed_steps
+    arms = [*candidate_arms(precision, "explore", upto), Arm("reference", "rollout", full_steps)]
     flat = [p for p in prompts for _ in range(seeds.shape[1])]
     assert engine.rewards is not None  # a training engine holds its rewards
     result = run_arms(arms, lambda on, steps: engine.images(flat, seeds.flatten(), steps, on),
                       lambda x: engine.rewards(x, flat).total, prompts, seeds, [keep // 2], keep, progress)
     measured = measure(result, arms, keep)
-    fixed = next(m for m in measured if m.steps == min(max(fixed_steps, measured[0].steps), full_steps))
+    fixed = next(m for m in measured if m.steps == fixed_steps)
     chosen, threshold, why = choose(measured, min_recall, fixed)
     return Calibration(measured, chosen, threshold, why, f"{engine.dtype_name}@{full_steps}", result.seconds["reference"],
                        len(prompts), int(seeds.shape[1]), time.perf_counter() - t0)

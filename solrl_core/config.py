@@ -123,7 +123,7 @@ class ExploreConfig:
     calibrate: str = _f("off", "How Stage 1's preview steps are set: off (explore.steps, fixed) or steps (auto: before the "
                                "first iteration and every explore.recalibrate_every, roll the same seeds of a few of the "
                                "iteration's prompts out at full precision and full steps and at every preview step count "
-                               "from 2 to sampler.steps, and take the cheapest, by seconds measured on this machine, whose "
+                               "from 2 to sampler.steps (to explore.steps with the auto floor), and take the cheapest, by seconds measured on this machine, whose "
                                "best_worst selection recovers the full-precision one's at explore.min_recall; "
                                "calibration.py). The choice is said at start and in a CalibrationDone event, and kept in "
                                "the checkpoint.")

@@ -113,7 +113,7 @@ def calibrate(run: Run, state: LoopState, bus: ev.EventBus) -> None:
     if run.rank == 0:
         prompts, seeds = calibration_inputs(run, state.iteration)
         found = calibrate_engine(run.engine, prompts, seeds, keep=run.plan.keep, fixed_steps=run.config.explore.steps,
-                                 min_recall=run.config.explore.min_recall)
+                                 min_recall=run.config.explore.min_recall, whole_curve=False)
     state.explore_steps = int(distributed.broadcast_object(found.chosen.steps if found is not None else None))
     if found is None:
         return
