@@ -70,7 +70,7 @@ class TerminalDisplay:
     def on_iteration(self, e: ev.IterationFinished) -> None:
         s = e.seconds
         draft = f" draft {fmt(e.draft.mean)}" if e.draft else ""
-        parts = [f"{k} {s[k]:.2f}s" for k in ("explore", "regenerate", "reward", "train", "sync") if s.get(k)]
+        parts = [f"{k} {s[k]:.2f}s" for k in ("calibrate", "explore", "regenerate", "reward", "train", "sync") if s.get(k)]
         warn = f" ({plural(e.nonfinite_losses, 'non-finite loss', 'non-finite losses')} zeroed)" if e.nonfinite_losses else ""
         kl = e.loss["kl"]  # NaN with a finite loss: algorithm.kl_beta = 0, the reference is not run
         kl_text = f"{kl:.3g}" if math.isfinite(kl) or not math.isfinite(e.loss["loss"]) else "off"
@@ -117,6 +117,12 @@ class TerminalDisplay:
         cor = " ".join(f"{n} {v:.3f}" if v is not None else f"{n} - (constant)" for n, v in (("rho", e.rho), ("tau", e.tau)))
         self.console.print(f"  rank check (iteration {e.iteration}, '{e.prompt[:40]}', {plural(e.seeds, 'seed')}, draft vs full): {cor}  "
                            f"mean draft {fmt(e.draft_mean)} full {fmt(e.full_mean)}  ({e.seconds:.1f}s)")
+
+    def on_calibration(self, e: ev.CalibrationDone) -> None:
+        self.console.print(f"  calibration (before iteration {e.iteration}, {plural(e.prompts, 'prompt')} x {plural(e.seeds, 'seed')}, "
+                           f"against {e.reference}, {e.seconds:.1f}s): Stage 1 at {e.chosen}: {e.why}")
+        self.console.print("    recall/s by preview setting: " + "  ".join(
+            f"{c['name']} {c['recall']:.2f}/{c['seconds']:.2f}s" for c in e.candidates))
 
     def on_images_written(self, e: ev.ImagesWritten) -> None:
         self.console.print(f"  {e.weights} weights: {plural(e.count, 'image')} in {e.seconds:.1f}s -> {e.folder}")

@@ -26,6 +26,11 @@ CheckSeeds = Annotated[int, typer.Option("--seeds", min=4, help="Seeds per promp
 CheckSeed = Annotated[int, typer.Option("--seed", help="Prompt i uses seeds SEED + i*S ... SEED + i*S + S-1.")]
 Preview = Annotated[Optional[int], typer.Option("--preview-steps", min=1, help="Default: explore.steps.")]
 Full = Annotated[Optional[int], typer.Option("--full-steps", min=1, help="Default: sampler.steps.")]
+Candidates = Annotated[bool, typer.Option("--candidates", help="Instead of the four arms: every preview step count from 2 to "
+                                          "the full count at the explore precision, each one's recall of the reference's "
+                                          "selection and its measured seconds, and the setting explore.calibrate=steps would pick.")]
+MinRecall = Annotated[Optional[float], typer.Option("--min-recall", min=0.0, max=1.0, help="With --candidates: the recall a "
+                                                    "candidate must reach. Default: explore.min_recall (0: the fixed setting's less its s.e.).")]
 HitK = Annotated[Optional[list[int]], typer.Option("--hit-k", min=1, help="K of the top/bottom-K hit rates (repeatable). Default: 4 and 8.")]
 
 
@@ -69,18 +74,21 @@ def rank_check(
     reward: opt.Reward = None, count: Count = 16, seeds: CheckSeeds = 32, seed: CheckSeed = 0, preview_steps: Preview = None,
     full_steps: Full = None, hit_k: HitK = None, explore_precision: opt.ExplorePrecision = None,
     checkpoint: opt.Checkpoint = None, out: opt.Out = None, set_: opt.Sets = None, device: opt.Device = None,
+    candidates: Candidates = False, min_recall: MinRecall = None,
 ) -> None:
-    """Measure whether the cheap Stage-1 rollout ranks seeds like the full one: four arms, rho, tau, hit rates."""
+    """Measure whether the cheap Stage-1 rollout ranks seeds like the full one: four arms, rho, tau, hit rates
+    (--candidates: recall and seconds of every preview step count, and the one explore.calibrate would pick)."""
     from solrl_core.errors import SolrlError
     from solrl_core.engine import open_engine
     from solrl_core.rankcheck import check_to_folder
 
     with user_errors():
-        flags = {"explore": {"steps": preview_steps, "precision": explore_precision}, "sampler": {"steps": full_steps},
+        flags = {"explore": {"steps": preview_steps, "precision": explore_precision, "min_recall": min_recall},
+                 "sampler": {"steps": full_steps},
                  "run": {"device": device}}
         cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, flags=flags)
         ks = sorted(set(hit_k or [4, 8]))
-        if seeds < 2 * max(ks):
+        if seeds < 2 * max(ks) and not candidates:
             raise SolrlError(f"--seeds {seeds} is too few for top/bottom-{max(ks)} hit rates", f"use --seeds {2 * max(ks)} or more")
         keep = min(cfg.selection.group_size, seeds - seeds % 2)
         texts, out_dir = prompt_texts(None, prompts, cfg.run.prompts)[:count], output_folder(out, run, "rank_check")
@@ -89,8 +97,15 @@ def rank_check(
         engine = open_engine(cfg, checkpoint=ckpt, explore=True, rewards=rewards)
         console.print(f"solrl rank-check  {ckpt or cfg.model.name + ' (base)'}  {plural(len(texts), 'prompt')} x {plural(seeds, 'seed')}  "
                       f"on {engine.device}  rewards {', '.join(cfg.reward.weights)}")
-        result = check_to_folder(engine, texts, out_dir, per_prompt=seeds, seed_base=seed, hit_k=ks, keep=keep,
-                                 progress=lambda arm, s: console.print(f"  {arm}: {plural(len(texts) * seeds, 'rollout')} scored in {s:.1f}s"))
+        told = lambda arm, s: console.print(f"  {arm}: {plural(len(texts) * seeds, 'rollout')} scored in {s:.1f}s")  # noqa: E731
+        if candidates:
+            from solrl_core.calibration import calibrate_to_folder
+
+            _print_candidates(calibrate_to_folder(engine, texts, out_dir, per_prompt=seeds, seed_base=seed, keep=keep,
+                                                  progress=told), keep, engine.device, cfg.explore.steps)
+            console.print(f"json: {out_dir / 'calibration.json'}")
+            return
+        result = check_to_folder(engine, texts, out_dir, per_prompt=seeds, seed_base=seed, hit_k=ks, keep=keep, progress=told)
         _print_arms(result, ks, keep, engine.device)
         console.print(f"json: {out_dir / 'rank_check.json'}   plot: {out_dir / 'rank_check.png'}")
 
@@ -112,3 +127,15 @@ def _print_arms(result, ks: list[int], keep: int, where: object) -> None:  # typ
                  caption=f"rho, tau: over prompts where both arms vary (n of them); top/bot K: hit rates; gap: reference "
                          f"reward of the best {keep // 2} minus the worst {keep // 2} this arm selects (ref gap: when the "
                          "reference selects, the largest possible); s: seconds")
+
+
+def _print_candidates(cal, keep: int, where: object, fixed: int) -> None:  # type: ignore[no-untyped-def]
+    cor = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
+    rows = [(c.name + (" (fixed)" if c.steps == fixed else "") + (" <- chosen" if c is cal.chosen else ""), f"{c.recall:.3f}",
+             f"{c.recall_se:.3f}", cor(c.rho), cor(c.tau), f"{c.seconds:.2f}") for c in cal.candidates]
+    rows.append((cal.reference + " ref", "", "", "", "", f"{cal.reference_seconds:.2f}"))
+    print_fitted(console, [Column("preview setting", "key"), *map(Column, ("recall", "s.e.", "rho", "tau", "s"))], rows,
+                 title=f"preview settings against the reference {cal.reference}, means over prompts, on {where}",
+                 caption=f"recall: share of the reference's best {keep // 2} and worst {keep // 2} the setting also "
+                         "selects; s.e.: over prompts; s: seconds to generate, decode and score, measured")
+    console.print(f"explore.calibrate=steps would pick {cal.chosen.name}: {cal.why}")

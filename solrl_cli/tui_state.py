@@ -314,7 +314,7 @@ def eval_started_text(e: ev.EvalStarted) -> str:
 
 
 def log_line(e: ev.Event) -> str:
-    """The log panel's words for a checkpoint, rank check, compile, evaluation start, sample grid or images written;
+    """The log panel's words for a checkpoint, rank check, calibration, compile, evaluation start, sample grid or images written;
     '' for others."""
     if isinstance(e, ev.EvalStarted):
         return f"{eval_started_text(e)} ..."
@@ -323,6 +323,10 @@ def log_line(e: ev.Event) -> str:
     if isinstance(e, ev.RankCheckResult):
         cor = "  ".join(f"{n} {v:.3f}" if v is not None else f"{n} - (constant)" for n, v in (("rho", e.rho), ("tau", e.tau)))
         return f"rank check iteration {e.iteration} ({plural(e.seeds, 'seed')} of one prompt, draft vs full): {cor}"
+    if isinstance(e, ev.CalibrationDone):
+        curve = "  ".join(f"{c['steps']}:{c['recall']:.2f}" for c in e.candidates)
+        return (f"calibration before iteration {e.iteration} ({e.seconds:.1f}s): Stage 1 at {e.chosen}; recall by preview "
+                f"steps {curve}; floor {e.min_recall:.3f}")
     if isinstance(e, ev.CompileStarted):
         return f"compiling the {e.target} (torch.compile, once) ..."
     if isinstance(e, ev.CompileFinished):

@@ -17,15 +17,16 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     **dict.fromkeys(("sampler.steps", "explore.steps", "run.iterations", "run.prompts_per_iteration",
                      "sampler.rollout_batch", "optimizer.micro_batch", "run.checkpoint_every", "run.keep_checkpoints",
                      "model.lora_rank", "model.resolution", "sampler.eval_steps", "run.eval_every", "run.eval_seeds",
-                     "reward.batch_size"), _AT_LEAST_1),
+                     "reward.batch_size", "explore.calibrate_prompts"), _AT_LEAST_1),
     **dict.fromkeys(("explore.rank_check_every", "model.quant_min_dim", "run.image_every", "run.threads",
                      "reward.health_patience", "reward.health_min_std", "optimizer.max_nonfinite_steps", "reward.retries",
                      "optimizer.weight_decay", "optimizer.grad_clip", "algorithm.kl_beta", "algorithm.old_decay_rate",
-                     "run.seed", "model.init_seed", "model.max_sequence_length"), _AT_LEAST_0),
+                     "run.seed", "model.init_seed", "model.max_sequence_length", "explore.recalibrate_every"), _AT_LEAST_0),
     **dict.fromkeys(("optimizer.lr", "optimizer.eps", "algorithm.nft_beta", "algorithm.adv_clip_max", "sampler.shift",
                      "model.lora_alpha"), _POSITIVE),
     **dict.fromkeys(("optimizer.beta1", "optimizer.beta2", "algorithm.ema_max_decay"), _FRACTION),
     "algorithm.old_decay_max": (0, 1, True, True),
+    "explore.min_recall": (0, 1, True, True),
     "algorithm.timestep_fraction": (0, 1, False, True),
 }
 

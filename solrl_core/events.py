@@ -223,6 +223,26 @@ class RankCheckResult(Event):
 
 
 @dataclass(frozen=True)
+class CalibrationDone(Event):
+    """Stage 1's preview steps chosen from measured rank fidelity (explore.calibrate, calibration.py):
+    every candidate's recall of the full-precision selection, correlations and seconds, and the choice."""
+
+    kind: ClassVar[str] = "calibration"
+    iteration: int  # the iteration whose Stage 1 first runs at the choice
+    prompts: int
+    seeds: int  # per prompt
+    reference: str  # precision@steps the candidates are compared with
+    candidates: list[dict[str, Any]]  # calibration.Measured fields: name, precision, steps, recall, recall_se, rho, tau, seconds, cost
+    chosen: str  # precision@steps
+    steps: int
+    precision: str
+    min_recall: float  # the floor used
+    why: str
+    fixed_steps: int  # explore.steps: the fixed setting the floor is measured from
+    seconds: float  # the whole calibration, counted in the iteration's time
+
+
+@dataclass(frozen=True)
 class ImagesWritten(Event):
     kind: ClassVar[str] = "images_written"
     weights: str

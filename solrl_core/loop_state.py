@@ -25,6 +25,7 @@ class LoopState:
     resumed: bool = False
     earlier_seconds: float = 0.0  # the seconds of the sessions before this one, up to the checkpoint resumed from
     session_start: float | None = None  # time.perf_counter() when this session's loop began (start_clock)
+    explore_steps: int = 0  # Stage 1's preview steps as the last calibration chose them (0: none made; calibration.py)
 
     def start_clock(self) -> None:
         self.session_start = time.perf_counter()
@@ -40,7 +41,7 @@ class LoopState:
         """The checkpoint's trainer_state.json."""
         return {"iteration": self.iteration, "step": self.step, "history": self.history,
                 "reward_streaks": dict(self.health.streaks), "faults": self.faults.to_dict(),
-                "seconds": self.total_seconds()}
+                "seconds": self.total_seconds(), **({"explore_steps": self.explore_steps} if self.explore_steps else {})}
 
     def restore(self, saved: dict[str, Any]) -> None:
         """Continue from a checkpoint's trainer_state.json (one written before seconds were kept counts none)."""
@@ -48,6 +49,7 @@ class LoopState:
         self.earlier_seconds = float(saved.get("seconds", 0.0))
         self.health.streaks = dict(saved.get("reward_streaks", {}))
         self.faults = FaultState.from_dict(saved.get("faults"))
+        self.explore_steps = int(saved.get("explore_steps", 0))
         self.resumed = True
 
     def streaks(self) -> tuple[dict[str, int], FaultState]:

@@ -51,6 +51,7 @@ class RunPlan:
     full_precision: str
     full_steps: int
     machine: MachinePlan | None = None  # None: a plan for an estimate, before any machine is chosen
+    calibrated: bool = False  # explore.calibrate: Stage 1's steps chosen from measured rank fidelity (explore_steps: the fixed setting)
 
     @property
     def rollout_copy(self) -> bool:
@@ -74,7 +75,9 @@ class RunPlan:
         on = (" on the compiled rollout copy" if self.rollout_compiled else " on the rollout copy") if self.rollout_copy else ""
         low = self.explores_low
         stage1 = (f"Stage 1: {self.explore_seeds} seeds/prompt at {self.explore_precision}"
-                  f"{' (compiled)' if low and self.explore_compiled else on if not low else ''}, {self.explore_steps} steps")
+                  f"{' (compiled)' if low and self.explore_compiled else on if not low else ''}, "
+                  + (f"preview steps calibrated from 2-{self.full_steps} by measured rank fidelity (the fixed setting: "
+                     f"{self.explore_steps})" if self.calibrated else f"{self.explore_steps} steps"))
         if self.keep == self.explore_seeds:
             return f"{stage1} -> train on all of them"
         stage2 = (f" -> Stage 2: regenerate the kept {self.keep} at {self.full_precision}{on}, {self.full_steps} steps -> train"
@@ -89,4 +92,5 @@ def plan_stages(cfg: Config, full_precision: str, explore_precision: str, machin
     return RunPlan(fam.name, explore_seeds=cfg.explore.group_size if fam.explores_pool else k,
                    explore_steps=cfg.explore.steps if fam.preview_steps else full_steps,
                    explore_precision=explore_precision if fam.low_precision else full_precision, keep=k,
-                   regenerate=fam.regenerate, full_precision=full_precision, full_steps=full_steps, machine=machine)
+                   regenerate=fam.regenerate, full_precision=full_precision, full_steps=full_steps, machine=machine,
+                   calibrated=cfg.explore.calibrate != "off" and fam.preview_steps)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ from solrl_core.loop_state import LoopState
 from solrl_core.nft import combined_advantages
 from solrl_core.prompts import prompts_for_iteration, shard, text_keys
 from solrl_core.config import RewardConfig
+from solrl_core.errors import SolrlError
 from solrl_core.rollout import Draws, RolloutBatch
 from solrl_core.selection import ranking_values, select
 from solrl_core.session import Run
@@ -78,8 +79,9 @@ def iteration_prompts(run: Run, rng: np.random.Generator) -> list[str]:
     return shard(drawn, run.rank, run.world_size)
 
 
-def explore(run: Run, prompts: list[str], rng: np.random.Generator) -> RolloutBatch:
-    """Stage 1: every prompt's N seeds at the explore precision and step count, scored.
+def explore(run: Run, prompts: list[str], rng: np.random.Generator, steps: int | None = None) -> RolloutBatch:
+    """Stage 1: every prompt's N seeds at the explore precision and `steps` preview steps (None: the
+    plan's; the loop passes `explore_steps`, the calibration's choice where one was made), scored.
 
     `prompts` are this rank's groups. Seeds are drawn for every rank's groups and this rank takes its
     slice, so a prompt group gets the same seeds whatever the number of processes; group indices are
@@ -89,7 +91,43 @@ def explore(run: Run, prompts: list[str], rng: np.random.Generator) -> RolloutBa
     seeds = torch.as_tensor(rng.integers(0, 2**31 - 1, size=len(prompts) * n * run.world_size)[mine], dtype=torch.long)
     groups = run.rank * len(prompts) + torch.arange(len(prompts)).repeat_interleave(n)
     flat = [p for p in prompts for _ in range(n)]
-    return roll_out(run, Draws(flat, groups, seeds), run.plan.explore_steps, explore=True)
+    return roll_out(run, Draws(flat, groups, seeds), steps or run.plan.explore_steps, explore=True)
+
+
+def explore_steps(run: Run, state: LoopState) -> int:
+    """Stage 1's preview steps this iteration: the last calibration's choice, else the plan's."""
+    return state.explore_steps or run.plan.explore_steps
+
+
+def calibrate(run: Run, state: LoopState, bus: ev.EventBus) -> None:
+    """Choose Stage 1's preview steps from measured rank fidelity (calibration.py): on rank 0, its
+    choice broadcast, so every rank explores alike; emits CalibrationDone and the live MFU's counts
+    at the chosen steps (a calibrating run announces none before)."""
+    from solrl_core.calibration import calibrate_engine, calibration_inputs
+    from solrl_core.telemetry.model_flops import model_flops
+
+    if run.sharded:
+        raise SolrlError("explore.calibrate needs the explore copy, which distributed.strategy=fsdp does not keep",
+                         "drop explore.calibrate or use --set distributed.strategy=replicate")
+    found = None
+    if run.rank == 0:
+        prompts, seeds = calibration_inputs(run, state.iteration)
+        found = calibrate_engine(run.engine, prompts, seeds, keep=run.plan.keep, fixed_steps=run.config.explore.steps,
+                                 min_recall=run.config.explore.min_recall, whole_curve=False)
+    state.explore_steps = int(distributed.broadcast_object(found.chosen.steps if found is not None else None))
+    if found is None:
+        return
+    bus.emit(ev.CalibrationDone(iteration=state.iteration + 1, prompts=found.prompts, seeds=found.seeds,
+                                reference=found.reference, candidates=found.to_dict(), chosen=found.chosen.name,
+                                steps=found.chosen.steps, precision=found.chosen.precision, min_recall=found.min_recall,
+                                why=found.why, fixed_steps=run.config.explore.steps, seconds=found.seconds))
+    bus.emit(model_flops(at_explore_steps(run, state)))
+
+
+def at_explore_steps(run: Run, state: LoopState) -> Run:
+    """The run with its plan at this iteration's preview steps (`explore_steps`): what the live MFU's
+    counts (telemetry/model_flops.py) are made for."""
+    return replace(run, plan=replace(run.plan, explore_steps=explore_steps(run, state)))
 
 
 def regenerate(run: Run, kept: RolloutBatch) -> RolloutBatch:

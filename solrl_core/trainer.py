@@ -46,6 +46,10 @@ after its increment) are the official ones. Where this differs from it, and why:
 - The update's gradient is the mean over every (sample, train timestep) pair of the iteration; with
   micro-batches of unequal size it does not over-weight the samples of the last, smaller one.
 - Stage-1 draft rewards are kept and reported next to Stage-2 rewards; the official code drops them.
+- `explore.calibrate = steps` (off by default; calibration.py) chooses Stage 1's preview steps, before
+  the first iteration and every `explore.recalibrate_every`, as the cheapest measured here whose
+  selection recovers the full-precision one as well as the fixed explore.steps does; the official
+  code fixes 6. Its seconds count in the iteration's time; it draws nothing from the iteration's rng.
 - Full-precision rollouts run, as in the official code, on a copy of base + `old` merged (refreshed
   after each step; compiled on CUDA) when the memory estimate says it fits (`sampler.rollout_copy`);
   where it does not, on the policy with its `old` adapter active (one copy of the model), said at
@@ -145,8 +149,10 @@ from solrl_core.rundir import EVENTS_FILE, restarts
 from solrl_core.session import Run, Session, open_session
 from solrl_core.sharding import gather
 from solrl_core.stopping import ScoringAbandoned, StopAtBoundary, StopFlag, graceful_stop
-from solrl_core.stages import (Scored, after_step, explore, iteration_prompts, rank_check, rank_check_due, regenerate, score_drafts,
-                               score_finals, select_seeds, train as train_step)
+from solrl_core.calibration import due as calibration_due
+from solrl_core.stages import (Scored, after_step, at_explore_steps, calibrate, explore, explore_steps, iteration_prompts,
+                               rank_check, rank_check_due, regenerate, score_drafts, score_finals, select_seeds,
+                               train as train_step)
 from solrl_core.telemetry.model_flops import model_flops
 from solrl_core.tracking import samples
 from solrl_core.update import UpdateResult
@@ -260,8 +266,11 @@ def run_iteration(run: Run, state: LoopState, bus: ev.EventBus, stop: StopFlag |
     phases = PhaseRecorder(run.device, stop.entering if stop is not None else None)
     rng = np.random.default_rng([run.config.run.seed, state.iteration])
     prompts = iteration_prompts(run, rng)
+    if calibration_due(run, state.iteration, state.explore_steps):  # its draws are its own: rng is untouched
+        with phases.phase("calibrate", memory=False):
+            calibrate(run, state, bus)
     with phases.phase("explore"):
-        drafted = explore(run, prompts, rng)
+        drafted = explore(run, prompts, rng, explore_steps(run, state))
         raise_if_diverged(drafted.latents, state.step, run.config.optimizer.lr)  # NaN outputs: blame the update, not the reward
         drafts = score_drafts(run, state, bus, drafted)
     with phases.phase("selection", memory=False):
@@ -292,7 +301,8 @@ def _iteration_finished(run: Run, state: LoopState, phases: PhaseRecorder, draft
     seconds = {"explore": took["explore"] - drafts.batch.seconds_reward, "selection": took["selection"],
                "regenerate": took["regenerate"] - regenerated.seconds_reward if regenerated else 0.0,
                "reward": drafts.batch.seconds_reward + (regenerated.seconds_reward if regenerated else 0.0),
-               "train": took["train"], "sync": took["sync"], "total": phases.elapsed()}
+               "train": took["train"], "sync": took["sync"], "total": phases.elapsed(),
+               **({"calibrate": took["calibrate"]} if "calibrate" in took else {})}
     seconds, peaks = phases.slowest_rank(seconds, dict(phases.peaks))
     peaks["total"] = max(peaks.values())
     return ev.IterationFinished(iteration=state.iteration, iterations=run.config.run.iterations, seconds=seconds,
@@ -334,13 +344,15 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
         described += f"; {p} prompt groups over {run.world_size} processes, {p // run.world_size} each"
     if run.world_size > 1 or run.layout.strategy != "replicate":
         described += f"; weights: {run.layout.describe()}"
+    if plan.calibrated and state.explore_steps:
+        described += f"; Stage 1 continues at the last calibration's {state.explore_steps} preview steps (from the checkpoint)"
     bus.emit(ev.RunStarted(run_dir=str(run.run_dir), preset=cfg.preset, device=str(run.device),
                            dtype=run.engine.dtype_name, explore_precision=plan.explore_precision, plan=described,
                            start_iteration=state.iteration, iterations=cfg.run.iterations, resumed=state.resumed,
                            config=to_dict(cfg), machine=run.machine.describe(), tracking=tracking.where(cfg.run.log, run.run_dir),
                            environment=environment.describe(cfg, run.device, run.engine.dtype_name, plan.explore_precision, run.machine)))
-    if run.rank == 0:  # the live MFU's counts (telemetry/model_flops.py); the other ranks speak to no one
-        bus.emit(model_flops(run))
+    if run.rank == 0 and not (plan.calibrated and not state.explore_steps):  # else the calibration's (stages.calibrate)
+        bus.emit(model_flops(at_explore_steps(run, state)))  # the live MFU's counts; the other ranks speak to no one
     copy_ = run.engine.explore_copy
     if copy_ is not None and copy_.report is not None:
         bus.emit(ev.QuantizationReport(summary=copy_.report.summary(), path=str(run.run_dir / "quantization_report.json")))

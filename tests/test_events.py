@@ -13,6 +13,7 @@ from solrl_core import events as ev
 SAMPLES = {"int": 3, "float": 1.5, "str": "text", "bool": True, "dict[str, float]": {"a": 0.25},
            "dict[str, int]": {"a": 2}, "dict[str, Any]": {"a": {"b": [1, 2]}}, "list[float]": [0.5, 0.75],
            "list[int]": [1, 2], "list[str]": ["a", "b"], "dict[str, str]": {"a": "b"},
+           "list[dict[str, Any]]": [{"name": "x@2", "recall": 0.5, "rho": None}],
            "RewardStats": ev.RewardStats(mean=0.5, std=0.1, best=0.9, worst=0.1, components={"r": 0.5})}
 
 

@@ -5,7 +5,7 @@ Each name is one scalar per step; the step is the iteration the number belongs t
 model before the first update). The README lists these names; renaming one breaks users' dashboards.
 
     time/<phase>                          seconds of the iteration's phase (explore, selection,
-                                          regenerate, reward, train, sync, total)
+                                          regenerate, reward, train, sync, total; calibrate when it ran)
     memory/<phase>                        peak GPU memory in GiB during the phase, when the run measures it
     reward/final/{mean,std,best,worst}    Stage-2 reward over the iteration's trained samples
     reward/final/component/<reward>       Stage-2 mean of one reward component
@@ -25,6 +25,9 @@ model before the first update). The README lists these names; renaming one break
                                           reward (its change in standard errors, when not 0: hacking/<reward>/z)
     rank_check/{rho,tau}                  in-run Stage-1 ranking check (absent when a side was constant)
     rank_check/{draft_mean,full_mean,seconds}
+    calibration/{steps,min_recall,seconds}  Stage 1's calibrated preview steps, the recall floor, its seconds
+    calibration/recall/<precision@steps>  each candidate's recall of the full-precision selection (and
+    calibration/candidate_seconds/...)    its measured seconds)
 
 A field later added to the iteration event is sent too: a number as `iteration/<field>`, a dict of
 numbers as `<name>/<key>` (per-phase dicts keep their keys).
@@ -73,6 +76,11 @@ def scalars(event: ev.Event) -> tuple[int, dict[str, float]] | None:
         out[f"hacking/{event.reward}"] = 1.0
         if event.se > 0:
             out[f"hacking/{event.reward}/z"] = event.change / event.se
+        return event.iteration, out
+    if isinstance(event, ev.CalibrationDone):
+        _flatten("calibration", {"steps": event.steps, "min_recall": event.min_recall, "seconds": event.seconds,
+                                 "recall": {c["name"]: c["recall"] for c in event.candidates},
+                                 "candidate_seconds": {c["name"]: c["seconds"] for c in event.candidates}}, out)
         return event.iteration, out
     if isinstance(event, ev.RankCheckResult):
         _flatten("rank_check", {k: getattr(event, k) for k in ("rho", "tau", "draft_mean", "full_mean", "seconds")}, out)

@@ -1,0 +1,184 @@
+"""Stage 1's preview step count chosen from measured rank fidelity (`explore.calibrate = steps`).
+
+Stage 1 only has to rank a prompt's seeds, not draw them well, so its cost need not be fixed by
+hand. A calibration rolls the same (prompt, seed) pairs out at full precision and full steps (the
+reference: what Stage 2 would give) and at every candidate preview setting (the explore network at
+2 ... sampler.steps steps), and measures, per candidate, how well its best_worst selection recovers
+the reference's: the recall |kept by the candidate & kept by the reference| / K (the mean of
+rankcheck's top-K/2 and bottom-K/2 hit rates), Spearman rho and Kendall tau. It picks the cheapest
+candidate, by the seconds measured here, whose recall reaches `explore.min_recall` (auto: the fixed
+setting's own recall, explore.steps, less its standard error over the calibration prompts). Within
+one precision a candidate with more steps is never counted cheaper than one with fewer (its measured
+seconds are a running maximum over steps): more denoising steps cannot cost less, and a measurement
+saying so is noise that must not change the choice.
+
+The calibration runs before the first iteration's Stage 1 and again every `explore.recalibrate_every`
+iterations, on rank 0 (its choice broadcast to every rank), on the iteration's first
+`explore.calibrate_prompts` prompt groups (the same draw the iteration makes, from an identical
+generator) with seeds from a generator of its own, both derived from (run seed, iteration): it
+consumes none of the iteration's draws, and a resumed run recalibrates where an uninterrupted one
+does, with the same weights and draws; in between, the choice is kept in the checkpoint (LoopState).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+import torch
+
+from solrl_core.prompts import prompts_for_iteration
+from solrl_core.rankcheck import Arm, RankCheck, run_arms
+
+if TYPE_CHECKING:
+    from solrl_core.engine import Engine
+    from solrl_core.session import Run
+
+MIN_STEPS = 2  # one Euler step lands on the mean image: it cannot rank seeds
+SEED_STREAM = 1  # the calibration's seeds: np.random.default_rng([run seed, iteration, SEED_STREAM])
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One candidate preview setting against the reference."""
+
+    name: str  # precision@steps
+    precision: str
+    steps: int
+    recall: float  # mean over prompts of |kept by this & kept by the reference| / K
+    recall_se: float  # its standard error over prompts (0 with one prompt)
+    rho: float | None  # mean Spearman over prompts where both sides vary (None: none did)
+    tau: float | None
+    seconds: float  # generate + decode + reward of the calibration's samples, measured
+    cost: float  # seconds, made non-decreasing in steps within a precision
+
+
+@dataclass(frozen=True)
+class Calibration:
+    candidates: list[Measured]
+    chosen: Measured
+    min_recall: float  # the threshold used
+    why: str  # how the threshold was set and what reached it
+    reference: str  # precision@steps of the reference rollouts
+    reference_seconds: float
+    prompts: int
+    seeds: int  # per prompt
+    seconds: float  # the whole calibration
+
+    def to_dict(self) -> list[dict]:
+        return [{k: getattr(m, k) for k in Measured.__dataclass_fields__} for m in self.candidates]
+
+
+def candidate_arms(precision: str, network: str, full_steps: int) -> list[Arm]:
+    """The candidate preview settings on one network: 2 ... full_steps steps (fewer when full_steps is)."""
+    return [Arm(f"{precision}@{s}", network, s) for s in range(min(MIN_STEPS, full_steps), full_steps + 1)]
+
+
+def measure(result: RankCheck, arms: list[Arm], keep: int) -> list[Measured]:
+    """Each candidate arm of a rank check (the reference last) as a Measured: recall of its
+    best_worst selection, correlations, and its seconds made non-decreasing in steps per precision."""
+    h = keep // 2
+    out, worst_so_far = [], {}
+    for arm in sorted(arms[:-1], key=lambda a: (a.name.rpartition("@")[0], a.steps)):
+        rows = result.per_prompt[arm.name]
+        recall = np.array([(r[f"top{h}"] + r[f"bottom{h}"]) / 2 for r in rows])
+        se = float(recall.std(ddof=1) / math.sqrt(len(recall))) if len(recall) > 1 else 0.0
+        precision = arm.name.rpartition("@")[0]
+        cost = max(result.seconds[arm.name], worst_so_far.get(precision, 0.0))
+        worst_so_far[precision] = cost
+        overall = result.overall[arm.name]
+        out.append(Measured(arm.name, precision, arm.steps, float(recall.mean()), se, overall["rho"], overall["tau"],
+                            result.seconds[arm.name], cost))
+    return out
+
+
+def choose(measured: list[Measured], min_recall: float, fixed: Measured) -> tuple[Measured, float, str]:
+    """The cheapest candidate whose recall reaches the threshold: `min_recall`, or with 0 (auto) the
+    fixed setting's recall less its standard error. Returns it, the threshold and why; when none
+    reaches an explicit threshold, the fixed setting, said so."""
+    if min_recall > 0:
+        threshold, source = min_recall, f"explore.min_recall {min_recall:.3f}"
+    else:
+        threshold = fixed.recall - fixed.recall_se
+        source = f"{fixed.name}'s recall {fixed.recall:.3f} - s.e. {fixed.recall_se:.3f} = {threshold:.3f}"
+    reached = [m for m in measured if m.recall >= threshold - 1e-9]
+    if not reached:
+        return fixed, threshold, f"no candidate reached {source}: kept the fixed {fixed.name}"
+    best = min(reached, key=lambda m: (m.cost, m.steps))
+    return best, threshold, (f"cheapest ({best.cost:.2f}s) with recall {best.recall:.3f} >= {source}"
+                             + (f"; {fixed.name} took {fixed.cost:.2f}s" if best is not fixed else ""))
+
+
+def calibrate_engine(engine: Engine, prompts: list[str], seeds: torch.Tensor, *, keep: int, fixed_steps: int,
+                     min_recall: float, whole_curve: bool = True,
+                     progress: Callable[[str, float], None] | None = None) -> Calibration:
+    """Every candidate preview step count on `engine`'s explore network (its explore copy, else the
+    full-precision rollout network) against the rollout network at full steps, on `prompts` x
+    `seeds` ([P, S]), scored with the engine's rewards; the choice as `choose` makes it.
+
+    `whole_curve=False` (a training run) with the auto floor (min_recall 0) measures only up to the
+    fixed steps: the fixed setting reaches its own floor, and more steps never count as cheaper, so
+    no candidate above it could be chosen."""
+    t0 = time.perf_counter()
+    full_steps = engine.config.sampler.steps
+    fixed_steps = min(max(fixed_steps, MIN_STEPS), full_steps)
+    precision = engine.explore_copy.precision if engine.explore_copy is not None else engine.dtype_name
+    upto = full_steps if whole_curve or min_recall > 0 else fixed_steps
+    arms = [*candidate_arms(precision, "explore", upto), Arm("reference", "rollout", full_steps)]
+    flat = [p for p in prompts for _ in range(seeds.shape[1])]
+    assert engine.rewards is not None  # a training engine holds its rewards
+    result = run_arms(arms, lambda on, steps: engine.images(flat, seeds.flatten(), steps, on),
+                      lambda x: engine.rewards(x, flat).total, prompts, seeds, [keep // 2], keep, progress)
+    measured = measure(result, arms, keep)
+    fixed = next(m for m in measured if m.steps == fixed_steps)
+    chosen, threshold, why = choose(measured, min_recall, fixed)
+    return Calibration(measured, chosen, threshold, why, f"{engine.dtype_name}@{full_steps}", result.seconds["reference"],
+                       len(prompts), int(seeds.shape[1]), time.perf_counter() - t0)
+
+
+def calibration_inputs(run: Run, iteration: int) -> tuple[list[str], torch.Tensor]:
+    """The iteration's first `explore.calibrate_prompts` prompt groups (the draw trainer.run_iteration
+    makes, from an identical generator) and N seeds for each, from a generator of their own."""
+    cfg = run.config
+    count = min(cfg.explore.calibrate_prompts, cfg.run.prompts_per_iteration)
+    drawn = prompts_for_iteration(run.prompts, cfg.run.prompts_per_iteration, np.random.default_rng([cfg.run.seed, iteration]))
+    n = run.plan.explore_seeds
+    seeds = np.random.default_rng([cfg.run.seed, iteration, SEED_STREAM]).integers(0, 2**31 - 1, size=count * n)
+    return drawn[:count], torch.as_tensor(seeds, dtype=torch.long).view(count, n)
+
+
+def due(run: Run, iteration: int, chosen_steps: int) -> bool:
+    """Before this iteration's Stage 1 (`iteration` finished so far): at the start of a run, when no
+    choice is held yet (a resume from before the first), and every explore.recalibrate_every."""
+    if run.config.explore.calibrate == "off":
+        return False
+    every = run.config.explore.recalibrate_every
+    return chosen_steps == 0 or bool(every and iteration % every == 0)
+
+
+def calibrate_to_folder(engine: Engine, prompts: list[str], out_dir: Path, *, per_prompt: int, seed_base: int, keep: int,
+                        progress: Callable[[str, float], None] | None = None) -> Calibration:
+    """`solrl rank-check --candidates`: the calibration a training run with explore.calibrate=steps
+    would make, on `prompts` with seeds seed_base + i*S ... for prompt i (the config's explore.steps
+    the fixed setting, explore.min_recall the floor), written to `out_dir`/calibration.json."""
+    import json
+
+    from solrl_core.rundir import write_atomic
+
+    cfg = engine.config
+    seeds = seed_base + torch.arange(len(prompts) * per_prompt, dtype=torch.long).view(len(prompts), per_prompt)
+    found = calibrate_engine(engine, prompts, seeds, keep=keep, fixed_steps=cfg.explore.steps,
+                             min_recall=cfg.explore.min_recall, progress=progress)
+    meta = {"device": str(engine.device), "model": engine.model.description,
+            "checkpoint": str(engine.checkpoint) if engine.checkpoint else None, "rewards": cfg.reward.weights,
+            "keep": keep, "fixed_steps": cfg.explore.steps}
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_atomic(out_dir / "calibration.json", json.dumps(
+        {"meta": meta, "prompts": prompts, "seeds": seeds.tolist(), "reference": found.reference,
+         "reference_seconds": found.reference_seconds, "candidates": found.to_dict(), "chosen": found.chosen.name,
+         "min_recall": found.min_recall, "why": found.why, "seconds": found.seconds}, indent=2))
+    return found
