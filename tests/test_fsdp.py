@@ -292,29 +292,35 @@ def test_a_rank_killed_ends_the_run_within_a_minute_and_leaves_the_checkpoint_in
 
 
 @pytest.mark.slow
-def test_a_2x2_mesh_on_two_launched_nodes_trains_what_one_process_does(tmp_path):
-    """Two launcher invocations with --nnodes 2 on this machine, 2 processes each: a replicate 2 x
-    shard 2 mesh (HYBRID_SHARD), whose adapters equal a 1-process run's."""
+def run_two_nodes(run_dir: Path, sets: list[str], timeout: float) -> None:
+    """`solrl train` launched twice with --nnodes 2 on this machine, 2 processes each (a replicate 2 x
+    shard 2 mesh under fsdp), both launchers required to succeed."""
     import subprocess
     import sys
 
-    (tmp_path / "eval.txt").write_text("a red circle\n")
-    extra = ("run.prompts_per_iteration=4", f"run.eval_prompts={tmp_path / 'eval.txt'}", "run.iterations=3")
-    one = resolve_config("tiny", "sol_rl", sets=[*SETS, *extra, f"run.run_dir={tmp_path / 'one'}"])
-    train(one, ev.EventBus(), stop=StopFlag())
-    sets = [a for s in (*SETS, *extra, "distributed.strategy=fsdp") for a in ("--set", s)]
     port = _free_port()
     nodes = [subprocess.Popen([sys.executable, "-m", "solrl_cli", "train", "--nproc-per-node", "2", "--nnodes", "2",
                                "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
-                               "--run-dir", str(tmp_path / "mesh"), *sets], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                               "--run-dir", str(run_dir), *sets], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}) for node in (0, 1)]
     try:
-        outputs = [n.communicate(timeout=400)[0] for n in nodes]
+        outputs = [n.communicate(timeout=timeout)[0] for n in nodes]
     finally:
         for n in nodes:
             if n.poll() is None:
                 n.kill()
     assert [n.returncode for n in nodes] == [0, 0], outputs
+
+
+def test_a_2x2_mesh_on_two_launched_nodes_trains_what_one_process_does(tmp_path):
+    """Two launcher invocations with --nnodes 2 on this machine, 2 processes each: a replicate 2 x
+    shard 2 mesh (HYBRID_SHARD), whose adapters equal a 1-process run's."""
+    (tmp_path / "eval.txt").write_text("a red circle\n")
+    extra = ("run.prompts_per_iteration=4", f"run.eval_prompts={tmp_path / 'eval.txt'}", "run.iterations=3")
+    one = resolve_config("tiny", "sol_rl", sets=[*SETS, *extra, f"run.run_dir={tmp_path / 'one'}"])
+    train(one, ev.EventBus(), stop=StopFlag())
+    sets = [a for s in (*SETS, *extra, "distributed.strategy=fsdp") for a in ("--set", s)]
+    run_two_nodes(tmp_path / "mesh", sets, timeout=400)
     started = _events(tmp_path / "mesh")[0]
     assert "fsdp over 4 processes (mesh replicate 2 x shard 2: sharded within a node, replicated across nodes" in started["plan"]
     assert "4 prompt groups over 4 processes, 1 each" in started["plan"]

@@ -206,25 +206,11 @@ def test_a_2x2_mesh_on_two_launched_nodes_explores_at_nvfp4_as_one_process_does(
     """Two launcher invocations with --nnodes 2 on this machine, 2 processes each (a replicate 2 x
     shard 2 mesh): Stage 1 on each process's NVFP4 copy filled from the hybrid-sharded policy, the
     rank check on, and the adapters a 1-process run's."""
-    import subprocess
-    import sys
-
-    from tests.test_distributed import _free_port
+    from tests.test_fsdp import run_two_nodes
 
     train(_config(tmp_path, "one", "replicate", "nvfp4-emulated", "run.prompts_per_iteration=4"), ev.EventBus(), stop=StopFlag())
     sets = [a for s in _sets("nvfp4-emulated", "run.prompts_per_iteration=4", "distributed.strategy=fsdp") for a in ("--set", s)]
-    port = _free_port()
-    nodes = [subprocess.Popen([sys.executable, "-m", "solrl_cli", "train", "--nproc-per-node", "2", "--nnodes", "2",
-                               "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
-                               "--run-dir", str(tmp_path / "mesh"), *sets], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}) for node in (0, 1)]
-    try:
-        outputs = [n.communicate(timeout=500)[0] for n in nodes]
-    finally:
-        for n in nodes:
-            if n.poll() is None:
-                n.kill()
-    assert [n.returncode for n in nodes] == [0, 0], outputs
+    run_two_nodes(tmp_path / "mesh", sets, timeout=500)
     started = _events(tmp_path / "mesh")[0]
     assert "fsdp over 4 processes (mesh replicate 2 x shard 2" in started["plan"]
     assert started["explore_precision"] == "nvfp4-emulated" and "under fsdp a whole nvfp4-emulated copy" in started["machine"]
