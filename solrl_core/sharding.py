@@ -122,6 +122,9 @@ def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInf
     for name, value in (("sampler.rollout_copy", cfg.sampler.rollout_copy), ("optimizer.compile", cfg.optimizer.compile)):
         if value == "true":
             raise SolrlError(f"{name}=true is not available with distributed.strategy=fsdp in this version", fix)
+    if cfg.explore.calibrate != "off":  # calibration.py measures on rank 0 alone; a sharded forward needs every rank
+        raise SolrlError("explore.calibrate measures on one process, and under distributed.strategy=fsdp every "
+                         "full-precision forward needs all of them (not available in this version)", fix)
     low = fam.low_precision and machine.explore_precision != dtype_name
     over = _whole_copy_over(machine, cfg, dtype_name, gpu, shard) if low and gpu is not None else ""
     if low and not over:

@@ -21,7 +21,6 @@ from solrl_core.loop_state import LoopState
 from solrl_core.nft import combined_advantages
 from solrl_core.prompts import prompts_for_iteration, shard, text_keys
 from solrl_core.config import RewardConfig
-from solrl_core.errors import SolrlError
 from solrl_core.rollout import Draws, RolloutBatch
 from solrl_core.selection import ranking_values, select
 from solrl_core.session import Run
@@ -106,9 +105,6 @@ def calibrate(run: Run, state: LoopState, bus: ev.EventBus) -> None:
     from solrl_core.calibration import calibrate_engine, calibration_inputs
     from solrl_core.telemetry.model_flops import model_flops
 
-    if run.sharded:
-        raise SolrlError("explore.calibrate needs the explore copy, which distributed.strategy=fsdp does not keep",
-                         "drop explore.calibrate or use --set distributed.strategy=replicate")
     found = None
     if run.rank == 0:
         prompts, seeds = calibration_inputs(run, state.iteration)

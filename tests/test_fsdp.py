@@ -163,7 +163,8 @@ def test_fsdp_keeps_a_whole_explore_copy_and_refuses_the_settings_that_need_a_fu
     assert fsdp_machine(_machine(naive_quant), naive_quant, "fp32").explore_precision == "nvfp4-emulated"
     at_dtype = set_value(cfg, "explore.precision=fp32")
     assert "Stage 1 at the run dtype" in fsdp_machine(_machine(at_dtype), at_dtype, "fp32").explore_why
-    refused = {"sampler.rollout_copy=true": "sampler.rollout_copy", "optimizer.compile=true": "optimizer.compile"}
+    refused = {"sampler.rollout_copy=true": "sampler.rollout_copy", "optimizer.compile=true": "optimizer.compile",
+               "explore.calibrate=steps": "explore.calibrate measures on one process"}
     for setting, words in refused.items():
         bad = set_value(cfg, setting)
         with pytest.raises(SolrlError, match=words):
