@@ -9,6 +9,7 @@ on the policy with its `old` adapter active, so a large model is held once.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -88,10 +89,19 @@ class RolloutCopy:
             self.compiled = CompiledBlocks(self.module, self.compile_mode)
 
     @torch.no_grad()
-    def refresh(self, merged: dict[str, torch.Tensor]) -> None:
-        """Load base + old-adapter weights and re-quantize (weights are quantized once per refresh)."""
+    def refresh(self, merged: dict[str, torch.Tensor], units: Iterator[list[nn.Module]] | None = None) -> None:
+        """Load base + old-adapter weights and re-quantize (weights are quantized once per refresh).
+        `units`: the copy's modules brought to the GPU a group at a time (offload.Parking.unit_by_unit),
+        for a copy parked on the CPU: each group is re-quantized while it is there."""
         result = self.module.load_state_dict(merged, strict=False)
         if result.unexpected_keys:
             raise RuntimeError(f"rollout copy does not hold {result.unexpected_keys[:3]}")
-        if self.report is not None:
+        if self.report is None:
+            return
+        if units is None:
             requantize(self.module)
+            return
+        for unit in units:
+            for module in unit:
+                if isinstance(module, QuantizedGemm):
+                    module.requantize()

@@ -27,6 +27,8 @@ from solrl_core.errors import SolrlError
 from solrl_core.faults import disk
 from solrl_core.faults.lock import RunLock
 from solrl_core.loop_state import LoopState
+from solrl_core.memory_modes import too_small
+from solrl_core.optim8bit import make_optimizer
 from solrl_core.plan import MachinePlan, RunPlan, plan_stages
 from solrl_core.policy import OLD, TRAINED
 from solrl_core.precision.hardware import require_explore_precision
@@ -110,6 +112,9 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     threads = apply_threads(cfg.run.threads)  # auto: one per usable core, shared by this node's processes (threads.py)
     machine = replace(resolve_machine(cfg, device, dtype_name), threads=threads.describe())
     layout, machine = open_layout(cfg, machine, dtype_name, device, gpu_of(device))  # fsdp: no rollout copy
+    if not machine.memory_fits and layout.strategy == "replicate":  # before any weights load
+        gpu = gpu_of(device)
+        raise too_small(cfg, machine, dtype_name, f"{gpu.name}, {gpu.memory_gib:.0f} GiB" if gpu is not None else str(device))
     plan = plan_stages(cfg, dtype_name, machine.explore_precision, machine=machine)
     if plan.explores_low:  # before anything is written: a refused precision leaves no run dir
         require_explore_precision(plan.explore_precision, device)
@@ -123,6 +128,7 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
             raise
 
     engine = open_engine(cfg, device=device, rewards=rewards, checkpointing=machine.checkpointing, refresh=False,
+                         memory=machine.memory,
                          explore=CopySpec(plan.explore_precision, plan.explore_compiled, from_shards=layout.sharded)
                          if plan.explores_low else None,
                          rollout=CopySpec(plan.full_precision, plan.rollout_compiled) if plan.rollout_copy else None)
@@ -132,9 +138,7 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
             policy.load_state(adapter, distributed.broadcast_tensors(policy.state(adapter)))
     if layout.sharded:  # before the optimizer: it holds the sharded parameters
         shard_policy(policy, layout)
-    opt = cfg.optimizer
-    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2),
-                                  weight_decay=opt.weight_decay, eps=opt.eps)
+    optimizer = make_optimizer(policy.trainable_parameters(), cfg.optimizer, machine.memory.adamw_8bit)
     state = LoopState(health=RewardHealth(cfg.reward.health_min_std, cfg.reward.health_patience))
     if checkpoint is not None:  # every rank reads it: resuming across nodes needs the run dir on a shared filesystem
         state.restore(load_checkpoint(checkpoint, policy, optimizer))

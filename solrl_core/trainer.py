@@ -122,6 +122,10 @@ after its increment) are the official ones. Where this differs from it, and why:
   so Stage 2 and v_old run on the `old` adapter, as `sampler.rollout_copy=false`. A micro-batch whose loss is not finite skips the whole step there (its
   backward must run on every rank) where a replica drops that micro-batch alone. Unchanged for a
   replicated run, the default wherever a replica fits.
+- Memory modes for one tight GPU (memory_modes.py; the official code has none): `auto` picks them by
+  the memory estimate only where the GPU needs them. Parking the VAE or the copies on the CPU
+  (offload.py) and gradient checkpointing change no number; `memory.adamw_8bit` (torchao's AdamW8bit)
+  rounds AdamW's moments to 8 bits after each step, where the official moments are fp32.
 """
 
 from __future__ import annotations
