@@ -45,15 +45,14 @@ def evaluate_snapshot(folder: str, split: str, per_prompt: int = 4, steps: int =
     from solrl_core.evaluation import eval_seeds
     from solrl_core.models.tiny_video import build_tiny_video
     from solrl_core.rewards.tinyvideo import TinyVideoReward
-    from solrl_core.rollout import generate
-    from solrl_core.sampler import sigma_grid
+    from solrl_core.sampler import Sampler
 
     cfg = ModelConfig(loader="tiny_video", weights=folder, resolution=tinyvideo.SIZE, frames=tinyvideo.FRAMES)
     model = build_tiny_video(cfg, torch.device("cpu"), torch.float32)
     prompts = tinyvideo.prompts(split)
     flat = [p for p in prompts for _ in range(per_prompt)]
-    latents = generate(model, model.transformer, model.encode(flat), eval_seeds(len(prompts), per_prompt),
-                       sigma_grid(steps), 64, "euler", torch.float32)
+    latents = Sampler(batch_size=64).generate(model, model.transformer, model.encode(flat),
+                                              eval_seeds(len(prompts), per_prompt), steps, torch.float32)
     reward = TinyVideoReward()
     scores = reward(model.decode(latents), flat)
     return float(scores.mean()), reward.summary(scores, flat)
