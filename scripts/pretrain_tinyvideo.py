@@ -61,6 +61,8 @@ def evaluate_snapshot(folder: str, split: str, per_prompt: int = 4, steps: int =
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--evaluate", nargs="+", metavar="FOLDER", help="score snapshot folders instead of training")
+    ap.add_argument("--splits", nargs="+", default=["train", "heldout"], choices=["train", "heldout"],
+                    help="the caption sets --evaluate scores (default: both)")
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=1e-3)
@@ -73,7 +75,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.evaluate:
         for folder in args.evaluate:
-            for split in ("train", "heldout"):
+            for split in args.splits:
                 mean, extras = evaluate_snapshot(folder, split)
                 kinds = "  ".join(f"{k} {v:.3f}" for k, v in extras.items())
                 print(f"{folder}  {split:<8} reward {mean:.3f}  {kinds}", flush=True)
