@@ -43,13 +43,13 @@ def _f(default: Any, help: str) -> Any:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = _f("tiny", "Model preset name (informational; the loader decides what is built).")
-    loader: str = _f("tiny", "Which loader builds the model: tiny, sana, flux1, sd3, qwen_image, zimage, flux2, wan (video).")
+    loader: str = _f("tiny", "Which loader builds the model: tiny, tiny_video (video), sana, flux1, sd3, qwen_image, zimage, flux2, wan (video).")
     hub_id: str = _f("", "Hugging Face hub id of the base model.")
     path: str = _f("", "Local folder with the base model; used instead of hub_id when set.")
-    weights: str = _f("", "Weights file for the tiny model ('' = random init from init_seed).")
+    weights: str = _f("", "Weights folder of the tiny and tiny_video models ('' = random init from init_seed).")
     init_seed: int = _f(0, "Seed of the random init when no weights are given.")
     resolution: int = _f(1024, "Image side in pixels.")
-    frames: int = _f(0, "Frames per clip of a video model (the wan loader: 1 + a multiple of 4); 0 = an image model.")
+    frames: int = _f(0, "Frames per clip of a video model (the wan loader: 1 + a multiple of 4; tiny_video: 4); 0 = an image model.")
     lora_rank: int = _f(32, "LoRA rank r.")
     lora_alpha: int = _f(64, "LoRA alpha (scale = alpha / r).")
     lora_init: str = _f("gaussian", "How each adapter's A matrix starts (B is zero, so the adapted model starts equal to the "
@@ -338,7 +338,8 @@ class Config:
 T5_LOADERS = ("flux1", "sd3")  # the loaders that read model.max_sequence_length
 
 
-VIDEO_LOADERS = ("wan",)  # the loaders whose samples are clips of model.frames frames
+VIDEO_LOADERS = ("wan", "tiny_video")  # the loaders whose samples are clips of model.frames frames
+TINY_LOADERS = ("tiny", "tiny_video")  # built offline from model.weights or a random init: no hub id, no model.path
 
 
 def _check_frames(cfg: "Config") -> None:
@@ -359,7 +360,7 @@ def _check_model_path(model: ModelConfig) -> None:
     """--model-path names a folder that exists, for a model that reads one."""
     if not model.path:
         return
-    if model.loader == "tiny":
+    if model.loader in TINY_LOADERS:
         raise SolrlError(f"the tiny model takes no --model-path (model.path={model.path}): it is built from model.weights "
                          "or a random init", "drop --model-path; for tiny weights use --set model.weights=FOLDER")
     import os

@@ -30,6 +30,7 @@ class ModelSize:
 # every other model's scaled from its checkpointed figure by the same ratio (about 10x): APPROXIMATE.
 MODEL_SIZES = {
     "tiny": ModelSize("tiny world model", 0.0013, 0.0, 0.0, 0.0, 0.0, 0.0),
+    "tiny_video": ModelSize("tiny moving world model", 0.0010, 0.0, 0.0, 0.0, 0.0, 0.0),
     "sana": ModelSize("SANA 1.6B + Gemma2-2B text encoder + DC-AE", 1.6, 2.6, 0.32, 12.0, 0.35, 3.55),
     "flux1": ModelSize("FLUX.1-dev 12B + T5-XXL + CLIP-L", 11.9, 4.9, 0.08, 34.0, 0.9, 9.1),
     "sd3": ModelSize("SD3.5-Large 8B + T5-XXL + CLIP-L + CLIP-G", 8.1, 5.6, 0.08, 30.0, 1.5, 15.2),
