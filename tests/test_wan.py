@@ -127,6 +127,15 @@ def test_explore_writes_ranked_seeds_and_a_contact_sheet_grid(name, folders, tmp
 
     with Image.open(tmp_path / "ex" / "grid.png") as grid:  # each cell a clip's 5 frames in a row
         assert grid.width > 2 * 5 * 32
+    # The grid's clips (each prompt's best and worst) written as videos, named in their rows.
+    from solrl_core.video_output import read_clip
+
+    shown = [r for r in rows if "video" in r]
+    assert len(shown) == 2 * len(rows) // 4 and {r["rank"] for r in shown} == {1, 4}
+    for row in shown:
+        assert row["video"] == f"clips/{rows.index(row) // 4:03d}_seed{row['seed']}{row['video'][-4:]}"
+        assert read_clip(tmp_path / "ex" / row["video"]).shape == (5, 3, 32, 32)
+    assert "the grid's clips" in result.output
 
 
 def test_rank_check_compares_the_explore_copys_clip_ranking_with_full_precision(folder, tmp_path, monkeypatch):
