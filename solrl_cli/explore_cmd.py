@@ -54,8 +54,10 @@ def explore(
         console.print(f"solrl explore  {ckpt or cfg.model.name + ' (base)'}  {plural(len(texts), 'prompt')} x "
                       f"{plural(cfg.explore.group_size, 'seed')} at {engine.explore_copy.precision}, {cfg.explore.steps} steps  -> keep "
                       f"{cfg.selection.group_size} ({cfg.selection.mode})  on {engine.device}")
-        _print_selection(explore_to_folder(engine, texts, seed, out_dir), cfg.selection.group_size)
-        console.print(f"every seed: {out_dir / 'seeds.jsonl'}   grid of best and worst: {out_dir / 'grid.png'}")
+        result = explore_to_folder(engine, texts, seed, out_dir)
+        _print_selection(result, cfg.selection.group_size)
+        clips = f"   the grid's clips: {out_dir / 'clips'}" if result.clips else ""
+        console.print(f"every seed: {out_dir / 'seeds.jsonl'}   grid of best and worst: {out_dir / 'grid.png'}{clips}")
 
 
 def _print_selection(result, keep: int) -> None:  # type: ignore[no-untyped-def]

@@ -332,7 +332,8 @@ def log_line(e: ev.Event) -> str:
     if isinstance(e, ev.CompileFinished):
         return f"compiled the {e.target} in {e.seconds:.1f}s (once, before the first iteration)"
     if isinstance(e, ev.SampleGrid):
-        return f"sample grid iteration {e.iteration} ({len(e.rewards)} Stage-2 samples of '{e.prompt[:40]}') -> {e.path}"
+        clips = f" (contact sheets; the clips: {e.video})" if e.video else ""
+        return f"sample grid iteration {e.iteration} ({len(e.rewards)} Stage-2 samples of '{e.prompt[:40]}') -> {e.path}{clips}"
     if isinstance(e, ev.ImagesWritten):
         return f"{plural(e.count, 'image')} ({e.weights} weights) -> {e.folder}"
     return ""

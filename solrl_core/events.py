@@ -254,7 +254,7 @@ class ImagesWritten(Event):
 @dataclass(frozen=True)
 class SampleGrid(Event):
     """One prompt's Stage-2 samples, best reward first, written as one PNG (every run.image_every
-    iterations while a tracker is configured)."""
+    iterations while a tracker is configured); a video model's clips also as one video, side by side."""
 
     kind: ClassVar[str] = "sample_grid"
     iteration: int
@@ -262,6 +262,8 @@ class SampleGrid(Event):
     rewards: list[float]  # left to right, as in the picture
     path: str
     seconds: float
+    seeds: list[int] = field(default_factory=list)  # left to right, as in the picture
+    video: str = ""  # a video model's clips side by side, in the picture's order (MP4, or GIF without the video extra)
 
 
 @dataclass(frozen=True)

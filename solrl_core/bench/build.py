@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from solrl_core.bench import encoders as enc
+from solrl_core.bench.video import video_flops_note
 from solrl_core.errors import SolrlError
 
 # Published transformer configurations by model preset, and tiny ones of the same structure by loader.
@@ -45,6 +46,7 @@ TINY = {
                 qk_norm="rms_norm", pos_embed_max_size=24),
 }
 REAL_VAE_FACTOR = {"sana": 32, "flux1": 8, "sd3": 8}  # the released VAEs' spatial compression
+
 BENCH_VAE_FACTOR = 2  # the two-block VAEs of encoders.py
 TINY_RESOLUTION = 32
 SIZES = ("real", "tiny")
@@ -70,8 +72,8 @@ def bench_model(preset: str, loader: str, resolution: int, size: str) -> BenchMo
     if size not in SIZES:
         raise SolrlError(f"--size {size}: expected real or tiny", "use --size real (a GPU) or --size tiny (any machine)")
     if loader not in TINY:
-        raise SolrlError(f"solrl bench builds sana, flux1 and sd3 models; the {preset} preset's loader is {loader}",
-                         "use --model sana, flux1 or sd3")
+        raise SolrlError(f"solrl bench builds sana, flux1 and sd3 models; the {preset} preset's loader is {loader}"
+                         + video_flops_note(preset, resolution), "use --model sana, flux1 or sd3")
     if size == "tiny":
         return BenchModel(preset, loader, size, TINY[loader], TINY_RESOLUTION)
     if preset not in REAL:

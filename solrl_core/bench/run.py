@@ -87,10 +87,10 @@ def run_bench(options: BenchOptions, bus: ev.EventBus, workdir: Path | None = No
     from solrl_core.presets import resolve_config
 
     options = options.resolved()
+    base = resolve_config(options.model, "sol_rl", REWARD, sets=options.sets)
+    model = bench_model(options.model, base.model.loader, base.model.resolution, options.size)  # a model it builds, first
     device = resolve_device(options.device)
     options.check(device)
-    base = resolve_config(options.model, "sol_rl", REWARD, sets=options.sets)
-    model = bench_model(options.model, base.model.loader, base.model.resolution, options.size)
     tokens = text_tokens(model.loader, base.model.max_sequence_length)
     count = parameters(model)
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
