@@ -241,3 +241,23 @@ def test_the_precision_choice_is_shown_in_the_terminal_the_tui_and_the_trackers(
     check = ev.RankCheckResult(iteration=1, prompt="p", seeds=8, rho=0.5, tau=0.4, draft_mean=0.1, full_mean=0.2, seconds=0.0,
                                reused=True)
     assert "reused from the calibration" in log_line(check)
+
+
+@pytest.mark.slow
+def test_bench_auto_explore_prices_an_iteration_at_the_pick_labelled_derived(tmp_path):
+    from typer.testing import CliRunner
+
+    from solrl_cli.app import app
+
+    out = tmp_path / "bench.json"
+    result = CliRunner().invoke(app, ["bench", "--size", "tiny", "--device", "cpu", "--family", "sol_rl", "--n", "4", "--k", "2",
+                                      "--rollout-batch", "4", "--iterations", "2", "--auto-explore", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "explore.calibrate=steps+precision would pick" in result.output and "DERIVED, not measured" in result.output
+    row = json.loads(out.read_text())["rows"][0]
+    auto, seconds = row["auto_explore"], row["seconds"]
+    assert {c["precision"] for c in auto["candidates"]} == {LOW, OTHER} and auto["fixed"] == f"{LOW}@6"
+    chosen = next(c for c in auto["candidates"] if c["name"] == auto["chosen"])
+    fixed = next(c for c in auto["candidates"] if c["name"] == auto["fixed"])
+    assert auto["time_ratio"] == pytest.approx(chosen["cost"] / fixed["cost"])
+    assert auto["derived_seconds"]["total"] == pytest.approx(seconds["total"] - seconds["explore"] * (1 - auto["time_ratio"]))
