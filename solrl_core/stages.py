@@ -29,6 +29,7 @@ from solrl_core.update import UpdateResult, update
 
 if TYPE_CHECKING:
     from solrl_core.calibration import Calibration
+    from solrl_core.phases import PhaseRecorder
 
 
 @dataclass(frozen=True)
@@ -100,6 +101,16 @@ def explore(run: Run, prompts: list[str], rng: np.random.Generator, steps: int |
 def explore_steps(run: Run, state: LoopState) -> int:
     """Stage 1's preview steps this iteration: the last calibration's choice, else the plan's."""
     return state.explore_steps or run.plan.explore_steps
+
+
+def calibrate_if_due(run: Run, state: LoopState, bus: ev.EventBus, phases: PhaseRecorder) -> Calibration | None:
+    """The calibration where due before this iteration's Stage 1 (calibration.due), as its own phase."""
+    from solrl_core.calibration import due
+
+    if not due(run, state.iteration, state.explore_steps):
+        return None
+    with phases.phase("calibrate", memory=False):
+        return calibrate(run, state, bus)
 
 
 def calibrate(run: Run, state: LoopState, bus: ev.EventBus) -> Calibration | None:

@@ -49,12 +49,10 @@ after its increment) are the official ones. Where this differs from it, and why:
 - `explore.calibrate = steps` (off by default; calibration.py) chooses Stage 1's preview steps, before
   the first iteration and every `explore.recalibrate_every`, as the cheapest measured here whose
   selection recovers the full-precision one as well as the fixed explore.steps does; the official
-  code fixes 6. `steps+precision` chooses the explore precision too, among the low precisions this
-  machine runs (the official code fixes its E5M2 copy), and Stage 1 then runs on an explore copy at
-  the chosen precision. Its seconds count in the iteration's time; it draws nothing from the
-  iteration's rng (it measures the iteration's first groups at their own Stage-1 seeds, from an
-  identical generator), and the in-run rank check reuses its full-precision rollouts of the first
-  group where both run in one iteration.
+  code fixes 6. `steps+precision` chooses the explore precision too, among the low ones this machine
+  runs (the official code fixes its E5M2 copy). Its seconds count in the iteration's time; it draws
+  nothing from the iteration's rng (it measures the first groups' Stage-1 seeds on an identical
+  generator), and the rank check reuses its full-precision rollouts in the same iteration.
 - Full-precision rollouts run, as in the official code, on a copy of base + `old` merged (refreshed
   after each step; compiled on CUDA) when the memory estimate says it fits (`sampler.rollout_copy`);
   where it does not, on the policy with its `old` adapter active (one copy of the model), said at
@@ -154,8 +152,7 @@ from solrl_core.rundir import EVENTS_FILE, restarts
 from solrl_core.session import Run, Session, open_session
 from solrl_core.sharding import gather
 from solrl_core.stopping import ScoringAbandoned, StopAtBoundary, StopFlag, graceful_stop
-from solrl_core.calibration import due as calibration_due
-from solrl_core.stages import (Scored, after_step, at_explore_steps, calibrate, explore, explore_steps, iteration_prompts,
+from solrl_core.stages import (Scored, after_step, at_explore_steps, calibrate_if_due, explore, explore_steps, iteration_prompts,
                                rank_check, rank_check_due, regenerate, score_drafts, score_finals, select_seeds,
                                train as train_step, use_explore_precision)
 from solrl_core.telemetry.model_flops import model_flops
@@ -273,10 +270,7 @@ def run_iteration(run: Run, state: LoopState, bus: ev.EventBus, stop: StopFlag |
     phases = PhaseRecorder(run.device, stop.entering if stop is not None else None)
     rng = np.random.default_rng([run.config.run.seed, state.iteration])
     prompts = iteration_prompts(run, rng)
-    calibrated = None
-    if calibration_due(run, state.iteration, state.explore_steps):  # its draws on an identical generator: rng is untouched
-        with phases.phase("calibrate", memory=False):
-            calibrated = calibrate(run, state, bus)
+    calibrated = calibrate_if_due(run, state, bus, phases)  # its draws on an identical generator: rng is untouched
     with phases.phase("explore"):
         drafted = explore(run, prompts, rng, explore_steps(run, state))
         raise_if_diverged(drafted.latents, state.step, run.config.optimizer.lr)  # NaN outputs: blame the update, not the reward
