@@ -350,7 +350,7 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
         at = f"{state.explore_precision}@{state.explore_steps}" if state.explore_precision else f"{state.explore_steps} preview steps"
         described += f"; Stage 1 continues at the last calibration's {at} (from the checkpoint)"
     bus.emit(ev.RunStarted(run_dir=str(run.run_dir), preset=cfg.preset, device=str(run.device),
-                           dtype=run.engine.dtype_name, explore_precision=plan.explore_precision, plan=described,
+                           dtype=run.engine.dtype_name, explore_precision=state.explore_precision or plan.explore_precision, plan=described,
                            start_iteration=state.iteration, iterations=cfg.run.iterations, resumed=state.resumed,
                            config=to_dict(cfg), machine=run.machine.describe(), tracking=tracking.where(cfg.run.log, run.run_dir),
                            environment=environment.describe(cfg, run.device, run.engine.dtype_name, plan.explore_precision, run.machine)))
