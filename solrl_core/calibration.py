@@ -198,8 +198,8 @@ def calibrate_engine(engine: Engine, prompts: list[str], seeds: torch.Tensor, *,
                                [*arms, reference], keep)
             if built is not None and not whole_curve:
                 this = next(m for m in measured if m.name == arm.name)
-                best = choose(measured, min_recall, fixed)[0] if fixed is not None else None
-                if best is not None and (best is this or this.cost >= best.cost):
+                best, floor, _ = choose(measured, min_recall, fixed) if fixed is not None else (None, 0.0, "")
+                if best is not None and (best is this or (best.recall >= floor - 1e-9 and this.cost >= best.cost)):
                     break  # more steps at this precision could not be chosen
         if fixed is None:
             fixed = next(m for m in measured if m.precision == current and m.steps == fixed_steps)
