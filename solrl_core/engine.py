@@ -123,6 +123,17 @@ class Engine:
             for c in copies:
                 c.refresh(merged)
 
+    def explore_copy_at(self, precision: str) -> RolloutCopy:
+        """A new explore copy at `precision`, built as open_engine builds the run's (a copy of the base
+        transformer, quantized by the model's layer rule, in the run dtype; compiled where the run's
+        copy is, and an fp8 copy on CUDA always: resolve.FP8_EAGER_SLOWER), loaded with base + old.
+        A calibration weighing precisions (calibration.py) builds one per candidate and keeps the chosen."""
+        current = self.explore_copy
+        compiled = (current is not None and current.compile_mode is not None) or (precision == "fp8" and self.device.type == "cuda")
+        made = _copy(self.config, self.model, CopySpec(precision, compiled), source=self.policy.transformer, dtype=self.dtype)
+        made.refresh(self.policy.merged_weights(OLD))
+        return made
+
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast around the policy's forwards in a bf16 run (the adapters are fp32), unless
         `model.train_precision = bf16` (the official SANA regime: no autocast); on CUDA and on a CPU
@@ -268,7 +279,23 @@ def open_engine(cfg: Config, *, device: torch.device | None = None, explore: Cop
     return engine
 
 
-def _copy(cfg: Config, model: DiffusionModel, spec: CopySpec) -> RolloutCopy:
-    module = meta_copy(model.transformer) if spec.from_shards else copy.deepcopy(model.transformer)
+def _copy(cfg: Config, model: DiffusionModel, spec: CopySpec, source: nn.Module | None = None,
+          dtype: torch.dtype | None = None) -> RolloutCopy:
+    """A copy of the base transformer (`source`: the policy's, carrying adapters: its base layers
+    copied in their place, cast to `dtype`) at the spec's precision."""
+    if source is not None:
+        module = base_copy(source).to(dtype)
+    else:
+        module = meta_copy(model.transformer) if spec.from_shards else copy.deepcopy(model.transformer)
     return RolloutCopy(module, spec.precision, LayerRule.of(cfg.model), compile=spec.compiled,
                        compile_mode=cfg.run.compile_mode)
+
+
+def base_copy(transformer: nn.Module) -> nn.Module:
+    """A deep copy of `transformer` with every peft adapter layer replaced by a copy of its base layer:
+    the plain base architecture with the base weights, as the copies are built before adapters exist."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    memo: dict[int, object] = {id(m): copy.deepcopy(m.get_base_layer()) for m in transformer.modules()
+                               if isinstance(m, BaseTunerLayer)}
+    return copy.deepcopy(transformer, memo)

@@ -71,6 +71,12 @@ class RolloutCopy:
         self.compiled = CompiledBlocks(self.module, compile_mode) if compile and not self.on_meta else None
         self.forward: nn.Module = self.module
 
+    def take_over(self, other: "RolloutCopy") -> None:
+        """Become `other` (its module, precision, quantization and compiled blocks), this copy's own
+        module freed: the engine keeps one explore copy object whatever precision a calibration
+        chose (explore.calibrate=steps+precision, calibration.py). `other` is not to be used after."""
+        self.__dict__.update(other.__dict__)
+
     @property
     def on_meta(self) -> bool:
         """Built as a skeleton (sharded_copy.meta_copy): its weights are not filled in yet."""

@@ -54,6 +54,9 @@ class BenchOptions:
     warmup: int = 1
     sets: tuple[str, ...] = field(default=())
     check_memory: bool = True  # at real size: refuse before building when the doctor's estimate does not fit (fits.py)
+    # sol_rl: also the calibration table (precision x steps) on the trained engine, and the iteration's
+    # time derived at the setting explore.calibrate=steps+precision picks (auto_explore)
+    auto_explore: bool = False
 
     def resolved(self) -> "BenchOptions":
         """N, K and the rollout batch filled in for the size where not given."""
@@ -182,7 +185,8 @@ def _run_family(options: BenchOptions, family: str, folder: Path, resolution: in
     figures = phase_seconds(its)
     seconds = figures["seconds"]
     flops = phase_flops(run.plan, run.config, per_sample, run.config.run.prompts_per_iteration)
-    return {"model": options.model, "family": family, "plan": started.plan, "machine": started.machine,
+    auto = auto_explore(run, seconds, bus) if options.auto_explore and family == "sol_rl" else None
+    return {"auto_explore": auto, "model": options.model, "family": family, "plan": started.plan, "machine": started.machine,
             "compile_mode": run.config.run.compile_mode,
             **figures, "rates": _rates(run.plan, run.config, seconds),
             "peak_gib": {k: max((e.peak_memory or {}).get(k, 0.0) for e in its) for k in MEMORY_PHASES},
@@ -287,3 +291,27 @@ def compiled_graphs() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
+
+
+def auto_explore(run: Any, seconds: dict[str, float], bus: ev.EventBus) -> dict[str, Any]:
+    """The calibration explore.calibrate=steps+precision would make on the benched sol_rl run's engine
+    (its weights as the bench left them, the next iteration's first prompt groups and their Stage-1
+    seeds, every low precision this machine runs), and what an iteration would take at its choice:
+    DERIVED, not measured: the measured median iteration with Stage 1's generation and decoding
+    scaled by the chosen candidate's measured seconds over the fixed setting's (generate, decode and
+    reward of the calibration's samples), the calibration itself left out."""
+    from solrl_core.calibration import calibrate_engine, calibration_inputs
+    from solrl_core.precision.hardware import runnable_low_precisions
+
+    cfg = run.config
+    bus.emit(ev.BenchProgress(stage="calibrate", message="sol_rl: the precision x steps calibration on the benched run"))
+    prompts, seeds = calibration_inputs(run, cfg.run.iterations)
+    found = calibrate_engine(run.engine, prompts, seeds, keep=run.plan.keep, fixed_steps=cfg.explore.steps,
+                             min_recall=cfg.explore.min_recall, precisions=runnable_low_precisions(run.device),
+                             whole_curve=False)
+    fixed = next(m for m in found.candidates if m.name == found.fixed)
+    ratio = found.chosen.cost / fixed.cost if fixed.cost > 0 else 1.0
+    explore = seconds["explore"] * ratio
+    return {"candidates": found.to_dict(), "chosen": found.chosen.name, "fixed": found.fixed, "why": found.why,
+            "min_recall": found.min_recall, "calibration_seconds": found.seconds, "time_ratio": ratio,
+            "derived_seconds": {"explore": explore, "total": seconds["total"] - seconds["explore"] + explore}}
