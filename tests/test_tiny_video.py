@@ -128,7 +128,7 @@ def test_one_training_iteration_runs_on_the_preset(tmp_path):
     from solrl import train
     from solrl_core import events as ev
 
-    result = train("tiny_video", sets=FAST, run_dir=tmp_path / "r", iterations=1)
+    result = train("tiny_video", sets=[*FAST, "run.eval_prompts=tinyvideo_heldout"], run_dir=tmp_path / "r", iterations=1)
     assert result.finished
     done = [e for e in result.events if isinstance(e, ev.IterationFinished)]
     assert len(done) == 1 and all(np.isfinite(v) for v in done[0].loss.values())
