@@ -31,7 +31,7 @@ from solrl_core.faults.phase import charged_to
 from solrl_core.models import DiffusionModel, load_model
 from solrl_core.models.base import Conditioning
 from solrl_core.policy import OLD, Policy
-from solrl_core.precision.quantize import LayerRule
+from solrl_core.precision.quantize import WRAPPERS, LayerRule, load_tensor
 from solrl_core.regions import CompiledBlocks
 from solrl_core.rewards import RewardSet
 from solrl_core.rollout import RolloutCopy
@@ -282,13 +282,25 @@ def open_engine(cfg: Config, *, device: torch.device | None = None, explore: Cop
 def _copy(cfg: Config, model: DiffusionModel, spec: CopySpec, source: nn.Module | None = None,
           dtype: torch.dtype | None = None) -> RolloutCopy:
     """A copy of the base transformer (`source`: the policy's, carrying adapters: its base layers
-    copied in their place, cast to `dtype`) at the spec's precision."""
+    copied in their place, cast to `dtype`) at the spec's precision.
+
+    A quantized copy of the base model is lean: built on the meta device and filled layer by layer
+    (quantize.load_tensor), its quantized layers hold only their quantized caches, never a second
+    high-precision weight (fp8: 1 byte a weight instead of 3; footprint.copy_bytes). Filled here
+    from the base model on a replica, from the shards under fsdp (sharded_copy.py)."""
     if source is not None:
         module = base_copy(source).to(dtype)
+    elif spec.from_shards or spec.precision in WRAPPERS:
+        module = meta_copy(model.transformer)
     else:
-        module = meta_copy(model.transformer) if spec.from_shards else copy.deepcopy(model.transformer)
-    return RolloutCopy(module, spec.precision, LayerRule.of(cfg.model), compile=spec.compiled,
+        module = copy.deepcopy(model.transformer)
+    made = RolloutCopy(module, spec.precision, LayerRule.of(cfg.model), compile=spec.compiled,
                        compile_mode=cfg.run.compile_mode)
+    if source is None and not spec.from_shards and made.on_meta:
+        made.materialize(next(model.transformer.parameters()).device)
+        for name, value in model.transformer.state_dict().items():
+            load_tensor(made.module, name, value)
+    return made
 
 
 def base_copy(transformer: nn.Module) -> nn.Module:

@@ -58,9 +58,9 @@ MODEL_SIZES_BY_HUB_ID = {
 
 # Explore-copy bytes per transformer parameter, by precision; None: the run dtype's own width.
 # nvfp4 (Transformer Engine): half a bf16 copy, as the real low-precision weights plus scales and
-# TE's work buffers. fp8 and nvfp4-emulated keep the copy's weights at the run dtype (reloaded at each
-# refresh) AND a cached quantized weight (quantize.py): 1 byte more per weight for fp8, a second
-# copy at the run dtype for the emulation.
+# TE's work buffers. fp8 and the emulations (quantize.py) keep only each quantized layer's cached
+# quantized weight (engine._copy: a lean copy), not its high-precision weight: 1 byte a weight for
+# fp8, the run dtype's width for the emulations (their fake-quantized weights are stored at it).
 COPY_BYTES = {"nvfp4": 1.0, "bf16": 2.0, "fp32": 4.0}
 OVERHEAD_GIB = 1.5  # CUDA context, LoRA + AdamW state, one VAE decode chunk, allocator slack
 # Training activations of a torch.compile'd update (optimizer.compile, regions.py) over eager ones,
@@ -70,16 +70,11 @@ OVERHEAD_GIB = 1.5  # CUDA context, LoRA + AdamW state, one VAE decode chunk, al
 COMPILED_ACTIVATION_SHARE = 0.79
 
 
-def copy_bytes(precision: str, width: float, lean: bool = False) -> float:
-    """Explore-copy bytes per transformer parameter at `precision` in a run of `width` bytes: a
-    replica's copy keeps its weights at the run dtype besides the quantized cache (quantize.py); a
-    `lean` one (sharded_copy.py, under fsdp) only the cache: the fake-quantized weights at the run
-    dtype for the emulations, 1 byte for fp8 (its row scales and the layers the rule keeps at the
-    run dtype left out: APPROXIMATE)."""
-    if lean:
-        return {"nvfp4-emulated": width, "fp8-e5m2-tensor": width, "fp8": 1.0}.get(precision) or COPY_BYTES.get(precision, width)
-    return {"nvfp4-emulated": 2 * width, "fp8-e5m2-tensor": 2 * width, "fp8": width + 1}.get(precision) \
-        or COPY_BYTES.get(precision, width)
+def copy_bytes(precision: str, width: float) -> float:
+    """Explore-copy bytes per transformer parameter at `precision` in a run of `width` bytes: the
+    cached quantized weights (fp8: 1 byte; the emulations: the run dtype), the layers the rule keeps
+    at the run dtype and fp8's row scales left out (APPROXIMATE)."""
+    return {"nvfp4-emulated": width, "fp8-e5m2-tensor": width, "fp8": 1.0}.get(precision) or COPY_BYTES.get(precision, width)
 
 
 def model_size(cfg: Config) -> ModelSize:
@@ -107,16 +102,14 @@ class MemoryEstimate:
 
 
 def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16", checkpointing: bool = True,
-                    rollout_copy: bool = False, compiled_update: bool = False, lean_copy: bool = False) -> MemoryEstimate:
+                    rollout_copy: bool = False, compiled_update: bool = False) -> MemoryEstimate:
     """Peak GPU memory ESTIMATE for one process, GiB, from approximate model sizes (`MODEL_SIZES`);
     `explore_precision` is the resolved one (see resolve.py):
 
         policy        = transformer params x bytes of the run dtype (4 with model.train_precision = fp32-base;
                         the LoRA adapters are negligible)
-        explore copy  = transformer params x COPY_BYTES[precision] when the family explores at a precision other
-                        than the run dtype; nvfp4-emulated: 2 x the run dtype (weights + cached fake-quantized
-                        weights); fp8: the run dtype + 1 byte (weights + cached e4m3 weights); `lean_copy`
-                        (fsdp's copy, sharded_copy.py): the cached quantized weights alone (`copy_bytes`)
+        explore copy  = transformer params x `copy_bytes(precision)` when the family explores at a precision
+                        other than the run dtype: the cached quantized weights alone (a lean copy, engine._copy)
         rollout copy  = transformer params x bytes of the run dtype, when kept (sampler.rollout_copy)
         vae           = VAE params x bytes of the run dtype
         activations   = optimizer.micro_batch x activation GiB per sample (bf16; with or without checkpointing;
@@ -129,7 +122,7 @@ def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16
     gib = 1e9 / 2**30  # billions of bytes -> GiB
     copy = 0.0
     if plan.explore_precision != dtype_name:
-        copy = size.transformer_b * copy_bytes(plan.explore_precision, width, lean_copy) * gib
+        copy = size.transformer_b * copy_bytes(plan.explore_precision, width) * gib
     per_sample = size.activation_gib if checkpointing else size.activation_full_gib
     if compiled_update and not checkpointing:
         per_sample *= COMPILED_ACTIVATION_SHARE

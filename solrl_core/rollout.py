@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from solrl_core.precision.hardware import IMPLEMENTED_EXPLORE
-from solrl_core.precision.quantize import WRAPPERS, LayerRule, QuantizedGemm, QuantReport, quantize_model, requantize
+from solrl_core.precision.quantize import WRAPPERS, LayerRule, QuantizedGemm, QuantReport, load_tensor, quantize_model, requantize
 from solrl_core.regions import CompiledBlocks
 
 
@@ -79,8 +79,16 @@ class RolloutCopy:
 
     @property
     def on_meta(self) -> bool:
-        """Built as a skeleton (sharded_copy.meta_copy): its weights are not filled in yet."""
-        return any(p.is_meta for p in self.module.parameters())
+        """Built as a skeleton (sharded_copy.meta_copy) and not yet given storage (`materialize`): a
+        quantized layer's high-precision weight, which a lean copy never holds, does not count."""
+        skipped = {id(m.weight) for m in self.module.modules() if isinstance(m, QuantizedGemm)}
+        return any(p.is_meta for p in self.module.parameters() if id(p) not in skipped)
+
+    @property
+    def lean(self) -> bool:
+        """Holds only the quantized caches of its quantized layers, not their high-precision weights
+        (engine._copy, sharded_copy.py): refreshed through `quantize.load_tensor`, layer by layer."""
+        return any(isinstance(m, QuantizedGemm) and m.weight.is_meta for m in self.module.modules())
 
     def materialize(self, device: torch.device) -> None:
         """Give every meta parameter storage on `device` (filled afterwards), except a quantized
@@ -95,7 +103,13 @@ class RolloutCopy:
 
     @torch.no_grad()
     def refresh(self, merged: dict[str, torch.Tensor]) -> None:
-        """Load base + old-adapter weights and re-quantize (weights are quantized once per refresh)."""
+        """Load base + old-adapter weights and re-quantize (weights are quantized once per refresh). A
+        lean copy quantizes each given weight straight into its layer's cache; the layers not given
+        (frozen, not adapted) keep theirs."""
+        if self.lean:
+            for name, value in merged.items():
+                load_tensor(self.module, name, value)
+            return
         result = self.module.load_state_dict(merged, strict=False)
         if result.unexpected_keys:
             raise RuntimeError(f"rollout copy does not hold {result.unexpected_keys[:3]}")

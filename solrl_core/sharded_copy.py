@@ -15,7 +15,8 @@ copy of a whole transformer the process holds. Instead:
 - A quantized layer's high-precision weight is never held (it stays on the meta device): the copy
   holds the quantized caches and, at the run dtype, the layers the quantized-layer rule keeps. With
   fp8 that is about half a bf16 copy; the NVFP4 and E5M2 emulations store their fake-quantized
-  weights at the run dtype, a full copy's size (footprint.sharded_copy_bytes).
+  weights at the run dtype, a full copy's size (footprint.copy_bytes). A
+  replica's explore copy is lean the same way, filled from the base model (engine._copy).
 
 Every rank runs the same units in the same order (each gather is a collective), and the merged
 weights are the policy's own (`Policy.merged_weights`), so the copy equals a replica's exactly.

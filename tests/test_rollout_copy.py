@@ -85,6 +85,33 @@ def test_the_copy_equals_the_adapter_path_and_follows_each_refresh_in_place(fast
     assert not torch.allclose(_full_latents(with_copy, [5]), before, atol=1e-4)
 
 
+@pytest.mark.parametrize("precision", ["nvfp4-emulated", "fp8-e5m2-tensor"])
+def test_the_explore_copy_holds_only_quantized_weights_and_follows_each_refresh_as_a_full_copy(fast_sets, precision):
+    """A replica's explore copy is lean (engine._copy): its quantized layers hold their caches and no
+    high-precision weight, and after each refresh every tensor it holds equals a full deep copy's
+    refreshed with the same merged weights."""
+    from solrl_core.engine import base_copy
+    from solrl_core.precision.quantize import LayerRule, QuantizedGemm
+    from solrl_core.rollout import RolloutCopy
+
+    run = _session(fast_sets, f"explore.precision={precision}", run_dir=precision)
+    lean = run.engine.explore_copy
+    assert lean.lean and not lean.on_meta
+    layers = [m for m in lean.module.modules() if isinstance(m, QuantizedGemm)]
+    assert layers and all(m.weight.is_meta for m in layers)
+    full = RolloutCopy(base_copy(run.engine.policy.transformer), precision, LayerRule.of(run.config.model))
+    assert not full.lean
+    for seed in (1, 2):  # two refreshes with different old adapters
+        _perturb(run.engine.policy, seed)
+        run.engine.refresh_copies()
+        full.refresh(run.engine.policy.merged_weights(OLD))
+        theirs = {**dict(full.module.named_parameters()), **dict(full.module.named_buffers())}
+        held = {k: v for k, v in [*lean.module.named_parameters(), *lean.module.named_buffers()] if not v.is_meta}
+        assert len(held) > len(layers)
+        different = [k for k, v in held.items() if not torch.equal(v, theirs[k])]
+        assert not different, different[:3]
+
+
 @pytest.fixture
 def aot_eager(monkeypatch):
     """torch.compile with the aot_eager backend (see the module docstring)."""
