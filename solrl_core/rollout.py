@@ -68,7 +68,8 @@ class RolloutCopy:
         # compiled in place, block by block (regions.py): `forward` is the module either way. A copy
         # still on the meta device (sharded_copy.py) compiles once it is on its device (`materialize`).
         self.compile_mode = compile_mode if compile else None
-        self.compiled = CompiledBlocks(self.module, compile_mode) if compile and not self.on_meta else None
+        self.compiled = (CompiledBlocks(self.module, compile_mode, gemm_autotune=precision != "fp8")
+                         if compile and not self.on_meta else None)
         self.forward: nn.Module = self.module
 
     def take_over(self, other: "RolloutCopy") -> None:
@@ -99,7 +100,7 @@ class RolloutCopy:
                 if p.is_meta and id(p) not in skipped:
                     module._parameters[name] = nn.Parameter(torch.empty_like(p, device=device), requires_grad=False)
         if self.compile_mode is not None and self.compiled is None:
-            self.compiled = CompiledBlocks(self.module, self.compile_mode)
+            self.compiled = CompiledBlocks(self.module, self.compile_mode, gemm_autotune=self.precision != "fp8")
 
     @torch.no_grad()
     def refresh(self, merged: dict[str, torch.Tensor]) -> None:

@@ -76,8 +76,11 @@ after its increment) are the official ones. Where this differs from it, and why:
   (`run.compile_mode`, configs/sol_rl/base.py:112), but block by block (regions.py) where the official
   code compiles each copy whole; the update's compiled blocks, which the official code does not have
   (it runs the update eager), compile in torch's default mode, as does everything on a CPU, where
-  Inductor's max-autotune failed on the tiny model (regions.compile_mode_for). Whether the official
-  mode is faster than the default on a given GPU is unmeasured: `solrl bench --compile-mode default
+  Inductor's max-autotune failed on the tiny model (regions.compile_mode_for). The fp8 explore copy
+  (solrl's; the official copy is NVFP4 through Transformer Engine) leaves its GEMMs out of the
+  autotuning: on an H100 each fp8 GEMM shape of FLUX.1 autotuned for about a minute and cuBLAS's
+  kernel won five of six (regions.NO_GEMM_AUTOTUNE). Whether the official mode is faster than the
+  default on a given GPU is unmeasured: `solrl bench --compile-mode default
   --compile-mode max-autotune-no-cudagraphs` times both. TF32 is on for fp32 matmuls and
   convolutions on CUDA, as in the official code (`run.tf32`, tf32.py).
 - Faults (solrl_core/faults): samples whose reward is NaN or infinite are left out of selection and

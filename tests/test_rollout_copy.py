@@ -233,6 +233,31 @@ def test_the_compile_mode_reaches_the_copies_and_the_update_compiles_in_default_
         resolve_config("tiny", "sol_rl", sets=["run.compile_mode=reduce-overhead"]).validate()
 
 
+def test_an_fp8_copy_under_max_autotune_runs_its_gemms_untuned_and_the_others_follow_the_mode(monkeypatch):
+    """regions.NO_GEMM_AUTOTUNE: the fp8 explore copy's torch.compile gets the mode's own Inductor
+    options with GEMMs on ATen alone; every other copy gets the mode itself."""
+    import copy
+
+    import solrl_core.regions as regions
+    from solrl_core.models import load_model
+    from solrl_core.precision.quantize import LayerRule
+    from solrl_core.rollout import RolloutCopy
+
+    given: list[dict] = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: given.append(kw) or fn)
+    monkeypatch.setattr(regions, "compile_mode_for", lambda mode, module: mode)  # as on CUDA
+    cfg = resolve_config("tiny", "sol_rl")
+    transformer = load_model(cfg.model, torch.device("cpu"), torch.float32).transformer
+    mode = "max-autotune-no-cudagraphs"
+    made = {p: RolloutCopy(copy.deepcopy(transformer), p, LayerRule.of(cfg.model), compile=True, compile_mode=mode)
+            for p in ("fp8", "nvfp4-emulated", "bf16")}
+    untuned = {"options": {**torch._inductor.list_mode_options(mode), "max_autotune_gemm_backends": "ATEN"}}
+    assert made["fp8"].compiled.options == untuned and untuned["options"]["max_autotune"]
+    assert made["nvfp4-emulated"].compiled.options == made["bf16"].compiled.options == {"mode": mode}
+    assert len(given) == 3 * len(repeated_blocks(transformer)) and untuned in given
+    assert regions.CompiledBlocks(transformer, "default", gemm_autotune=False).options == {}  # nothing to untune
+
+
 @pytest.mark.parametrize("family, sets, sizes", [
     ("sol_rl", (), {"explore copy": [24], "rollout copy": [24, 16, 8], "update": [16, 8]}),
     ("naive_scaling", (), {"rollout copy": [24, 16, 8], "update": [16, 8]}),  # Stage 1 at full precision
