@@ -36,7 +36,7 @@ from solrl_core.regions import CompiledBlocks
 from solrl_core.rewards import RewardSet
 from solrl_core.rollout import RolloutCopy
 from solrl_core.sampler import Sampler
-from solrl_core.sharded_copy import is_sharded, meta_copy, refresh_from_shards
+from solrl_core.sharded_copy import base_tensors, is_sharded, meta_copy, refresh_from_shards
 
 NETWORKS = ("explore", "rollout", "base", "trained", "ema")
 Progress = Callable[[int, int], None]  # (images generated so far, images in all)
@@ -125,7 +125,7 @@ class Engine:
 
     def explore_copy_at(self, precision: str) -> RolloutCopy:
         """A new explore copy at `precision`, built as open_engine builds the run's (a copy of the base
-        transformer, quantized by the model's layer rule, in the run dtype; compiled where the run's
+        transformer, quantized by the model's layer rule, lean, in the run dtype; compiled where the run's
         copy is, and an fp8 copy on CUDA always: resolve.FP8_EAGER_SLOWER), loaded with base + old.
         A calibration weighing precisions (calibration.py) builds one per candidate and keeps the chosen."""
         current = self.explore_copy
@@ -288,17 +288,20 @@ def _copy(cfg: Config, model: DiffusionModel, spec: CopySpec, source: nn.Module 
     (quantize.load_tensor), its quantized layers hold only their quantized caches, never a second
     high-precision weight (fp8: 1 byte a weight instead of 3; footprint.copy_bytes). Filled here
     from the base model on a replica, from the shards under fsdp (sharded_copy.py)."""
+    lean = spec.precision in WRAPPERS
     if source is not None:
-        module = base_copy(source).to(dtype)
-    elif spec.from_shards or spec.precision in WRAPPERS:
+        module = base_copy(meta_copy(source) if lean else source).to(dtype)
+    elif spec.from_shards or lean:
         module = meta_copy(model.transformer)
     else:
         module = copy.deepcopy(model.transformer)
     made = RolloutCopy(module, spec.precision, LayerRule.of(cfg.model), compile=spec.compiled,
                        compile_mode=cfg.run.compile_mode)
-    if source is None and not spec.from_shards and made.on_meta:
-        made.materialize(next(model.transformer.parameters()).device)
-        for name, value in model.transformer.state_dict().items():
+    if not spec.from_shards and made.on_meta:
+        base = model.transformer if source is None else source
+        made.materialize(next(base.parameters()).device)
+        state = model.transformer.state_dict() if source is None else base_tensors(list(source.named_modules()))
+        for name, value in state.items():
             load_tensor(made.module, name, value)
     return made
 

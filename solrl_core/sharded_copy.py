@@ -58,7 +58,7 @@ def _unit_modules(policy: Policy, prefix: str, blocks: list[str]) -> list[tuple[
     return [(n, m) for n, m in everything if not any(inside(n, b) for b in blocks)]
 
 
-def _base_tensors(modules: list[tuple[str, nn.Module]]) -> dict[str, torch.Tensor]:
+def base_tensors(modules: list[tuple[str, nn.Module]]) -> dict[str, torch.Tensor]:
     """The base model's parameters among `modules`, keyed as in the plain base model (peft's
     `base_layer` dropped, its LoRA layers left out)."""
     out = {}
@@ -88,7 +88,7 @@ def refresh_from_shards(policy: Policy, copies: list[RolloutCopy], device: torch
         unit.unshard()
         try:
             merged = policy.merged_weights(OLD, merged_layers)
-            base = _base_tensors(modules) if any(first) else {}
+            base = base_tensors(modules) if any(first) else {}
             for c, fresh in zip(copies, first):
                 for name, value in ({**base, **merged} if fresh else merged).items():
                     load_tensor(c.module, name, value)

@@ -110,6 +110,12 @@ def test_the_explore_copy_holds_only_quantized_weights_and_follows_each_refresh_
         assert len(held) > len(layers)
         different = [k for k, v in held.items() if not torch.equal(v, theirs[k])]
         assert not different, different[:3]
+    # a copy a calibration builds (Engine.explore_copy_at, from the policy's adapted transformer) is lean
+    # too, and holds the same tensors as the run's own after the same refresh
+    built = run.engine.explore_copy_at(precision)
+    assert built.lean and not built.on_meta
+    again = {k: v for k, v in [*built.module.named_parameters(), *built.module.named_buffers()] if not v.is_meta}
+    assert again.keys() == held.keys() and all(torch.equal(v, held[k]) for k, v in again.items())
 
 
 @pytest.fixture
