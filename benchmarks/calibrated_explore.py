@@ -12,6 +12,7 @@ mean of each run's own paired standard error.
 
     python benchmarks/calibrated_explore.py                       # tiny world, seeds 0 1 2, 30 iterations
     python benchmarks/calibrated_explore.py --seeds 0 --iterations 10 --json /tmp/cal.json
+    python benchmarks/calibrated_explore.py --arms fixed auto-precision   # the explore precision chosen too
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from solrl_core.telemetry.peaks import device_label
 from solrl_core.trainer import StopFlag, train
 from _common import add_common_args  # benchmarks/ is on sys.path when a script runs
 
-ARMS = {"fixed": (), "auto": ("explore.calibrate=steps",)}
+ARMS = {"fixed": (), "auto": ("explore.calibrate=steps",), "auto-precision": ("explore.calibrate=steps+precision",)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -39,7 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_common_args(p, "write every run's figures here")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="run seeds (default: 0 1 2)")
     p.add_argument("--iterations", type=int, help="run.iterations (default: the model preset's)")
-    p.add_argument("--recalibrate-every", type=int, default=10, help="explore.recalibrate_every of the auto arm (default: 10)")
+    p.add_argument("--recalibrate-every", type=int, default=10, help="explore.recalibrate_every of the auto arms (default: 10)")
+    p.add_argument("--arms", nargs="+", choices=list(ARMS), default=["fixed", "auto"],
+                   help="arms to run (default: fixed auto; auto-precision: explore.calibrate=steps+precision)")
     return p.parse_args(argv)
 
 
@@ -96,6 +99,8 @@ def summary(rows: list[dict]) -> list[str]:
         kinds = sorted(mine[0]["kinds"])
         lines.append(f"{arm}: {len(mine)} run seeds, {mine[0]['iterations']} iterations each")
         lines.append(f"  preview steps by iteration (seed {mine[0]['seed']}): {mine[0]['explore_steps']}")
+        if mine[0]["calibrations"]:
+            lines.append(f"  chosen at each calibration (seed {mine[0]['seed']}): {[c['chosen'] for c in mine[0]['calibrations']]}")
         lines.append(f"  Stage 1: {np.mean([r['stage1_seconds'] for r in mine]):.3f} s/it, "
                      f"{np.mean([r['stage1_flops'] for r in mine]) / 1e9:.2f} GFLOP/it; calibration "
                      f"{np.mean([r['calibrate_seconds'] for r in mine]):.1f} s a run")
@@ -115,7 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for seed in args.seeds:
-            for arm in ARMS:  # interleaved: a machine's slow spell falls on both arms alike
+            for arm in args.arms:  # interleaved: a machine's slow spell falls on every arm alike
                 rows.append(run_one(args, arm, seed, Path(tmp)))
                 if args.json:  # after every run: a long benchmark stopped early keeps what it measured
                     args.json.write_text(json.dumps({"rows": rows}, indent=2))
@@ -123,7 +128,8 @@ def main(argv: list[str] | None = None) -> None:
                       f"steps {sorted(set(rows[-1]['explore_steps']))}", flush=True)
     where = device_label(torch.device("cpu" if args.device == "auto" and not torch.cuda.is_available() else
                                       args.device if args.device != "auto" else "cuda"))
-    print(f"\nfixed explore.steps against explore.calibrate=steps on {where}")
+    modes = ", ".join(f"{a}: {ARMS[a][0] if ARMS[a] else 'explore.calibrate=off'}" for a in args.arms)
+    print(f"\n{' against '.join(args.arms)} ({modes}) on {where}")
     for line in summary(rows):
         print(line)
     if args.json:

@@ -9,6 +9,7 @@ generates per iteration (counted from the resolved stage plan), and each family'
 
     python benchmarks/families.py --iterations 6 --warmup 1 --n 16 --k 8 --prompts-per-iteration 4 \\
         --families sol_rl naive_scaling diffusionnft
+    python benchmarks/families.py --model tiny_video --families compile sol_rl   # the tiny moving world (video)
 
 The `compile` family is accepted but not in the default list: on a CPU its compile time dominates.
 Checkpoint saving happens outside the timed iterations and is not measured.
@@ -57,11 +58,14 @@ def run_family(family: str, args: argparse.Namespace, root: Path) -> dict:
             f"run.threads={args.threads}", f"run.run_dir={root / family}", *args.sets]
     cfg = resolve_config(model=args.model, family=family, reward=None, sets=sets)
     started: list[ev.RunStarted] = []
+    flops: dict[str, float] = {}
     iterations: list[dict] = []
 
     def collect(event: ev.Event) -> None:
         if isinstance(event, ev.RunStarted):
             started.append(event)
+        elif isinstance(event, ev.ModelFlops):
+            flops.update(event.phases)
         elif isinstance(event, ev.IterationFinished):
             iterations.append({"iteration": event.iteration, "seconds": dict(event.seconds), "final_mean": event.final.mean,
                                "draft_mean": event.draft.mean if event.draft else None})
@@ -75,7 +79,7 @@ def run_family(family: str, args: argparse.Namespace, root: Path) -> dict:
             "device": started[0].device, "dtype": started[0].dtype, "explore_steps": plan.explore_steps,
             "full_steps": plan.full_steps, "config_explore_steps": cfg.explore.steps,
             "rollouts": {"explore": prompts * plan.explore_seeds, "regenerate": prompts * plan.keep if plan.regenerate else 0},
-            "trained": prompts * plan.keep, "iterations": iterations}
+            "trained": prompts * plan.keep, "flops": flops, "iterations": iterations}
 
 
 
@@ -103,6 +107,12 @@ def report(results: list[dict], args: argparse.Namespace) -> str:
         m, totals = table[r["family"]], [it["seconds"]["total"] for it in r["iterations"][args.warmup:]]
         lines.append(f"{r['family']:<14} " + " ".join(f"{m[ph]:>10.3f}" for ph in ev.PHASES) +
                      f" {f'{min(totals):.2f}/{max(totals):.2f}':>14} {r['explore_steps']:>6} {r['rollouts']['explore']:>9} {r['rollouts']['regenerate']:>7}")
+    lines += ["", "model FLOPs per iteration (counted on the meta device as the run starts: telemetry/model_flops.py)",
+              f"{'family':<14} {'Stage 1':>12} {'regenerate':>12} {'train':>12} {'total':>12}"]
+    for r in results:
+        f = r["flops"]
+        lines.append(f"{r['family']:<14} " + " ".join(f"{f[ph] / 1e9:>8.1f} GFLOP" if ph in f else f"{'-':>12}"
+                                                     for ph in ("explore", "regenerate", "train", "total")))
     lines += ["(min/max total: spread over the measured iterations; a wide one means other load on the machine)",
               "(steps: Stage-1 sampling steps; explore#/regen#: rollouts generated per iteration in Stage 1 / Stage 2)"]
     ref = "sol_rl" if "sol_rl" in table else results[0]["family"]

@@ -13,6 +13,7 @@ family's, the strongest honest baseline (compiled bf16 rollouts, as the official
     python benchmarks/gpu_iteration.py --models sana --json /tmp/it.json
     python benchmarks/gpu_iteration.py --size tiny --device cpu --n 8 --k 4   # the same code on a CPU
     python benchmarks/gpu_iteration.py --models sana --compile-mode default max-autotune-no-cudagraphs
+    python benchmarks/gpu_iteration.py --models flux --real-vae --reward-model pickscore   # decoding and scoring at real cost
 
 The first `--warmup` iterations of each family are dropped. Random weights: speed and memory only.
 The work is `solrl bench`'s (solrl_core/bench/run.py), which also prints throughput and MFU per phase;
@@ -59,7 +60,8 @@ def run_model(model: str, args: argparse.Namespace) -> list[dict]:
         label = model if mode is None else f"{model} [{mode}]"
         options = BenchOptions(model=PRESET[model], families=tuple(args.families), size=args.size, device=args.device, n=args.n,
                                k=args.k, rollout_batch=args.rollout_batch, iterations=args.iterations, warmup=args.warmup,
-                               sets=(*args.sets, *(() if mode is None else (f"run.compile_mode={mode}",))))
+                               sets=(*args.sets, *(() if mode is None else (f"run.compile_mode={mode}",))),
+                               real_vae=args.real_vae, reward_model=args.reward_model)
         bus = ev.EventBus()
         bus.subscribe(_printer(label))
         rows += [{**r, "model": label} for r in run_bench(options, bus).rows]
@@ -110,6 +112,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--iterations", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    p.add_argument("--real-vae", action="store_true", help="the published VAE (random weights) at the preset's resolution "
+                   "instead of the two-block one: decoding costs what it does in a real run (flux1, sd3)")
+    p.add_argument("--reward-model", default="jpeg", choices=("jpeg", "pickscore"),
+                   help="jpeg: a cheap reward on the CPU; pickscore: a random-weight CLIP ViT-H/14 (PickScore_v1's size) on the device")
     p.add_argument("--json", type=Path, metavar="PATH")
     p.add_argument("--compile-mode", nargs="+", choices=COMPILE_MODES, metavar="MODE",
                    help="run.compile_mode of the compiled copies, each timed in turn (default: the config's, "

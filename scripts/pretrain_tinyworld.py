@@ -46,14 +46,13 @@ def evaluate_snapshot(folder: str, split: str, per_prompt: int = 4, steps: int =
     from solrl_core.models.tiny import build_tiny
     from solrl_core.prompts import load_prompts
     from solrl_core.rewards.tinyworld import TinyWorldReward, strict_accuracy
-    from solrl_core.rollout import generate
-    from solrl_core.sampler import sigma_grid
+    from solrl_core.sampler import Sampler
 
     model = build_tiny(ModelConfig(loader="tiny", weights=folder, resolution=tinyworld.SIZE), torch.device("cpu"), torch.float32)
     prompts = load_prompts(f"tinyworld_{split}")
     flat = [p for p in prompts for _ in range(per_prompt)]
-    latents = generate(model, model.transformer, model.encode(flat), eval_seeds(len(prompts), per_prompt),
-                       sigma_grid(steps), 64, "euler", torch.float32)
+    latents = Sampler(batch_size=64).generate(model, model.transformer, model.encode(flat),
+                                              eval_seeds(len(prompts), per_prompt), steps, torch.float32)
     scores = TinyWorldReward()(model.decode(latents), flat)
     return float(scores.mean()), strict_accuracy(scores)
 

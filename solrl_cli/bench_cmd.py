@@ -33,6 +33,9 @@ Compile = Annotated[bool, typer.Option("--compile/--no-compile", help="--explore
 NumericsOnly = Annotated[bool, typer.Option("--numerics-only", help="--explore on a CPU: run fp8 through torch's CPU reference kernel (exact numerics, no speed-up) instead of skipping it.")]
 CompileModes = Annotated[Optional[list[str]], typer.Option("--compile-mode", help="torch.compile mode of the compiled copies (run.compile_mode; repeatable: each mode timed in turn, e.g. --compile-mode default --compile-mode max-autotune-no-cudagraphs). Default: the config's, max-autotune-no-cudagraphs.")]
 SkipMemoryCheck = Annotated[bool, typer.Option("--skip-memory-check", help="--size real: build even when the doctor's (approximate) memory estimate says a family does not fit.")]
+AutoExplore = Annotated[bool, typer.Option("--auto-explore", help="sol_rl: after its iterations, the calibration explore.calibrate=steps+precision would make (precision x preview steps, recall and measured seconds) and the iteration time derived at its choice from the measured phases.")]
+RealVae = Annotated[bool, typer.Option("--real-vae", help="Decode through the published VAE architecture (random weights, flux1 and sd3) at the preset's resolution instead of a two-block VAE: decoding costs what it does in a real run.")]
+RewardModel = Annotated[str, typer.Option("--reward-model", help="jpeg: a cheap reward on the CPU; pickscore: a random-weight CLIP ViT-H/14 (PickScore_v1's size) scoring on the device, as a real reward would.")]
 PHASE_ROWS = ("explore", "regenerate", "reward", "train", "sync", "total")
 MODEL_PHASES = ("explore", "regenerate", "train")
 
@@ -42,7 +45,8 @@ def bench(
     k: K = None, micro_batch: MicroBatch = None, rollout_batch: RolloutBatch = None, iterations: Iterations = None,
     warmup: Warmup = None, set_: opt.Sets = None, json_out: JsonOut = None, explore: Explore = False,
     backend: Backends = None, compile_: Compile = True, numerics_only: NumericsOnly = False,
-    skip_memory_check: SkipMemoryCheck = False, compile_mode: CompileModes = None,
+    skip_memory_check: SkipMemoryCheck = False, compile_mode: CompileModes = None, auto_explore: AutoExplore = False,
+    real_vae: RealVae = False, reward_model: RewardModel = "jpeg",
 ) -> None:
     """Time Sol-RL against its baselines on this machine before any download: random weights at the published size."""
     from solrl_core import events as ev
@@ -58,7 +62,9 @@ def bench(
             options = explore_options(model=model, size=size, device=device, n=n, batch=rollout_batch, calls=iterations,
                                       warmup=warmup, backends=backend, compile=compile_, numerics_only=numerics_only,
                                       unused={"--family": family, "--k": k, "--micro-batch": micro_batch, "--set": set_,
-                                              "--compile-mode": compile_mode})
+                                              "--compile-mode": compile_mode, "--auto-explore": auto_explore or None,
+                                              "--real-vae": real_vae or None,
+                                              "--reward-model": None if reward_model == "jpeg" else reward_model})
             with console.status("solrl bench --explore: starting") as status:
                 bus.subscribe(lambda e: _progress(e, status))
                 result = run_explore(options, bus)
@@ -70,7 +76,8 @@ def bench(
                 options = BenchOptions(model=model or "sana", families=tuple(family or FAMILIES), size=size, device=device or "auto",
                                        n=n, k=k, micro_batch=micro_batch, rollout_batch=rollout_batch, iterations=iterations or BenchOptions.iterations,
                                        warmup=1 if warmup is None else warmup, sets=(*(set_ or ()), *mode_set),
-                                       check_memory=not skip_memory_check)
+                                       check_memory=not skip_memory_check, auto_explore=auto_explore, real_vae=real_vae,
+                                       reward_model=reward_model)
                 with console.status(f"solrl bench: starting{f' (compile mode {mode})' if mode else ''}") as status:
                     bus = ev.EventBus()
                     bus.subscribe(lambda e: _progress(e, status))
@@ -149,6 +156,25 @@ def _report(result: dict[str, Any]) -> None:
         _family_notes(r)
     if not any(r["family"] == "compile" for r in rows):
         console.print("no compile family measured: no ratio against the compiled baseline")
+    for r in rows:
+        if r.get("auto_explore"):
+            _auto_explore_report(r)
+
+
+def _auto_explore_report(r: dict[str, Any]) -> None:
+    a = r["auto_explore"]
+    table = _table(f"{r['family']}: preview settings against full precision and steps (calibration, {a['calibration_seconds']:.1f}s)",
+                   ("precision@steps", "recall", "s.e.", "s"))
+    for c in a["candidates"]:
+        mark = (" (fixed)" if c["name"] == a["fixed"] else "") + (" <- auto" if c["name"] == a["chosen"] else "")
+        table.add_row(c["name"] + mark, f"{c['recall']:.3f}", f"{c['recall_se']:.3f}", f"{c['seconds']:.2f}")
+    console.print(table)
+    d = a["derived_seconds"]
+    console.print(f"explore.calibrate=steps+precision would pick {a['chosen']}: {a['why']}")
+    console.print(f"a {r['family']} iteration at {a['chosen']}: about {d['total']:.2f}s (Stage 1 {d['explore']:.2f}s) against "
+                  f"{r['seconds']['total']:.2f}s measured at {a['fixed']}: DERIVED, not measured (the measured phases, Stage 1 "
+                  f"scaled by the table's time ratio {a['time_ratio']:.2f}; calibration not counted), on this random-weight model "
+                  "and the bench's reward: a real model's and reward's recall can choose otherwise")
 
 
 def _explore_report(result: dict[str, Any]) -> None:

@@ -116,11 +116,13 @@ class TerminalDisplay:
     def on_rank_check(self, e: ev.RankCheckResult) -> None:
         cor = " ".join(f"{n} {v:.3f}" if v is not None else f"{n} - (constant)" for n, v in (("rho", e.rho), ("tau", e.tau)))
         self.console.print(f"  rank check (iteration {e.iteration}, '{e.prompt[:40]}', {plural(e.seeds, 'seed')}, draft vs full): {cor}  "
-                           f"mean draft {fmt(e.draft_mean)} full {fmt(e.full_mean)}  ({e.seconds:.1f}s)")
+                           f"mean draft {fmt(e.draft_mean)} full {fmt(e.full_mean)}  ({e.seconds:.1f}s"
+                           f"{', full rollouts reused from the calibration' if e.reused else ''})")
 
     def on_calibration(self, e: ev.CalibrationDone) -> None:
         self.console.print(f"  calibration (before iteration {e.iteration}, {plural(e.prompts, 'prompt')} x {plural(e.seeds, 'seed')}, "
-                           f"against {e.reference}, {e.seconds:.1f}s): Stage 1 at {e.chosen}: {e.why}")
+                           f"against {e.reference}{', precisions ' + ', '.join(e.precisions) if e.precisions else ''}, "
+                           f"{e.seconds:.1f}s): Stage 1 at {e.chosen}: {e.why}")
         self.console.print("    recall/s by preview setting: " + "  ".join(
             f"{c['name']} {c['recall']:.2f}/{c['seconds']:.2f}s" for c in e.candidates))
 

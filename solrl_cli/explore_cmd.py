@@ -27,8 +27,9 @@ CheckSeed = Annotated[int, typer.Option("--seed", help="Prompt i uses seeds SEED
 Preview = Annotated[Optional[int], typer.Option("--preview-steps", min=1, help="Default: explore.steps.")]
 Full = Annotated[Optional[int], typer.Option("--full-steps", min=1, help="Default: sampler.steps.")]
 Candidates = Annotated[bool, typer.Option("--candidates", help="Instead of the four arms: every preview step count from 2 to "
-                                          "the full count at the explore precision, each one's recall of the reference's "
-                                          "selection and its measured seconds, and the setting explore.calibrate=steps would pick.")]
+                                          "the full count at the explore precision and at each other low precision this "
+                                          "machine runs, each one's recall of the reference's selection and its measured "
+                                          "seconds, and the settings explore.calibrate=steps and =steps+precision would pick.")]
 MinRecall = Annotated[Optional[float], typer.Option("--min-recall", min=0.0, max=1.0, help="With --candidates: the recall a "
                                                     "candidate must reach. Default: explore.min_recall (0: the fixed setting's less its s.e.).")]
 HitK = Annotated[Optional[list[int]], typer.Option("--hit-k", min=1, help="K of the top/bottom-K hit rates (repeatable). Default: 4 and 8.")]
@@ -54,8 +55,10 @@ def explore(
         console.print(f"solrl explore  {ckpt or cfg.model.name + ' (base)'}  {plural(len(texts), 'prompt')} x "
                       f"{plural(cfg.explore.group_size, 'seed')} at {engine.explore_copy.precision}, {cfg.explore.steps} steps  -> keep "
                       f"{cfg.selection.group_size} ({cfg.selection.mode})  on {engine.device}")
-        _print_selection(explore_to_folder(engine, texts, seed, out_dir), cfg.selection.group_size)
-        console.print(f"every seed: {out_dir / 'seeds.jsonl'}   grid of best and worst: {out_dir / 'grid.png'}")
+        result = explore_to_folder(engine, texts, seed, out_dir)
+        _print_selection(result, cfg.selection.group_size)
+        clips = f"   the grid's clips: {out_dir / 'clips'}" if result.clips else ""
+        console.print(f"every seed: {out_dir / 'seeds.jsonl'}   grid of best and worst: {out_dir / 'grid.png'}{clips}")
 
 
 def _print_selection(result, keep: int) -> None:  # type: ignore[no-untyped-def]
@@ -77,7 +80,7 @@ def rank_check(
     candidates: Candidates = False, min_recall: MinRecall = None,
 ) -> None:
     """Measure whether the cheap Stage-1 rollout ranks seeds like the full one: four arms, rho, tau, hit rates
-    (--candidates: recall and seconds of every preview step count, and the one explore.calibrate would pick)."""
+    (--candidates: recall and seconds of every precision x preview step count, and what explore.calibrate would pick)."""
     from solrl_core.errors import SolrlError
     from solrl_core.engine import open_engine
     from solrl_core.rankcheck import check_to_folder
@@ -100,9 +103,11 @@ def rank_check(
         told = lambda arm, s: console.print(f"  {arm}: {plural(len(texts) * seeds, 'rollout')} scored in {s:.1f}s")  # noqa: E731
         if candidates:
             from solrl_core.calibration import calibrate_to_folder
+            from solrl_core.precision.hardware import runnable_low_precisions
 
-            _print_candidates(calibrate_to_folder(engine, texts, out_dir, per_prompt=seeds, seed_base=seed, keep=keep,
-                                                  progress=told), keep, engine.device, cfg.explore.steps)
+            _print_candidates(*calibrate_to_folder(engine, texts, out_dir, per_prompt=seeds, seed_base=seed, keep=keep,
+                                                   precisions=runnable_low_precisions(engine.device), progress=told),
+                              keep, engine.device)
             console.print(f"json: {out_dir / 'calibration.json'}")
             return
         result = check_to_folder(engine, texts, out_dir, per_prompt=seeds, seed_base=seed, hit_k=ks, keep=keep, progress=told)
@@ -129,13 +134,16 @@ def _print_arms(result, ks: list[int], keep: int, where: object) -> None:  # typ
                          "reference selects, the largest possible); s: seconds")
 
 
-def _print_candidates(cal, keep: int, where: object, fixed: int) -> None:  # type: ignore[no-untyped-def]
+def _print_candidates(cal, by_steps, keep: int, where: object) -> None:  # type: ignore[no-untyped-def]
     cor = lambda x: "-" if x is None else f"{x:.3f}"  # noqa: E731
-    rows = [(c.name + (" (fixed)" if c.steps == fixed else "") + (" <- chosen" if c is cal.chosen else ""), f"{c.recall:.3f}",
-             f"{c.recall_se:.3f}", cor(c.rho), cor(c.tau), f"{c.seconds:.2f}") for c in cal.candidates]
+    marks = lambda c: (" (fixed)" if c.name == cal.fixed else "") + (" <- steps" if c is by_steps else "") + (  # noqa: E731
+        " <- steps+precision" if c is cal.chosen else "")
+    rows = [(c.name + marks(c), f"{c.recall:.3f}", f"{c.recall_se:.3f}", cor(c.rho), cor(c.tau), f"{c.seconds:.2f}")
+            for c in cal.candidates]
     rows.append((cal.reference + " ref", "", "", "", "", f"{cal.reference_seconds:.2f}"))
-    print_fitted(console, [Column("preview setting", "key"), *map(Column, ("recall", "s.e.", "rho", "tau", "s"))], rows,
-                 title=f"preview settings against the reference {cal.reference}, means over prompts, on {where}",
+    print_fitted(console, [Column("precision@steps", "key"), *map(Column, ("recall", "s.e.", "rho", "tau", "s"))], rows,
+                 title=f"preview settings (precision x steps) against the reference {cal.reference}, means over prompts, on {where}",
                  caption=f"recall: share of the reference's best {keep // 2} and worst {keep // 2} the setting also "
                          "selects; s.e.: over prompts; s: seconds to generate, decode and score, measured")
-    console.print(f"explore.calibrate=steps would pick {cal.chosen.name}: {cal.why}")
+    console.print(f"explore.calibrate=steps would pick {by_steps.name} (at the explore precision)")
+    console.print(f"explore.calibrate=steps+precision would pick {cal.chosen.name}: {cal.why}")

@@ -322,8 +322,13 @@ def log_line(e: ev.Event) -> str:
         return f"checkpoint iteration {e.iteration} -> {e.path} ({e.seconds:.2f}s)"
     if isinstance(e, ev.RankCheckResult):
         cor = "  ".join(f"{n} {v:.3f}" if v is not None else f"{n} - (constant)" for n, v in (("rho", e.rho), ("tau", e.tau)))
-        return f"rank check iteration {e.iteration} ({plural(e.seeds, 'seed')} of one prompt, draft vs full): {cor}"
+        return (f"rank check iteration {e.iteration} ({plural(e.seeds, 'seed')} of one prompt, draft vs full): {cor}"
+                + ("  (full rollouts reused from the calibration)" if e.reused else ""))
     if isinstance(e, ev.CalibrationDone):
+        if e.precisions:  # precision x steps
+            curve = "  ".join(f"{c['name']}:{c['recall']:.2f}" for c in e.candidates)
+            return (f"calibration before iteration {e.iteration} ({e.seconds:.1f}s): Stage 1 at {e.chosen}; recall by "
+                    f"precision@steps {curve}; floor {e.min_recall:.3f}")
         curve = "  ".join(f"{c['steps']}:{c['recall']:.2f}" for c in e.candidates)
         return (f"calibration before iteration {e.iteration} ({e.seconds:.1f}s): Stage 1 at {e.chosen}; recall by preview "
                 f"steps {curve}; floor {e.min_recall:.3f}")
@@ -332,7 +337,8 @@ def log_line(e: ev.Event) -> str:
     if isinstance(e, ev.CompileFinished):
         return f"compiled the {e.target} in {e.seconds:.1f}s (once, before the first iteration)"
     if isinstance(e, ev.SampleGrid):
-        return f"sample grid iteration {e.iteration} ({len(e.rewards)} Stage-2 samples of '{e.prompt[:40]}') -> {e.path}"
+        clips = f" (contact sheets; the clips: {e.video})" if e.video else ""
+        return f"sample grid iteration {e.iteration} ({len(e.rewards)} Stage-2 samples of '{e.prompt[:40]}') -> {e.path}{clips}"
     if isinstance(e, ev.ImagesWritten):
         return f"{plural(e.count, 'image')} ({e.weights} weights) -> {e.folder}"
     return ""

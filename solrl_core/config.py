@@ -28,7 +28,7 @@ SWITCHES = ("auto", "true", "false")  # a setting solrl decides for this machine
 AGGREGATIONS = ("sum", "advantage")
 TRACKERS = ("tensorboard", "wandb")
 STRATEGIES = ("auto", "replicate", "fsdp")  # distributed.strategy (sharding.py)
-CALIBRATIONS = ("off", "steps")  # explore.calibrate (calibration.py)
+CALIBRATIONS = ("off", "steps", "steps+precision")  # explore.calibrate (calibration.py)
 TRAIN_PRECISIONS = ("autocast", "bf16", "fp32-base")
 COPY_PLACES = ("auto", "gpu", "cpu-whole", "cpu-blocks")  # memory.copies (offload.py)
 LORA_INITS = {"gaussian": "gaussian", "kaiming": True}  # name -> peft's LoraConfig.init_lora_weights
@@ -44,13 +44,13 @@ def _f(default: Any, help: str) -> Any:
 @dataclass(frozen=True)
 class ModelConfig:
     name: str = _f("tiny", "Model preset name (informational; the loader decides what is built).")
-    loader: str = _f("tiny", "Which loader builds the model: tiny, sana, flux1, sd3, qwen_image, zimage, flux2, wan (video).")
+    loader: str = _f("tiny", "Which loader builds the model: tiny, tiny_video (video), sana, flux1, sd3, qwen_image, zimage, flux2, wan (video).")
     hub_id: str = _f("", "Hugging Face hub id of the base model.")
     path: str = _f("", "Local folder with the base model; used instead of hub_id when set.")
-    weights: str = _f("", "Weights file for the tiny model ('' = random init from init_seed).")
+    weights: str = _f("", "Weights folder of the tiny and tiny_video models ('' = random init from init_seed).")
     init_seed: int = _f(0, "Seed of the random init when no weights are given.")
     resolution: int = _f(1024, "Image side in pixels.")
-    frames: int = _f(0, "Frames per clip of a video model (the wan loader: 1 + a multiple of 4); 0 = an image model.")
+    frames: int = _f(0, "Frames per clip of a video model (the wan loader: 1 + a multiple of 4; tiny_video: 4); 0 = an image model.")
     lora_rank: int = _f(32, "LoRA rank r.")
     lora_alpha: int = _f(64, "LoRA alpha (scale = alpha / r).")
     lora_init: str = _f("gaussian", "How each adapter's A matrix starts (B is zero, so the adapted model starts equal to the "
@@ -122,18 +122,20 @@ class ExploreConfig:
                               "eager bf16 there.")
     rank_check_every: int = _f(0, "Every this many iterations, regenerate all N Stage-1 seeds of the iteration's first prompt "
                                   "at full precision and full steps, and log Spearman rho and Kendall tau (0 = off).")
-    calibrate: str = _f("off", "How Stage 1's preview steps are set: off (explore.steps, fixed) or steps (auto: before the "
+    calibrate: str = _f("off", "How Stage 1's preview steps are set: off (explore.steps, fixed), steps (auto: before the "
                                "first iteration and every explore.recalibrate_every, roll the same seeds of a few of the "
                                "iteration's prompts out at full precision and full steps and at every preview step count "
                                "from 2 to sampler.steps (to explore.steps with the auto floor), and take the cheapest, by seconds measured on this machine, whose "
                                "best_worst selection recovers the full-precision one's at explore.min_recall; "
-                               "calibration.py). The choice is said at start and in a CalibrationDone event, and kept in "
-                               "the checkpoint.")
-    recalibrate_every: int = _f(0, "With explore.calibrate=steps: calibrate again every this many iterations (0 = once, at start).")
-    min_recall: float = _f(0.0, "With explore.calibrate=steps: the share of the full-precision selection's K seeds a preview "
-                                "setting must also pick. 0 = auto: what explore.steps reaches in the same calibration, less "
+                               "calibration.py), or steps+precision (the same over every low explore precision this "
+                               "machine runs too, each on an explore copy built for the calibration; the chosen one "
+                               "becomes the explore copy). The choice is said at start and in a CalibrationDone event, and "
+                               "kept in the checkpoint.")
+    recalibrate_every: int = _f(0, "With explore.calibrate (steps or steps+precision): calibrate again every this many iterations (0 = once, at start).")
+    min_recall: float = _f(0.0, "With explore.calibrate: the share of the full-precision selection's K seeds a preview "
+                                "setting must also pick. 0 = auto: what explore.steps at the run's explore precision reaches in the same calibration, less "
                                 "its standard error over the calibration's prompts.")
-    calibrate_prompts: int = _f(2, "With explore.calibrate=steps: prompt groups of the iteration each calibration measures "
+    calibrate_prompts: int = _f(2, "With explore.calibrate: prompt groups of the iteration each calibration measures "
                                    "(N seeds each), on rank 0.")
 
 
@@ -314,6 +316,10 @@ class Config:
         if self.explore.calibrate != "off" and not (FAMILIES[family].preview_steps and FAMILIES[family].regenerate):
             raise SolrlError(f"explore.calibrate={self.explore.calibrate} chooses preview steps, which family {family} does not "
                              "run (its Stage 1 is at full steps)", "drop explore.calibrate or use --family sol_rl")
+        if self.explore.calibrate == "steps+precision" and self.explore.precision in ("bf16", "fp32"):
+            raise SolrlError(f"explore.calibrate=steps+precision chooses among low explore precisions, and explore.precision="
+                             f"{self.explore.precision} keeps no low-precision explore copy to replace",
+                             "use explore.precision=auto (or a low one), or explore.calibrate=steps")
         for name, value in (("sampler.rollout_copy", self.sampler.rollout_copy), ("sampler.compile", self.sampler.compile),
                             ("explore.compile", self.explore.compile), ("optimizer.checkpointing", self.optimizer.checkpointing),
                             ("optimizer.compile", self.optimizer.compile), ("memory.vae_on_cpu", self.memory.vae_on_cpu),
@@ -362,7 +368,8 @@ class Config:
 T5_LOADERS = ("flux1", "sd3")  # the loaders that read model.max_sequence_length
 
 
-VIDEO_LOADERS = ("wan",)  # the loaders whose samples are clips of model.frames frames
+VIDEO_LOADERS = ("wan", "tiny_video")  # the loaders whose samples are clips of model.frames frames
+TINY_LOADERS = ("tiny", "tiny_video")  # built offline from model.weights or a random init: no hub id, no model.path
 
 
 def _check_frames(cfg: "Config") -> None:
@@ -383,7 +390,7 @@ def _check_model_path(model: ModelConfig) -> None:
     """--model-path names a folder that exists, for a model that reads one."""
     if not model.path:
         return
-    if model.loader == "tiny":
+    if model.loader in TINY_LOADERS:
         raise SolrlError(f"the tiny model takes no --model-path (model.path={model.path}): it is built from model.weights "
                          "or a random init", "drop --model-path; for tiny weights use --set model.weights=FOLDER")
     import os

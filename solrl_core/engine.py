@@ -33,12 +33,12 @@ from solrl_core.models.base import Conditioning
 from solrl_core.offload import Parking
 from solrl_core.plan import MemoryModes
 from solrl_core.policy import OLD, Policy
-from solrl_core.precision.quantize import LayerRule
+from solrl_core.precision.quantize import WRAPPERS, LayerRule, load_tensor
 from solrl_core.regions import CompiledBlocks
 from solrl_core.rewards import RewardSet
 from solrl_core.rollout import RolloutCopy
 from solrl_core.sampler import Sampler
-from solrl_core.sharded_copy import is_sharded, meta_copy, refresh_from_shards
+from solrl_core.sharded_copy import base_tensors, is_sharded, meta_copy, refresh_from_shards
 
 NETWORKS = ("explore", "rollout", "base", "trained", "ema")
 Progress = Callable[[int, int], None]  # (images generated so far, images in all)
@@ -135,6 +135,17 @@ class Engine:
     def vae_in(self) -> contextlib.AbstractContextManager:
         """The VAE on the GPU for a decode, where the memory mode parks it on the CPU."""
         return self.parking.vae_in() if self.parking is not None else contextlib.nullcontext()
+
+    def explore_copy_at(self, precision: str) -> RolloutCopy:
+        """A new explore copy at `precision`, built as open_engine builds the run's (a copy of the base
+        transformer, quantized by the model's layer rule, lean, in the run dtype; compiled where the run's
+        copy is, and an fp8 copy on CUDA always: resolve.FP8_EAGER_SLOWER), loaded with base + old.
+        A calibration weighing precisions (calibration.py) builds one per candidate and keeps the chosen."""
+        current = self.explore_copy
+        compiled = (current is not None and current.compile_mode is not None) or (precision == "fp8" and self.device.type == "cuda")
+        made = _copy(self.config, self.model, CopySpec(precision, compiled), source=self.policy.transformer, dtype=self.dtype)
+        made.refresh(self.policy.merged_weights(OLD))
+        return made
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """bf16 autocast around the policy's forwards in a bf16 run (the adapters are fp32), unless
@@ -297,7 +308,38 @@ def _parking(memory: MemoryModes | None, device: torch.device, model: DiffusionM
     return parking
 
 
-def _copy(cfg: Config, model: DiffusionModel, spec: CopySpec) -> RolloutCopy:
-    module = meta_copy(model.transformer) if spec.from_shards else copy.deepcopy(model.transformer)
-    return RolloutCopy(module, spec.precision, LayerRule.of(cfg.model), compile=spec.compiled,
+def _copy(cfg: Config, model: DiffusionModel, spec: CopySpec, source: nn.Module | None = None,
+          dtype: torch.dtype | None = None) -> RolloutCopy:
+    """A copy of the base transformer (`source`: the policy's, carrying adapters: its base layers
+    copied in their place, cast to `dtype`) at the spec's precision.
+
+    A quantized copy of the base model is lean: built on the meta device and filled layer by layer
+    (quantize.load_tensor), its quantized layers hold only their quantized caches, never a second
+    high-precision weight (fp8: 1 byte a weight instead of 3; footprint.copy_bytes). Filled here
+    from the base model on a replica, from the shards under fsdp (sharded_copy.py)."""
+    lean = spec.precision in WRAPPERS
+    if source is not None:
+        module = base_copy(meta_copy(source) if lean else source).to(dtype)
+    elif spec.from_shards or lean:
+        module = meta_copy(model.transformer)
+    else:
+        module = copy.deepcopy(model.transformer)
+    made = RolloutCopy(module, spec.precision, LayerRule.of(cfg.model), compile=spec.compiled,
                        compile_mode=cfg.run.compile_mode)
+    if not spec.from_shards and made.on_meta:
+        base = model.transformer if source is None else source
+        made.materialize(next(base.parameters()).device)
+        state = model.transformer.state_dict() if source is None else base_tensors(list(source.named_modules()))
+        for name, value in state.items():
+            load_tensor(made.module, name, value)
+    return made
+
+
+def base_copy(transformer: nn.Module) -> nn.Module:
+    """A deep copy of `transformer` with every peft adapter layer replaced by a copy of its base layer:
+    the plain base architecture with the base weights, as the copies are built before adapters exist."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    memo: dict[int, object] = {id(m): copy.deepcopy(m.get_base_layer()) for m in transformer.modules()
+                               if isinstance(m, BaseTunerLayer)}
+    return copy.deepcopy(transformer, memo)

@@ -220,11 +220,12 @@ class RankCheckResult(Event):
     draft_mean: float
     full_mean: float
     seconds: float
+    reused: bool = False  # the full-precision rollouts were the same iteration's calibration's (not regenerated)
 
 
 @dataclass(frozen=True)
 class CalibrationDone(Event):
-    """Stage 1's preview steps chosen from measured rank fidelity (explore.calibrate, calibration.py):
+    """Stage 1's preview steps (and with steps+precision its precision) chosen from measured rank fidelity (explore.calibrate, calibration.py):
     every candidate's recall of the full-precision selection, correlations and seconds, and the choice."""
 
     kind: ClassVar[str] = "calibration"
@@ -240,6 +241,8 @@ class CalibrationDone(Event):
     why: str
     fixed_steps: int  # explore.steps: the fixed setting the floor is measured from
     seconds: float  # the whole calibration, counted in the iteration's time
+    precisions: list[str] = field(default_factory=list)  # explore.calibrate=steps+precision: the precisions weighed ([]: steps only)
+    fixed: str = ""  # precision@steps of the fixed setting
 
 
 @dataclass(frozen=True)
@@ -254,7 +257,7 @@ class ImagesWritten(Event):
 @dataclass(frozen=True)
 class SampleGrid(Event):
     """One prompt's Stage-2 samples, best reward first, written as one PNG (every run.image_every
-    iterations while a tracker is configured)."""
+    iterations while a tracker is configured); a video model's clips also as one video, side by side."""
 
     kind: ClassVar[str] = "sample_grid"
     iteration: int
@@ -262,6 +265,8 @@ class SampleGrid(Event):
     rewards: list[float]  # left to right, as in the picture
     path: str
     seconds: float
+    seeds: list[int] = field(default_factory=list)  # left to right, as in the picture
+    video: str = ""  # a video model's clips side by side, in the picture's order (MP4, or GIF without the video extra)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ class ModelSize:
 # every other model's scaled from its checkpointed figure by the same ratio (about 10x): APPROXIMATE.
 MODEL_SIZES = {
     "tiny": ModelSize("tiny world model", 0.0013, 0.0, 0.0, 0.0, 0.0, 0.0),
+    "tiny_video": ModelSize("tiny moving world model", 0.0010, 0.0, 0.0, 0.0, 0.0, 0.0),
     "sana": ModelSize("SANA 1.6B + Gemma2-2B text encoder + DC-AE", 1.6, 2.6, 0.32, 12.0, 0.35, 3.55),
     "flux1": ModelSize("FLUX.1-dev 12B + T5-XXL + CLIP-L", 11.9, 4.9, 0.08, 34.0, 0.9, 9.1),
     "sd3": ModelSize("SD3.5-Large 8B + T5-XXL + CLIP-L + CLIP-G", 8.1, 5.6, 0.08, 30.0, 1.5, 15.2),
@@ -74,12 +75,11 @@ ADAMW_BYTES = {False: 8.0, True: 2 * (1 + 4 / 256)}
 BLOCK_SHARE = 0.1
 
 
-
 # Explore-copy bytes per transformer parameter, by precision; None: the run dtype's own width.
 # nvfp4 (Transformer Engine): half a bf16 copy, as the real low-precision weights plus scales and
-# TE's work buffers. fp8 and nvfp4-emulated keep the copy's weights at the run dtype (reloaded at each
-# refresh) AND a cached quantized weight (quantize.py): 1 byte more per weight for fp8, a second
-# copy at the run dtype for the emulation.
+# TE's work buffers. fp8 and the emulations (quantize.py) keep only each quantized layer's cached
+# quantized weight (engine._copy: a lean copy), not its high-precision weight: 1 byte a weight for
+# fp8, the run dtype's width for the emulations (their fake-quantized weights are stored at it).
 COPY_BYTES = {"nvfp4": 1.0, "bf16": 2.0, "fp32": 4.0}
 OVERHEAD_GIB = 1.5  # CUDA context, LoRA + AdamW state (split out as MemoryEstimate.optimizer), one VAE decode chunk, slack
 # Training activations of a torch.compile'd update (optimizer.compile, regions.py) over eager ones,
@@ -90,16 +90,11 @@ COMPILED_ACTIVATION_SHARE = 0.79
 FIT_SHARE = 0.9  # of a GPU's memory the estimate may use: the rest is the allocator's and the estimate's slack
 
 
-def copy_bytes(precision: str, width: float, lean: bool = False) -> float:
-    """Explore-copy bytes per transformer parameter at `precision` in a run of `width` bytes: a
-    replica's copy keeps its weights at the run dtype besides the quantized cache (quantize.py); a
-    `lean` one (sharded_copy.py, under fsdp) only the cache: the fake-quantized weights at the run
-    dtype for the emulations, 1 byte for fp8 (its row scales and the layers the rule keeps at the
-    run dtype left out: APPROXIMATE)."""
-    if lean:
-        return {"nvfp4-emulated": width, "fp8-e5m2-tensor": width, "fp8": 1.0}.get(precision) or COPY_BYTES.get(precision, width)
-    return {"nvfp4-emulated": 2 * width, "fp8-e5m2-tensor": 2 * width, "fp8": width + 1}.get(precision) \
-        or COPY_BYTES.get(precision, width)
+def copy_bytes(precision: str, width: float) -> float:
+    """Explore-copy bytes per transformer parameter at `precision` in a run of `width` bytes: the
+    cached quantized weights (fp8: 1 byte; the emulations: the run dtype), the layers the rule keeps
+    at the run dtype and fp8's row scales left out (APPROXIMATE)."""
+    return {"nvfp4-emulated": width, "fp8-e5m2-tensor": width, "fp8": 1.0}.get(precision) or COPY_BYTES.get(precision, width)
 
 
 def model_size(cfg: Config) -> ModelSize:
@@ -140,17 +135,15 @@ class MemoryEstimate:
 
 
 def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16", checkpointing: bool = True,
-                    rollout_copy: bool = False, compiled_update: bool = False, lean_copy: bool = False,
+                    rollout_copy: bool = False, compiled_update: bool = False,
                     modes: MemoryModes | None = None) -> MemoryEstimate:
     """Peak GPU memory ESTIMATE for one process, GiB, from approximate model sizes (`MODEL_SIZES`);
     `explore_precision` is the resolved one (see resolve.py):
 
         policy        = transformer params x bytes of the run dtype (4 with model.train_precision = fp32-base;
                         the LoRA adapters are negligible)
-        explore copy  = transformer params x COPY_BYTES[precision] when the family explores at a precision other
-                        than the run dtype; nvfp4-emulated: 2 x the run dtype (weights + cached fake-quantized
-                        weights); fp8: the run dtype + 1 byte (weights + cached e4m3 weights); `lean_copy`
-                        (fsdp's copy, sharded_copy.py): the cached quantized weights alone (`copy_bytes`)
+        explore copy  = transformer params x `copy_bytes(precision)` when the family explores at a precision
+                        other than the run dtype: the cached quantized weights alone (a lean copy, engine._copy)
         rollout copy  = transformer params x bytes of the run dtype, when kept (sampler.rollout_copy)
         vae           = VAE params x bytes of the run dtype
         activations   = optimizer.micro_batch x activation GiB per sample (bf16; with or without checkpointing;
@@ -168,7 +161,7 @@ def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16
     gib = 1e9 / 2**30  # billions of bytes -> GiB
     copy = 0.0
     if plan.explore_precision != dtype_name:
-        copy = size.transformer_b * copy_bytes(plan.explore_precision, width, lean_copy) * gib
+        copy = size.transformer_b * copy_bytes(plan.explore_precision, width) * gib
     per_sample = size.activation_gib if checkpointing else size.activation_full_gib
     if compiled_update and not checkpointing:
         per_sample *= COMPILED_ACTIVATION_SHARE

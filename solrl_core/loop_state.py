@@ -26,6 +26,7 @@ class LoopState:
     earlier_seconds: float = 0.0  # the seconds of the sessions before this one, up to the checkpoint resumed from
     session_start: float | None = None  # time.perf_counter() when this session's loop began (start_clock)
     explore_steps: int = 0  # Stage 1's preview steps as the last calibration chose them (0: none made; calibration.py)
+    explore_precision: str = ""  # Stage 1's precision as the last steps+precision calibration chose it ("": none made)
 
     def start_clock(self) -> None:
         self.session_start = time.perf_counter()
@@ -41,7 +42,8 @@ class LoopState:
         """The checkpoint's trainer_state.json."""
         return {"iteration": self.iteration, "step": self.step, "history": self.history,
                 "reward_streaks": dict(self.health.streaks), "faults": self.faults.to_dict(),
-                "seconds": self.total_seconds(), **({"explore_steps": self.explore_steps} if self.explore_steps else {})}
+                "seconds": self.total_seconds(), **({"explore_steps": self.explore_steps} if self.explore_steps else {}),
+                **({"explore_precision": self.explore_precision} if self.explore_precision else {})}
 
     def restore(self, saved: dict[str, Any]) -> None:
         """Continue from a checkpoint's trainer_state.json (one written before seconds were kept counts none)."""
@@ -50,6 +52,7 @@ class LoopState:
         self.health.streaks = dict(saved.get("reward_streaks", {}))
         self.faults = FaultState.from_dict(saved.get("faults"))
         self.explore_steps = int(saved.get("explore_steps", 0))
+        self.explore_precision = str(saved.get("explore_precision", ""))
         self.resumed = True
 
     def streaks(self) -> tuple[dict[str, int], FaultState]:

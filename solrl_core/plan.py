@@ -73,6 +73,7 @@ class RunPlan:
     full_steps: int
     machine: MachinePlan | None = None  # None: a plan for an estimate, before any machine is chosen
     calibrated: bool = False  # explore.calibrate: Stage 1's steps chosen from measured rank fidelity (explore_steps: the fixed setting)
+    calibrated_precision: bool = False  # explore.calibrate=steps+precision: its precision too (explore_precision: the fixed one)
 
     @property
     def rollout_copy(self) -> bool:
@@ -97,7 +98,10 @@ class RunPlan:
         low = self.explores_low
         stage1 = (f"Stage 1: {self.explore_seeds} seeds/prompt at {self.explore_precision}"
                   f"{' (compiled)' if low and self.explore_compiled else on if not low else ''}, "
-                  + (f"preview steps calibrated from 2-{self.full_steps} by measured rank fidelity (the fixed setting: "
+                  + (f"precision and preview steps calibrated (each low precision this machine runs x 2-{self.full_steps} "
+                     f"steps) by measured rank fidelity (the fixed setting: {self.explore_precision}@{self.explore_steps})"
+                     if self.calibrated_precision else
+                     f"preview steps calibrated from 2-{self.full_steps} by measured rank fidelity (the fixed setting: "
                      f"{self.explore_steps})" if self.calibrated else f"{self.explore_steps} steps"))
         if self.keep == self.explore_seeds:
             return f"{stage1} -> train on all of them"
@@ -114,4 +118,5 @@ def plan_stages(cfg: Config, full_precision: str, explore_precision: str, machin
                    explore_steps=cfg.explore.steps if fam.preview_steps else full_steps,
                    explore_precision=explore_precision if fam.low_precision else full_precision, keep=k,
                    regenerate=fam.regenerate, full_precision=full_precision, full_steps=full_steps, machine=machine,
-                   calibrated=cfg.explore.calibrate != "off" and fam.preview_steps)
+                   calibrated=cfg.explore.calibrate != "off" and fam.preview_steps,
+                   calibrated_precision=cfg.explore.calibrate == "steps+precision" and fam.preview_steps)

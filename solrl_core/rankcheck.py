@@ -135,16 +135,29 @@ def run_arms(arms: list[Arm], generate_images: Callable[[str, int], torch.Tensor
     P, S = seeds.shape
     rewards, seconds = {}, {}
     for arm in arms:
-        t0 = time.perf_counter()
-        images = generate_images(arm.network, arm.steps)
-        rewards[arm.name] = score(images).float().numpy().reshape(P, S)
-        seconds[arm.name] = time.perf_counter() - t0
+        rewards[arm.name], seconds[arm.name] = roll_arm(arm, generate_images, score, (P, S))
         if progress:
             progress(arm.name, seconds[arm.name])
+    return compare_arms(arms, rewards, seconds, prompts, seeds, hit_k, keep)
+
+
+def roll_arm(arm: Arm, generate_images: Callable[[str, int], torch.Tensor], score: Callable[[torch.Tensor], torch.Tensor],
+             shape: tuple[int, int]) -> tuple[np.ndarray, float]:
+    """One arm's rewards [P, S] and its generate + decode + reward seconds."""
+    t0 = time.perf_counter()
+    images = generate_images(arm.network, arm.steps)
+    rewards = score(images).float().numpy().reshape(shape)
+    return rewards, time.perf_counter() - t0
+
+
+def compare_arms(arms: list[Arm], rewards: dict[str, np.ndarray], seconds: dict[str, float], prompts: list[str],
+                 seeds: torch.Tensor, hit_k: list[int], keep: int) -> RankCheck:
+    """Each arm's rewards compared with the last (reference) arm's, prompt by prompt."""
+    P = seeds.shape[0]
     reference = arms[-1].name
     per = {a.name: [compare(rewards[a.name][i], rewards[reference][i], hit_k, keep) for i in range(P)] for a in arms[:-1]}
-    return RankCheck([a.name for a in arms], prompts, seeds, rewards, per, {k: summarize(v) for k, v in per.items()},
-                     seconds, hit_k, keep)
+    return RankCheck([a.name for a in arms], prompts, seeds, {a.name: rewards[a.name] for a in arms}, per,
+                     {k: summarize(v) for k, v in per.items()}, {a.name: seconds[a.name] for a in arms}, hit_k, keep)
 
 
 def group_correlation(draft: torch.Tensor, final: torch.Tensor) -> tuple[float | None, float | None]:

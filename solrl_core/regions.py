@@ -35,6 +35,14 @@ RECOMPILE_LIMIT = 64
 # GEMM of each forward and backward graph (one per adapter state and grad mode) before iteration 1.
 UPDATE_COMPILE_MODE = "default"
 
+# Under a max-autotune mode, the fp8 explore copy's GEMMs (torch._scaled_mm) are not autotuned: they
+# run cuBLAS's kernel, as in the default mode, while everything else follows the mode. Measured on an
+# H100 (docs/BENCHMARKS.md, 2026-11-27, FLUX.1-12B): Inductor autotuned each fp8 GEMM shape for 44 to
+# 66 s (97 to 106 candidate kernels), six shapes in the first blocks took 365 s with the warm-up far
+# from done, and it chose cuBLAS's `_scaled_mm` for five of the six (the sixth, a 3072x3072x3072
+# GEMM, ran 0.088 ms against cuBLAS's 0.122).
+NO_GEMM_AUTOTUNE = {"max_autotune_gemm_backends": "ATEN"}
+
 
 def compile_mode_for(mode: str, module: nn.Module) -> str:
     """The mode `module` compiles in: `mode` on CUDA, torch's default on a CPU. On a CPU, Inductor's
@@ -69,8 +77,10 @@ class CompiledBlocks:
     `compile_mode_for`). A backend other than Inductor (the tests' aot_eager) ignores a mode with a
     logged warning."""
 
-    def __init__(self, module: nn.Module, mode: str = "default", active: bool = True) -> None:
+    def __init__(self, module: nn.Module, mode: str = "default", active: bool = True, gemm_autotune: bool = True) -> None:
+        """`gemm_autotune` False: under a max-autotune mode, GEMMs run ATen's kernels untuned (NO_GEMM_AUTOTUNE)."""
         import torch._dynamo
+        import torch._inductor
 
         if not torch.cuda.is_available():  # inductor's C++ path imports cpp_extension, which warns of a CUDA_HOME without a GPU
             logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
@@ -78,7 +88,10 @@ class CompiledBlocks:
         self.module = module
         self.regions = repeated_blocks(module) or [module]
         self.mode = compile_mode_for(mode, module)
-        options = {} if self.mode == "default" else {"mode": self.mode}
+        options: dict = {} if self.mode == "default" else {"mode": self.mode}
+        if options and not gemm_autotune and torch._inductor.list_mode_options(self.mode).get("max_autotune"):
+            options = {"options": {**torch._inductor.list_mode_options(self.mode), **NO_GEMM_AUTOTUNE}}
+        self.options = options  # what torch.compile is given
         self._compiled = [torch.compile(r._call_impl, **options) for r in self.regions]
         self.active = False
         if active:

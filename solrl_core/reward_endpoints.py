@@ -2,6 +2,10 @@
 OpenAI-compatible chat-completions endpoint judging the image), and the `reward.remote` settings
 they read. Torch-free, like rewards/names.py, so a config naming them can be checked without torch.
 
+What an endpoint judges (`media`: images, a video model's clips, or both) is known once it answers:
+a reward server states it in /health (from the rewards it serves), a VLM judge takes both (a clip as
+its frames, in order, in one request). `check_media` refuses the mismatch in one line.
+
 A name is the prefix and the URL: `remote:http://gpu-box:8000`, `vlm:http://127.0.0.1:8001/v1`. In a
 weight list the weight follows the URL after its last '=': `remote:http://h:8000=0.5,pickscore=1`.
 """
@@ -31,6 +35,14 @@ class Judge:
     scoring: str = "yes_prob"
     scale: float = 1.0
     model: str = ""  # '' = the one model the endpoint serves (GET /v1/models)
+    video_template: str = ""  # the question asked of a clip's frames; '' = the template with 'image' read as 'video'
+
+    def question(self, prompt: str, video: bool) -> str:
+        template = (self.video_template or VIDEO_PREAMBLE + self.template.replace("image", "video")) if video else self.template
+        return template.replace("{prompt}", prompt)
+
+
+VIDEO_PREAMBLE = "The images are frames of one video, in order. "
 
 
 JUDGES: dict[str, Judge] = {
@@ -46,6 +58,8 @@ SETTINGS = {
     "judge": f"VLM judge preset: {', '.join(JUDGES)} (default yes_no)",
     "model": "model name sent to the VLM endpoint (default: the judge's, else the one the endpoint serves)",
     "template": "question asked per image; {prompt} is replaced by the prompt (default: the judge's)",
+    "video_template": "question asked per clip, sent after its frames; {prompt} is replaced (default: the template, "
+                      f"'image' read as 'video', after: {VIDEO_PREAMBLE.strip()})",
     "scoring": "yes_prob (P(yes) from log-probabilities) or number (first number in the reply / scale)",
     "scale": "divisor of a 'number' judge's answer (default: the judge's)",
     "concurrency": "requests in flight at once to the VLM endpoint (default 8)",
@@ -104,7 +118,7 @@ def check_settings(settings: dict[str, str]) -> None:
             raise SolrlError(f"reward.remote.on_change = {value!r}", "choose one of: refuse, warn")
         if key == "scoring" and value not in SCORINGS:
             raise SolrlError(f"reward.remote.scoring = {value!r}", f"choose one of: {', '.join(SCORINGS)}")
-        if key == "template" and "{prompt}" not in value:
+        if key in ("template", "video_template") and "{prompt}" not in value:
             raise SolrlError("reward.remote.template has no {prompt}", 'write it like: Does this image show "{prompt}"? Answer yes or no.')
         if key in ("concurrency", "max_tokens", "scale"):
             try:
@@ -120,4 +134,17 @@ def judge_for(settings: dict[str, str]) -> Judge:
     """The VLM judge reward.remote describes: its preset with any key set there taking precedence."""
     base = JUDGES[settings.get("judge", "yes_no")]
     return Judge(template=settings.get("template", base.template), scoring=settings.get("scoring", base.scoring),
-                 scale=float(settings.get("scale", base.scale)), model=settings.get("model", base.model))
+                 scale=float(settings.get("scale", base.scale)), model=settings.get("model", base.model),
+                 video_template=settings.get("video_template", base.video_template))
+
+
+def check_media(name: str, media: tuple[str, ...], video: bool) -> None:
+    """Refuse, in one line, an endpoint that cannot judge what the model makes (`media`: what it said it
+    judges, "image" and/or "video")."""
+    if video and "video" not in media:
+        raise SolrlError(f"reward '{name}' judges only still images and this model makes videos",
+                         "serve rewards that score a clip's frames there (e.g. solrl reward-server --reward imagereward), "
+                         "or drop it from --reward")
+    if not video and "image" not in media:
+        raise SolrlError(f"reward '{name}' judges only videos and this model makes images",
+                         "drop it from --reward, or serve an image reward there")

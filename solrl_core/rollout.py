@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from solrl_core.precision.hardware import IMPLEMENTED_EXPLORE
-from solrl_core.precision.quantize import WRAPPERS, LayerRule, QuantizedGemm, QuantReport, quantize_model, requantize
+from solrl_core.precision.quantize import WRAPPERS, LayerRule, QuantizedGemm, QuantReport, load_tensor, quantize_model, requantize
 from solrl_core.regions import CompiledBlocks
 
 
@@ -69,13 +69,28 @@ class RolloutCopy:
         # compiled in place, block by block (regions.py): `forward` is the module either way. A copy
         # still on the meta device (sharded_copy.py) compiles once it is on its device (`materialize`).
         self.compile_mode = compile_mode if compile else None
-        self.compiled = CompiledBlocks(self.module, compile_mode) if compile and not self.on_meta else None
+        self.compiled = (CompiledBlocks(self.module, compile_mode, gemm_autotune=precision != "fp8")
+                         if compile and not self.on_meta else None)
         self.forward: nn.Module = self.module
+
+    def take_over(self, other: "RolloutCopy") -> None:
+        """Become `other` (its module, precision, quantization and compiled blocks), this copy's own
+        module freed: the engine keeps one explore copy object whatever precision a calibration
+        chose (explore.calibrate=steps+precision, calibration.py). `other` is not to be used after."""
+        self.__dict__.update(other.__dict__)
 
     @property
     def on_meta(self) -> bool:
-        """Built as a skeleton (sharded_copy.meta_copy): its weights are not filled in yet."""
-        return any(p.is_meta for p in self.module.parameters())
+        """Built as a skeleton (sharded_copy.meta_copy) and not yet given storage (`materialize`): a
+        quantized layer's high-precision weight, which a lean copy never holds, does not count."""
+        skipped = {id(m.weight) for m in self.module.modules() if isinstance(m, QuantizedGemm)}
+        return any(p.is_meta for p in self.module.parameters() if id(p) not in skipped)
+
+    @property
+    def lean(self) -> bool:
+        """Holds only the quantized caches of its quantized layers, not their high-precision weights
+        (engine._copy, sharded_copy.py): refreshed through `quantize.load_tensor`, layer by layer."""
+        return any(isinstance(m, QuantizedGemm) and m.weight.is_meta for m in self.module.modules())
 
     def materialize(self, device: torch.device) -> None:
         """Give every meta parameter storage on `device` (filled afterwards), except a quantized
@@ -86,13 +101,31 @@ class RolloutCopy:
                 if p.is_meta and id(p) not in skipped:
                     module._parameters[name] = nn.Parameter(torch.empty_like(p, device=device), requires_grad=False)
         if self.compile_mode is not None and self.compiled is None:
-            self.compiled = CompiledBlocks(self.module, self.compile_mode)
+            self.compiled = CompiledBlocks(self.module, self.compile_mode, gemm_autotune=self.precision != "fp8")
 
     @torch.no_grad()
     def refresh(self, merged: dict[str, torch.Tensor], units: Iterator[list[nn.Module]] | None = None) -> None:
-        """Load base + old-adapter weights and re-quantize (weights are quantized once per refresh).
-        `units`: the copy's modules brought to the GPU a group at a time (offload.Parking.unit_by_unit),
-        for a copy parked on the CPU: each group is re-quantized while it is there."""
+        """Load base + old-adapter weights and re-quantize (weights are quantized once per refresh). A
+        lean copy quantizes each given weight straight into its layer's cache; the layers not given
+        (frozen, not adapted) keep theirs. `units`: the copy's modules brought to the GPU a group at a
+        time (offload.Parking.unit_by_unit), for a copy parked on the CPU: each group is loaded and
+        re-quantized while it is there, so its caches are made on the GPU and leave with it."""
+        if self.lean:
+            if units is None:
+                for name, value in merged.items():
+                    load_tensor(self.module, name, value)
+                return
+            owned: dict[str, list[str]] = {}
+            for name in merged:
+                owned.setdefault(name.rpartition(".")[0], []).append(name)
+            path = {id(m): n for n, m in self.module.named_modules()}
+            for unit in units:
+                for module in unit:
+                    for name in owned.pop(path[id(module)], ()):
+                        load_tensor(self.module, name, merged[name])
+            if owned:
+                raise RuntimeError(f"rollout copy does not hold {[n for names in owned.values() for n in names][:3]}")
+            return
         result = self.module.load_state_dict(merged, strict=False)
         if result.unexpected_keys:
             raise RuntimeError(f"rollout copy does not hold {result.unexpected_keys[:3]}")

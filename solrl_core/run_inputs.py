@@ -102,6 +102,6 @@ def _check_servers(cfg: Config) -> None:
 
     for name in filter(is_endpoint, cfg.reward.weights):
         try:
-            probe_endpoint(name, cfg.reward.remote)
+            probe_endpoint(name, cfg.reward.remote, video=cfg.model.frames > 0)
         except SolrlError as exc:
             raise SolrlError(f"reward endpoint {name}: {exc.message}", exc.fix or "run `solrl doctor` for details") from exc

@@ -116,6 +116,10 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
         gpu = gpu_of(device)
         raise too_small(cfg, machine, dtype_name, f"{gpu.name}, {gpu.memory_gib:.0f} GiB" if gpu is not None else str(device))
     plan = plan_stages(cfg, dtype_name, machine.explore_precision, machine=machine)
+    if cfg.explore.calibrate == "steps+precision" and not plan.explores_low:
+        raise SolrlError(f"explore.calibrate=steps+precision chooses among low explore precisions, and on this machine "
+                         f"explore.precision={cfg.explore.precision} resolves to the run dtype ({machine.explore_why})",
+                         "name a low one (explore.precision=nvfp4-emulated runs anywhere), or use explore.calibrate=steps")
     if plan.explores_low:  # before anything is written: a refused precision leaves no run dir
         require_explore_precision(plan.explore_precision, device)
     run_dir, checkpoint, lock, notes = _claim_run_dir(cfg, resume, from_checkpoint)  # the lock is dropped with it on an error below

@@ -15,7 +15,8 @@ copy of a whole transformer the process holds. Instead:
 - A quantized layer's high-precision weight is never held (it stays on the meta device): the copy
   holds the quantized caches and, at the run dtype, the layers the quantized-layer rule keeps. With
   fp8 that is about half a bf16 copy; the NVFP4 and E5M2 emulations store their fake-quantized
-  weights at the run dtype, a full copy's size (footprint.sharded_copy_bytes).
+  weights at the run dtype, a full copy's size (footprint.copy_bytes). A
+  replica's explore copy is lean the same way, filled from the base model (engine._copy).
 
 Every rank runs the same units in the same order (each gather is a collective), and the merged
 weights are the policy's own (`Policy.merged_weights`), so the copy equals a replica's exactly.
@@ -57,7 +58,7 @@ def _unit_modules(policy: Policy, prefix: str, blocks: list[str]) -> list[tuple[
     return [(n, m) for n, m in everything if not any(inside(n, b) for b in blocks)]
 
 
-def _base_tensors(modules: list[tuple[str, nn.Module]]) -> dict[str, torch.Tensor]:
+def base_tensors(modules: list[tuple[str, nn.Module]]) -> dict[str, torch.Tensor]:
     """The base model's parameters among `modules`, keyed as in the plain base model (peft's
     `base_layer` dropped, its LoRA layers left out)."""
     out = {}
@@ -87,7 +88,7 @@ def refresh_from_shards(policy: Policy, copies: list[RolloutCopy], device: torch
         unit.unshard()
         try:
             merged = policy.merged_weights(OLD, merged_layers)
-            base = _base_tensors(modules) if any(first) else {}
+            base = base_tensors(modules) if any(first) else {}
             for c, fresh in zip(copies, first):
                 for name, value in ({**base, **merged} if fresh else merged).items():
                     load_tensor(c.module, name, value)

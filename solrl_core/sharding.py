@@ -263,8 +263,8 @@ def sharded_estimate(cfg: Config, dtype_name: str, shard: int, checkpointing: bo
     a replica's estimate (footprint.py) without rollout copy, its policy weights divided by `shard`
     plus the gathered blocks (GATHERED_SHARE of the weights, when sharded), and, where the family
     explores at `explore_precision` (None: at the run dtype), a whole explore copy without its
-    high-precision weights (footprint.sharded_copy_bytes). APPROXIMATE."""
+    high-precision weights (footprint.copy_bytes), as a replica's. APPROXIMATE."""
     explore = explore_precision or dtype_name
-    est = estimate_memory(cfg, explore, dtype_name, checkpointing, rollout_copy=False, lean_copy=shard > 1)
+    est = estimate_memory(cfg, explore, dtype_name, checkpointing, rollout_copy=False)
     policy = est.policy / shard + (est.policy * GATHERED_SHARE if shard > 1 else 0.0)
     return replace(est, policy=policy)

@@ -30,10 +30,14 @@ class ExploreResult:
     components: dict[str, torch.Tensor]  # [P, N] per reward
     ranks: torch.Tensor  # [P, N] 1 = best by the training's ranking (selection.ranking_values), stable ties by seed order
     selected: torch.Tensor  # [P, K] indices into N, in selection order
-    images: torch.Tensor  # [P, N, 3, H, W]
+    images: torch.Tensor  # [P, N, 3, H, W]; a video model's clips [P, N, F, 3, H, W]
     seconds: float  # generation, decoding and scoring, measured
     precision: str
     steps: int
+
+    @property
+    def clips(self) -> bool:
+        return self.images.dim() == 6
 
 
 @torch.no_grad()
@@ -67,26 +71,44 @@ def explore_only(engine: Engine, prompts: list[str], n: int, keep: int, mode: st
 def explore_to_folder(engine: Engine, prompts: list[str], seed_base: int, out_dir: Path) -> ExploreResult:
     """`explore_only` with the config's N, K, selection mode and preview steps, written to `out_dir`:
     seeds.jsonl (every seed of every prompt: reward, each component, rank, selected) and grid.png
-    (each prompt's K/2 best and K/2 worst images)."""
+    (each prompt's K/2 best and K/2 worst images, captioned with seed and reward). A video model's
+    clips show in the grid as their frames in a row, and the grid's clips are also written as videos
+    (clips/PPP_seedS.mp4, or .gif without the video extra), named in their seeds.jsonl rows (`video`)."""
     from solrl_core.inference import grid_rows, make_grid
 
     cfg = engine.config
     n, k = cfg.explore.group_size, cfg.selection.group_size
     result = explore_only(engine, prompts, n, k, cfg.selection.mode, seed_base, cfg.explore.steps)
     out_dir.mkdir(parents=True, exist_ok=True)
+    half = k // 2
+    order = torch.argsort(result.ranks, dim=1)  # best first, by the ranking the selection used
+    picked = [order[:, r] for r in range(half)] + [order[:, n - half + r] for r in range(half)]
+    names = [f"best {r + 1}" for r in range(half)] + [f"worst {half - r}" for r in range(half)]
+    columns = {name: result.images[range(len(prompts)), col] for name, col in zip(names, picked)}
+    captions = {name: [f"seed {int(result.seeds[i, j])}  {float(result.rewards[i, j]):.3g}" for i, j in enumerate(col.tolist())]
+                for name, col in zip(names, picked)}
+    make_grid(columns, rows=grid_rows(prompts), captions=captions).save(out_dir / "grid.png")
+    videos = _write_clips(result, picked, out_dir) if result.clips else {}
     with open(out_dir / "seeds.jsonl", "w", encoding="utf-8") as fh:
         for i, text in enumerate(prompts):
             chosen = set(result.selected[i].tolist())
             for j in range(n):
+                video = {"video": videos[i, j]} if (i, j) in videos else {}
                 fh.write(json.dumps({"prompt": text, "seed": int(result.seeds[i, j]), "reward": float(result.rewards[i, j]),
                                      **{f"reward.{c}": float(v[i, j]) for c, v in result.components.items()},
-                                     "rank": int(result.ranks[i, j]), "selected": j in chosen}) + "\n")
-    half = k // 2
-    order = torch.argsort(result.ranks, dim=1)  # best first, by the ranking the selection used
-    columns = {f"best {r + 1}": result.images[range(len(prompts)), order[:, r]] for r in range(half)}
-    columns.update({f"worst {half - r}": result.images[range(len(prompts)), order[:, n - half + r]] for r in range(half)})
-    picked = [order[:, r] for r in range(half)] + [order[:, n - half + r] for r in range(half)]
-    captions = {name: [f"seed {int(result.seeds[i, j])}  {float(result.rewards[i, j]):.3g}" for i, j in enumerate(col.tolist())]
-                for name, col in zip(columns, picked)}
-    make_grid(columns, rows=grid_rows(prompts), captions=captions).save(out_dir / "grid.png")
+                                     "rank": int(result.ranks[i, j]), "selected": j in chosen, **video}) + "\n")
     return result
+
+
+def _write_clips(result: ExploreResult, picked: list[torch.Tensor], out_dir: Path) -> dict[tuple[int, int], str]:
+    """The grid's clips as video files under out_dir/clips/; {(prompt, seed index): path relative to out_dir}."""
+    from solrl_core.video_output import save_clip
+
+    (out_dir / "clips").mkdir(exist_ok=True)
+    written = {}
+    for col in picked:
+        for i, j in enumerate(col.tolist()):
+            if (i, j) not in written:
+                stem = out_dir / "clips" / f"{i:03d}_seed{int(result.seeds[i, j])}"
+                written[i, j] = str(save_clip(result.images[i, j], stem).relative_to(out_dir))
+    return written

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -21,10 +22,14 @@ from solrl_core.loop_state import LoopState
 from solrl_core.nft import combined_advantages
 from solrl_core.prompts import prompts_for_iteration, shard, text_keys
 from solrl_core.config import RewardConfig
-from solrl_core.rollout import Draws, RolloutBatch
+from solrl_core.rollout import Draws, RolloutBatch, RolloutCopy
 from solrl_core.selection import ranking_values, select
 from solrl_core.session import Run
 from solrl_core.update import UpdateResult, update
+
+if TYPE_CHECKING:
+    from solrl_core.calibration import Calibration
+    from solrl_core.phases import PhaseRecorder
 
 
 @dataclass(frozen=True)
@@ -98,32 +103,62 @@ def explore_steps(run: Run, state: LoopState) -> int:
     return state.explore_steps or run.plan.explore_steps
 
 
-def calibrate(run: Run, state: LoopState, bus: ev.EventBus) -> None:
-    """Choose Stage 1's preview steps from measured rank fidelity (calibration.py): on rank 0, its
-    choice broadcast, so every rank explores alike; emits CalibrationDone and the live MFU's counts
-    at the chosen steps (a calibrating run announces none before)."""
+def calibrate_if_due(run: Run, state: LoopState, bus: ev.EventBus, phases: PhaseRecorder) -> Calibration | None:
+    """The calibration where due before this iteration's Stage 1 (calibration.due), as its own phase."""
+    from solrl_core.calibration import due
+
+    if not due(run, state.iteration, state.explore_steps):
+        return None
+    with phases.phase("calibrate", memory=False):
+        return calibrate(run, state, bus)
+
+
+def calibrate(run: Run, state: LoopState, bus: ev.EventBus) -> Calibration | None:
+    """Choose Stage 1's preview steps (with explore.calibrate=steps+precision, its precision too) from
+    measured rank fidelity (calibration.py): on rank 0, its choice broadcast, so every rank explores
+    alike; emits CalibrationDone and the live MFU's counts at the chosen setting (a calibrating run
+    announces none before). Returns rank 0's calibration (its reference rollouts the rank check reuses)."""
     from solrl_core.calibration import calibrate_engine, calibration_inputs
+    from solrl_core.precision.hardware import runnable_low_precisions
     from solrl_core.telemetry.model_flops import model_flops
 
+    weighs = run.config.explore.calibrate == "steps+precision"
+    precisions = runnable_low_precisions(run.device) if weighs else []
     found = None
     if run.rank == 0:
         prompts, seeds = calibration_inputs(run, state.iteration)
         found = calibrate_engine(run.engine, prompts, seeds, keep=run.plan.keep, fixed_steps=run.config.explore.steps,
-                                 min_recall=run.config.explore.min_recall, whole_curve=False)
-    state.explore_steps = int(distributed.broadcast_object(found.chosen.steps if found is not None else None))
+                                 min_recall=run.config.explore.min_recall, precisions=precisions, whole_curve=False)
+    steps, precision = distributed.broadcast_object((found.chosen.steps, found.chosen.precision) if found is not None else None)
+    state.explore_steps = int(steps)
+    if weighs:
+        use_explore_precision(run, precision, found.copy if found is not None else None)
+        state.explore_precision = precision
     if found is None:
-        return
+        return None
     bus.emit(ev.CalibrationDone(iteration=state.iteration + 1, prompts=found.prompts, seeds=found.seeds,
                                 reference=found.reference, candidates=found.to_dict(), chosen=found.chosen.name,
                                 steps=found.chosen.steps, precision=found.chosen.precision, min_recall=found.min_recall,
-                                why=found.why, fixed_steps=run.config.explore.steps, seconds=found.seconds))
+                                why=found.why, fixed_steps=run.config.explore.steps, seconds=found.seconds,
+                                precisions=sorted({c.precision for c in found.candidates}) if weighs else [],
+                                fixed=found.fixed))
     bus.emit(model_flops(at_explore_steps(run, state)))
+    return found
+
+
+def use_explore_precision(run: Run, precision: str, built: RolloutCopy | None = None) -> None:
+    """Stage 1 at `precision` from now on: the engine's explore copy becomes `built` (the calibration's
+    copy of it) or one built now (the other ranks; a resumed run), unless it is at that precision already."""
+    current = run.engine.explore_copy
+    if current is not None and current.precision != precision:
+        current.take_over(built if built is not None else run.engine.explore_copy_at(precision))
 
 
 def at_explore_steps(run: Run, state: LoopState) -> Run:
-    """The run with its plan at this iteration's preview steps (`explore_steps`): what the live MFU's
-    counts (telemetry/model_flops.py) are made for."""
-    return replace(run, plan=replace(run.plan, explore_steps=explore_steps(run, state)))
+    """The run with its plan at this iteration's preview steps and precision (`explore_steps`, the
+    calibration's precision): what the live MFU's counts (telemetry/model_flops.py) are made for."""
+    return replace(run, plan=replace(run.plan, explore_steps=explore_steps(run, state),
+                                     explore_precision=state.explore_precision or run.plan.explore_precision))
 
 
 def regenerate(run: Run, kept: RolloutBatch) -> RolloutBatch:
@@ -265,16 +300,21 @@ def rank_check_due(run: Run, state: LoopState) -> bool:
     return bool(every) and run.plan.regenerate and state.iteration % every == 0 and (run.rank == 0 or run.sharded)
 
 
-def rank_check(run: Run, state: LoopState, bus: ev.EventBus, drafts: RolloutBatch) -> None:
+def rank_check(run: Run, state: LoopState, bus: ev.EventBus, drafts: RolloutBatch,
+               calibrated: Calibration | None = None) -> None:
     """Regenerate every Stage-1 seed of the first prompt at full precision and steps; log rho, tau.
+    Where this iteration's calibration rolled out that prompt at those seeds (its reference, before
+    Stage 1 and the update, on the same weights), its rewards are used instead of regenerating them.
     Uses no random draw, so it does not change the run it observes."""
     from solrl_core.rankcheck import group_correlation
 
     t0 = time.perf_counter()
     group = drafts.subset(torch.nonzero(drafts.groups == drafts.groups[0]).flatten())
-    full = roll_out(run, group.draws, run.plan.full_steps, explore=False)
-    rho, tau = group_correlation(group.rewards, full.rewards)
+    full = calibrated.reference_of(group.prompts[0], group.seeds) if calibrated is not None else None
+    reused = full is not None
+    if full is None:
+        full = roll_out(run, group.draws, run.plan.full_steps, explore=False).rewards
+    rho, tau = group_correlation(group.rewards, full)
     bus.emit(ev.RankCheckResult(iteration=state.iteration + 1, prompt=group.prompts[0], seeds=len(group.prompts), rho=rho, tau=tau,
-                                draft_mean=float(group.rewards.mean()), full_mean=float(full.rewards.mean()),
-                                seconds=time.perf_counter() - t0))
-
+                                draft_mean=float(group.rewards.mean()), full_mean=float(full.float().mean()),
+                                seconds=time.perf_counter() - t0, reused=reused))

@@ -21,17 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# The paint is shared with the tiny moving world (shapes.py); BACKGROUND is re-exported for this world's readers.
+from solrl_core.shapes import BACKGROUND, COLORS, SHAPES, paint  # noqa: F401
 SIZE = 32
-BACKGROUND = (24, 24, 28)
-COLORS = {
-    "red": (220, 40, 40),
-    "green": (40, 180, 60),
-    "blue": (50, 90, 230),
-    "yellow": (235, 215, 40),
-    "purple": (160, 70, 210),
-    "orange": (245, 140, 30),
-}
-SHAPES = ("circle", "square", "triangle")
 COUNTS = {"one": 1, "two": 2, "three": 3}
 RELATIONS = ("left of", "right of", "above", "below")
 KINDS = ("object", "count", "binding", "position")
@@ -153,19 +145,7 @@ def relation_holds(relation: str, a: tuple[float, float], b: tuple[float, float]
 
 def render(objs: list[Obj]) -> np.ndarray:
     """[32, 32, 3] uint8 image of the objects on the background."""
-    img = np.empty((SIZE, SIZE, 3), dtype=np.uint8)
-    img[:] = BACKGROUND
-    yy, xx = np.mgrid[0:SIZE, 0:SIZE]
-    for o in objs:
-        dx, dy = xx - o.x, yy - o.y
-        if o.shape == "circle":
-            mask = dx * dx + dy * dy <= RADIUS * RADIUS + 1
-        elif o.shape == "square":
-            mask = (np.abs(dx) <= RADIUS - 1) & (np.abs(dy) <= RADIUS - 1)
-        else:  # upward triangle: apex at the top, base at the bottom of the box
-            mask = (dy >= -RADIUS) & (dy <= RADIUS) & (np.abs(dx) * 2 <= (dy + RADIUS))
-        img[mask] = COLORS[o.color]
-    return img
+    return paint(((o.color, o.shape, o.x, o.y, RADIUS) for o in objs), SIZE)
 
 
 def example(seed: int, split: str = "train") -> tuple[str, np.ndarray]:

@@ -49,7 +49,10 @@ after its increment) are the official ones. Where this differs from it, and why:
 - `explore.calibrate = steps` (off by default; calibration.py) chooses Stage 1's preview steps, before
   the first iteration and every `explore.recalibrate_every`, as the cheapest measured here whose
   selection recovers the full-precision one as well as the fixed explore.steps does; the official
-  code fixes 6. Its seconds count in the iteration's time; it draws nothing from the iteration's rng.
+  code fixes 6. `steps+precision` chooses the explore precision too, among the low ones this machine
+  runs (the official code fixes its E5M2 copy). Its seconds count in the iteration's time; it draws
+  nothing from the iteration's rng (it measures the first groups' Stage-1 seeds on an identical
+  generator), and the rank check reuses its full-precision rollouts in the same iteration.
 - Full-precision rollouts run, as in the official code, on a copy of base + `old` merged (refreshed
   after each step; compiled on CUDA) when the memory estimate says it fits (`sampler.rollout_copy`);
   where it does not, on the policy with its `old` adapter active (one copy of the model), said at
@@ -73,8 +76,11 @@ after its increment) are the official ones. Where this differs from it, and why:
   (`run.compile_mode`, configs/sol_rl/base.py:112), but block by block (regions.py) where the official
   code compiles each copy whole; the update's compiled blocks, which the official code does not have
   (it runs the update eager), compile in torch's default mode, as does everything on a CPU, where
-  Inductor's max-autotune failed on the tiny model (regions.compile_mode_for). Whether the official
-  mode is faster than the default on a given GPU is unmeasured: `solrl bench --compile-mode default
+  Inductor's max-autotune failed on the tiny model (regions.compile_mode_for). The fp8 explore copy
+  (solrl's; the official copy is NVFP4 through Transformer Engine) leaves its GEMMs out of the
+  autotuning: on an H100 each fp8 GEMM shape of FLUX.1 autotuned for about a minute and cuBLAS's
+  kernel won five of six (regions.NO_GEMM_AUTOTUNE). Whether the official mode is faster than the
+  default on a given GPU is unmeasured: `solrl bench --compile-mode default
   --compile-mode max-autotune-no-cudagraphs` times both. TF32 is on for fp32 matmuls and
   convolutions on CUDA, as in the official code (`run.tf32`, tf32.py).
 - Faults (solrl_core/faults): samples whose reward is NaN or infinite are left out of selection and
@@ -153,10 +159,9 @@ from solrl_core.rundir import EVENTS_FILE, restarts
 from solrl_core.session import Run, Session, open_session
 from solrl_core.sharding import gather
 from solrl_core.stopping import ScoringAbandoned, StopAtBoundary, StopFlag, graceful_stop
-from solrl_core.calibration import due as calibration_due
-from solrl_core.stages import (Scored, after_step, at_explore_steps, calibrate, explore, explore_steps, iteration_prompts,
+from solrl_core.stages import (Scored, after_step, at_explore_steps, calibrate_if_due, explore, explore_steps, iteration_prompts,
                                rank_check, rank_check_due, regenerate, score_drafts, score_finals, select_seeds,
-                               train as train_step)
+                               train as train_step, use_explore_precision)
 from solrl_core.telemetry.model_flops import model_flops
 from solrl_core.tracking import samples
 from solrl_core.update import UpdateResult
@@ -174,6 +179,8 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
     again = bool(config.run.run_dir) and restarts(Path(config.run.run_dir))
     session = open_session(config, resume=resume, from_checkpoint=checkpoint)
     run, state = session.run, session.state
+    if state.explore_precision:  # resumed after a steps+precision calibration: Stage 1 at its choice
+        use_explore_precision(run, state.explore_precision)
     reason = "completed"
     with contextlib.ExitStack() as stack:
         bus = _subscribe_outputs(stack, run, state, bus)
@@ -270,9 +277,7 @@ def run_iteration(run: Run, state: LoopState, bus: ev.EventBus, stop: StopFlag |
     phases = PhaseRecorder(run.device, stop.entering if stop is not None else None)
     rng = np.random.default_rng([run.config.run.seed, state.iteration])
     prompts = iteration_prompts(run, rng)
-    if calibration_due(run, state.iteration, state.explore_steps):  # its draws are its own: rng is untouched
-        with phases.phase("calibrate", memory=False):
-            calibrate(run, state, bus)
+    calibrated = calibrate_if_due(run, state, bus, phases)  # its draws on an identical generator: rng is untouched
     with phases.phase("explore"):
         drafted = explore(run, prompts, rng, explore_steps(run, state))
         raise_if_diverged(drafted.latents, state.step, run.config.optimizer.lr)  # NaN outputs: blame the update, not the reward
@@ -280,7 +285,7 @@ def run_iteration(run: Run, state: LoopState, bus: ev.EventBus, stop: StopFlag |
     with phases.phase("selection", memory=False):
         kept = drafts.batch.subset(select_seeds(run, drafts, rng))
     if rank_check_due(run, state):
-        rank_check(run, state, bus, drafts.batch)
+        rank_check(run, state, bus, drafts.batch, calibrated)
     if run.plan.regenerate:
         with phases.phase("regenerate"):
             kept = regenerate(run, kept)
@@ -349,9 +354,10 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
     if run.world_size > 1 or run.layout.strategy != "replicate":
         described += f"; weights: {run.layout.describe()}"
     if plan.calibrated and state.explore_steps:
-        described += f"; Stage 1 continues at the last calibration's {state.explore_steps} preview steps (from the checkpoint)"
+        at = f"{state.explore_precision}@{state.explore_steps}" if state.explore_precision else f"{state.explore_steps} preview steps"
+        described += f"; Stage 1 continues at the last calibration's {at} (from the checkpoint)"
     bus.emit(ev.RunStarted(run_dir=str(run.run_dir), preset=cfg.preset, device=str(run.device),
-                           dtype=run.engine.dtype_name, explore_precision=plan.explore_precision, plan=described,
+                           dtype=run.engine.dtype_name, explore_precision=state.explore_precision or plan.explore_precision, plan=described,
                            start_iteration=state.iteration, iterations=cfg.run.iterations, resumed=state.resumed,
                            config=to_dict(cfg), machine=run.machine.describe(), tracking=tracking.where(cfg.run.log, run.run_dir),
                            environment=environment.describe(cfg, run.device, run.engine.dtype_name, plan.explore_precision, run.machine)))

@@ -24,6 +24,12 @@ def stills(batch: torch.Tensor) -> torch.Tensor:
     return torch.cat(list(batch.unbind(1)), dim=-1) if batch.dim() == 5 else batch
 
 
+def side_by_side(clips: torch.Tensor) -> torch.Tensor:
+    """Clips [N, F, 3, H, W] as one clip [F, 3, H, N * W], the first on the left (one video of a grid's
+    clips, as TensorBoard's add_video tiles a batch)."""
+    return torch.cat(list(clips), dim=-1)
+
+
 def mp4_available() -> bool:
     """Whether clips can be written as MP4: imageio and its ffmpeg binary (pip install 'solrl[video]')."""
     import importlib.util
@@ -49,10 +55,35 @@ def save_clip(clip: torch.Tensor, stem: Path, fps: int = GIF_FPS) -> Path:
 
 def save_gif(clip: torch.Tensor, path: Path, fps: int = GIF_FPS) -> None:
     """A clip [F, 3, H, W] in [0, 1] as an animated GIF that loops."""
+    Path(path).write_bytes(gif_bytes(clip, fps))
+
+
+def gif_bytes(clip: torch.Tensor, fps: int = GIF_FPS) -> bytes:
+    """A clip [F, 3, H, W] in [0, 1] as the bytes of an animated GIF."""
+    import io
+
     from PIL import Image
 
     frames = [Image.fromarray(_uint8(f)) for f in clip]
-    frames[0].save(path, save_all=True, append_images=frames[1:], duration=round(1000 / fps), loop=0)
+    out = io.BytesIO()
+    frames[0].save(out, format="GIF", save_all=True, append_images=frames[1:], duration=round(1000 / fps), loop=0)
+    return out.getvalue()
+
+
+def read_clip(path: Path) -> torch.Tensor:
+    """A clip file this module wrote (MP4 through the video extra, or GIF) back as [F, 3, H, W] in [0, 1]."""
+    import numpy as np
+
+    if Path(path).suffix == ".gif":
+        from PIL import Image, ImageSequence
+
+        with Image.open(path) as gif:
+            frames = np.stack([np.asarray(f.convert("RGB")) for f in ImageSequence.Iterator(gif)])
+    else:
+        import imageio.v3 as iio
+
+        frames = iio.imread(path)
+    return torch.from_numpy(frames).permute(0, 3, 1, 2).float() / 255
 
 
 def _uint8(image: torch.Tensor):  # noqa: ANN202 - numpy array [H, W, 3]

@@ -187,6 +187,27 @@ def test_bench_prints_and_writes_phases_memory_mfu_at_tiny_size(tmp_path):
     assert sol["estimate_gib"] is None and sol["vs_compile"] is None
 
 
+def test_the_real_vae_is_refused_for_a_model_without_a_recorded_one_and_a_reward_model_must_be_known():
+    result = runner.invoke(app, ["bench", "--size", "tiny", "--device", "cpu", "--model", "sana", "--real-vae"])
+    assert result.exit_code == 2 and "none is recorded for the sana preset" in result.output and "Traceback" not in result.output
+    result = runner.invoke(app, ["bench", "--size", "tiny", "--device", "cpu", "--model", "flux1", "--reward-model", "clip"])
+    assert result.exit_code == 2 and "--reward-model clip: expected one of jpeg, pickscore" in result.output
+
+
+@pytest.mark.slow
+def test_the_bench_decodes_through_the_published_vae_and_scores_with_a_clip_network(tmp_path):
+    """--real-vae and --reward-model pickscore at tiny size: FLUX.1's VAE architecture at 64 px (an 8x8
+    latent), and a one-layer CLIP saved and loaded back through the pickscore reward's own loader."""
+    out = tmp_path / "bench.json"
+    result = runner.invoke(app, ["bench", "--size", "tiny", "--device", "cpu", "--model", "flux1", "--family", "sol_rl",
+                                 "--n", "4", "--k", "2", "--rollout-batch", "4", "--iterations", "2", "--real-vae",
+                                 "--reward-model", "pickscore", "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "and the published VAE" in result.output and "PickScore_v1's architecture (one layer)" in result.output
+    model = json.loads(out.read_text())["model"]
+    assert (model["vae"], model["reward"], model["resolution"], model["latent_side"]) == ("published", "pickscore", 64, 8)
+
+
 @pytest.mark.slow
 def test_the_default_tiny_bench_times_three_families_against_compile(tmp_path):
     out = tmp_path / "bench.json"

@@ -133,13 +133,16 @@ def test_rank_check_candidates_prints_the_curve_and_the_setting_auto_would_pick(
     result = CliRunner().invoke(app, ["rank-check", "--candidates", "--count", "2", "--seeds", "4", "--preview-steps", "3",
                                       "--full-steps", "4", "--min-recall", "0.75", "--out", "rc"])
     assert result.exit_code == 0, result.output
-    for row in ("nvfp4-emulated@2", "nvfp4-emulated@3 (fixed)", "nvfp4-emulated@4", "fp32@4 ref", "would pick"):
+    for row in ("nvfp4-emulated@2", "nvfp4-emulated@3 (fixed)", "nvfp4-emulated@4", "fp8-e5m2-tensor@4", "fp32@4 ref",
+                "explore.calibrate=steps would pick", "explore.calibrate=steps+precision would pick"):
         assert row in result.output
     data = json.loads((tmp_path / "rc" / "calibration.json").read_text())
-    assert [c["steps"] for c in data["candidates"]] == [2, 3, 4] and data["min_recall"] == 0.75
-    reached = [c for c in data["candidates"] if c["recall"] >= 0.75]
-    expected = min(reached, key=lambda c: (c["cost"], c["steps"]))["name"] if reached else "nvfp4-emulated@3"
-    assert data["chosen"] == expected
+    assert [(c["precision"], c["steps"]) for c in data["candidates"]] == [
+        (p, s) for p in ("fp8-e5m2-tensor", "nvfp4-emulated") for s in (2, 3, 4)] and data["min_recall"] == 0.75
+    for key, among in (("chosen_steps_only", ("nvfp4-emulated",)), ("chosen", ("nvfp4-emulated", "fp8-e5m2-tensor"))):
+        reached = [c for c in data["candidates"] if c["recall"] >= 0.75 and c["precision"] in among]
+        expected = min(reached, key=lambda c: (c["cost"], c["steps"]))["name"] if reached else "nvfp4-emulated@3"
+        assert data[key] == expected, key
 
 
 def _calibrating_worker(rank: int, world: int, port: int, root: Path) -> None:

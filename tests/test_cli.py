@@ -94,7 +94,7 @@ def test_dump_config_prints_resolved_toml_and_writes_nothing(in_tmp):
 def test_presets_listing_shows_every_kind():
     result = runner.invoke(app, ["presets"])
     assert result.exit_code == 0
-    for name in ("tiny", "tiny_random", "tinyworld_geneval", "tinyworld_heldout", "sana", "flux1", "sd3", "sd35_medium", "qwen_image", "zimage", "flux2_klein", "wan21_t2v_1_3b", "wan21_t2v_14b", "wan22_ti2v_5b", "sol_rl", "naive_scaling", "compile", "naive_quant", "diffusionnft",
+    for name in ("tiny", "tiny_random", "tiny_video", "tinyworld_geneval", "tinyvideo_geneval", "tinyworld_heldout", "tinyvideo_heldout", "sana", "flux1", "sd3", "sd35_medium", "qwen_image", "zimage", "flux2_klein", "wan21_t2v_1_3b", "wan21_t2v_14b", "wan22_ti2v_5b", "sol_rl", "naive_scaling", "compile", "naive_quant", "diffusionnft",
                  "jpeg_compressibility", "jpeg_incompressibility", "general"):
         assert name in result.output
 

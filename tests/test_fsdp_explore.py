@@ -196,8 +196,8 @@ def test_a_copy_without_its_high_precision_weights_holds_the_bytes_the_estimate_
         return held / sum(m.weight.numel() for m in layers)
 
     assert per_weight(lean.module, "weight") == 0  # never held
-    assert per_weight(lean.module, "weight_q") == copy_bytes(precision, 4.0, lean=True)
-    assert per_weight(replica.module, "weight weight_q") == copy_bytes(precision, 4.0)
+    assert per_weight(lean.module, "weight_q") == copy_bytes(precision, 4.0)
+    assert per_weight(replica.module, "weight weight_q") == 4.0 + copy_bytes(precision, 4.0)  # a deep copy's: weights too
     assert per_weight(lean.module, "weight_scale") < 0.25  # fp8's row scales: one fp32 per output row, left out
 
 

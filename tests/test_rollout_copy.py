@@ -85,6 +85,39 @@ def test_the_copy_equals_the_adapter_path_and_follows_each_refresh_in_place(fast
     assert not torch.allclose(_full_latents(with_copy, [5]), before, atol=1e-4)
 
 
+@pytest.mark.parametrize("precision", ["nvfp4-emulated", "fp8-e5m2-tensor"])
+def test_the_explore_copy_holds_only_quantized_weights_and_follows_each_refresh_as_a_full_copy(fast_sets, precision):
+    """A replica's explore copy is lean (engine._copy): its quantized layers hold their caches and no
+    high-precision weight, and after each refresh every tensor it holds equals a full deep copy's
+    refreshed with the same merged weights."""
+    from solrl_core.engine import base_copy
+    from solrl_core.precision.quantize import LayerRule, QuantizedGemm
+    from solrl_core.rollout import RolloutCopy
+
+    run = _session(fast_sets, f"explore.precision={precision}", run_dir=precision)
+    lean = run.engine.explore_copy
+    assert lean.lean and not lean.on_meta
+    layers = [m for m in lean.module.modules() if isinstance(m, QuantizedGemm)]
+    assert layers and all(m.weight.is_meta for m in layers)
+    full = RolloutCopy(base_copy(run.engine.policy.transformer), precision, LayerRule.of(run.config.model))
+    assert not full.lean
+    for seed in (1, 2):  # two refreshes with different old adapters
+        _perturb(run.engine.policy, seed)
+        run.engine.refresh_copies()
+        full.refresh(run.engine.policy.merged_weights(OLD))
+        theirs = {**dict(full.module.named_parameters()), **dict(full.module.named_buffers())}
+        held = {k: v for k, v in [*lean.module.named_parameters(), *lean.module.named_buffers()] if not v.is_meta}
+        assert len(held) > len(layers)
+        different = [k for k, v in held.items() if not torch.equal(v, theirs[k])]
+        assert not different, different[:3]
+    # a copy a calibration builds (Engine.explore_copy_at, from the policy's adapted transformer) is lean
+    # too, and holds the same tensors as the run's own after the same refresh
+    built = run.engine.explore_copy_at(precision)
+    assert built.lean and not built.on_meta
+    again = {k: v for k, v in [*built.module.named_parameters(), *built.module.named_buffers()] if not v.is_meta}
+    assert again.keys() == held.keys() and all(torch.equal(v, held[k]) for k, v in again.items())
+
+
 @pytest.fixture
 def aot_eager(monkeypatch):
     """torch.compile with the aot_eager backend (see the module docstring)."""
@@ -204,6 +237,31 @@ def test_the_compile_mode_reaches_the_copies_and_the_update_compiles_in_default_
     assert real("max-autotune-no-cudagraphs", run.engine.policy.transformer) == "default"
     with pytest.raises(SolrlError, match="run.compile_mode"):
         resolve_config("tiny", "sol_rl", sets=["run.compile_mode=reduce-overhead"]).validate()
+
+
+def test_an_fp8_copy_under_max_autotune_runs_its_gemms_untuned_and_the_others_follow_the_mode(monkeypatch):
+    """regions.NO_GEMM_AUTOTUNE: the fp8 explore copy's torch.compile gets the mode's own Inductor
+    options with GEMMs on ATen alone; every other copy gets the mode itself."""
+    import copy
+
+    import solrl_core.regions as regions
+    from solrl_core.models import load_model
+    from solrl_core.precision.quantize import LayerRule
+    from solrl_core.rollout import RolloutCopy
+
+    given: list[dict] = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: given.append(kw) or fn)
+    monkeypatch.setattr(regions, "compile_mode_for", lambda mode, module: mode)  # as on CUDA
+    cfg = resolve_config("tiny", "sol_rl")
+    transformer = load_model(cfg.model, torch.device("cpu"), torch.float32).transformer
+    mode = "max-autotune-no-cudagraphs"
+    made = {p: RolloutCopy(copy.deepcopy(transformer), p, LayerRule.of(cfg.model), compile=True, compile_mode=mode)
+            for p in ("fp8", "nvfp4-emulated", "bf16")}
+    untuned = {"options": {**torch._inductor.list_mode_options(mode), "max_autotune_gemm_backends": "ATEN"}}
+    assert made["fp8"].compiled.options == untuned and untuned["options"]["max_autotune"]
+    assert made["nvfp4-emulated"].compiled.options == made["bf16"].compiled.options == {"mode": mode}
+    assert len(given) == 3 * len(repeated_blocks(transformer)) and untuned in given
+    assert regions.CompiledBlocks(transformer, "default", gemm_autotune=False).options == {}  # nothing to untune
 
 
 @pytest.mark.parametrize("family, sets, sizes", [

@@ -127,6 +127,15 @@ def test_explore_writes_ranked_seeds_and_a_contact_sheet_grid(name, folders, tmp
 
     with Image.open(tmp_path / "ex" / "grid.png") as grid:  # each cell a clip's 5 frames in a row
         assert grid.width > 2 * 5 * 32
+    # The grid's clips (each prompt's best and worst) written as videos, named in their rows.
+    from solrl_core.video_output import read_clip
+
+    shown = [r for r in rows if "video" in r]
+    assert len(shown) == 2 * len(rows) // 4 and {r["rank"] for r in shown} == {1, 4}
+    for row in shown:
+        assert row["video"] == f"clips/{rows.index(row) // 4:03d}_seed{row['seed']}{row['video'][-4:]}"
+        assert read_clip(tmp_path / "ex" / row["video"]).shape == (5, 3, 32, 32)
+    assert "the grid's clips" in result.output
 
 
 def test_rank_check_compares_the_explore_copys_clip_ranking_with_full_precision(folder, tmp_path, monkeypatch):
@@ -183,7 +192,7 @@ def test_infer_writes_each_clip_as_a_video_and_a_contact_sheet(mp4, folder, tmp_
         assert grid.width > 5 * 32
 
 
-@pytest.mark.slow  # 8 to 37 s each on a shared 2-core CPU: a run, a resume and two exports
+@pytest.mark.slow  # 8 to 37 s each on a shared 2-core CPU: a run, a resume, two exports and two pipeline runs
 @pytest.mark.parametrize("name", [NAME, "wan22_ti2v_5b"])
 def test_one_iteration_resumes_and_exports_a_lora_wan_pipeline_loads(name, folders, tmp_path, monkeypatch):
     from diffusers import WanPipeline, WanTransformer3DModel
@@ -230,3 +239,20 @@ def test_one_iteration_resumes_and_exports_a_lora_wan_pipeline_loads(name, folde
         by_lora, by_merged, untuned = v(pipe.transformer), v(merged), v(plain)
     assert torch.allclose(by_lora, by_merged, atol=1e-5), (by_lora - by_merged).abs().max()
     assert not torch.allclose(by_lora, untuned, atol=1e-6)
+    # WanPipeline's own clips: with the LoRA loaded, and with the merged export as its transformer, the same.
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    kwargs = dict(prompt="a red circle", num_inference_steps=2, guidance_scale=1.0, height=32, width=32, num_frames=5,
+                  output_type="pt", latents=torch.randn(1, *engine.model.latent_shape, generator=torch.Generator().manual_seed(5)))
+    pipe.scheduler = FlowMatchEulerDiscreteScheduler()
+    merged_pipe = WanPipeline.from_pretrained(str(folder), transformer=merged)
+    merged_pipe.scheduler = FlowMatchEulerDiscreteScheduler()
+    with torch.no_grad():
+        lora_clip, merged_clip = pipe(**kwargs).frames, merged_pipe(**kwargs).frames
+    assert torch.allclose(lora_clip, merged_clip, atol=1e-4), (lora_clip - merged_clip).abs().max()
+    # And its transformer's weights after fuse_lora are the merged export's.
+    pipe.fuse_lora()
+    pipe.unload_lora_weights()
+    fused, exported = pipe.transformer.state_dict(), merged.state_dict()
+    assert fused.keys() == exported.keys()
+    assert all(torch.allclose(fused[k], exported[k], atol=1e-6) for k in exported)

@@ -5,7 +5,8 @@ logprobs/top_logprobs, usage), and tests/test_reward_server.py validates its ans
 official `openai` client library and its response types. Its judgement is the tiny world's
 GenEval-style score s of the image against the quoted prompt: asked with logprobs it answers "yes"
 with log-probability log(s) and "no" with log(1 - s), so a VQAScore-style judge reads back P(yes) = s;
-asked without, it answers round(10 * s) as text.
+asked without, it answers round(10 * s) as text. Several images in one message (a clip's frames) are
+judged each, and s is their mean.
 
     python -m tests.vlm_server --port 8001 [--model NAME] [--api-key KEY] [--delay-s SECONDS]
 """
@@ -53,9 +54,9 @@ def _token(text: str, p: float) -> dict:
 def completion(model: str, body: dict) -> dict:
     (message,) = [m for m in body["messages"] if m["role"] == "user"][-1:]
     parts = message["content"]
-    image = next(p["image_url"]["url"] for p in parts if p["type"] == "image_url")
+    images = [p["image_url"]["url"] for p in parts if p["type"] == "image_url"]
     text = next(p["text"] for p in parts if p["type"] == "text")
-    s = judge(image, text)
+    s = sum(judge(image, text) for image in images) / len(images)
     logprobs = None
     if body.get("logprobs"):
         answer = "yes" if s >= 0.5 else "no"

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from solrl_core.bench import encoders as enc
+from solrl_core.bench.video import video_flops_note
 from solrl_core.errors import SolrlError
 
 # Published transformer configurations by model preset, and tiny ones of the same structure by loader.
@@ -45,7 +46,13 @@ TINY = {
                 qk_norm="rms_norm", pos_embed_max_size=24),
 }
 REAL_VAE_FACTOR = {"sana": 32, "flux1": 8, "sd3": 8}  # the released VAEs' spatial compression
+
 BENCH_VAE_FACTOR = 2  # the two-block VAEs of encoders.py
+# The released AutoencoderKLs' configurations (vae/config.json of black-forest-labs/FLUX.1-dev and
+# stabilityai/stable-diffusion-3.5-large): 8x compression, 16 latent channels, 84M parameters.
+PUBLISHED_VAES = {"flux1": dict(scaling_factor=0.3611, shift_factor=0.1159),
+                  "sd3": dict(scaling_factor=1.5305, shift_factor=0.0609)}
+TINY_REAL_VAE_RESOLUTION = 64  # a tiny transformer under the published VAE: an 8x8 latent, for a CPU
 TINY_RESOLUTION = 32
 SIZES = ("real", "tiny")
 
@@ -59,19 +66,28 @@ class BenchModel:
     size: str
     transformer: dict[str, Any]  # the transformer's config
     resolution: int  # the resolution the bench renders at (gives the real latent at size "real")
+    real_vae: bool = False  # the VAE of the published config (random weights) instead of the two-block one
 
     @property
     def latent_side(self) -> int:
-        return self.resolution // BENCH_VAE_FACTOR
+        return self.resolution // (REAL_VAE_FACTOR[self.loader] if self.real_vae else BENCH_VAE_FACTOR)
 
 
-def bench_model(preset: str, loader: str, resolution: int, size: str) -> BenchModel:
-    """The transformer config and render resolution of `preset` (its loader and configured resolution)."""
+def bench_model(preset: str, loader: str, resolution: int, size: str, real_vae: bool = False) -> BenchModel:
+    """The transformer config and render resolution of `preset` (its loader and configured resolution);
+    `real_vae`: with the VAE of the published config, at the preset's own resolution (a tiny model: 64 px)."""
+    if real_vae and loader not in PUBLISHED_VAES:
+        raise SolrlError(f"--real-vae builds the published VAE of {', '.join(PUBLISHED_VAES)}; none is recorded for the "
+                         f"{preset} preset's {loader} loader", "leave --real-vae out: the two-block VAE gives the real latent")
+    if real_vae:
+        side = TINY_REAL_VAE_RESOLUTION if size == "tiny" else resolution
+        model = bench_model(preset, loader, resolution, size)
+        return BenchModel(preset, loader, size, model.transformer, side, real_vae=True)
     if size not in SIZES:
         raise SolrlError(f"--size {size}: expected real or tiny", "use --size real (a GPU) or --size tiny (any machine)")
     if loader not in TINY:
-        raise SolrlError(f"solrl bench builds sana, flux1 and sd3 models; the {preset} preset's loader is {loader}",
-                         "use --model sana, flux1 or sd3")
+        raise SolrlError(f"solrl bench builds sana, flux1 and sd3 models; the {preset} preset's loader is {loader}"
+                         + video_flops_note(preset, resolution), "use --model sana, flux1 or sd3")
     if size == "tiny":
         return BenchModel(preset, loader, size, TINY[loader], TINY_RESOLUTION)
     if preset not in REAL:
@@ -118,7 +134,8 @@ def build_pipeline(model: BenchModel, folder: Path, device: torch.device | str =
 
         tok, tok2 = enc.clip_tokenizer(), enc.t5_tokenizer()
         pooled = model.transformer["pooled_projection_dim"]
-        pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=enc.kl_vae(model.transformer["in_channels"] // 4),
+        vae = enc.published_kl_vae(**PUBLISHED_VAES["flux1"]) if model.real_vae else enc.kl_vae(model.transformer["in_channels"] // 4)
+        pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae,
                             transformer=transformer, text_encoder=enc.clip_encoder(tok, pooled, pooled, with_projection=False),
                             tokenizer=tok, text_encoder_2=enc.t5_encoder(tok2, model.transformer["joint_attention_dim"]),
                             tokenizer_2=tok2)
@@ -130,7 +147,8 @@ def build_pipeline(model: BenchModel, folder: Path, device: torch.device | str =
         proj_l, proj_g = (768, 1280) if real else (32, 32)
         pipe = StableDiffusion3Pipeline(
             transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-            vae=enc.kl_vae(model.transformer["in_channels"]), tokenizer=toks[0], tokenizer_2=toks[1], tokenizer_3=toks[2],
+            vae=enc.published_kl_vae(**PUBLISHED_VAES["sd3"]) if model.real_vae else enc.kl_vae(model.transformer["in_channels"]),
+            tokenizer=toks[0], tokenizer_2=toks[1], tokenizer_3=toks[2],
             text_encoder=enc.clip_encoder(toks[0], clip_l, proj_l, with_projection=True),
             text_encoder_2=enc.clip_encoder(toks[1], clip_g, proj_g, with_projection=True),
             text_encoder_3=enc.t5_encoder(toks[2], model.transformer["joint_attention_dim"]))

@@ -74,6 +74,18 @@ def kl_vae(latent_channels: int):  # type: ignore[no-untyped-def]
                          use_post_quant_conv=False, shift_factor=0.0609, scaling_factor=1.5035)
 
 
+def published_kl_vae(scaling_factor: float, shift_factor: float):  # type: ignore[no-untyped-def]
+    """The released FLUX.1 / SD3.5 AutoencoderKL's architecture (four blocks of 128-512 channels, two
+    layers each, 16 latent channels, 8x compression), random weights."""
+    from diffusers import AutoencoderKL
+
+    return AutoencoderKL(in_channels=3, out_channels=3, block_out_channels=(128, 256, 512, 512),
+                         down_block_types=("DownEncoderBlock2D",) * 4, up_block_types=("UpDecoderBlock2D",) * 4,
+                         layers_per_block=2, latent_channels=16, norm_num_groups=32, sample_size=1024,
+                         use_quant_conv=False, use_post_quant_conv=False, scaling_factor=scaling_factor,
+                         shift_factor=shift_factor)
+
+
 def dc_vae(latent_channels: int, widths: tuple[int, int] = (32, 64)):  # type: ignore[no-untyped-def]
     """A two-block AutoencoderDC (SANA's): 2x spatial compression (the real one compresses 32x)."""
     from diffusers import AutoencoderDC
@@ -85,3 +97,37 @@ def dc_vae(latent_channels: int, widths: tuple[int, int] = (32, 64)):  # type: i
                          decoder_qkv_multiscales=((), (5,)), encoder_layers_per_block=(1, 1),
                          decoder_layers_per_block=(1, 1), downsample_block_type="conv", upsample_block_type="interpolate",
                          decoder_norm_types="rms_norm", decoder_act_fns="silu", scaling_factor=0.41407)
+
+
+# CLIP ViT-H/14, the architecture of PickScore_v1 (yuvalkirstain/PickScore_v1 config.json): 0.99B parameters.
+CLIP_H14 = dict(text=dict(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_hidden_layers=24),
+                vision=dict(hidden_size=1280, intermediate_size=5120, num_attention_heads=16, num_hidden_layers=32),
+                projection_dim=1024, vocab_size=49408)
+CLIP_TINY = dict(text=dict(hidden_size=32, intermediate_size=37, num_attention_heads=2, num_hidden_layers=1),
+                 vision=dict(hidden_size=32, intermediate_size=37, num_attention_heads=2, num_hidden_layers=1),
+                 projection_dim=32, vocab_size=None)
+
+
+def save_clip_reward(folder, size: str, device, dtype):  # type: ignore[no-untyped-def]
+    """A random-weight CLIPModel of PickScore's architecture (`size` "real"; "tiny": a one-layer one)
+    with its processor (224 px crop, the character-level tokenizer), saved as one folder: what the
+    `pickscore` reward loads from reward.paths. Created on `device` in `dtype`, saved from the CPU."""
+    import torch
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
+
+    spec = CLIP_H14 if size == "real" else CLIP_TINY
+    tok = clip_tokenizer()
+    config = CLIPConfig(text_config={**spec["text"], "vocab_size": spec["vocab_size"] or len(tok), "max_position_embeddings": 77},
+                        vision_config={**spec["vision"], "patch_size": 14, "image_size": 224},
+                        projection_dim=spec["projection_dim"])
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = CLIPModel(config).eval()
+    finally:
+        torch.set_default_dtype(default)
+    model.to("cpu").save_pretrained(str(folder))
+    image = CLIPImageProcessor(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224})
+    CLIPProcessor(image_processor=image, tokenizer=tok).save_pretrained(str(folder))
+    return folder

@@ -186,8 +186,9 @@ def _steps(m: _Model, backend: str, what: str) -> list[dict[str, Any]]:
 
     rows = []
     for compiled in ((False, True) if m.options.compile else (False,)):
-        # as the explore copy compiles: block by block, in run.compile_mode's default (the official mode)
-        fn = CompiledBlocks(m.net, RunConfig().compile_mode, active=False) if compiled else m.net
+        # as the explore copy compiles: block by block, in run.compile_mode's default (the official mode),
+        # an fp8 copy's GEMMs untuned (regions.NO_GEMM_AUTOTUNE)
+        fn = CompiledBlocks(m.net, RunConfig().compile_mode, active=False, gemm_autotune=backend != "fp8") if compiled else m.net
         label = backend + (" +compile" if compiled else "")
         try:
             with torch.no_grad():

@@ -11,7 +11,7 @@ nor are the VAE decode and the rewards: the figure is the transformer's work, wh
 peak is for.
 
 `sana_forward_flops` derives one SANA forward from its config alone, as a check on the counter
-(tests/test_bench.py).
+(tests/test_bench.py); bench/video.py's `wan_forward_flops` does the same for a Wan video model.
 """
 
 from __future__ import annotations

@@ -34,6 +34,9 @@ PHASES = ("explore", "regenerate", "reward", "train", "sync", "total")
 MEMORY_PHASES = ("explore", "regenerate", "train", "sync", "total")
 MODEL_PHASES = ("explore", "regenerate", "train")  # the phases that run the transformer
 REWARD = "jpeg_compressibility"  # cheap and on the CPU: the bench times the model, not a reward network
+# --reward-model: the reward each choice trains on ("pickscore": a random-weight network of
+# PickScore_v1's architecture, CLIP ViT-H/14, scoring on the run's device as a real reward would)
+REWARD_MODELS = {"jpeg": REWARD, "pickscore": "pickscore"}
 # N, K and the rollout batch when not given: the official ones at real size, a few seeds at tiny size (a CPU)
 SIZE_DEFAULTS = {"real": {"n": 96, "k": 24, "rollout_batch": 24}, "tiny": {"n": 8, "k": 4, "rollout_batch": 8}}
 
@@ -54,6 +57,11 @@ class BenchOptions:
     warmup: int = 1
     sets: tuple[str, ...] = field(default=())
     check_memory: bool = True  # at real size: refuse before building when the doctor's estimate does not fit (fits.py)
+    # sol_rl: also the calibration table (precision x steps) on the trained engine, and the iteration's
+    # time derived at the setting explore.calibrate=steps+precision picks (auto_explore)
+    auto_explore: bool = False
+    real_vae: bool = False  # the published VAE architecture at the preset's resolution (build.PUBLISHED_VAES)
+    reward_model: str = "jpeg"  # REWARD_MODELS
 
     def resolved(self) -> "BenchOptions":
         """N, K and the rollout batch filled in for the size where not given."""
@@ -64,6 +72,9 @@ class BenchOptions:
         if self.iterations <= self.warmup:
             raise SolrlError(f"--iterations {self.iterations} leaves nothing after {self.warmup} warm-up iteration(s)",
                              f"use --iterations {self.warmup + 2} or more")
+        if self.reward_model not in REWARD_MODELS:
+            raise SolrlError(f"--reward-model {self.reward_model}: expected one of {', '.join(REWARD_MODELS)}",
+                             "use --reward-model jpeg (on the CPU) or pickscore (a reward network of the real size)")
         if device.type != "cuda" and self.size == "real":
             raise SolrlError(f"--size real builds the published model (billions of parameters): it needs a GPU, and "
                              f"this run is on {device}", "use --size tiny --device cpu to run the same code on a CPU")
@@ -87,10 +98,11 @@ def run_bench(options: BenchOptions, bus: ev.EventBus, workdir: Path | None = No
     from solrl_core.presets import resolve_config
 
     options = options.resolved()
+    base = resolve_config(options.model, "sol_rl", REWARD, sets=options.sets)
+    model = bench_model(options.model, base.model.loader, base.model.resolution, options.size,  # a model it builds, first
+                        options.real_vae)
     device = resolve_device(options.device)
     options.check(device)
-    base = resolve_config(options.model, "sol_rl", REWARD, sets=options.sets)
-    model = bench_model(options.model, base.model.loader, base.model.resolution, options.size)
     tokens = text_tokens(model.loader, base.model.max_sequence_length)
     count = parameters(model)
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
@@ -103,8 +115,14 @@ def run_bench(options: BenchOptions, bus: ev.EventBus, workdir: Path | None = No
         bus.emit(ev.BenchProgress(stage="build", message=(
             f"building the {options.model} transformer at {options.size} size ({_count(count)} parameters, random "
             f"weights), {'one-layer text encoders of the real widths' if options.size == 'real' else 'tiny text encoders'} "
-            f"and a two-block VAE, on {device}")))
+            f"and {'the published VAE' if model.real_vae else 'a two-block VAE'}, on {device}")))
         folder = _build(model, root / "pipeline", device, count)
+        if options.reward_model == "pickscore":
+            from solrl_core.bench.encoders import save_clip_reward
+
+            bus.emit(ev.BenchProgress(stage="build", message=f"building a random-weight reward network of PickScore_v1's "
+                                      f"architecture ({'CLIP ViT-H/14' if options.size == 'real' else 'one layer'}), on {device}"))
+            save_clip_reward(root / "reward", options.size, device, torch.bfloat16)
         per_sample = count_sample_flops(model, tokens)
         bus.emit(ev.BenchProgress(stage="flops", message=(
             f"model FLOPs per sample (FlopCounterMode, meta device): forward {format_flops(per_sample.forward)}, "
@@ -116,6 +134,7 @@ def run_bench(options: BenchOptions, bus: ev.EventBus, workdir: Path | None = No
     add_ratios(rows)
     info = {"preset": options.model, "loader": model.loader, "size": options.size, "parameters": count,
             "resolution": model.resolution, "latent_side": model.latent_side, "text_tokens": tokens,
+            "vae": "published" if model.real_vae else "two-block", "reward": REWARD_MODELS[options.reward_model],
             "flops_per_sample": dataclasses.asdict(per_sample), "transformer_config": model.transformer}
     return BenchResult(pk.device_label(device), torch.__version__, dataclasses.asdict(options), info, rows)
 
@@ -182,7 +201,8 @@ def _run_family(options: BenchOptions, family: str, folder: Path, resolution: in
     figures = phase_seconds(its)
     seconds = figures["seconds"]
     flops = phase_flops(run.plan, run.config, per_sample, run.config.run.prompts_per_iteration)
-    return {"model": options.model, "family": family, "plan": started.plan, "machine": started.machine,
+    auto = auto_explore(run, seconds, bus) if options.auto_explore and family == "sol_rl" else None
+    return {"auto_explore": auto, "model": options.model, "family": family, "plan": started.plan, "machine": started.machine,
             "compile_mode": run.config.run.compile_mode,
             **figures, "rates": _rates(run.plan, run.config, seconds),
             "peak_gib": {k: max((e.peak_memory or {}).get(k, 0.0) for e in its) for k in MEMORY_PHASES},
@@ -214,7 +234,9 @@ def family_config(options: BenchOptions, family: str, root: Path, folder: Path |
             f"run.iterations={options.iterations}", f"run.checkpoint_every={options.iterations}", f"run.device={options.device}",
             f"run.run_dir={root / family}", "run.eval_prompts=", f"sampler.rollout_batch={options.rollout_batch}",
             *([f"optimizer.micro_batch={options.micro_batch}"] if options.micro_batch else []), *options.sets]
-    return resolve_config(options.model, family, REWARD, sets=sets)
+    if options.reward_model == "pickscore" and folder is not None:
+        sets.append(f"reward.paths.pickscore={root / 'reward'}")
+    return resolve_config(options.model, family, REWARD_MODELS[options.reward_model], sets=sets)
 
 
 def _rates(plan: Any, cfg: Any, seconds: dict[str, float]) -> dict[str, float | None]:
@@ -287,3 +309,27 @@ def compiled_graphs() -> int:
     from torch._dynamo.utils import counters
 
     return int(counters["stats"]["unique_graphs"])
+
+
+def auto_explore(run: Any, seconds: dict[str, float], bus: ev.EventBus) -> dict[str, Any]:
+    """The calibration explore.calibrate=steps+precision would make on the benched sol_rl run's engine
+    (its weights as the bench left them, the next iteration's first prompt groups and their Stage-1
+    seeds, every low precision this machine runs), and what an iteration would take at its choice:
+    DERIVED, not measured: the measured median iteration with Stage 1's generation and decoding
+    scaled by the chosen candidate's measured seconds over the fixed setting's (generate, decode and
+    reward of the calibration's samples), the calibration itself left out."""
+    from solrl_core.calibration import calibrate_engine, calibration_inputs
+    from solrl_core.precision.hardware import runnable_low_precisions
+
+    cfg = run.config
+    bus.emit(ev.BenchProgress(stage="calibrate", message="sol_rl: the precision x steps calibration on the benched run"))
+    prompts, seeds = calibration_inputs(run, cfg.run.iterations)
+    found = calibrate_engine(run.engine, prompts, seeds, keep=run.plan.keep, fixed_steps=cfg.explore.steps,
+                             min_recall=cfg.explore.min_recall, precisions=runnable_low_precisions(run.device),
+                             whole_curve=False)
+    fixed = next(m for m in found.candidates if m.name == found.fixed)
+    ratio = found.chosen.cost / fixed.cost if fixed.cost > 0 else 1.0
+    explore = seconds["explore"] * ratio
+    return {"candidates": found.to_dict(), "chosen": found.chosen.name, "fixed": found.fixed, "why": found.why,
+            "min_recall": found.min_recall, "calibration_seconds": found.seconds, "time_ratio": ratio,
+            "derived_seconds": {"explore": explore, "total": seconds["total"] - seconds["explore"] + explore}}

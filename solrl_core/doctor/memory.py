@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from solrl_core.config import EXPLORE_PRECISIONS, Config
+from solrl_core.config import EXPLORE_PRECISIONS, TINY_LOADERS, Config
 from solrl_core.doctor.check import FAIL, PASS, WARN, Check, Machine
 from solrl_core.families import FAMILIES
 from solrl_core.footprint import estimate_memory, model_size
@@ -41,7 +41,7 @@ def _memory_without_gpu(cfg: Config, requested: str | None) -> Check:
     """No GPU here: a real model still gets the estimate of a bf16 GPU run (explore copy as asked,
     fp8 for auto), so its memory needs are known before a GPU is chosen."""
     check = _memory(cfg, None, requested)
-    if cfg.model.loader == "tiny":
+    if cfg.model.loader in TINY_LOADERS:
         return check
     precision = requested if requested in hardware.IMPLEMENTED_EXPLORE else "fp8"
     est = estimate_memory(cfg, precision, "bf16")

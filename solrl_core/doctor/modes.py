@@ -5,7 +5,7 @@ GPU of compute capability 8.9 or more) and each preset's own micro-batch."""
 
 from __future__ import annotations
 
-from solrl_core.config import Config
+from solrl_core.config import TINY_LOADERS, Config
 from solrl_core.doctor.check import PASS, WARN, Check
 from solrl_core.errors import SolrlError
 from solrl_core.memory_modes import GPU_SIZES, rung_needed
@@ -24,7 +24,7 @@ def mode_table(models: list[str]) -> dict[str, dict[int, MemoryModes | None]]:
             cfg = resolve_config(name, "sol_rl")
         except SolrlError:  # a preset this install cannot resolve is left out, not guessed at
             continue
-        if cfg.model.loader != "tiny":
+        if cfg.model.loader not in TINY_LOADERS:
             table[name] = {gb: rung_needed(cfg, EXPLORE, "bf16", gb) for gb in GPU_SIZES}
     return table
 

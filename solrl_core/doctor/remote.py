@@ -15,13 +15,13 @@ SLOW_S = 1.0  # a health round trip slower than this is worth a warning: every b
 
 
 def _remote_rewards(cfg: Config) -> list[Check]:
-    return [_endpoint(name, cfg.reward.remote) for name in cfg.reward.weights if is_endpoint(name)]
+    return [_endpoint(name, cfg.reward.remote, cfg.model.frames > 0) for name in cfg.reward.weights if is_endpoint(name)]
 
 
-def _endpoint(name: str, settings: dict[str, str]) -> Check:
+def _endpoint(name: str, settings: dict[str, str], video: bool = False) -> Check:
     row = f"reward endpoint {name}"
     try:
-        judge = probe_endpoint(name, settings, TIMEOUT_S)
+        judge = probe_endpoint(name, settings, TIMEOUT_S, video)
     except SolrlError as exc:
         return Check(row, FAIL, exc.message, exc.fix, True)
     detail = judge.detail

@@ -10,7 +10,7 @@ import sys
 import warnings
 from typing import Callable
 
-from solrl_core.config import Config
+from solrl_core.config import TINY_LOADERS, Config
 from solrl_core.doctor.check import FAIL, PASS, WARN, Check, Machine
 from solrl_core.precision import hardware
 from solrl_core.precision.hardware import GpuInfo
@@ -37,7 +37,7 @@ def _device(cfg: Config, m: Machine) -> tuple[Check, GpuInfo | None]:
     import torch
 
     name = cfg.run.device
-    real = cfg.model.loader != "tiny"
+    real = cfg.model.loader not in TINY_LOADERS
     if name == "auto":
         name = "cuda:0" if m.gpus else "cpu"
     try:

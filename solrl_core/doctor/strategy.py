@@ -4,7 +4,7 @@ a multi-process run needs (NCCL on GPUs, gloo on CPUs). Estimates are approximat
 
 from __future__ import annotations
 
-from solrl_core.config import Config
+from solrl_core.config import TINY_LOADERS, Config
 from solrl_core.doctor.check import FAIL, PASS, WARN, Check
 from solrl_core.footprint import estimate_memory, model_size
 from solrl_core.precision.hardware import GpuInfo
@@ -25,7 +25,7 @@ def strategy_estimates(cfg: Config, explore_precision: str, dtype_name: str, npr
 
 
 def strategy_check(cfg: Config, gpu: GpuInfo | None, nproc: int) -> Check:
-    if cfg.model.loader == "tiny":
+    if cfg.model.loader in TINY_LOADERS:
         return Check("strategy", PASS, f"distributed.strategy={cfg.distributed.strategy}; the tiny model fits anywhere")
     dtype_name = "bf16" if cfg.run.dtype == "auto" else cfg.run.dtype
     precision = cfg.explore.precision if cfg.explore.precision != "auto" else auto_explore_precision(gpu, dtype_name)[0]

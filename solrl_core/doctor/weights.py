@@ -9,7 +9,7 @@ from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
-from solrl_core.config import Config
+from solrl_core.config import TINY_LOADERS, Config
 from solrl_core.doctor.check import FAIL, PASS, WARN, Check, Machine
 from solrl_core.footprint import model_size
 from solrl_core.reward_endpoints import is_endpoint
@@ -99,7 +99,7 @@ def _model_weights(cfg: Config, m: Machine) -> tuple[Check, float]:
     """The model-weights check, and how many GB (approximate) still have to be downloaded."""
     mc = cfg.model
     row = "model weights"
-    if mc.loader == "tiny":
+    if mc.loader in TINY_LOADERS:
         if not mc.weights:
             return Check(row, PASS, f"tiny model at random init (seed {mc.init_seed}): nothing to load", "", True), 0.0
         shipped = Path(str(resources.files("solrl_core.models"))) / mc.weights

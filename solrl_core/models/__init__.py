@@ -1,5 +1,6 @@
 """Model loaders by name. A model preset names its loader; the loader builds a DiffusionModel:
-`tiny` (models/tiny.py, built offline) or a real diffusers model named in
+`tiny` (models/tiny.py, built offline), `tiny_video` (models/tiny_video.py, the tiny moving world's
+Wan) or a real diffusers model named in
 models/layouts.py's LAYOUTS (from model.path or the hub: models/diffusers_models.py)."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from solrl_core.models.layouts import LAYOUTS
 
 __all__ = ["Conditioning", "DiffusionModel", "load_model"]
 
-LOADERS = ("tiny", *LAYOUTS)
+LOADERS = ("tiny", "tiny_video", *LAYOUTS)
 
 
 def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> DiffusionModel:
@@ -21,6 +22,10 @@ def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Di
         from solrl_core.models.tiny import build_tiny
 
         return build_tiny(cfg, device, dtype)
+    if cfg.loader == "tiny_video":
+        from solrl_core.models.tiny_video import build_tiny_video
+
+        return build_tiny_video(cfg, device, dtype)
     if cfg.loader in LOADERS:
         from solrl_core.models.diffusers_models import load_diffusers_model
 

@@ -18,6 +18,7 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from diffusers import SanaTransformer2DModel
@@ -29,6 +30,7 @@ from solrl_core.errors import SolrlError
 from solrl_core.models.base import Conditioning, DiffusionModel, sana_velocity
 
 WEIGHTS_FILE, ARCH_FILE = "model.safetensors", "config.json"
+A = TypeVar("A")
 DEFAULT_VOCAB = tuple((
     "a an the one two three four and of on in with left right above below top bottom small large big "
     "red green blue yellow purple orange white black gray pink brown circle circles square squares "
@@ -60,16 +62,22 @@ def build_tokenizer(vocab: tuple[str, ...]) -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="[PAD]", unk_token="[UNK]")
 
 
+def build_text_side(vocab: tuple[str, ...], dim: int, layers: int) -> tuple[PreTrainedTokenizerFast, Gemma2Model]:
+    """The word-level tokenizer over `vocab` and a small Gemma2 text encoder at random init."""
+    tokenizer = build_tokenizer(vocab)
+    text_encoder = Gemma2Model(Gemma2Config(
+        vocab_size=len(tokenizer), hidden_size=dim, intermediate_size=2 * dim, num_hidden_layers=layers,
+        num_attention_heads=2, num_key_value_heads=2, head_dim=16, pad_token_id=0,
+    )).eval()
+    return tokenizer, text_encoder
+
+
 def build_modules(arch: TinyArch, side: int) -> tuple[PreTrainedTokenizerFast, Gemma2Model, SanaTransformer2DModel]:
     """Tokenizer, text encoder and transformer of `arch` at random init (seed torch first)."""
     if side % (arch.upscale * arch.patch_size):
         raise SolrlError(f"model.resolution={side} must be a multiple of {arch.upscale * arch.patch_size} for this tiny model",
                          "use 32")
-    tokenizer = build_tokenizer(arch.vocab)
-    text_encoder = Gemma2Model(Gemma2Config(
-        vocab_size=len(tokenizer), hidden_size=arch.text_dim, intermediate_size=2 * arch.text_dim,
-        num_hidden_layers=arch.text_layers, num_attention_heads=2, num_key_value_heads=2, head_dim=16, pad_token_id=0,
-    )).eval()
+    tokenizer, text_encoder = build_text_side(arch.vocab, arch.text_dim, arch.text_layers)
     width = arch.heads * arch.head_dim
     transformer = SanaTransformer2DModel(
         in_channels=3, out_channels=3, num_attention_heads=arch.heads, attention_head_dim=arch.head_dim,
@@ -80,7 +88,7 @@ def build_modules(arch: TinyArch, side: int) -> tuple[PreTrainedTokenizerFast, G
     return tokenizer, text_encoder, transformer
 
 
-def save_tiny(folder: str | Path, arch: TinyArch, transformer: torch.nn.Module, text_encoder: torch.nn.Module) -> None:
+def save_tiny(folder: str | Path, arch: object, transformer: torch.nn.Module, text_encoder: torch.nn.Module) -> None:
     """Write a weights folder `build_tiny` can load (config.json + model.safetensors)."""
     from safetensors.torch import save_file
 
@@ -93,13 +101,13 @@ def save_tiny(folder: str | Path, arch: TinyArch, transformer: torch.nn.Module, 
 
 
 def build_tiny(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> DiffusionModel:
-    folder = _weights_folder(cfg.weights) if cfg.weights else None
-    arch = _read_arch(folder) if folder else TinyArch()
+    folder = weights_folder(cfg.weights) if cfg.weights else None
+    arch = read_arch(folder, TinyArch) if folder else TinyArch()
     side = cfg.resolution
     torch.manual_seed(cfg.init_seed)  # the random init is part of the model's identity
     tokenizer, text_encoder, transformer = build_modules(arch, side)
     if folder:
-        _load_weights(folder, transformer, text_encoder)
+        load_weights(folder, transformer, text_encoder)
     transformer.to(device=device)
     if dtype != torch.float32:
         transformer.to(dtype=dtype)
@@ -125,7 +133,7 @@ def build_tiny(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Di
                           vocabulary=arch.vocab)
 
 
-def _weights_folder(spec: str) -> Path:
+def weights_folder(spec: str) -> Path:
     """A weights folder by path, or by name among those shipped in solrl_core/models/."""
     path = Path(spec)
     if path.is_dir():
@@ -137,24 +145,26 @@ def _weights_folder(spec: str) -> Path:
                      "give a folder holding config.json and model.safetensors in model.weights, or leave it empty")
 
 
-def _read_arch(folder: Path) -> TinyArch:
+def read_arch(folder: Path, cls: type[A], script: str = "scripts/pretrain_tinyworld.py") -> A:
+    """The architecture dataclass `cls` a weights folder's config.json describes (`script` writes such folders)."""
     try:
         data = json.loads((folder / ARCH_FILE).read_text())
-        data["vocab"] = tuple(data["vocab"])
-        return TinyArch(**data)
+        data = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items()}
+        return cls(**data)
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise SolrlError(f"{folder / ARCH_FILE} is missing or does not describe a tiny model: {exc}",
-                         "regenerate the folder with scripts/pretrain_tinyworld.py") from exc
+                         f"regenerate the folder with {script}") from exc
 
 
-def _load_weights(folder: Path, transformer: torch.nn.Module, text_encoder: torch.nn.Module) -> None:
+def load_weights(folder: Path, transformer: torch.nn.Module, text_encoder: torch.nn.Module,
+                 script: str = "scripts/pretrain_tinyworld.py") -> None:
     try:
         state = load_file(str(folder / WEIGHTS_FILE))
     except Exception as exc:  # noqa: BLE001 - any read failure means the file cannot be used
-        raise SolrlError(f"cannot read {folder / WEIGHTS_FILE}: {exc}", "regenerate it with scripts/pretrain_tinyworld.py") from exc
+        raise SolrlError(f"cannot read {folder / WEIGHTS_FILE}: {exc}", f"regenerate it with {script}") from exc
     for prefix, module in (("transformer.", transformer), ("text_encoder.", text_encoder)):
         part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
         missing, unexpected = module.load_state_dict(part, strict=False)
         if missing or unexpected:
             raise SolrlError(f"{folder / WEIGHTS_FILE} does not fit its config.json ({len(missing)} missing, {len(unexpected)} unexpected keys)",
-                             "regenerate it with scripts/pretrain_tinyworld.py")
+                             f"regenerate it with {script}")

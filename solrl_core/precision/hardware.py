@@ -216,17 +216,31 @@ def _first_line(exc: BaseException) -> str:
 IMPLEMENTED_EXPLORE = ("fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "bf16", "fp32")
 
 
-def require_explore_precision(precision: str, device: object) -> None:
-    """Refuse an explore precision this machine, or this version, cannot run; name what would work."""
+FULL_PRECISIONS = ("bf16", "fp32")  # a run dtype: an explore copy at one quantizes nothing
+
+
+def _gpu_of_device(device: object) -> GpuInfo | None:
     import torch
 
+    dev = torch.device(device)  # type: ignore[arg-type]
+    if dev.type != "cuda":
+        return None
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    return next((g for g in gpus() if g.index == index), None)
+
+
+def runnable_low_precisions(device: object) -> list[str]:
+    """The low (quantized) explore precisions this version runs on `device`: on a CPU the emulated
+    ones, on a GPU of compute capability >= 8.9 real fp8 too (explore.calibrate=steps+precision's candidates)."""
+    return [p for p in supported(explore_precisions(_gpu_of_device(device)))
+            if p in IMPLEMENTED_EXPLORE and p not in FULL_PRECISIONS]
+
+
+def require_explore_precision(precision: str, device: object) -> None:
+    """Refuse an explore precision this machine, or this version, cannot run; name what would work."""
     from solrl_core.errors import SolrlError
 
-    dev = torch.device(device)  # type: ignore[arg-type]
-    gpu = None
-    if dev.type == "cuda":
-        index = dev.index if dev.index is not None else torch.cuda.current_device()
-        gpu = next((g for g in gpus() if g.index == index), None)
+    gpu = _gpu_of_device(device)
     precisions = explore_precisions(gpu)
     if precision not in precisions:
         raise SolrlError(f"unknown explore precision '{precision}'", f"choose one of: auto, {', '.join(precisions)}")

@@ -37,7 +37,7 @@ def weights_fingerprint(reward: Any) -> str:
         for key, tensor in sorted(module.state_dict().items()):
             t = tensor.detach().cpu().contiguous()
             digest.update(f"{attr}.{key}:{t.dtype}:{tuple(t.shape)}\n".encode())
-            digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")  # 0-dim too (logit_scale)
     return digest.hexdigest()
 
 

@@ -59,6 +59,14 @@ def check_media(names: list[str], video: bool, knob: str = "--reward") -> None:
                              f"drop {name} from {knob}, or use a reward scored on frames (e.g. --reward imagereward)")
 
 
+def judged_media(names: list[str]) -> list[str]:
+    """What rewards `names` together can judge, as a reward server states it: "image" unless one judges
+    only clips, "video" unless one judges only still images (an image reward scored on frames judges both)."""
+    infos = [lookup(n) for n in names]
+    media = ["image"] if all(i is None or i.media == "image" for i in infos) else []
+    return media + (["video"] if all(i is None or i.media == "video" or i.on_frames for i in infos) else [])
+
+
 def is_weight_list(text: str) -> bool:
     """Whether --reward TEXT names rewards with weights, a URL reward or a plugin by its code, rather
     than one reward by name."""

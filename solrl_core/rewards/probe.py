@@ -15,8 +15,11 @@ class Probe:
     latency_s: float  # the health request's round trip, measured
 
 
-def probe_endpoint(name: str, settings: dict[str, str], timeout_s: float = PROBE_TIMEOUT_S) -> Probe:
-    """Ask the endpoint `name` once; a SolrlError (saying what is wrong and the fix) if it cannot serve."""
+def probe_endpoint(name: str, settings: dict[str, str], timeout_s: float = PROBE_TIMEOUT_S, video: bool | None = None) -> Probe:
+    """Ask the endpoint `name` once; a SolrlError (saying what is wrong and the fix) if it cannot serve,
+    or (`video` given: whether the model makes clips) cannot judge what the model makes."""
+    from solrl_core.reward_endpoints import check_media
+
     if name.startswith("vlm:"):
         from solrl_core.rewards.vlm import VlmJudge
 
@@ -25,6 +28,8 @@ def probe_endpoint(name: str, settings: dict[str, str], timeout_s: float = PROBE
     from solrl_core.rewards.remote import RemoteReward
 
     remote = RemoteReward(name, timeout_s, encoding=settings.get("encoding", "uint8"))
+    if video is not None:
+        check_media(name, remote.media, video)
     info = remote.info
     return Probe(f"solrl reward-server schema {info['schema']} (solrl {info.get('versions', {}).get('solrl', '?')}) "
                  f"serving {', '.join(remote.served)} on {info.get('device', '?')}", remote.latency_s)

@@ -73,6 +73,12 @@ def _tinyworld(ctx: Any) -> Any:
     return TinyWorldReward()
 
 
+def _tinyvideo(ctx: Any) -> Any:
+    from solrl_core.rewards.tinyvideo import TinyVideoReward
+
+    return TinyVideoReward()
+
+
 def _fidelity(ctx: Any) -> Any:
     from solrl_core.rewards.palette import PaletteFidelity
 
@@ -119,6 +125,8 @@ BUILTINS: tuple[RewardInfo, ...] = (
                _jpeg("jpeg_incompressibility", 1.0, 1.0)),
     RewardInfo("tinyworld_geneval", "GenEval-style partial score of a tiny-world image against its caption (objects, colours, "
                "counts, positions), in [0, 1]", _tinyworld, best=1.0, on_frames=False),
+    RewardInfo("tinyvideo_geneval", "Video: GenEval-style partial score of a tiny-moving-world clip against its caption "
+               "(object, colour, count, motion), in [0, 1]", _tinyvideo, best=1.0, media="video"),
     RewardInfo("tinyworld_fidelity", "Share of a tiny-world image painted in the tiny world's seven colours: per pixel "
                "max(0, 1 - RGB distance to the nearest / 64), averaged, in [0, 1]; falls as images wash out, blur or get "
                "noisy (an eval reward of the tiny preset)", _fidelity, best=1.0, on_frames=False),

@@ -36,15 +36,16 @@ def reward_names() -> list[str]:
 
 
 def build_reward(name: str, ctx: RewardContext | None = None, *, remote: dict[str, str] | None = None,
-                 timeout_s: float = 0.0) -> Reward:
+                 timeout_s: float = 0.0, video_frames: int = 0, frame_reduce: str = "mean") -> Reward:
     """One reward by name, loaded for `ctx` (CPU, fp32, hub weights when omitted): a built-in or a
     plugin (plugins.py) as the registry declares it (rewards/registry.py). A remote:URL or vlm:URL
     reward (remote.py, vlm.py) reads the reward.remote settings and limits each request to
-    `timeout_s` seconds (0: its default)."""
+    `timeout_s` seconds (0: its default), and judges a clip on the frames `video_frames` samples, combined by
+    `frame_reduce`, as an image reward in process does."""
     if is_endpoint(name):
         from solrl_core.rewards.remote import build_endpoint
 
-        return build_endpoint(name, remote or {}, timeout_s)
+        return build_endpoint(name, remote or {}, timeout_s, video_frames, frame_reduce)
     info = lookup(name)
     if info is None:
         raise SolrlError(f"unknown reward '{name}'", close_matches(name, reward_names()) + " (list them with: solrl presets)")
@@ -108,12 +109,15 @@ class RewardSet:
         # A reward behind a URL, or the user's own code, is watched like a model reward: either can hang as a model can.
         self.timeouts = {n: timeout_for(timeout_s, model_reward=_may_hang(n)) for n in weights}
         self.rewards = {n: build_reward(n, RewardContext(base.device, base.dtype, (paths or {}).get(n, ""), base.batch_size),
-                                        remote=remote, timeout_s=self.timeouts[n])
+                                        remote=remote, timeout_s=self.timeouts[n],
+                                        video_frames=video_frames, frame_reduce=frame_reduce)
                         for n in weights}
         same_plugins_on_every_rank(self.rewards)
         self.retries = retries
-        # On clips [B, F, 3, H, W]: which rewards judge them whole (media "video"); the others score frames (video.py).
-        self.judges_clips = {n for n in weights if (info := lookup(n)) is not None and info.media == "video"}
+        # On clips [B, F, 3, H, W]: which rewards judge them whole (media "video"; an endpoint is sent the clips and
+        # samples their frames as video_frames says, and says what it judges once connected); the others score frames (video.py).
+        self.endpoints = {n: tuple(getattr(r, "media", ("image",))) for n, r in self.rewards.items() if is_endpoint(n)}
+        self.judges_clips = {n for n in weights if (info := lookup(n)) is not None and info.media == "video"} | set(self.endpoints)
         self.video_frames, self.frame_reduce = video_frames, frame_reduce
         self.retried: list[str] = []
         self.stop: Callable[[], bool] | None = None  # true once a stop was asked: a hung call is abandoned (watchdog.py)
@@ -145,19 +149,28 @@ class RewardSet:
         of images, by index, whose means `summary` reports as 'reward.group'."""
         return {name: reward.groups(prompts) for name, reward in self.rewards.items() if hasattr(reward, "groups")}
 
-    def _scorer(self, name: str, reward: Reward, images: torch.Tensor, prompts: list[str]) -> Callable[[], torch.Tensor]:
-        """One reward's call on `images`: an image reward on clips [B, F, 3, H, W] scores their frames (video.py)."""
+    def _scorer(self, name: str, reward: Reward, images: torch.Tensor, prompts: list[str],
+                frames: tuple[int, str]) -> Callable[[], torch.Tensor]:
+        """One reward's call on `images`: an image reward on clips [B, F, 3, H, W] scores their frames (video.py);
+        an endpoint is sent the clips, after it is checked to judge what it is sent."""
+        if name in self.endpoints:
+            from solrl_core.reward_endpoints import check_media
+
+            check_media(name, self.endpoints[name], video=images.dim() == 5)
         if images.dim() == 5 and name not in self.judges_clips:
             from solrl_core.rewards.video import score_frames
 
-            return lambda: score_frames(reward, images, prompts, self.video_frames, self.frame_reduce)
+            return lambda: score_frames(reward, images, prompts, *frames)
         return lambda: reward(images, prompts).float().cpu()
 
     @torch.no_grad()
-    def __call__(self, images: torch.Tensor, prompts: list[str]) -> Scores:
-        """Scores of images [B, 3, H, W], or of a video model's clips [B, F, 3, H, W]."""
+    def __call__(self, images: torch.Tensor, prompts: list[str], video_frames: int | None = None, frame_reduce: str = "") -> Scores:
+        """Scores of images [B, 3, H, W], or of a video model's clips [B, F, 3, H, W] (`video_frames`,
+        `frame_reduce`: this call's frame sampling and combination, as a reward server's request names
+        them; None and '' = the set's)."""
+        frames = (self.video_frames if video_frames is None else video_frames, frame_reduce or self.frame_reduce)
         with charged_to("reward"):
-            components = {n: call_watched(n, self._scorer(n, r, images, prompts), self.timeouts[n], self.retries,
+            components = {n: call_watched(n, self._scorer(n, r, images, prompts, frames), self.timeouts[n], self.retries,
                                           self.retried.append, self.stop)
                           for n, r in self.rewards.items()}
         total = sum(self.weights[n] * s for n, s in components.items())

@@ -5,6 +5,9 @@ Endpoints (schema 1, wire.py holds the image and score formats):
   GET  /info    what it serves: name, version, each reward's weight and fingerprint (identity.py)
   POST /check   {"prompts": [...]} -> 200 {"ok": true}, or 422 naming the first prompt a reward cannot judge
   POST /score   {"prompts": [...], "images": [...]} -> {"total": [...], "scores": {name: [...]}, "seconds": s}
+                or {"prompts": [...], "videos": [{"frames": [...]}, ...], "video_frames": 0, "frame_reduce": "mean"}:
+                a video model's clips, scored as an in-process RewardSet scores them (wire.py); /health's "media" says
+                which of the two the served rewards judge, and the other is refused (422)
 
 Requests from all clients meet in one queue; one worker thread scores them in order, merging
 queued requests of the same image size into one batch of up to `batch_size` images (one forward
@@ -43,7 +46,8 @@ from solrl_core.rewards import RewardSet, Scores
 from solrl_core.rewards.base import RewardContext
 from solrl_core.rewards.identity import server_identity
 from solrl_core.rewards.limits import Limits, derive
-from solrl_core.rewards.wire import FORMATS, SCHEMA, TooLarge, decode_images, scores_to_json
+from solrl_core.rewards.names import FRAME_REDUCTIONS, judged_media
+from solrl_core.rewards.wire import FORMATS, SCHEMA, TooLarge, decode_clips, decode_images, frame_count, scores_to_json
 
 
 @dataclass(frozen=True)
@@ -67,20 +71,21 @@ class ServerOptions:
 class _Job:
     images: torch.Tensor
     prompts: list[str]
+    frames: dict[str, Any] = field(default_factory=dict)  # a clip request's video_frames and frame_reduce
     future: concurrent.futures.Future = field(default_factory=concurrent.futures.Future)
 
 
 class Batcher:
     """One worker thread scoring queued jobs, merging those of one image size up to `batch_size` images."""
 
-    def __init__(self, score: Callable[[torch.Tensor, list[str]], Scores], batch_size: int) -> None:
+    def __init__(self, score: Callable[..., Scores], batch_size: int) -> None:
         self.score, self.batch_size = score, batch_size
         self.jobs: queue.Queue[_Job] = queue.Queue()
         self.batches: list[int] = []  # images per scoring call, for tests and /health
         threading.Thread(target=self._work, name="solrl-reward-server", daemon=True).start()
 
-    def submit(self, images: torch.Tensor, prompts: list[str]) -> concurrent.futures.Future:
-        job = _Job(images, prompts)
+    def submit(self, images: torch.Tensor, prompts: list[str], frames: dict[str, Any] | None = None) -> concurrent.futures.Future:
+        job = _Job(images, prompts, frames or {})
         self.jobs.put(job)
         return job.future
 
@@ -94,7 +99,8 @@ class Batcher:
                     job = self.jobs.get_nowait()
                 except queue.Empty:
                     break
-                if job.images.shape[1:] != first.images.shape[1:] or count + len(job.prompts) > self.batch_size:
+                if job.images.shape[1:] != first.images.shape[1:] or job.frames != first.frames \
+                        or count + len(job.prompts) > self.batch_size:
                     waiting = job  # first of the next batch: order is kept
                     break
                 batch.append(job)
@@ -103,7 +109,7 @@ class Batcher:
 
     def _run(self, batch: list[_Job]) -> None:
         try:
-            scores = self.score(torch.cat([j.images for j in batch]), [p for j in batch for p in j.prompts])
+            scores = self.score(torch.cat([j.images for j in batch]), [p for j in batch for p in j.prompts], **batch[0].frames)
         except Exception as exc:  # noqa: BLE001 - handed to the request(s) it belongs to, which answer 500 with it
             if len(batch) > 1:
                 for job in batch:
@@ -160,6 +166,7 @@ def load(opts: ServerOptions) -> tuple[RewardSet, dict[str, Any], Limits]:
     info = {"schema": SCHEMA, "server": "solrl reward-server", "device": str(device), "versions": versions,
             "rewards": [{"name": n, "weight": w, "description": described.get(n, "")} for n, w in opts.weights.items()],
             "batch_size": opts.batch_size, **limits.describe(), "formats": list(FORMATS), "token_required": bool(opts.token),
+            "media": judged_media(list(opts.weights)),
             "identity": server_identity(rewards.rewards, opts.weights, versions["solrl"])}
     return rewards, info, limits
 
@@ -232,13 +239,25 @@ def build_app(rewards: RewardSet, info: dict[str, Any], opts: ServerOptions, lim
         body = await body_of(request)
         if isinstance(body, JSONResponse):
             return body
-        prompts, items = body["prompts"], body.get("images")
-        if isinstance(items, list) and len(items) > limits.max_images:
-            return refuse(413, f"{len(items)} images in one request; the server takes at most {limits.max_images}")
+        prompts, video = body["prompts"], "videos" in body
+        items, reduce, sampled = body.get("videos" if video else "images"), body.get("frame_reduce", "mean"), body.get("video_frames", 0)
+        media = "video" if video else "image"
+        if media not in info["media"]:
+            return refuse(422, f"this server's rewards ({', '.join(opts.weights)}) do not judge {media}s",
+                          "send them to a server of rewards that do (its /health names them under 'media')")
+        if video and reduce not in FRAME_REDUCTIONS:
+            return refuse(422, f"frame_reduce {str(reduce)[:40]!r} is not one of {', '.join(FRAME_REDUCTIONS)}")
+        if video and not (type(sampled) is int and sampled >= 0):
+            return refuse(422, f"video_frames {str(sampled)[:40]!r} is not a whole number >= 0")
+        count = frame_count(items) if video else len(items) if isinstance(items, list) else 0
+        if count > limits.max_images:
+            return refuse(413, f"{count} {'frames' if video else 'images'} in one request; the server takes at most "
+                               f"{limits.max_images}")
         if isinstance(items, list) and len(items) != len(prompts):
-            return refuse(422, f"{len(items)} images but {len(prompts)} prompts")
+            return refuse(422, f"{len(items)} {'videos' if video else 'images'} but {len(prompts)} prompts")
         try:
-            images = await run_in_threadpool(decode_images, items, limits.max_side, limits.max_decoded_bytes)
+            images = await run_in_threadpool(decode_clips if video else decode_images, items, limits.max_side,
+                                             limits.max_decoded_bytes)
         except TooLarge as exc:
             return refuse(413, str(exc))
         except ValueError as exc:
@@ -248,7 +267,8 @@ def build_app(rewards: RewardSet, info: dict[str, Any], opts: ServerOptions, lim
             return refused
         t0 = time.perf_counter()
         try:
-            scores = await _wait(batcher.submit(images, prompts))
+            frames = {"video_frames": sampled, "frame_reduce": reduce} if video else {}
+            scores = await _wait(batcher.submit(images, prompts, frames))
         except Exception as exc:  # noqa: BLE001 - the reward's own failure, told to the client that sent the batch
             return refuse(500, f"scoring failed: {type(exc).__name__}: {exc}")
         return {"total": scores_to_json(scores.total), "seconds": time.perf_counter() - t0,

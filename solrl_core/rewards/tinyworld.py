@@ -92,16 +92,17 @@ def components(labels: np.ndarray) -> list[tuple[int, np.ndarray, np.ndarray]]:
     return out
 
 
-def split_merged(ys: np.ndarray, xs: np.ndarray) -> list[tuple[np.ndarray, np.ndarray]]:
+def split_merged(ys: np.ndarray, xs: np.ndarray, split_area: int = SPLIT_AREA,
+                 min_core: int = MIN_CORE) -> list[tuple[np.ndarray, np.ndarray]]:
     """A large region cut into shapes at thin necks: each pixel joins the nearest eroded core."""
-    if len(ys) <= SPLIT_AREA:
+    if len(ys) <= split_area:
         return [(ys, xs)]
     y0, x0 = ys.min(), xs.min()
     mask = np.zeros((ys.max() - y0 + 3, xs.max() - x0 + 3), dtype=bool)  # one pixel of margin
     mask[ys - y0 + 1, xs - x0 + 1] = True
     h, w = mask.shape[0] - 2, mask.shape[1] - 2
     core = np.logical_and.reduce([mask[dy:dy + h, dx:dx + w] for dy in range(3) for dx in range(3)])
-    cores = [(cy, cx) for _, cy, cx in components(np.where(core, 0, -1)) if len(cy) >= MIN_CORE]
+    cores = [(cy, cx) for _, cy, cx in components(np.where(core, 0, -1)) if len(cy) >= min_core]
     if len(cores) < 2:
         return [(ys, xs)]
     py, px = ys - y0, xs - x0
@@ -135,8 +136,10 @@ def _span(coords: np.ndarray) -> tuple[int, int]:
     return int(kept.min()), int(kept.max())
 
 
-def analyze(image: np.ndarray) -> list[Detected]:
+def analyze(image: np.ndarray, min_area: int = MIN_AREA, split_area: int = SPLIT_AREA,
+            min_core: int = MIN_CORE) -> list[Detected]:
     """The objects in a [H, W, 3] uint8 image, ordered by position (top to bottom, left to right).
+    The size thresholds default to the tiny world's shapes; smaller shapes pass their own.
 
     The centre is the area centroid, except for triangles, whose centroid lies a sixth of their
     height below the middle of their box: it is moved up to that middle, the point the scene
@@ -144,8 +147,8 @@ def analyze(image: np.ndarray) -> list[Detected]:
     """
     found = []
     for lab, region_ys, region_xs in components(classify_pixels(image)):
-        for ys, xs in split_merged(region_ys, region_xs):
-            if len(ys) < MIN_AREA:
+        for ys, xs in split_merged(region_ys, region_xs, split_area, min_core):
+            if len(ys) < min_area:
                 continue
             shape = classify_shape(ys, xs)
             y = float(ys.mean())

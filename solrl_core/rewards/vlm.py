@@ -2,7 +2,10 @@
 endpoint (vLLM, SGLang, a hosted API). URL is the API's base, the one ending in /v1.
 
 Each image is sent as a PNG data URL with the judge's question about its prompt (reward.remote:
-judge, template, model, scoring; presets in reward_endpoints.JUDGES). Two ways to read the answer:
+judge, template, model, scoring; presets in reward_endpoints.JUDGES). A video model's clip is sent as
+its frames (the ones reward.video_frames samples), in order, as PNG data URLs in one message, then
+the question about the video (reward.remote.video_template), and judged once per clip. Two ways to
+read the answer:
   yes_prob  P(yes) of the first answer token, summed over the spellings of "yes" among the returned
             top log-probabilities (temperature 0, one token): VQAScore's score, a dense value in [0, 1]
             where a parsed yes/no would be binary. A "yes" below the top 20 counts as 0.
@@ -38,8 +41,9 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 class VlmJudge:
     """One score per image from a VLM's answer to the judge's question about its prompt."""
 
-    def __init__(self, name: str, settings: dict[str, str], timeout_s: float = 0.0) -> None:
+    def __init__(self, name: str, settings: dict[str, str], timeout_s: float = 0.0, video_frames: int = 0) -> None:
         _, self.url = split_name(name)
+        self.video_frames = video_frames  # a clip's frames sent (rewards/video.py's sampling; 0: every frame)
         self.name = name
         self.judge = judge_for(settings)
         self.concurrency = int(settings.get("concurrency", 8))
@@ -66,28 +70,37 @@ class VlmJudge:
                              "point vlm: at an OpenAI-compatible API base URL, the one ending in /v1")
         return ids, seconds
 
+    media = ("image", "video")  # a clip is judged whole, from its frames
+
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        """[B] float32 CPU scores for [B, 3, H, W] images in [0, 1]."""
+        """[B] float32 CPU scores for [B, 3, H, W] images, or [B, F, 3, H, W] clips, in [0, 1]."""
         if len(prompts) != images.shape[0]:
             raise ValueError(f"{images.shape[0]} images but {len(prompts)} prompts")
-        pngs = [png_bytes(img) for img in images.detach().cpu()]
+        frames = images.detach().cpu()
+        if frames.dim() == 5:
+            from solrl_core.rewards.video import frame_indices
+
+            frames = frames[:, frame_indices(frames.shape[1], self.video_frames)]
+        pngs = [[png_bytes(f) for f in clip] if frames.dim() == 5 else png_bytes(clip) for clip in frames]
         with ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="solrl-vlm") as pool:
             scores = list(pool.map(self.ask, pngs, prompts))
         return torch.tensor(scores, dtype=torch.float32)
 
-    def request(self, png: bytes, prompt: str) -> dict[str, Any]:
-        """The chat-completions body asking about one image."""
-        question = self.judge.template.replace("{prompt}", prompt)
-        image = {"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png).decode("ascii")}}
+    def request(self, png: bytes | list[bytes], prompt: str) -> dict[str, Any]:
+        """The chat-completions body asking about one image, or about one clip (a list of its frames' PNGs)."""
+        video = isinstance(png, list)
+        question = self.judge.question(prompt, video)
+        images = [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(b).decode("ascii")}}
+                  for b in (png if video else [png])]
         body: dict[str, Any] = {"model": self.model, "temperature": 0.0,
-                                "messages": [{"role": "user", "content": [image, {"type": "text", "text": question}]}]}
+                                "messages": [{"role": "user", "content": [*images, {"type": "text", "text": question}]}]}
         if self.judge.scoring == "yes_prob":
             body.update(max_tokens=1, logprobs=True, top_logprobs=TOP_LOGPROBS)
         else:
             body.update(max_tokens=self.max_tokens)
         return body
 
-    def ask(self, png: bytes, prompt: str) -> float:
+    def ask(self, png: bytes | list[bytes], prompt: str) -> float:
         answer, _ = call(f"{self.url}/chat/completions", self.request(png, prompt), timeout_s=self.timeout_s,
                          token=self.api_key, what=f"VLM endpoint {self.url}")
         choices = answer.get("choices") if isinstance(answer, dict) else None

@@ -7,6 +7,19 @@ pixels, so a payload can never run code on the side that reads it.
                    "images": [{"format": "uint8", "shape": [H, W, 3], "data": "<base64>"}, ...]}
                   -> {"total": [0.75, ...], "scores": {"tinyworld_geneval": [0.75, ...]}, "seconds": 0.01}
 
+A video model's clips go as `videos` in place of `images`, each clip its frames in order, every frame
+an image as above (all clips of a request of one frame count and size), with the frames of a clip an
+image reward scores (`video_frames`, evenly spaced; 0, the default: every frame) and how their scores
+make the clip's (`frame_reduce`: mean, the default, or min), as reward.video_frames and
+reward.frame_reduce say in process (rewards/video.py); a reward of whole clips sees every frame:
+
+    POST /score   {"prompts": [...], "video_frames": 0, "frame_reduce": "mean",
+                   "videos": [{"frames": [{"format": "uint8", "shape": [H, W, 3], "data": "<base64>"}, ...]}, ...]}
+
+The server's limits count frames as images (max_images, decoded bytes). /health says what the
+server's rewards judge: "media": ["image"], ["video"] (a reward of whole clips, e.g.
+temporal_consistency) or both; a server without the field judges images only.
+
 format 'uint8': H*W*3 bytes, row-major HWC; 'float32': H*W*3 little-endian float32 values in
 [0, 1], HWC; 'png': a PNG file (RGB or RGBA; alpha dropped). A uint8 or PNG image becomes the float
 tensor v / 255, which quantises back to exactly v: the tiny-world and JPEG rewards (which score the
@@ -47,6 +60,31 @@ def encode_images(images: torch.Tensor, encoding: str) -> list[dict[str, Any]]:
         else:
             out.append({"format": "uint8", "shape": list(a.shape), "data": _b64(np.ascontiguousarray(a).tobytes())})
     return out
+
+
+def encode_clips(clips: torch.Tensor, encoding: str) -> list[dict[str, Any]]:
+    """[B, F, 3, H, W] floats in [0, 1] -> the JSON `videos` list, each frame in `encoding`."""
+    return [{"frames": encode_images(clip, encoding)} for clip in clips]
+
+
+def decode_clips(items: Any, max_side: int, max_bytes: int) -> torch.Tensor:
+    """The JSON `videos` list -> [B, F, 3, H, W] float32 in [0, 1], every frame checked as decode_images
+    checks an image (the size limits count all frames of the request). Raises ValueError naming what is wrong."""
+    if not isinstance(items, list) or not items:
+        raise ValueError("'videos' must be a non-empty list")
+    if not all(isinstance(v, dict) and isinstance(v.get("frames"), list) and v["frames"] for v in items):
+        raise ValueError("each video must be an object with 'frames', a non-empty list of images")
+    counts = {len(v["frames"]) for v in items}
+    if len(counts) > 1:
+        raise ValueError(f"all videos of a request must have one frame count; got {sorted(counts)}")
+    frames = decode_images([f for v in items for f in v["frames"]], max_side, max_bytes)
+    return frames.view(len(items), counts.pop(), *frames.shape[1:])
+
+
+def frame_count(items: Any) -> int:
+    """Frames in a JSON `videos` list, as far as it is well formed (for the images-per-request limit)."""
+    return sum(len(v["frames"]) for v in items if isinstance(v, dict) and isinstance(v.get("frames"), list)) \
+        if isinstance(items, list) else 0
 
 
 def png_bytes(image: torch.Tensor) -> bytes:

@@ -25,3 +25,10 @@ class Tracker:
 
     def close(self, reason: str) -> None:
         raise NotImplementedError
+
+
+def caption(grid: ev.SampleGrid) -> str:
+    """The prompt, the rewards and the seeds of a sample grid, left to right."""
+    rewards = ", ".join(f"{r:.4g}" for r in grid.rewards)
+    seeds = f"; seeds {', '.join(str(s) for s in grid.seeds)}" if grid.seeds else ""
+    return f"{grid.prompt} (Stage-2 rewards, best first: {rewards}{seeds})"

@@ -28,6 +28,7 @@ model before the first update). The README lists these names; renaming one break
     calibration/{steps,min_recall,seconds}  Stage 1's calibrated preview steps, the recall floor, its seconds
     calibration/recall/<precision@steps>  each candidate's recall of the full-precision selection (and
     calibration/candidate_seconds/...)    its measured seconds)
+    calibration/chosen_precision/<p>      with steps+precision: 1 for the chosen precision, 0 for the others weighed
 
 A field later added to the iteration event is sent too: a number as `iteration/<field>`, a dict of
 numbers as `<name>/<key>` (per-phase dicts keep their keys).
@@ -81,6 +82,8 @@ def scalars(event: ev.Event) -> tuple[int, dict[str, float]] | None:
         _flatten("calibration", {"steps": event.steps, "min_recall": event.min_recall, "seconds": event.seconds,
                                  "recall": {c["name"]: c["recall"] for c in event.candidates},
                                  "candidate_seconds": {c["name"]: c["seconds"] for c in event.candidates}}, out)
+        if event.precisions:  # a scalar per precision weighed: 1 for the chosen one
+            _flatten("calibration", {"chosen_precision": {p: float(p == event.precision) for p in event.precisions}}, out)
         return event.iteration, out
     if isinstance(event, ev.RankCheckResult):
         _flatten("rank_check", {k: getattr(event, k) for k in ("rho", "tau", "draft_mean", "full_mean", "seconds")}, out)

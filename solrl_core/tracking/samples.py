@@ -1,4 +1,8 @@
-"""The sample grid the trackers show: one prompt's Stage-2 samples, best reward first.
+"""The sample grid the trackers show: one prompt's Stage-2 samples, best reward first, each
+captioned with its reward and seed. A video model's samples are clips: the grid shows each as its
+frames in a row (its contact sheet), and the clips themselves, side by side in the grid's order, are
+written beside it as one video (MP4 with the `video` extra, else GIF: video_output.py) for the
+trackers that play videos.
 
 The images are decoded again from the kept latents only on the iterations that send a grid, and
 only when a tracker is configured, so a run without trackers does no extra work."""
@@ -23,19 +27,24 @@ def due(run_log: tuple[str, ...], image_every: int, iteration: int, rank: int) -
 @torch.no_grad()
 def sample_grid(engine, batch, run_dir: Path, iteration: int) -> ev.SampleGrid:  # type: ignore[no-untyped-def]
     """Write RUN/samples/iter_NNNNNN.png: the first prompt group of `batch` (a RolloutBatch),
-    its samples from best to worst reward, each captioned with its reward, decoded by `engine`."""
+    its samples from best to worst reward, each captioned with its reward and seed, decoded by
+    `engine`; for clips also RUN/samples/iter_NNNNNN.mp4 (or .gif), the clips side by side."""
     from solrl_core.inference import make_grid
+    from solrl_core.video_output import save_clip, side_by_side
 
     t0 = time.perf_counter()
     members = torch.nonzero(batch.groups == batch.groups[0]).flatten()
     order = members[torch.argsort(batch.rewards[members].float(), descending=True, stable=True)]
     images = engine.decode(batch.latents[order])
     rewards = [float(r) for r in batch.rewards[order]]
+    seeds = [int(s) for s in batch.seeds[order]]
     columns = {f"{'best' if i == 0 else 'worst' if i == len(rewards) - 1 else '#' + str(i + 1)} {r:.3g}": images[i:i + 1]
                for i, r in enumerate(rewards)}
+    captions = {name: [f"seed {s}"] for name, s in zip(columns, seeds)}
     folder = Path(run_dir) / FOLDER
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"iter_{iteration:06d}.png"
-    make_grid(columns, rows=[batch.prompts[int(order[0])]]).save(path)
+    make_grid(columns, rows=[batch.prompts[int(order[0])]], captions=captions).save(path)
+    video = str(save_clip(side_by_side(images), path.with_suffix(""))) if images.dim() == 5 else ""
     return ev.SampleGrid(iteration=iteration, prompt=batch.prompts[int(order[0])], rewards=rewards, path=str(path),
-                         seconds=time.perf_counter() - t0)
+                         seconds=time.perf_counter() - t0, seeds=seeds, video=video)

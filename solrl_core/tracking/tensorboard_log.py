@@ -1,4 +1,8 @@
-"""TensorBoard event files under RUN/tensorboard/, written with torch's SummaryWriter."""
+"""TensorBoard event files under RUN/tensorboard/, written with torch's SummaryWriter.
+
+A video model's sample clips go to `samples/video` as the summary `add_video` writes (an animated
+GIF in an image summary, which TensorBoard's image dashboard plays), encoded here through PIL:
+`add_video` itself needs moviepy's 1.x `moviepy.editor`, which moviepy 2 removed."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ import numpy as np
 import tomli_w
 
 from solrl_core import events as ev
-from solrl_core.tracking.base import Tracker
+from solrl_core.tracking.base import Tracker, caption
 
 FOLDER = "tensorboard"
 
@@ -34,8 +38,21 @@ class TensorBoardLog(Tracker):
         with Image.open(grid.path) as picture:
             pixels = np.asarray(picture.convert("RGB"))
         self.writer.add_image("samples", pixels, grid.iteration, dataformats="HWC")
-        rewards = ", ".join(f"{r:.4g}" for r in grid.rewards)
-        self.writer.add_text("samples/caption", f"{grid.prompt} (Stage-2 rewards, best first: {rewards})", grid.iteration)
+        self.writer.add_text("samples/caption", caption(grid), grid.iteration)
+        if grid.video:
+            self.writer.file_writer.add_summary(video_summary("samples/video", Path(grid.video)), grid.iteration)
 
     def close(self, reason: str) -> None:
         self.writer.close()
+
+
+def video_summary(tag: str, path: Path):  # noqa: ANN201 - a TensorBoard Summary
+    """A clip file (GIF, or MP4 read back through the video extra) as the summary add_video writes."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    from solrl_core.video_output import gif_bytes, read_clip
+
+    clip = read_clip(path)
+    encoded = path.read_bytes() if path.suffix == ".gif" else gif_bytes(clip)
+    image = Summary.Image(height=clip.shape[2], width=clip.shape[3], colorspace=3, encoded_image_string=encoded)
+    return Summary(value=[Summary.Value(tag=tag, image=image)])

@@ -4,7 +4,8 @@ W&B's own environment decides where and how: WANDB_PROJECT (default "solrl"), WA
 the run folder), WANDB_MODE (offline writes RUN/wandb/offline-run-*; `wandb sync` uploads it later),
 WANDB_ENTITY, WANDB_API_KEY. The W&B run id is kept in RUN/wandb_run.json, so `--resume` continues
 the same W&B run and its series; beside it, the run's URL, or for an offline run the folder that
-`wandb sync` uploads (`tracking.where` says both when the run starts).
+`wandb sync` uploads (`tracking.where` says both when the run starts). A video model's sample clips
+go to `samples/video` as a wandb.Video of the clip file beside the contact-sheet grid.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 
 from solrl_core import events as ev
 from solrl_core.errors import SolrlError
-from solrl_core.tracking.base import Tracker
+from solrl_core.tracking.base import Tracker, caption
 
 ID_FILE = "wandb_run.json"
 
@@ -48,9 +49,11 @@ class WandbLog(Tracker):
         self.run.log(values, step=step)
 
     def image(self, grid: ev.SampleGrid) -> None:
-        rewards = ", ".join(f"{r:.4g}" for r in grid.rewards)
-        caption = f"{grid.prompt} (Stage-2 rewards, best first: {rewards})"
-        self.run.log({"samples": self._wandb.Image(grid.path, caption=caption)}, step=grid.iteration)
+        text = caption(grid)
+        media = {"samples": self._wandb.Image(grid.path, caption=text)}
+        if grid.video:
+            media["samples/video"] = self._wandb.Video(grid.video, caption=text)
+        self.run.log(media, step=grid.iteration)
 
     def close(self, reason: str) -> None:
         self.run.finish(exit_code=0 if reason in ("completed", "interrupted") else 1)
