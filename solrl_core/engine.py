@@ -140,11 +140,17 @@ class Engine:
         """A new explore copy at `precision`, built as open_engine builds the run's (a copy of the base
         transformer, quantized by the model's layer rule, lean, in the run dtype; compiled where the run's
         copy is, and an fp8 copy on CUDA always: resolve.FP8_EAGER_SLOWER), loaded with base + old.
-        A calibration weighing precisions (calibration.py) builds one per candidate and keeps the chosen."""
+        A calibration weighing precisions (calibration.py) builds one per candidate and keeps the chosen.
+        Where the memory mode parks the copies on the CPU, it is parked as the run's is (offload.py), and
+        eager under cpu-blocks (a block's moves are hooks a compiled block would trace)."""
         current = self.explore_copy
         compiled = (current is not None and current.compile_mode is not None) or (precision == "fp8" and self.device.type == "cuda")
+        if self.parking is not None and self.parking.copies == "cpu-blocks":
+            compiled = False
         made = _copy(self.config, self.model, CopySpec(precision, compiled), source=self.policy.transformer, dtype=self.dtype)
         made.refresh(self.policy.merged_weights(OLD))
+        if self.parking is not None:
+            self.parking.park([made.module])
         return made
 
     def autocast(self) -> contextlib.AbstractContextManager:

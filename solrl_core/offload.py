@@ -61,7 +61,6 @@ class Parking:
 
     def __init__(self, device: torch.device, copies: str = "gpu", vae: nn.Module | None = None) -> None:
         self.device, self.copies, self.vae = device, copies, vae
-        self._units: dict[int, Units] = {}
 
     @property
     def parks_copies(self) -> bool:
@@ -78,9 +77,10 @@ class Parking:
             self.vae.to(PARK)
 
     def units(self, module: nn.Module) -> Units:
-        if id(module) not in self._units:
-            self._units[id(module)] = Units(module)
-        return self._units[id(module)]
+        """Kept on the module itself, so a copy freed (a calibration's candidate) takes its units with it."""
+        if not isinstance(getattr(module, "_parking_units", None), Units):
+            module._parking_units = Units(module)
+        return module._parking_units
 
     @contextlib.contextmanager
     def on_device(self, module: nn.Module) -> Iterator[None]:
