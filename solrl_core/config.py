@@ -275,10 +275,6 @@ class MemoryConfig:
     vae_on_cpu: str = _f("auto", "Keep the VAE on the CPU, moved to the GPU for the decode of each rollout or evaluation "
                                  "call and back after (the real models' text encoders visit the GPU only while they "
                                  "encode, in every mode): auto (when the estimate needs it; off on a CPU), true, false.")
-    adamw_8bit: str = _f("auto", "AdamW's two moments in 8 bits with a 4-byte scale per 256 values (torchao.optim."
-                                 "AdamW8bit; tensors under 4096 values stay fp32), about 2 bytes per adapter parameter "
-                                 "instead of 8: auto (when the estimate needs it; off on a CPU), true, false. Not exact: "
-                                 "the moments are rounded after each step. Checkpoints hold fp32 moments either way.")
 
 
 @dataclass(frozen=True)
@@ -322,8 +318,7 @@ class Config:
                              "use explore.precision=auto (or a low one), or explore.calibrate=steps")
         for name, value in (("sampler.rollout_copy", self.sampler.rollout_copy), ("sampler.compile", self.sampler.compile),
                             ("explore.compile", self.explore.compile), ("optimizer.checkpointing", self.optimizer.checkpointing),
-                            ("optimizer.compile", self.optimizer.compile), ("memory.vae_on_cpu", self.memory.vae_on_cpu),
-                            ("memory.adamw_8bit", self.memory.adamw_8bit)):
+                            ("optimizer.compile", self.optimizer.compile), ("memory.vae_on_cpu", self.memory.vae_on_cpu)):
             _choice(name, value, SWITCHES)
         if k < 2 or k % 2:
             raise SolrlError(f"selection.group_size K={k} must be an even number >= 2",

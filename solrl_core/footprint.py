@@ -66,10 +66,7 @@ MODEL_SIZES_BY_HUB_ID = {
 ADAPTERS_M = {"sana": 22.9, "flux1": 37.4, "sd3": 47.2, "flux2": 12.3, "zimage": 29.5, "qwen_image": 94.4, "wan": 23.6,
               "Efficient-Large-Model/Sana_600M_1024px_diffusers": 16.5, "stabilityai/stable-diffusion-3.5-medium": 18.9,
               "Wan-AI/Wan2.1-T2V-14B-Diffusers": 104.9, "Wan-AI/Wan2.2-TI2V-5B-Diffusers": 47.2}
-# AdamW's moments, bytes per adapter parameter: two fp32 tensors; torchao's AdamW8bit two uint8 codes
-# with one fp32 scale per block of 256 values (torchao/optim/subclass_8bit.py; tensors of fewer than 4096
-# values, or not a multiple of 256, stay fp32: every real adapter tensor is larger).
-ADAMW_BYTES = {False: 8.0, True: 2 * (1 + 4 / 256)}
+ADAMW_BYTES = 8.0  # AdamW's moments, bytes per adapter parameter: two fp32 tensors
 # cpu-blocks: the share of a copy on the GPU at once, one block and the root's layers (SANA has 20
 # blocks, FLUX.1 57, SD3.5-L 38): an APPROXIMATE upper share, as sharding.GATHERED_SHARE.
 BLOCK_SHARE = 0.1
@@ -148,7 +145,7 @@ def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16
         vae           = VAE params x bytes of the run dtype
         activations   = optimizer.micro_batch x activation GiB per sample (bf16; with or without checkpointing;
                         without it and with a compiled update, x COMPILED_ACTIVATION_SHARE)
-        optimizer     = LoRA parameters (ADAPTERS_M) x ADAMW_BYTES (8 fp32, about 2.03 in 8 bits)
+        optimizer     = LoRA parameters (ADAPTERS_M) x ADAMW_BYTES (two fp32 moments)
         peak          = policy + copies + vae + max(text encoders while encoding, activations) + overhead, with
                         the memory `modes` (MemoryEstimate.peak): copies and VAE on the CPU count only in the
                         phase they are moved in for; `checkpointing` in `modes` overrides the argument
@@ -172,6 +169,6 @@ def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16
     return MemoryEstimate(policy=size.transformer_b * base * gib, explore_copy=copy, vae=size.vae_b * width * gib,
                           text_encoders=size.text_encoders_b * width * gib,
                           activations=cfg.optimizer.micro_batch * per_sample * width / 2,
-                          overhead=OVERHEAD_GIB - moments * ADAMW_BYTES[False],
+                          overhead=OVERHEAD_GIB - moments * ADAMW_BYTES,
                           rollout_copy=full_copy if rollout_copy else 0.0, rollout_copy_size=full_copy,
-                          optimizer=moments * ADAMW_BYTES[modes.adamw_8bit], modes=modes)
+                          optimizer=moments * ADAMW_BYTES, modes=modes)

@@ -6,13 +6,11 @@ The modes, each with its bytes in the estimate (`footprint.MemoryModes`, `Memory
   decode (offload.py). The real models' text encoders already visit the GPU only while they encode
   (models/diffusers_models.py), in every mode: the estimate counts them in that phase alone.
 - `optimizer.checkpointing`: gradient checkpointing of the trained forward (recomputed in the backward).
-- `memory.adamw_8bit`: AdamW's moments in 8 bits (torchao.optim.AdamW8bit, optim8bit.py). The adapters
-  are small (FLUX.1's 37M parameters at rank 32), so this saves tenths of a GiB, which the estimate shows.
 - `memory.copies`: the explore and rollout copies on the CPU between the phases that run on them,
   moved to the GPU whole (cpu-whole) or one transformer block at a time (cpu-blocks) (offload.py).
 
 `auto` walks `LADDER`, in the order of the cost each mode is expected to add (a small move per
-rollout, a recomputed forward, rounded moments, a copy crossing twice per phase, a copy crossing every
+rollout, a recomputed forward, a copy crossing twice per phase, a copy crossing every
 sampler step: reasoned, not measured), and takes the first rung whose estimate fits the GPU; a mode
 set explicitly keeps its setting on every rung. On a CPU (no GPU memory to fit) auto is off.
 """
@@ -31,9 +29,8 @@ LADDER: tuple[MemoryModes, ...] = (  # each rung adds one mode (the last two: th
     MemoryModes(),
     MemoryModes(vae_on_cpu=True),
     MemoryModes(vae_on_cpu=True, checkpointing=True),
-    MemoryModes(vae_on_cpu=True, checkpointing=True, adamw_8bit=True),
-    MemoryModes("cpu-whole", True, True, True),
-    MemoryModes("cpu-blocks", True, True, True),
+    MemoryModes("cpu-whole", True, True),
+    MemoryModes("cpu-blocks", True, True),
 )
 
 
@@ -52,8 +49,7 @@ def with_settings(cfg: Config, rung: MemoryModes) -> MemoryModes:
     mem, ckpt = cfg.memory, cfg.optimizer.checkpointing
     return MemoryModes(copies=rung.copies if mem.copies == "auto" else mem.copies,
                        vae_on_cpu=rung.vae_on_cpu if mem.vae_on_cpu == "auto" else mem.vae_on_cpu == "true",
-                       checkpointing=rung.checkpointing if ckpt == "auto" else ckpt == "true",
-                       adamw_8bit=rung.adamw_8bit if mem.adamw_8bit == "auto" else mem.adamw_8bit == "true")
+                       checkpointing=rung.checkpointing if ckpt == "auto" else ckpt == "true")
 
 
 def choose_modes(cfg: Config, explore_precision: str, dtype_name: str, budget_gib: float | None, rollout_copy: bool = False,
@@ -85,7 +81,7 @@ def rung_needed(cfg: Config, explore_precision: str, dtype_name: str, gpu_gb: fl
     off (as auto drops it where it does not fit; the compile family keeps its copy); None: none fits."""
     from solrl_core.families import family
 
-    auto = replace(cfg, memory=replace(cfg.memory, copies="auto", vae_on_cpu="auto", adamw_8bit="auto"),
+    auto = replace(cfg, memory=replace(cfg.memory, copies="auto", vae_on_cpu="auto"),
                    optimizer=replace(cfg.optimizer, checkpointing="auto"))
     keeps_copy = family(cfg.algorithm.family).copy == "compiled"
     for rung in LADDER:

@@ -13,17 +13,16 @@ from solrl_core.families import family
 @dataclass(frozen=True)
 class MemoryModes:
     """The memory modes of a run (memory_modes.py): where the copies and the VAE live between the phases
-    that use them, gradient checkpointing, and AdamW's moments in 8 bits."""
+    that use them, and gradient checkpointing."""
 
     copies: str = "gpu"  # gpu | cpu-whole | cpu-blocks
     vae_on_cpu: bool = False
     checkpointing: bool = False
-    adamw_8bit: bool = False
 
     def describe(self) -> str:
         on = [{"cpu-whole": "copies on the CPU (moved whole)", "cpu-blocks": "copies on the CPU (moved block by block)"}
               .get(self.copies, "")] + [name for name, flag in (("VAE on the CPU", self.vae_on_cpu),
-                                        ("gradient checkpointing", self.checkpointing), ("8-bit AdamW", self.adamw_8bit)) if flag]
+                                        ("gradient checkpointing", self.checkpointing)) if flag]
         return ", ".join(n for n in on if n) or "none"
 
 

@@ -28,7 +28,6 @@ from solrl_core.faults import disk
 from solrl_core.faults.lock import RunLock
 from solrl_core.loop_state import LoopState
 from solrl_core.memory_modes import too_small
-from solrl_core.optim8bit import make_optimizer
 from solrl_core.plan import MachinePlan, RunPlan, plan_stages
 from solrl_core.policy import OLD, TRAINED
 from solrl_core.precision.hardware import require_explore_precision
@@ -142,7 +141,9 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
             policy.load_state(adapter, distributed.broadcast_tensors(policy.state(adapter)))
     if layout.sharded:  # before the optimizer: it holds the sharded parameters
         shard_policy(policy, layout)
-    optimizer = make_optimizer(policy.trainable_parameters(), cfg.optimizer, machine.memory.adamw_8bit)
+    opt = cfg.optimizer
+    optimizer = torch.optim.AdamW(policy.trainable_parameters(), lr=opt.lr, betas=(opt.beta1, opt.beta2),
+                                  weight_decay=opt.weight_decay, eps=opt.eps)
     state = LoopState(health=RewardHealth(cfg.reward.health_min_std, cfg.reward.health_patience))
     if checkpoint is not None:  # every rank reads it: resuming across nodes needs the run dir on a shared filesystem
         state.restore(load_checkpoint(checkpoint, policy, optimizer))

@@ -119,8 +119,7 @@ def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInf
     if fam.copy == "compiled":
         raise SolrlError(f"the {fam.name} family rolls out on a compiled full-precision copy "
                          "of the model, which distributed.strategy=fsdp does not keep in this version", fix)
-    for name, value in (("sampler.rollout_copy", cfg.sampler.rollout_copy), ("optimizer.compile", cfg.optimizer.compile),
-                        ("memory.adamw_8bit", cfg.memory.adamw_8bit)):
+    for name, value in (("sampler.rollout_copy", cfg.sampler.rollout_copy), ("optimizer.compile", cfg.optimizer.compile)):
         if value == "true":
             raise SolrlError(f"{name}=true is not available with distributed.strategy=fsdp in this version", fix)
     if cfg.explore.calibrate != "off":  # calibration.py measures on rank 0 alone; a sharded forward needs every rank
@@ -139,8 +138,8 @@ def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInf
     return replace(machine, explore_precision=machine.explore_precision if low else dtype_name,
                    explore_compile=machine.explore_compile and low, rollout_copy=False, rollout_compile=False,
                    update_compile=False, policy_rollout_compile=False, explore_why=explore_why, memory_fits=True,
-                   memory=replace(machine.memory, copies="gpu", adamw_8bit=False),
-                   memory_why="under fsdp the copies stay on the GPU and AdamW's moments fp32; the VAE and gradient "
+                   memory=replace(machine.memory, copies="gpu"),
+                   memory_why="under fsdp the copies stay on the GPU; the VAE and gradient "
                               "checkpointing as chosen for one replica",
                    rollout_copy_why="fsdp keeps none: rollouts and v_old on the policy's old adapter")
 

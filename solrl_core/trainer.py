@@ -130,8 +130,9 @@ after its increment) are the official ones. Where this differs from it, and why:
   replicated run, the default wherever a replica fits.
 - Memory modes for one tight GPU (memory_modes.py; the official code has none): `auto` picks them by
   the memory estimate only where the GPU needs them. Parking the VAE or the copies on the CPU
-  (offload.py) and gradient checkpointing change no number; `memory.adamw_8bit` (torchao's AdamW8bit)
-  rounds AdamW's moments to 8 bits after each step, where the official moments are fp32.
+  (offload.py) and gradient checkpointing change no number. AdamW's moments stay fp32, as the official
+  ones: torchao's 8-bit AdamW was left out (its block-wise rounding of the second moment zeroes the
+  small entries of a block, and their steps grow to m/eps: over 1000 learning-rate-sized steps).
 """
 
 from __future__ import annotations

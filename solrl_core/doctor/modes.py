@@ -38,7 +38,7 @@ def modes_check(cfg: Config) -> Check:
             for name, sizes in mode_table(models).items()]
     detail = ("the memory mode each model preset needs for sol_rl on one GPU, by the memory ESTIMATE (approximate; bf16, "
               "an fp8 explore copy, the preset's micro-batch; the first rung of the ladder that fits: none, then the "
-              "VAE on the CPU, gradient checkpointing, 8-bit AdamW, the copies on the CPU moved whole, then block by "
+              "VAE on the CPU, gradient checkpointing, the copies on the CPU moved whole, then block by "
               "block)\n" + "\n".join(rows))
     mine = mode_table([cfg.model.name]).get(cfg.model.name, {})
     if mine and all(rung is None for rung in mine.values()):

@@ -15,8 +15,8 @@
   CPU. Without a rollout copy, the full-precision rollouts on the policy's old adapter use the same
   compiled blocks when `sampler.compile` is on too.
 - `optimizer.checkpointing` and the `memory` modes `auto`: on CUDA, the first rung of the memory-mode
-  ladder whose estimate fits this GPU (memory_modes.py: VAE on the CPU, gradient checkpointing, 8-bit
-  AdamW, the copies on the CPU); off on a CPU.
+  ladder whose estimate fits this GPU (memory_modes.py: VAE on the CPU, gradient checkpointing, the
+  copies on the CPU); off on a CPU.
 
 Each choice carries the reason, which the start-up line and `solrl doctor` show.
 """
