@@ -100,10 +100,14 @@ def test_each_modes_bytes_in_the_peak():
 
 def test_auto_takes_the_first_rung_that_fits_and_an_explicit_setting_holds():
     cfg = resolve_config("flux1", "sol_rl")
-    choice = choose_modes(cfg, "fp8", "bf16", 48 * 0.9)
-    assert choice.fits and choice.modes == LADDER[-1]
+    whole, blocks = (estimate_memory(cfg, "fp8", "bf16", modes=rung).peak for rung in LADDER[-2:])
+    assert blocks < whole
+    budget = (whole + blocks) / 2  # only the last rung fits
+    choice = choose_modes(cfg, "fp8", "bf16", budget)
+    assert choice.fits and choice.modes == LADDER[-1] and choice.peak == pytest.approx(blocks)
+    assert choose_modes(cfg, "fp8", "bf16", whole).modes == LADDER[-2]  # the first rung that fits, not a later one
     forced = dataclasses.replace(cfg, memory=dataclasses.replace(cfg.memory, copies="cpu-whole"))
-    assert not choose_modes(forced, "fp8", "bf16", 48 * 0.9).fits  # never block by block when told whole
+    assert not choose_modes(forced, "fp8", "bf16", budget).fits  # never block by block when told whole
     assert choose_modes(cfg, "fp8", "bf16", None).modes == MemoryModes()  # a CPU: auto is off
 
 
