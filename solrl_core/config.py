@@ -30,6 +30,7 @@ TRACKERS = ("tensorboard", "wandb")
 STRATEGIES = ("auto", "replicate", "fsdp")  # distributed.strategy (sharding.py)
 CALIBRATIONS = ("off", "steps", "steps+precision")  # explore.calibrate (calibration.py)
 TRAIN_PRECISIONS = ("autocast", "bf16", "fp32-base")
+COPY_PLACES = ("auto", "gpu", "cpu-whole", "cpu-blocks")  # memory.copies (offload.py)
 LORA_INITS = {"gaussian": "gaussian", "kaiming": True}  # name -> peft's LoraConfig.init_lora_weights
 
 
@@ -261,6 +262,22 @@ class DistributedConfig:
 
 
 @dataclass(frozen=True)
+class MemoryConfig:
+    """Memory modes for one tight GPU (memory_modes.py); `auto` takes the first rung of the ladder whose
+    memory ESTIMATE fits the GPU (gradient checkpointing, optimizer.checkpointing, is a rung too)."""
+
+    copies: str = _f("auto", "Where the explore and rollout copies live between the phases that run on them: gpu (always "
+                             "there), cpu-whole (on the CPU, moved to the GPU whole for Stage 1, Stage 2, the update's "
+                             "v_old and each refresh, and back after), cpu-blocks (on the CPU, each transformer block moved "
+                             "in for its own forward and out after: one block on the GPU at a time, the whole copy crossing "
+                             "for every sampler step), auto (gpu on a CPU or where the estimate fits, else cpu-whole, then "
+                             "cpu-blocks). Which move is faster is unmeasured (no GPU measurement yet).")
+    vae_on_cpu: str = _f("auto", "Keep the VAE on the CPU, moved to the GPU for the decode of each rollout or evaluation "
+                                 "call and back after (the real models' text encoders visit the GPU only while they "
+                                 "encode, in every mode): auto (when the estimate needs it; off on a CPU), true, false.")
+
+
+@dataclass(frozen=True)
 class Config:
     preset: str = _f("", "The preset this config was built from, as <model>_<family>_<reward>.")
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -272,6 +289,7 @@ class Config:
     reward: RewardConfig = field(default_factory=RewardConfig)
     run: RunConfig = field(default_factory=RunConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
 
     def validate(self) -> "Config":
         """Cross-field rules. Raises SolrlError naming the knob and the fix."""
@@ -290,6 +308,7 @@ class Config:
         _choice("run.stop_on_sigterm", self.run.stop_on_sigterm, ("phase", "iteration"))
         _choice("distributed.strategy", self.distributed.strategy, STRATEGIES)
         _choice("explore.calibrate", self.explore.calibrate, CALIBRATIONS)
+        _choice("memory.copies", self.memory.copies, COPY_PLACES)
         if self.explore.calibrate != "off" and not (FAMILIES[family].preview_steps and FAMILIES[family].regenerate):
             raise SolrlError(f"explore.calibrate={self.explore.calibrate} chooses preview steps, which family {family} does not "
                              "run (its Stage 1 is at full steps)", "drop explore.calibrate or use --family sol_rl")
@@ -299,7 +318,7 @@ class Config:
                              "use explore.precision=auto (or a low one), or explore.calibrate=steps")
         for name, value in (("sampler.rollout_copy", self.sampler.rollout_copy), ("sampler.compile", self.sampler.compile),
                             ("explore.compile", self.explore.compile), ("optimizer.checkpointing", self.optimizer.checkpointing),
-                            ("optimizer.compile", self.optimizer.compile)):
+                            ("optimizer.compile", self.optimizer.compile), ("memory.vae_on_cpu", self.memory.vae_on_cpu)):
             _choice(name, value, SWITCHES)
         if k < 2 or k % 2:
             raise SolrlError(f"selection.group_size K={k} must be an even number >= 2",

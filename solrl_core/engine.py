@@ -30,6 +30,8 @@ from solrl_core.config import Config
 from solrl_core.faults.phase import charged_to
 from solrl_core.models import DiffusionModel, load_model
 from solrl_core.models.base import Conditioning
+from solrl_core.offload import Parking
+from solrl_core.plan import MemoryModes
 from solrl_core.policy import OLD, Policy
 from solrl_core.precision.quantize import WRAPPERS, LayerRule, load_tensor
 from solrl_core.regions import CompiledBlocks
@@ -101,6 +103,7 @@ class Engine:
     policy_forward: nn.Module | CompiledBlocks | None = None
     policy_rollout_compile: bool = False  # full-precision rollouts on the policy use its compiled blocks
     checkpoint: Path | None = None  # the checkpoint its adapters came from (None: untrained, or a training run's own)
+    parking: Parking | None = None  # the copies and the VAE on the CPU between phases (memory modes: offload.py)
 
     @property
     def compiled_update(self) -> bool:
@@ -121,17 +124,33 @@ class Engine:
         elif copies:
             merged = self.policy.merged_weights(OLD)
             for c in copies:
-                c.refresh(merged)
+                c.refresh(merged, self.parking.unit_by_unit(c.module) if self.parking is not None else None)
+
+    def copy_in(self, copy_: RolloutCopy | None) -> contextlib.AbstractContextManager:
+        """`copy_` on the GPU for a phase that runs on it, where the memory mode parks it on the CPU."""
+        if copy_ is None or self.parking is None:
+            return contextlib.nullcontext()
+        return self.parking.on_device(copy_.module)
+
+    def vae_in(self) -> contextlib.AbstractContextManager:
+        """The VAE on the GPU for a decode, where the memory mode parks it on the CPU."""
+        return self.parking.vae_in() if self.parking is not None else contextlib.nullcontext()
 
     def explore_copy_at(self, precision: str) -> RolloutCopy:
         """A new explore copy at `precision`, built as open_engine builds the run's (a copy of the base
         transformer, quantized by the model's layer rule, lean, in the run dtype; compiled where the run's
         copy is, and an fp8 copy on CUDA always: resolve.FP8_EAGER_SLOWER), loaded with base + old.
-        A calibration weighing precisions (calibration.py) builds one per candidate and keeps the chosen."""
+        A calibration weighing precisions (calibration.py) builds one per candidate and keeps the chosen.
+        Where the memory mode parks the copies on the CPU, it is parked as the run's is (offload.py), and
+        eager under cpu-blocks (a block's moves are hooks a compiled block would trace)."""
         current = self.explore_copy
         compiled = (current is not None and current.compile_mode is not None) or (precision == "fp8" and self.device.type == "cuda")
+        if self.parking is not None and self.parking.copies == "cpu-blocks":
+            compiled = False
         made = _copy(self.config, self.model, CopySpec(precision, compiled), source=self.policy.transformer, dtype=self.dtype)
         made.refresh(self.policy.merged_weights(OLD))
+        if self.parking is not None:
+            self.parking.park([made.module])
         return made
 
     def autocast(self) -> contextlib.AbstractContextManager:
@@ -148,7 +167,7 @@ class Engine:
         checkpointed block recomputed eagerly would not match its compiled forward), and SDPA
         without cuDNN attention, whose backward fails at FLUX's shapes (attention.py)."""
         with training_attention(), (self.policy_forward.on() if isinstance(self.policy_forward, CompiledBlocks)
-                                    else contextlib.nullcontext()):
+                                    else contextlib.nullcontext()), self.copy_in(self.rollout_copy):  # v_old's copy
             yield
 
     def rollout_scope(self) -> contextlib.AbstractContextManager:
@@ -162,7 +181,8 @@ class Engine:
             raise ValueError(f"unknown network {on!r}: one of {', '.join(NETWORKS)}")
         copy_ = self.explore_copy if on == "explore" and self.explore_copy is not None else self.rollout_copy
         if on in ("explore", "rollout") and copy_ is not None:
-            yield copy_.forward, copy_.dtype
+            with self.copy_in(copy_):
+                yield copy_.forward, copy_.dtype
         elif on in ("explore", "rollout"):
             with self.policy.use(OLD) as net, self.autocast(), self.rollout_scope():
                 yield net, self.dtype
@@ -179,7 +199,7 @@ class Engine:
         time, images gathered on the CPU, `progress` told every few batches. Otherwise (training's
         rollouts): generated, then decoded together and left on the device for the rewards."""
         t0 = time.perf_counter()
-        with self.network(on) as (net, dtype), charged_to("rollout"):
+        with self.network(on) as (net, dtype), charged_to("rollout"), self.vae_in():
             if not to_cpu:
                 latents = self.sampler.generate(self.model, net, cond, seeds, steps, dtype)
                 images = self.model.decode(latents)
@@ -207,7 +227,8 @@ class Engine:
     def decode(self, latents: torch.Tensor) -> torch.Tensor:
         """Images [B, 3, H, W] in [0, 1] on the CPU, decoded a rollout batch at a time (VAE memory)."""
         chunk = self.sampler.batch_size
-        return torch.cat([self.model.decode(latents[i:i + chunk]).float().cpu() for i in range(0, latents.shape[0], chunk)])
+        with self.vae_in():
+            return torch.cat([self.model.decode(latents[i:i + chunk]).float().cpu() for i in range(0, latents.shape[0], chunk)])
 
     def images(self, prompts: list[str], seeds: torch.Tensor, steps: int, on: str,
                progress: Progress | None = None) -> torch.Tensor:
@@ -232,7 +253,8 @@ def resolve_runtime(cfg: Config) -> tuple[torch.device, str, torch.dtype]:
 
 def open_engine(cfg: Config, *, device: torch.device | None = None, explore: CopySpec | bool | None = None,
                 rollout: CopySpec | None = None, checkpoint: Path | None = None, rewards: RewardSet | None = None,
-                checkpointing: bool = False, numerics_only: bool = False, refresh: bool = True) -> Engine:
+                checkpointing: bool = False, numerics_only: bool = False, refresh: bool = True,
+                memory: MemoryModes | None = None) -> Engine:
     """The model of `cfg` with its LoRA adapters (loaded from `checkpoint` when given, else untrained)
     and the copies asked for, copied from the base weights before the adapters are added.
 
@@ -240,7 +262,9 @@ def open_engine(cfg: Config, *, device: torch.device | None = None, explore: Cop
     to run on this device unless `numerics_only` (measuring its numerics where it has only a
     reference kernel, e.g. fp8 on a CPU). `device`: the one a training session resolved (it has set
     the threads); None resolves it from cfg. `refresh=False` leaves the copies unloaded: a training
-    session refreshes them once its adapters are final (synchronised over ranks, or restored)."""
+    session refreshes them once its adapters are final (synchronised over ranks, or restored).
+    `memory`: the memory modes that park the copies or the VAE on the CPU (offload.py); `checkpointing`
+    is its own argument."""
     from solrl_core.precision.hardware import require_explore_precision
 
     if device is None:  # a side tool: it resolves the device, and sets the torch threads, itself (threads.py)
@@ -273,10 +297,21 @@ def open_engine(cfg: Config, *, device: torch.device | None = None, explore: Cop
     engine = Engine(config=cfg, device=device, dtype_name=dtype_name, dtype=dtype, model=model, policy=policy,
                     sampler=Sampler.of(cfg.sampler), conditioning=TextCache(model), rewards=rewards,
                     explore_copy=explore_copy, rollout_copy=rollout_copy, policy_forward=policy.transformer,
-                    checkpoint=checkpoint)
+                    checkpoint=checkpoint, parking=_parking(memory, device, model, [explore_copy, rollout_copy]))
     if refresh:
         engine.refresh_copies()
     return engine
+
+
+def _parking(memory: MemoryModes | None, device: torch.device, model: DiffusionModel,
+             copies: list[RolloutCopy | None]) -> Parking | None:
+    """The copies and the VAE sent to the CPU as the memory modes say (None: nothing parked)."""
+    if memory is None or (memory.copies == "gpu" and not (memory.vae_on_cpu and model.vae is not None)):
+        return None
+    parking = Parking(device, memory.copies, model.vae if memory.vae_on_cpu else None)
+    parking.park([c.module for c in copies if c is not None])
+    parking.park_vae()
+    return parking
 
 
 def _copy(cfg: Config, model: DiffusionModel, spec: CopySpec, source: nn.Module | None = None,

@@ -4,10 +4,10 @@ none is a measurement."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from solrl_core.config import Config
-from solrl_core.plan import plan_stages
+from solrl_core.plan import MemoryModes, plan_stages
 
 # --- approximate sizes -----------------------------------------------------------------------------
 
@@ -22,6 +22,7 @@ class ModelSize:
     download_gb: float  # the hub download (model_index.json + the subfolders solrl needs, one weight variant)
     activation_gib: float  # training activations per micro-batch sample in bf16, gradient checkpointing on
     activation_full_gib: float = 0.0  # the same without gradient checkpointing
+    adapter_m: float = 0.0  # LoRA parameters of the preset's targets at rank 32, millions (ADAPTERS_M)
 
 
 # By loader; a hub id listed in MODEL_SIZES_BY_HUB_ID overrides its loader's entry.
@@ -56,18 +57,34 @@ MODEL_SIZES_BY_HUB_ID = {
 }
 # A reward's download and memory are declared with the reward (rewards/registry.py).
 
+# LoRA parameters at rank 32 on each preset's targets, millions: r x (in + out) summed over the adapted
+# layers, from the published widths and depths (SANA 1.6B: 20 blocks x 8 projections of 2240; SANA 0.6B:
+# 28 x 8 of 1152; FLUX.1: 19 x 4 + 38 x 3 of 3072; SD3.5-L: 38 x 8 of 2432 less the last block's
+# to_add_out; SD3.5-M: 24 x 8 of 1536; Qwen-Image: 60 x 8 of 3072; Z-Image: 30 x 4 of 3840; Wan 1.3B:
+# 30 x 8 of 1536; Wan 14B: 40 x 8 of 5120; Wan 2.2 5B: 30 x 8 of 3072); FLUX.2 [klein] scaled from FLUX.1
+# by parameters. DERIVED, not counted on the models; scaled by model.lora_rank / 32.
+ADAPTERS_M = {"sana": 22.9, "flux1": 37.4, "sd3": 47.2, "flux2": 12.3, "zimage": 29.5, "qwen_image": 94.4, "wan": 23.6,
+              "Efficient-Large-Model/Sana_600M_1024px_diffusers": 16.5, "stabilityai/stable-diffusion-3.5-medium": 18.9,
+              "Wan-AI/Wan2.1-T2V-14B-Diffusers": 104.9, "Wan-AI/Wan2.2-TI2V-5B-Diffusers": 47.2}
+ADAMW_BYTES = 8.0  # AdamW's moments, bytes per adapter parameter: two fp32 tensors
+# cpu-blocks: the share of a copy on the GPU at once, one block and the root's layers (SANA has 20
+# blocks, FLUX.1 57, SD3.5-L 38): an APPROXIMATE upper share, as sharding.GATHERED_SHARE.
+BLOCK_SHARE = 0.1
+
+
 # Explore-copy bytes per transformer parameter, by precision; None: the run dtype's own width.
 # nvfp4 (Transformer Engine): half a bf16 copy, as the real low-precision weights plus scales and
 # TE's work buffers. fp8 and the emulations (quantize.py) keep only each quantized layer's cached
 # quantized weight (engine._copy: a lean copy), not its high-precision weight: 1 byte a weight for
 # fp8, the run dtype's width for the emulations (their fake-quantized weights are stored at it).
 COPY_BYTES = {"nvfp4": 1.0, "bf16": 2.0, "fp32": 4.0}
-OVERHEAD_GIB = 1.5  # CUDA context, LoRA + AdamW state, one VAE decode chunk, allocator slack
+OVERHEAD_GIB = 1.5  # CUDA context, LoRA + AdamW state (split out as MemoryEstimate.optimizer), one VAE decode chunk, slack
 # Training activations of a torch.compile'd update (optimizer.compile, regions.py) over eager ones,
 # without checkpointing: SANA-1.6B at micro-batch 16 on an H100 peaked at 55.97 GiB (sol_rl) and
 # 52.02 GiB (compile family) with the update compiled, about 2.8 GiB a sample where the eager
 # update took 3.55 (docs/BENCHMARKS.md, 2026-11-24). One model measured: APPROXIMATE for the others.
 COMPILED_ACTIVATION_SHARE = 0.79
+FIT_SHARE = 0.9  # of a GPU's memory the estimate may use: the rest is the allocator's and the estimate's slack
 
 
 def copy_bytes(precision: str, width: float) -> float:
@@ -78,7 +95,9 @@ def copy_bytes(precision: str, width: float) -> float:
 
 
 def model_size(cfg: Config) -> ModelSize:
-    return MODEL_SIZES_BY_HUB_ID.get(cfg.model.hub_id) or MODEL_SIZES.get(cfg.model.loader) or MODEL_SIZES["sana"]
+    size = MODEL_SIZES_BY_HUB_ID.get(cfg.model.hub_id) or MODEL_SIZES.get(cfg.model.loader) or MODEL_SIZES["sana"]
+    adapters = ADAPTERS_M.get(cfg.model.hub_id) or ADAPTERS_M.get(cfg.model.loader, 0.0)
+    return replace(size, adapter_m=adapters * cfg.model.lora_rank / 32)
 
 
 @dataclass(frozen=True)
@@ -93,16 +112,28 @@ class MemoryEstimate:
     overhead: float
     rollout_copy: float = 0.0  # counted in the peak only when the run keeps one
     rollout_copy_size: float = 0.0  # what a full-precision rollout copy would take, kept or not
+    optimizer: float = 0.0  # AdamW's moments (part of OVERHEAD_GIB in fp32: `overhead` is the rest)
+    modes: MemoryModes = MemoryModes()
 
     @property
     def peak(self) -> float:
-        # The text encoders are on the GPU only while encoding (models/diffusers_models.py), before training.
-        return (self.policy + self.explore_copy + self.rollout_copy + self.vae + max(self.text_encoders, self.activations)
-                + self.overhead)
+        """The largest phase: what stays on the GPU, plus the largest of encoding (the text encoders visit
+        only then: models/diffusers_models.py), the update (activations, and v_old's copy where it moves
+        in), Stage 1 and Stage 2 (a copy moved in, and a VAE on the CPU moved in to decode)."""
+        m = self.modes
+        share = {"gpu": 0.0, "cpu-whole": 1.0, "cpu-blocks": BLOCK_SHARE}[m.copies]
+        resident = self.policy + self.overhead + self.optimizer + (0.0 if m.vae_on_cpu else self.vae)
+        if m.copies == "gpu":
+            resident += self.explore_copy + self.rollout_copy
+        decode = self.vae if m.vae_on_cpu else 0.0
+        phases = (self.text_encoders, self.activations + self.rollout_copy * share,
+                  self.explore_copy * share + decode, self.rollout_copy * share + decode)
+        return resident + max(phases)
 
 
 def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16", checkpointing: bool = True,
-                    rollout_copy: bool = False, compiled_update: bool = False) -> MemoryEstimate:
+                    rollout_copy: bool = False, compiled_update: bool = False,
+                    modes: MemoryModes | None = None) -> MemoryEstimate:
     """Peak GPU memory ESTIMATE for one process, GiB, from approximate model sizes (`MODEL_SIZES`);
     `explore_precision` is the resolved one (see resolve.py):
 
@@ -114,8 +145,13 @@ def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16
         vae           = VAE params x bytes of the run dtype
         activations   = optimizer.micro_batch x activation GiB per sample (bf16; with or without checkpointing;
                         without it and with a compiled update, x COMPILED_ACTIVATION_SHARE)
-        peak          = policy + copies + vae + max(text encoders while encoding, activations) + overhead
+        optimizer     = LoRA parameters (ADAPTERS_M) x ADAMW_BYTES (two fp32 moments)
+        peak          = policy + copies + vae + max(text encoders while encoding, activations) + overhead, with
+                        the memory `modes` (MemoryEstimate.peak): copies and VAE on the CPU count only in the
+                        phase they are moved in for; `checkpointing` in `modes` overrides the argument
     """
+    if modes is not None:
+        checkpointing = modes.checkpointing
     size = model_size(cfg)
     width = {"bf16": 2.0, "fp32": 4.0}[dtype_name]
     plan = plan_stages(cfg, dtype_name, explore_precision)
@@ -128,7 +164,11 @@ def estimate_memory(cfg: Config, explore_precision: str, dtype_name: str = "bf16
         per_sample *= COMPILED_ACTIVATION_SHARE
     full_copy = size.transformer_b * width * gib
     base = 4.0 if cfg.model.train_precision == "fp32-base" else width  # an fp32 policy base under a bf16 run
+    modes = modes or MemoryModes(checkpointing=checkpointing)
+    moments = size.adapter_m * 1e6 / 2**30  # GiB per byte per adapter parameter
     return MemoryEstimate(policy=size.transformer_b * base * gib, explore_copy=copy, vae=size.vae_b * width * gib,
                           text_encoders=size.text_encoders_b * width * gib,
-                          activations=cfg.optimizer.micro_batch * per_sample * width / 2, overhead=OVERHEAD_GIB,
-                          rollout_copy=full_copy if rollout_copy else 0.0, rollout_copy_size=full_copy)
+                          activations=cfg.optimizer.micro_batch * per_sample * width / 2,
+                          overhead=OVERHEAD_GIB - moments * ADAMW_BYTES,
+                          rollout_copy=full_copy if rollout_copy else 0.0, rollout_copy_size=full_copy,
+                          optimizer=moments * ADAMW_BYTES, modes=modes)

@@ -11,6 +11,22 @@ from solrl_core.families import family
 
 
 @dataclass(frozen=True)
+class MemoryModes:
+    """The memory modes of a run (memory_modes.py): where the copies and the VAE live between the phases
+    that use them, and gradient checkpointing."""
+
+    copies: str = "gpu"  # gpu | cpu-whole | cpu-blocks
+    vae_on_cpu: bool = False
+    checkpointing: bool = False
+
+    def describe(self) -> str:
+        on = [{"cpu-whole": "copies on the CPU (moved whole)", "cpu-blocks": "copies on the CPU (moved block by block)"}
+              .get(self.copies, "")] + [name for name, flag in (("VAE on the CPU", self.vae_on_cpu),
+                                        ("gradient checkpointing", self.checkpointing)) if flag]
+        return ", ".join(n for n in on if n) or "none"
+
+
+@dataclass(frozen=True)
 class MachinePlan:
     explore_precision: str
     explore_why: str
@@ -26,12 +42,16 @@ class MachinePlan:
     policy_rollout_compile: bool = False
     threads: str = ""  # the CPU threads torch got and the OpenMP wait policy (threads.ThreadChoice.describe)
     tf32: str = ""  # run.tf32 as set on this device (tf32.describe_tf32)
+    memory: MemoryModes = MemoryModes()  # the memory modes (memory_modes.py); memory.checkpointing is `checkpointing`
+    memory_why: str = ""
+    memory_fits: bool = True  # False: the estimate is over this GPU even with every mode
 
     def describe(self) -> str:
         return (f"explore {self.explore_precision} ({self.explore_why}); "
                 f"rollout copy {'on' if self.rollout_copy else 'off'} ({self.rollout_copy_why}); "
                 f"gradient checkpointing {'on' if self.checkpointing else 'off'} ({self.checkpointing_why}); "
-                f"update {'compiled' if self.update_compile else 'eager'}"
+                f"update {'compiled' if self.update_compile else 'eager'}; "
+                f"memory mode {self.memory.describe()}" + (f" ({self.memory_why})" if self.memory_why else "")
                 + ("; full-precision rollouts on the policy's compiled blocks" if self.policy_rollout_compile else "")
                 + (f"; {self.tf32}" if self.tf32 else "")
                 + (f"; {self.threads}" if self.threads else ""))

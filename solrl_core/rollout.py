@@ -9,6 +9,7 @@ on the policy with its `old` adapter active, so a large model is held once.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Iterator
 
 import torch
 from torch import nn
@@ -103,16 +104,37 @@ class RolloutCopy:
             self.compiled = CompiledBlocks(self.module, self.compile_mode, gemm_autotune=self.precision != "fp8")
 
     @torch.no_grad()
-    def refresh(self, merged: dict[str, torch.Tensor]) -> None:
+    def refresh(self, merged: dict[str, torch.Tensor], units: Iterator[list[nn.Module]] | None = None) -> None:
         """Load base + old-adapter weights and re-quantize (weights are quantized once per refresh). A
         lean copy quantizes each given weight straight into its layer's cache; the layers not given
-        (frozen, not adapted) keep theirs."""
+        (frozen, not adapted) keep theirs. `units`: the copy's modules brought to the GPU a group at a
+        time (offload.Parking.unit_by_unit), for a copy parked on the CPU: each group is loaded and
+        re-quantized while it is there, so its caches are made on the GPU and leave with it."""
         if self.lean:
-            for name, value in merged.items():
-                load_tensor(self.module, name, value)
+            if units is None:
+                for name, value in merged.items():
+                    load_tensor(self.module, name, value)
+                return
+            owned: dict[str, list[str]] = {}
+            for name in merged:
+                owned.setdefault(name.rpartition(".")[0], []).append(name)
+            path = {id(m): n for n, m in self.module.named_modules()}
+            for unit in units:
+                for module in unit:
+                    for name in owned.pop(path[id(module)], ()):
+                        load_tensor(self.module, name, merged[name])
+            if owned:
+                raise RuntimeError(f"rollout copy does not hold {[n for names in owned.values() for n in names][:3]}")
             return
         result = self.module.load_state_dict(merged, strict=False)
         if result.unexpected_keys:
             raise RuntimeError(f"rollout copy does not hold {result.unexpected_keys[:3]}")
-        if self.report is not None:
+        if self.report is None:
+            return
+        if units is None:
             requantize(self.module)
+            return
+        for unit in units:
+            for module in unit:
+                if isinstance(module, QuantizedGemm):
+                    module.requantize()

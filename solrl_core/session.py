@@ -27,6 +27,7 @@ from solrl_core.errors import SolrlError
 from solrl_core.faults import disk
 from solrl_core.faults.lock import RunLock
 from solrl_core.loop_state import LoopState
+from solrl_core.memory_modes import too_small
 from solrl_core.plan import MachinePlan, RunPlan, plan_stages
 from solrl_core.policy import OLD, TRAINED
 from solrl_core.precision.hardware import require_explore_precision
@@ -110,6 +111,9 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     threads = apply_threads(cfg.run.threads)  # auto: one per usable core, shared by this node's processes (threads.py)
     machine = replace(resolve_machine(cfg, device, dtype_name), threads=threads.describe())
     layout, machine = open_layout(cfg, machine, dtype_name, device, gpu_of(device))  # fsdp: no rollout copy
+    if not machine.memory_fits and layout.strategy == "replicate":  # before any weights load
+        gpu = gpu_of(device)
+        raise too_small(cfg, machine, dtype_name, f"{gpu.name}, {gpu.memory_gib:.0f} GiB" if gpu is not None else str(device))
     plan = plan_stages(cfg, dtype_name, machine.explore_precision, machine=machine)
     if cfg.explore.calibrate == "steps+precision" and not plan.explores_low:
         raise SolrlError(f"explore.calibrate=steps+precision chooses among low explore precisions, and on this machine "
@@ -127,6 +131,7 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
             raise
 
     engine = open_engine(cfg, device=device, rewards=rewards, checkpointing=machine.checkpointing, refresh=False,
+                         memory=machine.memory,
                          explore=CopySpec(plan.explore_precision, plan.explore_compiled, from_shards=layout.sharded)
                          if plan.explores_low else None,
                          rollout=CopySpec(plan.full_precision, plan.rollout_compiled) if plan.rollout_copy else None)

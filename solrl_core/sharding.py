@@ -125,6 +125,9 @@ def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInf
     if cfg.explore.calibrate != "off":  # calibration.py measures on rank 0 alone; a sharded forward needs every rank
         raise SolrlError("explore.calibrate measures on one process, and under distributed.strategy=fsdp every "
                          "full-precision forward needs all of them (not available in this version)", fix)
+    if cfg.memory.copies.startswith("cpu-"):
+        raise SolrlError(f"memory.copies={cfg.memory.copies} is not available with distributed.strategy=fsdp in this "
+                         "version (the sharded explore copy is filled from the shards on the GPU)", fix)
     low = fam.low_precision and machine.explore_precision != dtype_name
     over = _whole_copy_over(machine, cfg, dtype_name, gpu, shard) if low and gpu is not None else ""
     if low and not over:
@@ -134,7 +137,10 @@ def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInf
         low, explore_why = False, (f"auto: {over}, so " if over else "") + "Stage 1 at the run dtype on the policy's old adapter"
     return replace(machine, explore_precision=machine.explore_precision if low else dtype_name,
                    explore_compile=machine.explore_compile and low, rollout_copy=False, rollout_compile=False,
-                   update_compile=False, policy_rollout_compile=False, explore_why=explore_why,
+                   update_compile=False, policy_rollout_compile=False, explore_why=explore_why, memory_fits=True,
+                   memory=replace(machine.memory, copies="gpu"),
+                   memory_why="under fsdp the copies stay on the GPU; the VAE and gradient "
+                              "checkpointing as chosen for one replica",
                    rollout_copy_why="fsdp keeps none: rollouts and v_old on the policy's old adapter")
 
 

@@ -128,6 +128,11 @@ after its increment) are the official ones. Where this differs from it, and why:
   so Stage 2 and v_old run on the `old` adapter, as `sampler.rollout_copy=false`. A micro-batch whose loss is not finite skips the whole step there (its
   backward must run on every rank) where a replica drops that micro-batch alone. Unchanged for a
   replicated run, the default wherever a replica fits.
+- Memory modes for one tight GPU (memory_modes.py; the official code has none): `auto` picks them by
+  the memory estimate only where the GPU needs them. Parking the VAE or the copies on the CPU
+  (offload.py) and gradient checkpointing change no number. AdamW's moments stay fp32, as the official
+  ones: torchao's 8-bit AdamW was left out (its block-wise rounding of the second moment zeroes the
+  small entries of a block, and their steps grow to m/eps: over 1000 learning-rate-sized steps).
 """
 
 from __future__ import annotations

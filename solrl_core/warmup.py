@@ -25,11 +25,12 @@ def warm_up_compiled(run: Run, bus: ev.EventBus) -> None:
             continue
         bus.emit(ev.CompileStarted(target=target))
         t0 = time.perf_counter()
-        for n in sizes[target]:
-            cond = run.engine.conditioning(run.prompts[:1] * n).to(run.device)
-            x = torch.zeros(n, *run.engine.model.latent_shape, device=run.device, dtype=copy_.dtype)
-            with torch.no_grad():
-                run.engine.model.velocity(copy_.forward, x, torch.ones(n, device=run.device), cond)
+        with run.engine.copy_in(copy_):  # a copy the memory mode parks on the CPU (offload.py)
+            for n in sizes[target]:
+                cond = run.engine.conditioning(run.prompts[:1] * n).to(run.device)
+                x = torch.zeros(n, *run.engine.model.latent_shape, device=run.device, dtype=copy_.dtype)
+                with torch.no_grad():
+                    run.engine.model.velocity(copy_.forward, x, torch.ones(n, device=run.device), cond)
         _synchronize(run)
         bus.emit(ev.CompileFinished(target=target, seconds=time.perf_counter() - t0))
     if run.engine.compiled_update:

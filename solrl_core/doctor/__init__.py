@@ -6,7 +6,8 @@ break), the GPUs and the explore precisions each supports, the reward backends a
 base model's weights (local folder or Hugging Face cache; gated repositories and HF_TOKEN; the
 HF_HUB_OFFLINE state), the prompt sets (read if local, cached or reachable if not), free disk for
 what is still to download, processes versus GPUs, a peak GPU memory ESTIMATE (per GPU for each
-distributed strategy too, and the collective backend: doctor/strategy.py), and whether the
+distributed strategy too, and the collective backend: doctor/strategy.py; the memory mode each model
+preset needs per GPU size: doctor/modes.py), and whether the
 explore precision runs here. Each check says whether the requested run depends on it
 (`needed_by_run`); the CLI exits non-zero only for those that fail.
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 from solrl_core.config import Config
 from solrl_core.doctor.check import FAIL, Check, machine
+from solrl_core.doctor.modes import modes_check
 from solrl_core.doctor.memory import EXPLORE_FAMILIES, _explore, _memory, _memory_without_gpu, _processes
 from solrl_core.doctor.prompts import prompt_checks
 from solrl_core.doctor.remote import _remote_rewards
@@ -71,6 +73,7 @@ def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None
     checks.append(_processes(nproc, m, gpu))
     checks.append(_memory(cfg, gpu, requested) if gpu is not None else _memory_without_gpu(cfg, requested))
     checks += [c for c in (strategy_check(cfg, gpu, nproc), backend_check(nproc, gpu)) if c is not None]
+    checks.append(modes_check(cfg))
     checks.append(_explore(cfg, gpu, requested))
     return checks
 

@@ -47,6 +47,7 @@ class DiffusionModel:
     description: str
     vocabulary: tuple[str, ...] = ()  # the words its text encoder knows (others are dropped); () = any text
     frames: int = 0  # 0: an image model (decode gives [B, 3, H, W]); a video model's frames per clip ([B, F, 3, H, W])
+    vae: nn.Module | None = None  # the VAE `decode` runs (None: the tiny model decodes without one); memory.vae_on_cpu parks it
 
     @property
     def media(self) -> str:

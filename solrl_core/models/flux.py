@@ -44,7 +44,7 @@ def build_flux(parts: Components) -> DiffusionModel:
         mask = torch.ones(embeds.shape[:2], dtype=torch.long)
         return Conditioning(embeds.cpu(), mask, pooled.cpu())
 
-    return DiffusionModel(transformer=transformer, encode=encode, decode=scaled_decode(vae, parts.device),
+    return DiffusionModel(transformer=transformer, encode=encode, vae=vae, decode=scaled_decode(vae, parts.device),
                           velocity=flux_velocity_fn(bool(transformer.config.guidance_embeds)),
                           latent_shape=latent_shape, description=parts.describe("FLUX.1", transformer, latent_shape))
 

@@ -47,7 +47,7 @@ def build_sana(parts: Components) -> DiffusionModel:
                                                     complex_human_instruction=instruction)
         return Conditioning(embeds.cpu(), mask.cpu())
 
-    return DiffusionModel(transformer=transformer, encode=encode, decode=scaled_decode(vae, parts.device),
+    return DiffusionModel(transformer=transformer, encode=encode, vae=vae, decode=scaled_decode(vae, parts.device),
                           velocity=sana_velocity_fn(config.timestep_scale, config.in_channels, config.out_channels),
                           latent_shape=latent_shape, description=parts.describe("SANA", transformer, latent_shape))
 

@@ -45,7 +45,7 @@ def build_sd3(parts: Components) -> DiffusionModel:
         mask = torch.ones(embeds.shape[:2], dtype=torch.long)
         return Conditioning(embeds.cpu(), mask, pooled.cpu())
 
-    return DiffusionModel(transformer=transformer, encode=encode, decode=scaled_decode(vae, parts.device), velocity=sd3_velocity,
+    return DiffusionModel(transformer=transformer, encode=encode, vae=vae, decode=scaled_decode(vae, parts.device), velocity=sd3_velocity,
                           latent_shape=latent_shape, description=parts.describe("SD3", transformer, latent_shape))
 
 

@@ -64,7 +64,7 @@ def build_wan(parts: Components) -> DiffusionModel:
 
     description = parts.describe("Wan", transformer, latent_shape) + f", {parts.cfg.frames} frames"
     per_token = json.loads((parts.folder / "model_index.json").read_text()).get("expand_timesteps", False)
-    return DiffusionModel(transformer=transformer, encode=encode, decode=decode,
+    return DiffusionModel(transformer=transformer, encode=encode, vae=vae, decode=decode,
                           velocity=wan22_velocity if per_token else wan_velocity,
                           latent_shape=latent_shape, description=description, frames=parts.cfg.frames)
 

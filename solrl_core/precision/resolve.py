@@ -14,8 +14,9 @@
   reference, v_old without a rollout copy) run with the policy's blocks torch.compile'd; off on a
   CPU. Without a rollout copy, the full-precision rollouts on the policy's old adapter use the same
   compiled blocks when `sampler.compile` is on too.
-- `optimizer.checkpointing` `auto`: on CUDA, gradient checkpointing only when the estimate without it
-  does not fit this GPU; off on a CPU.
+- `optimizer.checkpointing` and the `memory` modes `auto`: on CUDA, the first rung of the memory-mode
+  ladder whose estimate fits this GPU (memory_modes.py: VAE on the CPU, gradient checkpointing, the
+  copies on the CPU); off on a CPU.
 
 Each choice carries the reason, which the start-up line and `solrl doctor` show.
 """
@@ -26,7 +27,8 @@ import torch
 
 from solrl_core.config import Config
 from solrl_core.families import family
-from solrl_core.footprint import estimate_memory
+from solrl_core.footprint import FIT_SHARE, estimate_memory
+from solrl_core.memory_modes import choose_modes
 from solrl_core.plan import MachinePlan
 from solrl_core.precision.hardware import FP8_CC, GpuInfo, gpus
 from solrl_core.tf32 import describe_tf32
@@ -35,7 +37,6 @@ from solrl_core.tf32 import describe_tf32
 # quantization fuses into the producer; eager, the explore copy would be slower than no fp8 at all
 FP8_EAGER_SLOWER = ("eager fp8 ran slower than eager bf16 on an H100 (one step at batch 24: SANA-1.6B 299 vs 253 ms, "
                     "FLUX.1 1934 vs 1277 ms); use explore.precision=bf16 for an eager explore copy")
-FIT_SHARE = 0.9  # of a GPU's memory the estimate may use: the rest is the allocator's and the estimate's slack
 
 
 def gpu_of(device: torch.device) -> GpuInfo | None:
@@ -87,19 +88,18 @@ def resolve_machine(cfg: Config, device: torch.device, dtype_name: str, gpu: Gpu
         copy = need <= budget
         copy_why = (f"estimated peak {need:.1f} GiB with it, {'within' if copy else 'over'} {budget:.1f} GiB "
                     f"({FIT_SHARE:.0%} of {gpu.name})") + ("" if copy else ": rollouts use the policy's old adapter")
-    if cfg.optimizer.checkpointing != "auto":
-        ckpt, ckpt_why = cfg.optimizer.checkpointing == "true", "as configured"
-    elif budget is None:
-        ckpt, ckpt_why = False, "off on a CPU"
-    else:
-        full = estimate_memory(cfg, precision, dtype_name, checkpointing=False, rollout_copy=copy,
-                               compiled_update=update_compile).peak
-        ckpt = full > budget
-        ckpt_why = (f"estimated peak without it {full:.1f} GiB, {'over' if ckpt else 'within'} {budget:.1f} GiB at "
-                    f"micro-batch {cfg.optimizer.micro_batch}")
+    # gradient checkpointing and the memory modes: the first rung whose estimate fits (memory_modes.py)
+    choice = choose_modes(cfg, precision, dtype_name, budget, rollout_copy=copy, compiled_update=update_compile)
+    ckpt = choice.modes.checkpointing
+    blocks = choice.modes.copies == "cpu-blocks"  # offload.py: a block's moves are hooks a compiled block would trace
+    if blocks and explore_compile:
+        explore_compile, why = False, why + "; eager: memory.copies=cpu-blocks"
+    ckpt_why = "as configured" if cfg.optimizer.checkpointing != "auto" else (
+        "off on a CPU" if budget is None else f"memory mode, {choice.why}")
     return MachinePlan(explore_precision=precision, explore_why=why, explore_compile=explore_compile,
                        rollout_copy=copy, rollout_copy_why=copy_why,
-                       rollout_compile=copy and (copy_needed or _switch(cfg.sampler.compile, cuda)),
+                       rollout_compile=copy and not blocks and (copy_needed or _switch(cfg.sampler.compile, cuda)),
                        checkpointing=ckpt, checkpointing_why=ckpt_why, update_compile=update_compile,
                        policy_rollout_compile=not copy and update_compile and _switch(cfg.sampler.compile, cuda),
-                       tf32=describe_tf32(cfg.run.tf32, device))
+                       tf32=describe_tf32(cfg.run.tf32, device), memory=choice.modes, memory_why=choice.why,
+                       memory_fits=choice.fits)
