@@ -70,16 +70,17 @@ def test_a_family_that_fits_is_not_refused():
 
 
 def test_over_the_estimate_names_the_largest_micro_batch_that_fits():
-    with pytest.raises(SolrlError, match=r"sol_rl does not fit on cuda:0 made-up.*15 GiB by the doctor's estimate") as info:
-        check_fits(_configs("sana", families=("sol_rl",)), CUDA, GpuInfo(0, "made-up", (9, 0), 15.0))
+    # SANA's sol_rl estimate is 12.2 GiB at the preset's micro-batch of 16 (its lean fp8 copy 1.5 GiB)
+    with pytest.raises(SolrlError, match=r"sol_rl does not fit on cuda:0 made-up.*12 GiB by the doctor's estimate") as info:
+        check_fits(_configs("sana", families=("sol_rl",)), CUDA, GpuInfo(0, "made-up", (9, 0), 12.0))
     micro, peak = re.search(r"--micro-batch (\d+) \(estimate ([\d.]+) GiB\)", info.value.fix).groups()
-    assert int(micro) < 16 and float(peak) <= 15.0  # the sana preset's micro-batch is 16
+    assert int(micro) < 16 and float(peak) <= 12.0
     assert "not building" in info.value.message and "--skip-memory-check" in info.value.fix
 
 
 def test_a_forced_rollout_copy_is_named_when_dropping_it_fits():
     with pytest.raises(SolrlError) as info:
-        check_fits(_configs("sana", "sampler.rollout_copy=true", families=("sol_rl",)), CUDA, GpuInfo(0, "made-up", (9, 0), 16.0))
+        check_fits(_configs("sana", "sampler.rollout_copy=true", families=("sol_rl",)), CUDA, GpuInfo(0, "made-up", (9, 0), 14.0))
     assert "--set sampler.rollout_copy=false" in info.value.fix and "rollout copy 3.0" in info.value.message
 
 
