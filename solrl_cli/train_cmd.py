@@ -99,7 +99,7 @@ def _preflight(cfg, nproc: int) -> None:  # type: ignore[no-untyped-def]
     from solrl_core.tracking import require
 
     require(cfg.run.log)
-    failed = [c for c in failed_for_run(run_checks(cfg, nproc)) if c.name != "memory estimate"]
+    failed = [c for c in failed_for_run(run_checks(cfg, nproc, only_needed=True)) if c.name != "memory estimate"]
     failed.sort(key=lambda c: c.name != "explore precision")  # the root cause when TE rows fail with it
     if failed:
         first = failed[0]

@@ -130,6 +130,19 @@ def test_local_reward_folder_and_model_path_are_checked(tmp_path):
         resolve_config("sana", "sol_rl", "imagereward", sets=[f"model.path={tmp_path / 'nowhere'}"])
 
 
+def test_a_runs_preflight_probes_only_the_reward_backends_the_run_uses(monkeypatch):
+    probed = []
+    monkeypatch.setattr(doc.software, "BACKENDS", tuple(
+        (label, serves, (lambda label=label: probed.append(label)), fix) for label, serves, _, fix in doc.software.BACKENDS))
+    names = {c.name for c in doc.run_checks(resolve_config("tiny", "sol_rl", "jpeg_compressibility"), only_needed=True)}
+    assert probed == [] and "torchvision" not in names and not any(n.startswith("reward backend") for n in names)
+    names = {c.name for c in doc.run_checks(resolve_config("sana", "sol_rl", "imagereward"), only_needed=True)}
+    assert probed == ["imagereward"] and {"torchvision", "reward backend imagereward"} <= names
+    probed.clear()
+    doc.run_checks(resolve_config("tiny", "sol_rl", "jpeg_compressibility"))  # the doctor itself shows every backend
+    assert probed == [label for label, *_ in doc.software.BACKENDS]
+
+
 # --- explore precisions: the rules, with made-up GPUs ---------------------------------------------
 
 def test_hopper_runs_fp8_but_not_nvfp4():

@@ -28,16 +28,20 @@ from solrl_core.doctor.prompts import prompt_checks
 from solrl_core.doctor.remote import _remote_rewards
 from solrl_core.doctor.strategy import backend_check, strategy_check
 from solrl_core.doctor.software import (_combinations, _device, _gpus, _library, _python, _reward_backends, _torch,
-                                        _torchvision, _transformer_engine, matching_torchvision)
+                                        _torchvision, _transformer_engine, matching_torchvision,
+                                        TORCHVISION_REWARDS)
 from solrl_core.doctor.weights import _disk, _hub_mode, _hub_token, _model_weights, _reward_weights, hub_reachable
 from solrl_core.precision.hardware import GpuInfo
 
 __all__ = ["Check", "failed_for_run", "matching_torchvision", "run_checks"]
 
 
-def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None = None) -> list[Check]:
+def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None = None,
+               only_needed: bool = False) -> list[Check]:
     """Every check for running `cfg` with `nproc` processes (cfg None: the machine alone).
-    `explore_precision` overrides cfg.explore.precision and may also be 'nvfp4' or 'fp8'."""
+    `explore_precision` overrides cfg.explore.precision and may also be 'nvfp4' or 'fp8'.
+    `only_needed` (a run's own preflight) skips importing the reward backends and torchvision the run
+    does not use: the doctor shows them, a run need not pay their import (about 12 s on a 2-core CPU)."""
     m = machine()
     rewards = set(cfg.reward.weights) if cfg is not None else set()
     requested = explore_precision or (cfg.explore.precision if cfg is not None else None)
@@ -54,8 +58,9 @@ def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None
     checks.append(_transformer_engine(m, gpu, low))
     checks += [_library(name) for name in ("diffusers", "transformers", "peft")]
     checks += _combinations(rewards)
-    checks.append(_torchvision(rewards))
-    checks += _reward_backends(rewards)
+    if not only_needed or rewards & TORCHVISION_REWARDS:
+        checks.append(_torchvision(rewards))
+    checks += _reward_backends(rewards, only_needed)
     checks.append(_hub_mode(m))
     if cfg is None:
         return checks

@@ -142,10 +142,13 @@ def matching_torchvision(torch_version: str) -> str | None:
     return f"0.{minor + 15}.{patch}" if major == 2 else None
 
 
+TORCHVISION_REWARDS = frozenset({"imagereward", "hpsv2"})
+
+
 def _torchvision(rewards: set[str]) -> Check:
     import torch
 
-    needed = bool(rewards & {"imagereward", "hpsv2"})
+    needed = bool(rewards & TORCHVISION_REWARDS)
     bad = FAIL if needed else WARN
     base = torch.__version__.split("+")[0]
     tv = matching_torchvision(torch.__version__)
@@ -192,10 +195,12 @@ BACKENDS: tuple[tuple[str, tuple[str, ...], Callable[[], None], str], ...] = (
 )
 
 
-def _reward_backends(rewards: set[str]) -> list[Check]:
+def _reward_backends(rewards: set[str], only_needed: bool = False) -> list[Check]:
     out = []
     for label, serves, probe, fix in BACKENDS:
         needed = bool(rewards & set(serves))
+        if only_needed and not needed:
+            continue
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
