@@ -10,11 +10,10 @@ No test checks a timing."""
 
 from __future__ import annotations
 
-import pytest
-import torch
-
 import json
 
+import pytest
+import torch
 from typer.testing import CliRunner
 
 from solrl_cli.app import app
@@ -149,9 +148,9 @@ def test_bench_times_a_wan_model_at_tiny_size_and_prints_the_table(tmp_path):
     m, (row,) = data["model"], data["rows"]
     assert (m["loader"], m["frames"], m["latent_side"], m["resolution"], m["vae"]) == ("wan", 5, 8, 32, "small Wan")
     assert m["flops_per_sample"]["forward"] == wan_forward_flops(m["transformer_config"], (16, 2, 8, 8))
-    run = resolve_config("wan21_t2v_1_3b", "sol_rl", sets=["explore.group_size=4", "selection.group_size=2"])
     from solrl_core.plan import plan_stages
 
+    run = resolve_config("wan21_t2v_1_3b", "sol_rl", sets=["explore.group_size=4", "selection.group_size=2"])
     expected = phase_flops(plan_stages(run, "fp32", "nvfp4-emulated"), run, SampleFlops(**m["flops_per_sample"]), 1)
     assert row["flops"] == expected and row["iterations_measured"] == 1
     assert row["seconds"]["explore"] > 0 and row["seconds"]["regenerate"] > 0 and row["seconds"]["train"] > 0

@@ -38,8 +38,8 @@ from torch import nn
 
 from solrl_core import events as ev
 from solrl_core.bench.build import REAL, bench_model, build_transformer
-from solrl_core.bench.video import VIDEO_REAL
 from solrl_core.bench.flops import forward_inputs, text_tokens
+from solrl_core.bench.video import VIDEO_REAL
 from solrl_core.errors import SolrlError
 from solrl_core.telemetry.peaks import device_label
 
@@ -264,7 +264,8 @@ def layer_rule(cfg: Any, transformer: dict[str, Any], size: str) -> Any:
     rule = LayerRule.of(cfg.model)
     if size == "real":
         return rule
-    published = VIDEO_REAL.get(cfg.model.name, VIDEO_REAL["wan21_t2v_1_3b"]) if cfg.model.loader == "wan" else REAL[cfg.model.loader]
+    wan = VIDEO_REAL.get(cfg.model.name, VIDEO_REAL["wan21_t2v_1_3b"])  # a Wan preset not recorded: Wan 2.1's width
+    published = wan if cfg.model.loader == "wan" else REAL[cfg.model.loader]
     ratio = hidden_width(transformer) / hidden_width(published)
     return dataclasses.replace(rule, min_dim=round(rule.min_dim * ratio))
 
