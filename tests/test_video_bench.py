@@ -204,3 +204,14 @@ def test_the_doctor_names_the_wan_weights_to_download_and_what_fits_per_gpu(name
     assert (fits[h100.name].status, fits[small.name].status) == expected
     if name == "wan21_t2v_14b":
         assert "fsdp over 8" in fits[small.name].detail and "no strategy fits" in fits[small.name].fix
+
+
+@pytest.mark.parametrize("name, width", [("wan21_t2v_1_3b", 1536), ("wan21_t2v_14b", 5120), ("wan22_ti2v_5b", 3072)])
+def test_explore_scales_a_wan_presets_layer_rule_to_the_tiny_width(name, width):
+    """`solrl bench --explore` at tiny size quantizes the layers the preset's rule would at real width."""
+    from solrl_core.bench.explore import layer_rule
+    from solrl_core.bench.video import wan_transformer_config
+
+    cfg = resolve_config(name, "sol_rl")
+    assert layer_rule(cfg, wan_transformer_config(name, "real"), "real").min_dim == cfg.model.quant_min_dim
+    assert layer_rule(cfg, wan_transformer_config(name, "tiny"), "tiny").min_dim == round(cfg.model.quant_min_dim * 32 / width)
