@@ -17,7 +17,7 @@ from solrl_cli import options as opt
 from solrl_cli.common import console
 from solrl_cli.errors import user_errors
 
-Model = Annotated[Optional[str], typer.Option("--model", "-m", help="Model preset: sana, flux1 or sd3 (at --size tiny, any of their architectures). Default: sana.")]
+Model = Annotated[Optional[str], typer.Option("--model", "-m", help="Model preset: sana, flux1, sd3 or a Wan video preset (wan21_t2v_1_3b, wan21_t2v_14b, wan22_ti2v_5b); at --size tiny, any of their architectures. Default: sana.")]
 Families = Annotated[Optional[list[str]], typer.Option("--family", "-f", help="A family to time (repeatable). Default: sol_rl, compile, naive_scaling.")]
 Size = Annotated[str, typer.Option("--size", help="real: the preset's published transformer size (a GPU); tiny: the same architecture, tiny widths (any machine).")]
 N = Annotated[Optional[int], typer.Option("--n", min=2, help="Seeds explored per prompt. Default: 96 (real), 8 (tiny).")]
@@ -34,7 +34,7 @@ NumericsOnly = Annotated[bool, typer.Option("--numerics-only", help="--explore o
 CompileModes = Annotated[Optional[list[str]], typer.Option("--compile-mode", help="torch.compile mode of the compiled copies (run.compile_mode; repeatable: each mode timed in turn, e.g. --compile-mode default --compile-mode max-autotune-no-cudagraphs). Default: the config's, max-autotune-no-cudagraphs.")]
 SkipMemoryCheck = Annotated[bool, typer.Option("--skip-memory-check", help="--size real: build even when the doctor's (approximate) memory estimate says a family does not fit.")]
 AutoExplore = Annotated[bool, typer.Option("--auto-explore", help="sol_rl: after its iterations, the calibration explore.calibrate=steps+precision would make (precision x preview steps, recall and measured seconds) and the iteration time derived at its choice from the measured phases.")]
-RealVae = Annotated[bool, typer.Option("--real-vae", help="Decode through the published VAE architecture (random weights, flux1 and sd3) at the preset's resolution instead of a two-block VAE: decoding costs what it does in a real run.")]
+RealVae = Annotated[bool, typer.Option("--real-vae", help="Decode through the published VAE architecture (random weights, flux1 and sd3; not recorded for sana and Wan) at the preset's resolution instead of a two-block VAE: decoding costs what it does in a real run.")]
 RewardModel = Annotated[str, typer.Option("--reward-model", help="jpeg: a cheap reward on the CPU; pickscore: a random-weight CLIP ViT-H/14 (PickScore_v1's size) scoring on the device, as a real reward would.")]
 PHASE_ROWS = ("explore", "regenerate", "reward", "train", "sync", "total")
 MODEL_PHASES = ("explore", "regenerate", "train")
@@ -132,7 +132,8 @@ def _report(result: dict[str, Any]) -> None:
         seconds.add_row(r["family"], *(_with_spread(r, p) for p in PHASE_ROWS), f"{r['peak_gib']['total']:.2f}",
                         *((f"{est:.1f}" if est is not None else "-",) if real else ()))
     console.print(seconds)
-    rates = _table("throughput", ("family", "explore steps/s", "regen steps/s", "train pairs/s", "images/s"))
+    unit = "clips" if m.get("frames") else "images"  # a video model trains clips
+    rates = _table("throughput", ("family", "explore steps/s", "regen steps/s", "train pairs/s", f"{unit}/s"))
     for r in rows:
         rates.add_row(r["family"], *(f"{v:.3g}" if v else "-" for v in (r["rates"].get(p) for p in MODEL_PHASES + ("total",))))
     console.print(rates)
@@ -145,7 +146,7 @@ def _report(result: dict[str, Any]) -> None:
     console.print(flops)
     console.print(mfu)
     console.print(f"steps/s: one sample through one denoising step; pairs/s: (sample, timestep) pairs of the update; "
-                  f"images/s: trained images per iteration second. peak GiB: {rows[0]['memory_source']}. MFU: model FLOPs / "
+                  f"{unit}/s: trained {unit} per iteration second. peak GiB: {rows[0]['memory_source']}. MFU: model FLOPs / "
                   "seconds / the device's dense peak at the phase's precision; total: the time its work takes at peak / its time.")
     peaks = {(p["precision"], p["tflops"], p["source"]) for r in rows for p in r["peak_flops"].values() if p}
     for precision, tflops, source in sorted(peaks):

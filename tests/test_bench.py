@@ -159,7 +159,7 @@ def test_real_size_on_a_cpu_is_refused_with_the_tiny_command():
     result = runner.invoke(app, ["bench", "--device", "cpu"])
     assert result.exit_code == 2 and "--size tiny --device cpu" in result.output and "Traceback" not in result.output
     result = runner.invoke(app, ["bench", "--size", "tiny", "--device", "cpu", "--model", "zimage"])
-    assert result.exit_code == 2 and "use --model sana, flux1 or sd3" in result.output
+    assert result.exit_code == 2 and "use --model sana, flux1, sd3, wan21_t2v_1_3b" in result.output
 
 
 @pytest.mark.slow

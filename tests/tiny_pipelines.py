@@ -156,39 +156,33 @@ def flux2_klein_pipeline():  # type: ignore[no-untyped-def]
 
 
 def wan_pipeline():  # type: ignore[no-untyped-def]
-    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
-    from transformers import UMT5Config, UMT5EncoderModel
+    from diffusers import WanTransformer3DModel
+
+    from solrl_core.bench.encoders import umt5_encoder, wan_vae
+    from solrl_core.bench.video import WAN_TINY, wan_pipeline as pipeline
 
     tokenizer = t5_tokenizer()
-    # Sizes from diffusers' tests/pipelines/wan/test_wan.py, with heads of 16 (every block linear a
-    # multiple of 16 wide, so the explore copy can quantize it), a 4-channel latent whose mean and std
-    # are not 0 and 1 (so decode's unnormalisation is checked) and a UMT5 encoder built from config.
-    transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=4,
-                                        out_channels=4, text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2,
-                                        cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
-    vae = AutoencoderKLWan(base_dim=3, z_dim=4, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True],
-                           latents_mean=[0.1, -0.2, 0.05, 0.0], latents_std=[1.5, 0.8, 1.2, 2.0])
-    text_encoder = UMT5EncoderModel(UMT5Config(d_model=32, d_ff=37, d_kv=8, num_layers=1, num_heads=4, vocab_size=len(tokenizer),
-                                               relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1)).eval()
-    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
-    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer, scheduler=scheduler)
+    # Sizes from diffusers' tests/pipelines/wan/test_wan.py (the bench's tiny Wan structure, WAN_TINY), with a
+    # 4-channel latent whose mean and std are not 0 and 1 (so decode's unnormalisation is checked) and a
+    # UMT5 encoder built from config; the VAE compresses 8x in space as the released one.
+    transformer = WanTransformer3DModel(**WAN_TINY, in_channels=4, out_channels=4)
+    vae = wan_vae(4, levels=3, latents_mean=[0.1, -0.2, 0.05, 0.0], latents_std=[1.5, 0.8, 1.2, 2.0])
+    return pipeline(transformer, vae, umt5_encoder(tokenizer, 32), tokenizer, expand_timesteps=False)
 
 
 def wan22_ti2v_pipeline():  # type: ignore[no-untyped-def]
-    from diffusers import AutoencoderKLWan, FlowMatchEulerDiscreteScheduler, WanPipeline, WanTransformer3DModel
+    from diffusers import WanTransformer3DModel
+
+    from solrl_core.bench.encoders import wan_vae
+    from solrl_core.bench.video import WAN_TINY, wan_pipeline as pipeline
 
     # Wan 2.2 TI2V 5B's layout, as diffusers' tests build it: a residual VAE over 2x2 pixel patches
     # (16x spatial compression, 48 latent channels) and per-token timesteps (expand_timesteps).
     base = wan_pipeline()
-    vae = AutoencoderKLWan(base_dim=3, z_dim=48, in_channels=12, out_channels=12, is_residual=True, patch_size=2,
-                           latents_mean=[0.05 * (i % 5) for i in range(48)], latents_std=[1.0 + 0.1 * (i % 3) for i in range(48)],
-                           dim_mult=[1, 1, 1, 1], num_res_blocks=1, scale_factor_spatial=16, scale_factor_temporal=4,
-                           temperal_downsample=[False, True, True])
-    transformer = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, in_channels=48,
-                                        out_channels=48, text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2,
-                                        cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
-    return WanPipeline(tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=vae, transformer=transformer,
-                       scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0), expand_timesteps=True)
+    vae = wan_vae(48, levels=3, patch=2, latents_mean=[0.05 * (i % 5) for i in range(48)],
+                  latents_std=[1.0 + 0.1 * (i % 3) for i in range(48)])
+    transformer = WanTransformer3DModel(**WAN_TINY, in_channels=48, out_channels=48)
+    return pipeline(transformer, vae, base.text_encoder, base.tokenizer, expand_timesteps=True)
 
 
 BUILDERS = {"sana": sana_pipeline, "flux1": flux_pipeline, "sd3": sd3_pipeline, "sd35_medium": sd35_medium_pipeline,

@@ -7,6 +7,7 @@
     run.py       the families through `solrl train`'s own code, warm-up dropped: seconds, memory, MFU, ratios
     fits.py      before building at real size: each family against the GPU's memory, by the doctor's estimate
     explore.py   `--explore`: one denoising step per explore backend, its error against bf16, the refresh
+    video.py     the Wan video presets: published configs, their bench pipelines, FLOPs derived per step
 
 The per-phase FLOPs, the device's peaks and the MFU are telemetry/'s, shared with a training run's live MFU.
 

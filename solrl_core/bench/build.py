@@ -8,7 +8,8 @@ CLIP-G 1280, T5-XXL 4096) and the VAE has two blocks and the real latent channel
 gives the real latent: SANA 1024 px -> 64 px here, both 32x32x32; FLUX.1 512 px -> 128 px, both
 64x64x16 (1024 image tokens); SD3.5-L 1024 px -> 256 px, both 128x128x16 (4096 tokens). The transformer,
 the part the bench measures, sees exactly the real shapes. `size="tiny"` keeps each architecture with
-small widths, for a CPU.
+small widths, for a CPU. The Wan video presets (loader "wan") are built the same way by bench/video.py,
+whose docstring gives their VAE's arithmetic.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import Any
 import torch
 
 from solrl_core.bench import encoders as enc
-from solrl_core.bench.video import video_flops_note
+from solrl_core.bench import video
 from solrl_core.errors import SolrlError
 
 # Published transformer configurations by model preset, and tiny ones of the same structure by loader.
@@ -67,39 +68,58 @@ class BenchModel:
     transformer: dict[str, Any]  # the transformer's config
     resolution: int  # the resolution the bench renders at (gives the real latent at size "real")
     real_vae: bool = False  # the VAE of the published config (random weights) instead of the two-block one
+    frames: int = 0  # frames per clip of a video model (0: an image model)
+
+    @property
+    def vae_factor(self) -> int:
+        """The spatial compression of the VAE the bench builds."""
+        if self.loader == "wan":
+            return video.bench_vae_factor(self.preset)
+        return REAL_VAE_FACTOR[self.loader] if self.real_vae else BENCH_VAE_FACTOR
 
     @property
     def latent_side(self) -> int:
-        return self.resolution // (REAL_VAE_FACTOR[self.loader] if self.real_vae else BENCH_VAE_FACTOR)
+        return self.resolution // self.vae_factor
 
 
-def bench_model(preset: str, loader: str, resolution: int, size: str, real_vae: bool = False) -> BenchModel:
-    """The transformer config and render resolution of `preset` (its loader and configured resolution);
-    `real_vae`: with the VAE of the published config, at the preset's own resolution (a tiny model: 64 px)."""
+MODELS_HINT = "use --model sana, flux1, sd3, wan21_t2v_1_3b, wan21_t2v_14b or wan22_ti2v_5b"
+
+
+def bench_model(preset: str, loader: str, resolution: int, size: str, real_vae: bool = False, frames: int = 0) -> BenchModel:
+    """The transformer config and render resolution of `preset` (its loader, configured resolution and,
+    for a video model, frames); `real_vae`: with the VAE of the published config, at the preset's own
+    resolution (a tiny model: 64 px)."""
     if real_vae and loader not in PUBLISHED_VAES:
         raise SolrlError(f"--real-vae builds the published VAE of {', '.join(PUBLISHED_VAES)}; none is recorded for the "
-                         f"{preset} preset's {loader} loader", "leave --real-vae out: the two-block VAE gives the real latent")
+                         f"{preset} preset's {loader} loader", "leave --real-vae out: the bench's small VAE gives the real latent")
     if real_vae:
         side = TINY_REAL_VAE_RESOLUTION if size == "tiny" else resolution
         model = bench_model(preset, loader, resolution, size)
         return BenchModel(preset, loader, size, model.transformer, side, real_vae=True)
     if size not in SIZES:
         raise SolrlError(f"--size {size}: expected real or tiny", "use --size real (a GPU) or --size tiny (any machine)")
+    if loader == "wan":
+        if size == "real" and preset not in video.VIDEO_REAL:
+            raise SolrlError(f"no published transformer size recorded for the {preset} preset", f"{MODELS_HINT}, or --size "
+                             "tiny for a Wan-architecture model of tiny width")
+        return BenchModel(preset, loader, size, video.wan_transformer_config(preset, size),
+                          video.wan_bench_resolution(preset, resolution, size), frames=frames)
     if loader not in TINY:
-        raise SolrlError(f"solrl bench builds sana, flux1 and sd3 models; the {preset} preset's loader is {loader}"
-                         + video_flops_note(preset, resolution), "use --model sana, flux1 or sd3")
+        raise SolrlError(f"solrl bench builds sana, flux1, sd3 and Wan models; the {preset} preset's loader is {loader}",
+                         MODELS_HINT)
     if size == "tiny":
         return BenchModel(preset, loader, size, TINY[loader], TINY_RESOLUTION)
     if preset not in REAL:
-        raise SolrlError(f"no published transformer size recorded for the {preset} preset", "use --model sana, flux1 or sd3, "
+        raise SolrlError(f"no published transformer size recorded for the {preset} preset", f"{MODELS_HINT}, "
                          f"or --size tiny for a {loader}-architecture model of tiny width")
     return BenchModel(preset, loader, size, REAL[preset], resolution // REAL_VAE_FACTOR[loader] * BENCH_VAE_FACTOR)
 
 
 def transformer_class(loader: str) -> type:
-    from diffusers import FluxTransformer2DModel, SanaTransformer2DModel, SD3Transformer2DModel
+    from diffusers import FluxTransformer2DModel, SanaTransformer2DModel, SD3Transformer2DModel, WanTransformer3DModel
 
-    return {"sana": SanaTransformer2DModel, "flux1": FluxTransformer2DModel, "sd3": SD3Transformer2DModel}[loader]
+    return {"sana": SanaTransformer2DModel, "flux1": FluxTransformer2DModel, "sd3": SD3Transformer2DModel,
+            "wan": WanTransformer3DModel}[loader]
 
 
 def build_transformer(model: BenchModel, device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
@@ -121,7 +141,9 @@ def build_pipeline(model: BenchModel, folder: Path, device: torch.device | str =
     torch.manual_seed(0)
     transformer = build_transformer(model, device).to("cpu")
     real = model.size == "real"
-    if model.loader == "sana":
+    if model.loader == "wan":
+        pipe = video.bench_wan_pipeline(model.preset, transformer)
+    elif model.loader == "sana":
         from diffusers import SanaPipeline
 
         tok = enc.gemma_tokenizer()
@@ -154,6 +176,14 @@ def build_pipeline(model: BenchModel, folder: Path, device: torch.device | str =
             text_encoder_3=enc.t5_encoder(toks[2], model.transformer["joint_attention_dim"]))
     pipe.save_pretrained(str(folder))
     return folder
+
+
+def parts(model: BenchModel) -> str:
+    """What is built beside the transformer, for the bench's progress line."""
+    if model.loader == "wan":
+        return video.wan_parts(model.preset, model.size, model.resolution)
+    encoders = "one-layer text encoders of the real widths" if model.size == "real" else "tiny text encoders"
+    return f"{encoders} and {'the published VAE' if model.real_vae else 'a two-block VAE'}"
 
 
 def parameters(model: BenchModel) -> int:

@@ -1,7 +1,7 @@
 """Offline stand-ins for the parts of a pipeline a benchmark does not time closely: tokenizers of the
 real classes built from a few-hundred-entry vocabulary (a character-level BPE for Gemma and CLIP, a
-word-plus-character Unigram for T5), one- or two-layer text encoders of a chosen width, and a
-two-block VAE. Nothing is downloaded; the tests' tiny pipelines use them too."""
+word-plus-character Unigram for T5 and UMT5), one- or two-layer text encoders of a chosen width, a
+two-block VAE and a small Wan video VAE. Nothing is downloaded; the tests' tiny pipelines use them too."""
 
 from __future__ import annotations
 
@@ -62,6 +62,30 @@ def t5_encoder(tokenizer, d_model: int):  # type: ignore[no-untyped-def]
 
     return T5EncoderModel(T5Config(d_model=d_model, d_ff=37, d_kv=8, num_layers=1, num_heads=4, vocab_size=len(tokenizer),
                                    relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1)).eval()
+
+
+def umt5_encoder(tokenizer, d_model: int):  # type: ignore[no-untyped-def]
+    """One UMT5 layer whose output width is `d_model` (Wan's text_dim: UMT5-XXL's 4096)."""
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    return UMT5EncoderModel(UMT5Config(d_model=d_model, d_ff=37, d_kv=8, num_layers=1, num_heads=4, vocab_size=len(tokenizer),
+                                       relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1)).eval()
+
+
+def wan_vae(z_dim: int, levels: int, patch: int = 1, base_dim: int = 3, latents_mean: list[float] | None = None,
+            latents_std: list[float] | None = None):  # type: ignore[no-untyped-def]
+    """A small AutoencoderKLWan: `levels` 2x spatial down-samplings, the last two also 2x in time (4x:
+    the first frame alone, then one latent frame per 4, as the released Wan VAEs), one residual block
+    per level; `patch` 2 adds Wan 2.2's 2x2 pixel patches (a residual VAE, 2x more spatial compression).
+    Spatial compression: patch x 2^levels. Latent statistics default to mean 0, std 1."""
+    from diffusers import AutoencoderKLWan
+
+    residual = {} if patch == 1 else dict(in_channels=3 * patch * patch, out_channels=3 * patch * patch, is_residual=True,
+                                          patch_size=patch)
+    return AutoencoderKLWan(base_dim=base_dim, z_dim=z_dim, dim_mult=[1] * (levels + 1), num_res_blocks=1,
+                            temperal_downsample=[False] * (levels - 2) + [True, True],
+                            latents_mean=latents_mean or [0.0] * z_dim, latents_std=latents_std or [1.0] * z_dim,
+                            scale_factor_spatial=patch * 2 ** levels, scale_factor_temporal=4, **residual)
 
 
 def kl_vae(latent_channels: int):  # type: ignore[no-untyped-def]

@@ -39,6 +39,7 @@ from torch import nn
 from solrl_core import events as ev
 from solrl_core.bench.build import REAL, bench_model, build_transformer
 from solrl_core.bench.flops import forward_inputs, text_tokens
+from solrl_core.bench.video import VIDEO_REAL
 from solrl_core.errors import SolrlError
 from solrl_core.telemetry.peaks import device_label
 
@@ -145,7 +146,7 @@ def measure_model(preset: str, options: ExploreOptions, device: torch.device, bu
     from solrl_core.presets import resolve_config
 
     cfg = resolve_config(preset, "sol_rl")
-    model = bench_model(preset, cfg.model.loader, cfg.model.resolution, options.size)
+    model = bench_model(preset, cfg.model.loader, cfg.model.resolution, options.size, frames=cfg.model.frames)
     rule = layer_rule(cfg, model.transformer, options.size)
     torch.manual_seed(0)
     net = build_transformer(model, device).requires_grad_(False)
@@ -263,7 +264,9 @@ def layer_rule(cfg: Any, transformer: dict[str, Any], size: str) -> Any:
     rule = LayerRule.of(cfg.model)
     if size == "real":
         return rule
-    ratio = hidden_width(transformer) / hidden_width(REAL[cfg.model.loader])
+    wan = VIDEO_REAL.get(cfg.model.name, VIDEO_REAL["wan21_t2v_1_3b"])  # a Wan preset not recorded: Wan 2.1's width
+    published = wan if cfg.model.loader == "wan" else REAL[cfg.model.loader]
+    ratio = hidden_width(transformer) / hidden_width(published)
     return dataclasses.replace(rule, min_dim=round(rule.min_dim * ratio))
 
 

@@ -11,7 +11,9 @@ nor are the VAE decode and the rewards: the figure is the transformer's work, wh
 peak is for.
 
 `sana_forward_flops` derives one SANA forward from its config alone, as a check on the counter
-(tests/test_bench.py); bench/video.py's `wan_forward_flops` does the same for a Wan video model.
+(tests/test_bench.py); bench/video.py's `wan_forward_flops` does the same for a Wan video model, and
+is what a Wan model's forward is counted by here (it equals the counter's figure on the published
+models: tests/test_video_bench.py); its training pass is counted by the counter, as every model's.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import torch
 
 from solrl_core.bench.build import BenchModel, build_transformer
+from solrl_core.bench.video import WAN_TOKENS, per_token_time, wan_forward_flops
 from solrl_core.telemetry.model_flops import SampleFlops
 
 SANA_TOKENS = 300  # models/sana.py MAX_SEQUENCE_LENGTH
@@ -32,6 +35,8 @@ def text_tokens(loader: str, max_sequence_length: int) -> int:
     """Text tokens the transformer attends to, as solrl encodes prompts (padded, never trimmed)."""
     if loader == "sana":
         return SANA_TOKENS
+    if loader == "wan":
+        return WAN_TOKENS
     t5 = max_sequence_length or T5_DEFAULT_TOKENS[loader]
     return t5 + (CLIP_TOKENS if loader == "sd3" else 0)
 
@@ -41,6 +46,12 @@ def forward_inputs(model: BenchModel, tokens: int, batch: int, device: torch.dev
     """One denoising step's keyword arguments, shaped as solrl's velocity functions call the transformer."""
     c, side = model.transformer, model.latent_side
     kw: dict[str, Any] = dict(device=device, dtype=dtype)
+    if model.loader == "wan":  # models/wan.py's wan_velocity and wan22_velocity
+        latent = wan_latent(model)
+        video = latent[1] * (side // 2) ** 2  # latent frames x 2x2 patches per frame
+        return dict(hidden_states=torch.randn(batch, *latent, **kw),
+                    timestep=torch.full((batch, video) if per_token_time(model.preset) else (batch,), 500.0, device=device),
+                    encoder_hidden_states=torch.randn(batch, tokens, c["text_dim"], **kw), return_dict=False)
     if model.loader == "sana":
         return dict(hidden_states=torch.randn(batch, c["in_channels"], side, side, **kw),
                     encoder_hidden_states=torch.randn(batch, tokens, c["caption_channels"], **kw),
@@ -57,14 +68,26 @@ def forward_inputs(model: BenchModel, tokens: int, batch: int, device: torch.dev
                 pooled_projections=torch.randn(batch, c["pooled_projection_dim"], **kw), return_dict=False)
 
 
+def wan_latent(model: BenchModel) -> tuple[int, int, int, int]:
+    """A Wan model's latent [C, F', H', W'] at the bench's frames and resolution (models/wan.py's shape)."""
+    from solrl_core.models.wan import latent_frames
+
+    side = model.latent_side
+    return (model.transformer["in_channels"], latent_frames(model.frames, 4), side, side)
+
+
 def count_sample_flops(model: BenchModel, tokens: int) -> SampleFlops:
-    """FlopCounterMode over the transformer on the meta device at batch 1 (FLOPs are linear in the batch)."""
+    """FlopCounterMode over the transformer on the meta device at batch 1 (FLOPs are linear in the batch);
+    a Wan forward by `wan_forward_flops`, which equals the counter's count."""
     from torch.utils.flop_counter import FlopCounterMode
 
     net = build_transformer(model, "meta").requires_grad_(False)
-    with FlopCounterMode(display=False) as counter:
-        net(**forward_inputs(model, tokens, 1, "meta"))
-    forward = counter.get_total_flops()
+    if model.loader == "wan":
+        forward = wan_forward_flops(model.transformer, wan_latent(model), tokens, time_per_token=per_token_time(model.preset))
+    else:
+        with FlopCounterMode(display=False) as counter:
+            net(**forward_inputs(model, tokens, 1, "meta"))
+        forward = counter.get_total_flops()
     inputs = forward_inputs(model, tokens, 1, "meta")
     inputs["hidden_states"].requires_grad_(True)  # gradients flow back through every block, as to the LoRA layers
     with FlopCounterMode(display=False) as counter:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from solrl_core import events as ev
-from solrl_core.bench.build import bench_model, build_pipeline, parameters
+from solrl_core.bench.build import bench_model, build_pipeline, parameters, parts
 from solrl_core.bench.flops import count_sample_flops, text_tokens
 from solrl_core.errors import SolrlError
 from solrl_core.telemetry import peaks as pk
@@ -100,7 +100,7 @@ def run_bench(options: BenchOptions, bus: ev.EventBus, workdir: Path | None = No
     options = options.resolved()
     base = resolve_config(options.model, "sol_rl", REWARD, sets=options.sets)
     model = bench_model(options.model, base.model.loader, base.model.resolution, options.size,  # a model it builds, first
-                        options.real_vae)
+                        options.real_vae, base.model.frames)
     device = resolve_device(options.device)
     options.check(device)
     tokens = text_tokens(model.loader, base.model.max_sequence_length)
@@ -114,8 +114,7 @@ def run_bench(options: BenchOptions, bus: ev.EventBus, workdir: Path | None = No
             check_fits({f: family_config(options, f, root) for f in options.families}, device, gpu_of(device))
         bus.emit(ev.BenchProgress(stage="build", message=(
             f"building the {options.model} transformer at {options.size} size ({_count(count)} parameters, random "
-            f"weights), {'one-layer text encoders of the real widths' if options.size == 'real' else 'tiny text encoders'} "
-            f"and {'the published VAE' if model.real_vae else 'a two-block VAE'}, on {device}")))
+            f"weights), {parts(model)}, on {device}")))
         folder = _build(model, root / "pipeline", device, count)
         if options.reward_model == "pickscore":
             from solrl_core.bench.encoders import save_clip_reward
@@ -124,8 +123,10 @@ def run_bench(options: BenchOptions, bus: ev.EventBus, workdir: Path | None = No
                                       f"architecture ({'CLIP ViT-H/14' if options.size == 'real' else 'one layer'}), on {device}"))
             save_clip_reward(root / "reward", options.size, device, torch.bfloat16)
         per_sample = count_sample_flops(model, tokens)
+        how = ("forward derived from the config (wan_forward_flops), forward + backward FlopCounterMode on the meta device"
+               if model.loader == "wan" else "FlopCounterMode, meta device")
         bus.emit(ev.BenchProgress(stage="flops", message=(
-            f"model FLOPs per sample (FlopCounterMode, meta device): forward {format_flops(per_sample.forward)}, "
+            f"model FLOPs per sample ({how}): forward {format_flops(per_sample.forward)}, "
             f"forward + backward {format_flops(per_sample.forward_backward)}")))
         rows = [_run_family(options, family, folder, model.resolution, per_sample, bus, root) for family in options.families]
     cache: dict[tuple[str, str], pk.Peak | None] = {}
@@ -133,8 +134,8 @@ def run_bench(options: BenchOptions, bus: ev.EventBus, workdir: Path | None = No
         _add_utilisation(row, device, cache, bus)
     add_ratios(rows)
     info = {"preset": options.model, "loader": model.loader, "size": options.size, "parameters": count,
-            "resolution": model.resolution, "latent_side": model.latent_side, "text_tokens": tokens,
-            "vae": "published" if model.real_vae else "two-block", "reward": REWARD_MODELS[options.reward_model],
+            "resolution": model.resolution, "latent_side": model.latent_side, "frames": model.frames, "text_tokens": tokens,
+            "vae": "published" if model.real_vae else ("small Wan" if model.loader == "wan" else "two-block"), "reward": REWARD_MODELS[options.reward_model],
             "flops_per_sample": dataclasses.asdict(per_sample), "transformer_config": model.transformer}
     return BenchResult(pk.device_label(device), torch.__version__, dataclasses.asdict(options), info, rows)
 
