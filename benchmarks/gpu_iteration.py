@@ -14,6 +14,7 @@ family's, the strongest honest baseline (compiled bf16 rollouts, as the official
     python benchmarks/gpu_iteration.py --size tiny --device cpu --n 8 --k 4   # the same code on a CPU
     python benchmarks/gpu_iteration.py --models sana --compile-mode default max-autotune-no-cudagraphs
     python benchmarks/gpu_iteration.py --models flux --real-vae --reward-model pickscore   # decoding and scoring at real cost
+    python benchmarks/gpu_iteration.py --models wan       # Wan 2.1 T2V 1.3B (solrl bench's Wan pipeline: docs/bench.md)
 
 The first `--warmup` iterations of each family are dropped. Random weights: speed and memory only.
 The work is `solrl bench`'s (solrl_core/bench/run.py), which also prints throughput and MFU per phase;
@@ -36,7 +37,7 @@ from solrl_core.config import COMPILE_MODES
 from solrl_core.errors import SolrlError
 
 FAMILIES = ("sol_rl", "naive_scaling", "compile")
-PRESET = {"sana": "sana", "flux": "flux1"}
+PRESET = {"sana": "sana", "flux": "flux1", "wan": "wan21_t2v_1_3b"}
 PHASES = ("explore", "regenerate", "reward", "train", "sync", "total")
 
 
