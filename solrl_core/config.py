@@ -28,6 +28,7 @@ SWITCHES = ("auto", "true", "false")  # a setting solrl decides for this machine
 AGGREGATIONS = ("sum", "advantage")
 TRACKERS = ("tensorboard", "wandb")
 STRATEGIES = ("auto", "replicate", "fsdp")  # distributed.strategy (sharding.py)
+COPY_LAYOUTS = ("auto", "whole", "sharded")  # distributed.copy_layout (sharded_copy.py)
 CALIBRATIONS = ("off", "steps", "steps+precision")  # explore.calibrate (calibration.py)
 TRAIN_PRECISIONS = ("autocast", "bf16", "fp32-base")
 COPY_PLACES = ("auto", "gpu", "cpu-whole", "cpu-blocks")  # memory.copies (offload.py)
@@ -259,6 +260,11 @@ class DistributedConfig:
                                "full-precision rollout copy: Stage 2 runs on the policy's old adapter), or auto "
                                "(replicate while the memory "
                                "ESTIMATE of one replica fits the GPU, or with one process; else fsdp). docs/distributed.md.")
+    copy_layout: str = _f("auto", "Under distributed.strategy=fsdp, how each process holds the low-precision explore copy: "
+                                  "whole (all of it on every GPU), sharded (1/S of it, sharded like the policy and "
+                                  "gathered block by block for Stage 1's forwards), or auto (whole where the memory "
+                                  "ESTIMATE says it fits, else sharded, else Stage 1 at the run dtype). Ignored by "
+                                  "replicate. docs/distributed.md.")
 
 
 @dataclass(frozen=True)
@@ -307,6 +313,7 @@ class Config:
         _choice("model.train_precision", self.model.train_precision, TRAIN_PRECISIONS)
         _choice("run.stop_on_sigterm", self.run.stop_on_sigterm, ("phase", "iteration"))
         _choice("distributed.strategy", self.distributed.strategy, STRATEGIES)
+        _choice("distributed.copy_layout", self.distributed.copy_layout, COPY_LAYOUTS)
         _choice("explore.calibrate", self.explore.calibrate, CALIBRATIONS)
         _choice("memory.copies", self.memory.copies, COPY_PLACES)
         if self.explore.calibrate != "off" and not (FAMILIES[family].preview_steps and FAMILIES[family].regenerate):

@@ -110,10 +110,11 @@ def resolve_strategy(cfg: Config, machine: MachinePlan, dtype_name: str, gpu: Gp
 
 def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInfo | None = None,
                  shard: int = 1) -> MachinePlan:
-    """`machine` under fsdp over `shard` processes per node: the explore copy kept whole on every
-    process (sharded_copy.py) where the memory ESTIMATE says it fits `gpu` (else, with
-    explore.precision=auto, Stage 1 at the run dtype; an explicit precision is refused), no rollout
-    copy; a setting that needs what fsdp does not keep is refused."""
+    """`machine` under fsdp over `shard` processes per node: the explore copy built from the shards
+    (sharded_copy.py), whole on every process or sharded like the policy as `distributed.copy_layout`
+    and the memory ESTIMATE say (`explore_layout`; where neither fits `gpu`, with explore.precision=auto,
+    Stage 1 at the run dtype; an explicit precision is refused), no rollout copy; a setting that needs
+    what fsdp does not keep is refused."""
     fix = "set distributed.strategy=replicate (a full replica per GPU), or drop the setting"
     fam = family(cfg.algorithm.family)
     if fam.copy == "compiled":
@@ -129,14 +130,18 @@ def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInf
         raise SolrlError(f"memory.copies={cfg.memory.copies} is not available with distributed.strategy=fsdp in this "
                          "version (the sharded explore copy is filled from the shards on the GPU)", fix)
     low = fam.low_precision and machine.explore_precision != dtype_name
-    over = _whole_copy_over(machine, cfg, dtype_name, gpu, shard) if low and gpu is not None else ""
-    if low and not over:
-        explore_why = (f"{machine.explore_why}; under fsdp a whole {machine.explore_precision} copy on each process, built "
-                       "and refreshed one gathered block at a time from the sharded policy, without its high-precision weights")
+    layout, why = copy_layout(machine, cfg, dtype_name, gpu, shard) if low else ("", "")
+    precision, built = machine.explore_precision, "built and refreshed one gathered block at a time from the sharded policy"
+    if layout == "whole":
+        explore_why = (f"{machine.explore_why}; under fsdp a whole {precision} copy on each process ({why}), {built}, "
+                       "without its high-precision weights")
+    elif layout == "sharded":
+        explore_why = (f"{machine.explore_why}; under fsdp a {precision} copy sharded like the policy, 1/{shard} on each "
+                       f"process and gathered block by block for Stage 1's forwards, eager ({why}), {built}")
     else:
-        low, explore_why = False, (f"auto: {over}, so " if over else "") + "Stage 1 at the run dtype on the policy's old adapter"
-    return replace(machine, explore_precision=machine.explore_precision if low else dtype_name,
-                   explore_compile=machine.explore_compile and low, rollout_copy=False, rollout_compile=False,
+        explore_why = (f"auto: {why}, so " if why else "") + "Stage 1 at the run dtype on the policy's old adapter"
+    return replace(machine, explore_precision=precision if layout else dtype_name, explore_layout=layout,
+                   explore_compile=machine.explore_compile and layout == "whole", rollout_copy=False, rollout_compile=False,
                    update_compile=False, policy_rollout_compile=False, explore_why=explore_why, memory_fits=True,
                    memory=replace(machine.memory, copies="gpu"),
                    memory_why="under fsdp the copies stay on the GPU; the VAE and gradient "
@@ -144,21 +149,35 @@ def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInf
                    rollout_copy_why="fsdp keeps none: rollouts and v_old on the policy's old adapter")
 
 
-def _whole_copy_over(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInfo, shard: int) -> str:
-    """"" where a whole explore copy per GPU fits under fsdp by the memory ESTIMATE; else the figures,
-    for `explore.precision=auto` to explore at the run dtype, and an explicit precision is refused.
-    (A copy sharded like the policy is not in this version.)"""
+def copy_layout(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInfo | None, shard: int) -> tuple[str, str]:
+    """(layout, why) of the low-precision explore copy under fsdp: `distributed.copy_layout`, auto taking
+    the first of whole and sharded that fits `gpu` by the memory ESTIMATE (`sharded_estimate`); with one
+    process, whole (nothing to shard over). ("", figures) where none fits and explore.precision is auto
+    (Stage 1 then at the run dtype); an explicit precision is refused with the figures."""
+    asked = cfg.distributed.copy_layout
+    if shard == 1:
+        return "whole", "one process: nothing to shard the copy over"
+    if gpu is None:
+        return ("whole" if asked == "auto" else asked), ("auto: " if asked == "auto" else "as configured; ") + \
+            "a CPU, no GPU memory limit"
     precision, budget = machine.explore_precision, gpu.memory_gib * FIT_SHARE
-    peak = sharded_estimate(cfg, dtype_name, shard, explore_precision=precision).peak
-    if peak <= budget:
-        return ""
+    peaks = {layout: sharded_estimate(cfg, dtype_name, shard, explore_precision=precision, copy_layout=layout).peak
+             for layout in (("whole", "sharded") if asked == "auto" else (asked,))}
+    for layout, peak in peaks.items():
+        if peak > budget:
+            continue
+        head = "as configured; " if asked != "auto" else "auto: " if layout == "whole" else \
+            f"auto: a whole copy's {peaks['whole']:.1f} GiB over {budget:.1f}; "
+        return layout, f"{head}estimated peak {peak:.1f} GiB within {budget:.1f} GiB"
     without = sharded_estimate(cfg, dtype_name, shard).peak
-    figures = (f"a whole {precision} explore copy per GPU takes the estimated peak under fsdp over {shard} to {peak:.1f} GiB, "
-               f"over {budget:.1f} GiB ({without:.1f} GiB without it)")
+    (first, peak), *rest = peaks.items()
+    figures = (f"a {first} {precision} explore copy per GPU takes the estimated peak under fsdp over {shard} to {peak:.1f} GiB"
+               + "".join(f", a {layout} one to {p:.1f} GiB" for layout, p in rest)
+               + f", over {budget:.1f} GiB ({without:.1f} GiB without it)")
     if cfg.explore.precision != "auto":
         raise SolrlError(figures, "set explore.precision=auto (Stage 1 then at the run dtype where the copy does not fit), "
-                                  "more processes per node, or a GPU with more memory")
-    return figures
+                                  "distributed.copy_layout=auto, more processes per node, or a GPU with more memory")
+    return "", figures
 
 
 def shard_count(world: int) -> int:
@@ -257,13 +276,17 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, sd: dict) -> None:
 
 
 def sharded_estimate(cfg: Config, dtype_name: str, shard: int, checkpointing: bool = True,
-                     explore_precision: str | None = None) -> MemoryEstimate:
+                     explore_precision: str | None = None, copy_layout: str = "whole") -> MemoryEstimate:
     """Peak GPU memory ESTIMATE per process under fsdp with `shard` processes per shard group (a node):
     a replica's estimate (footprint.py) without rollout copy, its policy weights divided by `shard`
     plus the gathered blocks (GATHERED_SHARE of the weights, when sharded), and, where the family
-    explores at `explore_precision` (None: at the run dtype), a whole explore copy without its
-    high-precision weights (footprint.copy_bytes), as a replica's. APPROXIMATE."""
+    explores at `explore_precision` (None: at the run dtype), an explore copy without its
+    high-precision weights (footprint.copy_bytes): whole as a replica's (`copy_layout` whole), or
+    sharded like the policy (1/shard of it plus its gathered blocks, the same share; counted beside the
+    policy's although the two are gathered in different phases: an upper estimate). APPROXIMATE."""
     explore = explore_precision or dtype_name
     est = estimate_memory(cfg, explore, dtype_name, checkpointing, rollout_copy=False)
-    policy = est.policy / shard + (est.policy * GATHERED_SHARE if shard > 1 else 0.0)
-    return replace(est, policy=policy)
+    gathered = GATHERED_SHARE if shard > 1 else 0.0
+    policy = est.policy / shard + est.policy * gathered
+    copy = est.explore_copy / shard + est.explore_copy * gathered if copy_layout == "sharded" else est.explore_copy
+    return replace(est, policy=policy, explore_copy=copy)

@@ -1,0 +1,157 @@
+"""A low-precision explore copy sharded like the policy under distributed.strategy=fsdp
+(distributed.copy_layout=sharded, sharded_copy.shard_copy) on a CPU (gloo): a 2-rank run explores at
+nvfp4-emulated on a copy each rank holds half of and trains what a 1-process run does; the copy's
+gathered tensors equal a replica's copy after it is built and after a refresh; and the estimate's
+arithmetic for the sharded layout, and the layout auto chooses by it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_distributed import _adapters, _events, _spawn
+from tests.test_fsdp import _close
+from tests.test_fsdp_explore import _caches, _caches_equal, _config, _train_recording_kept
+
+PRECISION = "nvfp4-emulated"
+SHARDED = "distributed.copy_layout=sharded"
+
+
+def _gathered(module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], int, int]:
+    """Every tensor the copy computes with, whole (a collective: each sharded one gathered), and the
+    elements of its sharded tensors this rank holds against their whole count."""
+    from torch.distributed.tensor import DTensor
+
+    out, held, whole = {k: v.clone() for k, v in module.named_buffers()}, 0, 0
+    for k, v in module.named_parameters():
+        if isinstance(v, DTensor):
+            held, whole = held + v.to_local().numel(), whole + v.numel()
+            out[k] = v.full_tensor().detach().clone()
+        elif not v.is_meta:
+            out[k] = v.detach().clone()
+    return out, held, whole
+
+
+def _worker(rank: int, world: int, port: int, root: Path) -> None:
+    """A 2-iteration sol_rl run on the sharded copy, then a session's copy gathered as built and as
+    refreshed after a changed old adapter (saved by rank 0)."""
+    from torch.distributed.fsdp import fully_shard
+
+    from solrl_core import distributed
+    from solrl_core.precision.quantize import load_tensor
+    from solrl_core.session import open_session
+    from solrl_core.sharded_copy import policy_mesh
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    _train_recording_kept(_config(root, "two", "fsdp", PRECISION, SHARDED), root / "results" / f"kept-rank{rank}.json")
+    distributed.init_from_env()
+    run = open_session(_config(root, "copy", "fsdp", PRECISION, SHARDED)).run
+    try:
+        engine = run.engine
+        built, held, whole = _gathered(engine.explore_copy.module)
+        old = engine.policy.state("old")
+        noise = torch.Generator().manual_seed(0)  # an old adapter moved by training: its B no longer zero
+        old = {k: v + 0.01 * torch.randn(v.shape, generator=noise) for k, v in old.items()}
+        engine.policy.load_state("old", old)
+        engine.refresh_copies()
+        refreshed, _, _ = _gathered(engine.explore_copy.module)
+        odd = torch.nn.Linear(4, 5)  # dim 0 of 5 over 2 ranks: FSDP2 pads the second rank's chunk
+        fully_shard(odd, mesh=policy_mesh(engine.policy))
+        load_tensor(odd, "weight", torch.arange(20.0).reshape(5, 4))
+        assert torch.equal(odd.weight.full_tensor(), torch.arange(20.0).reshape(5, 4))
+        if rank == 0:
+            torch.save({"built": built, "refreshed": refreshed, "old": old, "held": held, "whole": whole},
+                       root / "results" / "copy.pt")
+    finally:
+        if run.lock is not None:
+            run.lock.release()
+
+
+def test_two_ranks_on_a_sharded_nvfp4_copy_train_what_one_process_does_and_the_copy_is_a_replicas(tmp_path):
+    from solrl_core.session import open_session
+
+    (tmp_path / "results").mkdir()
+    _train_recording_kept(_config(tmp_path, "one", "replicate", PRECISION), tmp_path / "results" / "kept-one.json")
+    _spawn(2, tmp_path, limit=600.0, worker=_worker)
+
+    started = _events(tmp_path / "two")[0]
+    assert started["explore_precision"] == PRECISION and started["copy_layout"] == "sharded"
+    assert f"under fsdp a {PRECISION} copy sharded like the policy, 1/2 on each process" in started["machine"]
+    its = [[e for e in _events(tmp_path / d) if e["event"] == "iteration"] for d in ("one", "two")]
+    assert len(its[1]) == 2
+    for a, b in zip(*its):
+        assert b["draft"]["mean"] == pytest.approx(a["draft"]["mean"], abs=1e-6)
+        assert b["draft"]["best"] == pytest.approx(a["draft"]["best"], abs=1e-6)
+        assert b["final"]["mean"] == pytest.approx(a["final"]["mean"], abs=1e-6)
+        assert b["loss"]["loss"] == pytest.approx(a["loss"]["loss"], rel=1e-4)
+    checks = [[e for e in _events(tmp_path / d) if e["event"] == "rank_check"] for d in ("one", "two")]
+    assert len(checks[1]) == 2  # the rank check on the sharded copy, every iteration
+    for a, b in zip(*checks):
+        assert (b["draft_mean"], b["full_mean"]) == pytest.approx((a["draft_mean"], a["full_mean"]), abs=1e-6)
+    ranks = [json.loads((tmp_path / "results" / f"kept-rank{r}.json").read_text()) for r in range(2)]
+    assert [r0 + r1 for r0, r1 in zip(*ranks)] == json.loads((tmp_path / "results" / "kept-one.json").read_text())
+    _close(_adapters(tmp_path / "one", 2), _adapters(tmp_path / "two", 2))
+
+    saved = torch.load(tmp_path / "results" / "copy.pt")
+    assert saved["whole"] > 0 and saved["held"] <= saved["whole"] / 2 + 64  # half, give or take a padded chunk
+    run = open_session(_config(tmp_path, "replica", "replicate", PRECISION)).run
+    try:
+        engine = run.engine
+        replica = _caches(engine.explore_copy.module)
+        assert {k for k in saved["built"] if k.endswith("weight_q")} == {k for k in replica if k.endswith("weight_q")}
+        assert _caches_equal(saved["built"], replica)
+        engine.policy.load_state("old", saved["old"])
+        engine.refresh_copies()
+        assert _caches_equal(saved["refreshed"], _caches(engine.explore_copy.module))
+        assert not _caches_equal(saved["built"], saved["refreshed"])  # the refresh reached the sharded caches
+    finally:
+        if run.lock is not None:
+            run.lock.release()
+
+
+def test_the_sharded_copy_counts_one_shard_and_its_gathered_blocks_and_auto_takes_it_where_a_whole_one_is_over():
+    from solrl_core.config_io import set_value
+    from solrl_core.errors import SolrlError
+    from solrl_core.footprint import estimate_memory
+    from solrl_core.precision.hardware import GpuInfo
+    from solrl_core.precision.resolve import FIT_SHARE, resolve_machine
+    from solrl_core.presets import resolve_config
+    from solrl_core.sharding import GATHERED_SHARE, fsdp_machine, sharded_estimate
+
+    qwen = resolve_config("qwen_image", "sol_rl", "imagereward")
+    replica = estimate_memory(qwen, "fp8", "bf16", True, rollout_copy=False)
+    whole = sharded_estimate(qwen, "bf16", 8, explore_precision="fp8")
+    sharded = sharded_estimate(qwen, "bf16", 8, explore_precision="fp8", copy_layout="sharded")
+    assert whole.explore_copy == replica.explore_copy > 0
+    assert sharded.explore_copy == pytest.approx(replica.explore_copy / 8 + replica.explore_copy * GATHERED_SHARE)
+    assert sharded.policy == whole.policy == pytest.approx(replica.policy / 8 + replica.policy * GATHERED_SHARE)
+    assert whole.peak - sharded.peak == pytest.approx(replica.explore_copy * (1 - 1 / 8 - GATHERED_SHARE))
+    one = sharded_estimate(qwen, "bf16", 1, explore_precision="fp8", copy_layout="sharded")
+    assert one.explore_copy == replica.explore_copy  # one process: nothing gathered, nothing divided
+
+    fp8 = dataclasses.replace(resolve_machine(qwen, torch.device("cpu"), "bf16"), explore_precision="fp8",
+                              explore_compile=True, explore_why="auto on compute capability 9.0")
+    peaks = [sharded_estimate(qwen, "bf16", 2, explore_precision="fp8", copy_layout=c).peak for c in ("whole", "sharded")]
+    between = GpuInfo(0, "between", (9, 0), (peaks[0] + peaks[1]) / 2 / FIT_SHARE)  # a sharded copy fits, a whole one not
+    chosen = fsdp_machine(fp8, qwen, "bf16", between, 2)
+    assert (chosen.explore_precision, chosen.explore_layout, chosen.explore_compile) == ("fp8", "sharded", False)
+    assert f"auto: a whole copy's {peaks[0]:.1f} GiB over" in chosen.explore_why
+    roomy = GpuInfo(0, "roomy", (9, 0), peaks[0] / FIT_SHARE + 1)
+    assert fsdp_machine(fp8, qwen, "bf16", roomy, 2).explore_layout == "whole"
+    assert fsdp_machine(fp8, set_value(qwen, SHARDED), "bf16", roomy, 2).explore_layout == "sharded"
+    with pytest.raises(SolrlError, match="a whole fp8 explore copy per GPU takes the estimated peak"):
+        fsdp_machine(fp8, set_value(set_value(qwen, "explore.precision=fp8"), "distributed.copy_layout=whole"),
+                     "bf16", between, 2)
+    small = GpuInfo(0, "small", (9, 0), peaks[1] / FIT_SHARE - 1)
+    dropped = fsdp_machine(fp8, qwen, "bf16", small, 2)
+    assert (dropped.explore_precision, dropped.explore_layout) == ("bf16", "")
+    assert dropped.explore_why.startswith(f"auto: a whole fp8 explore copy per GPU takes the estimated peak under fsdp over 2 "
+                                          f"to {peaks[0]:.1f} GiB, a sharded one to {peaks[1]:.1f} GiB, over ")
+    with pytest.raises(SolrlError, match="unknown distributed.copy_layout"):
+        set_value(qwen, "distributed.copy_layout=striped").validate()
