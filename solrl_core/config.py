@@ -256,8 +256,9 @@ class DistributedConfig:
     strategy: str = _f("auto", "How the transformer is held over the processes: replicate (a full copy on every GPU, with "
                                "the explore and rollout copies the plan keeps), fsdp (torch FSDP2: each block's weights "
                                "sharded over the processes of a node and replicated across nodes, gathered block by block "
-                               "for each forward; a whole low-precision explore copy per GPU built from the shards, no "
-                               "full-precision rollout copy: Stage 2 runs on the policy's old adapter), or auto "
+                               "for each forward; a low-precision explore copy built from the shards, whole or sharded "
+                               "as distributed.copy_layout says, no full-precision rollout copy: Stage 2 runs on the "
+                               "policy's old adapter), or auto "
                                "(replicate while the memory "
                                "ESTIMATE of one replica fits the GPU, or with one process; else fsdp). docs/distributed.md.")
     copy_layout: str = _f("auto", "Under distributed.strategy=fsdp, how each process holds the low-precision explore copy: "

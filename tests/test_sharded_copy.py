@@ -23,18 +23,40 @@ SHARDED = "distributed.copy_layout=sharded"
 
 
 def _gathered(module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], int, int]:
-    """Every tensor the copy computes with, whole (a collective: each sharded one gathered), and the
-    elements of its sharded tensors this rank holds against their whole count."""
+    """Every tensor the copy computes with, whole, gathered by FSDP2's own all-gather of each unit (a
+    collective), and the elements of its sharded tensors this rank holds against their whole count."""
     from torch.distributed.tensor import DTensor
 
-    out, held, whole = {k: v.clone() for k, v in module.named_buffers()}, 0, 0
-    for k, v in module.named_parameters():
-        if isinstance(v, DTensor):
-            held, whole = held + v.to_local().numel(), whole + v.numel()
-            out[k] = v.full_tensor().detach().clone()
-        elif not v.is_meta:
-            out[k] = v.detach().clone()
+    from solrl_core.sharding import fsdp_units
+
+    shards = [p for p in module.parameters() if isinstance(p, DTensor)]
+    held, whole = sum(p.to_local().numel() for p in shards), sum(p.numel() for p in shards)
+    units = [unit for _, unit in fsdp_units(module)]
+    for unit in units:
+        unit.unshard()
+    out = {k: v.clone() for k, v in module.named_buffers()}
+    out.update({k: v.detach().clone() for k, v in module.named_parameters() if not v.is_meta})
+    assert not any(isinstance(v, DTensor) for v in out.values())
+    for unit in units:
+        unit.reshard()
     return out, held, whole
+
+
+def _fp8_copies_agree(engine) -> None:  # type: ignore[no-untyped-def]
+    """An fp8 copy (e4m3 caches, fp32 row scales of dim 0 one: mixed dtypes, a chunk padded) sharded
+    like the policy gathers to what a whole one filled from the same shards holds."""
+    from solrl_core.models import load_model
+    from solrl_core.precision.quantize import LayerRule
+    from solrl_core.rollout import RolloutCopy
+    from solrl_core.sharded_copy import meta_copy, refresh_from_shards
+
+    base = load_model(engine.config.model, engine.device, engine.dtype).transformer
+    sharded, whole = (RolloutCopy(meta_copy(base), "fp8", LayerRule.of(engine.config.model), sharded=s) for s in (True, False))
+    refresh_from_shards(engine.policy, [sharded, whole], engine.device)
+    gathered, _, _ = _gathered(sharded.module)
+    assert any(v.dtype == torch.float8_e4m3fn for v in gathered.values())
+    assert gathered.keys() == _caches(whole.module).keys()
+    assert all(torch.equal(v.float(), _caches(whole.module)[k].float()) for k, v in gathered.items())
 
 
 def _worker(rank: int, world: int, port: int, root: Path) -> None:
@@ -61,6 +83,7 @@ def _worker(rank: int, world: int, port: int, root: Path) -> None:
         engine.policy.load_state("old", old)
         engine.refresh_copies()
         refreshed, _, _ = _gathered(engine.explore_copy.module)
+        _fp8_copies_agree(engine)
         odd = torch.nn.Linear(4, 5)  # dim 0 of 5 over 2 ranks: FSDP2 pads the second rank's chunk
         fully_shard(odd, mesh=policy_mesh(engine.policy))
         load_tensor(odd, "weight", torch.arange(20.0).reshape(5, 4))
@@ -155,3 +178,27 @@ def test_the_sharded_copy_counts_one_shard_and_its_gathered_blocks_and_auto_take
                                           f"to {peaks[0]:.1f} GiB, a sharded one to {peaks[1]:.1f} GiB, over ")
     with pytest.raises(SolrlError, match="unknown distributed.copy_layout"):
         set_value(qwen, "distributed.copy_layout=striped").validate()
+
+
+@pytest.mark.slow
+def test_a_2x2_mesh_on_two_launched_nodes_explores_on_a_sharded_copy_as_one_process_does(tmp_path):
+    """Two launcher invocations with --nnodes 2 on this machine, 2 processes each (a replicate 2 x
+    shard 2 mesh): the copy sharded within a node and replicated across nodes, as the policy is."""
+    from solrl_core import events as ev
+    from solrl_core.trainer import StopFlag, train
+    from tests.test_fsdp_explore import _sets
+    from tests.test_fsdp import run_two_nodes
+
+    train(_config(tmp_path, "one", "replicate", PRECISION, "run.prompts_per_iteration=4"), ev.EventBus(), stop=StopFlag())
+    sets = [a for s in _sets(PRECISION, "run.prompts_per_iteration=4", "distributed.strategy=fsdp", SHARDED)
+            for a in ("--set", s)]
+    run_two_nodes(tmp_path / "mesh", sets, timeout=500)
+    started = _events(tmp_path / "mesh")[0]
+    assert "fsdp over 4 processes (mesh replicate 2 x shard 2" in started["plan"] and started["copy_layout"] == "sharded"
+    its = [[e for e in _events(d) if e["event"] == "iteration"] for d in (tmp_path / "one", tmp_path / "mesh")]
+    assert len(its[1]) == 2
+    for a, b in zip(*its):
+        assert b["draft"]["mean"] == pytest.approx(a["draft"]["mean"], abs=1e-6)
+        assert b["final"]["mean"] == pytest.approx(a["final"]["mean"], abs=1e-6)
+    assert len([e for e in _events(tmp_path / "mesh") if e["event"] == "rank_check"]) == 2
+    _close(_adapters(tmp_path / "one", 2), _adapters(tmp_path / "mesh", 2))
