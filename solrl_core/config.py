@@ -102,7 +102,8 @@ class SamplerConfig:
     rollout_copy: str = _f("auto", "Full-precision rollouts (Stage 2, the full-precision families, the rank check) and the "
                                    "update's v_old on a separate copy of base + old adapter merged, refreshed after each "
                                    "step, as the official code does: auto (when the memory estimate says it fits), true, "
-                                   "false (the policy with its old adapter active: one copy of the model).")
+                                   "false (the policy with its old adapter active: one copy of the model). Under "
+                                   "distributed.strategy=fsdp auto keeps none, true one sharded like the policy.")
     compile: str = _f("auto", "torch.compile the full-precision rollout copy: auto (on CUDA), true, false. Compiled bf16 is "
                               "the official baseline; naive_scaling with compile=false is the eager one.")
     eval_steps: int = _f(40, "Steps of evaluation rollouts (official: 40 SANA/SD3, 28 FLUX).")
@@ -257,8 +258,8 @@ class DistributedConfig:
                                "the explore and rollout copies the plan keeps), fsdp (torch FSDP2: each block's weights "
                                "sharded over the processes of a node and replicated across nodes, gathered block by block "
                                "for each forward; a low-precision explore copy built from the shards, whole or sharded "
-                               "as distributed.copy_layout says, no full-precision rollout copy: Stage 2 runs on the "
-                               "policy's old adapter), or auto "
+                               "as distributed.copy_layout says; a full-precision rollout copy only with "
+                               "sampler.rollout_copy=true, sharded), or auto "
                                "(replicate while the memory "
                                "ESTIMATE of one replica fits the GPU, or with one process; else fsdp). docs/distributed.md.")
     copy_layout: str = _f("auto", "Under distributed.strategy=fsdp, how each process holds the low-precision explore copy: "

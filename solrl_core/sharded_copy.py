@@ -1,4 +1,6 @@
-"""A whole low-precision explore copy on every process of a sharded run (distributed.strategy=fsdp).
+"""Copies of the model on every process of a sharded run (distributed.strategy=fsdp): the
+low-precision explore copy, whole or sharded like the policy, and the full-precision rollout copy,
+sharded like the policy.
 
 Under fsdp each GPU holds 1/S of the policy's weights (sharding.py), so a copy cannot be a deep
 copy of a whole transformer the process holds. Instead:
@@ -6,12 +8,16 @@ copy of a whole transformer the process holds. Instead:
 - Built as a skeleton: `meta_copy` deep-copies the base transformer (before the adapters) with every
   parameter on the meta device (no memory), and quantize.py wraps its GEMM layers as for a replica,
   so the layer set and the quantization report are the replica's.
+- Given storage whole (`RolloutCopy.materialize`), or sharded like the policy (`shard_copy`: FSDP2's
+  `fully_shard` on the policy's mesh, one unit at a time as it is materialized, so each process holds
+  1/S of the copy and gathers one block at a time for its forwards, freed after).
 - Filled block by block from the sharded policy (`refresh_from_shards`): each FSDP unit (each
   repeated block, then the root's own layers) is gathered whole (`FSDPModule.unshard`), its adapted
   layers merged with the `old` adapter by the policy's own `merged_weights`, written into the copy
-  (a quantized layer's weight straight into its quantized cache: `quantize.load_tensor`), and the
-  gathered unit freed (`reshard`) before the next. The first fill writes every weight; each refresh
-  after an optimizer step only the adapted layers' (the others are frozen).
+  (a quantized layer's weight straight into its quantized cache: `quantize.load_tensor`; into a
+  sharded copy only this rank's dim-0 shard of each tensor), and the gathered unit freed (`reshard`)
+  before the next. The first fill writes every weight; each refresh after an optimizer step only the
+  adapted layers' (the others are frozen).
 - A quantized layer's high-precision weight is never held (it stays on the meta device): the copy
   holds the quantized caches and, at the run dtype, the layers the quantized-layer rule keeps. With
   fp8 that is about half a bf16 copy; the NVFP4 and E5M2 emulations store their fake-quantized
@@ -19,7 +25,9 @@ copy of a whole transformer the process holds. Instead:
   replica's explore copy is lean the same way, filled from the base model (engine._copy).
 
 Every rank runs the same units in the same order (each gather is a collective), and the merged
-weights are the policy's own (`Policy.merged_weights`), so the copy equals a replica's exactly.
+weights are the policy's own (`Policy.merged_weights`), so the copy equals a replica's exactly. A
+sharded copy's forwards are collectives too: every rank runs as many (the stages give each rank as
+many samples).
 """
 
 from __future__ import annotations

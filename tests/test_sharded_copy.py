@@ -1,8 +1,10 @@
-"""A low-precision explore copy sharded like the policy under distributed.strategy=fsdp
-(distributed.copy_layout=sharded, sharded_copy.shard_copy) on a CPU (gloo): a 2-rank run explores at
-nvfp4-emulated on a copy each rank holds half of and trains what a 1-process run does; the copy's
-gathered tensors equal a replica's copy after it is built and after a refresh; and the estimate's
-arithmetic for the sharded layout, and the layout auto chooses by it."""
+"""Copies sharded like the policy under distributed.strategy=fsdp (sharded_copy.shard_copy) on a CPU
+(gloo): a 2-rank run explores at nvfp4-emulated on a low-precision copy each rank holds half of
+(distributed.copy_layout=sharded), and, with sampler.rollout_copy=true, runs Stage 2 and v_old on a
+sharded full-precision rollout copy, each training what a 1-process run with the same copies does;
+both copies' gathered tensors equal a replica's after they are built and after a refresh; an fp8 copy
+(mixed dtypes, a padded chunk) gathers to a whole one; a 2x2 mesh (slow); and the estimate's
+arithmetic for the sharded layouts, and the layout auto chooses by it."""
 
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from tests.test_fsdp_explore import _caches, _caches_equal, _config, _train_reco
 
 PRECISION = "nvfp4-emulated"
 SHARDED = "distributed.copy_layout=sharded"
+ROLLOUT = "sampler.rollout_copy=true"  # a full-precision rollout copy, sharded like the policy under fsdp
 
 
 def _gathered(module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], int, int]:
@@ -71,68 +74,87 @@ def _worker(rank: int, world: int, port: int, root: Path) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
-    _train_recording_kept(_config(root, "two", "fsdp", PRECISION, SHARDED), root / "results" / f"kept-rank{rank}.json")
+    _train_recording_kept(_config(root, "two-rollout", "fsdp", PRECISION, SHARDED, ROLLOUT),
+                          root / "results" / f"kept-rollout-rank{rank}.json")
     distributed.init_from_env()
-    run = open_session(_config(root, "copy", "fsdp", PRECISION, SHARDED)).run
+    run = open_session(_config(root, "copy", "fsdp", PRECISION, SHARDED, ROLLOUT)).run
     try:
         engine = run.engine
         built, held, whole = _gathered(engine.explore_copy.module)
+        full_built, full_held, full_whole = _gathered(engine.rollout_copy.module)
         old = engine.policy.state("old")
         noise = torch.Generator().manual_seed(0)  # an old adapter moved by training: its B no longer zero
         old = {k: v + 0.01 * torch.randn(v.shape, generator=noise) for k, v in old.items()}
         engine.policy.load_state("old", old)
         engine.refresh_copies()
         refreshed, _, _ = _gathered(engine.explore_copy.module)
+        full_refreshed, _, _ = _gathered(engine.rollout_copy.module)
+        assert 0 < full_held <= full_whole / 2 + 64  # half the run-dtype copy, give or take a padded chunk
         _fp8_copies_agree(engine)
         odd = torch.nn.Linear(4, 5)  # dim 0 of 5 over 2 ranks: FSDP2 pads the second rank's chunk
         fully_shard(odd, mesh=policy_mesh(engine.policy))
         load_tensor(odd, "weight", torch.arange(20.0).reshape(5, 4))
         assert torch.equal(odd.weight.full_tensor(), torch.arange(20.0).reshape(5, 4))
         if rank == 0:
-            torch.save({"built": built, "refreshed": refreshed, "old": old, "held": held, "whole": whole},
+            torch.save({"built": built, "refreshed": refreshed, "old": old, "held": held, "whole": whole,
+                        "full_built": full_built, "full_refreshed": full_refreshed},
                        root / "results" / "copy.pt")
     finally:
         if run.lock is not None:
             run.lock.release()
 
 
-def test_two_ranks_on_a_sharded_nvfp4_copy_train_what_one_process_does_and_the_copy_is_a_replicas(tmp_path):
-    from solrl_core.session import open_session
-
-    (tmp_path / "results").mkdir()
-    _train_recording_kept(_config(tmp_path, "one", "replicate", PRECISION), tmp_path / "results" / "kept-one.json")
-    _spawn(2, tmp_path, limit=600.0, worker=_worker)
-
-    started = _events(tmp_path / "two")[0]
-    assert started["explore_precision"] == PRECISION and started["copy_layout"] == "sharded"
-    assert f"under fsdp a {PRECISION} copy sharded like the policy, 1/2 on each process" in started["machine"]
-    its = [[e for e in _events(tmp_path / d) if e["event"] == "iteration"] for d in ("one", "two")]
+def _same_run(root: Path, one: str, two: str, kept: str) -> None:
+    """The 2-rank sharded run `two` did what the 1-process run `one` did: draft and final rewards,
+    losses, the rank check, the kept seeds (rank 0 holds the first group, rank 1 the second), adapters."""
+    its = [[e for e in _events(root / d) if e["event"] == "iteration"] for d in (one, two)]
     assert len(its[1]) == 2
     for a, b in zip(*its):
         assert b["draft"]["mean"] == pytest.approx(a["draft"]["mean"], abs=1e-6)
         assert b["draft"]["best"] == pytest.approx(a["draft"]["best"], abs=1e-6)
         assert b["final"]["mean"] == pytest.approx(a["final"]["mean"], abs=1e-6)
         assert b["loss"]["loss"] == pytest.approx(a["loss"]["loss"], rel=1e-4)
-    checks = [[e for e in _events(tmp_path / d) if e["event"] == "rank_check"] for d in ("one", "two")]
-    assert len(checks[1]) == 2  # the rank check on the sharded copy, every iteration
+    checks = [[e for e in _events(root / d) if e["event"] == "rank_check"] for d in (one, two)]
+    assert len(checks[1]) == 2  # the rank check on the sharded copies, every iteration
     for a, b in zip(*checks):
         assert (b["draft_mean"], b["full_mean"]) == pytest.approx((a["draft_mean"], a["full_mean"]), abs=1e-6)
-    ranks = [json.loads((tmp_path / "results" / f"kept-rank{r}.json").read_text()) for r in range(2)]
-    assert [r0 + r1 for r0, r1 in zip(*ranks)] == json.loads((tmp_path / "results" / "kept-one.json").read_text())
-    _close(_adapters(tmp_path / "one", 2), _adapters(tmp_path / "two", 2))
+    ranks = [json.loads((root / "results" / f"{kept}-rank{r}.json").read_text()) for r in range(2)]
+    assert [r0 + r1 for r0, r1 in zip(*ranks)] == json.loads((root / "results" / f"{kept}-one.json").read_text())
+    _close(_adapters(root / one, 2), _adapters(root / two, 2))
+
+
+def test_two_ranks_on_sharded_copies_train_what_one_process_does_and_the_copies_are_a_replicas(tmp_path):
+    """The nvfp4 explore copy and a full-precision rollout copy, both sharded, against a 1-process run
+    with the same copies; then both copies gathered against a replica's."""
+    from solrl_core.session import open_session
+
+    (tmp_path / "results").mkdir()
+    _train_recording_kept(_config(tmp_path, "one-rollout", "replicate", PRECISION, ROLLOUT),
+                          tmp_path / "results" / "kept-rollout-one.json")
+    _spawn(2, tmp_path, limit=600.0, worker=_worker)
+
+    started = _events(tmp_path / "two-rollout")[0]
+    assert started["explore_precision"] == PRECISION and started["copy_layout"] == "sharded"
+    assert f"under fsdp a {PRECISION} copy sharded like the policy, 1/2 on each process" in started["machine"]
+    assert "rollout copy on (as configured; under fsdp sharded like the policy, 1/2 on each process" in started["machine"]
+    assert "on the rollout copy" in started["plan"]
+    _same_run(tmp_path, "one-rollout", "two-rollout", "kept-rollout")
 
     saved = torch.load(tmp_path / "results" / "copy.pt")
     assert saved["whole"] > 0 and saved["held"] <= saved["whole"] / 2 + 64  # half, give or take a padded chunk
-    run = open_session(_config(tmp_path, "replica", "replicate", PRECISION)).run
+    run = open_session(_config(tmp_path, "replica", "replicate", PRECISION, ROLLOUT)).run
     try:
         engine = run.engine
-        replica = _caches(engine.explore_copy.module)
+        replica, full = _caches(engine.explore_copy.module), _caches(engine.rollout_copy.module)
         assert {k for k in saved["built"] if k.endswith("weight_q")} == {k for k in replica if k.endswith("weight_q")}
-        assert _caches_equal(saved["built"], replica)
+        assert saved["full_built"].keys() == full.keys()
+        assert _caches_equal(saved["built"], replica) and _caches_equal(saved["full_built"], full)
         engine.policy.load_state("old", saved["old"])
         engine.refresh_copies()
         assert _caches_equal(saved["refreshed"], _caches(engine.explore_copy.module))
+        assert _caches_equal(saved["full_refreshed"], _caches(engine.rollout_copy.module))
         assert not _caches_equal(saved["built"], saved["refreshed"])  # the refresh reached the sharded caches
+        assert not _caches_equal(saved["full_built"], saved["full_refreshed"])
     finally:
         if run.lock is not None:
             run.lock.release()
@@ -178,6 +200,24 @@ def test_the_sharded_copy_counts_one_shard_and_its_gathered_blocks_and_auto_take
                                           f"to {peaks[0]:.1f} GiB, a sharded one to {peaks[1]:.1f} GiB, over ")
     with pytest.raises(SolrlError, match="unknown distributed.copy_layout"):
         set_value(qwen, "distributed.copy_layout=striped").validate()
+
+
+def _explore_only_worker(rank: int, world: int, port: int, root: Path) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    _train_recording_kept(_config(root, "two", "fsdp", PRECISION, SHARDED), root / "results" / f"kept-rank{rank}.json")
+
+
+@pytest.mark.slow
+def test_two_ranks_on_a_sharded_explore_copy_alone_train_what_one_process_does(tmp_path):
+    """The sharded nvfp4 explore copy without a rollout copy: Stage 2 and v_old on the sharded policy."""
+    (tmp_path / "results").mkdir()
+    _train_recording_kept(_config(tmp_path, "one", "replicate", PRECISION), tmp_path / "results" / "kept-one.json")
+    _spawn(2, tmp_path, limit=600.0, worker=_explore_only_worker)
+    started = _events(tmp_path / "two")[0]
+    assert started["explore_precision"] == PRECISION and started["copy_layout"] == "sharded"
+    assert "rollout copy off (as configured: rollouts and v_old on the policy's old adapter" in started["machine"]
+    _same_run(tmp_path, "one", "two", "kept")
 
 
 @pytest.mark.slow
