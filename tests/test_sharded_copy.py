@@ -66,6 +66,7 @@ def _worker(rank: int, world: int, port: int, root: Path) -> None:
     """A 2-iteration sol_rl run on the sharded copy, then a session's copy gathered as built and as
     refreshed after a changed old adapter (saved by rank 0)."""
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
 
     from solrl_core import distributed
     from solrl_core.precision.quantize import load_tensor
@@ -90,6 +91,10 @@ def _worker(rank: int, world: int, port: int, root: Path) -> None:
         refreshed, _, _ = _gathered(engine.explore_copy.module)
         full_refreshed, _, _ = _gathered(engine.rollout_copy.module)
         assert 0 < full_held <= full_whole / 2 + 64  # half the run-dtype copy, give or take a padded chunk
+        for on, made in (("explore", engine.explore_copy), ("rollout", engine.rollout_copy)):
+            engine.generate(engine.conditioning(run.prompts[:1] * 2), torch.tensor([1, 2]), 2, on=on)
+            whole_now = [n for n, p in made.module.named_parameters() if not p.is_meta and not isinstance(p, DTensor)]
+            assert whole_now == [], (on, whole_now[:3])  # every gathered unit freed after its forward, the root too
         _fp8_copies_agree(engine)
         odd = torch.nn.Linear(4, 5)  # dim 0 of 5 over 2 ranks: FSDP2 pads the second rank's chunk
         fully_shard(odd, mesh=policy_mesh(engine.policy))
