@@ -117,8 +117,8 @@ def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInf
     """`machine` under fsdp over `shard` processes per node: the explore copy built from the shards
     (sharded_copy.py), whole on every process or sharded like the policy as `distributed.copy_layout`
     and the memory ESTIMATE say (`explore_layout`; where neither fits `gpu`, with explore.precision=auto,
-    Stage 1 at the run dtype; an explicit precision is refused), no rollout copy; a setting that needs
-    what fsdp does not keep is refused."""
+    Stage 1 at the run dtype; an explicit precision is refused), a full-precision rollout copy sharded
+    like the policy only with sampler.rollout_copy=true; a setting fsdp cannot run is refused."""
     fix = "set distributed.strategy=replicate (a full replica per GPU), or drop the setting"
     fam = family(cfg.algorithm.family)
     if fam.copy == "compiled":
@@ -174,9 +174,9 @@ def copy_layout(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInfo
                 rollout_copy: bool = False) -> tuple[str, str]:
     """(layout, why) of the low-precision explore copy under fsdp: `distributed.copy_layout`, auto taking
     the first of whole and sharded that fits `gpu` by the memory ESTIMATE (`sharded_estimate`, with the
-    sharded rollout copy where one is kept); with one
-    process, whole (nothing to shard over). ("", figures) where none fits and explore.precision is auto
-    (Stage 1 then at the run dtype); an explicit precision is refused with the figures."""
+    sharded rollout copy where one is kept); with one process, whole (nothing to shard over).
+    ("", figures) where none fits and explore.precision is auto (Stage 1 then at the run dtype); an
+    explicit precision is refused with the figures."""
     asked = cfg.distributed.copy_layout
     if shard == 1:
         return "whole", "one process: nothing to shard the copy over"
