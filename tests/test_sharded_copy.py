@@ -63,8 +63,9 @@ def _fp8_copies_agree(engine) -> None:  # type: ignore[no-untyped-def]
 
 
 def _worker(rank: int, world: int, port: int, root: Path) -> None:
-    """A 2-iteration sol_rl run on the sharded copy, then a session's copy gathered as built and as
-    refreshed after a changed old adapter (saved by rank 0)."""
+    """A 2-iteration sol_rl run on both copies sharded; then a session's copies gathered as built and as
+    refreshed after a changed old adapter (saved by rank 0), each left sharded after a forward; an fp8
+    copy against a whole one; and a tensor whose dim 0 does not divide, written through its shard."""
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
