@@ -28,6 +28,7 @@ SWITCHES = ("auto", "true", "false")  # a setting solrl decides for this machine
 AGGREGATIONS = ("sum", "advantage")
 TRACKERS = ("tensorboard", "wandb")
 STRATEGIES = ("auto", "replicate", "fsdp")  # distributed.strategy (sharding.py)
+COPY_LAYOUTS = ("auto", "whole", "sharded")  # distributed.copy_layout (sharded_copy.py)
 CALIBRATIONS = ("off", "steps", "steps+precision")  # explore.calibrate (calibration.py)
 TRAIN_PRECISIONS = ("autocast", "bf16", "fp32-base")
 COPY_PLACES = ("auto", "gpu", "cpu-whole", "cpu-blocks")  # memory.copies (offload.py)
@@ -101,7 +102,8 @@ class SamplerConfig:
     rollout_copy: str = _f("auto", "Full-precision rollouts (Stage 2, the full-precision families, the rank check) and the "
                                    "update's v_old on a separate copy of base + old adapter merged, refreshed after each "
                                    "step, as the official code does: auto (when the memory estimate says it fits), true, "
-                                   "false (the policy with its old adapter active: one copy of the model).")
+                                   "false (the policy with its old adapter active: one copy of the model). Under "
+                                   "distributed.strategy=fsdp auto keeps none, true one sharded like the policy.")
     compile: str = _f("auto", "torch.compile the full-precision rollout copy: auto (on CUDA), true, false. Compiled bf16 is "
                               "the official baseline; naive_scaling with compile=false is the eager one.")
     eval_steps: int = _f(40, "Steps of evaluation rollouts (official: 40 SANA/SD3, 28 FLUX).")
@@ -255,10 +257,16 @@ class DistributedConfig:
     strategy: str = _f("auto", "How the transformer is held over the processes: replicate (a full copy on every GPU, with "
                                "the explore and rollout copies the plan keeps), fsdp (torch FSDP2: each block's weights "
                                "sharded over the processes of a node and replicated across nodes, gathered block by block "
-                               "for each forward; a whole low-precision explore copy per GPU built from the shards, no "
-                               "full-precision rollout copy: Stage 2 runs on the policy's old adapter), or auto "
+                               "for each forward; a low-precision explore copy built from the shards, whole or sharded "
+                               "as distributed.copy_layout says; a full-precision rollout copy only with "
+                               "sampler.rollout_copy=true, sharded), or auto "
                                "(replicate while the memory "
                                "ESTIMATE of one replica fits the GPU, or with one process; else fsdp). docs/distributed.md.")
+    copy_layout: str = _f("auto", "Under distributed.strategy=fsdp, how each process holds the low-precision explore copy: "
+                                  "whole (all of it on every GPU), sharded (1/S of it, sharded like the policy and "
+                                  "gathered block by block for Stage 1's forwards), or auto (whole where the memory "
+                                  "ESTIMATE says it fits, else sharded, else Stage 1 at the run dtype). Ignored by "
+                                  "replicate. docs/distributed.md.")
 
 
 @dataclass(frozen=True)
@@ -307,6 +315,7 @@ class Config:
         _choice("model.train_precision", self.model.train_precision, TRAIN_PRECISIONS)
         _choice("run.stop_on_sigterm", self.run.stop_on_sigterm, ("phase", "iteration"))
         _choice("distributed.strategy", self.distributed.strategy, STRATEGIES)
+        _choice("distributed.copy_layout", self.distributed.copy_layout, COPY_LAYOUTS)
         _choice("explore.calibrate", self.explore.calibrate, CALIBRATIONS)
         _choice("memory.copies", self.memory.copies, COPY_PLACES)
         if self.explore.calibrate != "off" and not (FAMILIES[family].preview_steps and FAMILIES[family].regenerate):

@@ -73,6 +73,7 @@ class CopySpec:
     # filled from the policy once it is sharded (sharded_copy.py): built on the meta device, without
     # the high-precision weights of its quantized layers
     from_shards: bool = False
+    sharded: bool = False  # and kept sharded like the policy, each rank 1/S of it (sharded_copy.shard_copy)
 
 
 @dataclass(frozen=True)
@@ -331,7 +332,7 @@ def _copy(cfg: Config, model: DiffusionModel, spec: CopySpec, source: nn.Module 
     else:
         module = copy.deepcopy(model.transformer)
     made = RolloutCopy(module, spec.precision, LayerRule.of(cfg.model), compile=spec.compiled,
-                       compile_mode=cfg.run.compile_mode)
+                       compile_mode=cfg.run.compile_mode, sharded=spec.sharded)
     if not spec.from_shards and made.on_meta:
         base = model.transformer if source is None else source
         made.materialize(next(base.parameters()).device)

@@ -39,6 +39,7 @@ class RunStarted(Event):
     resumed: bool
     config: dict[str, Any]
     machine: str = ""  # what the auto switches chose here, and why (resolve.py)
+    copy_layout: str = ""  # under fsdp, the explore copy whole or sharded like the policy (its why in `machine`); "" none
     environment: dict[str, Any] = field(default_factory=dict)  # what the run started on: environment.describe()
     tracking: list[str] = field(default_factory=list)  # where each tracker writes, and how to look at it
 

@@ -45,6 +45,7 @@ class MachinePlan:
     memory: MemoryModes = MemoryModes()  # the memory modes (memory_modes.py); memory.checkpointing is `checkpointing`
     memory_why: str = ""
     memory_fits: bool = True  # False: the estimate is over this GPU even with every mode
+    explore_layout: str = ""  # under fsdp, the low-precision explore copy whole or sharded (sharding.copy_layout); "" none
 
     def describe(self) -> str:
         return (f"explore {self.explore_precision} ({self.explore_why}); "

@@ -54,11 +54,13 @@ class RolloutCopy:
     """A merged, frozen copy of the base transformer at a rollout precision."""
 
     def __init__(self, module: nn.Module, precision: str, rule: LayerRule, compile: bool = False,
-                 compile_mode: str = "default") -> None:
-        """Takes ownership of `module` (a copy of the base transformer, without adapters)."""
+                 compile_mode: str = "default", sharded: bool = False) -> None:
+        """Takes ownership of `module` (a copy of the base transformer, without adapters). `sharded`: a
+        skeleton to be sharded like the policy when first filled (sharded_copy.shard_copy)."""
         if precision not in IMPLEMENTED_EXPLORE:
             raise ValueError(f"no rollout backend for precision {precision!r} (hardware.require_explore_precision says why)")
         self.precision = precision
+        self.sharded = sharded
         self.module = module.requires_grad_(False).eval()
         if precision in ("bf16", "fp32"):
             self.module.to({"bf16": torch.bfloat16, "fp32": torch.float32}[precision])

@@ -132,9 +132,11 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
 
     engine = open_engine(cfg, device=device, rewards=rewards, checkpointing=machine.checkpointing, refresh=False,
                          memory=machine.memory,
-                         explore=CopySpec(plan.explore_precision, plan.explore_compiled, from_shards=layout.sharded)
+                         explore=CopySpec(plan.explore_precision, plan.explore_compiled, from_shards=layout.sharded,
+                                          sharded=layout.sharded and machine.explore_layout == "sharded")
                          if plan.explores_low else None,
-                         rollout=CopySpec(plan.full_precision, plan.rollout_compiled) if plan.rollout_copy else None)
+                         rollout=CopySpec(plan.full_precision, plan.rollout_compiled, from_shards=layout.sharded,
+                                          sharded=layout.sharded) if plan.rollout_copy else None)
     policy = engine.policy
     if world > 1:  # a LoRA's random init (and anything else) must start equal on every rank: rank 0's
         for adapter in (TRAINED, OLD, "ema"):

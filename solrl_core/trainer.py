@@ -122,9 +122,9 @@ after its increment) are the official ones. Where this differs from it, and why:
   own 512 / 256 tokens.
 - `distributed.strategy = fsdp` (sharding.py; auto picks it with several processes when one replica
   does not fit a GPU by the memory estimate) shards the policy with FSDP2, where the official code
-  holds a full replica per GPU. Stage 1 still explores at the explore precision, on a whole
-  low-precision copy per process built and refreshed one gathered block at a time from the shards
-  (sharded_copy.py; the same weights as a replica's copy); there is no full-precision rollout copy,
+  holds a full replica per GPU. Stage 1 still explores at the explore precision, on a low-precision copy built and
+  refreshed one gathered block at a time from the shards (sharded_copy.py), whole per process or sharded like the
+  policy (`distributed.copy_layout`; sharded, it runs eager where the official copies are compiled); no full-precision rollout copy,
   so Stage 2 and v_old run on the `old` adapter, as `sampler.rollout_copy=false`. A micro-batch whose loss is not finite skips the whole step there (its
   backward must run on every rank) where a replica drops that micro-batch alone. Unchanged for a
   replicated run, the default wherever a replica fits.
@@ -350,8 +350,7 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
     cfg, plan = run.config, run.plan
     described = plan.describe()
     if run.world_size > 1:
-        p = cfg.run.prompts_per_iteration
-        described += f"; {p} prompt groups over {run.world_size} processes, {p // run.world_size} each"
+        described += f"; {(p := cfg.run.prompts_per_iteration)} prompt groups over {run.world_size} processes, {p // run.world_size} each"
     if run.world_size > 1 or run.layout.strategy != "replicate":
         described += f"; weights: {run.layout.describe()}"
     if plan.calibrated and state.explore_steps:
@@ -361,6 +360,7 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
                            dtype=run.engine.dtype_name, explore_precision=state.explore_precision or plan.explore_precision, plan=described,
                            start_iteration=state.iteration, iterations=cfg.run.iterations, resumed=state.resumed,
                            config=to_dict(cfg), machine=run.machine.describe(), tracking=tracking.where(cfg.run.log, run.run_dir),
+                           copy_layout=run.machine.explore_layout,
                            environment=environment.describe(cfg, run.device, run.engine.dtype_name, plan.explore_precision, run.machine)))
     if run.rank == 0 and not (plan.calibrated and not state.explore_steps):  # else the calibration's (stages.calibrate)
         bus.emit(model_flops(at_explore_steps(run, state)))  # the live MFU's counts; the other ranks speak to no one

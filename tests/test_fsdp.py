@@ -148,7 +148,7 @@ def _machine(cfg: Config):  # type: ignore[no-untyped-def]
     return resolve_machine(cfg, torch.device("cpu"), "fp32")
 
 
-def test_fsdp_keeps_a_whole_explore_copy_and_refuses_the_settings_that_need_a_full_precision_copy():
+def test_fsdp_keeps_a_whole_explore_copy_a_sharded_rollout_copy_when_asked_and_refuses_what_it_cannot_run():
     from solrl_core.sharding import fsdp_machine
 
     cfg = resolve_config("tiny", "sol_rl")
@@ -164,12 +164,20 @@ def test_fsdp_keeps_a_whole_explore_copy_and_refuses_the_settings_that_need_a_fu
     assert fsdp_machine(_machine(naive_quant), naive_quant, "fp32").explore_precision == "nvfp4-emulated"
     at_dtype = set_value(cfg, "explore.precision=fp32")
     assert "Stage 1 at the run dtype" in fsdp_machine(_machine(at_dtype), at_dtype, "fp32").explore_why
-    refused = {"sampler.rollout_copy=true": "sampler.rollout_copy", "optimizer.compile=true": "optimizer.compile",
-               "explore.calibrate=steps": "explore.calibrate measures on one process"}
-    for setting, words in refused.items():
-        bad = set_value(cfg, setting)
+    kept = set_value(cfg, "sampler.rollout_copy=true")  # refused before this version: now sharded like the policy
+    full = fsdp_machine(_machine(kept), kept, "fp32", shard=2)
+    assert (full.rollout_copy, full.rollout_compile) == (True, False)
+    assert "under fsdp sharded like the policy, 1/2 on each process" in full.rollout_copy_why
+    assert "auto under fsdp keeps none" in sharded.rollout_copy_why
+    refused = {"optimizer.compile=true": "optimizer.compile", "explore.calibrate=steps": "explore.calibrate measures on one process",
+               "sampler.rollout_copy=true sampler.compile=true": "sampler.compile=true compiles the rollout copy, which",
+               "distributed.copy_layout=sharded explore.compile=true": "explore.compile=true compiles the explore copy"}
+    for settings, words in refused.items():
+        bad = cfg
+        for setting in settings.split():
+            bad = set_value(bad, setting)
         with pytest.raises(SolrlError, match=words):
-            fsdp_machine(_machine(bad), bad, "fp32")
+            fsdp_machine(_machine(bad), bad, "fp32", shard=2)
     bad = resolve_config("tiny", "compile")
     with pytest.raises(SolrlError, match="the compile family rolls out on a compiled full-precision copy"):
         fsdp_machine(_machine(bad), bad, "fp32")

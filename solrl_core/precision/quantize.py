@@ -71,9 +71,16 @@ class _QuantizedGemm(nn.Module):
         module.bias = self.bias
         return module
 
+    @torch.no_grad()
     def requantize(self, weight: Tensor | None = None) -> None:
         """Recompute the cached quantized weight from the current (high-precision) weight, or from
         `weight` (of its shape), which is then not kept."""
+        for name, value in self.quantized(self._source(weight)).items():
+            self._store(name, value)
+
+    def quantized(self, weight: Tensor) -> dict[str, Tensor]:
+        """The caches (`CACHES`) computed from `weight`, not stored: a copy sharded like the policy
+        keeps only its rank's share of each (load_tensor)."""
         raise NotImplementedError
 
     def _source(self, weight: Tensor | None) -> Tensor:
@@ -98,9 +105,9 @@ class _EmulatedNVFP4(_QuantizedGemm):
     weight_q: Tensor
 
     @torch.no_grad()
-    def requantize(self, weight: Tensor | None = None) -> None:
-        w = self._source(weight)
-        self._store("weight_q", fake_quantize_2d(w.reshape(w.shape[0], -1)).reshape(w.shape))
+    def quantized(self, weight: Tensor) -> dict[str, Tensor]:
+        w = weight.detach()
+        return {"weight_q": fake_quantize_2d(w.reshape(w.shape[0], -1)).reshape(w.shape)}
 
 
 class EmulatedNVFP4Linear(_EmulatedNVFP4):
@@ -137,13 +144,12 @@ class _Fp8(_QuantizedGemm):
     rowwise: bool
 
     @torch.no_grad()
-    def requantize(self, weight: Tensor | None = None) -> None:
+    def quantized(self, weight: Tensor) -> dict[str, Tensor]:
         """Also after a move or a dtype change: the scaling follows the weight's device."""
-        w = self._source(weight)
+        w = weight.detach()
         self.rowwise = fp8.rowwise_supported(w.device)
         q, scale = fp8.quantize(w.reshape(w.shape[0], -1), self.rowwise)
-        self._store("weight_q", q)
-        self._store("weight_scale", scale.reshape(1, -1).contiguous())
+        return {"weight_q": q, "weight_scale": scale.reshape(1, -1).contiguous()}
 
 
 class Fp8Linear(_Fp8):
@@ -171,8 +177,8 @@ class _EmulatedE5M2(_QuantizedGemm):
     weight_q: Tensor
 
     @torch.no_grad()
-    def requantize(self, weight: Tensor | None = None) -> None:
-        self._store("weight_q", e5m2.fake_quantize_tensor(self._source(weight)))
+    def quantized(self, weight: Tensor) -> dict[str, Tensor]:
+        return {"weight_q": e5m2.fake_quantize_tensor(weight.detach())}
 
 
 class EmulatedE5M2Linear(_EmulatedE5M2):
@@ -411,10 +417,28 @@ def load_tensor(model: nn.Module, name: str, value: Tensor) -> None:
     """Set the parameter or buffer `name` of `model` to `value` (cast to its dtype). A quantized
     layer's weight goes straight into its quantized cache, its high-precision weight left untouched:
     a copy filled from a sharded policy never holds it (sharded_copy.py)."""
+    from torch.distributed.tensor import DTensor
+
     owner_name, _, attr = name.rpartition(".")
     owner = model.get_submodule(owner_name)
     target = getattr(owner, attr)
-    if isinstance(owner, _QuantizedGemm) and attr == "weight":
+    if not (isinstance(owner, _QuantizedGemm) and attr == "weight"):
+        _write(target, value)
+    elif any(isinstance(getattr(owner, c), DTensor) for c in owner.CACHES):  # sharded_copy.shard_copy's
+        for cache, q in owner.quantized(value.to(target.dtype)).items():
+            _write(getattr(owner, cache), q)
+    else:
         owner.requantize(value.to(target.dtype))
+
+
+def _write(target: Tensor, value: Tensor) -> None:
+    """`target` set to `value` (whole, the same on every rank); a sharded tensor (a DTensor: a copy
+    sharded like the policy, sharded_copy.py) takes only this rank's shard, without communication."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(target, DTensor):
+        value = distribute_tensor(value.to(target.device, target.dtype), target.device_mesh, target.placements,
+                                  src_data_rank=None)
+        target.to_local().copy_(value.to_local())
     else:
         target.copy_(value)

@@ -1,0 +1,250 @@
+"""Copies sharded like the policy under distributed.strategy=fsdp (sharded_copy.shard_copy) on a CPU
+(gloo): a 2-rank run explores at nvfp4-emulated on a low-precision copy each rank holds half of
+(distributed.copy_layout=sharded), and, with sampler.rollout_copy=true, runs Stage 2 and v_old on a
+sharded full-precision rollout copy, each training what a 1-process run with the same copies does;
+both copies' gathered tensors equal a replica's after they are built and after a refresh; an fp8 copy
+(mixed dtypes, a padded chunk) gathers to a whole one; a 2x2 mesh (slow); and the estimate's
+arithmetic for the sharded layouts, and the layout auto chooses by it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_distributed import _adapters, _events, _spawn
+from tests.test_fsdp import _close
+from tests.test_fsdp_explore import _caches, _caches_equal, _config, _train_recording_kept
+
+PRECISION = "nvfp4-emulated"
+SHARDED = "distributed.copy_layout=sharded"
+ROLLOUT = "sampler.rollout_copy=true"  # a full-precision rollout copy, sharded like the policy under fsdp
+
+
+def _gathered(module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], int, int]:
+    """Every tensor the copy computes with, whole, gathered by FSDP2's own all-gather of each unit (a
+    collective), and the elements of its sharded tensors this rank holds against their whole count."""
+    from torch.distributed.tensor import DTensor
+
+    from solrl_core.sharding import fsdp_units
+
+    shards = [p for p in module.parameters() if isinstance(p, DTensor)]
+    held, whole = sum(p.to_local().numel() for p in shards), sum(p.numel() for p in shards)
+    units = [unit for _, unit in fsdp_units(module)]
+    for unit in units:
+        unit.unshard()
+    out = {k: v.clone() for k, v in module.named_buffers()}
+    out.update({k: v.detach().clone() for k, v in module.named_parameters() if not v.is_meta})
+    assert not any(isinstance(v, DTensor) for v in out.values())
+    for unit in units:
+        unit.reshard()
+    return out, held, whole
+
+
+def _fp8_copies_agree(engine) -> None:  # type: ignore[no-untyped-def]
+    """An fp8 copy (e4m3 caches, fp32 row scales of dim 0 one: mixed dtypes, a chunk padded) sharded
+    like the policy gathers to what a whole one filled from the same shards holds."""
+    from solrl_core.models import load_model
+    from solrl_core.precision.quantize import LayerRule
+    from solrl_core.rollout import RolloutCopy
+    from solrl_core.sharded_copy import meta_copy, refresh_from_shards
+
+    base = load_model(engine.config.model, engine.device, engine.dtype).transformer
+    sharded, whole = (RolloutCopy(meta_copy(base), "fp8", LayerRule.of(engine.config.model), sharded=s) for s in (True, False))
+    refresh_from_shards(engine.policy, [sharded, whole], engine.device)
+    gathered, _, _ = _gathered(sharded.module)
+    assert any(v.dtype == torch.float8_e4m3fn for v in gathered.values())
+    assert gathered.keys() == _caches(whole.module).keys()
+    assert all(torch.equal(v.float(), _caches(whole.module)[k].float()) for k, v in gathered.items())
+
+
+def _worker(rank: int, world: int, port: int, root: Path) -> None:
+    """A 2-iteration sol_rl run on both copies sharded; then a session's copies gathered as built and as
+    refreshed after a changed old adapter (saved by rank 0), each left sharded after a forward; an fp8
+    copy against a whole one; and a tensor whose dim 0 does not divide, written through its shard."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    from solrl_core import distributed
+    from solrl_core.precision.quantize import load_tensor
+    from solrl_core.session import open_session
+    from solrl_core.sharded_copy import policy_mesh
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    _train_recording_kept(_config(root, "two-rollout", "fsdp", PRECISION, SHARDED, ROLLOUT),
+                          root / "results" / f"kept-rollout-rank{rank}.json")
+    distributed.init_from_env()
+    run = open_session(_config(root, "copy", "fsdp", PRECISION, SHARDED, ROLLOUT)).run
+    try:
+        engine = run.engine
+        built, held, whole = _gathered(engine.explore_copy.module)
+        full_built, full_held, full_whole = _gathered(engine.rollout_copy.module)
+        old = engine.policy.state("old")
+        noise = torch.Generator().manual_seed(0)  # an old adapter moved by training: its B no longer zero
+        old = {k: v + 0.01 * torch.randn(v.shape, generator=noise) for k, v in old.items()}
+        engine.policy.load_state("old", old)
+        engine.refresh_copies()
+        refreshed, _, _ = _gathered(engine.explore_copy.module)
+        full_refreshed, _, _ = _gathered(engine.rollout_copy.module)
+        assert 0 < full_held <= full_whole / 2 + 64  # half the run-dtype copy, give or take a padded chunk
+        for on, made in (("explore", engine.explore_copy), ("rollout", engine.rollout_copy)):
+            engine.generate(engine.conditioning(run.prompts[:1] * 2), torch.tensor([1, 2]), 2, on=on)
+            whole_now = [n for n, p in made.module.named_parameters() if not p.is_meta and not isinstance(p, DTensor)]
+            assert whole_now == [], (on, whole_now[:3])  # every gathered unit freed after its forward, the root too
+        _fp8_copies_agree(engine)
+        odd = torch.nn.Linear(4, 5)  # dim 0 of 5 over 2 ranks: FSDP2 pads the second rank's chunk
+        fully_shard(odd, mesh=policy_mesh(engine.policy))
+        load_tensor(odd, "weight", torch.arange(20.0).reshape(5, 4))
+        assert torch.equal(odd.weight.full_tensor(), torch.arange(20.0).reshape(5, 4))
+        if rank == 0:
+            torch.save({"built": built, "refreshed": refreshed, "old": old, "held": held, "whole": whole,
+                        "full_built": full_built, "full_refreshed": full_refreshed},
+                       root / "results" / "copy.pt")
+    finally:
+        if run.lock is not None:
+            run.lock.release()
+
+
+def _same_run(root: Path, one: str, two: str, kept: str) -> None:
+    """The 2-rank sharded run `two` did what the 1-process run `one` did: draft and final rewards,
+    losses, the rank check, the kept seeds (rank 0 holds the first group, rank 1 the second), adapters."""
+    its = [[e for e in _events(root / d) if e["event"] == "iteration"] for d in (one, two)]
+    assert len(its[1]) == 2
+    for a, b in zip(*its):
+        assert b["draft"]["mean"] == pytest.approx(a["draft"]["mean"], abs=1e-6)
+        assert b["draft"]["best"] == pytest.approx(a["draft"]["best"], abs=1e-6)
+        assert b["final"]["mean"] == pytest.approx(a["final"]["mean"], abs=1e-6)
+        assert b["loss"]["loss"] == pytest.approx(a["loss"]["loss"], rel=1e-4)
+    checks = [[e for e in _events(root / d) if e["event"] == "rank_check"] for d in (one, two)]
+    assert len(checks[1]) == 2  # the rank check on the sharded copies, every iteration
+    for a, b in zip(*checks):
+        assert (b["draft_mean"], b["full_mean"]) == pytest.approx((a["draft_mean"], a["full_mean"]), abs=1e-6)
+    ranks = [json.loads((root / "results" / f"{kept}-rank{r}.json").read_text()) for r in range(2)]
+    assert [r0 + r1 for r0, r1 in zip(*ranks)] == json.loads((root / "results" / f"{kept}-one.json").read_text())
+    _close(_adapters(root / one, 2), _adapters(root / two, 2))
+
+
+def test_two_ranks_on_sharded_copies_train_what_one_process_does_and_the_copies_are_a_replicas(tmp_path):
+    """The nvfp4 explore copy and a full-precision rollout copy, both sharded, against a 1-process run
+    with the same copies; then both copies gathered against a replica's."""
+    from solrl_core.session import open_session
+
+    (tmp_path / "results").mkdir()
+    _train_recording_kept(_config(tmp_path, "one-rollout", "replicate", PRECISION, ROLLOUT),
+                          tmp_path / "results" / "kept-rollout-one.json")
+    _spawn(2, tmp_path, limit=600.0, worker=_worker)
+
+    started = _events(tmp_path / "two-rollout")[0]
+    assert started["explore_precision"] == PRECISION and started["copy_layout"] == "sharded"
+    assert f"under fsdp a {PRECISION} copy sharded like the policy, 1/2 on each process" in started["machine"]
+    assert "rollout copy on (as configured; under fsdp sharded like the policy, 1/2 on each process" in started["machine"]
+    assert "on the rollout copy" in started["plan"]
+    _same_run(tmp_path, "one-rollout", "two-rollout", "kept-rollout")
+
+    saved = torch.load(tmp_path / "results" / "copy.pt")
+    assert saved["whole"] > 0 and saved["held"] <= saved["whole"] / 2 + 64  # half, give or take a padded chunk
+    run = open_session(_config(tmp_path, "replica", "replicate", PRECISION, ROLLOUT)).run
+    try:
+        engine = run.engine
+        replica, full = _caches(engine.explore_copy.module), _caches(engine.rollout_copy.module)
+        assert {k for k in saved["built"] if k.endswith("weight_q")} == {k for k in replica if k.endswith("weight_q")}
+        assert saved["full_built"].keys() == full.keys()
+        assert _caches_equal(saved["built"], replica) and _caches_equal(saved["full_built"], full)
+        engine.policy.load_state("old", saved["old"])
+        engine.refresh_copies()
+        assert _caches_equal(saved["refreshed"], _caches(engine.explore_copy.module))
+        assert _caches_equal(saved["full_refreshed"], _caches(engine.rollout_copy.module))
+        assert not _caches_equal(saved["built"], saved["refreshed"])  # the refresh reached the sharded caches
+        assert not _caches_equal(saved["full_built"], saved["full_refreshed"])
+    finally:
+        if run.lock is not None:
+            run.lock.release()
+
+
+def test_the_sharded_copy_counts_one_shard_and_its_gathered_blocks_and_auto_takes_it_where_a_whole_one_is_over():
+    from solrl_core.config_io import set_value
+    from solrl_core.errors import SolrlError
+    from solrl_core.footprint import estimate_memory
+    from solrl_core.precision.hardware import GpuInfo
+    from solrl_core.precision.resolve import FIT_SHARE, resolve_machine
+    from solrl_core.presets import resolve_config
+    from solrl_core.sharding import GATHERED_SHARE, fsdp_machine, sharded_estimate
+
+    qwen = resolve_config("qwen_image", "sol_rl", "imagereward")
+    replica = estimate_memory(qwen, "fp8", "bf16", True, rollout_copy=False)
+    whole = sharded_estimate(qwen, "bf16", 8, explore_precision="fp8")
+    sharded = sharded_estimate(qwen, "bf16", 8, explore_precision="fp8", copy_layout="sharded")
+    assert whole.explore_copy == replica.explore_copy > 0
+    assert sharded.explore_copy == pytest.approx(replica.explore_copy / 8 + replica.explore_copy * GATHERED_SHARE)
+    assert sharded.policy == whole.policy == pytest.approx(replica.policy / 8 + replica.policy * GATHERED_SHARE)
+    assert whole.peak - sharded.peak == pytest.approx(replica.explore_copy * (1 - 1 / 8 - GATHERED_SHARE))
+    one = sharded_estimate(qwen, "bf16", 1, explore_precision="fp8", copy_layout="sharded")
+    assert one.explore_copy == replica.explore_copy  # one process: nothing gathered, nothing divided
+
+    fp8 = dataclasses.replace(resolve_machine(qwen, torch.device("cpu"), "bf16"), explore_precision="fp8",
+                              explore_compile=True, explore_why="auto on compute capability 9.0")
+    peaks = [sharded_estimate(qwen, "bf16", 2, explore_precision="fp8", copy_layout=c).peak for c in ("whole", "sharded")]
+    between = GpuInfo(0, "between", (9, 0), (peaks[0] + peaks[1]) / 2 / FIT_SHARE)  # a sharded copy fits, a whole one not
+    chosen = fsdp_machine(fp8, qwen, "bf16", between, 2)
+    assert (chosen.explore_precision, chosen.explore_layout, chosen.explore_compile) == ("fp8", "sharded", False)
+    assert f"auto: a whole copy's {peaks[0]:.1f} GiB over" in chosen.explore_why
+    roomy = GpuInfo(0, "roomy", (9, 0), peaks[0] / FIT_SHARE + 1)
+    assert fsdp_machine(fp8, qwen, "bf16", roomy, 2).explore_layout == "whole"
+    assert fsdp_machine(fp8, set_value(qwen, SHARDED), "bf16", roomy, 2).explore_layout == "sharded"
+    with pytest.raises(SolrlError, match="a whole fp8 explore copy per GPU takes the estimated peak"):
+        fsdp_machine(fp8, set_value(set_value(qwen, "explore.precision=fp8"), "distributed.copy_layout=whole"),
+                     "bf16", between, 2)
+    small = GpuInfo(0, "small", (9, 0), peaks[1] / FIT_SHARE - 1)
+    dropped = fsdp_machine(fp8, qwen, "bf16", small, 2)
+    assert (dropped.explore_precision, dropped.explore_layout) == ("bf16", "")
+    assert dropped.explore_why.startswith(f"auto: a whole fp8 explore copy per GPU takes the estimated peak under fsdp over 2 "
+                                          f"to {peaks[0]:.1f} GiB, a sharded one to {peaks[1]:.1f} GiB, over ")
+    with pytest.raises(SolrlError, match="unknown distributed.copy_layout"):
+        set_value(qwen, "distributed.copy_layout=striped").validate()
+
+
+def _explore_only_worker(rank: int, world: int, port: int, root: Path) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    _train_recording_kept(_config(root, "two", "fsdp", PRECISION, SHARDED), root / "results" / f"kept-rank{rank}.json")
+
+
+@pytest.mark.slow
+def test_two_ranks_on_a_sharded_explore_copy_alone_train_what_one_process_does(tmp_path):
+    """The sharded nvfp4 explore copy without a rollout copy: Stage 2 and v_old on the sharded policy."""
+    (tmp_path / "results").mkdir()
+    _train_recording_kept(_config(tmp_path, "one", "replicate", PRECISION), tmp_path / "results" / "kept-one.json")
+    _spawn(2, tmp_path, limit=600.0, worker=_explore_only_worker)
+    started = _events(tmp_path / "two")[0]
+    assert started["explore_precision"] == PRECISION and started["copy_layout"] == "sharded"
+    assert "rollout copy off (as configured: rollouts and v_old on the policy's old adapter" in started["machine"]
+    _same_run(tmp_path, "one", "two", "kept")
+
+
+@pytest.mark.slow
+def test_a_2x2_mesh_on_two_launched_nodes_explores_on_a_sharded_copy_as_one_process_does(tmp_path):
+    """Two launcher invocations with --nnodes 2 on this machine, 2 processes each (a replicate 2 x
+    shard 2 mesh): the copy sharded within a node and replicated across nodes, as the policy is."""
+    from solrl_core import events as ev
+    from solrl_core.trainer import StopFlag, train
+    from tests.test_fsdp_explore import _sets
+    from tests.test_fsdp import run_two_nodes
+
+    train(_config(tmp_path, "one", "replicate", PRECISION, "run.prompts_per_iteration=4"), ev.EventBus(), stop=StopFlag())
+    sets = [a for s in _sets(PRECISION, "run.prompts_per_iteration=4", "distributed.strategy=fsdp", SHARDED)
+            for a in ("--set", s)]
+    run_two_nodes(tmp_path / "mesh", sets, timeout=500)
+    started = _events(tmp_path / "mesh")[0]
+    assert "fsdp over 4 processes (mesh replicate 2 x shard 2" in started["plan"] and started["copy_layout"] == "sharded"
+    its = [[e for e in _events(d) if e["event"] == "iteration"] for d in (tmp_path / "one", tmp_path / "mesh")]
+    assert len(its[1]) == 2
+    for a, b in zip(*its):
+        assert b["draft"]["mean"] == pytest.approx(a["draft"]["mean"], abs=1e-6)
+        assert b["final"]["mean"] == pytest.approx(a["final"]["mean"], abs=1e-6)
+    assert len([e for e in _events(tmp_path / "mesh") if e["event"] == "rank_check"]) == 2
+    _close(_adapters(tmp_path / "one", 2), _adapters(tmp_path / "mesh", 2))
