@@ -59,7 +59,7 @@ from solrl_core.errors import SolrlError
 from solrl_core.footprint import MemoryEstimate, estimate_memory
 from solrl_core.precision.hardware import GpuInfo
 from solrl_core.plan import MachinePlan
-from solrl_core.precision.resolve import FIT_SHARE
+from solrl_core.precision.resolve import COMPILED_ANYWAY, FIT_SHARE
 from solrl_core.regions import repeated_blocks
 
 # A sharded GPU holds, besides its 1/S of the weights, the blocks gathered whole for the forward in
@@ -150,7 +150,8 @@ def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInf
         explore_why = (f"{machine.explore_why}; under fsdp a whole {precision} copy on each process ({why}), {built}, "
                        "without its high-precision weights")
     elif layout == "sharded":
-        explore_why = (f"{machine.explore_why}; under fsdp a {precision} copy sharded like the policy, 1/{shard} on each "
+        eager_why = machine.explore_why.split(COMPILED_ANYWAY)[0]  # a sharded copy runs eager whatever the precision
+        explore_why = (f"{eager_why}; under fsdp a {precision} copy sharded like the policy, 1/{shard} on each "
                        f"process and gathered block by block for Stage 1's forwards, eager ({why}), {built}")
     else:
         explore_why = (f"auto: {why}, so " if why else "") + "Stage 1 at the run dtype on the policy's old adapter"

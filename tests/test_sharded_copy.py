@@ -186,15 +186,19 @@ def test_the_sharded_copy_counts_one_shard_and_its_gathered_blocks_and_auto_take
     one = sharded_estimate(qwen, "bf16", 1, explore_precision="fp8", copy_layout="sharded")
     assert one.explore_copy == replica.explore_copy  # one process: nothing gathered, nothing divided
 
-    fp8 = dataclasses.replace(resolve_machine(qwen, torch.device("cpu"), "bf16"), explore_precision="fp8",
-                              explore_compile=True, explore_why="auto on compute capability 9.0")
+    from solrl_core.precision.resolve import COMPILED_ANYWAY
+
+    fp8 = dataclasses.replace(resolve_machine(qwen, torch.device("cpu"), "bf16"), explore_precision="fp8", explore_compile=True,
+                              explore_why=f"auto on compute capability 9.0{COMPILED_ANYWAY}: eager fp8 is slower")
     peaks = [sharded_estimate(qwen, "bf16", 2, explore_precision="fp8", copy_layout=c).peak for c in ("whole", "sharded")]
     between = GpuInfo(0, "between", (9, 0), (peaks[0] + peaks[1]) / 2 / FIT_SHARE)  # a sharded copy fits, a whole one not
     chosen = fsdp_machine(fp8, qwen, "bf16", between, 2)
     assert (chosen.explore_precision, chosen.explore_layout, chosen.explore_compile) == ("fp8", "sharded", False)
     assert f"auto: a whole copy's {peaks[0]:.1f} GiB over" in chosen.explore_why
+    assert "compiled" not in chosen.explore_why and ", eager (" in chosen.explore_why  # a sharded copy runs eager
     roomy = GpuInfo(0, "roomy", (9, 0), peaks[0] / FIT_SHARE + 1)
-    assert fsdp_machine(fp8, qwen, "bf16", roomy, 2).explore_layout == "whole"
+    kept = fsdp_machine(fp8, qwen, "bf16", roomy, 2)
+    assert kept.explore_layout == "whole" and kept.explore_compile and COMPILED_ANYWAY in kept.explore_why
     assert fsdp_machine(fp8, set_value(qwen, SHARDED), "bf16", roomy, 2).explore_layout == "sharded"
     with pytest.raises(SolrlError, match="a whole fp8 explore copy per GPU takes the estimated peak"):
         fsdp_machine(fp8, set_value(set_value(qwen, "explore.precision=fp8"), "distributed.copy_layout=whole"),
@@ -206,6 +210,15 @@ def test_the_sharded_copy_counts_one_shard_and_its_gathered_blocks_and_auto_take
                                           f"to {peaks[0]:.1f} GiB, a sharded one to {peaks[1]:.1f} GiB, over ")
     with pytest.raises(SolrlError, match="unknown distributed.copy_layout"):
         set_value(qwen, "distributed.copy_layout=striped").validate()
+
+    from solrl_core.doctor.strategy import strategy_check, strategy_estimates
+
+    # The doctor's per-strategy table lays the copy out as the run would: whole where it fits, else sharded.
+    assert strategy_estimates(qwen, "fp8", "bf16", 2)["fsdp/2"] == pytest.approx(peaks[0])  # no GPU: whole
+    assert strategy_estimates(qwen, "fp8", "bf16", 2, between.memory_gib * FIT_SHARE)["fsdp/2"] == pytest.approx(peaks[1])
+    assert strategy_estimates(set_value(qwen, "distributed.copy_layout=whole"), "fp8", "bf16", 2,
+                              between.memory_gib * FIT_SHARE)["fsdp/2"] == pytest.approx(peaks[0])
+    assert f"fsdp over 2 {peaks[1]:.1f} GiB" in strategy_check(set_value(qwen, "explore.precision=fp8"), between, 2).detail
 
 
 def _explore_only_worker(rank: int, world: int, port: int, root: Path) -> None:

@@ -14,13 +14,19 @@ from solrl_core.sharding import replica_fits, sharded_estimate
 SHARD_COUNTS = (2, 4, 8)  # processes per node shown besides the run's own
 
 
-def strategy_estimates(cfg: Config, explore_precision: str, dtype_name: str, nproc: int) -> dict[str, float]:
+def strategy_estimates(cfg: Config, explore_precision: str, dtype_name: str, nproc: int,
+                       budget: float | None = None) -> dict[str, float]:
     """Peak GiB per GPU ESTIMATE: 'replicate' (the smallest replica: gradient checkpointing on, no
-    rollout copy) and 'fsdp/S' for S processes per node sharing the weights, each with a whole
-    explore copy without its high-precision weights (sharded_copy.py)."""
+    rollout copy) and 'fsdp/S' for S processes per node sharing the weights, with the explore copy laid
+    out as `distributed.copy_layout` says (sharding.copy_layout): auto keeps it whole where that fits
+    `budget` GiB (or with no budget), else sharded like the policy."""
     out = {"replicate": estimate_memory(cfg, explore_precision, dtype_name, checkpointing=True, rollout_copy=False).peak}
     for shard in sorted({*SHARD_COUNTS, nproc} - {1}):
-        out[f"fsdp/{shard}"] = sharded_estimate(cfg, dtype_name, shard, explore_precision=explore_precision).peak
+        peaks = {layout: sharded_estimate(cfg, dtype_name, shard, explore_precision=explore_precision,
+                                          copy_layout=layout).peak for layout in ("whole", "sharded")}
+        asked = cfg.distributed.copy_layout
+        layout = asked if asked != "auto" else "whole" if budget is None or peaks["whole"] <= budget else "sharded"
+        out[f"fsdp/{shard}"] = peaks[layout]
     return out
 
 
@@ -31,12 +37,12 @@ def strategy_check(cfg: Config, gpu: GpuInfo | None, nproc: int) -> Check:
     precision = cfg.explore.precision if cfg.explore.precision != "auto" else auto_explore_precision(gpu, dtype_name)[0]
     if gpu is None and cfg.explore.precision == "auto":
         precision = "fp8"  # as the memory check assumes without a GPU
-    est = strategy_estimates(cfg, precision, dtype_name, nproc)
+    budget = gpu.memory_gib * FIT_SHARE if gpu is not None else None
+    est = strategy_estimates(cfg, precision, dtype_name, nproc, budget)
     table = ", ".join(f"{'replicate' if k == 'replicate' else 'fsdp over ' + k[5:]} {v:.1f} GiB" for k, v in est.items())
     detail = f"per-GPU estimate ({model_size(cfg).label}, {dtype_name}, approximate): {table}"
     if gpu is None:
         return Check("strategy", PASS, f"{detail}; no GPU here to choose for")
-    budget = gpu.memory_gib * FIT_SHARE
     asked = cfg.distributed.strategy
     chosen = asked if asked != "auto" else ("replicate" if nproc == 1 or replica_fits(cfg, precision, dtype_name, gpu)[0]
                                             else "fsdp")

@@ -57,6 +57,9 @@ def auto_explore_precision(gpu: GpuInfo | None, dtype_name: str) -> tuple[str, s
     return dtype_name, f"auto on compute capability {cc}: no real low precision below 8.9, so the run dtype"
 
 
+COMPILED_ANYWAY = "; compiled although explore.compile=false"  # an fp8 copy on CUDA (dropped where a copy runs eager)
+
+
 def _switch(value: str, auto: bool) -> bool:
     return auto if value == "auto" else value == "true"
 
@@ -72,7 +75,7 @@ def resolve_machine(cfg: Config, device: torch.device, dtype_name: str, gpu: Gpu
     explore_compile, update_compile = _switch(cfg.explore.compile, cuda), _switch(cfg.optimizer.compile, cuda)
     if cuda and precision == "fp8" and not explore_compile:
         explore_compile = True
-        why += f"; compiled although explore.compile=false: {FP8_EAGER_SLOWER}"
+        why += f"{COMPILED_ANYWAY}: {FP8_EAGER_SLOWER}"
     fam = family(cfg.algorithm.family)
     estimate = estimate_memory(cfg, precision, dtype_name, checkpointing=True, rollout_copy=False)
     budget = gpu.memory_gib * FIT_SHARE if gpu is not None else None
