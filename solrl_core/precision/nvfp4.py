@@ -90,7 +90,7 @@ def _qdq_blocks(x: Tensor, vmax: Tensor, s_enc: Tensor) -> Tensor:
 
 
 def _block_amax(x: Tensor, dim: int | tuple[int, ...]) -> Tensor:
-    """max |x| over `dim`, kept (abs then amax: torch's infinity norm was 7x slower on a CPU)."""
+    """max |x| over `dim`, kept (abs then amax: torch's infinity norm was several times slower on a CPU)."""
     return x.abs().amax(dim=dim, keepdim=True)
 
 
