@@ -103,7 +103,8 @@ class SamplerConfig:
                                    "update's v_old on a separate copy of base + old adapter merged, refreshed after each "
                                    "step, as the official code does: auto (when the memory estimate says it fits), true, "
                                    "false (the policy with its old adapter active: one copy of the model). Under "
-                                   "distributed.strategy=fsdp auto keeps none, true one sharded like the policy.")
+                                   "distributed.strategy=fsdp the copy is sharded like the policy and auto keeps it where the estimate fits "
+                                   "the GPU (none on a CPU).")
     compile: str = _f("auto", "torch.compile the full-precision rollout copy: auto (on CUDA), true, false. Compiled bf16 is "
                               "the official baseline; naive_scaling with compile=false is the eager one.")
     eval_steps: int = _f(40, "Steps of evaluation rollouts (official: 40 SANA/SD3, 28 FLUX).")

@@ -141,6 +141,8 @@ def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInf
                          "version (the sharded explore copy is filled from the shards on the GPU)", fix)
     low = fam.low_precision and machine.explore_precision != dtype_name
     layout, why = copy_layout(machine, cfg, dtype_name, gpu, shard, rollout) if low else ("", "")
+    rollout, auto_why = _auto_rollout_copy(cfg, dtype_name, gpu, shard, machine.explore_precision if layout else None,
+                                           layout or "whole", rollout)
     if layout == "sharded" and cfg.explore.compile == "true":
         raise SolrlError(f"explore.compile=true compiles the explore copy, which under distributed.strategy=fsdp is sharded "
                          f"like the policy here ({why}) and eager (not run compiled in this version)",
@@ -156,12 +158,12 @@ def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInf
     else:
         explore_why = (f"auto: {why}, so " if why else "") + "Stage 1 at the run dtype on the policy's old adapter"
     if not rollout:
-        rollout_why = (f"{'as configured' if cfg.sampler.rollout_copy == 'false' else 'auto under fsdp keeps none'}: "
+        rollout_why = (f"{'as configured' if cfg.sampler.rollout_copy == 'false' else auto_why}: "
                        "rollouts and v_old on the policy's old adapter (sampler.rollout_copy=true keeps one sharded like the policy)")
     elif shard == 1:
-        rollout_why = "as configured; one process: a whole copy, eager"
+        rollout_why = f"{auto_why or 'as configured'}; one process: a whole copy, eager"
     else:
-        rollout_why = (f"as configured; under fsdp sharded like the policy, 1/{shard} on each process and gathered block "
+        rollout_why = (f"{auto_why or 'as configured'}; under fsdp sharded like the policy, 1/{shard} on each process and gathered block "
                        f"by block for Stage 2's forwards and v_old's, eager, {built}")
     return replace(machine, explore_precision=precision if layout else dtype_name, explore_layout=layout,
                    explore_compile=machine.explore_compile and layout == "whole", rollout_copy=rollout, rollout_compile=False,
@@ -169,6 +171,25 @@ def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInf
                    memory=replace(machine.memory, copies="gpu"),
                    memory_why="under fsdp the copies stay on the GPU; the VAE and gradient "
                               "checkpointing as chosen for one replica", rollout_copy_why=rollout_why)
+
+
+def _auto_rollout_copy(cfg: Config, dtype_name: str, gpu: GpuInfo | None, shard: int, explore_precision: str | None,
+                       layout: str, asked: bool) -> tuple[bool, str]:
+    """(keep, why) of the full-precision rollout copy under fsdp: as configured, or with
+    sampler.rollout_copy=auto, kept sharded like the policy where the memory ESTIMATE with it (and the
+    explore copy as laid out) fits `gpu`. Without a GPU (a CPU) or with sampler.compile=true (a sharded
+    copy is not compiled in this version), auto keeps none."""
+    if cfg.sampler.rollout_copy != "auto":
+        return asked, ""
+    if gpu is None:
+        return False, "auto under fsdp keeps none without a GPU memory limit to decide by"
+    if cfg.sampler.compile == "true":
+        return False, "auto under fsdp keeps none with sampler.compile=true (a sharded copy runs eager)"
+    budget = gpu.memory_gib * FIT_SHARE
+    peak = sharded_estimate(cfg, dtype_name, shard, explore_precision=explore_precision, copy_layout=layout,
+                            rollout_copy=True).peak
+    fits = peak <= budget
+    return fits, f"auto: estimated peak {peak:.1f} GiB with it, {'within' if fits else 'over'} {budget:.1f} GiB"
 
 
 def copy_layout(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInfo | None, shard: int,

@@ -124,8 +124,8 @@ after its increment) are the official ones. Where this differs from it, and why:
   does not fit a GPU by the memory estimate) shards the policy with FSDP2, where the official code
   holds a full replica per GPU. Stage 1 still explores at the explore precision, on a low-precision copy built and
   refreshed one gathered block at a time from the shards (sharded_copy.py), whole per process or sharded like the
-  policy (`distributed.copy_layout`; sharded, it runs eager where the official copies are compiled); no full-precision rollout copy,
-  so Stage 2 and v_old run on the `old` adapter, as `sampler.rollout_copy=false`. A micro-batch whose loss is not finite skips the whole step there (its
+  policy (`distributed.copy_layout`; sharded, it runs eager where the official copies are compiled); a full-precision
+  rollout copy sharded like the policy, eager, where the estimate fits it, else Stage 2 and v_old on the `old` adapter. A micro-batch whose loss is not finite skips the whole step there (its
   backward must run on every rank) where a replica drops that micro-batch alone. Unchanged for a
   replicated run, the default wherever a replica fits.
 - Memory modes for one tight GPU (memory_modes.py; the official code has none): `auto` picks them by

@@ -211,6 +211,15 @@ def test_the_sharded_copy_counts_one_shard_and_its_gathered_blocks_and_auto_take
     with pytest.raises(SolrlError, match="unknown distributed.copy_layout"):
         set_value(qwen, "distributed.copy_layout=striped").validate()
 
+    # sampler.rollout_copy=auto under fsdp: a sharded rollout copy where the estimate with it fits the GPU.
+    assert not kept.rollout_copy and "auto: estimated peak" in kept.rollout_copy_why and " over " in kept.rollout_copy_why
+    with_copy = sharded_estimate(qwen, "bf16", 2, explore_precision="fp8", copy_layout="whole", rollout_copy=True).peak
+    big = GpuInfo(0, "big", (9, 0), with_copy / FIT_SHARE + 1)
+    both = fsdp_machine(fp8, qwen, "bf16", big, 2)
+    assert (both.explore_layout, both.rollout_copy, both.rollout_compile) == ("whole", True, False)
+    assert f"auto: estimated peak {with_copy:.1f} GiB with it, within" in both.rollout_copy_why
+    assert not fsdp_machine(fp8, set_value(qwen, "sampler.compile=true"), "bf16", big, 2).rollout_copy
+
     from solrl_core.doctor.strategy import strategy_check, strategy_estimates
 
     # The doctor's per-strategy table lays the copy out as the run would: whole where it fits, else sharded.
