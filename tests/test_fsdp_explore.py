@@ -202,18 +202,17 @@ def test_a_copy_without_its_high_precision_weights_holds_the_bytes_the_estimate_
 
 
 @pytest.mark.slow
-def test_a_2x2_mesh_on_two_launched_nodes_explores_at_nvfp4_as_one_process_does(tmp_path):
+def mesh_equals_one_process(tmp_path, precision: str, *extra: str) -> dict:
     """Two launcher invocations with --nnodes 2 on this machine, 2 processes each (a replicate 2 x
-    shard 2 mesh): Stage 1 on each process's NVFP4 copy filled from the hybrid-sharded policy, the
-    rank check on, and the adapters a 1-process run's."""
+    shard 2 mesh), exploring at `precision` with the rank check on, against a 1-process run: equal
+    draft and final rewards, both rank checks, equal adapters. Returns the mesh run's first event."""
     from tests.test_fsdp import run_two_nodes
 
-    train(_config(tmp_path, "one", "replicate", "nvfp4-emulated", "run.prompts_per_iteration=4"), ev.EventBus(), stop=StopFlag())
-    sets = [a for s in _sets("nvfp4-emulated", "run.prompts_per_iteration=4", "distributed.strategy=fsdp") for a in ("--set", s)]
+    train(_config(tmp_path, "one", "replicate", precision, "run.prompts_per_iteration=4"), ev.EventBus(), stop=StopFlag())
+    sets = [a for s in _sets(precision, "run.prompts_per_iteration=4", "distributed.strategy=fsdp", *extra) for a in ("--set", s)]
     run_two_nodes(tmp_path / "mesh", sets, timeout=500)
     started = _events(tmp_path / "mesh")[0]
     assert "fsdp over 4 processes (mesh replicate 2 x shard 2" in started["plan"]
-    assert started["explore_precision"] == "nvfp4-emulated" and "under fsdp a whole nvfp4-emulated copy" in started["machine"]
     its = [[e for e in _events(d) if e["event"] == "iteration"] for d in (tmp_path / "one", tmp_path / "mesh")]
     assert len(its[1]) == 2
     for a, b in zip(*its):
@@ -221,6 +220,13 @@ def test_a_2x2_mesh_on_two_launched_nodes_explores_at_nvfp4_as_one_process_does(
         assert b["final"]["mean"] == pytest.approx(a["final"]["mean"], abs=1e-6)
     assert len([e for e in _events(tmp_path / "mesh") if e["event"] == "rank_check"]) == 2
     _close(_adapters(tmp_path / "one", 2), _adapters(tmp_path / "mesh", 2))
+    return started
+
+
+def test_a_2x2_mesh_on_two_launched_nodes_explores_at_nvfp4_as_one_process_does(tmp_path):
+    """Stage 1 on each process's whole NVFP4 copy filled from the hybrid-sharded policy."""
+    started = mesh_equals_one_process(tmp_path, "nvfp4-emulated")
+    assert started["explore_precision"] == "nvfp4-emulated" and "under fsdp a whole nvfp4-emulated copy" in started["machine"]
 
 
 def test_a_whole_copy_per_gpu_is_kept_where_the_estimate_says_it_fits_and_else_auto_explores_at_the_run_dtype():

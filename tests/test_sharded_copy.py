@@ -252,21 +252,6 @@ def test_two_ranks_on_a_sharded_explore_copy_alone_train_what_one_process_does(t
 def test_a_2x2_mesh_on_two_launched_nodes_explores_on_a_sharded_copy_as_one_process_does(tmp_path):
     """Two launcher invocations with --nnodes 2 on this machine, 2 processes each (a replicate 2 x
     shard 2 mesh): the copy sharded within a node and replicated across nodes, as the policy is."""
-    from solrl_core import events as ev
-    from solrl_core.trainer import StopFlag, train
-    from tests.test_fsdp_explore import _sets
-    from tests.test_fsdp import run_two_nodes
+    from tests.test_fsdp_explore import mesh_equals_one_process
 
-    train(_config(tmp_path, "one", "replicate", PRECISION, "run.prompts_per_iteration=4"), ev.EventBus(), stop=StopFlag())
-    sets = [a for s in _sets(PRECISION, "run.prompts_per_iteration=4", "distributed.strategy=fsdp", SHARDED)
-            for a in ("--set", s)]
-    run_two_nodes(tmp_path / "mesh", sets, timeout=500)
-    started = _events(tmp_path / "mesh")[0]
-    assert "fsdp over 4 processes (mesh replicate 2 x shard 2" in started["plan"] and started["copy_layout"] == "sharded"
-    its = [[e for e in _events(d) if e["event"] == "iteration"] for d in (tmp_path / "one", tmp_path / "mesh")]
-    assert len(its[1]) == 2
-    for a, b in zip(*its):
-        assert b["draft"]["mean"] == pytest.approx(a["draft"]["mean"], abs=1e-6)
-        assert b["final"]["mean"] == pytest.approx(a["final"]["mean"], abs=1e-6)
-    assert len([e for e in _events(tmp_path / "mesh") if e["event"] == "rank_check"]) == 2
-    _close(_adapters(tmp_path / "one", 2), _adapters(tmp_path / "mesh", 2))
+    assert mesh_equals_one_process(tmp_path, PRECISION, SHARDED)["copy_layout"] == "sharded"
