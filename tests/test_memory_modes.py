@@ -17,19 +17,13 @@ from solrl_core.plan import MemoryModes
 from solrl_core.precision.hardware import GpuInfo
 from solrl_core.presets import resolve_config
 from solrl_core.trainer import StopFlag, train
+from tests.test_tracking import _train as train_recording
 
 MODES = {"copies-whole": ("memory.copies=cpu-whole",), "copies-blocks": ("memory.copies=cpu-blocks",),
          "checkpointing": ("optimizer.checkpointing=true",), "vae": ("memory.vae_on_cpu=true",)}
 
 
-def _run(sets, resume=False, stop_after=None):
-    bus, seen, flag = ev.EventBus(), [], StopFlag()
-    bus.subscribe(seen.append)
-    if stop_after is not None:
-        bus.subscribe(lambda e: setattr(flag, "requested", True)
-                      if isinstance(e, ev.IterationFinished) and e.iteration == stop_after else None)
-    session = train(resolve_config("tiny", "sol_rl", sets=sets), bus, resume=resume, stop=flag)
-    return session, seen
+_run = train_recording  # (session, events) of a tiny sol_rl run, optionally stopped after an iteration
 
 
 def _outcome(session, seen):
