@@ -79,13 +79,7 @@ def test_two_sharded_ranks_explore_at_the_requested_precision_as_one_process_doe
         assert f"Stage 1: 8 seeds/prompt at {precision}, " in started["plan"]
         assert "fsdp over 2 processes" in started["plan"]
         assert f"under fsdp a whole {precision} copy on each process" in started["machine"]
-        its = [[e for e in _events(d) if e["event"] == "iteration"] for d in (one, two)]
-        assert len(its[1]) == 2
-        for a, b in zip(*its):
-            assert b["draft"]["mean"] == pytest.approx(a["draft"]["mean"], abs=1e-6)
-            assert b["draft"]["best"] == pytest.approx(a["draft"]["best"], abs=1e-6)
-            assert b["final"]["mean"] == pytest.approx(a["final"]["mean"], abs=1e-6)
-            assert b["loss"]["loss"] == pytest.approx(a["loss"]["loss"], rel=1e-4)
+        for a, b in same_iterations(one, two):
             assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
         checks = [[e for e in _events(d) if e["event"] == "rank_check"] for d in (one, two)]
         assert len(checks[1]) == (2 if family == "sol_rl" else 0)  # sharded, every iteration; naive_quant regenerates nothing
@@ -202,6 +196,19 @@ def test_a_copy_without_its_high_precision_weights_holds_the_bytes_the_estimate_
 
 
 @pytest.mark.slow
+def same_iterations(one: Path, two: Path) -> list[tuple[dict, dict]]:
+    """The two iterations of run `two` against run `one`'s: equal draft mean and best, final mean and
+    loss. Returns the pairs of iteration events for further checks."""
+    its = [[e for e in _events(d) if e["event"] == "iteration"] for d in (one, two)]
+    assert len(its[1]) == 2
+    for a, b in zip(*its):
+        assert b["draft"]["mean"] == pytest.approx(a["draft"]["mean"], abs=1e-6)
+        assert b["draft"]["best"] == pytest.approx(a["draft"]["best"], abs=1e-6)
+        assert b["final"]["mean"] == pytest.approx(a["final"]["mean"], abs=1e-6)
+        assert b["loss"]["loss"] == pytest.approx(a["loss"]["loss"], rel=1e-4)
+    return list(zip(*its))
+
+
 def mesh_equals_one_process(tmp_path, precision: str, *extra: str) -> dict:
     """Two launcher invocations with --nnodes 2 on this machine, 2 processes each (a replicate 2 x
     shard 2 mesh), exploring at `precision` with the rank check on, against a 1-process run: equal

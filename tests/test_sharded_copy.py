@@ -18,7 +18,7 @@ import torch
 
 from tests.test_distributed import _adapters, _events, _spawn
 from tests.test_fsdp import _close
-from tests.test_fsdp_explore import _caches, _caches_equal, _config, _train_recording_kept
+from tests.test_fsdp_explore import _caches, _caches_equal, _config, _train_recording_kept, same_iterations
 
 PRECISION = "nvfp4-emulated"
 SHARDED = "distributed.copy_layout=sharded"
@@ -113,13 +113,7 @@ def _worker(rank: int, world: int, port: int, root: Path) -> None:
 def _same_run(root: Path, one: str, two: str, kept: str) -> None:
     """The 2-rank sharded run `two` did what the 1-process run `one` did: draft and final rewards,
     losses, the rank check, the kept seeds (rank 0 holds the first group, rank 1 the second), adapters."""
-    its = [[e for e in _events(root / d) if e["event"] == "iteration"] for d in (one, two)]
-    assert len(its[1]) == 2
-    for a, b in zip(*its):
-        assert b["draft"]["mean"] == pytest.approx(a["draft"]["mean"], abs=1e-6)
-        assert b["draft"]["best"] == pytest.approx(a["draft"]["best"], abs=1e-6)
-        assert b["final"]["mean"] == pytest.approx(a["final"]["mean"], abs=1e-6)
-        assert b["loss"]["loss"] == pytest.approx(a["loss"]["loss"], rel=1e-4)
+    same_iterations(root / one, root / two)
     checks = [[e for e in _events(root / d) if e["event"] == "rank_check"] for d in (one, two)]
     assert len(checks[1]) == 2  # the rank check on the sharded copies, every iteration
     for a, b in zip(*checks):
