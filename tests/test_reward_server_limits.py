@@ -138,7 +138,7 @@ def test_decoded_bytes_per_request_are_bounded_and_a_client_splits_its_batch_to_
 def test_hostile_bodies_get_a_4xx_with_the_reason_never_a_500(plain):
     one = {"format": "uint8", "shape": [True, True, 3], "data": base64.b64encode(b"\0\0\0").decode()}
     cases = [
-        (b'{"prompts": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "nested too deep"),
+        (b'{"prompts": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "nested deeper than 32 levels"),
         ({"prompts": ["a red circle"], "images": [one]}, 422, "'shape' must be [H, W, 3] with positive integers"),
         ({"prompts": ["a red circle"], "images": [dict(one, shape=[1, 1.0, 3])]}, 422, "'shape' must be"),
         ({"prompts": ["a red circle"], "images": [png_item(png(20000, rows=1))]}, 422, "20000x20000 is larger than"),
