@@ -51,12 +51,14 @@ def guarded(tmp_path_factory):
         yield served
 
 
+def chunk(tag: bytes, body: bytes) -> bytes:
+    """One PNG chunk: length, tag, body, CRC."""
+    return struct.pack(">I", len(body)) + tag + body + struct.pack(">I", zlib.crc32(tag + body))
+
+
 def png(side: int, rows: int | None = None) -> bytes:
     """A real RGB PNG of side x side black pixels, compressed as it is written (rows of zeros: ~1000:1).
     `rows`: only that many rows of pixel data, the header still declaring side x side."""
-    def chunk(tag: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + tag + body + struct.pack(">I", zlib.crc32(tag + body))
-
     pack, row = zlib.compressobj(9), b"\0" * (1 + 3 * side)
     data = b"".join(pack.compress(row) for _ in range(side if rows is None else rows)) + pack.flush()
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0))
@@ -211,6 +213,25 @@ def test_57_mib_of_empty_objects_is_refused_before_it_is_built(plain):
     assert status == 413 and answer["detail"] == "body holds more than 17408 JSON values", answer
     assert "send at most 512 images per request" in answer["fix"]
     assert grown_mib < 300, f"the server's peak memory grew by {grown_mib:.0f} MiB"  # the body, read; json.loads: +1.5 GB
+
+
+def test_a_png_is_read_for_its_pixels_alone_and_an_animated_one_is_refused(plain):
+    """PIL inflates every compressed text chunk as it opens a file (up to 64 MiB an image): the server
+    hands it the chunks that make the pixels only. An animated PNG's frames past the first would never
+    be scored: it is refused, not scored on its first frame."""
+    prompts, images = noisy_world(2)
+    clean = encode_images(images, "png")
+    ihdr_end = 8 + 12 + 13
+    texts = b"".join(chunk(b"zTXt", b"note%d\0\0" % i + zlib.compress(b"\0" * 2**21, 9)) for i in range(40))  # 80 MiB inflated
+    raw = [base64.b64decode(item["data"]) for item in clean]
+    noted = [png_item(r[:ihdr_end] + texts + r[ihdr_end:]) for r in raw]
+    expected = post(plain.url + "/score", {"prompts": prompts, "images": clean})[1]["total"]
+    status, answer = post(plain.url + "/score", {"prompts": prompts, "images": noted})
+    assert (status, answer.get("total")) == (200, expected), answer  # before: 422, PIL's "Decompressed Data Too Large"
+    animated = png_item(raw[0][:ihdr_end] + chunk(b"acTL", struct.pack(">II", 5, 0)) + raw[0][ihdr_end:])
+    status, answer = post(plain.url + "/score", {"prompts": prompts[:1], "images": [animated]})
+    assert status == 422 and answer["detail"] == "image 0: an animated PNG (5 frames); send each frame as an image of its own " \
+                                                 "(a clip's frames as 'videos')", answer
 
 
 def test_hostile_bodies_get_a_4xx_with_the_reason_never_a_500(plain):
