@@ -29,9 +29,10 @@ def reward_server(
     max_side: Annotated[int, typer.Option("--max-side", min=0, help="Pixels per image side (more: HTTP 422). 0: the larger "
                                                                     "of 2048 and 4x the side the rewards resize to.")] = 0,
     max_decoded_mb: Annotated[float, typer.Option("--max-decoded-mb", min=0, help="MiB of decoded float32 pixels per request "
-                                                                                  "(more: HTTP 413). 0: 256.")] = 0.0,
+                                                  "(more: HTTP 413) and of all requests in flight together (later ones wait). "
+                                                  "0: 128.")] = 0.0,
     max_request_mb: Annotated[float, typer.Option("--max-request-mb", min=0, help="MiB per request body (more: HTTP 413, "
-                                                  "before it is read). 0: the largest legitimate body (342 MiB by default).")] = 0.0,
+                                                  "before it is read). 0: the largest legitimate body (172 MiB by default).")] = 0.0,
     header_timeout: Annotated[float, typer.Option("--header-timeout", min=0, help="Seconds a request's headers may take; its "
                                                   "body gets as long again plus 1 s per MiB. 0: 10.")] = 0.0,
     max_connections: Annotated[int, typer.Option("--max-connections", min=0, help="Open connections at once. 0: half the "

@@ -96,12 +96,15 @@ def _check_vocabulary(cfg: Config, prompts: list[str]) -> None:
 
 
 def _check_servers(cfg: Config) -> None:
-    """A remote: or vlm: reward's server answers its health request (the request the doctor makes)."""
+    """A remote: or vlm: reward's server answers its health request (the request the doctor makes),
+    within reward.timeout_s where that is shorter than the doctor's limit."""
+    from solrl_core.config_bounds import parse_timeout
     from solrl_core.reward_endpoints import is_endpoint
-    from solrl_core.rewards.probe import probe_endpoint
+    from solrl_core.rewards.probe import PROBE_TIMEOUT_S, probe_endpoint
 
+    limit = parse_timeout(cfg.reward.timeout_s) or PROBE_TIMEOUT_S
     for name in filter(is_endpoint, cfg.reward.weights):
         try:
-            probe_endpoint(name, cfg.reward.remote, video=cfg.model.frames > 0)
+            probe_endpoint(name, cfg.reward.remote, min(limit, PROBE_TIMEOUT_S), video=cfg.model.frames > 0)
         except SolrlError as exc:
             raise SolrlError(f"reward endpoint {name}: {exc.message}", exc.fix or "run `solrl doctor` for details") from exc

@@ -1,9 +1,11 @@
 """The reward server under attack, as a real process on 127.0.0.1: a decompression bomb is refused
-from its PNG header with the server's memory unchanged, decoded bytes per request are bounded,
+from its PNG header with the server's memory unchanged, decoded bytes per request and across the
+requests in flight are bounded, a JSON body is refused past its values or depth before it is built,
 hostile bodies get a 4xx with the reason (never a 500), half-open connections time out without
 starving real requests or flooding the log, a huge declared body is refused at once, the token does
 not follow a redirect, and a run refuses to resume against a server that now serves another reward."""
 
+import asyncio
 import base64
 import http.server
 import json
@@ -15,19 +17,21 @@ import time
 import tomllib
 import zlib
 from pathlib import Path
+from typing import Callable, TypeVar
 
 import pytest
 import torch
 
 from solrl_core.errors import SolrlError
 from solrl_core.rewards.identity import RECORD_FILE, check_servers, server_identity, weights_fingerprint
-from solrl_core.rewards.limits import DEFAULT_MAX_SIDE, derive
+from solrl_core.rewards.limits import DEFAULT_MAX_SIDE, InFlight, derive
 from solrl_core.rewards.remote import RemoteReward
 from solrl_core.rewards.tinyworld import TinyWorldReward
 from solrl_core.rewards.wire import encode_images
 from tests.serving import ROOT, free_port, request, reward_server
 from tests.test_reward_server import noisy_world
 
+T = TypeVar("T")
 TOKEN = "s3cret"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -47,12 +51,14 @@ def guarded(tmp_path_factory):
         yield served
 
 
+def chunk(tag: bytes, body: bytes) -> bytes:
+    """One PNG chunk: length, tag, body, CRC."""
+    return struct.pack(">I", len(body)) + tag + body + struct.pack(">I", zlib.crc32(tag + body))
+
+
 def png(side: int, rows: int | None = None) -> bytes:
     """A real RGB PNG of side x side black pixels, compressed as it is written (rows of zeros: ~1000:1).
     `rows`: only that many rows of pixel data, the header still declaring side x side."""
-    def chunk(tag: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + tag + body + struct.pack(">I", zlib.crc32(tag + body))
-
     pack, row = zlib.compressobj(9), b"\0" * (1 + 3 * side)
     data = b"".join(pack.compress(row) for _ in range(side if rows is None else rows)) + pack.flush()
     return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, 2, 0, 0, 0))
@@ -69,6 +75,14 @@ def post(url: str, body, headers=None, timeout: float = 30):
 
 def peak_rss_kib(pid: int) -> int:
     return int(re.search(r"VmHWM:\s+(\d+) kB", Path(f"/proc/{pid}/status").read_text()).group(1))
+
+
+def peak_growth_mib(pid: int, action: Callable[[], T]) -> tuple[T, float]:
+    """What `action()` returns, and how far the process's peak memory rose above its memory before it."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")  # the peak (VmHWM) starts again from the memory held now
+    before = peak_rss_kib(pid)
+    result = action()
+    return result, (peak_rss_kib(pid) - before) / 1024
 
 
 def raw_exchange(port: int, data: bytes, timeout: float) -> bytes:
@@ -111,7 +125,7 @@ def test_a_png_bomb_is_refused_from_its_header_and_the_server_stays_small(plain)
     seconds = time.monotonic() - t0
     grown_mib = (peak_rss_kib(plain.proc.pid) - before) / 1024
     assert status == 422 and "4096x4096 is larger than the server's" in answer["detail"], answer
-    assert seconds < 2.0, seconds
+    assert seconds < 20, seconds  # 14 ms unloaded; decoding it took 45 s
     assert grown_mib < 16, f"the server's peak memory grew by {grown_mib:.0f} MiB"  # decoded, it is 48 MiB uint8 + 192 MiB float
 
 
@@ -135,10 +149,95 @@ def test_decoded_bytes_per_request_are_bounded_and_a_client_splits_its_batch_to_
     assert after["batches_scored"] - batches == -(-len(prompts) // per_request)
 
 
+def test_five_2048_pngs_in_an_80_kb_request_are_refused_before_a_pixel_is_decoded(plain):
+    item = png_item(png(2048))
+    body = json.dumps({"prompts": ["a red circle"] * 5, "images": [item] * 5}).encode()
+    assert len(body) < 100 * 1024  # 240 MiB of float32 pixels once decoded
+    (status, answer), grown_mib = peak_growth_mib(plain.proc.pid, lambda: post(plain.url + "/score", body, timeout=120))
+    assert status == 413, answer
+    assert answer["detail"] == "5 images of 2048x2048 decode to 251658240 bytes; the server takes at most 134217728 per request"
+    assert grown_mib < 300, f"the server's peak memory grew by {grown_mib:.0f} MiB"  # before: scored, +1.5 GB
+
+
+def test_requests_in_flight_share_one_decoded_budget(tmp_path):
+    """Four clients at once, each with two 2048x2048 PNGs (96 MiB decoded) under a 100 MiB budget: all
+    are scored, one after another, and the server holds about one request's pixels and its reward's
+    working copies, not four requests' (1.2 GB before)."""
+    body = json.dumps({"prompts": ["a red circle"] * 2, "images": [png_item(png(2048))] * 2}).encode()
+    with reward_server(tmp_path, "--reward", "jpeg_compressibility", "--max-decoded-mb", "100") as served:
+        answers: list = []
+
+        def four_at_once() -> None:
+            threads = [threading.Thread(target=lambda: answers.append(post(served.url + "/score", body, timeout=300)))
+                       for _ in range(4)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+
+        _, grown_mib = peak_growth_mib(served.proc.pid, four_at_once)
+    assert [status for status, _ in answers] == [200] * 4, answers
+    assert grown_mib < 4 * 100 * 1.05, f"the server's peak memory grew by {grown_mib:.0f} MiB"
+
+
+def test_room_in_flight_is_granted_in_turn_and_a_request_that_gives_up_passes_its_turn_on():
+    async def main() -> list[str]:
+        room, order = InFlight(10), []
+
+        async def request(name: str, size: int, release: asyncio.Event) -> None:
+            async with room.hold(size):
+                order.append(name)
+                await release.wait()
+
+        first, second, third = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        tasks = [asyncio.create_task(request("a", 8, first))]
+        await asyncio.sleep(0)
+        tasks += [asyncio.create_task(request("b", 8, second)), asyncio.create_task(request("c", 2, third))]
+        await asyncio.sleep(0.01)
+        assert order == ["a"]  # c would fit beside a, but waits its turn behind b
+        tasks[1].cancel()  # b's client gave up: c goes next, beside a
+        await asyncio.sleep(0.01)
+        assert order == ["a", "c"] and room.held == 10
+        first.set()
+        third.set()
+        await asyncio.gather(tasks[0], tasks[2])
+        assert room.held == 0 and not room.waiting
+        return order
+
+    assert asyncio.run(main()) == ["a", "c"]
+
+
+def test_57_mib_of_empty_objects_is_refused_before_it_is_built(plain):
+    body = b'{"prompts": [' + b"{}," * (57 * 2**20 // 3) + b"{}]}"
+    (status, answer), grown_mib = peak_growth_mib(plain.proc.pid, lambda: post(plain.url + "/check", body, timeout=120))
+    assert status == 413 and answer["detail"] == "body holds more than 17408 JSON values", answer
+    assert "send at most 512 images per request" in answer["fix"]
+    assert grown_mib < 300, f"the server's peak memory grew by {grown_mib:.0f} MiB"  # the body, read; json.loads: +1.5 GB
+
+
+def test_a_png_is_read_for_its_pixels_alone_and_an_animated_one_is_refused(plain):
+    """PIL inflates every compressed text chunk as it opens a file (up to 64 MiB an image): the server
+    hands it the chunks that make the pixels only. An animated PNG's frames past the first would never
+    be scored: it is refused, not scored on its first frame."""
+    prompts, images = noisy_world(2)
+    clean = encode_images(images, "png")
+    ihdr_end = 8 + 12 + 13
+    texts = b"".join(chunk(b"zTXt", b"note%d\0\0" % i + zlib.compress(b"\0" * 2**21, 9)) for i in range(40))  # 80 MiB inflated
+    raw = [base64.b64decode(item["data"]) for item in clean]
+    noted = [png_item(r[:ihdr_end] + texts + r[ihdr_end:]) for r in raw]
+    expected = post(plain.url + "/score", {"prompts": prompts, "images": clean})[1]["total"]
+    status, answer = post(plain.url + "/score", {"prompts": prompts, "images": noted})
+    assert (status, answer.get("total")) == (200, expected), answer  # before: 422, PIL's "Decompressed Data Too Large"
+    animated = png_item(raw[0][:ihdr_end] + chunk(b"acTL", struct.pack(">II", 5, 0)) + raw[0][ihdr_end:])
+    status, answer = post(plain.url + "/score", {"prompts": prompts[:1], "images": [animated]})
+    assert status == 422 and answer["detail"] == "image 0: an animated PNG (5 frames); send each frame as an image of its own " \
+                                                 "(a clip's frames as 'videos')", answer
+
+
 def test_hostile_bodies_get_a_4xx_with_the_reason_never_a_500(plain):
     one = {"format": "uint8", "shape": [True, True, 3], "data": base64.b64encode(b"\0\0\0").decode()}
     cases = [
-        (b'{"prompts": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "nested too deep"),
+        (b'{"prompts": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400, "nested deeper than 32 levels"),
         ({"prompts": ["a red circle"], "images": [one]}, 422, "'shape' must be [H, W, 3] with positive integers"),
         ({"prompts": ["a red circle"], "images": [dict(one, shape=[1, 1.0, 3])]}, 422, "'shape' must be"),
         ({"prompts": ["a red circle"], "images": [png_item(png(20000, rows=1))]}, 422, "20000x20000 is larger than"),
@@ -185,11 +284,11 @@ def test_half_open_connections_time_out_and_do_not_starve_a_real_request(guarded
         prompts, images = noisy_world(4)
         t0 = time.monotonic()
         scores = RemoteReward(f"remote:{guarded.url}", token=TOKEN)(images, prompts)
-        assert time.monotonic() - t0 < 5
+        assert time.monotonic() - t0 < 30  # a starved request would wait for the client's 600 s limit
         assert torch.equal(scores, TinyWorldReward()(images, prompts))
         closed = 0
         for sock in socks:  # each is closed by the server within the 2 s header timeout
-            sock.settimeout(max(0.01, opened + 2.0 + 1.5 - time.monotonic()))
+            sock.settimeout(max(0.01, opened + 2.0 + 30 - time.monotonic()))  # wide: on time, they are closed at 2 s
             try:
                 while sock.recv(1024):  # a 503 if it was turned away at once, then the end
                     pass
@@ -209,13 +308,13 @@ def test_half_open_connections_time_out_and_do_not_starve_a_real_request(guarded
 def test_a_huge_declared_body_is_refused_at_once_and_a_stalled_body_is_cut_off(plain, guarded):
     head = (b"POST /score HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n%s\r\n")
     t0 = time.monotonic()
-    answer = raw_exchange(port_of(plain.url), head % (500_000_000, b""), timeout=5)
+    answer = raw_exchange(port_of(plain.url), head % (500_000_000, b""), timeout=60)
     assert answer.startswith(b"HTTP/1.1 413") and b"500000000 bytes is more than" in answer, answer[:200]
-    assert time.monotonic() - t0 < 2
+    assert time.monotonic() - t0 < 30  # at once, where waiting for the body would take its deadline, 487 s
     t0 = time.monotonic()
     auth = f"Authorization: Bearer {TOKEN}\r\n".encode()
-    answer = raw_exchange(port_of(guarded.url), head % (1000, auth) + b'{"prompts": ', timeout=8)
-    assert answer == b"" and time.monotonic() - t0 < 2 + 1000 / 2**20 + 1.5  # closed at the body's deadline
+    answer = raw_exchange(port_of(guarded.url), head % (1000, auth) + b'{"prompts": ', timeout=60)
+    assert answer == b"" and time.monotonic() - t0 < 45  # closed by the server at the body's deadline (2 s), not held
 
 
 def test_repeated_log_lines_are_rate_limited(guarded):
@@ -230,11 +329,11 @@ def test_repeated_log_lines_are_rate_limited(guarded):
 
 
 def test_a_wrong_token_is_refused_before_the_body_and_the_connection_closed(guarded):
-    head = b"POST /score HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\nContent-Length: 100000\r\n\r\n"
+    head = b"POST /score HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\nContent-Length: 1180000\r\n\r\n"
     t0 = time.monotonic()
-    answer = raw_exchange(port_of(guarded.url), head, timeout=5)
+    answer = raw_exchange(port_of(guarded.url), head, timeout=30)
     assert answer.startswith(b"HTTP/1.1 401") and b"connection: close" in answer.lower()
-    assert time.monotonic() - t0 < 1.5  # closed by the server, not left waiting for the body
+    assert time.monotonic() - t0 < 2 + 1180000 / 2**20  # closed before the body's deadline would have closed it
 
 
 # ---------------------------------------------------------------- redirects

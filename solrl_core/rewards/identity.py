@@ -1,10 +1,13 @@
 """What a reward server serves, and whether it is still what a run trained against.
 
 The server states its identity (GET /info, and in /health): its name and solrl version, and per
-reward its name, weight and a fingerprint: SHA-256 over the reward's weights (every tensor of every
-torch module it holds, by name, dtype, shape and bytes), or, for a reward without weights (the tiny
-world's, the JPEG ones), over its name and the solrl version that implements it. The server's own
-fingerprint covers the list of them, weights included.
+reward its name, weight and a fingerprint: for a built-in reward, SHA-256 over its weights (every
+tensor of every torch module it holds, by name, dtype, shape and bytes), or, without weights (the
+tiny world's, the JPEG ones), over its name and the solrl version that implements it; for a plugin
+(rewards/plugins.py), SHA-256 over its name, its code (plugins.fingerprint: the qualified name and
+a hash of the source file that defines it) and the weights it holds (the modules of the plugin's
+instance too), so a plugin file edited to score otherwise is another reward, whatever its name. The
+server's own fingerprint covers the list of them.
 
 A run records the identity of each `remote:` server in `reward_servers.json` beside config.toml when
 it first contacts it. On --resume a server whose fingerprint changed is refused, as a changed LoRA
@@ -28,8 +31,13 @@ ON_CHANGE = ("refuse", "warn")
 
 
 def weights_fingerprint(reward: Any) -> str:
-    """SHA-256 over every tensor of the torch modules `reward` holds ('' when it holds none)."""
-    modules = sorted((k, v) for k, v in vars(reward).items() if isinstance(v, torch.nn.Module))
+    """SHA-256 over every tensor of the torch modules `reward` holds ('' when it holds none); for a
+    plugin, those of the instance it created too."""
+    held = dict(vars(reward)) if hasattr(reward, "__dict__") else {}
+    inner = held.get("fn")  # a plugin (plugins.PluginReward): the object it calls may hold the weights
+    if hasattr(inner, "__dict__") and not isinstance(inner, torch.nn.Module):
+        held.update({f"fn.{k}": v for k, v in vars(inner).items()})
+    modules = sorted((k, v) for k, v in held.items() if isinstance(v, torch.nn.Module))
     if not modules:
         return ""
     digest = hashlib.sha256()
@@ -43,18 +51,30 @@ def weights_fingerprint(reward: Any) -> str:
 
 def server_identity(rewards: dict[str, Any], weights: dict[str, float], version: str) -> dict[str, Any]:
     """The identity a server states: its name, version, and each reward's name, weight and fingerprint."""
-    served = []
-    for name, reward in rewards.items():
-        fingerprint = weights_fingerprint(reward) or hashlib.sha256(f"{name}\n{version}".encode()).hexdigest()
-        served.append({"name": name, "weight": weights[name], "fingerprint": fingerprint})
+    served = [{"name": name, "weight": weights[name], "fingerprint": reward_fingerprint(name, reward, version)}
+              for name, reward in rewards.items()]
     whole = hashlib.sha256(json.dumps(served, sort_keys=True).encode()).hexdigest()
     return {"name": "solrl reward-server", "version": version, "rewards": served, "fingerprint": whole}
+
+
+def reward_fingerprint(name: str, reward: Any, version: str) -> str:
+    """What one served reward is (see the module docstring): its code and weights."""
+    code = getattr(reward, "fingerprint", None)  # a plugin's code (plugins.fingerprint)
+    if isinstance(code, str):
+        return hashlib.sha256(f"{name}\n{code}\n{weights_fingerprint(reward)}".encode()).hexdigest()
+    return weights_fingerprint(reward) or hashlib.sha256(f"{name}\n{version}".encode()).hexdigest()
 
 
 def describe(identity: dict[str, Any]) -> str:
     rewards = ", ".join(f"{r.get('name')}={r.get('weight'):g}" if isinstance(r.get("weight"), (int, float)) else str(r.get("name"))
                         for r in identity.get("rewards", []) if isinstance(r, dict))
     return f"{rewards or 'nothing named'} (solrl {identity.get('version')}, fingerprint {str(identity.get('fingerprint'))[:12]})"
+
+
+def _served_names(identity: dict[str, Any]) -> list[tuple[Any, Any]]:
+    """(name, weight) of each reward an identity lists."""
+    listed = identity.get("rewards")
+    return [(r.get("name"), r.get("weight")) for r in listed if isinstance(r, dict)] if isinstance(listed, list) else []
 
 
 def _served(rewards: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -83,11 +103,14 @@ def check_servers(run_dir: Path, rewards: dict[str, Any], on_change: str = "refu
         if not isinstance(before, dict) or before.get("fingerprint") == now.get("fingerprint"):
             continue
         message = f"{name} now serves {describe(now)}, not {describe(before)} as when this run trained against it"
+        if _served_names(now) == _served_names(before):
+            message = (f"the server's reward changed since this run started: {name} serves {describe(now)}, the same names "
+                       f"with other code or weights (fingerprint {str(before.get('fingerprint'))[:12]} when the run began)")
         if on_change == "warn":
             notes.append(f"{message}; going on (reward.remote.on_change=warn)")
             continue
-        raise SolrlError(message, "serve the run's reward behind that URL again, or go on against the new one with "
-                                  "--set reward.remote.on_change=warn")
+        raise SolrlError(message, "serve the run's reward behind that URL again (a plugin's file as it was), or go on "
+                                  "against the new one with --set reward.remote.on_change=warn")
     return notes
 
 

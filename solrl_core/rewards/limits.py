@@ -5,14 +5,26 @@ generates 1024x1024 (SANA, SD3), so `DEFAULT_MAX_SIDE` is twice that, 2048 pixel
 reward that resizes its input to S pixels (CLIP-family rewards: 224) never needs more than a few
 times S; the limit is the larger of the two, `SIDE_FACTOR` x S or 2048 (`--max-side` sets it).
 
-Decoded bytes per request. Every image becomes float32 [H, W, 3] on the server: 12 MiB at 1024x1024.
-`DEFAULT_DECODED_MB` = 256 MiB holds 21 such images, or the 512-image cap of tiny-world images; a
-remote: client splits its batch into requests that fit the limits the server states in /health.
+Decoded bytes, per request and in flight. Every image becomes float32 [H, W, 3] on the server:
+12 MiB at 1024x1024. `DEFAULT_DECODED_MB` = 128 MiB holds 10 such images (a batch a model reward
+scores in one pass), or the 512-image cap of tiny-world images; a remote: client splits its batch
+into requests that fit the limits the server states in /health. The same number bounds the decoded
+pixels of all requests in flight together (`InFlight`): a request waits until those before it are
+scored, so several large requests at once cost what one does, not one each. Counted from the image
+headers, before anything is decoded; each image is decoded into its place in the request's one
+tensor (wire.Pending), so what the server holds is this limit, plus one image being decoded per
+request, plus what the rewards allocate while scoring.
+
+JSON. A body is read with a bound on its tokens and depth before anything is built from it
+(bounded_json.py): `JSON_ITEMS_PER_IMAGE` per image of `max_images` (an image object with its
+shape and a prompt take under 20) plus `JSON_SLACK_ITEMS`; `MAX_JSON_DEPTH` levels (a clip's frame
+sits at 6). 57 MiB of `{},` is then refused after 17,000 tokens, where json.loads would build 19
+million dicts.
 
 Body size. The largest legitimate body holds `max_decoded` bytes of float32 pixels (the widest
 encoding: raw float32 is exactly the decoded size), base64 on the wire (x 4/3), plus each image's
 prompt and field names (`PROMPT_BYTES` each) and `SLACK_BYTES` for the rest of the JSON:
-256 MiB x 4/3 + 512 x 2 KiB + 64 KiB = 342.4 MiB. A declared Content-Length above it is refused
+128 MiB x 4/3 + 512 x 2 KiB + 64 KiB = 171.7 MiB. A declared Content-Length above it is refused
 with 413 before a byte of the body is read.
 
 Connections. Each open connection holds a file descriptor; the server accepts at most
@@ -27,20 +39,26 @@ its length at `MIN_BODY_RATE`. A client that trickles its request is closed at t
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import contextlib
 import math
 import resource
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, AsyncIterator, Iterable
 
 DEFAULT_MAX_SIDE = 2048  # twice the largest resolution a shipped model preset generates (1024)
 SIDE_FACTOR = 4  # a reward that resizes to S pixels accepts images up to SIDE_FACTOR x S per side
-DEFAULT_DECODED_MB = 256.0
+DEFAULT_DECODED_MB = 128.0
 PROMPT_BYTES = 2048  # JSON room per image for its prompt, its format and shape fields
 SLACK_BYTES = 64 * 1024
 MIN_BODY_RATE = 1 << 20  # bytes/s a body must arrive at, on average (1 MiB/s)
 MAX_CONNECTIONS = 512
 MAX_BACKLOG = 128
 DEFAULT_HEADER_TIMEOUT_S = 10.0
+JSON_ITEMS_PER_IMAGE = 32
+JSON_SLACK_ITEMS = 1024
+MAX_JSON_DEPTH = 32
 
 
 @dataclass(frozen=True)
@@ -55,10 +73,15 @@ class Limits:
     max_connections: int
     backlog: int  # connections the kernel queues, and asyncio accepts in one go, before the server sees them
 
+    @property
+    def max_json_items(self) -> int:
+        return JSON_ITEMS_PER_IMAGE * self.max_images + JSON_SLACK_ITEMS
+
     def describe(self) -> dict[str, Any]:
         """The limits a client needs, as /health states them."""
         return {"max_images": self.max_images, "max_side": self.max_side, "max_pixels": self.max_side ** 2,
                 "max_decoded_bytes": self.max_decoded_bytes, "max_request_bytes": self.max_request_bytes,
+                "max_json_items": self.max_json_items, "max_json_depth": MAX_JSON_DEPTH,
                 "header_timeout_s": self.header_timeout_s, "max_connections": self.max_connections}
 
     def body_deadline_s(self, length: int) -> float:
@@ -97,3 +120,40 @@ def derive(rewards: Iterable[Any], *, max_images: int, max_side: int = 0, max_de
                   header_timeout_s=header_timeout_s or DEFAULT_HEADER_TIMEOUT_S,
                   max_connections=max_connections or max(8, min(MAX_CONNECTIONS, files // 2)),
                   backlog=max(8, min(MAX_BACKLOG, files // 4)))
+
+
+class InFlight:
+    """Decoded bytes held by the requests in flight, at most `limit` together. A request that does
+    not fit waits its turn, first come first served (a large one is not passed over for ever by
+    small ones); one larger than `limit` alone is refused before it gets here (413)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held = limit, 0
+        self.waiting: collections.deque[tuple[int, asyncio.Future]] = collections.deque()
+
+    @contextlib.asynccontextmanager
+    async def hold(self, size: int) -> AsyncIterator[None]:
+        if self.waiting or self.held + size > self.limit:
+            turn = asyncio.get_running_loop().create_future()
+            self.waiting.append((size, turn))
+            try:
+                await turn
+            except BaseException:  # the request was cancelled while it waited: what it was granted goes back
+                if turn.done() and not turn.cancelled():
+                    self.held -= size
+                self._grant()
+                raise
+        else:
+            self.held += size
+        try:
+            yield
+        finally:
+            self.held -= size
+            self._grant()
+
+    def _grant(self) -> None:
+        while self.waiting and (self.waiting[0][1].done() or self.held + self.waiting[0][0] <= self.limit):
+            size, turn = self.waiting.popleft()
+            if not turn.done():  # (a cancelled waiter is skipped)
+                self.held += size
+                turn.set_result(None)

@@ -15,8 +15,10 @@ pass of a model reward). A merged batch that fails is scored again request by re
 client's bad request fails only that request. Limits (limits.py, each derived from the largest
 legitimate request) are checked before anything is decoded: the body size (Content-Length, 413,
 before the body is read), images per request (413), pixels per side from the declared shape or the
-PNG header (422), decoded bytes per request (413); a malformed body (not JSON, nested too deep, a
-wrong field) is a 400 or 422 naming what is wrong. A 4xx never reaches the scoring thread, and a
+PNG header (422), decoded bytes per request (413), JSON values and depth before the body is built
+(413, 400); a malformed body (not JSON, a wrong field) is a 400 or 422 naming what is wrong. The
+decoded pixels of all requests in flight share one budget (limits.InFlight): a request is decoded
+when there is room for it. A 4xx never reaches the scoring thread, and a
 refusal before the body closes the connection. Slow headers and bodies time out and open
 connections are capped (http_guard.py); repeated log lines are rate-limited.
 
@@ -45,9 +47,11 @@ from solrl_core.rewards.registry import lookup
 from solrl_core.rewards import RewardSet, Scores
 from solrl_core.rewards.base import RewardContext
 from solrl_core.rewards.identity import server_identity
-from solrl_core.rewards.limits import Limits, derive
+from solrl_core import bounded_json
+from solrl_core.bounded_json import JsonTooLarge
+from solrl_core.rewards.limits import MAX_JSON_DEPTH, InFlight, Limits, derive
 from solrl_core.rewards.names import FRAME_REDUCTIONS, judged_media
-from solrl_core.rewards.wire import FORMATS, SCHEMA, TooLarge, decode_clips, decode_images, frame_count, scores_to_json
+from solrl_core.rewards.wire import FORMATS, SCHEMA, TooLarge, frame_count, read_clips, read_images, scores_to_json
 
 
 @dataclass(frozen=True)
@@ -60,7 +64,7 @@ class ServerOptions:
     batch_size: int = 32  # images per scoring call; queued requests are merged up to this
     max_images: int = 512  # per request
     max_side: int = 0  # pixels per image side; 0 = derived from the rewards (limits.py)
-    max_decoded_mb: float = 0.0  # decoded float32 pixels per request; 0 = limits.DEFAULT_DECODED_MB
+    max_decoded_mb: float = 0.0  # decoded float32 pixels per request and in flight; 0 = limits.DEFAULT_DECODED_MB
     max_request_mb: float = 0.0  # body size; 0 = derived from the largest legitimate request
     header_timeout_s: float = 0.0  # 0 = limits.DEFAULT_HEADER_TIMEOUT_S
     max_connections: int = 0  # 0 = half the open-file limit, at most 512
@@ -106,10 +110,13 @@ class Batcher:
                 batch.append(job)
                 count += len(job.prompts)
             self._run(batch)
+            for job in batch:  # freed now, not when the next request arrives: the server's room for it is already given back
+                job.images = torch.empty(0)
 
     def _run(self, batch: list[_Job]) -> None:
         try:
-            scores = self.score(torch.cat([j.images for j in batch]), [p for j in batch for p in j.prompts], **batch[0].frames)
+            images = batch[0].images if len(batch) == 1 else torch.cat([j.images for j in batch])
+            scores = self.score(images, [p for j in batch for p in j.prompts], **batch[0].frames)
         except Exception as exc:  # noqa: BLE001 - handed to the request(s) it belongs to, which answer 500 with it
             if len(batch) > 1:
                 for job in batch:
@@ -180,6 +187,7 @@ def build_app(rewards: RewardSet, info: dict[str, Any], opts: ServerOptions, lim
     app = FastAPI(title="solrl reward server", version=info["versions"]["solrl"], docs_url=None, redoc_url=None)
     batcher = Batcher(rewards, opts.batch_size)
     app.state.batcher = batcher
+    in_flight = InFlight(limits.max_decoded_bytes)
 
     def refuse(status: int, detail: str, fix: str = "", close: bool = False) -> JSONResponse:
         """`close`: refused before the body was read, so the connection closes rather than wait for it."""
@@ -202,11 +210,13 @@ def build_app(rewards: RewardSet, info: dict[str, Any], opts: ServerOptions, lim
 
     async def body_of(request: Request) -> dict[str, Any] | JSONResponse:
         try:
-            body = await request.json()
+            body = await run_in_threadpool(bounded_json.loads, await request.body(), max_items=limits.max_json_items,
+                                           max_depth=MAX_JSON_DEPTH)
+        except JsonTooLarge as exc:
+            return refuse(400 if exc.deep else 413, f"body {exc}",
+                          "" if exc.deep else f"send at most {limits.max_images} images per request, as /health says")
         except ValueError as exc:
             return refuse(400, f"body is not JSON ({exc})")
-        except RecursionError:
-            return refuse(400, "body is JSON nested too deep to read")
         if not isinstance(body, dict) or not isinstance(body.get("prompts"), list) \
                 or not all(isinstance(p, str) for p in body["prompts"]):
             return refuse(422, "body must be an object with 'prompts', a list of strings")
@@ -256,8 +266,8 @@ def build_app(rewards: RewardSet, info: dict[str, Any], opts: ServerOptions, lim
         if isinstance(items, list) and len(items) != len(prompts):
             return refuse(422, f"{len(items)} {'videos' if video else 'images'} but {len(prompts)} prompts")
         try:
-            images = await run_in_threadpool(decode_clips if video else decode_images, items, limits.max_side,
-                                             limits.max_decoded_bytes)
+            pending = await run_in_threadpool(read_clips if video else read_images, items, limits.max_side,
+                                              limits.max_decoded_bytes)
         except TooLarge as exc:
             return refuse(413, str(exc))
         except ValueError as exc:
@@ -265,12 +275,19 @@ def build_app(rewards: RewardSet, info: dict[str, Any], opts: ServerOptions, lim
         refused = await run_in_threadpool(check, prompts)
         if refused is not None:
             return refused
-        t0 = time.perf_counter()
-        try:
-            frames = {"video_frames": sampled, "frame_reduce": reduce} if video else {}
-            scores = await _wait(batcher.submit(images, prompts, frames))
-        except Exception as exc:  # noqa: BLE001 - the reward's own failure, told to the client that sent the batch
-            return refuse(500, f"scoring failed: {type(exc).__name__}: {exc}")
+        async with in_flight.hold(pending.decoded_bytes):  # decoded and scored only when the server holds room for it
+            try:
+                images = await run_in_threadpool(pending.decode)
+            except ValueError as exc:
+                return refuse(422, str(exc))
+            t0 = time.perf_counter()
+            try:
+                frames = {"video_frames": sampled, "frame_reduce": reduce} if video else {}
+                scores = await _wait(batcher.submit(images, prompts, frames))
+            except Exception as exc:  # noqa: BLE001 - the reward's own failure, told to the client that sent the batch
+                return refuse(500, f"scoring failed: {type(exc).__name__}: {exc}")
+            finally:
+                del images  # the decoded pixels go before the next request's room is granted
         return {"total": scores_to_json(scores.total), "seconds": time.perf_counter() - t0,
                 "scores": {n: scores_to_json(s) for n, s in scores.components.items()}}
 

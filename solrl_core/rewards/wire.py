@@ -35,6 +35,7 @@ import binascii
 import io
 import math
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -46,6 +47,7 @@ from solrl_core.rewards.jpeg import to_uint8
 SCHEMA = 1
 FORMATS = ("uint8", "png", "float32")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+PIXEL_CHUNKS = (b"IHDR", b"PLTE", b"tRNS", b"IDAT", b"IEND")  # what a PNG's pixels are made of
 
 
 def encode_images(images: torch.Tensor, encoding: str) -> list[dict[str, Any]]:
@@ -68,8 +70,13 @@ def encode_clips(clips: torch.Tensor, encoding: str) -> list[dict[str, Any]]:
 
 
 def decode_clips(items: Any, max_side: int, max_bytes: int) -> torch.Tensor:
-    """The JSON `videos` list -> [B, F, 3, H, W] float32 in [0, 1], every frame checked as decode_images
-    checks an image (the size limits count all frames of the request). Raises ValueError naming what is wrong."""
+    """The JSON `videos` list -> [B, F, 3, H, W] float32 in [0, 1] (read_clips, then decoded)."""
+    return read_clips(items, max_side, max_bytes).decode()
+
+
+def read_clips(items: Any, max_side: int, max_bytes: int) -> Pending:
+    """The JSON `videos` list read as read_images reads images, every frame checked as an image is
+    (the size limits count all frames of the request). Raises ValueError naming what is wrong."""
     if not isinstance(items, list) or not items:
         raise ValueError("'videos' must be a non-empty list")
     if not all(isinstance(v, dict) and isinstance(v.get("frames"), list) and v["frames"] for v in items):
@@ -77,8 +84,7 @@ def decode_clips(items: Any, max_side: int, max_bytes: int) -> torch.Tensor:
     counts = {len(v["frames"]) for v in items}
     if len(counts) > 1:
         raise ValueError(f"all videos of a request must have one frame count; got {sorted(counts)}")
-    frames = decode_images([f for v in items for f in v["frames"]], max_side, max_bytes)
-    return frames.view(len(items), counts.pop(), *frames.shape[1:])
+    return Pending(read_images([f for v in items for f in v["frames"]], max_side, max_bytes).headers, clips=len(items))
 
 
 def frame_count(items: Any) -> int:
@@ -105,26 +111,60 @@ class TooLarge(ValueError):
     """A request over the server's size limits (HTTP 413), found before anything was decoded."""
 
 
-def decode_images(items: list[Any], max_side: int, max_bytes: int) -> torch.Tensor:
-    """The JSON `images` list -> [B, 3, H, W] float32 in [0, 1]. Raises ValueError naming what is wrong.
+@dataclass(frozen=True)
+class Pending:
+    """A request's images read up to their headers and checked against the limits, nothing decoded:
+    (format, raw bytes, height, width) each; `clips` > 0: they are the frames of that many clips."""
 
-    Every image's size is read first (a raw image's declared `shape`, a PNG's header: PIL reads it
-    without decoding the pixels) and checked against `max_side` per side and `max_bytes` of decoded
-    float32 pixels for the whole request; only then is anything decoded. A PNG of a few KiB can
-    declare 4096x4096 (it compresses rows of zeros 1000:1) and would cost 200 MB once decoded."""
+    headers: list[tuple[str, bytes, int, int]]
+    clips: int = 0
+
+    @property
+    def decoded_bytes(self) -> int:
+        """What decode() allocates: float32 [H, W, 3] per image."""
+        return sum(h * w * 3 * 4 for _, _, h, w in self.headers)
+
+    def decode(self) -> torch.Tensor:
+        """[B, 3, H, W] (clips: [B, F, 3, H, W]) float32 in [0, 1]. Each image is decoded into its
+        place in the one tensor returned, so the request costs its decoded bytes plus one image's
+        uint8 pixels at a time, not a second and third copy of the whole batch."""
+        _, _, height, width = self.headers[0]
+        out = torch.empty(len(self.headers), 3, height, width)
+        target = out.numpy()  # the same memory
+        for i, (fmt, raw, h, w) in enumerate(self.headers):
+            target[i] = (_decode_png(i, raw) if fmt == "png" else _decode_raw(fmt, raw, h, w)).transpose(2, 0, 1)
+            if fmt == "float32":
+                if not bool(torch.isfinite(out[i]).all()):
+                    raise ValueError(f"image {i}: float32 pixels must be finite")
+            else:
+                out[i].div_(255)  # exactly numpy's float32 v / 255: a uint8 image quantises back to itself
+        return out.view(self.clips, -1, *out.shape[1:]) if self.clips else out
+
+
+def decode_images(items: list[Any], max_side: int, max_bytes: int) -> torch.Tensor:
+    """The JSON `images` list -> [B, 3, H, W] float32 in [0, 1] (read_images, then decoded)."""
+    return read_images(items, max_side, max_bytes).decode()
+
+
+def read_images(items: list[Any], max_side: int, max_bytes: int) -> Pending:
+    """The JSON `images` list, each image's size read and checked, nothing decoded. Raises
+    ValueError naming what is wrong, TooLarge past `max_bytes`.
+
+    Every image's size is read first (a raw image's declared `shape`, a PNG's header) and checked
+    against `max_side` per side and `max_bytes` of decoded float32 pixels for the whole request;
+    only then is anything decoded. A PNG of a few KiB can declare 4096x4096 (it compresses rows of
+    zeros 1000:1) and would cost 200 MB once decoded."""
     if not isinstance(items, list) or not items:
         raise ValueError("'images' must be a non-empty list")
     headers = [_header(i, item, max_side) for i, item in enumerate(items)]
     sizes = {(h, w) for _, _, h, w in headers}
     if len(sizes) > 1:
         raise ValueError(f"all images of a request must share one size; got {sorted(sizes)}")
-    total = sum(h * w * 3 * 4 for _, _, h, w in headers)
-    if total > max_bytes:
-        raise TooLarge(f"{len(items)} images of {headers[0][2]}x{headers[0][3]} decode to {total} bytes; the server takes "
-                       f"at most {max_bytes} per request")
-    arrays = [_decode_png(i, raw) if fmt == "png" else _decode_raw(i, fmt, raw, h, w)
-              for i, (fmt, raw, h, w) in enumerate(headers)]
-    return torch.from_numpy(np.stack(arrays)).permute(0, 3, 1, 2).contiguous()
+    pending = Pending(headers)
+    if pending.decoded_bytes > max_bytes:
+        raise TooLarge(f"{len(items)} images of {headers[0][2]}x{headers[0][3]} decode to {pending.decoded_bytes} bytes; the "
+                       f"server takes at most {max_bytes} per request")
+    return pending
 
 
 def _header(i: int, item: Any, max_side: int) -> tuple[str, bytes, int, int]:
@@ -141,7 +181,7 @@ def _header(i: int, item: Any, max_side: int) -> tuple[str, bytes, int, int]:
     except (binascii.Error, ValueError) as exc:
         raise ValueError(f"image {i}: 'data' is not valid base64 ({exc})") from exc
     if fmt == "png":
-        height, width = _png_size(i, raw)
+        raw, height, width = _png_still(i, raw)
     else:
         shape = item.get("shape")
         # bool is an int in Python: [true, true, 3] must not pass for a 1x1 image
@@ -158,24 +198,35 @@ def _header(i: int, item: Any, max_side: int) -> tuple[str, bytes, int, int]:
     return fmt, raw, height, width
 
 
-def _png_size(i: int, raw: bytes) -> tuple[int, int]:
-    """(height, width) from a PNG's IHDR chunk, which the format puts first: read before PIL sees the
-    file (PIL's own bomb check, at Image.MAX_IMAGE_PIXELS, would answer first with its own words)."""
+def _png_still(i: int, raw: bytes) -> tuple[bytes, int, int]:
+    """(the PNG's critical chunks, height, width), from its chunk headers, read before PIL sees the
+    file (PIL's own bomb check, at Image.MAX_IMAGE_PIXELS, would answer first with its own words).
+    Only the chunks that make the pixels are kept: PIL would otherwise inflate each compressed text
+    or colour-profile chunk as it opens the file, up to 64 MiB of them per image. An animated PNG is
+    refused: its frames past the first would never be scored."""
     if raw[:8] != PNG_SIGNATURE or raw[12:16] != b"IHDR" or len(raw) < 24:
         raise ValueError(f"image {i}: not a readable PNG (no PNG signature and IHDR header)")
     width, height = struct.unpack(">II", raw[16:24])
     if not (width and height):
         raise ValueError(f"image {i}: not a readable PNG (its header declares {height}x{width})")
-    return height, width
+    kept, pos = [PNG_SIGNATURE], 8
+    while pos + 8 <= len(raw):
+        length, tag = struct.unpack(">I4s", raw[pos:pos + 8])
+        if tag == b"acTL":
+            frames = struct.unpack(">I", raw[pos + 8:pos + 12])[0] if pos + 12 <= len(raw) else "several"
+            raise ValueError(f"image {i}: an animated PNG ({frames} frames); send each frame as an image of its own "
+                             "(a clip's frames as 'videos')")
+        if tag in PIXEL_CHUNKS:
+            kept.append(raw[pos:pos + 12 + length])  # a truncated chunk stays truncated: PIL's error names it
+        pos += 12 + length
+        if tag == b"IEND":
+            break
+    return b"".join(kept), height, width
 
 
-def _decode_raw(i: int, fmt: str, raw: bytes, height: int, width: int) -> np.ndarray:
-    if fmt == "uint8":
-        return np.frombuffer(raw, dtype=np.uint8).reshape(height, width, 3).astype(np.float32) / np.float32(255)
-    values = np.frombuffer(raw, dtype="<f4").reshape(height, width, 3).astype(np.float32)
-    if not np.isfinite(values).all():
-        raise ValueError(f"image {i}: float32 pixels must be finite")
-    return values
+def _decode_raw(fmt: str, raw: bytes, height: int, width: int) -> np.ndarray:
+    """[H, W, 3] uint8 or float32 pixels: a view of `raw`, not a copy."""
+    return np.frombuffer(raw, dtype=np.uint8 if fmt == "uint8" else "<f4").reshape(height, width, 3)
 
 
 def _decode_png(i: int, raw: bytes) -> np.ndarray:
@@ -183,10 +234,9 @@ def _decode_png(i: int, raw: bytes) -> np.ndarray:
 
     try:
         with Image.open(io.BytesIO(raw), formats=["PNG"]) as img:
-            arr = np.asarray(img.convert("RGB"), dtype=np.uint8)
+            return np.asarray(img if img.mode == "RGB" else img.convert("RGB"), dtype=np.uint8)
     except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:  # a header that passed, a body that does not
         raise ValueError(f"image {i}: not a readable PNG ({type(exc).__name__}: {exc})") from exc
-    return arr.astype(np.float32) / np.float32(255)
 
 
 def scores_to_json(scores: torch.Tensor) -> list[float | None]:
