@@ -8,8 +8,8 @@ reward: `remote:URL` is sent the prompts, the images and SOLRL_REWARD_TOKEN, `vl
 images and OPENAI_API_KEY. Every other setting is read as data: model.path, model.weights and
 reward.paths name weights read as safetensors, JSON or through torch's weights-only loader; a hub id
 (model.hub_id, an `hf:` prompt set) is fetched from the hub the environment names (HF_ENDPOINT), never
-from a host the folder picks; a built-in prompt set's URL is in the code, its download checked
-against a hash.
+from a host the folder picks; a download prompt set's URL is declared in solrl's own files
+(presets/prompts/downloads.toml), its download checked against a hash.
 
 `check_trusted` is called by every command that opens a run folder and builds its rewards (`solrl train
 --resume`, `solrl.train(resume=...)`, `eval`, `explore`, `rank-check`), before any model loads and
