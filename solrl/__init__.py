@@ -38,11 +38,13 @@ class RunResult:
 def train(model: str = "tiny", family: str = "sol_rl", reward: str | None = None, *, preset: str | None = None,
           config: str | Path | None = None, sets: Iterable[str] = (), run_dir: str | Path | None = None,
           iterations: int | None = None, seed: int | None = None, device: str | None = None,
-          resume: str | Path | None = None, checkpoint: str | None = None,
+          resume: str | Path | None = None, checkpoint: str | None = None, trust_run_config: bool = False,
           on_event: Callable[[Any], None] | None = None) -> RunResult:
     """Train one run in this process (one GPU or the CPU; `solrl train --nproc-per-node N` for more).
-    `resume`: a run folder to continue with the config saved there (`sets` and `iterations` may
-    still change what a resume may change)."""
+    `resume`: a run folder to continue with the config saved there (`sets`, `iterations` and `reward`
+    may still change what a resume may change). A reward plugin or URL reward that folder's config
+    names is refused unless `reward` names it again or `trust_run_config=True` (a run folder is data:
+    docs/reliability.md, Threats)."""
     from solrl_core import events
     from solrl_core.presets import resolve_config, resumed_config
     from solrl_core.rundir import check_new_run_dir
@@ -51,7 +53,7 @@ def train(model: str = "tiny", family: str = "sol_rl", reward: str | None = None
     flags = {"run": {"iterations": iterations, "seed": seed, "device": device,
                      "run_dir": str(resume or run_dir) if (resume or run_dir) else None}}
     if resume is not None:
-        cfg = resumed_config(resume, sets, flags)
+        cfg = resumed_config(resume, sets, flags, reward=reward, trust=trust_run_config, api=True)
     else:
         cfg = resolve_config(model, family, reward, preset, config, sets, flags)
         check_new_run_dir(cfg.run.run_dir)

@@ -28,28 +28,36 @@ def weight_sets(text: str) -> tuple[str, ...]:
 
 def tool_config(run: Optional[Path], model: Optional[str], model_path: Optional[Path], checkpoint: Optional[str], *,
                 reward: Optional[str] = None, sets: Optional[list[str]] = None,
-                flags: Optional[dict[str, dict[str, Any]]] = None) -> tuple[Any, Optional[Path]]:
+                flags: Optional[dict[str, dict[str, Any]]] = None, trust: Optional[bool] = None) -> tuple[Any, Optional[Path]]:
     """The config and checkpoint of a run folder (or of a base model preset, with no checkpoint),
-    with --reward, --set and the command's flags applied over it."""
+    with --reward, --set and the command's flags applied over it. A command that builds the rewards
+    passes `trust` (--trust-run-config): a run folder's plugins and URL rewards are refused unless
+    given again or trusted (run_trust.py); None: the command builds none (infer, export)."""
+    from solrl_core.config import Config
     from solrl_core.errors import SolrlError
-    from solrl_core.presets import apply_overrides, resolve_config
+    from solrl_core.presets import apply_overrides, overlay, resolve_config, reward_flag
+    from solrl_core.run_trust import check_trusted
     from solrl_core.rundir import load_run_config
 
     if run is not None:
         if model:
             raise SolrlError("--model is taken from the run's saved config", "drop --model, or omit RUN to use a base model")
-        from solrl_core.checkpoint import list_checkpoints  # torch: a run folder's checkpoints are read with it
-
-        cfg, ckpt = load_run_config(run), _pick_checkpoint(run, list_checkpoints(run), checkpoint)
+        cfg = load_run_config(run)
     else:
         if checkpoint:
             raise SolrlError("--checkpoint needs a RUN folder", "pass the run folder as the first argument")
-        cfg, ckpt = resolve_config(model or "tiny", "sol_rl"), None
+        cfg = resolve_config(model or "tiny", "sol_rl")
     flags = {**(flags or {}), "model": {"path": str(model_path) if model_path else None}}
     if reward:
-        weights = _reward_weights(reward)
-        flags["reward"] = {"weights": weights, "paths": {k: v for k, v in cfg.reward.paths.items() if k in weights}}
-    return apply_overrides(cfg, sets or (), flags), ckpt
+        flags["reward"] = reward_flag(reward, cfg)
+    used = apply_overrides(cfg, sets or (), flags)
+    if run is None:
+        return used, None
+    if trust is not None:  # before torch loads: a refusal costs a second
+        check_trusted(run, used, overlay(Config(), sets or (), flags), trust)
+    from solrl_core.checkpoint import list_checkpoints  # torch: a run folder's checkpoints are read with it
+
+    return used, _pick_checkpoint(run, list_checkpoints(run), checkpoint)
 
 
 def prompt_texts(prompt: Optional[list[str]], prompts: Optional[str], default: str) -> list[str]:
@@ -76,18 +84,6 @@ def reward_set(cfg: Any) -> Any:
     from solrl_core.rewards import RewardSet
 
     return RewardSet.from_config(cfg.reward, resolve_device(cfg.run.device))
-
-
-def _reward_weights(reward: str) -> dict[str, float]:
-    """--reward: a reward preset or reward name, or NAME=W,NAME=W."""
-    from solrl_core.presets import get_preset
-    from solrl_core.rewards.names import is_weight_list, known_names, parse_weights
-
-    if is_weight_list(reward):
-        return parse_weights(reward)
-    if reward in known_names():
-        return {reward: 1.0}
-    return dict(get_preset("rewards", reward).values["reward"]["weights"])
 
 
 def _pick_checkpoint(run: Path, found: list[Path], name: Optional[str]) -> Path:

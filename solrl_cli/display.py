@@ -48,7 +48,8 @@ class TerminalDisplay:
     def on_run_started(self, e: ev.RunStarted) -> None:
         c = self.console
         verb = f"resuming at iteration {e.start_iteration}" if e.resumed else "starting"
-        c.print(Text.assemble(("solrl", "bold"), f" {verb}: preset ", (e.preset, "cyan"), f", {plural(e.iterations, 'iteration')}"))
+        scored = f", reward {', '.join(e.rewards)}" if e.rewards else ""  # the code or URL scored: a preset's name may say otherwise
+        c.print(Text.assemble(("solrl", "bold"), f" {verb}: preset ", (e.preset, "cyan"), f", {plural(e.iterations, 'iteration')}{scored}"))
         c.print(f"  device {e.device}, full precision {e.dtype}, explore precision {e.explore_precision}")
         c.print(f"  {e.plan}")
         if e.machine:

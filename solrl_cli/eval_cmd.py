@@ -25,22 +25,20 @@ def eval_(
     run: Run = None, model: opt.Model = None, model_path: opt.ModelPath = None, reward: opt.Reward = None,
     prompts: opt.Prompts = None, seeds: Seeds = None, steps: opt.EvalSteps = None, weights: opt.Weights = "ema",
     checkpoint: opt.Checkpoint = None, out: opt.Out = None, save_images: SaveImages = False, set_: opt.Sets = None,
-    device: opt.Device = None, rewards: EvalRewards = None,
+    device: opt.Device = None, rewards: EvalRewards = None, trust_run_config: opt.TrustRunConfig = False,
 ) -> None:
     """Score the base model, or a run's checkpoint against its base, with one or more rewards."""
-    from solrl_core import events
-    from solrl_core.evaluation import EvalRequest, evaluate_weights
-    from solrl_core.prompts import load_prompts
-    from solrl_core.rewards.names import check_names
-    from solrl_cli.display import TerminalDisplay
-
     with user_errors():
         tuned = weight_sets(weights)
-        cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_,
-                                flags={"run": {"device": device}, "sampler": {"eval_steps": steps}})
-        spec = prompts or cfg.run.eval_prompts or cfg.run.prompts
-        extra = cfg.run.eval_rewards if rewards is None else tuple(n.strip() for n in rewards.split(",") if n.strip())
-        check_names(dict.fromkeys(extra, 1.0), {})  # a typo named before anything loads
+        extra = None if rewards is None else tuple(n.strip() for n in rewards.split(",") if n.strip())
+        cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, trust=trust_run_config,
+                                flags={"run": {"device": device, "eval_rewards": extra}, "sampler": {"eval_steps": steps}})
+        spec, extra = prompts or cfg.run.eval_prompts or cfg.run.prompts, cfg.run.eval_rewards
+        from solrl_core import events  # torch: only once the config is accepted
+        from solrl_core.evaluation import EvalRequest, evaluate_weights
+        from solrl_core.prompts import load_prompts
+        from solrl_cli.display import TerminalDisplay
+
         req = EvalRequest(config=cfg, prompts=load_prompts(spec), per_prompt=seeds or cfg.run.eval_seeds,
                           weights=("base", *tuned) if ckpt is not None else ("base",), checkpoint=ckpt,
                           out_dir=output_folder(out, run, "eval"), save_images=save_images, prompt_set=spec, eval_rewards=extra)

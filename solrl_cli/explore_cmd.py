@@ -39,16 +39,16 @@ def explore(
     run: ExploreRun = None, prompt: opt.Prompt = None, prompts: opt.Prompts = None, model: opt.Model = None,
     model_path: opt.ModelPath = None, reward: opt.Reward = None, n: N = None, k: K = None, steps: PreviewSteps = None,
     seed: ExploreSeed = 0, explore_precision: opt.ExplorePrecision = None, checkpoint: opt.Checkpoint = None,
-    out: opt.Out = None, set_: opt.Sets = None, device: opt.Device = None,
+    out: opt.Out = None, set_: opt.Sets = None, device: opt.Device = None, trust_run_config: opt.TrustRunConfig = False,
 ) -> None:
     """Stage 1 alone: N seeds per prompt at the explore precision and preview steps, scored, ranked, K selected."""
-    from solrl_core.engine import open_engine
-    from solrl_core.stage1 import explore_to_folder
-
     with user_errors():
         flags = {"explore": {"group_size": n, "steps": steps, "precision": explore_precision},
                  "selection": {"group_size": k}, "run": {"device": device}}
-        cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, flags=flags)
+        cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, flags=flags, trust=trust_run_config)
+        from solrl_core.engine import open_engine  # torch: only once the config is accepted
+        from solrl_core.stage1 import explore_to_folder
+
         texts, out_dir, rewards = prompt_texts(prompt, prompts, cfg.run.prompts), output_folder(out, run, "explore"), reward_set(cfg)
         rewards.check_prompts(texts)
         engine = open_engine(cfg, checkpoint=ckpt, explore=True, rewards=rewards)
@@ -77,19 +77,20 @@ def rank_check(
     reward: opt.Reward = None, count: Count = 16, seeds: CheckSeeds = 32, seed: CheckSeed = 0, preview_steps: Preview = None,
     full_steps: Full = None, hit_k: HitK = None, explore_precision: opt.ExplorePrecision = None,
     checkpoint: opt.Checkpoint = None, out: opt.Out = None, set_: opt.Sets = None, device: opt.Device = None,
-    candidates: Candidates = False, min_recall: MinRecall = None,
+    candidates: Candidates = False, min_recall: MinRecall = None, trust_run_config: opt.TrustRunConfig = False,
 ) -> None:
     """Measure whether the cheap Stage-1 rollout ranks seeds like the full one: four arms, rho, tau, hit rates
     (--candidates: recall and seconds of every precision x preview step count, and what explore.calibrate would pick)."""
     from solrl_core.errors import SolrlError
-    from solrl_core.engine import open_engine
-    from solrl_core.rankcheck import check_to_folder
 
     with user_errors():
         flags = {"explore": {"steps": preview_steps, "precision": explore_precision, "min_recall": min_recall},
                  "sampler": {"steps": full_steps},
                  "run": {"device": device}}
-        cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, flags=flags)
+        cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, flags=flags, trust=trust_run_config)
+        from solrl_core.engine import open_engine  # torch: only once the config is accepted
+        from solrl_core.rankcheck import check_to_folder
+
         ks = sorted(set(hit_k or [4, 8]))
         if seeds < 2 * max(ks) and not candidates:
             raise SolrlError(f"--seeds {seeds} is too few for top/bottom-{max(ks)} hit rates", f"use --seeds {2 * max(ks)} or more")

@@ -26,4 +26,6 @@ Out = Annotated[Optional[Path], typer.Option("--out", "-o", help="Output folder.
 Weights = Annotated[str, typer.Option("--weights", help="Tuned weights beside the base: ema, trained or ema,trained.")]
 EvalSteps = Annotated[Optional[int], typer.Option("--steps", min=1, help="Sampling steps. Default: sampler.eval_steps.")]
 Prompt = Annotated[Optional[list[str]], typer.Option("--prompt", help="A prompt (repeatable).")]
-
+TrustRunConfig = Annotated[bool, typer.Option("--trust-run-config", help="Use the reward plugins (code) and URL rewards the run "
+                                              "folder's config.toml names: without it they are refused until given again with "
+                                              "--reward (a folder is data: docs/reliability.md, Threats).")]

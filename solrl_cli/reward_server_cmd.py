@@ -40,12 +40,12 @@ def reward_server(
     path: Paths = None,
 ) -> None:
     """Serve built-in rewards over HTTP (JSON, no pickle) for `solrl train --reward remote:URL`."""
-    from solrl_cli.common import _reward_weights
+    from solrl_core.presets import reward_weights
     from solrl_core.rewards.server import ServerOptions, serve
 
     with user_errors():
         paths = dict(_path(p) for p in path or ())
-        opts = ServerOptions(_reward_weights(reward), host=host, port=port, device=device or "auto", token=token or "",
+        opts = ServerOptions(reward_weights(reward), host=host, port=port, device=device or "auto", token=token or "",
                              batch_size=batch_size, max_images=max_images, max_side=max_side, max_decoded_mb=max_decoded_mb,
                              max_request_mb=max_request_mb, header_timeout_s=header_timeout, max_connections=max_connections,
                              paths=paths)

@@ -32,7 +32,7 @@ def train(
     explore_precision: opt.ExplorePrecision = None, resume: Resume = None, checkpoint: ResumeCheckpoint = None,
     log: Log = None, tui: Tui = False, nproc_per_node: Nproc = 1, nnodes: Nnodes = 1, node_rank: NodeRank = 0,
     rdzv_endpoint: Rdzv = None, master_addr: MasterAddr = None, master_port: MasterPort = None,
-    dump_config: DumpConfig = False,
+    dump_config: DumpConfig = False, trust_run_config: opt.TrustRunConfig = False,
 ) -> None:
     """Train with Sol-RL (or another family). With no arguments: the built-in tiny model on this machine."""
     with user_errors():
@@ -40,7 +40,7 @@ def train(
                          "seed": seed, "device": device, "log": _trackers(log)},
                  "explore": {"precision": explore_precision}, "model": {"path": str(model_path) if model_path else None}}
         if resume:
-            cfg = _resume_config(resume, (model, family, reward, preset, config), set_, flags)
+            cfg = _resume_config(resume, (model, family, preset, config), set_, flags, reward, trust_run_config)
         else:
             from solrl_core.presets import resolve_config
 
@@ -107,17 +107,20 @@ def _preflight(cfg, nproc: int) -> None:  # type: ignore[no-untyped-def]
         raise SolrlError(f"{first.name}: {first.detail}{more}", first.fix or "run `solrl doctor` for details")
 
 
-def _resume_config(run_dir: Path, choices: tuple, sets: Optional[list[str]], flags: dict):  # type: ignore[no-untyped-def]
-    """The config saved in `run_dir`, with the few flags a resume may change."""
+def _resume_config(run_dir: Path, choices: tuple, sets: Optional[list[str]], flags: dict,  # type: ignore[no-untyped-def]
+                   reward: Optional[str], trust: bool):
+    """The config saved in `run_dir`, with the few flags a resume may change (--reward names its
+    rewards again: run_trust.py)."""
     from solrl_core.errors import SolrlError
     from solrl_core.presets import resumed_config
 
     given = {k for k, v in flags["run"].items() if v is not None}
     if any(choices) or given - {"iterations", "device", "log"} or flags["explore"]["precision"] is not None:
         raise SolrlError("--resume continues a run with the config saved in its folder",
-                         "only --iterations, --device, --log, --model-path and --set may be given with --resume")
+                         "only --iterations, --device, --log, --model-path, --reward, --trust-run-config and --set "
+                         "may be given with --resume")
     flags = {"run": {**flags["run"], "run_dir": str(run_dir)}, "model": flags["model"]}
-    return resumed_config(run_dir, sets or (), flags)
+    return resumed_config(run_dir, sets or (), flags, reward=reward, trust=trust)
 
 
 def _print_config(cfg) -> None:  # type: ignore[no-untyped-def]

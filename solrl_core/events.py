@@ -42,6 +42,7 @@ class RunStarted(Event):
     copy_layout: str = ""  # under fsdp, the explore copy whole or sharded like the policy (its why in `machine`); "" none
     environment: dict[str, Any] = field(default_factory=dict)  # what the run started on: environment.describe()
     tracking: list[str] = field(default_factory=list)  # where each tracker writes, and how to look at it
+    rewards: list[str] = field(default_factory=list)  # what is trained on: each reward as the code or URL it runs, weighted
 
 
 @dataclass(frozen=True)

@@ -164,24 +164,48 @@ def resolve_config(
     return apply_overrides(config, sets, flags)
 
 
-def resumed_config(run_dir: str | Path, sets: Iterable[str] = (), flags: dict[str, dict[str, Any]] | None = None) -> Config:
+def resumed_config(run_dir: str | Path, sets: Iterable[str] = (), flags: dict[str, dict[str, Any]] | None = None, *,
+                   reward: str | None = None, trust: bool = False, api: bool = False) -> Config:
     """The config saved in `run_dir` with a resume's overrides, refused where they would change what
-    the run's checkpoints fix (rundir.check_resume_overrides). `solrl train --resume` and the Python
-    API both resume through this."""
+    the run's checkpoints fix (rundir.check_resume_overrides) or where the folder names code or a URL
+    the user has not accepted (run_trust.py: `reward` given again, or `trust`). `solrl train --resume`
+    and the Python API both resume through this."""
     from solrl_core.rundir import check_resume_overrides, load_run_config
+    from solrl_core.run_trust import check_trusted
 
-    saved = load_run_config(run_dir)
+    saved, sets = load_run_config(run_dir), tuple(sets)
+    if reward:
+        flags = {**(flags or {}), "reward": reward_flag(reward, saved)}
     resumed = apply_overrides(saved, sets, flags)
     check_resume_overrides(saved, resumed, run_dir)
+    check_trusted(run_dir, resumed, overlay(Config(), sets, flags), trust, api)
     return resumed
+
+
+def reward_weights(reward: str) -> dict[str, float]:
+    """--reward: a reward preset or reward name, or NAME=W,NAME=W."""
+    if is_weight_list(reward):
+        return parse_weights(reward)
+    return dict(get_preset("rewards", reward).values["reward"]["weights"])
+
+
+def reward_flag(reward: str, saved: Config) -> dict[str, Any]:
+    """--reward over a run's saved config: its weights, with the saved weights paths of the rewards it keeps."""
+    weights = reward_weights(reward)
+    return {"weights": weights, "paths": {k: v for k, v in saved.reward.paths.items() if k in weights}}
 
 
 def apply_overrides(config: Config, sets: Iterable[str] = (), flags: dict[str, dict[str, Any]] | None = None) -> Config:
     """`--set section.key=value` assignments, then explicit flags (None values left out), over
     `config`; validated. Every command applies its overrides through this."""
+    return overlay(config, sets, flags).validate()
+
+
+def overlay(config: Config, sets: Iterable[str] = (), flags: dict[str, dict[str, Any]] | None = None) -> Config:
+    """`apply_overrides` without the validation: over the defaults, what a command line alone names."""
     for assignment in sets:
         config = set_value(config, assignment)
     flags = {k: {n: v for n, v in vals.items() if v is not None} for k, vals in (flags or {}).items()}
     if any(flags.values()):
         config = from_dict({k: v for k, v in flags.items() if v}, config, source="command-line flags")
-    return config.validate()
+    return config

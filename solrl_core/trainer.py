@@ -144,7 +144,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
-from solrl_core import backoff, distributed, environment, tracking
+from solrl_core import backoff, distributed, environment, run_trust, tracking
 from solrl_core import events as ev
 from solrl_core.checkpoint import list_checkpoints, save_checkpoint
 from solrl_core.config import Config
@@ -360,7 +360,7 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
                            dtype=run.engine.dtype_name, explore_precision=state.explore_precision or plan.explore_precision, plan=described,
                            start_iteration=state.iteration, iterations=cfg.run.iterations, resumed=state.resumed,
                            config=to_dict(cfg), machine=run.machine.describe(), tracking=tracking.where(cfg.run.log, run.run_dir),
-                           copy_layout=run.machine.explore_layout,
+                           copy_layout=run.machine.explore_layout, rewards=run_trust.scored(cfg),
                            environment=environment.describe(cfg, run.device, run.engine.dtype_name, plan.explore_precision, run.machine)))
     if run.rank == 0 and not (plan.calibrated and not state.explore_steps):  # else the calibration's (stages.calibrate)
         bus.emit(model_flops(at_explore_steps(run, state)))  # the live MFU's counts; the other ranks speak to no one

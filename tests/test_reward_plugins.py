@@ -78,7 +78,7 @@ def test_a_file_plugin_trains_evaluates_and_explores(in_tmp):
 
     Path("p.txt").write_text("a red circle\na blue square\n")
     (in_tmp / "plugin.jsonl").unlink()
-    result = _invoke("eval", "r", "--prompts", "p.txt", "--seeds", "2", "--steps", "2", "--out", "ev")
+    result = _invoke("eval", "r", "--prompts", "p.txt", "--seeds", "2", "--steps", "2", "--out", "ev", "--trust-run-config")
     assert "plug.py:score" in result.output
     summary = json.loads(Path("ev/summary.json").read_text())
     logged = [s for call in _logged(in_tmp) for s in call["scores"]]

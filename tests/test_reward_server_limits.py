@@ -447,12 +447,12 @@ def test_a_resume_against_a_server_now_serving_another_reward_is_refused(tmp_pat
     recorded = json.loads((tmp_path / "r" / RECORD_FILE).read_text())[f"remote:{url}"]
     assert [r["name"] for r in recorded["rewards"]] == ["tinyworld_geneval"]
     with reward_server(tmp_path, "--reward", "jpeg_compressibility", port=port):  # another reward, the same URL
-        refused = runner.invoke(app, ["train", "--resume", "r", "--iterations", "2"])
+        refused = runner.invoke(app, ["train", "--resume", "r", "--iterations", "2", "--trust-run-config"])
     assert refused.exit_code == 2, refused.output
     assert f"error: remote:{url} now serves jpeg_compressibility=1" in refused.output
     assert "not tinyworld_geneval=1" in refused.output and "reward.remote.on_change=warn" in refused.output
     assert not (tmp_path / "r" / "checkpoints" / "iter_000002").exists()
     with reward_server(tmp_path, "--reward", "tinyworld_geneval", port=port):  # the same reward again: it goes on
-        resumed = runner.invoke(app, ["train", "--resume", "r", "--iterations", "2"])
+        resumed = runner.invoke(app, ["train", "--resume", "r", "--iterations", "2", "--trust-run-config"])
     assert resumed.exit_code == 0, resumed.output
     assert (tmp_path / "r" / "checkpoints" / "iter_000002").is_dir()

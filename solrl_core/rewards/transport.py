@@ -160,7 +160,7 @@ def call(url: str, body: Any | None, *, timeout_s: float, token: str = "", what:
             if attempt == len(backoff) or deadline.left() <= backoff[attempt]:
                 raise SolrlError(f"{what} is not reachable ({type(reason).__name__}: {reason}; {attempt + 1} tries over "
                                  f"{sum(backoff[:attempt]):g} s)", "start the server (or check the URL and the network), then "
-                                 "continue with `solrl train --resume RUN`") from exc
+                                 "continue a run with `solrl train --resume RUN --trust-run-config`") from exc
             time.sleep(backoff[attempt])
         finally:
             deadline.stop()
