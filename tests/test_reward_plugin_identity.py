@@ -75,7 +75,7 @@ def test_a_resume_against_a_plugin_server_whose_file_now_scores_otherwise_is_ref
     plugin.write_text(SWAP.format(f"1 - {SCORE}"))  # the same name and weight, the reward inverted
     with reward_server(tmp_path, "--reward", f"{plugin}:score", port=port) as served:
         served_now = request(served.url + "/info")[1]["rewards"]
-        refused = _solrl("train", "--resume", str(run_dir), "--iterations", "2")
+        refused = _solrl("train", "--resume", str(run_dir), "--iterations", "2", "--trust-run-config")
     assert [(r["name"], r["weight"]) for r in served_now] == [(f"{plugin}:score", 1.0)]
     output = refused.stdout + refused.stderr
     assert refused.returncode == 2, output
