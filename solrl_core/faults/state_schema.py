@@ -38,9 +38,16 @@ _MOMENTS = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}  # AdamW's per-parameter 
 SLACK = 64 << 20  # bytes any checkpoint file may hold beyond what its adapters need (trainer_state's history)
 
 
+class _Said(str):
+    """A description shown as it is (not quoted like a value read from the file)."""
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
 def _show(value: Any) -> str:
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**12:
-        return f"an integer of {len(str(abs(value)))} digits"
+        return f"an integer of {len(str(abs(value)))} digits"  # not the digits themselves: one line
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
 
@@ -114,18 +121,18 @@ def check_optimizer(checkpoint: Path, saved: Any, optimizer: torch.optim.Optimiz
     fresh = optimizer.state_dict()["param_groups"]
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if not (isinstance(saved, dict) and isinstance(saved.get("state"), dict) and isinstance(saved.get("param_groups"), list)):
-        raise _bad(where, "the state", type(saved).__name__, '{"state", "param_groups"}')
+        raise _bad(where, "the state", _Said(f"a {type(saved).__name__}"), '{"state", "param_groups"}')
     groups = saved["param_groups"]
     _check(where, '"param_groups"', len(groups), lambda n: n == len(fresh), f"{len(fresh)} groups")
     for i, (group, mine) in enumerate(zip(groups, fresh)):
-        _check(where, f'"param_groups"[{i}]', type(group).__name__, lambda _: isinstance(group, dict), "an object")
+        _check(where, f'"param_groups"[{i}]', _Said(f"a {type(group).__name__}"), lambda _: isinstance(group, dict), "an object")
         _check(where, f'"param_groups"[{i}]."params"', group.get("params"), lambda v: v == mine["params"], str(mine["params"]))
         for key, value in group.items():
             if key != "params" and key in mine and not _same_kind(value, mine[key]):
                 raise _bad(where, f'"param_groups"[{i}].{key}', value, f"a value like {mine[key]!r}")
     for index, entry in saved["state"].items():
         _check(where, '"state" key', index, lambda v: _int(v, 0, len(params) - 1), f"a parameter index 0 ... {len(params) - 1}")
-        _check(where, f'"state"[{index}]', type(entry).__name__, lambda _: isinstance(entry, dict), "an object")
+        _check(where, f'"state"[{index}]', _Said(f"a {type(entry).__name__}"), lambda _: isinstance(entry, dict), "an object")
         shape = tuple(params[index].shape)
         for key, value in entry.items():
             if key == "step":
@@ -137,7 +144,7 @@ def check_optimizer(checkpoint: Path, saved: Any, optimizer: torch.optim.Optimiz
 
 
 def _tensor(value: Any) -> Any:
-    return f"a {value.dtype} tensor of shape {list(value.shape)}" if torch.is_tensor(value) else value
+    return _Said(f"a {value.dtype} tensor of shape {list(value.shape)}") if torch.is_tensor(value) else value
 
 
 def _same_kind(value: Any, mine: Any) -> bool:
@@ -154,20 +161,20 @@ def _same_kind(value: Any, mine: Any) -> bool:
 def check_rng(checkpoint: Path, rng: Any) -> None:
     """The RNG states have the sizes the generators use (numpy's MT19937 key: 624 words)."""
     where = checkpoint / "rng.json"
-    _check(where, "the state", type(rng).__name__, lambda _: isinstance(rng, dict) and {"torch", "numpy", "python", "cuda"} <= set(rng),
+    _check(where, "the state", _Said(f"a {type(rng).__name__}"), lambda _: isinstance(rng, dict) and {"torch", "numpy", "python", "cuda"} <= set(rng),
            'an object of "torch", "numpy", "python", "cuda"')
     size = torch.get_rng_state().numel()
     torch_state = rng["torch"]
     _check(where, '"torch"', _tensor(torch_state), lambda _: torch.is_tensor(torch_state) and torch_state.dtype == torch.uint8
            and torch_state.numel() == size, f"a uint8 tensor of {size}")
     numpy_state = rng["numpy"]
-    _check(where, '"numpy"', type(numpy_state).__name__, lambda v: isinstance(numpy_state, (tuple, list)) and len(numpy_state) == 5
+    _check(where, '"numpy"', _Said(f"a {type(numpy_state).__name__}"), lambda v: isinstance(numpy_state, (tuple, list)) and len(numpy_state) == 5
            and numpy_state[0] == "MT19937" and isinstance(numpy_state[1], np.ndarray) and numpy_state[1].shape == (624,),
            "numpy's MT19937 state (a key of 624 words)")
     python_state = rng["python"]
-    _check(where, '"python"', type(python_state).__name__, lambda v: isinstance(python_state, (tuple, list))
+    _check(where, '"python"', _Said(f"a {type(python_state).__name__}"), lambda v: isinstance(python_state, (tuple, list))
            and len(python_state) == 3 and isinstance(python_state[1], (tuple, list)) and len(python_state[1]) == 625,
            "Python's random state (625 words)")
     cuda = rng["cuda"]
-    _check(where, '"cuda"', type(cuda).__name__, lambda v: isinstance(cuda, list) and all(
+    _check(where, '"cuda"', _Said(f"a {type(cuda).__name__}"), lambda v: isinstance(cuda, list) and all(
         torch.is_tensor(t) and t.dtype == torch.uint8 and t.numel() <= 1 << 16 for t in cuda), "a list of uint8 tensors")
