@@ -36,7 +36,7 @@ from solrl_core.errors import SolrlError
 from solrl_core.faults import disk
 from solrl_core.faults.manifest import verify, write_manifest
 from solrl_core.faults.state_files import has_state, load_legacy, load_state, save_state
-from solrl_core.faults.state_schema import check_optimizer, check_rng, check_sizes, read_trainer_state
+from solrl_core.state_schema import check_optimizer, check_rng, check_sizes, read_trainer_state
 from solrl_core.policy import LORA_FILE, OLD, TRAINED, Policy
 from solrl_core.rundir import checkpoint_dir, list_checkpoints
 from solrl_core.sharding import Gathered, load_optimizer_state
@@ -184,7 +184,7 @@ def load_checkpoint(path: Path, policy: Policy, optimizer: torch.optim.Optimizer
     """Restore adapters, optimizer and RNG states; return the loop state. Corruption is a clear error."""
     load_adapters(path, policy)
     optimizer_state, rng = _read_state(path, "optimizer"), _read_state(path, "rng")
-    state = read_trainer_state(path)  # every value against its schema (faults/state_schema.py): before any is used
+    state = read_trainer_state(path)  # every value against its schema (state_schema.py): before any is used
     check_optimizer(path, optimizer_state, optimizer)
     check_rng(path, rng)
     try:

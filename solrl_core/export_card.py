@@ -53,7 +53,7 @@ class CardFacts:
            transformer_class: str = "") -> CardFacts:
         m = cfg.model
         label = m.hub_id or (f"{m.name} (local folder {m.path})" if m.path else f"{m.name} (solrl's built-in model)")
-        from solrl_core.faults.state_schema import TRAINER_STATE, read_trainer_state
+        from solrl_core.state_schema import TRAINER_STATE, read_trainer_state
 
         state = checkpoint / TRAINER_STATE
         iteration = read_trainer_state(checkpoint)["iteration"] if state.is_file() else int(checkpoint.name.split("_")[-1])
