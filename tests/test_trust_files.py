@@ -108,6 +108,17 @@ def test_an_atomic_write_never_follows_a_link_planted_under_its_temporary_name(t
     assert outside.read_text() == "kept" and (tmp_path / "run" / "config.toml").read_text() == "x = 1\n"
 
 
+def test_a_link_that_stays_inside_the_run_folder_is_left_alone(tmp_path):
+    from solrl_core.faults.links import check_tree
+
+    (tmp_path / "run" / "wandb" / "run-1").mkdir(parents=True)
+    (tmp_path / "run" / "wandb" / "latest-run").symlink_to("run-1")  # what W&B writes into a run folder
+    check_tree(tmp_path / "run")
+    (tmp_path / "run" / "wandb" / "out").symlink_to("../../elsewhere")  # relative, and out of the folder
+    with pytest.raises(SolrlError, match="wandb/out is a symbolic link"):
+        check_tree(tmp_path / "run")
+
+
 # ---------------------------------------------------------------- hostile state values
 
 

@@ -2,17 +2,18 @@
 
 A run folder can come from someone else, and a symbolic link in it points wherever its author chose:
 a lock that is truncated, an events log that is appended to, a `checkpoints` folder whose old
-iterations retention deletes, a state file read in place of the checkpoint's own. solrl writes no
-links and no special files (fifos, sockets, devices) into a run folder, so it refuses any it finds,
-in one line naming it, before anything in the folder is truncated, appended or deleted:
+iterations retention deletes, a state file read in place of the checkpoint's own. So a link whose
+target lies outside the folder is refused, as is a special file (a fifo blocks its reader; solrl
+writes none), in one line naming it, before anything in the folder is truncated, appended or deleted:
 
 - `check_tree(root)` when a command opens a run folder (resume, eval, infer, export, explore,
-  rank-check) or a checkpoint, before it reads or writes anything in it;
+  rank-check), before it reads or writes anything in it; `find_link(checkpoint)` in the manifest check;
 - `check_path(root, *parts)` for one file a command reads (events.jsonl for compare and monitor);
 - `open_nofollow` for the files a run opens to write (the lock, the events log, a file written
-  atomically): a link planted after the check is refused by the kernel (O_NOFOLLOW), not followed.
+  atomically): any link there, even one planted after the check, is refused by the kernel (O_NOFOLLOW).
 
-The folder itself may be a link: the user named it on the command line. Torch-free.
+A link that stays inside the folder is left alone (W&B's offline folder holds relative ones), and
+the folder itself may be a link: the user named it on the command line. Torch-free.
 """
 
 from __future__ import annotations
@@ -37,16 +38,21 @@ def kind(path: Path) -> str:
 
 def refused(path: Path, what: str = "the run folder") -> SolrlError:
     """The one line for a link or special file at `path` inside `what`."""
-    return SolrlError(f"{path} is {kind(path)}: solrl does not follow it ({what} is data, and solrl writes no links or "
-                      "special files there)", FIX)
+    return SolrlError(f"{path} is {kind(path)}: solrl does not follow it out of {what} (a run folder is data, "
+                      "whoever wrote it)", FIX)
 
 
-def _plain(mode: int) -> bool:
-    return stat.S_ISREG(mode) or stat.S_ISDIR(mode)
+def _escapes(path: Path, mode: int, root: str) -> bool:
+    """A special file, or a link whose target (all links resolved) is not under `root` (resolved)."""
+    if stat.S_ISLNK(mode):
+        target = os.path.realpath(path)
+        return os.path.commonpath([target, root]) != root
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
 
 
 def find_link(root: str | Path) -> Path | None:
-    """The first link or special file anywhere under `root` (links are not followed), or None."""
+    """The first link out of `root` or special file anywhere under it (no link is followed), or None."""
+    real = os.path.realpath(root)
     stack = [Path(root)]
     while stack:
         folder = stack.pop()
@@ -56,7 +62,7 @@ def find_link(root: str | Path) -> Path | None:
             continue
         for entry in entries:
             mode = entry.stat(follow_symlinks=False).st_mode
-            if not _plain(mode):
+            if _escapes(Path(entry.path), mode, real):
                 return Path(entry.path)
             if stat.S_ISDIR(mode):
                 stack.append(Path(entry.path))
@@ -64,29 +70,29 @@ def find_link(root: str | Path) -> Path | None:
 
 
 def check_tree(root: str | Path, what: str = "the run folder") -> None:
-    """Refuse the first link or special file anywhere under `root`."""
+    """Refuse the first link out of `root` or special file anywhere under it."""
     found = find_link(root)
     if found is not None:
         raise refused(found, what)
 
 
 def check_path(root: str | Path, *parts: str, what: str = "the run folder") -> Path:
-    """`root`/`parts`, after checking that no part of it below `root` is a link or special file
-    (parts that do not exist yet are fine: nothing is followed there)."""
-    path = Path(root)
+    """`root`/`parts`, after checking that no part of it below `root` is a link out of `root` or a
+    special file (parts that do not exist yet are fine: nothing is followed there)."""
+    real, path = os.path.realpath(root), Path(root)
     for part in parts:
         path = path / part
         try:
             mode = os.lstat(path).st_mode
         except FileNotFoundError:
             break
-        if not _plain(mode):
+        if _escapes(path, mode, real):
             raise refused(path, what)
     return path
 
 
 def open_nofollow(path: Path, flags: int, mode: int = 0o644, what: str = "the run folder") -> int:
-    """os.open(path, flags) that refuses a link at `path` (O_NOFOLLOW) and a special file (O_NONBLOCK
+    """os.open(path, flags) that refuses any link at `path` (O_NOFOLLOW) and a special file (O_NONBLOCK
     keeps a fifo from blocking the open), in the one line of `refused`."""
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
