@@ -226,3 +226,10 @@ def test_the_monitor_names_a_line_nested_a_million_deep(tmp_path):
     (tmp_path / "events.jsonl").write_text(DEEP + "\n")
     with pytest.raises(SolrlError, match="events.jsonl line 1: nested too deep to be a record solrl wrote"):
         JsonlTail(tmp_path / "events.jsonl").poll()
+
+
+def test_a_kept_base_evaluation_nested_a_million_deep_is_a_warning(tmp_path):
+    from solrl_core.evaluation import BASE_FILE, RunEvals
+
+    (tmp_path / BASE_FILE).write_text(DEEP)
+    assert "eval_base.json cannot be read (RecursionError" in RunEvals(tmp_path, {}).restore()
