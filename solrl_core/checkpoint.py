@@ -36,10 +36,10 @@ from solrl_core.errors import SolrlError
 from solrl_core.faults import disk
 from solrl_core.faults.manifest import verify, write_manifest
 from solrl_core.faults.state_files import has_state, load_legacy, load_state, save_state
-from solrl_core.state_schema import check_optimizer, check_rng, check_sizes, read_trainer_state
 from solrl_core.policy import LORA_FILE, OLD, TRAINED, Policy
 from solrl_core.rundir import checkpoint_dir, list_checkpoints
 from solrl_core.sharding import Gathered, load_optimizer_state
+from solrl_core.state_schema import check_optimizer, check_rng, check_sizes, read_trainer_state
 
 TMP_PREFIX = ".tmp-"  # a checkpoint being written: checkpoints/.tmp-iter_NNNNNN-<pid>-<ns>
 

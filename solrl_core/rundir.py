@@ -24,7 +24,7 @@ EVENTS_FILE = "events.jsonl"
 
 def load_run_config(run_dir: str | Path) -> Config:
     """The resolved config saved in a run directory (for --resume, eval and infer), once the folder
-    holds no link or special file (faults/links.py): every command that opens a run folder reads this first."""
+    holds no link out of it and no special file (faults/links.py): every command that opens a run folder reads this first."""
     path = Path(run_dir)
     if not path.is_dir():
         raise SolrlError(f"run directory {path} does not exist", "pass the folder a previous `solrl train` wrote")
