@@ -13,12 +13,13 @@ from solrl_cli.errors import user_errors
 def monitor(run_dir: Annotated[Path, typer.Argument(help="A run folder (it holds events.jsonl).")]) -> None:
     """Watch a run in a terminal UI: timings, rewards, losses, evaluations, warnings. q exits; the run goes on."""
     from solrl_core.errors import SolrlError
+    from solrl_core.faults.links import check_path
     from solrl_core.rundir import EVENTS_FILE
     from solrl_cli.tui import run_monitor
 
     with user_errors():
         run_dir = Path(run_dir)
-        if not (run_dir / EVENTS_FILE).is_file():
+        if not check_path(run_dir, EVENTS_FILE).is_file():  # a planted link or fifo: refused, not followed
             what = "does not exist" if not run_dir.exists() else f"has no {EVENTS_FILE}"
             raise SolrlError(f"{run_dir} {what}", "pass a run folder written by `solrl train` (it holds config.toml and "
                                                   f"{EVENTS_FILE}; the default is runs/<time>-<preset>)")

@@ -12,6 +12,8 @@ import socket
 import time
 from pathlib import Path
 
+from solrl_core.errors import SolrlError
+from solrl_core.faults.links import check_path
 from solrl_core.faults.lock import LOCK_FILE
 
 
@@ -66,9 +68,9 @@ class ProcessMeter:
 def run_pid(run_dir: str | Path) -> int | None:
     """The process writing `run_dir` (from its lock file) when it runs on this machine, else None."""
     try:
-        info = json.loads((Path(run_dir) / LOCK_FILE).read_text(encoding="utf-8"))
+        info = json.loads(check_path(run_dir, LOCK_FILE).read_text(encoding="utf-8"))
         pid = int(info["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, SolrlError):  # a planted link or fifo is not read
         return None
     return pid if info.get("host") == socket.gethostname() and Path(f"/proc/{pid}").exists() else None
 

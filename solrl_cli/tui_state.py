@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import json
 import math
 import queue
 import statistics
@@ -23,7 +22,9 @@ from solrl_core.telemetry.mfu import describe, percent, phase_mfu
 from solrl_core.config import Config
 from solrl_core.config_io import from_dict
 from solrl_core.errors import SolrlError
+from solrl_core.event_bus import TooDeep, parse_line
 from solrl_core.events import PHASES
+from solrl_core.faults.links import check_path
 from solrl_core.families import FAMILIES
 from solrl_core.text import plural
 
@@ -58,7 +59,7 @@ class JsonlTail:
 
     def poll(self) -> list[ev.Event]:
         try:
-            size = self.path.stat().st_size
+            size = check_path(self.path.parent, self.path.name).stat().st_size  # a planted link or fifo: refused
         except FileNotFoundError:
             return []
         if size < self._offset:
@@ -82,7 +83,9 @@ class JsonlTail:
     def _decode(self, line: bytes) -> ev.Event | None:
         where = f"{self.path.name} line {self.lines}"
         try:
-            record = json.loads(line)
+            record = parse_line(line)
+        except TooDeep as exc:
+            raise SolrlError(f"{self.path} line {self.lines}: {exc}", "the file is damaged: its other lines are not shown") from exc
         except ValueError:
             return ev.RunWarning(message=f"monitor: skipped {where}, which is not JSON (torn by a crash mid-write?)")
         try:

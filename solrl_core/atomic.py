@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 from solrl_core.faults import disk
+from solrl_core.faults.links import open_nofollow
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -15,8 +16,10 @@ def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         with disk.writing(path.parent, path.name):  # a full or read-only folder: one clear line
-            tmp.write_text(text, encoding="utf-8")
-            os.replace(tmp, path)
+            tmp.unlink(missing_ok=True)  # a link planted under the temporary name goes, never written through
+            with os.fdopen(open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL), "w", encoding="utf-8") as fh:
+                fh.write(text)
+            os.replace(tmp, path)  # replaces a link at `path` itself, never its target
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

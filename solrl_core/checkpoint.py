@@ -39,6 +39,7 @@ from solrl_core.faults.state_files import has_state, load_legacy, load_state, sa
 from solrl_core.policy import LORA_FILE, OLD, TRAINED, Policy
 from solrl_core.rundir import checkpoint_dir, list_checkpoints
 from solrl_core.sharding import Gathered, load_optimizer_state
+from solrl_core.state_schema import check_optimizer, check_rng, check_sizes, read_trainer_state
 
 TMP_PREFIX = ".tmp-"  # a checkpoint being written: checkpoints/.tmp-iter_NNNNNN-<pid>-<ns>
 
@@ -156,6 +157,7 @@ def _fsync_tree(folder: Path) -> None:
 
 def load_adapters(path: Path, policy: Policy) -> None:
     """The trained, old and EMA adapters of a checkpoint into `policy` (for resume, eval and infer)."""
+    check_sizes(path, policy.trainable_parameters())  # a file no adapter could make is not read
     try:
         for adapter, sub in ((TRAINED, path), (OLD, path / "old"), ("ema", path / "ema")):
             tensors = load_file(str(sub / LORA_FILE))
@@ -182,9 +184,11 @@ def load_checkpoint(path: Path, policy: Policy, optimizer: torch.optim.Optimizer
     """Restore adapters, optimizer and RNG states; return the loop state. Corruption is a clear error."""
     load_adapters(path, policy)
     optimizer_state, rng = _read_state(path, "optimizer"), _read_state(path, "rng")
+    state = read_trainer_state(path)  # every value against its schema (state_schema.py): before any is used
+    check_optimizer(path, optimizer_state, optimizer)
+    check_rng(path, rng)
     try:
         load_optimizer_state(optimizer, optimizer_state)
-        state = json.loads((path / "trainer_state.json").read_text())
         torch.set_rng_state(rng["torch"])
         np.random.set_state(rng["numpy"])
         random.setstate(rng["python"])
@@ -193,9 +197,6 @@ def load_checkpoint(path: Path, policy: Policy, optimizer: torch.optim.Optimizer
                          "resume from an earlier one with `--checkpoint iter_N`") from exc
     if rng["cuda"] and torch.cuda.is_available() and len(rng["cuda"]) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(rng["cuda"])
-    if not isinstance(state, dict):
-        raise SolrlError(f"checkpoint {path}'s trainer_state.json is not a JSON object",
-                         "resume from an earlier one with `--checkpoint iter_N`")
     return state
 
 

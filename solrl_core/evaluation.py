@@ -282,7 +282,7 @@ class RunEvals:
             if differs:
                 return f"{self.path} was scored with other {', '.join(differs)} than the run now evaluates: {none}"
             self.base, self.base_event = _from_record(saved)
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: nested too deep
             return f"{self.path} cannot be read ({type(exc).__name__}: {exc}): {none}"
         missing = [n for n in eval_rewards if n not in self.base.held_out]
         if missing:

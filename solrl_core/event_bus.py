@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 from pathlib import Path
 from typing import Any, Callable
 
 from solrl_core.faults import disk
+from solrl_core.faults.links import open_nofollow
 
 
 Subscriber = Callable[[Any], None]
@@ -66,9 +68,10 @@ class JsonlLog:
         self.failed = False
         with self._writing():
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            torn = self.path.is_file() and self.path.stat().st_size > 0 and not _ends_in_newline(self.path)
-            self._fh = open(self.path, "a", encoding="utf-8")
-            if torn:
+            fd = open_nofollow(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT)  # a planted link gets nothing appended
+            size = os.fstat(fd).st_size
+            self._fh = os.fdopen(fd, "a", encoding="utf-8")
+            if size > 0 and os.pread(fd, 1, size - 1) != b"\n":  # torn by a kill mid-write
                 self._fh.write("\n")
                 self._fh.flush()
 
@@ -95,8 +98,15 @@ class JsonlLog:
                 raise
 
 
-def _ends_in_newline(path: Path) -> bool:
-    with open(path, "rb") as fh:
-        fh.seek(-1, 2)
-        return fh.read(1) == b"\n"
 
+class TooDeep(ValueError):
+    """A JSONL line nested deeper than the JSON parser recurses: damaged, not a record solrl wrote."""
+
+
+def parse_line(line: str | bytes) -> Any:
+    """One line of events.jsonl as JSON. Every reader of the log parses through this, so a line nested
+    10^6 deep is a ValueError (TooDeep) naming its line there, never a RecursionError."""
+    try:
+        return json.loads(line)
+    except RecursionError:
+        raise TooDeep("nested too deep to be a record solrl wrote") from None

@@ -6,7 +6,9 @@ with `adapter_model.safetensors`, for `PeftModel.from_pretrained(transformer, fo
 export is the transformer with the adapter added to its base weights (`save_pretrained`, no peft
 needed). Both get a model card (`README.md`, export_card.py) and permissions others can read: the
 LoRA files are written 0600 by safetensors, so every file and folder is set as a new one would be
-under this process's umask (0644 and 0755 under the usual 022).
+under this process's umask (0644 and 0755 under the usual 022). Everything is written into a
+temporary folder beside the output folder and renamed into place once whole: a failed export (a full
+disk) leaves nothing behind, and running it again works.
 """
 
 from __future__ import annotations
@@ -109,33 +111,55 @@ def export_weights(cfg: Config, checkpoint: Path, weights: str, out_dir: Path, m
                    repo_id: str | None = None) -> Exported:
     """A checkpoint's `weights` (ema or trained) written to the empty folder `out_dir`: the LoRA in
     diffusers' and peft's layouts, or with `merge` the whole transformer with the LoRA merged in;
-    and a model card naming `repo_id` (where it will be pushed) in its loading code."""
+    and a model card naming `repo_id` (where it will be pushed) in its loading code. Written into a
+    temporary folder beside `out_dir` and renamed into place once whole, so a failure (a full disk)
+    leaves nothing at `out_dir` and the same command can simply be run again."""
     import shutil
+    import tempfile
 
-    from solrl_core.export_card import CardFacts, write_card
     from solrl_core.faults import disk
     from solrl_core.rundir import check_empty_folder
 
     check_empty_folder(out_dir)
+    with disk.writing(out_dir.parent, f"the export folder {out_dir.name}"):
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
+    try:
+        what, how, card = _write_export(cfg, checkpoint, weights, tmp, out_dir, merge, repo_id)
+        make_readable(tmp)
+        with disk.writing(out_dir.parent, f"the export folder {out_dir.name}"):
+            os.rename(tmp, out_dir)  # whole or not at all (an empty out_dir is replaced)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Exported(what, out_dir, how, out_dir / card.name)
+
+
+def _write_export(cfg: Config, checkpoint: Path, weights: str, tmp: Path, out_dir: Path, merge: bool,
+                  repo_id: str | None) -> tuple[str, str, Path]:
+    """The export's files into `tmp` (errors name `out_dir`, the folder the user asked for): what was
+    written, how plain diffusers loads it from `out_dir`, and the model card."""
+    import shutil
+
+    from solrl_core.export_card import CardFacts, write_card
+    from solrl_core.faults import disk
+
     run_dir = checkpoint.parent.parent
     if merge:
         from solrl_core.engine import open_engine
 
         engine = open_engine(cfg, checkpoint=checkpoint)
         with disk.writing(out_dir, "the merged transformer"):
-            out_dir.mkdir(parents=True, exist_ok=True)
-            path = export_merged(engine, weights, out_dir)
+            path = export_merged(engine, weights, tmp)
         cls = json.loads((path / "config.json").read_text())["_class_name"]
         what, how = "merged transformer", f"diffusers' {cls}.from_pretrained('{out_dir}', subfolder='transformer')"
     else:
         source = checkpoint / LORA_FILE if weights == "trained" else checkpoint / "ema" / LORA_FILE
         with disk.writing(out_dir, LORA_FILE):
-            out_dir.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(source, out_dir / LORA_FILE)
-            write_peft_adapter(out_dir / LORA_FILE, cfg, out_dir)
+            shutil.copyfile(source, tmp / LORA_FILE)
+            write_peft_adapter(tmp / LORA_FILE, cfg, tmp)
         cls, what = "", "LoRA"
         how = f"pipe.load_lora_weights('{out_dir}'), or peft's PeftModel.from_pretrained(transformer, '{out_dir}')"
     with disk.writing(out_dir, "README.md"):
-        card = write_card(out_dir, CardFacts.of(cfg, run_dir, checkpoint, weights, merge, repo_id, cls))
-    make_readable(out_dir)
-    return Exported(what, out_dir, how, card)
+        card = write_card(tmp, CardFacts.of(cfg, run_dir, checkpoint, weights, merge, repo_id, cls))
+    return what, how, card

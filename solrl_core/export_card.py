@@ -8,7 +8,6 @@ before the exported checkpoint, each change with the paired standard error the r
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,8 +53,10 @@ class CardFacts:
            transformer_class: str = "") -> CardFacts:
         m = cfg.model
         label = m.hub_id or (f"{m.name} (local folder {m.path})" if m.path else f"{m.name} (solrl's built-in model)")
-        state = checkpoint / "trainer_state.json"
-        iteration = json.loads(state.read_text())["iteration"] if state.is_file() else int(checkpoint.name.split("_")[-1])
+        from solrl_core.state_schema import TRAINER_STATE, read_trainer_state
+
+        state = checkpoint / TRAINER_STATE
+        iteration = read_trainer_state(checkpoint)["iteration"] if state.is_file() else int(checkpoint.name.split("_")[-1])
         lora = {"rank": m.lora_rank, "alpha": m.lora_alpha, "init": m.lora_init, "targets": list(m.lora_targets)}
         return cls(m.hub_id, label, _pipeline(m.loader), cfg.algorithm.family, dict(cfg.reward.weights), iteration,
                    cfg.run.iterations, cfg.run.prompts, lora, weights, merged, repo_id, transformer_class,

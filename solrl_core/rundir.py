@@ -16,16 +16,19 @@ from solrl_core.config import Config
 from solrl_core.config_io import from_dict, to_dict
 from solrl_core.atomic import write_atomic
 from solrl_core.errors import SolrlError
+from solrl_core.faults.links import check_tree
 
 CONFIG_FILE = "config.toml"
 EVENTS_FILE = "events.jsonl"
 
 
 def load_run_config(run_dir: str | Path) -> Config:
-    """The resolved config saved in a run directory (for --resume, eval and infer)."""
+    """The resolved config saved in a run directory (for --resume, eval and infer), once the folder
+    holds no link out of it and no special file (faults/links.py): every command that opens a run folder reads this first."""
     path = Path(run_dir)
     if not path.is_dir():
         raise SolrlError(f"run directory {path} does not exist", "pass the folder a previous `solrl train` wrote")
+    check_tree(path)
     cfg_file = path / CONFIG_FILE
     if not cfg_file.is_file():
         raise SolrlError(f"{path} is not a solrl run directory (no {CONFIG_FILE})", "pass the folder a previous `solrl train` wrote")
@@ -53,7 +56,8 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     folder = checkpoint_dir(run_dir)
     if not folder.is_dir():
         return []
-    return sorted(p for p in folder.iterdir() if p.is_dir() and CHECKPOINT_NAME.match(p.name))
+    # real folders only: retention and --checkpoint's set-aside delete and rename what this lists
+    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink() and CHECKPOINT_NAME.match(p.name))
 
 
 def restarts(run_dir: str | Path) -> bool:

@@ -25,6 +25,7 @@ from solrl_core.config import Config
 from solrl_core.engine import CopySpec, Engine, open_engine, resolve_runtime
 from solrl_core.errors import SolrlError
 from solrl_core.faults import disk
+from solrl_core.faults.links import check_tree
 from solrl_core.faults.lock import RunLock
 from solrl_core.loop_state import LoopState
 from solrl_core.memory_modes import too_small
@@ -216,6 +217,8 @@ def _run_dir_and_checkpoint(cfg: Config, resume: bool, checkpoint: str | None) -
     run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else fresh_run_dir(cfg.preset)
     if checkpoint is not None and not resume:
         raise SolrlError("--checkpoint picks the checkpoint a --resume continues from", f"add --resume {run_dir}")
+    if run_dir.is_dir():  # before the lock is opened and anything truncated, appended or deleted
+        check_tree(run_dir)
     lock = RunLock.acquire(run_dir, cfg.run.lock) if run_dir.is_dir() else None  # before anything is read: no other writer
     try:
         notes = remove_orphans(run_dir) if lock is not None and lock.held else []  # ours: no live save writes them

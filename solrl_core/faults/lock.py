@@ -24,6 +24,7 @@ from pathlib import Path
 
 from solrl_core.errors import SolrlError
 from solrl_core.faults import disk
+from solrl_core.faults.links import check_path, open_nofollow
 
 LOCK_FILE = "solrl.lock"
 
@@ -43,7 +44,7 @@ class RunLock:
         if not enabled:
             return cls(path, None)
         with disk.writing(run_dir, f"the run lock {LOCK_FILE}"):  # a read-only or full folder: one clear line
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd = open_nofollow(path, os.O_RDWR | os.O_CREAT)  # a planted link is refused, never truncated
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -91,7 +92,7 @@ class RunLock:
 def holder(run_dir: Path) -> str:
     """Who holds `run_dir`'s lock, as the holder wrote it ('unknown process' if unreadable)."""
     try:
-        info = json.loads((Path(run_dir) / LOCK_FILE).read_text(encoding="utf-8"))
+        info = json.loads(check_path(run_dir, LOCK_FILE).read_text(encoding="utf-8"))
         return f"process {info['pid']} on {info['host']}, started {info['started']}"
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, SolrlError):
         return "unknown process"

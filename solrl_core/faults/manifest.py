@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from solrl_core.faults.links import find_link, kind
+
 MANIFEST = "manifest.json"
 FORMAT = 1
 
@@ -53,7 +55,11 @@ def write_manifest(folder: Path) -> Path:
 def verify(folder: Path) -> Problem | None:
     """The first problem of a checkpoint folder against its manifest, or None when every listed file
     is there with its size and checksum. Sizes are checked first: a truncated file is found without
-    reading anything."""
+    reading anything. A link out of the folder (or a special file) anywhere in it is a problem before
+    any of that: nothing is read through it, listed or not (faults/links.py)."""
+    link = find_link(folder)
+    if link is not None:
+        return Problem(link.relative_to(folder).as_posix(), f"{kind(link)}, which solrl does not follow out of a checkpoint")
     try:
         listed = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
     except FileNotFoundError:

@@ -108,8 +108,11 @@ def _decode(node: Any, tensors: dict[str, torch.Tensor]) -> Any:
         raise ValueError(f"unexpected {type(node).__name__}")
     if _TENSOR in node:
         return tensors[node[_TENSOR]]
-    if _ARRAY in node:
-        return tensors[node[_ARRAY]].numpy().astype(np.dtype(node["dtype"]))
+    if _ARRAY in node:  # a numeric dtype only: "<U400000" would allocate 1.6 MB per element before any check
+        dtype = np.dtype(str(node["dtype"]))
+        if dtype.kind not in "biuf":
+            raise ValueError(f"an array of dtype {str(node['dtype'])[:20]!r}: only numbers are stored")
+        return tensors[node[_ARRAY]].numpy().astype(dtype)
     if _TUPLE in node:
         return tuple(_decode(v, tensors) for v in node[_TUPLE])
     if _ITEMS in node:

@@ -8,7 +8,6 @@ stop and its resume does not count.
 
 from __future__ import annotations
 
-import json
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -16,7 +15,9 @@ from typing import Any
 
 from solrl_core import events as ev
 from solrl_core.errors import SolrlError
+from solrl_core.event_bus import TooDeep, parse_line
 from solrl_core.events import PHASES
+from solrl_core.faults.links import check_path
 from solrl_core.rundir import EVENTS_FILE
 
 # events outside an iteration whose seconds count as training time
@@ -64,7 +65,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
     line with no newline after it, or the line just before a resumed run's run_started) is skipped
     with a warning in `warnings`; any other line that is not JSON, or whose fields do not fit its
     kind, raises SolrlError naming the line."""
-    path = Path(run_dir) / EVENTS_FILE
+    path = check_path(run_dir, EVENTS_FILE)  # a link or fifo there is refused, not read
     if not path.is_file():
         raise SolrlError(f"{run_dir} has no {EVENTS_FILE}", "pass run folders written by `solrl train`")
     record = RunRecord(name=Path(run_dir).name)
@@ -78,11 +79,11 @@ def load_run(run_dir: str | Path) -> RunRecord:
             record.warnings.append(f"{path} line {number} skipped: torn by a kill mid-write (not JSON)")
             continue
         try:
-            e = ev.decode(json.loads(line))
+            e = ev.decode(parse_line(line))
         except ev.UnknownEventKind as exc:  # written by a newer solrl: skipped, counted in `skipped`
             record.skipped[str(exc.kind)] = record.skipped.get(str(exc.kind), 0) + 1
             continue
-        except ev.EventDecodeError as exc:
+        except (ev.EventDecodeError, TooDeep) as exc:
             raise SolrlError(f"{path} line {number}: {exc}", "the file is damaged; compare the runs' other folders") from exc
         except ValueError as exc:
             raise SolrlError(f"{path} line {number} is not JSON", "the file is damaged; compare the runs' other folders") from exc
@@ -106,7 +107,9 @@ def _torn(line: str, after: list[str], last: bool) -> bool:
     """Whether `line` is one a kill cut short: not JSON, and the file's unfinished last line, or
     followed by the run_started record of the run that resumed after the kill."""
     try:
-        json.loads(line)
+        parse_line(line)
+        return False
+    except TooDeep:  # complete, not cut short: damage the caller names
         return False
     except ValueError:
         pass
@@ -114,7 +117,7 @@ def _torn(line: str, after: list[str], last: bool) -> bool:
         return True
     following = next((x for x in after if x.strip()), "")
     try:
-        return json.loads(following).get("event") == ev.RunStarted.kind
+        return parse_line(following).get("event") == ev.RunStarted.kind
     except (ValueError, AttributeError):
         return False
 

@@ -1,0 +1,110 @@
+"""Nothing in a run folder is followed out of it.
+
+A run folder can come from someone else, and a symbolic link in it points wherever its author chose:
+a lock that is truncated, an events log that is appended to, a `checkpoints` folder whose old
+iterations retention deletes, a state file read in place of the checkpoint's own. So a link whose
+target lies outside the folder is refused, as is a special file (a fifo blocks its reader; solrl
+writes none), in one line naming it, before anything in the folder is truncated, appended or deleted:
+
+- `check_tree(root)` when a command opens a run folder (resume, eval, infer, export, explore,
+  rank-check), before it reads or writes anything in it; `find_link(checkpoint)` in the manifest check;
+- `check_path(root, *parts)` for one file a command reads (events.jsonl for compare and monitor);
+- `open_nofollow` for the files a run opens to write (the lock, the events log, a file written
+  atomically): any link there, even one planted after the check, is refused by the kernel (O_NOFOLLOW).
+
+A link that stays inside the folder is left alone (W&B's offline folder holds relative ones), and
+the folder itself may be a link: the user named it on the command line. Torch-free.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+from pathlib import Path
+
+from solrl_core.errors import SolrlError
+
+FIX = "replace the link with the real file or folder (or delete it), then run the command again"
+
+
+def kind(path: Path) -> str:
+    """What the link or special file at `path` is, for a message: 'a symbolic link (to TARGET)'."""
+    try:
+        return f"a symbolic link (to {os.readlink(path)})"
+    except OSError:
+        return "not a regular file or folder (a fifo, socket or device)"
+
+
+def refused(path: Path, what: str = "the run folder") -> SolrlError:
+    """The one line for a link or special file at `path` inside `what`."""
+    return SolrlError(f"{path} is {kind(path)}: solrl does not follow it out of {what} (a run folder is data, "
+                      "whoever wrote it)", FIX)
+
+
+def _escapes(path: Path, mode: int, root: str) -> bool:
+    """A special file, or a link whose target (all links resolved) is not under `root` (resolved)."""
+    if stat.S_ISLNK(mode):
+        target = os.path.realpath(path)
+        return os.path.commonpath([target, root]) != root
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
+def find_link(root: str | Path) -> Path | None:
+    """The first link out of `root` or special file anywhere under it (no link is followed), or None."""
+    real = os.path.realpath(root)
+    stack = [Path(root)]
+    while stack:
+        folder = stack.pop()
+        try:
+            entries = sorted(os.scandir(folder), key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
+            continue
+        for entry in entries:
+            mode = entry.stat(follow_symlinks=False).st_mode
+            if _escapes(Path(entry.path), mode, real):
+                return Path(entry.path)
+            if stat.S_ISDIR(mode):
+                stack.append(Path(entry.path))
+    return None
+
+
+def check_tree(root: str | Path, what: str = "the run folder") -> None:
+    """Refuse the first link out of `root` or special file anywhere under it."""
+    found = find_link(root)
+    if found is not None:
+        raise refused(found, what)
+
+
+def check_path(root: str | Path, *parts: str, what: str = "the run folder") -> Path:
+    """`root`/`parts`, after checking that no part of it below `root` is a link out of `root` or a
+    special file (parts that do not exist yet are fine: nothing is followed there)."""
+    real, path = os.path.realpath(root), Path(root)
+    for part in parts:
+        path = path / part
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            break
+        if _escapes(path, mode, real):
+            raise refused(path, what)
+    return path
+
+
+def open_nofollow(path: Path, flags: int, mode: int = 0o644, what: str = "the run folder") -> int:
+    """os.open(path, flags) that refuses any link at `path` (O_NOFOLLOW) and a special file (O_NONBLOCK
+    keeps a fifo from blocking the open), in the one line of `refused`."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENXIO):  # ENXIO: a fifo opened to write with no reader
+            raise refused(Path(path), what) from exc
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise refused(Path(path), what)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
