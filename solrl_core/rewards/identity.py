@@ -88,7 +88,7 @@ def _read(run_dir: Path) -> dict[str, Any]:
         return {}
     try:
         record = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:  # a record nested too deep is unreadable too
         raise SolrlError(f"{path} is unreadable ({type(exc).__name__}: {exc})",
                          f"delete it to record the servers afresh (rm {path}), if they still serve what the run trained against")
     return record if isinstance(record, dict) else {}
