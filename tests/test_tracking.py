@@ -237,3 +237,17 @@ def test_the_terminal_says_where_the_trackers_write():
                           start_iteration=0, iterations=1, resumed=False, config={}, tracking=[line]))
     display.progress.stop()
     assert f"  {line}" in console.file.getvalue()
+
+
+@pytest.mark.parametrize("body", ['{"id": "abc123"}', '[' * 100_000 + ']' * 100_000, '{"id": 5}', '{"id": "../../x"}', "{"])
+def test_a_saved_wandb_run_id_is_read_as_data(tmp_path, body):
+    """RUN/wandb_run.json comes from a run folder: a plain id is used, anything else is one line."""
+    from solrl_core.errors import SolrlError
+    from solrl_core.tracking.wandb_log import _saved_id
+
+    (path := tmp_path / "wandb_run.json").write_text(body)
+    if body.startswith('{"id": "abc'):
+        assert _saved_id(path) == "abc123"
+        return
+    with pytest.raises(SolrlError, match="wandb_run.json"):
+        _saved_id(path)

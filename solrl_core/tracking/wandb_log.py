@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,13 +23,26 @@ from solrl_core.tracking.base import Tracker, caption
 ID_FILE = "wandb_run.json"
 
 
+def _saved_id(id_file: Path) -> str:
+    """The W&B run id a resumed run continues: a short plain string, or one line naming the file."""
+    try:
+        run_id = json.loads(id_file.read_text(encoding="utf-8"))["id"]
+    except (OSError, ValueError, RecursionError, KeyError, TypeError) as exc:
+        raise SolrlError(f"{id_file} is unreadable ({type(exc).__name__}: {exc})",
+                         f"delete it to log the resumed run as a new W&B run (rm {id_file})") from exc
+    if not isinstance(run_id, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,128}", run_id):
+        raise SolrlError(f"{id_file} holds no W&B run id (letters, digits, - and _)",
+                         f"delete it to log the resumed run as a new W&B run (rm {id_file})")
+    return run_id
+
+
 class WandbLog(Tracker):
     def __init__(self, run_dir: Path, config: dict[str, Any], resumed: bool) -> None:
         import wandb
 
         run_dir = Path(run_dir)
         id_file = run_dir / ID_FILE
-        run_id = json.loads(id_file.read_text(encoding="utf-8"))["id"] if resumed and id_file.is_file() else None
+        run_id = _saved_id(id_file) if resumed and id_file.is_file() else None
         folder = os.environ.get("WANDB_DIR") or str(run_dir)
         Path(folder).mkdir(parents=True, exist_ok=True)
         # console="off": W&B would otherwise wrap stdout, which the terminal display and TUI own
