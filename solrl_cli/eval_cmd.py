@@ -29,7 +29,7 @@ def eval_(
 ) -> None:
     """Score the base model, or a run's checkpoint against its base, with one or more rewards."""
     from solrl_core import events
-    from solrl_core.evaluation import EvalRequest, evaluate_weights
+    from solrl_core.evaluation import EvalRequest, EvalStopped, evaluate_weights
     from solrl_core.prompts import load_prompts
     from solrl_core.rewards.names import check_names
     from solrl_cli.display import TerminalDisplay
@@ -49,7 +49,12 @@ def eval_(
                       f"rewards {', '.join(cfg.reward.weights)}" + (f"  eval rewards {', '.join(extra)}" if extra else ""))
         bus = events.EventBus()
         bus.subscribe(TerminalDisplay(console))
-        _print_table(evaluate_weights(req, bus), req)
+        try:
+            results = evaluate_weights(req, bus)
+        except EvalStopped as stop:
+            console.print(stop.message, soft_wrap=True)
+            raise typer.Exit(130) from None
+        _print_table(results, req)
 
 
 def _print_table(results, req) -> None:  # type: ignore[no-untyped-def]
