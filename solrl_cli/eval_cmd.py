@@ -35,7 +35,7 @@ def eval_(
                                 flags={"run": {"device": device, "eval_rewards": extra}, "sampler": {"eval_steps": steps}})
         spec, extra = prompts or cfg.run.eval_prompts or cfg.run.prompts, cfg.run.eval_rewards
         from solrl_core import events  # torch: only once the config is accepted
-        from solrl_core.evaluation import EvalRequest, evaluate_weights
+        from solrl_core.evaluation import EvalRequest, EvalStopped, evaluate_weights
         from solrl_core.prompts import load_prompts
         from solrl_cli.display import TerminalDisplay
 
@@ -47,7 +47,12 @@ def eval_(
                       f"rewards {', '.join(cfg.reward.weights)}" + (f"  eval rewards {', '.join(extra)}" if extra else ""))
         bus = events.EventBus()
         bus.subscribe(TerminalDisplay(console))
-        _print_table(evaluate_weights(req, bus), req)
+        try:
+            results = evaluate_weights(req, bus)
+        except EvalStopped as stop:
+            console.print(stop.message, soft_wrap=True)
+            raise typer.Exit(130) from None
+        _print_table(results, req)
 
 
 def _print_table(results, req) -> None:  # type: ignore[no-untyped-def]

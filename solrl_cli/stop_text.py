@@ -24,7 +24,10 @@ def _kept(checkpoint: str | None) -> str:
 def stop_message(e: ev.StopRequested) -> str:
     """The acknowledgement of a stop request, printed the moment it arrives."""
     ckpts = f"{e.run_dir}/checkpoints" if e.run_dir else "the run folder"
-    if e.mode == "phase" and e.phase:
+    if e.phase == "evaluation":  # not an iteration: dropped between two of its batches
+        waits = (f"dropping the evaluation in progress (a resume does it first), then stopping with iteration {e.iteration} "
+                 f"saved to {ckpts}" if e.iteration else "dropping the base evaluation (a resume does it first): nothing to save yet")
+    elif e.mode == "phase" and e.phase:
         waits = (f"stopping at the next phase boundary (now in {e.phase} of iteration {e.iteration}): an iteration "
                  f"whose update has not begun is abandoned and redone on resume; the last finished one is saved to {ckpts}")
     elif e.phase:

@@ -64,8 +64,8 @@ def train(
                                     sys.argv[1:], prompts_per_iteration=cfg.run.prompts_per_iteration,
                                     run_dir=str(resume or cfg.run.run_dir)))
         session = _run(cfg, tui, bool(resume), checkpoint)
-        if session.state.iteration < session.run.config.run.iterations:
-            raise typer.Exit(130)  # stopped by a signal: saved, but not finished
+        if not session.state.finished(session.run.config.run.iterations):
+            raise typer.Exit(130)  # stopped by a signal: saved, but not finished (its last evaluation may be due)
 
 
 def _run(cfg, tui: bool, resume: bool, checkpoint: Optional[str]):  # type: ignore[no-untyped-def]

@@ -39,6 +39,7 @@ from solrl_core.rewards import RewardSet
 from solrl_core.rollout import RolloutCopy
 from solrl_core.sampler import Sampler
 from solrl_core.sharded_copy import base_tensors, is_sharded, meta_copy, refresh_from_shards
+from solrl_core.stopping import GenerationStopped
 
 NETWORKS = ("explore", "rollout", "base", "trained", "ema")
 Progress = Callable[[int, int], None]  # (images generated so far, images in all)
@@ -193,11 +194,12 @@ class Engine:
 
     @torch.no_grad()
     def generate(self, cond: Conditioning, seeds: torch.Tensor, steps: int, on: str, *, to_cpu: bool = True,
-                 progress: Progress | None = None) -> Generated:
+                 progress: Progress | None = None, stop: Callable[[], bool] | None = None) -> Generated:
         """One image per (conditioning row, seed), `steps` sampler steps on the network `on`.
 
         `to_cpu` (evaluation, inference, the side tools): generated and decoded one rollout batch at a
-        time, images gathered on the CPU, `progress` told every few batches. Otherwise (training's
+        time, images gathered on the CPU, `progress` told every few batches; once `stop()` says yes
+        before a batch, GenerationStopped drops the rest (an evaluation a stop ends). Otherwise (training's
         rollouts): generated, then decoded together and left on the device for the rewards."""
         t0 = time.perf_counter()
         with self.network(on) as (net, dtype), charged_to("rollout"), self.vae_in():
@@ -207,16 +209,18 @@ class Engine:
                 if images.is_cuda:  # wait for queued GPU work so a phase's time is its own
                     torch.cuda.synchronize(images.device)
             else:
-                latents, images = self._in_batches(net, dtype, cond, seeds, steps, progress)
+                latents, images = self._in_batches(net, dtype, cond, seeds, steps, progress, stop)
         return Generated(latents, images, self.sampler.sigmas(steps), time.perf_counter() - t0)
 
     def _in_batches(self, net: nn.Module, dtype: torch.dtype, cond: Conditioning, seeds: torch.Tensor, steps: int,
-                    progress: Progress | None) -> tuple[torch.Tensor, torch.Tensor]:
+                    progress: Progress | None, stop: Callable[[], bool] | None) -> tuple[torch.Tensor, torch.Tensor]:
         chunk, total = self.sampler.batch_size, seeds.numel()
         starts = range(0, total, chunk)
         every = -(-len(starts) // PROGRESS_REPORTS)  # ceil: at most PROGRESS_REPORTS reports
         latents, images = [], []
         for i, start in enumerate(starts):
+            if stop is not None and stop():
+                raise GenerationStopped(start, total)
             part = slice(start, start + chunk)
             latents.append(self.sampler.generate(self.model, net, cond[part], seeds[part], steps, dtype))
             images.append(self.decode(latents[-1]))
@@ -232,9 +236,9 @@ class Engine:
             return torch.cat([self.model.decode(latents[i:i + chunk]).float().cpu() for i in range(0, latents.shape[0], chunk)])
 
     def images(self, prompts: list[str], seeds: torch.Tensor, steps: int, on: str,
-               progress: Progress | None = None) -> torch.Tensor:
-        """Images [B, 3, H, W] in [0, 1] on the CPU, one per (prompt, seed) row."""
-        return self.generate(self.conditioning(prompts), seeds, steps, on, progress=progress).images
+               progress: Progress | None = None, stop: Callable[[], bool] | None = None) -> torch.Tensor:
+        """Images [B, 3, H, W] in [0, 1] on the CPU, one per (prompt, seed) row (`stop`: generate)."""
+        return self.generate(self.conditioning(prompts), seeds, steps, on, progress=progress, stop=stop).images
 
 
 def resolve_runtime(cfg: Config) -> tuple[torch.device, str, torch.dtype]:

@@ -22,7 +22,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -60,20 +60,22 @@ def eval_seeds(n_prompts: int, per_prompt: int) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(run: Run, prompts: list[str], per_prompt: int, weights: str, progress: Progress | None = None,
-             held_out: HeldOut | None = None) -> Evaluation:
-    """Score `weights` ("base": adapters off, "ema": the EMA adapter, "trained": the live adapter)."""
-    return _score(run.engine, prompts, per_prompt, weights, progress, held_out)[0]
+             held_out: HeldOut | None = None, stop: Callable[[], bool] | None = None) -> Evaluation:
+    """Score `weights` ("base": adapters off, "ema": the EMA adapter, "trained": the live adapter).
+    Once `stop()` says yes between two rollout batches, the evaluation is dropped (GenerationStopped)."""
+    return _score(run.engine, prompts, per_prompt, weights, progress, held_out, stop)[0]
 
 
 @torch.no_grad()
 def _score(engine: Engine, prompts: list[str], per_prompt: int, weights: str,
-           progress: Progress | None = None, held_out: HeldOut | None = None) -> tuple[Evaluation, torch.Tensor]:
+           progress: Progress | None = None, held_out: HeldOut | None = None,
+           stop: Callable[[], bool] | None = None) -> tuple[Evaluation, torch.Tensor]:
     """Generated and decoded one rollout batch at a time (engine.generate), `progress` told every few
     batches; then scored together with the engine's rewards, and the eval rewards on the same images."""
     t0 = time.perf_counter()
     flat = [p for p in prompts for _ in range(per_prompt)]
     seeds = eval_seeds(len(prompts), per_prompt)
-    images = engine.images(flat, seeds, engine.config.sampler.eval_steps, weights, progress=progress)
+    images = engine.images(flat, seeds, engine.config.sampler.eval_steps, weights, progress=progress, stop=stop)
     rewards = engine.rewards
     scores = rewards(images, flat)
     extra = {}
@@ -99,26 +101,70 @@ class EvalRequest:
     eval_rewards: tuple[str, ...] = ()  # scored besides the run's own reward(s), each base -> tuned (`--rewards`)
 
 
+class EvalStopped(Exception):
+    """`solrl eval` ended by a stop request (Ctrl-C, SIGTERM, SIGHUP): `message` names the weight set
+    dropped and what the output folder holds."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 def evaluate_weights(req: EvalRequest, bus: ev.EventBus) -> list[Evaluation]:
-    """Load the model once, score each weight set, write `samples.jsonl` and `summary.json` in out_dir."""
+    """Load the model once, score each weight set, write `samples.jsonl` and `summary.json` in out_dir.
+    A first Ctrl-C, SIGTERM or SIGHUP stops it within a few seconds: while the model loads at once
+    (KeyboardInterrupt), then between two rollout batches or a few seconds into a scoring call
+    (rewards/watchdog.py), dropping the weight set in progress (EvalStopped); a second one at once."""
+    from solrl_core.stopping import StopAtBoundary, StopFlag, graceful_stop
+
+    with graceful_stop(StopFlag()) as flag:
+        flag.announce = _at_once  # nothing is kept while the model loads
+        engine, held_out = _open(req, lambda: flag.requested)
+        flag.announce = None
+        done: list[Evaluation] = []
+        try:
+            return _evaluate_sets(req, bus, engine, held_out, lambda: flag.requested, done)
+        except StopAtBoundary as stop:
+            kept = (f"{req.out_dir / 'samples.jsonl'} holds the rows of {', '.join(r.weights for r in done)} only"
+                    if done else "no image was scored")
+            raise EvalStopped(f"stopped ({flag.source}): the evaluation of the {req.weights[len(done)]} weights was "
+                              f"dropped ({stop.message}); {kept}, and no summary.json was written") from None
+
+
+def _at_once(flag: object) -> None:
+    raise KeyboardInterrupt  # from the signal handler: user_errors says "stopped." and exits 130
+
+
+def _open(req: EvalRequest, stop: Callable[[], bool]) -> tuple[Engine, HeldOut | None]:
+    """The engine and the eval rewards of `req`, the prompts checked first; each reward's scoring call
+    still running a few seconds after `stop()` says yes is abandoned (ScoringAbandoned)."""
     from solrl_core.device import resolve_device
     from solrl_core.engine import open_engine
-    from solrl_core.inference import save_png
-    from solrl_core.rundir import write_atomic
 
     cfg = req.config
     rewards = RewardSet.from_config(cfg.reward, resolve_device(cfg.run.device))
     rewards.check_prompts(req.prompts)  # before the model loads
     held_out = held_out_rewards(cfg, req.eval_rewards, resolve_device(cfg.run.device))
-    engine = open_engine(cfg, checkpoint=req.checkpoint, rewards=rewards)
+    for scorer in (rewards, held_out.rewards if held_out is not None else None):
+        if scorer is not None:
+            scorer.stop = stop
+    return open_engine(cfg, checkpoint=req.checkpoint, rewards=rewards), held_out
+
+
+def _evaluate_sets(req: EvalRequest, bus: ev.EventBus, engine: Engine, held_out: HeldOut | None,
+                   stop: Callable[[], bool], results: list[Evaluation]) -> list[Evaluation]:
+    """evaluate_weights' scoring: each set appended to `results` once scored, its rows written before
+    the next set begins."""
+    from solrl_core.inference import save_png
+    from solrl_core.rundir import write_atomic
+
     flat = [p for p in req.prompts for _ in range(req.per_prompt)]
     req.out_dir.mkdir(parents=True, exist_ok=True)
-    results = []
     with open(req.out_dir / "samples.jsonl", "w", encoding="utf-8") as rows:
         for weights in req.weights:
             bus.emit(ev.EvalStarted(iteration=0, weights=weights, prompts=req.prompt_set or plural(len(req.prompts), "prompt"),
                                     samples=len(flat)))
-            result, images = _score(engine, req.prompts, req.per_prompt, weights, progress_events(bus, 0, weights), held_out)
+            result, images = _score(engine, req.prompts, req.per_prompt, weights, progress_events(bus, 0, weights), held_out, stop)
             results.append(result)
             for i, prompt in enumerate(flat):
                 row = {"weights": weights, "prompt": prompt, "seed": int(result.seeds[i]), "reward": float(result.scores.total[i]),
@@ -233,7 +279,7 @@ class RunEvals:
         self.base: Evaluation | None = None
         self.base_event: ev.EvalFinished | None = None
         self.last_event: ev.EvalFinished | None = None
-        self.hacked = False  # the latest evaluation warned of reward hacking (trainer._warn_of_hacking)
+        self.hacked = False  # the latest evaluation warned of reward hacking (run_eval._warn_of_hacking)
 
     @classmethod
     def of(cls, run: Run) -> "RunEvals":

@@ -296,7 +296,7 @@ class StopRequested(Event):
     source: str  # Ctrl-C, SIGTERM, SIGHUP, q
     mode: str  # "iteration": finish it and save; "phase": abandon it at the next phase boundary unless its update ran
     iteration: int  # the iteration in progress, 1-based (0: none started yet)
-    phase: str  # the phase running when asked ("" between iterations, e.g. evaluating)
+    phase: str  # the phase running when asked ("evaluation" during one; "" between iterations)
     run_dir: str
     checkpoint: str | None  # the newest complete checkpoint on disk when asked (None: none yet)
 

@@ -7,12 +7,17 @@ state in the checkpoint folder (checkpoint.py)."""
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from solrl_core.faults.guard import FaultState
 from solrl_core.rewards.health import RewardHealth
+
+
+PENDING = "evaluation_pending"  # in trainer_state.json when true: a resume evaluates before it trains
 
 
 @dataclass
@@ -27,6 +32,7 @@ class LoopState:
     session_start: float | None = None  # time.perf_counter() when this session's loop began (start_clock)
     explore_steps: int = 0  # Stage 1's preview steps as the last calibration chose them (0: none made; calibration.py)
     explore_precision: str = ""  # Stage 1's precision as the last steps+precision calibration chose it ("": none made)
+    evaluation_pending: bool = False  # the evaluation due after `iteration` was dropped or skipped by a stop (run_eval.py)
 
     def start_clock(self) -> None:
         self.session_start = time.perf_counter()
@@ -38,12 +44,17 @@ class LoopState:
         """Every session's seconds together: the earlier ones' and this one's so far."""
         return self.earlier_seconds + self.session_seconds()
 
+    def finished(self, iterations: int) -> bool:
+        """Every iteration done, and the evaluation due after the last (a stop may have dropped it)."""
+        return self.iteration >= iterations and not self.evaluation_pending
+
     def to_dict(self) -> dict[str, Any]:
         """The checkpoint's trainer_state.json."""
         return {"iteration": self.iteration, "step": self.step, "history": self.history,
                 "reward_streaks": dict(self.health.streaks), "faults": self.faults.to_dict(),
                 "seconds": self.total_seconds(), **({"explore_steps": self.explore_steps} if self.explore_steps else {}),
-                **({"explore_precision": self.explore_precision} if self.explore_precision else {})}
+                **({"explore_precision": self.explore_precision} if self.explore_precision else {}),
+                **({PENDING: True} if self.evaluation_pending else {})}
 
     def restore(self, saved: dict[str, Any]) -> None:
         """Continue from a checkpoint's trainer_state.json (one written before seconds were kept counts none)."""
@@ -53,6 +64,7 @@ class LoopState:
         self.faults = FaultState.from_dict(saved.get("faults"))
         self.explore_steps = int(saved.get("explore_steps", 0))
         self.explore_precision = str(saved.get("explore_precision", ""))
+        self.evaluation_pending = saved.get(PENDING) is True
         self.resumed = True
 
     def streaks(self) -> tuple[dict[str, int], FaultState]:
@@ -61,3 +73,14 @@ class LoopState:
 
     def set_streaks(self, saved: tuple[dict[str, int], FaultState]) -> None:
         self.health.streaks, self.faults = saved
+
+
+def evaluation_pending(checkpoint: Path) -> bool:
+    """Whether `checkpoint` was saved with its iteration's evaluation still due (a stop dropped it), read
+    before anything loads: a resume of a run at its last iteration is not refused then. A state that
+    cannot be read says no here; loading the checkpoint names what is wrong with it."""
+    try:
+        saved = json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(saved, dict) and saved.get(PENDING) is True

@@ -27,7 +27,7 @@ from solrl_core.errors import SolrlError
 from solrl_core.faults import disk
 from solrl_core.faults.links import check_tree
 from solrl_core.faults.lock import RunLock
-from solrl_core.loop_state import LoopState
+from solrl_core.loop_state import LoopState, evaluation_pending
 from solrl_core.memory_modes import too_small
 from solrl_core.plan import MachinePlan, RunPlan, plan_stages
 from solrl_core.policy import OLD, TRAINED
@@ -208,7 +208,7 @@ def _claim_run_dir(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[P
 def _check_unfinished(run_dir: Path, chosen: Path, iterations: int) -> None:
     """A resume with nothing left to train is a question the user meant to ask differently."""
     done = int(chosen.name.rpartition("_")[2]) if chosen.name.rpartition("_")[2].isdigit() else 0
-    if done >= iterations:
+    if done >= iterations and not evaluation_pending(chosen):  # a stop dropped its last evaluation: the resume does it
         raise SolrlError(f"{run_dir} already reached its {plural(iterations, 'iteration')} (checkpoint {chosen.name})",
                          f"to train further, pass a larger total: solrl train --resume {run_dir} --iterations {done * 2}")
 

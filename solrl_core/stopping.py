@@ -12,6 +12,10 @@
                                   (distributed.watch_launcher) and stops as a first SIGTERM does; its
                                   repeats are not a second request
 
+An evaluation is not an iteration: any first request drops the one in progress between two of its
+rollout batches (GenerationStopped; trainer and `solrl eval`), and a training run saves with its
+checkpoint that the evaluation is still due, so a resume does it first (loop_state.LoopState).
+
 A reward that does not answer does not hold a stop: its call is abandoned a few seconds after the
 request (rewards/watchdog.py, one process; with several, the other ranks would wait for it in a
 collective).
@@ -46,11 +50,20 @@ class StopAtBoundary(Exception):
 class ScoringAbandoned(StopAtBoundary):
     """A reward's scoring call still running `STOP_GRACE_S` after a stop request (rewards/watchdog.py).
     Every reward scores before the update, so the iteration is abandoned as at a phase boundary (an
-    evaluation, which scores after the EMA is swapped back, is skipped); `message` says which."""
+    evaluation, which scores after the EMA is swapped back, is dropped: run_eval.py); `message` says which."""
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
         self.message = message
+
+
+class GenerationStopped(StopAtBoundary):
+    """A stop request seen between the rollout batches of an evaluation (engine.Engine.generate): the
+    images not yet generated are dropped, with those made so far."""
+
+    def __init__(self, done: int, total: int) -> None:
+        self.message = f"a stop was requested with {done} of {total} images generated"
+        super().__init__(self.message)
 
 
 class StopFlag:

@@ -91,8 +91,9 @@ after its increment) are the official ones. Where this differs from it, and why:
   (`reward.retries`) and one that hangs past `reward.timeout_s` stops the run with a checkpoint of
   the last finished iteration. None of these changes a run in which they do not occur.
 - Stopping (stopping.py): a first SIGTERM stops at the next phase boundary, abandoning an iteration
-  whose update has not begun (redone exactly on resume), and a stop skips an evaluation that was
-  due; the official scripts have no stop handling. Neither changes a run that is not stopped.
+  whose update has not begun (redone exactly on resume), and a stop drops an evaluation in progress
+  between two of its batches, or skips one that was due (done first on resume: run_eval.py); the
+  official scripts have no stop handling. Neither changes a run that is not stopped.
 - Evaluation: the official runs score the EMA weights on the PickScore test set with the trained
   reward during training; ImageReward, CLIPScore, PickScore and HPSv2 appear only in the paper's
   tables, scored afterwards. solrl scores `run.eval_rewards` (those four in the real-model presets,
@@ -140,7 +141,7 @@ from __future__ import annotations
 import contextlib
 import time
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 import numpy as np
 
@@ -149,13 +150,13 @@ from solrl_core import events as ev
 from solrl_core.checkpoint import list_checkpoints, save_checkpoint
 from solrl_core.config import Config
 from solrl_core.config_io import to_dict
-from solrl_core.evaluation import HACKING_SE, Evaluation, RunEvals, evaluate, progress_events
+from solrl_core.evaluation import RunEvals
 from solrl_core.faults import guard
-from solrl_core.faults.phase import charged_to
 from solrl_core.loop_state import LoopState
 from solrl_core.phases import PhaseRecorder
 from solrl_core.rewards.health import raise_if_diverged
 from solrl_core.rewards.watchdog import RewardFailure
+from solrl_core.run_eval import EVALUATION, evaluate_now
 from solrl_core.rundir import EVENTS_FILE, restarts
 from solrl_core.session import Run, Session, open_session
 from solrl_core.sharding import gather
@@ -189,8 +190,10 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
         flag.announce = lambda f: bus.emit_from_signal(_stop_requested(run, state, f))  # acknowledged at once
         stack.callback(setattr, flag, "announce", None)
         if run.world_size == 1:  # a stop abandons a hung scoring call; with several ranks the others would wait for it
-            run.rewards.stop = lambda: flag.requested
-            stack.callback(setattr, run.rewards, "stop", None)
+            for scorer in (run.rewards, run.held_out.rewards if run.held_out is not None else None):
+                if scorer is not None:  # the eval rewards too: they score every evaluation image at once
+                    scorer.stop = lambda: flag.requested
+                    stack.callback(setattr, scorer, "stop", None)
         _announce(run, state, bus)
         if again:
             bus.emit(ev.RunWarning(message=f"{run.run_dir} held a run with no checkpoint (it stopped before its first): "
@@ -200,7 +203,7 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
         evals = RunEvals.of(run)  # the base and the latest evaluation: the end summary compares them
         try:
             run = _loop(run, state, bus, flag, evals)
-            reason = "completed" if state.iteration >= run.config.run.iterations else "interrupted"
+            reason = "completed" if state.finished(run.config.run.iterations) else "interrupted"
         except BaseException as exc:
             reason = "failed"
             lost = distributed.lost_peer(exc, run.run_dir)  # another process died: said plainly, not the collective's trace
@@ -220,17 +223,21 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
 
 def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, base: RunEvals) -> Run:
     """Iterations to the end, a stop or a failure; evaluations and checkpoints on their schedule. A
-    stop skips an evaluation that was due, and always leaves the last finished iteration saved.
-    Returns the run as it ended (an out-of-memory back-off may have lowered its batch sizes)."""
+    stop drops an evaluation in progress or skips one that was due (pending: a resume does it first),
+    and always leaves the last finished iteration saved. Returns the run as it ended (an
+    out-of-memory back-off may have lowered its batch sizes)."""
     cfg = run.config
     saved = state.iteration  # the iteration of the newest checkpoint (0: none, or the one resumed from)
     if run.eval_prompts and state.iteration > 0 and run.rank == 0:  # resumed: the base evaluation the run folder kept
         unusable = base.restore(cfg.run.eval_rewards)
         if unusable:
             bus.emit(ev.RunWarning(message=unusable))
-    if run.eval_prompts and state.iteration == 0:
-        with _skipped_if_abandoned(bus, "the base evaluation is skipped"):
-            run = _with_backoff(run, state, bus, lambda r: _evaluate(r, state, bus, "base", base))
+    pending = state.evaluation_pending  # the checkpoint resumed from was saved with its evaluation dropped by a stop
+    state.evaluation_pending = bool(run.eval_prompts) and (state.iteration == 0 or pending)
+    if state.evaluation_pending:  # the base evaluation, or that one, first
+        run = _with_backoff(run, state, bus, lambda r: evaluate_now(r, state, bus, flag, base))
+    if pending and not state.evaluation_pending:
+        saved = state.iteration - 1  # its checkpoint still says pending: saved again below, unless a later one is
     while state.iteration < cfg.run.iterations and not distributed.any_true(flag.requested):
         streaks, flag.iteration = state.streaks(), state.iteration + 1
         try:
@@ -242,12 +249,11 @@ def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, base: Ru
             break
         last = state.iteration == cfg.run.iterations
         stopping = distributed.any_true(flag.requested)
-        if run.eval_prompts and not stopping and (last or state.iteration % cfg.run.eval_every == 0):
-            base.hacked = False  # an evaluation a stop abandons warns of nothing
-            with _skipped_if_abandoned(bus, f"the evaluation of iteration {state.iteration} is skipped"):
-                run = _with_backoff(run, state, bus, lambda r: _evaluate(r, state, bus, "ema", base))
-            # run.stop_on_hacking: every rank stops here, with a checkpoint of this iteration (below)
-            stopping = cfg.run.stop_on_hacking and distributed.any_true(base.hacked)
+        state.evaluation_pending = bool(run.eval_prompts) and (last or state.iteration % cfg.run.eval_every == 0)
+        if state.evaluation_pending and not stopping:  # a stop skips it: still pending
+            run = _with_backoff(run, state, bus, lambda r: evaluate_now(r, state, bus, flag, base))
+            # dropped by a stop, or run.stop_on_hacking: every rank stops here, with a checkpoint of this iteration (below)
+            stopping = state.evaluation_pending or (cfg.run.stop_on_hacking and distributed.any_true(base.hacked))
         failure = state.health.failure() or guard.failure(  # from gathered rewards: the same on every rank
             state.faults, cfg.reward.health_patience, cfg.optimizer.max_nonfinite_steps)
         if failure or stopping or last or state.iteration % cfg.run.checkpoint_every == 0:
@@ -260,16 +266,6 @@ def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, base: Ru
     if state.iteration > saved:  # stopped between an iteration and its save, or at a phase boundary
         _checkpoint(run, state, bus)
     return run
-
-
-@contextlib.contextmanager
-def _skipped_if_abandoned(bus: ev.EventBus, what: str) -> Iterator[None]:
-    """An evaluation whose scoring a stop abandoned: said, and skipped (it scores after the EMA is
-    swapped back, so the weights are the last finished iteration's, saved as the loop ends)."""
-    try:
-        yield
-    except ScoringAbandoned as stop:
-        bus.emit(ev.RunWarning(message=f"{stop.message}: {what}"))
 
 
 def run_iteration(run: Run, state: LoopState, bus: ev.EventBus, stop: StopFlag | None = None) -> None:
@@ -342,7 +338,8 @@ def _stop_requested(run: Run, state: LoopState, flag: StopFlag) -> ev.StopReques
     newest = list_checkpoints(run.run_dir)
     running = flag.iteration > state.iteration  # begun, not finished
     return ev.StopRequested(source=flag.source, mode="phase" if flag.at_phase else "iteration",
-                            iteration=flag.iteration if running else state.iteration, phase=flag.phase if running else "",
+                            iteration=flag.iteration if running else state.iteration,
+                            phase=flag.phase if running or flag.phase == EVALUATION else "",
                             run_dir=str(run.run_dir), checkpoint=str(newest[-1]) if newest else None)
 
 
@@ -397,45 +394,6 @@ def _with_backoff(run: Run, state: LoopState, bus: ev.EventBus, work: Callable[[
         for message in run.rewards.retried:
             bus.emit(ev.RunWarning(message=message))
         run.rewards.retried.clear()
-
-
-def _evaluate(run: Run, state: LoopState, bus: ev.EventBus, weights: str, base: RunEvals) -> None:
-    """On rank 0 alone (every rank holds the same weights); the others wait. Sharded, every rank runs
-    it (each forward gathers the weights from all), and rank 0's bus alone is heard. `base` keeps the
-    base evaluation (and writes it to the run folder), against which a later one's change gets its
-    paired standard errors, and the latest one."""
-    if run.rank == 0 or run.sharded:
-        bus.emit(ev.EvalStarted(iteration=state.iteration, weights=weights, prompts=run.config.run.eval_prompts,
-                                samples=len(run.eval_prompts) * run.config.run.eval_seeds))
-        with charged_to("evaluation"):
-            result = evaluate(run, run.eval_prompts, run.config.run.eval_seeds, weights,
-                              progress_events(bus, state.iteration, weights), run.held_out)
-        event = ev.EvalFinished(iteration=state.iteration, weights=weights, prompts=run.config.run.eval_prompts,
-                                samples=len(result.seeds), mean=result.mean,
-                                components={k: float(v.mean()) for k, v in result.scores.components.items()},
-                                extras=result.extras, seconds=result.seconds, delta_se=base.delta_se(result),
-                                eval_rewards={k: float(v.mean()) for k, v in result.held_out.items()},
-                                **base.changes(result))
-        bus.emit(event)
-        _warn_of_hacking(run, state, bus, base, result)
-        base.finished(result, event)
-    distributed.barrier()
-
-
-def _warn_of_hacking(run: Run, state: LoopState, bus: ev.EventBus, base: RunEvals, result: Evaluation) -> None:
-    """A RewardHacking event for each eval reward that fell by more than two paired standard errors
-    while the trained reward rose (evaluation.hacking); `base.hacked` says whether any did."""
-    fell = base.hacking(result)
-    base.hacked = bool(fell)
-    if not fell:
-        return
-    assert base.base is not None  # hacking needs a base
-    change = float(result.scores.total.mean() - base.base.scores.total.mean())
-    trained = "+".join(run.config.reward.weights)
-    for name, drop, se in fell:
-        bus.emit(ev.RewardHacking(iteration=state.iteration, trained=trained, trained_change=change,
-                                  trained_se=base.delta_se(result).get("mean", 0.0), reward=name, change=drop, se=se,
-                                  threshold=HACKING_SE, stopping=run.config.run.stop_on_hacking))
 
 
 def _checkpoint(run: Run, state: LoopState, bus: ev.EventBus) -> None:

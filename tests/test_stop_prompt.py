@@ -107,14 +107,15 @@ def test_a_signal_ends_a_hung_reward_within_seconds_saves_and_resumes(tmp_path, 
 
 
 def test_a_stop_abandons_a_hung_call_after_the_grace_and_lets_a_slow_one_finish():
-    flag, release = StopFlag(), threading.Event()
-    threading.Timer(0.3, flag.request, args=("SIGTERM",)).start()
-    t0 = time.monotonic()
+    flag, release, asked = StopFlag(), threading.Event(), []
+    threading.Timer(0.3, lambda: asked.append(time.monotonic()) or flag.request("SIGTERM")).start()
     with pytest.raises(ScoringAbandoned) as info:  # unwatched (timeout 0), not retried: still abandoned
         call_watched("tinyworld_geneval", release.wait, 0, 3, stop=lambda: flag.requested)
-    took = time.monotonic() - t0
+    took = time.monotonic() - asked[0]
     release.set()
-    assert 0.3 + STOP_GRACE_S - 0.2 < took < 0.3 + STOP_GRACE_S + 1.5, took
+    # never before the grace (the watchdog sees the request no earlier than it is made); after it, bounded
+    # loosely for a loaded machine: the call itself never returns
+    assert STOP_GRACE_S <= took < STOP_GRACE_S + 30, took
     assert "reward 'tinyworld_geneval' was still scoring" in info.value.message
 
     flag = StopFlag()

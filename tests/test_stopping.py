@@ -1,6 +1,7 @@
 """Stopping a run and starting it again (solrl_core/stopping.py): real signals to a real `solrl
-train` process, a stop at a phase boundary, a run stopped before its first checkpoint, and a resume
-from an older checkpoint that fails before it is committed."""
+train` process, a stop at a phase boundary, a run stopped before its first checkpoint, a stop during
+an evaluation (of a run, or `solrl eval`), and a resume from an older checkpoint that fails before it
+is committed."""
 
 import io
 import json
@@ -10,7 +11,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +27,7 @@ from solrl_core.faults.manifest import verify
 from solrl_core.presets import resolve_config
 from solrl_core.stopping import StopFlag
 from solrl_core.trainer import train
-from tests.conftest import FAST
+from tests.conftest import EVAL_SMALL, FAST
 
 
 def _cli(tmp_path, run_dir, *extra):
@@ -48,9 +51,11 @@ def _signal_at(proc, sig, marker):
     return "".join(lines)
 
 
-def _run(sets, stop=None, resume=False, checkpoint=None):
+def _run(sets, stop=None, resume=False, checkpoint=None, watch=None):
     bus, seen = ev.EventBus(), []
     bus.subscribe(seen.append)
+    if watch is not None:
+        bus.subscribe(watch)
     try:
         return train(resolve_config("tiny", "sol_rl", sets=sets), bus, resume=resume, stop=stop or StopFlag(),
                      checkpoint=checkpoint), seen
@@ -136,6 +141,84 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again_with_resume_or_w
         shutil.rmtree(list_checkpoints(run_dir)[0])  # no checkpoint again, for the other way in
 
 
+# `solrl` whose evaluation batches each take sys.argv[1] seconds more (Engine.decode decodes the
+# evaluations' batches, never training's): a real model's evaluation takes minutes, the tiny one's a
+# fraction of a second, and the signal must land inside it whatever the machine's load.
+_SLOW_EVAL = textwrap.dedent("""
+    import sys, time
+    from solrl_core.engine import Engine
+
+    real_decode, pause = Engine.decode, float(sys.argv[1])
+
+    def decode(self, latents):
+        time.sleep(pause)
+        return real_decode(self, latents)
+
+    Engine.decode = decode
+    from solrl_cli.app import main
+
+    sys.argv = ["solrl", *sys.argv[2:]]
+    main()
+""")
+EVAL_BATCH_S = 1.0  # per batch of the slowed evaluation: 4 batches, so it would end 4 s or more after it began
+EVAL_SETS = ("run.eval_seeds=16", "sampler.eval_steps=2")  # EVAL_SMALL's 4 prompts x 16 seeds: 4 batches of 16
+
+
+def _slow_eval(tmp_path, *args):
+    script = tmp_path / "slow_eval.py"
+    script.write_text(_SLOW_EVAL)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "COLUMNS": "200", "SOLRL_DEBUG": ""}
+    return subprocess.Popen([sys.executable, str(script), str(EVAL_BATCH_S), *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, cwd=tmp_path, env=env)
+
+
+def _events(run_dir):
+    return [ev.decode(json.loads(line)) for line in (run_dir / "events.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_base_evaluation_drops_it_and_a_resume_does_it_first(tmp_path):
+    run_dir = tmp_path / "r"
+    sets = [a for s in (*FAST, *EVAL_SETS) for a in ("--set", s)]
+    proc = _slow_eval(tmp_path, "train", "--run-dir", str(run_dir), "--iterations", "1", *sets)
+    out = _signal_at(proc, signal.SIGTERM, "  evaluating the base weights")
+    assert proc.returncode == 130, out  # a stop: not killed by the signal, not a failure
+    assert "stop requested (SIGTERM): dropping the base evaluation (a resume does it first): nothing to save yet" in out, out
+    assert "the base evaluation is dropped (a stop was requested with " in out, out
+    assert "stopped after iteration 0; no checkpoint was saved" in out and "Traceback" not in out, out
+    # the order, not the clock: the evaluation ended without finishing, and before its last batch
+    records = _events(run_dir)
+    kinds = [type(e).__name__ for e in records]
+    tail = kinds[kinds.index("EvalStarted") + 1:]
+    assert tail[-2:] == ["RunWarning", "RunFinished"] and "StopRequested" in tail, kinds
+    assert set(tail[:-2]) <= {"EvalProgress", "StopRequested"}, kinds  # no EvalFinished: dropped between two batches
+    assert not [e for e in records if isinstance(e, ev.EvalFinished)], kinds
+    assert max((e.done for e in records if isinstance(e, ev.EvalProgress)), default=0) < 64, kinds
+    assert [e.reason for e in records if isinstance(e, ev.RunFinished)] == ["interrupted"]
+    assert not list_checkpoints(run_dir) and not (run_dir / "eval_base.json").exists()
+
+    done = subprocess.run([sys.executable, "-m", "solrl_cli", "train", "--resume", str(run_dir)],
+                          capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    again = _events(run_dir)[len(records):]
+    assert [(type(e).__name__, getattr(e, "weights", "")) for e in again
+            if isinstance(e, (ev.EvalFinished, ev.IterationFinished, ev.CheckpointSaved))] == [
+        ("EvalFinished", "base"), ("IterationFinished", ""), ("EvalFinished", "ema"), ("CheckpointSaved", "")]
+    assert [e.reason for e in again if isinstance(e, ev.RunFinished)] == ["completed"]
+
+
+@pytest.mark.slow
+def test_sigterm_during_solrl_eval_stops_it_with_one_line(tmp_path):
+    out_dir = tmp_path / "ev"
+    proc = _slow_eval(tmp_path, "eval", "--model", "tiny", "--prompts", str(EVAL_SMALL), "--seeds", "16", "--steps", "2",
+                      "--rewards", "", "--out", str(out_dir))
+    out = _signal_at(proc, signal.SIGTERM, "  evaluating the base weights")
+    assert proc.returncode == 130, out  # before, SIGTERM killed it (-15) with nothing said
+    assert "stopped (SIGTERM): the evaluation of the base weights was dropped (a stop was requested with " in out, out
+    assert "no image was scored, and no summary.json was written" in out and "Traceback" not in out, out
+    assert "eval (base weights" not in out and not (out_dir / "summary.json").exists(), out
+
+
 # ---------------------------------------------------------------- in process
 
 
@@ -215,3 +298,46 @@ def test_every_view_says_the_real_folder_and_whether_a_checkpoint_exists(tmp_pat
                         run_dir="/r/x", checkpoint="/r/x/checkpoints/iter_000004"))
     text = console.file.getvalue()
     assert "/r/x/checkpoints" in text and "`solrl train --resume /r/x` continues from iter_000004" in text
+
+
+class _StopInEval:
+    """Asks for a phase-boundary stop (a SIGTERM's) once the evaluation of `weights` reported its first
+    batch: where a signal would land in an evaluation of many batches."""
+
+    def __init__(self, flag, weights):
+        self.flag, self.weights = flag, weights
+
+    def __call__(self, e):
+        if isinstance(e, ev.EvalProgress) and e.weights == self.weights and not self.flag.requested:
+            self.flag.request("SIGTERM", at_phase=True)
+
+
+def test_a_stop_during_the_last_evaluation_saves_the_iteration_and_a_resume_evaluates_as_an_uninterrupted_run(fast_sets):
+    # 32 evaluation images in 2 batches: the stop lands after the first
+    straight, straight_seen = _run(fast_sets("run.eval_seeds=8", "sampler.eval_steps=2", "run.iterations=1", run_dir="a"))
+    sets = fast_sets("run.eval_seeds=8", "sampler.eval_steps=2", "run.iterations=1", run_dir="b")
+    flag = StopFlag()
+    stopped, seen = _run(sets, stop=flag, watch=_StopInEval(flag, "ema"))
+    assert stopped.state.iteration == 1 and not stopped.state.finished(1)  # `solrl train` exits 130: not done
+    saved = list_checkpoints(stopped.run.run_dir)
+    assert [p.name for p in saved] == ["iter_000001"]
+    assert json.loads((saved[0] / "trainer_state.json").read_text())["evaluation_pending"] is True
+    assert [(e.phase, e.iteration) for e in seen if isinstance(e, ev.StopRequested)] == [("evaluation", 1)]
+    assert [e.weights for e in seen if isinstance(e, ev.EvalFinished)] == ["base"]
+    assert any("the evaluation of iteration 1 is dropped" in e.message for e in seen if isinstance(e, ev.RunWarning))
+    assert [e.reason for e in seen if isinstance(e, ev.RunFinished)] == ["interrupted"]
+
+    resumed, again = _run(sets, resume=True)  # the evaluation first, nothing trained again
+    assert not [e for e in again if isinstance(e, ev.IterationFinished)]
+    evals = [e for e in again if isinstance(e, ev.EvalFinished)]
+    expected = [e for e in straight_seen if isinstance(e, ev.EvalFinished) and e.weights == "ema"]
+    assert [(e.weights, e.iteration, e.mean, e.components) for e in evals] == [
+        (e.weights, e.iteration, e.mean, e.components) for e in expected]
+    assert [e.reason for e in again if isinstance(e, ev.RunFinished)] == ["completed"]
+    assert resumed.state.history == straight.state.history
+    for which in ("default", "old", "ema"):
+        x, y = straight.run.engine.policy.state(which), resumed.run.engine.policy.state(which)
+        assert all(torch.equal(x[k], y[k]) for k in x), which
+    assert "evaluation_pending" not in json.loads((saved[0] / "trainer_state.json").read_text())  # saved again, done
+    refused, _ = _run(sets, resume=True)
+    assert isinstance(refused, SolrlError) and "already reached its 1 iteration" in refused.message
