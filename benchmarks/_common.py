@@ -18,7 +18,7 @@ def add_common_args(p: argparse.ArgumentParser, json_help: str) -> None:
 
 
 def add_families_arg(p: argparse.ArgumentParser, default: tuple[str, ...]) -> None:
-    from solrl_core.families import FAMILIES
+    from solrl_core.config.families import FAMILIES
 
     p.add_argument("--families", nargs="+", default=list(default), choices=FAMILIES, metavar="FAMILY",
                    help=f"families to run, in order (default: {' '.join(default)}; choices: {', '.join(FAMILIES)})")

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from _common import add_common_args  # benchmarks/ is on sys.path when a script runs
 
 from solrl_core import events as ev
-from solrl_core.presets import resolve_config
+from solrl_core.config.presets import resolve_config
+from solrl_core.loop.trainer import StopFlag, train
 from solrl_core.telemetry.peaks import device_label
-from solrl_core.trainer import StopFlag, train
-from _common import add_common_args  # benchmarks/ is on sys.path when a script runs
 
 ARMS = {"fixed": (), "auto": ("explore.calibrate=steps",), "auto-precision": ("explore.calibrate=steps+precision",)}
 

@@ -26,13 +26,13 @@ import tempfile
 from pathlib import Path
 
 import torch
+from _common import add_common_args, add_families_arg  # benchmarks/ is on sys.path when a script runs
 
 from solrl_core import events as ev
+from solrl_core.config.presets import resolve_config
+from solrl_core.loop.evaluation import evaluate
+from solrl_core.loop.trainer import StopFlag, train
 from solrl_core.telemetry.peaks import device_label
-from solrl_core.evaluation import evaluate
-from solrl_core.presets import resolve_config
-from solrl_core.trainer import StopFlag, train
-from _common import add_common_args, add_families_arg  # benchmarks/ is on sys.path when a script runs
 
 DEFAULT_FAMILIES = ("sol_rl", "naive_scaling", "diffusionnft")
 STRICT = "tinyworld_geneval.strict_accuracy"

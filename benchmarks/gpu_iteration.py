@@ -31,10 +31,10 @@ from pathlib import Path
 import torch
 
 from solrl_core import events as ev
-from solrl_core.telemetry.peaks import device_label
 from solrl_core.bench.run import BenchOptions, run_bench
-from solrl_core.config import COMPILE_MODES
+from solrl_core.config.schema import COMPILE_MODES
 from solrl_core.errors import SolrlError
+from solrl_core.telemetry.peaks import device_label
 
 FAMILIES = ("sol_rl", "naive_scaling", "compile")
 PRESET = {"sana": "sana", "flux": "flux1", "wan": "wan21_t2v_1_3b"}

@@ -38,10 +38,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
 
+    from solrl_core.config.presets import resolve_config
     from solrl_core.models import load_model
     from solrl_core.precision.nvfp4 import fake_quantize_1d
     from solrl_core.precision.quantize import LayerRule, quantize_model
-    from solrl_core.presets import resolve_config
 
     cfg = resolve_config(model="tiny_video")
     model = load_model(cfg.model, torch.device("cpu"), torch.float32)

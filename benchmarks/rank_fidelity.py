@@ -1,6 +1,6 @@
 """Ranking fidelity: does the cheap Stage-1 rollout rank a prompt's seeds like the expensive one?
 
-The engine's rank check (`solrl_core/rankcheck.py`, also `solrl rank-check`) on the base model: P
+The engine's rank check (`solrl_core/loop/rankcheck.py`, also `solrl rank-check`) on the base model: P
 prompts x S seeds through four arms, explore precision x {preview, full} steps and full precision x
 {preview, full} steps, each compared per prompt with the full-precision full-step reference
 (Spearman rho, Kendall tau-b, top/bottom-K hit rates, reward gap of the best_worst selection). This
@@ -17,15 +17,15 @@ import argparse
 import json
 
 import torch
-
 from _common import add_common_args  # benchmarks/ is on sys.path when a script runs
-from solrl_core.telemetry.peaks import device_label
-from solrl_core.device import resolve_device
-from solrl_core.engine import open_engine
-from solrl_core.presets import resolve_config
-from solrl_core.prompts import load_prompts
-from solrl_core.rankcheck import check
+
+from solrl_core.config.presets import resolve_config
+from solrl_core.data.prompts import load_prompts
+from solrl_core.engine.engine import open_engine
+from solrl_core.loop.rankcheck import check
 from solrl_core.rewards import RewardSet
+from solrl_core.runtime.device import resolve_device
+from solrl_core.telemetry.peaks import device_label
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

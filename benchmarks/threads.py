@@ -8,7 +8,7 @@ for every run, since libgomp reads its wait policy once, when torch loads it. Se
     old    what run.threads=0 gave before `auto`: torch's default (one thread per core in this
            process's affinity) with libgomp's default wait (idle threads spin about 300,000 turns:
            GOMP_SPINCOUNT=300000, which is that default written out)
-    auto   the default now (solrl_core/threads.py): one thread per usable core, OMP_WAIT_POLICY=PASSIVE
+    auto   the default now (solrl_core/runtime/threads.py): one thread per usable core, OMP_WAIT_POLICY=PASSIVE
     1      run.threads=1: one thread, nothing to spin
 
 Each runs alone, then beside --burners busy processes (each a pure-Python spin loop: one core each,
@@ -33,7 +33,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from solrl_core.threads import usable_cores
+from solrl_core.runtime.threads import usable_cores
 
 SETTINGS = ("old", "auto", "1")
 WORKLOAD = ("run.prompts_per_iteration=4", "run.eval_prompts=", "run.checkpoint_every=1000")

@@ -26,13 +26,13 @@ import time
 from pathlib import Path
 
 import torch
+from _common import add_common_args  # benchmarks/ is on sys.path when a script runs
 
 from solrl_core import events as ev
+from solrl_core.config.presets import resolve_config
+from solrl_core.data.tinyworld import KINDS
+from solrl_core.loop.trainer import train
 from solrl_core.telemetry.peaks import device_label
-from solrl_core.presets import resolve_config
-from solrl_core.tinyworld import KINDS
-from solrl_core.trainer import train
-from _common import add_common_args  # benchmarks/ is on sys.path when a script runs
 
 REWARD = "tinyworld_geneval"
 CEILING = 0.999  # a kind whose base mean is at least this cannot rise; it must not fall

@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from solrl_core import tinyvideo
+from solrl_core.data import tinyvideo
 from solrl_core.models.tiny import save_tiny
 from solrl_core.models.tiny_video import VideoArch, build_video_modules
 
@@ -41,11 +41,11 @@ def batch_of(seed: int, step: int, size: int) -> tuple[list[str], torch.Tensor]:
 def evaluate_snapshot(folder: str, split: str, per_prompt: int = 4, steps: int = 10) -> tuple[float, dict[str, float]]:
     """Mean tinyvideo_geneval reward and its per-kind means on every caption of a split, with the same
     fixed seeds `solrl train` uses for its evaluations."""
-    from solrl_core.config import ModelConfig
-    from solrl_core.evaluation import eval_seeds
+    from solrl_core.config.schema import ModelConfig
+    from solrl_core.engine.sampler import Sampler
+    from solrl_core.loop.evaluation import eval_seeds
     from solrl_core.models.tiny_video import build_tiny_video
     from solrl_core.rewards.tinyvideo import TinyVideoReward
-    from solrl_core.sampler import Sampler
 
     cfg = ModelConfig(loader="tiny_video", weights=folder, resolution=tinyvideo.SIZE, frames=tinyvideo.FRAMES)
     model = build_tiny_video(cfg, torch.device("cpu"), torch.float32)

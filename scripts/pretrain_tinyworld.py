@@ -20,7 +20,7 @@ import time
 import numpy as np
 import torch
 
-from solrl_core import tinyworld
+from solrl_core.data import tinyworld
 from solrl_core.models.tiny import TinyArch, build_modules, save_tiny
 
 WORLD_ARCH = TinyArch(heads=4, head_dim=32, layers=4, patch_size=4, upscale=1, text_dim=64, text_layers=2,
@@ -41,12 +41,12 @@ def batch_of(seed: int, step: int, size: int) -> tuple[list[str], torch.Tensor]:
 def evaluate_snapshot(folder: str, split: str, per_prompt: int = 4, steps: int = 10) -> tuple[float, float]:
     """Mean tinyworld_geneval reward and strict accuracy on a built-in prompt set, with the same
     fixed seeds `solrl train` uses for its evaluations."""
-    from solrl_core.config import ModelConfig
-    from solrl_core.evaluation import eval_seeds
+    from solrl_core.config.schema import ModelConfig
+    from solrl_core.data.prompts import load_prompts
+    from solrl_core.engine.sampler import Sampler
+    from solrl_core.loop.evaluation import eval_seeds
     from solrl_core.models.tiny import build_tiny
-    from solrl_core.prompts import load_prompts
     from solrl_core.rewards.tinyworld import TinyWorldReward, strict_accuracy
-    from solrl_core.sampler import Sampler
 
     model = build_tiny(ModelConfig(loader="tiny", weights=folder, resolution=tinyworld.SIZE), torch.device("cpu"), torch.float32)
     prompts = load_prompts(f"tinyworld_{split}")

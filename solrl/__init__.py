@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from solrl_core.threads import prepare_openmp
+from solrl_core.runtime.threads import prepare_openmp
 
 __all__ = ["RunResult", "train"]
 
-prepare_openmp()  # imported before torch, idle OpenMP threads sleep (solrl_core/threads.py), as under `solrl train`
+prepare_openmp()  # imported before torch, idle OpenMP threads sleep (solrl_core/runtime/threads.py), as under `solrl train`
 
 
 @dataclass(frozen=True)
@@ -46,9 +46,9 @@ def train(model: str = "tiny", family: str = "sol_rl", reward: str | None = None
     names is refused unless `reward` names it again or `trust_run_config=True` (a run folder is data:
     docs/reliability.md, Threats)."""
     from solrl_core import events
-    from solrl_core.presets import resolve_config, resumed_config
-    from solrl_core.rundir import check_new_run_dir
-    from solrl_core.trainer import train as run
+    from solrl_core.config.presets import resolve_config, resumed_config
+    from solrl_core.io.rundir import check_new_run_dir
+    from solrl_core.loop.trainer import train as run
 
     flags = {"run": {"iterations": iterations, "seed": seed, "device": device,
                      "run_dir": str(resume or run_dir) if (resume or run_dir) else None}}

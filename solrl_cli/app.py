@@ -19,7 +19,7 @@ from solrl_cli.monitor_cmd import monitor
 from solrl_cli.presets_cmd import config_help, presets
 from solrl_cli.reward_server_cmd import reward_server
 from solrl_cli.train_cmd import train
-from solrl_core.threads import prepare_openmp
+from solrl_core.runtime.threads import prepare_openmp
 
 app = typer.Typer(name="solrl", no_args_is_help=False, add_completion=False, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},

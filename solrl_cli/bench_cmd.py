@@ -49,11 +49,11 @@ def bench(
     real_vae: RealVae = False, reward_model: RewardModel = "jpeg",
 ) -> None:
     """Time Sol-RL against its baselines on this machine before any download: random weights at the published size."""
+    from transformers.utils import logging as hf_logging
+
     from solrl_core import events as ev
     from solrl_core.bench.explore import explore_options, run_explore
     from solrl_core.bench.run import FAMILIES, BenchOptions, run_bench
-
-    from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # its save and load bars would interleave with the bench's own lines
     with user_errors():

@@ -33,11 +33,11 @@ def tool_config(run: Optional[Path], model: Optional[str], model_path: Optional[
     with --reward, --set and the command's flags applied over it. A command that builds the rewards
     passes `trust` (--trust-run-config): a run folder's plugins and URL rewards are refused unless
     given again or trusted (run_trust.py); None: the command builds none (infer, export)."""
-    from solrl_core.config import Config
+    from solrl_core.config.convert import load_run_config
+    from solrl_core.config.presets import apply_overrides, overlay, resolve_config, reward_flag
+    from solrl_core.config.schema import Config
+    from solrl_core.config.trust import check_trusted
     from solrl_core.errors import SolrlError
-    from solrl_core.presets import apply_overrides, overlay, resolve_config, reward_flag
-    from solrl_core.run_trust import check_trusted
-    from solrl_core.rundir import load_run_config
 
     if run is not None:
         if model:
@@ -55,15 +55,15 @@ def tool_config(run: Optional[Path], model: Optional[str], model_path: Optional[
         return used, None
     if trust is not None:  # before torch loads: a refusal costs a second
         check_trusted(run, used, overlay(Config(), sets or (), flags), trust)
-    from solrl_core.checkpoint import list_checkpoints  # torch: a run folder's checkpoints are read with it
+    from solrl_core.engine.checkpoint import list_checkpoints  # torch: a run folder's checkpoints are read with it
 
     return used, _pick_checkpoint(run, list_checkpoints(run), checkpoint)
 
 
 def prompt_texts(prompt: Optional[list[str]], prompts: Optional[str], default: str) -> list[str]:
     """The --prompt texts, else the --prompts file or set, else `default` (a prompt set or file)."""
+    from solrl_core.data.prompts import load_prompts
     from solrl_core.errors import SolrlError
-    from solrl_core.prompts import load_prompts
 
     if prompt and prompts:
         raise SolrlError("both --prompt and --prompts given", "use one: --prompt TEXT (repeatable) or --prompts FILE_OR_SET")
@@ -80,14 +80,14 @@ def output_folder(out: Optional[Path], run: Optional[Path], kind: str) -> Path:
 
 def reward_set(cfg: Any) -> Any:
     """The config's rewards, loaded on its device."""
-    from solrl_core.device import resolve_device
     from solrl_core.rewards import RewardSet
+    from solrl_core.runtime.device import resolve_device
 
     return RewardSet.from_config(cfg.reward, resolve_device(cfg.run.device))
 
 
 def _pick_checkpoint(run: Path, found: list[Path], name: Optional[str]) -> Path:
-    from solrl_core.checkpoint import pick_checkpoint
+    from solrl_core.engine.checkpoint import pick_checkpoint
     from solrl_core.errors import SolrlError
     from solrl_core.faults.manifest import verify
 

@@ -5,15 +5,15 @@ from __future__ import annotations
 import math
 
 from rich.console import Console
-from rich.text import Text
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.text import Text
 
 from solrl_cli.run_summary import end_summary, eval_rewards_text, fmt
 from solrl_cli.stop_text import finished_message, stop_message
-from solrl_cli.tui_state import FAULT_EVENTS, eval_started_text, fault_message, mfu_text
-from solrl_core.text import plural
+from solrl_cli.tui.state import FAULT_EVENTS, eval_started_text, fault_message, mfu_text
 from solrl_core import events as ev
 from solrl_core.telemetry.mfu import describe
+from solrl_core.text import plural
 
 
 def memory_text(e: ev.IterationFinished) -> str:

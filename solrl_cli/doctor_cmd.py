@@ -30,8 +30,8 @@ def doctor(
 ) -> None:
     """Check that this machine can run the given model, family and reward: software, GPUs, weights, disk, memory.
     Exits 1 when a check the run depends on fails."""
+    from solrl_core.config.presets import resolve_config
     from solrl_core.doctor import failed_for_run, run_checks
-    from solrl_core.presets import resolve_config
 
     with user_errors():
         flags = {"model": {"path": str(model_path)}} if model_path else None

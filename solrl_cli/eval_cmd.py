@@ -34,10 +34,10 @@ def eval_(
         cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, trust=trust_run_config,
                                 flags={"run": {"device": device, "eval_rewards": extra}, "sampler": {"eval_steps": steps}})
         spec, extra = prompts or cfg.run.eval_prompts or cfg.run.prompts, cfg.run.eval_rewards
-        from solrl_core import events  # torch: only once the config is accepted
-        from solrl_core.evaluation import EvalRequest, EvalStopped, evaluate_weights
-        from solrl_core.prompts import load_prompts
         from solrl_cli.display import TerminalDisplay
+        from solrl_core import events  # torch: only once the config is accepted
+        from solrl_core.data.prompts import load_prompts
+        from solrl_core.loop.evaluation import EvalRequest, EvalStopped, evaluate_weights
 
         req = EvalRequest(config=cfg, prompts=load_prompts(spec), per_prompt=seeds or cfg.run.eval_seeds,
                           weights=("base", *tuned) if ckpt is not None else ("base",), checkpoint=ckpt,
@@ -56,8 +56,8 @@ def eval_(
 
 
 def _print_table(results, req) -> None:  # type: ignore[no-untyped-def]
-    from solrl_core.device import resolve_device
-    from solrl_core.evaluation import summary
+    from solrl_core.loop.evaluation import summary
+    from solrl_core.runtime.device import resolve_device
 
     title = (f"{req.prompt_set}: {plural(len(req.prompts), 'prompt')} x {plural(req.per_prompt, 'seed')}, {req.config.sampler.eval_steps} "
              f"steps, on {resolve_device(req.config.run.device)}  (delta: versus base, on the same prompts and seeds; "

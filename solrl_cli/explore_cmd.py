@@ -46,8 +46,8 @@ def explore(
         flags = {"explore": {"group_size": n, "steps": steps, "precision": explore_precision},
                  "selection": {"group_size": k}, "run": {"device": device}}
         cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, flags=flags, trust=trust_run_config)
-        from solrl_core.engine import open_engine  # torch: only once the config is accepted
-        from solrl_core.stage1 import explore_to_folder
+        from solrl_core.engine.engine import open_engine  # torch: only once the config is accepted
+        from solrl_core.tools.explore import explore_to_folder
 
         texts, out_dir, rewards = prompt_texts(prompt, prompts, cfg.run.prompts), output_folder(out, run, "explore"), reward_set(cfg)
         rewards.check_prompts(texts)
@@ -88,8 +88,8 @@ def rank_check(
                  "sampler": {"steps": full_steps},
                  "run": {"device": device}}
         cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, flags=flags, trust=trust_run_config)
-        from solrl_core.engine import open_engine  # torch: only once the config is accepted
-        from solrl_core.rankcheck import check_to_folder
+        from solrl_core.engine.engine import open_engine  # torch: only once the config is accepted
+        from solrl_core.loop.rankcheck import check_to_folder
 
         ks = sorted(set(hit_k or [4, 8]))
         if seeds < 2 * max(ks) and not candidates:
@@ -103,7 +103,7 @@ def rank_check(
                       f"on {engine.device}  rewards {', '.join(cfg.reward.weights)}")
         told = lambda arm, s: console.print(f"  {arm}: {plural(len(texts) * seeds, 'rollout')} scored in {s:.1f}s")  # noqa: E731
         if candidates:
-            from solrl_core.calibration import calibrate_to_folder
+            from solrl_core.loop.calibration import calibrate_to_folder
             from solrl_core.precision.hardware import runnable_low_precisions
 
             _print_candidates(*calibrate_to_folder(engine, texts, out_dir, per_prompt=seeds, seed_base=seed, keep=keep,

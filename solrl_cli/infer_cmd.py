@@ -37,10 +37,11 @@ def infer(
         tuned = weight_sets(weights)
         cfg, ckpt = tool_config(run, model, model_path, checkpoint, sets=set_, flags={"run": {"device": device}})
         texts = prompt_texts(prompt, prompts, cfg.run.eval_prompts or cfg.run.prompts)
-        from solrl_core import events  # torch: only once the inputs are checked
-        from solrl_core.engine import open_engine
-        from solrl_core.inference import InferRequest, check_vocabulary, infer as run_infer
         from solrl_cli.display import TerminalDisplay
+        from solrl_core import events  # torch: only once the inputs are checked
+        from solrl_core.engine.engine import open_engine
+        from solrl_core.tools.inference import InferRequest, check_vocabulary
+        from solrl_core.tools.inference import infer as run_infer
 
         engine = open_engine(cfg, checkpoint=ckpt)
         check_vocabulary(engine.model, texts)  # before anything is written
@@ -61,7 +62,7 @@ def export(
 ) -> None:
     """Export a run's tuned weights with a model card: the LoRA for diffusers and peft, or (--merge) a merged transformer."""
     from solrl_core.errors import SolrlError
-    from solrl_core.rundir import check_empty_folder
+    from solrl_core.io.rundir import check_empty_folder
 
     with user_errors():
         sets = weight_sets(weights)
@@ -70,19 +71,19 @@ def export(
         if private and not push_to_hub:
             raise SolrlError("--private is for --push-to-hub", "add --push-to-hub OWNER/NAME, or drop --private")
         if push_to_hub:
-            from solrl_core.hub import check_push
+            from solrl_core.tools.hub import check_push
 
             check_push(push_to_hub)  # a bad id or no token: said before anything is written
         if out is not None:
             check_empty_folder(out)
         cfg, ckpt = tool_config(run, None, model_path, checkpoint)
-        from solrl_core.export import default_folder, export_weights  # torch: only once the inputs are checked
+        from solrl_core.tools.export import default_folder, export_weights  # torch: only once the inputs are checked
 
         exported = export_weights(cfg, ckpt, sets[0], out or default_folder(run, ckpt, sets[0], merge), merge, push_to_hub)
         console.print(f"{exported.what} ({sets[0]} weights of {ckpt.name}) -> {exported.path}  (model card {exported.card.name}; "
                       f"load with {exported.how})")
         if push_to_hub:
-            from solrl_core.hub import push_folder
+            from solrl_core.tools.hub import push_folder
 
             url = push_folder(exported.path, push_to_hub, private, f"solrl export: {sets[0]} weights of {run.resolve().name}/{ckpt.name}")
             console.print(f"pushed to {url}")

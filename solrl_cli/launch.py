@@ -98,7 +98,7 @@ def launch(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoi
         raise SolrlError("--nproc-per-node was given to a process torchrun already started",
                          "use either torchrun or --nproc-per-node, not both")
     if prompts_per_iteration is not None:
-        from solrl_core.prompts import check_split
+        from solrl_core.data.prompts import check_split
 
         check_split(prompts_per_iteration, nproc_per_node * nnodes)
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -108,7 +108,7 @@ def launch(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0, rdzv_endpoi
     args = get_args_parser().parse_args(torchrun_args(nproc_per_node, nnodes, node_rank, rdzv_endpoint, argv))
     if nnodes > 1 and node_rank == 0:  # node 0 hosts the rendezvous store on that port
         check_port_free(int(str(rdzv_endpoint).rpartition(":")[2]))
-    from solrl_core.distributed import LAUNCHER_ENV
+    from solrl_core.runtime.distributed import LAUNCHER_ENV
 
     os.environ[LAUNCHER_ENV] = str(os.getpid())  # each process stops when this one dies (distributed.watch_launcher)
     if nproc_per_node > 1:  # what torchrun sets anyway, without its banner; run.threads overrides it per process

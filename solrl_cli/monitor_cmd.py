@@ -12,10 +12,10 @@ from solrl_cli.errors import user_errors
 
 def monitor(run_dir: Annotated[Path, typer.Argument(help="A run folder (it holds events.jsonl).")]) -> None:
     """Watch a run in a terminal UI: timings, rewards, losses, evaluations, warnings. q exits; the run goes on."""
+    from solrl_cli.tui.app import run_monitor
     from solrl_core.errors import SolrlError
     from solrl_core.faults.links import check_path
-    from solrl_core.rundir import EVENTS_FILE
-    from solrl_cli.tui import run_monitor
+    from solrl_core.io.rundir import EVENTS_FILE
 
     with user_errors():
         run_dir = Path(run_dir)

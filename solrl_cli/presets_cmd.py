@@ -9,9 +9,9 @@ from solrl_cli.tables import Column, print_fitted
 
 def presets() -> None:
     """List the built-in model and family presets, the rewards (built-in and installed plugins) and prompt sets."""
-    from solrl_core.presets import list_presets
-    from solrl_core.prompt_sets import cached_path, download_sets
-    from solrl_core.prompts import builtin_sets
+    from solrl_core.config.presets import list_presets
+    from solrl_core.data.prompt_sets import cached_path, download_sets
+    from solrl_core.data.prompts import builtin_sets
 
     with user_errors():
         rows = [(p.kind[:-1] if p.kind != "families" else "family", p.name, p.description) for p in list_presets()]
@@ -28,6 +28,6 @@ def presets() -> None:
 
 def config_help() -> None:
     """Every setting `--set section.key=value` accepts, with its default and meaning."""
-    from solrl_core.config_io import help_table
+    from solrl_core.config.convert import help_table
 
     print_fitted(console, [Column("key", "key"), Column("default", "text"), Column("meaning", "text")], help_table(), title="settings")

@@ -40,7 +40,7 @@ def reward_server(
     path: Paths = None,
 ) -> None:
     """Serve built-in rewards over HTTP (JSON, no pickle) for `solrl train --reward remote:URL`."""
-    from solrl_core.presets import reward_weights
+    from solrl_core.config.presets import reward_weights
     from solrl_core.rewards.server import ServerOptions, serve
 
     with user_errors():

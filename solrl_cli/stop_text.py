@@ -7,7 +7,7 @@ from pathlib import Path
 
 from solrl_core import events as ev
 
-LAUNCHER_SOURCE = "the launcher died"  # solrl_core.stopping's, which imports torch: the views must not
+LAUNCHER_SOURCE = "the launcher died"  # solrl_core.runtime.stopping's, which imports torch: the views must not
 
 
 def _again(source: str) -> str:

@@ -42,21 +42,20 @@ def train(
         if resume:
             cfg = _resume_config(resume, (model, family, preset, config), set_, flags, reward, trust_run_config)
         else:
-            from solrl_core.presets import resolve_config
-
-            from solrl_core.rundir import check_new_run_dir
+            from solrl_core.config.presets import resolve_config
+            from solrl_core.io.rundir import check_new_run_dir
 
             cfg = resolve_config(model or "tiny", family or "sol_rl", reward, preset, config, set_ or (), flags)
             check_new_run_dir(cfg.run.run_dir)
         if dump_config:
             return _print_config(cfg)
-        from solrl_core.run_inputs import check_inputs
+        from solrl_core.config.run_inputs import check_inputs
 
         check_inputs(cfg, resumed_from=resume)  # seconds: before the doctor's imports and any model load
         _preflight(cfg, nproc_per_node)
         if nproc_per_node > 1 or nnodes > 1:  # torch.distributed's own launcher re-runs this command per process
             from solrl_cli.launch import endpoint, launch
-            from solrl_core.threads import launch_note
+            from solrl_core.runtime.threads import launch_note
 
             if note := launch_note(nproc_per_node, cfg.run.device, cfg.run.threads):  # more processes than cores on a CPU
                 console.print(note, soft_wrap=True)
@@ -75,12 +74,12 @@ def _run(cfg, tui: bool, resume: bool, checkpoint: Optional[str]):  # type: igno
         console.print("--tui needs a terminal (stdout is not one): showing the plain display instead")
         tui = False
     if tui:
-        from solrl_cli.tui import run_tui_training
+        from solrl_cli.tui.app import run_tui_training
 
         return run_tui_training(cfg, resume=resume, checkpoint=checkpoint)
-    from solrl_core import events
-    from solrl_core.trainer import train as run_training
     from solrl_cli.display import TerminalDisplay
+    from solrl_core import events
+    from solrl_core.loop.trainer import train as run_training
 
     bus = events.EventBus()
     bus.subscribe(TerminalDisplay(console))
@@ -111,8 +110,8 @@ def _resume_config(run_dir: Path, choices: tuple, sets: Optional[list[str]], fla
                    reward: Optional[str], trust: bool):
     """The config saved in `run_dir`, with the few flags a resume may change (--reward names its
     rewards again: run_trust.py)."""
+    from solrl_core.config.presets import resumed_config
     from solrl_core.errors import SolrlError
-    from solrl_core.presets import resumed_config
 
     given = {k for k, v in flags["run"].items() if v is not None}
     if any(choices) or given - {"iterations", "device", "log"} or flags["explore"]["precision"] is not None:
@@ -126,7 +125,7 @@ def _resume_config(run_dir: Path, choices: tuple, sets: Optional[list[str]], fla
 def _print_config(cfg) -> None:  # type: ignore[no-untyped-def]
     import tomli_w
 
-    from solrl_core.config_io import to_dict
+    from solrl_core.config.convert import to_dict
 
     print(f"# solrl resolved config for preset {cfg.preset}\n# precedence: {PRECEDENCE}")
     print(tomli_w.dumps(to_dict(cfg)), end="")

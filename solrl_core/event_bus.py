@@ -13,7 +13,6 @@ from typing import Any, Callable
 from solrl_core.faults import disk
 from solrl_core.faults.links import open_nofollow
 
-
 Subscriber = Callable[[Any], None]
 
 

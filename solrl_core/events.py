@@ -290,7 +290,7 @@ class RunFinished(Event):
 @dataclass(frozen=True)
 class StopRequested(Event):
     """A stop was asked (a signal or the TUI's q), acknowledged at once with what the run waits for
-    (solrl_core/stopping.py)."""
+    (solrl_core/runtime/stopping.py)."""
 
     kind: ClassVar[str] = "stop_requested"
     source: str  # Ctrl-C, SIGTERM, SIGHUP, q

@@ -118,8 +118,8 @@ def test_ratios_are_against_the_compile_family():
 def test_the_count_uses_the_shapes_solrl_passes_its_transformer(preset, tmp_path):
     """Build the tiny pipeline, load it through solrl's own loader, and compare one velocity call's
     transformer inputs with the ones the FLOP count is made on."""
+    from solrl_core.config.presets import resolve_config
     from solrl_core.models import load_model
-    from solrl_core.presets import resolve_config
 
     cfg = resolve_config(preset, "sol_rl")
     model = bench_model(preset, cfg.model.loader, cfg.model.resolution, "tiny")
@@ -137,8 +137,8 @@ def test_the_count_uses_the_shapes_solrl_passes_its_transformer(preset, tmp_path
 
 
 def test_a_phase_out_of_memory_names_the_bench_setting_to_lower(monkeypatch):
-    from solrl_core import trainer
-    from solrl_core.backoff import DoesNotFit
+    from solrl_core.loop import trainer
+    from solrl_core.loop.backoff import DoesNotFit
 
     def fail(phase):
         def train(*a, **k):
@@ -165,7 +165,7 @@ def test_real_size_on_a_cpu_is_refused_with_the_tiny_command():
 @pytest.mark.slow
 def test_bench_prints_and_writes_phases_memory_mfu_at_tiny_size(tmp_path):
     """The same path, without the CLI, is benchmarks/gpu_iteration.py's quick test."""
-    from solrl_core.presets import resolve_config
+    from solrl_core.config.presets import resolve_config
 
     out = tmp_path / "bench.json"
     result = runner.invoke(app, ["bench", "--size", "tiny", "--device", "cpu", "--family", "sol_rl", "--family", "naive_scaling",

@@ -91,8 +91,8 @@ def test_weights_over_the_gpu_say_no_setting_fits():
 
 
 def test_real_size_bench_refuses_before_building(monkeypatch):
-    from solrl_core import device as device_mod
-    from solrl_core.precision import resolve
+    from solrl_core.plan import resolve
+    from solrl_core.runtime import device as device_mod
 
     monkeypatch.setattr(device_mod, "resolve_device", lambda name: CUDA)
     monkeypatch.setattr(resolve, "gpu_of", lambda device: GpuInfo(0, "made-up", (9, 0), 8.0))

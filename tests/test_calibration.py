@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from solrl_core import events as ev
-from solrl_core.calibration import candidate_arms, choose, measure
+from solrl_core.config.presets import resolve_config
 from solrl_core.errors import SolrlError
-from solrl_core.presets import resolve_config
-from solrl_core.rankcheck import Arm, run_arms
-from solrl_core.trainer import StopFlag, train
+from solrl_core.loop.calibration import candidate_arms, choose, measure
+from solrl_core.loop.rankcheck import Arm, run_arms
+from solrl_core.loop.trainer import StopFlag, train
 
 # The reference ranks seeds 0..7 by their index; each candidate's rewards by steps, per prompt:
 REFERENCE = torch.arange(8.0)
@@ -179,7 +179,7 @@ def test_the_choice_is_shown_in_the_terminal_the_tui_and_the_trackers():
     from rich.console import Console
 
     from solrl_cli.display import TerminalDisplay
-    from solrl_cli.tui_state import log_line
+    from solrl_cli.tui.state import log_line
     from solrl_core.tracking.metrics import scalars as metrics
 
     done = ev.CalibrationDone(iteration=1, prompts=2, seeds=8, reference="fp32@4", chosen="nvfp4-emulated@3", steps=3,

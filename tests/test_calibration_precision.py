@@ -15,12 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from solrl_core import calibration
 from solrl_core import events as ev
-from solrl_core.calibration import calibrate_engine
+from solrl_core.config.presets import resolve_config
 from solrl_core.errors import SolrlError
-from solrl_core.presets import resolve_config
-from solrl_core.trainer import StopFlag, train
+from solrl_core.loop import calibration
+from solrl_core.loop.calibration import calibrate_engine
+from solrl_core.loop.trainer import StopFlag, train
 
 REFERENCE = torch.arange(8.0)
 LOW, OTHER = "nvfp4-emulated", "fp8-e5m2-tensor"
@@ -167,7 +167,7 @@ def test_a_resumed_precision_calibrating_run_equals_an_uninterrupted_one(fast_se
 
 def _counting_rollouts(monkeypatch) -> list[tuple[str, int, int]]:  # type: ignore[no-untyped-def]
     """Every Engine.generate call as (network, steps, samples)."""
-    from solrl_core.engine import Engine
+    from solrl_core.engine.engine import Engine
 
     calls: list[tuple[str, int, int]] = []
     real = Engine.generate
@@ -206,8 +206,8 @@ def test_the_rank_check_reuses_the_calibrations_full_precision_rollouts(fast_set
 
 
 def test_the_calibration_measures_the_iterations_own_stage1_seeds(fast_sets):
-    from solrl_core.session import open_session
-    from solrl_core.stages import iteration_prompts
+    from solrl_core.loop.session import open_session
+    from solrl_core.loop.stages import iteration_prompts
 
     session = open_session(resolve_config("tiny", "sol_rl", sets=fast_sets("run.eval_prompts=")))
     run = session.run
@@ -223,7 +223,7 @@ def test_the_precision_choice_is_shown_in_the_terminal_the_tui_and_the_trackers(
     from rich.console import Console
 
     from solrl_cli.display import TerminalDisplay
-    from solrl_cli.tui_state import log_line
+    from solrl_cli.tui.state import log_line
     from solrl_core.tracking.metrics import scalars as metrics
 
     done = ev.CalibrationDone(iteration=1, prompts=2, seeds=8, reference="fp32@4", chosen=f"{OTHER}@2", steps=2,

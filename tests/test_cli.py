@@ -180,9 +180,9 @@ def test_export_writes_the_lora_or_a_merged_transformer_equal_to_the_tuned_model
     import torch
     from diffusers import SanaTransformer2DModel
 
-    from solrl_core.checkpoint import list_checkpoints
-    from solrl_core.engine import open_engine
-    from solrl_core.rundir import load_run_config
+    from solrl_core.config.convert import load_run_config
+    from solrl_core.engine.checkpoint import list_checkpoints
+    from solrl_core.engine.engine import open_engine
 
     assert runner.invoke(app, ["train", *_fast_args("--iterations", "1", "--run-dir", "r")]).exit_code == 0
     lora = runner.invoke(app, ["export", "r", "--out", "lora"])

@@ -5,10 +5,10 @@ import csv
 import pytest
 from typer.testing import CliRunner
 
+from solrl_cli.app import app
 from solrl_core import events as ev
 from solrl_core.errors import SolrlError
 from solrl_core.tracking.compare import load_run
-from solrl_cli.app import app
 
 
 def _record(run_dir, family, rewards, seconds, resume_at=None):
@@ -79,8 +79,8 @@ def test_compare_names_a_folder_without_events(tmp_path):
 
 @pytest.mark.slow
 def test_compare_two_tiny_runs(fast_sets, tmp_path):
-    from solrl_core.presets import resolve_config
-    from solrl_core.trainer import train
+    from solrl_core.config.presets import resolve_config
+    from solrl_core.loop.trainer import train
 
     for family in ("sol_rl", "naive_scaling"):
         sets = fast_sets("run.iterations=2", "run.eval_prompts=", run_dir=family)

@@ -5,11 +5,10 @@ import itertools
 
 import pytest
 
-from solrl_core.config import Config
-from solrl_core.config_io import from_dict, set_value, to_dict
+from solrl_core.config.convert import from_dict, set_value, to_dict
+from solrl_core.config.presets import get_preset, list_presets, names, resolve_config, split_preset_name
+from solrl_core.config.schema import Config
 from solrl_core.errors import SolrlError
-from solrl_core.presets import get_preset, list_presets, names, resolve_config, split_preset_name
-
 
 # resolve_config's argument for each kind, in layering order (a later kind overrides an earlier one).
 ARGUMENT = {"models": "model", "families": "family", "rewards": "reward"}

@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 from safetensors import SafetensorError
 
-from solrl_core import checkpoint as ckpt
 from solrl_core import events as ev
+from solrl_core.config.presets import resolve_config
+from solrl_core.engine import checkpoint as ckpt
 from solrl_core.errors import SolrlError
 from solrl_core.faults import disk
 from solrl_core.faults import lock as lock_module
 from solrl_core.faults.lock import RunLock
-from solrl_core.presets import resolve_config
 from solrl_core.tracking.compare import load_run
 from tests.conftest import FAST
 from tests.test_compare import _record

@@ -15,11 +15,10 @@ import torch.multiprocessing as mp
 from safetensors.torch import load_file
 
 from solrl_core import events as ev
-from solrl_core.config_io import from_dict
+from solrl_core.config.convert import from_dict, load_run_config
+from solrl_core.config.presets import resolve_config
 from solrl_core.errors import SolrlError
-from solrl_core.presets import resolve_config
-from solrl_core.rundir import load_run_config
-from solrl_core.trainer import StopFlag, train
+from solrl_core.loop.trainer import StopFlag, train
 from tests.conftest import FAST
 
 # Rollout and micro-batches of 4: one rank (8 Stage-2 samples) and two (4 each) batch alike, so
@@ -135,7 +134,7 @@ def test_two_ranks_equal_one_rank_and_resume_on_one(tmp_path):
 
 
 def test_uneven_split_names_the_nearest_counts():
-    from solrl_core.prompts import check_split
+    from solrl_core.data.prompts import check_split
 
     with pytest.raises(SolrlError, match=r"48 prompt groups .* 5 processes.*prompts_per_iteration=45 or 50"):
         check_split(48, 5)
@@ -145,7 +144,7 @@ def test_uneven_split_names_the_nearest_counts():
 
 
 def test_one_process_helpers_are_the_identity():
-    from solrl_core import distributed
+    from solrl_core.runtime import distributed
 
     assert "RANK" not in os.environ
     assert distributed.init_from_env() == (0, 1, 0) and not distributed.is_initialized()
@@ -200,7 +199,7 @@ def _launch_two(tmp_path: Path, run_dir: Path):  # type: ignore[no-untyped-def]
     import subprocess
     import sys
 
-    from solrl_core.rundir import list_checkpoints
+    from solrl_core.io.rundir import list_checkpoints
 
     log = tmp_path / "out.txt"
     sets = [a for s in (*SETS, "run.checkpoint_every=1", "run.eval_prompts=") for a in ("--set", s)]
@@ -222,10 +221,10 @@ def _launch_two(tmp_path: Path, run_dir: Path):  # type: ignore[no-untyped-def]
 def test_ranks_whose_launcher_is_killed_stop_save_and_free_the_lock(tmp_path):
     import signal
 
-    from solrl_core.checkpoint import checkpoint_to_resume
+    from solrl_core.engine.checkpoint import checkpoint_to_resume
     from solrl_core.faults.lock import RunLock
     from solrl_core.faults.manifest import verify
-    from solrl_core.rundir import list_checkpoints
+    from solrl_core.io.rundir import list_checkpoints
 
     run_dir = tmp_path / "run"
     launcher, ranks, log = _launch_two(tmp_path, run_dir)
@@ -275,7 +274,7 @@ def test_a_rank_killed_is_named_once_and_the_survivor_says_how_to_resume(tmp_pat
 
 def test_the_views_name_a_launcher_death_as_the_engine_does():
     from solrl_cli.stop_text import LAUNCHER_SOURCE, stop_message
-    from solrl_core import stopping
+    from solrl_core.runtime import stopping
 
     assert LAUNCHER_SOURCE == stopping.LAUNCHER_SOURCE
     ack = ev.StopRequested(source=LAUNCHER_SOURCE, mode="phase", iteration=2, phase="explore", run_dir="/r", checkpoint=None)
@@ -286,7 +285,7 @@ def test_the_views_name_a_launcher_death_as_the_engine_does():
 def test_a_lost_peer_is_named_from_the_node_processes_under_torchrun_by_hand(monkeypatch, tmp_path):
     import subprocess
 
-    from solrl_core import distributed
+    from solrl_core.runtime import distributed
 
     gloo = RuntimeError("[gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:27870. This is typically "
                         "caused by a remote worker crashing.")

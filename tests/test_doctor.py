@@ -13,12 +13,12 @@ import typer
 from typer.testing import CliRunner
 
 from solrl_cli.doctor_cmd import doctor
-from solrl_core.errors import SolrlError
 from solrl_core import doctor as doc
-from solrl_core.footprint import COMPILED_ACTIVATION_SHARE, estimate_memory, model_size
+from solrl_core.config.presets import resolve_config
+from solrl_core.errors import SolrlError
+from solrl_core.plan.footprint import COMPILED_ACTIVATION_SHARE, estimate_memory, model_size
 from solrl_core.precision import hardware
 from solrl_core.precision.hardware import GpuInfo
-from solrl_core.presets import resolve_config
 
 app = typer.Typer()
 app.command("doctor")(doctor)
@@ -255,8 +255,8 @@ def test_matching_torchvision():
 
 def test_reward_file_table_matches_the_backends():
     pytest.importorskip("open_clip")
-    from solrl_core.rewards.registry import BUILTINS
     from solrl_core.rewards import clip_rewards, hpsv2, imagereward
+    from solrl_core.rewards.registry import BUILTINS
 
     hub = {r.name: r.hub_files for r in BUILTINS if r.hub_files}
     assert set(hub) == {r.name for r in BUILTINS if r.weights} == {r.name for r in BUILTINS if r.local_files}
@@ -270,7 +270,7 @@ def test_reward_file_table_matches_the_backends():
 
 
 def test_new_model_presets_have_their_own_footprint_and_a_20b_model_names_what_fits():
-    from solrl_core.footprint import MODEL_SIZES
+    from solrl_core.plan.footprint import MODEL_SIZES
 
     names = ("sd35_medium", "qwen_image", "zimage", "flux2_klein", "wan21_t2v_1_3b", "wan21_t2v_14b", "wan22_ti2v_5b")
     labels = {name: model_size(resolve_config(name, "sol_rl")).label for name in names}

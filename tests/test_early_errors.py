@@ -15,7 +15,7 @@ runner = CliRunner()
 def heavy(monkeypatch, tmp_path):
     """What ran of the slow work: the doctor's checks and the model load (each recorded, then refused)."""
     import solrl_core.doctor as doctor
-    import solrl_core.engine as engine
+    import solrl_core.engine.engine as engine
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("SOLRL_DEBUG", raising=False)

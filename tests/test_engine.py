@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from solrl_core.engine import open_engine
-from solrl_core.presets import resolve_config
+from solrl_core.config.presets import resolve_config
+from solrl_core.engine.engine import open_engine
+from solrl_core.loop.session import open_session
 from solrl_core.rewards import RewardSet
-from solrl_core.session import open_session
 from tests.conftest import FAST
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -22,7 +22,7 @@ def test_only_the_engine_samples_and_decodes():
     found = []
     for path in sorted((ROOT / "solrl_core").rglob("*.py")) + sorted((ROOT / "solrl_cli").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel in ("solrl_core/engine.py", "solrl_core/sampler.py") or rel.startswith("solrl_core/models/"):
+        if rel in ("solrl_core/engine/engine.py", "solrl_core/engine/sampler.py") or rel.startswith("solrl_core/models/"):
             continue
         found += [f"{rel}:{i}" for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                   if SAMPLING.search(line)]

@@ -15,17 +15,17 @@ from typer.testing import CliRunner
 
 from solrl_cli.app import app
 from solrl_cli.display import TerminalDisplay
-from solrl_cli.tui_panels import eval_view
-from solrl_cli.tui_state import RunState
+from solrl_cli.tui.panels import eval_view
+from solrl_cli.tui.state import RunState
 from solrl_core import events as ev
-from solrl_core.evaluation import BASE_FILE, Evaluation, eval_seeds, hacking
-from solrl_core.presets import resolve_config
+from solrl_core.config.presets import resolve_config
+from solrl_core.data.tinyworld import example
+from solrl_core.loop.evaluation import BASE_FILE, Evaluation, eval_seeds, hacking
+from solrl_core.loop.trainer import train
 from solrl_core.rewards import Scores
 from solrl_core.rewards.palette import PaletteFidelity
-from solrl_core.stopping import StopFlag
-from solrl_core.tinyworld import example
+from solrl_core.runtime.stopping import StopFlag
 from solrl_core.tracking.metrics import scalars
-from solrl_core.trainer import train
 from tests.conftest import FAST
 
 CAPTIONS = "a red circle\ntwo blue squares\na green triangle left of a yellow circle\na red circle and a blue square\n"
@@ -174,7 +174,7 @@ def test_solrl_eval_scores_any_rewards_after_the_fact(folder, monkeypatch):
 
 def test_an_eval_reward_that_cannot_load_is_named_with_how_to_go_on_without_it(tmp_path):
     from solrl_core.errors import SolrlError
-    from solrl_core.eval_rewards import held_out_rewards
+    from solrl_core.loop.eval_rewards import held_out_rewards
 
     (tmp_path / "broken.py").write_text("raise RuntimeError('no model here')\n")
     cfg = resolve_config("tiny", "sol_rl")

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 import torch
 
+from solrl_core.config.presets import resolve_config
+from solrl_core.data.prompts import text_keys
+from solrl_core.engine.engine import open_engine
 from solrl_core.faults import guard
-from solrl_core.engine import open_engine
-from solrl_core.presets import resolve_config
-from solrl_core.prompts import text_keys
+from solrl_core.loop.selection import select
+from solrl_core.loop.stages import GlobalScores, Scored, select_seeds
 from solrl_core.rewards import RewardSet
-from solrl_core.selection import select
-from solrl_core.stage1 import explore_only
-from solrl_core.stages import GlobalScores, Scored, select_seeds
+from solrl_core.tools.explore import explore_only
 from tests.conftest import FAST
 
 # Counts and positions: the tiny world's reward varies within these groups, so ranking by the raw

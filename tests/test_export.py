@@ -59,9 +59,9 @@ def test_export_without_out_writes_under_the_run_with_peft_files_a_card_and_read
     from huggingface_hub import ModelCard
     from peft import PeftModel
 
-    from solrl_core.engine import open_engine
+    from solrl_core.config.convert import load_run_config
+    from solrl_core.engine.engine import open_engine
     from solrl_core.models import load_model
-    from solrl_core.rundir import load_run_config
 
     monkeypatch.chdir(evaluated_run.parent)
     with umask(0o022):
@@ -125,11 +125,12 @@ def test_a_real_sana_export_opens_in_peft_and_diffusers_and_equals_the_merged_we
     from peft import PeftModel
 
     from solrl_core import events as ev
-    from solrl_core.engine import open_engine
-    from solrl_core.policy import TRAINED
-    from solrl_core.presets import resolve_config
-    from solrl_core.trainer import StopFlag, train
-    from tests.test_real_models import FAST as REAL_FAST, _pipeline
+    from solrl_core.config.presets import resolve_config
+    from solrl_core.engine.engine import open_engine
+    from solrl_core.engine.policy import TRAINED
+    from solrl_core.loop.trainer import StopFlag, train
+    from tests.test_real_models import FAST as REAL_FAST
+    from tests.test_real_models import _pipeline
     from tests.tiny_pipelines import save_tiny_pipeline
 
     base = save_tiny_pipeline("sana", tmp_path / "sana")
@@ -259,8 +260,8 @@ def test_push_to_hub_uploads_exactly_the_export_to_a_stand_in_hub(plain_run, mon
 def test_push_errors_are_one_line_and_name_the_fix(plain_run, monkeypatch, tmp_path):
     from huggingface_hub import constants
 
-    from solrl_core import hub
     from solrl_core.errors import SolrlError
+    from solrl_core.tools import hub
 
     monkeypatch.chdir(plain_run.parent)
     for name in ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE"):

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from solrl_core.families import FAMILIES
-from solrl_core.plan import plan_stages
-from solrl_core.presets import resolve_config
+from solrl_core.config.families import FAMILIES
+from solrl_core.config.presets import resolve_config
+from solrl_core.plan.plan import plan_stages
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -15,13 +15,13 @@ import torch
 from safetensors.torch import load_file
 
 from solrl_core import events as ev
+from solrl_core.config.convert import load_run_config
+from solrl_core.config.presets import resolve_config
+from solrl_core.engine import checkpoint as ckpt
 from solrl_core.errors import SolrlError
-from solrl_core import checkpoint as ckpt
 from solrl_core.faults.manifest import MANIFEST, verify
-from solrl_core.presets import resolve_config
-from solrl_core.rundir import load_run_config
-from solrl_core.session import open_session
-from solrl_core.trainer import StopFlag, train
+from solrl_core.loop.session import open_session
+from solrl_core.loop.trainer import StopFlag, train
 
 LORA = "pytorch_lora_weights.safetensors"
 
@@ -179,7 +179,7 @@ def _oom_above(limit, calls):
 
 
 def test_an_oom_in_the_rollout_halves_its_batch_and_equals_a_run_at_that_size(quick, monkeypatch):
-    import solrl_core.sampler as rollout
+    import solrl_core.engine.sampler as rollout
 
     straight, _ = _train(quick("run.iterations=1", "sampler.rollout_batch=8", run_dir="straight"))
     calls, real_sample = [], rollout.sample
@@ -202,7 +202,7 @@ def test_an_oom_in_the_rollout_halves_its_batch_and_equals_a_run_at_that_size(qu
 
 
 def test_an_oom_in_the_update_halves_the_micro_batch(quick, monkeypatch):
-    import solrl_core.update as update
+    import solrl_core.loop.update as update
 
     straight, _ = _train(quick("run.iterations=1", "optimizer.micro_batch=4", run_dir="straight"))
     calls, real_loss = [], update.nft_loss
@@ -236,7 +236,7 @@ def test_an_oom_in_reward_scoring_halves_the_reward_batch(quick, monkeypatch):
 
 
 def test_an_oom_at_batch_one_stops_with_a_checkpoint_and_says_what_to_change(quick, monkeypatch):
-    import solrl_core.sampler as rollout
+    import solrl_core.engine.sampler as rollout
 
     after_first = {"on": False}
     real_sample = rollout.sample
@@ -278,7 +278,7 @@ def _nan_reward(monkeypatch, spoil):
 
 
 def _update_sizes(monkeypatch):
-    import solrl_core.stages as stages
+    import solrl_core.loop.stages as stages
 
     sizes, real_update = [], stages.update
 
@@ -326,7 +326,7 @@ def test_nan_rewards_drop_their_samples_then_a_group_then_stop_the_run(quick, mo
 
 def _nan_gradient(monkeypatch, bad_iterations):
     """The NFT loss plus a term worth 0 whose gradient is NaN, in the listed iterations."""
-    import solrl_core.update as update
+    import solrl_core.loop.update as update
 
     real_loss, state = update.nft_loss, {"iteration": 1}
 
@@ -401,7 +401,7 @@ def test_an_oom_is_charged_to_the_innermost_phase_it_passed_through():
 
 def test_each_phase_names_itself_where_it_runs(quick, monkeypatch):
     """The real rollout, reward and update code charge an error raised inside them to their phase."""
-    import solrl_core.sampler as sampler
+    import solrl_core.engine.sampler as sampler
     from solrl_core.faults.phase import phase_of
     from solrl_core.rewards.tinyworld import TinyWorldReward
 
@@ -414,7 +414,7 @@ def test_each_phase_names_itself_where_it_runs(quick, monkeypatch):
             session = open_session(resolve_config("tiny", "sol_rl", sets=quick(run_dir=phase)))
             try:
                 with pytest.raises(torch.cuda.OutOfMemoryError) as info:
-                    from solrl_core.trainer import run_iteration
+                    from solrl_core.loop.trainer import run_iteration
 
                     run_iteration(session.run, session.state, ev.EventBus())
                 assert phase_of(info.value) == phase
@@ -428,7 +428,7 @@ def test_every_view_shows_a_survived_fault_as_a_warning():
     from rich.console import Console
 
     from solrl_cli.display import TerminalDisplay
-    from solrl_cli.tui_state import RunState
+    from solrl_cli.tui.state import RunState
 
     faults = [ev.OutOfMemoryBackoff(iteration=3, phase="rollout", setting="sampler.rollout_batch", old=24, new=12),
               ev.SamplesDropped(iteration=4, stage="final", rewards={"pickscore": 3}, dropped=3, samples=96, groups_skipped=1, groups=4),

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from solrl_core import events as ev
-from solrl_core.presets import resolve_config
+from solrl_core.config.presets import resolve_config
+from solrl_core.engine.sampler import sigma_grid
+from solrl_core.loop.trainer import StopFlag, train
 from solrl_core.precision.quantize import LayerRule, plan_layers
-from solrl_core.sampler import sigma_grid
-from solrl_core.trainer import StopFlag, train
 
 diffusers = pytest.importorskip("diffusers")
 

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from solrl_core.engine.rollout import RolloutCopy
 from solrl_core.precision import fp8
 from solrl_core.precision.quantize import (
     EmulatedNVFP4Linear,
@@ -19,7 +20,6 @@ from solrl_core.precision.quantize import (
     quantize_model,
     requantize,
 )
-from solrl_core.rollout import RolloutCopy
 
 # Every finite E4M3 magnitude: 3 mantissa bits, exponent bias 7, no infinities, 448 the largest.
 E4M3_VALUES = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float()
@@ -153,12 +153,12 @@ def test_requantize_follows_new_weights_in_place():
 
 
 def test_an_fp8_explore_copy_generates_close_to_full_precision():
-    from solrl_core.config import ModelConfig
-    from solrl_core.evaluation import eval_seeds
+    from solrl_core.config.presets import resolve_config
+    from solrl_core.config.schema import ModelConfig
+    from solrl_core.data.tinyworld import SIZE
+    from solrl_core.engine.sampler import Sampler
+    from solrl_core.loop.evaluation import eval_seeds
     from solrl_core.models.tiny import build_tiny
-    from solrl_core.presets import resolve_config
-    from solrl_core.sampler import Sampler
-    from solrl_core.tinyworld import SIZE
 
     model = build_tiny(ModelConfig(loader="tiny", weights="tinyworld", resolution=SIZE), torch.device("cpu"),
                        torch.float32)

@@ -16,13 +16,12 @@ import pytest
 import torch
 
 from solrl_core import events as ev
-from solrl_core.config import Config
-from solrl_core.config_io import from_dict, set_value
+from solrl_core.config.convert import from_dict, load_run_config, set_value
+from solrl_core.config.presets import resolve_config
+from solrl_core.config.schema import Config
 from solrl_core.errors import SolrlError
 from solrl_core.faults.state_files import load_state
-from solrl_core.presets import resolve_config
-from solrl_core.rundir import load_run_config
-from solrl_core.trainer import StopFlag, train
+from solrl_core.loop.trainer import StopFlag, train
 from tests.conftest import FAST
 from tests.test_distributed import _adapters, _events, _free_port, _spawn
 
@@ -106,7 +105,7 @@ def test_two_sharded_ranks_train_what_one_process_does_and_checkpoints_cross_bot
 def _uneven_worker(rank: int, world: int, port: int, root: Path) -> None:
     """Both strategies, 2 iterations each, where rank 1 drops 2 of its 4 final samples in iteration 1
     (their reward is NaN): then it has fewer micro-batches than rank 0."""
-    import solrl_core.stages as stages
+    import solrl_core.loop.stages as stages
     from solrl_core.rewards.tinyworld import TinyWorldReward
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
@@ -143,13 +142,13 @@ def test_a_rank_with_fewer_usable_samples_joins_the_others_collectives_and_steps
     _close(_adapters(tmp_path / "rep", 2), _adapters(tmp_path / "shd", 2))
 
 def _machine(cfg: Config):  # type: ignore[no-untyped-def]
-    from solrl_core.precision.resolve import resolve_machine
+    from solrl_core.plan.resolve import resolve_machine
 
     return resolve_machine(cfg, torch.device("cpu"), "fp32")
 
 
 def test_fsdp_keeps_a_whole_explore_copy_a_sharded_rollout_copy_when_asked_and_refuses_what_it_cannot_run():
-    from solrl_core.sharding import fsdp_machine
+    from solrl_core.engine.sharding import fsdp_machine
 
     cfg = resolve_config("tiny", "sol_rl")
     machine = _machine(cfg)
@@ -186,8 +185,8 @@ def test_fsdp_keeps_a_whole_explore_copy_a_sharded_rollout_copy_when_asked_and_r
 
 
 def test_auto_shards_only_what_does_not_fit_one_gpu_and_only_over_several_processes():
+    from solrl_core.engine.sharding import resolve_strategy
     from solrl_core.precision.hardware import GpuInfo
-    from solrl_core.sharding import resolve_strategy
 
     h100 = GpuInfo(0, "H100", (9, 0), 79.1)
     qwen, sana = resolve_config("qwen_image", "sol_rl", "imagereward"), resolve_config("sana", "sol_rl", "imagereward")
@@ -201,8 +200,8 @@ def test_auto_shards_only_what_does_not_fit_one_gpu_and_only_over_several_proces
 
 
 def test_the_sharded_estimate_divides_the_weights_and_adds_the_gathered_blocks():
-    from solrl_core.footprint import estimate_memory
-    from solrl_core.sharding import GATHERED_SHARE, sharded_estimate
+    from solrl_core.engine.sharding import GATHERED_SHARE, sharded_estimate
+    from solrl_core.plan.footprint import estimate_memory
 
     cfg = resolve_config("qwen_image", "sol_rl", "imagereward")
     whole = estimate_memory(cfg, "bf16", "bf16", True, rollout_copy=False)  # no explore copy: what fsdp runs
@@ -273,9 +272,9 @@ def test_a_rank_killed_ends_the_run_within_a_minute_and_leaves_the_checkpoint_in
     import subprocess
     import sys
 
-    from solrl_core.checkpoint import checkpoint_to_resume
+    from solrl_core.engine.checkpoint import checkpoint_to_resume
     from solrl_core.faults.manifest import verify
-    from solrl_core.rundir import list_checkpoints
+    from solrl_core.io.rundir import list_checkpoints
 
     run_dir = tmp_path / "run"
     sets = [a for s in (*SETS, "run.checkpoint_every=1", "distributed.strategy=fsdp") for a in ("--set", s)]

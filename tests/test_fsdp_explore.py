@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from solrl_core import events as ev
-from solrl_core.config import Config
-from solrl_core.presets import resolve_config
-from solrl_core.trainer import StopFlag, train
+from solrl_core.config.presets import resolve_config
+from solrl_core.config.schema import Config
+from solrl_core.loop.trainer import StopFlag, train
 from tests.test_distributed import _adapters, _events, _spawn
 from tests.test_fsdp import SETS, _close
 
@@ -40,7 +40,7 @@ def _config(root: Path, run: str, strategy: str, precision: str, *extra: str, fa
 
 def _train_recording_kept(cfg: Config, out: Path) -> None:
     """Train `cfg`, writing the seeds each iteration kept (this rank's) to `out`."""
-    import solrl_core.trainer as trainer
+    import solrl_core.loop.trainer as trainer
 
     real, kept = trainer.select_seeds, []
 
@@ -96,10 +96,9 @@ def test_two_sharded_ranks_explore_at_the_requested_precision_as_one_process_doe
 def _copy_worker(rank: int, world: int, port: int, root: Path) -> None:
     """Both explore copies of a 2-rank fsdp session (built from the shards, refreshed after a changed
     old adapter), saved whole by rank 0 next to what it holds."""
+    from solrl_core.loop.session import open_session
     from solrl_core.precision.quantize import QuantizedGemm
-    from solrl_core.session import open_session
-
-    from solrl_core import distributed
+    from solrl_core.runtime import distributed
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
@@ -133,7 +132,7 @@ def _caches(module: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def test_the_copy_built_from_the_shards_is_a_replicas_copy(tmp_path):
-    from solrl_core.session import open_session
+    from solrl_core.loop.session import open_session
 
     (tmp_path / "results").mkdir()
     _spawn(2, tmp_path, limit=300.0, worker=_copy_worker)
@@ -166,11 +165,11 @@ def test_a_copy_without_its_high_precision_weights_holds_the_bytes_the_estimate_
     fills (quantize.load_tensor into a meta skeleton) the cache alone, with the same values."""
     import copy
 
-    from solrl_core.footprint import copy_bytes
+    from solrl_core.engine.rollout import RolloutCopy
+    from solrl_core.engine.sharded_copy import meta_copy
     from solrl_core.models import load_model
+    from solrl_core.plan.footprint import copy_bytes
     from solrl_core.precision.quantize import LayerRule, QuantizedGemm, load_tensor
-    from solrl_core.rollout import RolloutCopy
-    from solrl_core.sharded_copy import meta_copy
 
     cfg = resolve_config("tiny", "sol_rl")
     transformer = load_model(cfg.model, torch.device("cpu"), torch.float32).transformer
@@ -239,11 +238,11 @@ def test_a_2x2_mesh_on_two_launched_nodes_explores_at_nvfp4_as_one_process_does(
 def test_a_whole_copy_per_gpu_is_kept_where_the_estimate_says_it_fits_and_else_auto_explores_at_the_run_dtype():
     import dataclasses
 
-    from solrl_core.config_io import set_value
+    from solrl_core.config.convert import set_value
+    from solrl_core.engine.sharding import fsdp_machine
     from solrl_core.errors import SolrlError
+    from solrl_core.plan.resolve import resolve_machine
     from solrl_core.precision.hardware import GpuInfo
-    from solrl_core.precision.resolve import resolve_machine
-    from solrl_core.sharding import fsdp_machine
 
     qwen = resolve_config("qwen_image", "sol_rl", "imagereward")
     fp8 = dataclasses.replace(resolve_machine(qwen, torch.device("cpu"), "bf16"), explore_precision="fp8",

@@ -47,8 +47,8 @@ def test_non_finite_outputs_blame_the_update_after_a_step_and_the_base_model_bef
 
 @pytest.mark.slow
 def test_a_diverging_run_stops_on_the_update_not_the_reward(fast_sets):
-    from solrl_core.presets import resolve_config
-    from solrl_core.trainer import train
+    from solrl_core.config.presets import resolve_config
+    from solrl_core.loop.trainer import train
 
     bus, seen = ev.EventBus(), []
     bus.subscribe(seen.append)

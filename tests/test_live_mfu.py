@@ -15,8 +15,8 @@ import torch
 from rich.console import Console
 
 from solrl_cli.display import TerminalDisplay
-from solrl_cli.tui_panels import time_view
-from solrl_cli.tui_state import JsonlTail, RunState, mfu_text
+from solrl_cli.tui.panels import time_view
+from solrl_cli.tui.state import JsonlTail, RunState, mfu_text
 from solrl_core import events as ev
 from solrl_core.bench.flops import sana_forward_flops
 from solrl_core.telemetry.mfu import phase_mfu
@@ -61,10 +61,9 @@ def test_a_model_the_meta_device_cannot_run_gets_no_mfu_and_says_why():
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory):
     """One iteration of the tiny sol_rl run, its events as the terminal printed them and as logged."""
+    from solrl_core.config.presets import resolve_config
+    from solrl_core.loop.trainer import train
     from tests.conftest import FAST
-
-    from solrl_core.presets import resolve_config
-    from solrl_core.trainer import train
 
     run_dir = tmp_path_factory.mktemp("mfu") / "run"
     cfg = resolve_config("tiny", "sol_rl", sets=[*FAST, f"run.run_dir={run_dir}", "run.iterations=1", "run.eval_prompts=",
@@ -105,7 +104,7 @@ def test_the_terminal_prints_each_iterations_mfu(tiny_run):
 
 def test_the_monitor_replays_the_same_mfu_from_the_log(tiny_run):
     """`solrl monitor` reads events.jsonl: its state gives the figure the live run printed."""
-    from solrl_cli.tui import SolrlMonitor
+    from solrl_cli.tui.app import SolrlMonitor
     from tests.test_tui import SIZE, screen_text
 
     _, seen, printed, run_dir = tiny_run

@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from solrl_core import events as ev
+from solrl_core.config.presets import resolve_config
 from solrl_core.errors import SolrlError
-from solrl_core.footprint import BLOCK_SHARE, MemoryEstimate, estimate_memory
-from solrl_core.memory_modes import GPU_SIZES, LADDER, choose_modes, rung_needed, smallest_gpu
-from solrl_core.plan import MemoryModes
+from solrl_core.loop.trainer import StopFlag, train
+from solrl_core.plan.footprint import BLOCK_SHARE, MemoryEstimate, estimate_memory
+from solrl_core.plan.memory_modes import GPU_SIZES, LADDER, choose_modes, rung_needed, smallest_gpu
+from solrl_core.plan.plan import MemoryModes
 from solrl_core.precision.hardware import GpuInfo
-from solrl_core.presets import resolve_config
-from solrl_core.trainer import StopFlag, train
 from tests.test_tracking import _train as train_recording
 
 MODES = {"copies-whole": ("memory.copies=cpu-whole",), "copies-blocks": ("memory.copies=cpu-blocks",),
@@ -118,8 +118,8 @@ def test_the_doctor_table_names_the_first_rung_that_fits_each_size(model):
 
 
 def test_a_gpu_too_small_for_every_mode_is_refused_before_weights_load(fast_sets, monkeypatch):
-    import solrl_core.precision.resolve as resolve
-    import solrl_core.session as session
+    import solrl_core.loop.session as session
+    import solrl_core.plan.resolve as resolve
 
     small = GpuInfo(0, "small GPU", (9, 0), 24.0)
     monkeypatch.setattr(resolve, "gpu_of", lambda device: small)
@@ -137,7 +137,7 @@ def test_a_gpu_too_small_for_every_mode_is_refused_before_weights_load(fast_sets
 
 def test_vae_on_cpu_decodes_the_same_images(tmp_path):
     pytest.importorskip("diffusers")
-    from solrl_core.engine import open_engine
+    from solrl_core.engine.engine import open_engine
     from tests.tiny_pipelines import save_tiny_pipeline
 
     folder = save_tiny_pipeline("sana", tmp_path / "sana")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import diffusers
 import torch
 
-from solrl_core.presets import resolve_config
+from solrl_core.config.presets import resolve_config
 from solrl_core.precision.quantize import LayerRule, plan_layers
 
 BLOCKS = ("transformer_blocks.", "layers.", "noise_refiner.", "context_refiner.")

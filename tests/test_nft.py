@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from solrl_core.nft import group_advantages, nft_loss
+from solrl_core.loop.nft import group_advantages, nft_loss
 
 
 def _t(rows):

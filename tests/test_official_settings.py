@@ -11,17 +11,17 @@ import pytest
 import torch
 
 from solrl_core import events as ev
-from solrl_core.config import ModelConfig
+from solrl_core.config.presets import resolve_config
+from solrl_core.config.schema import ModelConfig
 from solrl_core.errors import SolrlError
-from solrl_core.loop_state import LoopState
+from solrl_core.loop.loop_state import LoopState
+from solrl_core.loop.session import open_session
+from solrl_core.loop.stages import explore, regenerate, score_drafts, score_finals, select_seeds
+from solrl_core.loop.stages import train as update_on
+from solrl_core.plan.resolve import resolve_machine
 from solrl_core.precision.e5m2 import E5M2_MAX, fake_quantize_tensor
 from solrl_core.precision.hardware import GpuInfo
 from solrl_core.precision.quantize import LayerRule, quantize_model
-from solrl_core.precision.resolve import resolve_machine
-from solrl_core.presets import resolve_config
-from solrl_core.session import open_session
-from solrl_core.stages import explore, regenerate, score_drafts, score_finals, select_seeds
-from solrl_core.stages import train as update_on
 
 diffusers = pytest.importorskip("diffusers")
 H100 = GpuInfo(0, "NVIDIA H100 80GB HBM3", (9, 0), 79.1)
@@ -36,7 +36,7 @@ def test_every_official_model_starts_its_lora_gaussian(model):
 
 
 def _lora_a(init: str, width: int = 256, rank: int = 32) -> torch.Tensor:
-    from solrl_core.policy import Policy
+    from solrl_core.engine.policy import Policy
 
     torch.manual_seed(0)
     net = diffusers.SanaTransformer2DModel(in_channels=4, out_channels=4, num_attention_heads=width // 64,
@@ -83,7 +83,7 @@ def test_naive_scaling_can_still_be_compiled():
 
 
 def test_presets_say_which_family_is_compiled():
-    from solrl_core.presets import get_preset
+    from solrl_core.config.presets import get_preset
 
     assert "eager" in get_preset("families", "naive_scaling").description
     assert "compile" in get_preset("families", "compile").description
@@ -162,7 +162,7 @@ def test_e5m2_explore_copy_swaps_the_rules_layers_and_stays_close():
 
 
 def test_e5m2_explore_precision_trains_the_tiny_model(fast_sets):
-    from solrl_core.trainer import StopFlag, train
+    from solrl_core.loop.trainer import StopFlag, train
 
     cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("run.iterations=1", "run.eval_prompts=",
                                                           "explore.precision=fp8-e5m2-tensor"))
@@ -180,7 +180,7 @@ def test_presets_carry_each_official_training_regime():
 
 
 def test_fp32_base_doubles_the_policy_in_the_estimate():
-    from solrl_core.footprint import estimate_memory
+    from solrl_core.plan.footprint import estimate_memory
 
     bf16 = estimate_memory(resolve_config("sd3", "sol_rl", "imagereward", sets=["model.train_precision=autocast"]),
                            "fp8", "bf16")
@@ -191,7 +191,7 @@ def test_fp32_base_doubles_the_policy_in_the_estimate():
 @pytest.mark.parametrize("regime, base, autocast_on", [("autocast", torch.bfloat16, True), ("bf16", torch.bfloat16, False),
                                                         ("fp32-base", torch.float32, True)])
 def test_each_training_regime_runs_its_forwards_as_named(fast_sets, monkeypatch, regime, base, autocast_on):
-    from solrl_core.trainer import StopFlag, train
+    from solrl_core.loop.trainer import StopFlag, train
 
     cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("run.iterations=1", "run.eval_prompts=", "run.dtype=bf16",
                                                           "sampler.rollout_copy=false", f"model.train_precision={regime}"))
@@ -201,7 +201,7 @@ def test_each_training_regime_runs_its_forwards_as_named(fast_sets, monkeypatch,
         if torch.is_grad_enabled():  # the trained forward
             seen.append((torch.is_autocast_enabled("cpu"), kwargs["hidden_states"].dtype))
 
-    import solrl_core.session as session_module
+    import solrl_core.loop.session as session_module
 
     opened = session_module.open_session
 
@@ -210,7 +210,7 @@ def test_each_training_regime_runs_its_forwards_as_named(fast_sets, monkeypatch,
         s.run.engine.policy.transformer.register_forward_pre_hook(record, with_kwargs=True)
         return s
 
-    import solrl_core.trainer as trainer_module
+    import solrl_core.loop.trainer as trainer_module
 
     monkeypatch.setattr(trainer_module, "open_session", hooked)
     session = train(cfg, ev.EventBus(), stop=StopFlag())
@@ -282,7 +282,7 @@ REAL = ("sana", "sd3", "flux1", "sana15", "sana_600m", "sd35_medium", "flux2_kle
 def test_real_presets_name_the_pickscore_sets_without_downloading(model, monkeypatch, tmp_path):
     import urllib.request
 
-    from solrl_core.prompt_sets import cached_path, download_sets
+    from solrl_core.data.prompt_sets import cached_path, download_sets
 
     def no_network(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise AssertionError("resolving a preset must not download")
@@ -298,7 +298,7 @@ def test_real_presets_name_the_pickscore_sets_without_downloading(model, monkeyp
 
 
 def test_the_general_set_stays_a_flag_away(monkeypatch):
-    from solrl_core.prompts import load_prompts
+    from solrl_core.data.prompts import load_prompts
 
     cfg = resolve_config("sana", "sol_rl", "pickscore", sets=["run.prompts=general", "run.eval_prompts=general"])
     assert cfg.run.prompts == "general" and len(load_prompts(cfg.run.prompts)) == 24
@@ -308,7 +308,7 @@ def test_without_network_a_download_set_fails_with_the_quick_look_fix(monkeypatc
     import urllib.error
     import urllib.request
 
-    from solrl_core.prompts import load_prompts
+    from solrl_core.data.prompts import load_prompts
 
     def unreachable(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise urllib.error.URLError("Name or service not known")
@@ -326,8 +326,8 @@ def test_a_download_shows_progress_and_is_cached(monkeypatch, tmp_path):
     import io
     import urllib.request
 
-    from solrl_core import prompt_sets
-    from solrl_core.prompt_sets import DownloadSet, fetch_download, git_blob_id
+    from solrl_core.data import prompt_sets
+    from solrl_core.data.prompt_sets import DownloadSet, fetch_download, git_blob_id
 
     body = b"a cat on a mat\n" * 10_000
     calls: list[int] = []
@@ -382,8 +382,8 @@ def test_dump_config_shows_the_official_run_settings():
 
 @pytest.mark.parametrize("enabled, matmul", [(True, "high"), (False, "highest")])
 def test_tf32_reaches_torch_on_cuda_and_nothing_on_a_cpu(monkeypatch, enabled, matmul):
-    import solrl_core.device as device_module
-    from solrl_core.engine import resolve_runtime
+    import solrl_core.runtime.device as device_module
+    from solrl_core.engine.engine import resolve_runtime
 
     seen: list[str] = []
     monkeypatch.setattr(torch, "set_float32_matmul_precision", seen.append)
@@ -406,7 +406,7 @@ def test_the_start_up_line_names_tf32_on_cuda_only():
 def test_tf32_settings_leave_the_legacy_and_generic_getters_readable():
     """Inductor's max-autotune reads torch.get_float32_matmul_precision(), which raises after a mix of
     torch's legacy and per-backend TF32 APIs: the settings solrl applies keep both readable."""
-    from solrl_core.tf32 import tf32_settings
+    from solrl_core.runtime.tf32 import tf32_settings
 
     before = (torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32)
     try:

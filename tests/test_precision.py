@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from solrl_core.precision import hardware
+from solrl_core.config.presets import resolve_config
 from solrl_core.errors import SolrlError
-from solrl_core.presets import resolve_config
-from solrl_core.precision.resolve import resolve_machine
+from solrl_core.plan.resolve import resolve_machine
+from solrl_core.precision import hardware
 
 H100 = hardware.GpuInfo(0, "NVIDIA H100 80GB HBM3", (9, 0), 79.6)
 A100 = hardware.GpuInfo(0, "NVIDIA A100-SXM4-40GB", (8, 0), 39.4)

@@ -9,10 +9,10 @@ from rich.console import Console
 
 from solrl_cli.display import TerminalDisplay
 from solrl_core import events as ev
-from solrl_core.engine import PROGRESS_REPORTS
-from solrl_core.evaluation import evaluate
-from solrl_core.presets import resolve_config
-from solrl_core.session import open_session
+from solrl_core.config.presets import resolve_config
+from solrl_core.engine.engine import PROGRESS_REPORTS
+from solrl_core.loop.evaluation import evaluate
+from solrl_core.loop.session import open_session
 from tests.conftest import FAST
 
 PROMPTS = ["a red circle", "two blue squares", "a green triangle", "a yellow circle", "a blue square"]

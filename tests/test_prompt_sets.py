@@ -18,8 +18,8 @@ import torch
 from typer.testing import CliRunner
 
 from solrl_cli.app import app
+from solrl_core.data.prompts import load_prompts
 from solrl_core.errors import SolrlError
-from solrl_core.prompts import load_prompts
 
 try:
     import datasets
@@ -51,7 +51,7 @@ def _error(spec: str) -> SolrlError:
 
 
 def test_specs_read_hub_ids_paths_splits_and_columns(tmp_path):
-    from solrl_core.prompt_sets import PromptSpec, parse_spec
+    from solrl_core.data.prompt_sets import PromptSpec, parse_spec
 
     assert parse_spec("hf:someone/prompts@test:caption") == PromptSpec("someone/prompts", True, "test", "caption")
     assert parse_spec("hf:someone/prompts") == PromptSpec("someone/prompts", True, "", "")
@@ -148,7 +148,7 @@ def server():
 
 
 def test_download_sets_are_declared_once_and_checked_on_download(server, tmp_path):
-    from solrl_core.prompt_sets import DownloadSet, download_sets, fetch_download, git_blob_id
+    from solrl_core.data.prompt_sets import DownloadSet, download_sets, fetch_download, git_blob_id
 
     declared = download_sets()
     assert {"pickscore_train", "pickscore_test", "geneval_train", "ocr_train"} <= set(declared)
@@ -185,7 +185,7 @@ def test_a_cached_download_set_is_read_by_name_and_listed_by_presets(tmp_path):
 
 @needs_datasets
 def test_the_doctor_reads_local_sets_and_looks_for_hub_ones(tmp_path, server, monkeypatch):
-    from solrl_core.config import Config
+    from solrl_core.config.schema import Config
     from solrl_core.doctor.check import Machine
     from solrl_core.doctor.prompts import prompt_checks
 
@@ -219,7 +219,7 @@ def test_the_doctor_reads_local_sets_and_looks_for_hub_ones(tmp_path, server, mo
 
 def test_equal_prompt_texts_share_one_mean():
     """Groups 0 and 2 drew the same text: one mean over both, as the official stat tracker pools by text."""
-    from solrl_core.stages import advantages, gather_scores
+    from solrl_core.loop.stages import advantages, gather_scores
 
     rewards = torch.tensor([1.0, 3.0, 2.0, 2.0, 5.0, 7.0])
     batch = SimpleNamespace(prompts=["a", "a", "b", "b", "a", "a"], rewards=rewards, components={"r": rewards},
@@ -233,8 +233,8 @@ def test_equal_prompt_texts_share_one_mean():
 
 def test_one_text_on_two_ranks_shares_one_mean(monkeypatch):
     """Rank 0 and rank 1 each drew "a": the keys are gathered with the rewards, so both groups pool."""
-    from solrl_core import stages
-    from solrl_core.prompts import text_keys
+    from solrl_core.data.prompts import text_keys
+    from solrl_core.loop import stages
 
     mine, theirs = torch.tensor([1.0, 3.0]), torch.tensor([5.0, 7.0])
     rank1 = iter([torch.stack([theirs, theirs], dim=1), torch.tensor([1, 1]), torch.tensor(text_keys(["a", "a"]))])
@@ -248,11 +248,11 @@ def test_one_text_on_two_ranks_shares_one_mean(monkeypatch):
 
 def test_text_keys_do_not_depend_on_the_process():
     """Ranks compare keys after a gather, so a key must not change with Python's per-process hash seed."""
-    from solrl_core.prompts import text_keys
+    from solrl_core.data.prompts import text_keys
 
     keys = text_keys(["a red cube", "a blue ball", "a red cube"])
     assert keys[0] == keys[2] != keys[1] and all(0 <= k < 2**62 for k in keys)
-    code = "from solrl_core.prompts import text_keys; print(text_keys(['a red cube'])[0])"
+    code = "from solrl_core.data.prompts import text_keys; print(text_keys(['a red cube'])[0])"
     for seed in ("1", "2"):
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONHASHSEED": seed}, check=True)
         assert int(out.stdout) == keys[0]

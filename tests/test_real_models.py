@@ -12,14 +12,14 @@ import torch
 from peft.tuners.tuners_utils import BaseTunerLayer
 
 from solrl_core import events as ev
+from solrl_core.config.presets import resolve_config
+from solrl_core.engine.policy import Policy
+from solrl_core.engine.sampler import noise_for_seeds, sample, sigma_grid
 from solrl_core.errors import SolrlError
+from solrl_core.loop.trainer import StopFlag, train
 from solrl_core.models import load_model
 from solrl_core.models.base import Conditioning
 from solrl_core.models.diffusers_models import select_files, weight_choice
-from solrl_core.policy import Policy
-from solrl_core.presets import resolve_config
-from solrl_core.sampler import noise_for_seeds, sample, sigma_grid
-from solrl_core.trainer import StopFlag, train
 from tests.tiny_pipelines import BUILDERS, save_tiny_pipeline
 
 # Model presets, each with a tiny pipeline of its architecture in tests/tiny_pipelines.py.

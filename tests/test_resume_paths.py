@@ -2,9 +2,8 @@
 made absolute), and a saved path that is gone is blamed on the run's config.toml and its key, not on
 a --prompts the user never gave."""
 
-import tomllib
-
 import pytest
+import tomllib
 from typer.testing import CliRunner
 
 from solrl_cli.app import app

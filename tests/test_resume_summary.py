@@ -9,13 +9,13 @@ import pytest
 from rich.console import Console
 
 from solrl_cli.display import TerminalDisplay
-from solrl_cli.tui import outcome
-from solrl_cli.tui_state import RunState
+from solrl_cli.tui.app import outcome
+from solrl_cli.tui.state import RunState
 from solrl_core import events as ev
-from solrl_core.evaluation import BASE_FILE
-from solrl_core.presets import resolve_config
-from solrl_core.stopping import StopFlag
-from solrl_core.trainer import train
+from solrl_core.config.presets import resolve_config
+from solrl_core.loop.evaluation import BASE_FILE
+from solrl_core.loop.trainer import train
+from solrl_core.runtime.stopping import StopFlag
 
 CAPTIONS = "a red circle\ntwo blue squares\na green triangle left of a yellow circle\na red circle and a blue square\n"
 

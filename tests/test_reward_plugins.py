@@ -208,8 +208,8 @@ def test_every_process_of_a_two_process_run_scores_with_the_plugin(in_tmp):
 
 
 def test_processes_holding_different_plugin_code_stop_together_naming_it(in_tmp, monkeypatch):
-    from solrl_core import distributed
     from solrl_core.rewards import RewardSet
+    from solrl_core.runtime import distributed
 
     Path("plug.py").write_text(PLUGIN)
     assert RewardSet({"plug.py:score": 1.0}).rewards["plug.py:score"].fingerprint.startswith("score sha256:")

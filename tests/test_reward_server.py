@@ -15,22 +15,22 @@ import pytest
 import torch
 
 from solrl_core import events as ev
+from solrl_core.config.convert import load_run_config
+from solrl_core.config.presets import resolve_config
+from solrl_core.data.tinyworld import example
 from solrl_core.errors import SolrlError
 from solrl_core.faults.manifest import verify
-from solrl_core.presets import resolve_config
-from solrl_core.rewards.names import parse_weights
+from solrl_core.io.images import to_uint8
+from solrl_core.loop.trainer import StopFlag, train
 from solrl_core.rewards import RewardSet
 from solrl_core.rewards.base import RewardContext
-from solrl_core.rewards.jpeg import to_uint8
+from solrl_core.rewards.names import parse_weights
 from solrl_core.rewards.remote import RemoteReward
 from solrl_core.rewards.server import Batcher
 from solrl_core.rewards.tinyworld import TinyWorldReward
 from solrl_core.rewards.transport import HttpError
 from solrl_core.rewards.watchdog import RewardFailure
 from solrl_core.rewards.wire import decode_images, encode_images
-from solrl_core.rundir import load_run_config
-from solrl_core.tinyworld import example
-from solrl_core.trainer import StopFlag, train
 from tests.serving import ROOT, request, reward_server
 
 

@@ -14,12 +14,12 @@ import socket
 import struct
 import threading
 import time
-import tomllib
 import zlib
 from pathlib import Path
 from typing import Callable, TypeVar
 
 import pytest
+import tomllib
 import torch
 
 from solrl_core.errors import SolrlError
@@ -109,8 +109,9 @@ def port_of(url: str) -> int:
 
 
 def test_a_png_bomb_is_refused_from_its_header_and_the_server_stays_small(plain):
-    from PIL import Image
     import io
+
+    from PIL import Image
 
     bomb = png(4096)
     assert len(bomb) < 100 * 1024  # tens of KiB on the wire...

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
+from solrl_core.config.presets import resolve_config
 from solrl_core.errors import SolrlError
-from solrl_core.presets import resolve_config
 from solrl_core.rewards import RewardSet
 from solrl_core.rewards.health import RewardHealth
 from solrl_core.rewards.tinyworld import TinyWorldReward

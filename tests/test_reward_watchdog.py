@@ -17,14 +17,15 @@ import torch
 from safetensors.torch import load_file
 
 from solrl_core import events as ev
-from solrl_core.config import RewardConfig
+from solrl_core.config.presets import resolve_config
+from solrl_core.config.schema import RewardConfig
 from solrl_core.errors import SolrlError
 from solrl_core.faults.manifest import verify
 from solrl_core.faults.phase import phase_of
-from solrl_core.presets import resolve_config
+from solrl_core.loop.trainer import StopFlag, train
 from solrl_core.rewards import RewardSet
-from solrl_core.rewards.watchdog import RewardFailure, call_watched, timeout_for
-from solrl_core.trainer import StopFlag, train
+from solrl_core.rewards.timeouts import timeout_for
+from solrl_core.rewards.watchdog import RewardFailure, call_watched
 from tests.conftest import FAST
 
 ROOT = Path(__file__).resolve().parents[1]

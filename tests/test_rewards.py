@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from solrl_core import events as ev
-from solrl_core.config import Config
-from solrl_core.config_io import set_value
+from solrl_core.config.convert import set_value
+from solrl_core.config.presets import resolve_config
+from solrl_core.config.schema import Config
 from solrl_core.errors import SolrlError
-from solrl_core.nft import combined_advantages, group_advantages
-from solrl_core.presets import resolve_config
-from solrl_core.rewards.registry import BUILTIN, RewardInfo
+from solrl_core.loop.nft import combined_advantages, group_advantages
+from solrl_core.loop.trainer import StopFlag, train
 from solrl_core.rewards import RewardSet, parse_weights
 from solrl_core.rewards.health import RewardHealth, near_constant
-from solrl_core.trainer import StopFlag, train
+from solrl_core.rewards.registry import BUILTIN, RewardInfo
 
 
 def test_reward_spec_parses_weights_and_rejects_nonsense():

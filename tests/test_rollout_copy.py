@@ -17,18 +17,18 @@ import pytest
 import torch
 
 from solrl_core import events as ev
-from solrl_core.attention import CACHE_TAG
+from solrl_core.config.presets import resolve_config
+from solrl_core.engine.attention import CACHE_TAG
+from solrl_core.engine.policy import OLD, TRAINED
+from solrl_core.engine.regions import RECOMPILE_LIMIT, repeated_blocks
+from solrl_core.engine.rollout import Draws
 from solrl_core.errors import SolrlError
-from solrl_core.policy import OLD, TRAINED
-from solrl_core.presets import resolve_config
-from solrl_core.regions import RECOMPILE_LIMIT, repeated_blocks
-from solrl_core.loop_state import LoopState
-from solrl_core.rollout import Draws
-from solrl_core.session import open_session
-from solrl_core.stages import explore, regenerate, roll_out, score_drafts, score_finals, select_seeds, sync
-from solrl_core.stages import train as update_on
-from solrl_core.trainer import StopFlag, train
-from solrl_core.warmup import warm_up_sizes
+from solrl_core.loop.loop_state import LoopState
+from solrl_core.loop.session import open_session
+from solrl_core.loop.stages import explore, regenerate, roll_out, score_drafts, score_finals, select_seeds, sync
+from solrl_core.loop.stages import train as update_on
+from solrl_core.loop.trainer import StopFlag, train
+from solrl_core.loop.warmup import warm_up_sizes
 
 
 def _session(fast_sets, *extra: str, run_dir: str = "run"):
@@ -90,9 +90,9 @@ def test_the_explore_copy_holds_only_quantized_weights_and_follows_each_refresh_
     """A replica's explore copy is lean (engine._copy): its quantized layers hold their caches and no
     high-precision weight, and after each refresh every tensor it holds equals a full deep copy's
     refreshed with the same merged weights."""
-    from solrl_core.engine import base_copy
+    from solrl_core.engine.engine import base_copy
+    from solrl_core.engine.rollout import RolloutCopy
     from solrl_core.precision.quantize import LayerRule, QuantizedGemm
-    from solrl_core.rollout import RolloutCopy
 
     run = _session(fast_sets, f"explore.precision={precision}", run_dir=precision)
     lean = run.engine.explore_copy
@@ -223,7 +223,7 @@ def test_kl_beta_zero_runs_no_reference_forward(fast_sets, monkeypatch):
 @pytest.mark.parametrize("sets, copies", [((), "max-autotune-no-cudagraphs"),  # the default: the official copies' mode
                                            (("run.compile_mode=default",), None)])
 def test_the_compile_mode_reaches_the_copies_and_the_update_compiles_in_default_mode(fast_sets, monkeypatch, sets, copies):
-    import solrl_core.regions as regions
+    import solrl_core.engine.regions as regions
 
     modes: list[str | None] = []
     monkeypatch.setattr(torch, "compile", lambda module, mode=None: modes.append(mode) or module)
@@ -244,10 +244,10 @@ def test_an_fp8_copy_under_max_autotune_runs_its_gemms_untuned_and_the_others_fo
     options with GEMMs on ATen alone; every other copy gets the mode itself."""
     import copy
 
-    import solrl_core.regions as regions
+    import solrl_core.engine.regions as regions
+    from solrl_core.engine.rollout import RolloutCopy
     from solrl_core.models import load_model
     from solrl_core.precision.quantize import LayerRule
-    from solrl_core.rollout import RolloutCopy
 
     given: list[dict] = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: given.append(kw) or fn)
@@ -278,7 +278,7 @@ def test_warm_up_sizes_are_the_batches_of_an_iteration(family, sets, sizes):
     Stage 2 and the update 24 samples."""
     from types import SimpleNamespace
 
-    from solrl_core.plan import plan_stages
+    from solrl_core.plan.plan import plan_stages
 
     cfg = resolve_config("tiny", family, sets=["run.prompts_per_iteration=3", "explore.group_size=24", "selection.group_size=8",
                                                "sampler.rollout_batch=24", "optimizer.micro_batch=16", *sets])
@@ -293,7 +293,7 @@ def test_without_a_rollout_copy_the_full_rollouts_use_the_compiled_blocks_warmed
     """No rollout copy, a compiled update and sampler.compile on: Stage 2 runs on the policy's
     compiled blocks (old adapter), which warm-up compiled, so no iteration compiles anything; with
     sampler.compile off (the eager baselines) the same rollouts stay eager."""
-    from solrl_core.sampler import Sampler
+    from solrl_core.engine.sampler import Sampler
 
     for compiled in (True, False):
         seen: list[tuple[bool, bool]] = []  # (explore, blocks compiled) per rollout call
@@ -314,7 +314,7 @@ def test_without_a_rollout_copy_the_full_rollouts_use_the_compiled_blocks_warmed
                                                               run_dir=f"r{compiled}"))
         opened = open_session(cfg)
         session_run.append(opened.run)
-        monkeypatch.setattr("solrl_core.trainer.open_session", lambda *a, **k: opened)
+        monkeypatch.setattr("solrl_core.loop.trainer.open_session", lambda *a, **k: opened)
         torch._dynamo.reset()
         with torch._dynamo.config.patch(error_on_recompile=False):
             train(cfg, bus, stop=StopFlag())
@@ -326,7 +326,7 @@ def test_without_a_rollout_copy_the_full_rollouts_use_the_compiled_blocks_warmed
 
 @pytest.mark.parametrize("compiled", [False, True])
 def test_the_update_trains_without_cudnn_attention(fast_sets, compiled, aot_eager, monkeypatch):
-    """cuDNN attention's backward fails at FLUX's shapes on an H100 (solrl_core/attention.py): every
+    """cuDNN attention's backward fails at FLUX's shapes on an H100 (solrl_core/engine/attention.py): every
     forward of the update, eager or compiled, runs with that SDPA backend off, and it is on again after."""
     run = _session(fast_sets, f"optimizer.compile={str(compiled).lower()}")
     batch = _kept(run, ["a red circle", "two blue squares"])

@@ -60,9 +60,8 @@ def finished(tmp_path_factory):  # type: ignore[no-untyped-def]
 def _planted(finished: Path, here: Path, weights: dict[str, float], eval_rewards: list[str] | None = None) -> Path:
     """A copy of the finished run whose config.toml someone rewrote to name `weights` (and eval rewards),
     with evil.py beside it."""
-    import tomllib
-
     import tomli_w
+    import tomllib
 
     run = Path(shutil.copytree(finished, here / "r"))
     (run / "evil.py").write_text(EVIL)

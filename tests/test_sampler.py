@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from solrl_core.sampler import noise_for_seeds, sample, sigma_grid
+from solrl_core.engine.sampler import noise_for_seeds, sample, sigma_grid
 
 
 def test_noise_is_a_pure_function_of_the_seed():

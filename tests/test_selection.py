@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 import torch
 
-from solrl_core.selection import select
+from solrl_core.loop.selection import select
 
 REWARDS = torch.tensor([0.3, 0.9, -0.2, 0.5, 0.1, 0.8, -0.7, 0.0])
 
@@ -35,8 +35,8 @@ def test_keeping_all_returns_all():
 
 
 def test_prompt_groups_shard_whole_and_in_order():
+    from solrl_core.data.prompts import shard
     from solrl_core.errors import SolrlError
-    from solrl_core.prompts import shard
 
     groups = [f"p{i}" for i in range(6)]
     assert [shard(groups, r, 3) for r in range(3)] == [["p0", "p1"], ["p2", "p3"], ["p4", "p5"]]

@@ -30,7 +30,7 @@ def _gathered(module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], int, in
     collective), and the elements of its sharded tensors this rank holds against their whole count."""
     from torch.distributed.tensor import DTensor
 
-    from solrl_core.sharding import fsdp_units
+    from solrl_core.engine.sharding import fsdp_units
 
     shards = [p for p in module.parameters() if isinstance(p, DTensor)]
     held, whole = sum(p.to_local().numel() for p in shards), sum(p.numel() for p in shards)
@@ -48,10 +48,10 @@ def _gathered(module: torch.nn.Module) -> tuple[dict[str, torch.Tensor], int, in
 def _fp8_copies_agree(engine) -> None:  # type: ignore[no-untyped-def]
     """An fp8 copy (e4m3 caches, fp32 row scales of dim 0 one: mixed dtypes, a chunk padded) sharded
     like the policy gathers to what a whole one filled from the same shards holds."""
+    from solrl_core.engine.rollout import RolloutCopy
+    from solrl_core.engine.sharded_copy import meta_copy, refresh_from_shards
     from solrl_core.models import load_model
     from solrl_core.precision.quantize import LayerRule
-    from solrl_core.rollout import RolloutCopy
-    from solrl_core.sharded_copy import meta_copy, refresh_from_shards
 
     base = load_model(engine.config.model, engine.device, engine.dtype).transformer
     sharded, whole = (RolloutCopy(meta_copy(base), "fp8", LayerRule.of(engine.config.model), sharded=s) for s in (True, False))
@@ -69,10 +69,10 @@ def _worker(rank: int, world: int, port: int, root: Path) -> None:
     from torch.distributed.fsdp import fully_shard
     from torch.distributed.tensor import DTensor
 
-    from solrl_core import distributed
+    from solrl_core.engine.sharded_copy import policy_mesh
+    from solrl_core.loop.session import open_session
     from solrl_core.precision.quantize import load_tensor
-    from solrl_core.session import open_session
-    from solrl_core.sharded_copy import policy_mesh
+    from solrl_core.runtime import distributed
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
@@ -126,7 +126,7 @@ def _same_run(root: Path, one: str, two: str, kept: str) -> None:
 def test_two_ranks_on_sharded_copies_train_what_one_process_does_and_the_copies_are_a_replicas(tmp_path):
     """The nvfp4 explore copy and a full-precision rollout copy, both sharded, against a 1-process run
     with the same copies; then both copies gathered against a replica's."""
-    from solrl_core.session import open_session
+    from solrl_core.loop.session import open_session
 
     (tmp_path / "results").mkdir()
     _train_recording_kept(_config(tmp_path, "one-rollout", "replicate", PRECISION, ROLLOUT),
@@ -161,13 +161,13 @@ def test_two_ranks_on_sharded_copies_train_what_one_process_does_and_the_copies_
 
 
 def test_the_sharded_copy_counts_one_shard_and_its_gathered_blocks_and_auto_takes_it_where_a_whole_one_is_over():
-    from solrl_core.config_io import set_value
+    from solrl_core.config.convert import set_value
+    from solrl_core.config.presets import resolve_config
+    from solrl_core.engine.sharding import GATHERED_SHARE, fsdp_machine, sharded_estimate
     from solrl_core.errors import SolrlError
-    from solrl_core.footprint import estimate_memory
+    from solrl_core.plan.footprint import estimate_memory
+    from solrl_core.plan.resolve import FIT_SHARE, resolve_machine
     from solrl_core.precision.hardware import GpuInfo
-    from solrl_core.precision.resolve import FIT_SHARE, resolve_machine
-    from solrl_core.presets import resolve_config
-    from solrl_core.sharding import GATHERED_SHARE, fsdp_machine, sharded_estimate
 
     qwen = resolve_config("qwen_image", "sol_rl", "imagereward")
     replica = estimate_memory(qwen, "fp8", "bf16", True, rollout_copy=False)
@@ -180,7 +180,7 @@ def test_the_sharded_copy_counts_one_shard_and_its_gathered_blocks_and_auto_take
     one = sharded_estimate(qwen, "bf16", 1, explore_precision="fp8", copy_layout="sharded")
     assert one.explore_copy == replica.explore_copy  # one process: nothing gathered, nothing divided
 
-    from solrl_core.precision.resolve import COMPILED_ANYWAY
+    from solrl_core.plan.resolve import COMPILED_ANYWAY
 
     fp8 = dataclasses.replace(resolve_machine(qwen, torch.device("cpu"), "bf16"), explore_precision="fp8", explore_compile=True,
                               explore_why=f"auto on compute capability 9.0{COMPILED_ANYWAY}: eager fp8 is slower")

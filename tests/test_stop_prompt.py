@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from solrl_core import events as ev
-from solrl_core.checkpoint import list_checkpoints
+from solrl_core.config.presets import resolve_config
+from solrl_core.engine.checkpoint import list_checkpoints
 from solrl_core.faults.manifest import verify
-from solrl_core.presets import resolve_config
+from solrl_core.loop.trainer import train
 from solrl_core.rewards.watchdog import STOP_GRACE_S, call_watched
-from solrl_core.stopping import ScoringAbandoned, StopFlag
-from solrl_core.trainer import train
+from solrl_core.runtime.stopping import ScoringAbandoned, StopFlag
 from tests.conftest import FAST
 
 ROOT = Path(__file__).resolve().parents[1]

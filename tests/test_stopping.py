@@ -1,4 +1,4 @@
-"""Stopping a run and starting it again (solrl_core/stopping.py): real signals to a real `solrl
+"""Stopping a run and starting it again (solrl_core/runtime/stopping.py): real signals to a real `solrl
 train` process, a stop at a phase boundary, a run stopped before its first checkpoint, a stop during
 an evaluation (of a run, or `solrl eval`), and a resume from an older checkpoint that fails before it
 is committed."""
@@ -21,12 +21,12 @@ import torch
 from solrl_cli.display import TerminalDisplay
 from solrl_cli.stop_text import finished_message, stop_message
 from solrl_core import events as ev
-from solrl_core.checkpoint import list_checkpoints
+from solrl_core.config.presets import resolve_config
+from solrl_core.engine.checkpoint import list_checkpoints
 from solrl_core.errors import SolrlError
 from solrl_core.faults.manifest import verify
-from solrl_core.presets import resolve_config
-from solrl_core.stopping import StopFlag
-from solrl_core.trainer import train
+from solrl_core.loop.trainer import train
+from solrl_core.runtime.stopping import StopFlag
 from tests.conftest import EVAL_SMALL, FAST
 
 
@@ -146,7 +146,7 @@ def test_a_run_stopped_before_its_first_checkpoint_starts_again_with_resume_or_w
 # fraction of a second, and the signal must land inside it whatever the machine's load.
 _SLOW_EVAL = textwrap.dedent("""
     import sys, time
-    from solrl_core.engine import Engine
+    from solrl_core.engine.engine import Engine
 
     real_decode, pause = Engine.decode, float(sys.argv[1])
 
@@ -265,7 +265,7 @@ def test_a_resume_from_an_older_checkpoint_sets_newer_ones_aside_only_once_commi
     first, _ = _run(sets)
     run_dir = first.run.run_dir
     first.run.lock.release()
-    import solrl_core.engine as engine
+    import solrl_core.engine.engine as engine
 
     real = engine.load_model
 

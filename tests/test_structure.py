@@ -1,5 +1,6 @@
 """The shape of the code a newcomer reads: no import cycle between solrl's modules (an import
-inside a function counts) nor between its folders (a sub-package of solrl_core as one node), no
+inside a function counts) nor between its folders (a sub-package of solrl_core as one node), the
+folders in layers that import only downwards (LAYERS), few modules loose at solrl_core's top, no
 module over 450 lines, no function with more than 8 positional parameters (a Typer command's
 parameters are its options, so the commands of solrl_cli/*_cmd.py are exempt), and the training
 loop's iteration short enough to read on one screen."""
@@ -80,7 +81,7 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_no_import_cycle():
     graph = {name: _imports(name, path) for name, path in MODULES.items()}
-    assert "solrl_core.session" in graph["solrl_core.trainer"]  # the graph sees real imports
+    assert "solrl_core.loop.session" in graph["solrl_core.loop.trainer"]  # the graph sees real imports
     cycle = _cycle(graph)
     assert cycle is None, " -> ".join(cycle)
 
@@ -110,36 +111,76 @@ def _folder_graph(graph: dict[str, set[str]]) -> tuple[dict[str, set[str]], dict
 
 
 def test_the_folder_graph_finds_a_cycle_the_module_graph_does_not():
-    planted = {"solrl_core.faults.oom": {"solrl_core.session"}, "solrl_core.session": {"solrl_core.faults.disk"},
+    planted = {"solrl_core.faults.oom": {"solrl_core.loop.session"}, "solrl_core.loop.session": {"solrl_core.faults.disk"},
                "solrl_core.faults.disk": set(), "solrl_core.errors": set()}
     assert _cycle(planted) is None
     folders, why = _folder_graph(planted)
-    assert _cycle(folders) == ["solrl_core.faults", "solrl_core.session", "solrl_core.faults"]
-    assert why[("solrl_core.faults", "solrl_core.session")] == ["solrl_core.faults.oom imports solrl_core.session"]
+    assert _cycle(folders) == ["solrl_core.faults", "solrl_core.loop", "solrl_core.faults"]
+    assert why[("solrl_core.faults", "solrl_core.loop")] == ["solrl_core.faults.oom imports solrl_core.loop.session"]
     assert _folder("solrl_core.models.tinyworld.net") == "solrl_core.models"  # a package inside one is part of it
-    assert _folder("solrl_core.tinyworld") == "solrl_core.tinyworld" and _folder("solrl_cli.app") == "solrl_cli.app"
+    assert _folder("solrl_core.errors") == "solrl_core.errors" and _folder("solrl_cli.app") == "solrl_cli.app"
 
 
 def test_no_import_cycle_between_folders():
-    """Sub-packages are leaves below the core (faults, precision, models, rewards) or tools above it
-    (bench, doctor, tracking): a folder that both imports the core and is imported by it is neither."""
     folders, why = _folder_graph({name: _imports(name, path) for name, path in MODULES.items()})
-    assert "solrl_core.faults" in folders["solrl_core.trainer"]  # the graph sees the folders
+    assert "solrl_core.faults" in folders["solrl_core.loop"]  # the graph sees the folders
     cycle = _cycle(folders)
     assert cycle is None, " -> ".join(cycle) + ": " + "; ".join(
         "; ".join(why[(a, b)]) for a, b in zip(cycle, cycle[1:]))
 
 
-TOOLS = ("solrl_core.bench", "solrl_core.doctor")  # side tools above the core: only the CLI and each other use them
+# solrl_core's layers, lowest first: a folder (or a module at solrl_core's top) imports its own layer
+# and the layers below it, never one above. docs/architecture.md draws the same order.
+LAYERS = (
+    ("errors", "text"),  # the error type and plain-text helpers
+    ("faults",),  # what goes wrong where: full disks, links, locks, manifests, non-finite values
+    ("events", "event_bus"),  # what the engine says, and the bus and JSONL log that carry it
+    ("runtime", "telemetry"),  # the process: device, threads, TF32, torch.distributed, stops; FLOPs and MFU
+    ("io",),  # files: the run folder, atomic writes, bounded JSON, pictures, clips
+    ("data",),  # prompts and the tiny worlds
+    ("precision",),  # the low-precision kernels and what each GPU runs
+    ("rewards",),  # every reward, local or behind a URL
+    ("config",),  # the typed config, presets, the checks of a run's inputs
+    ("models",),  # the model loaders
+    ("plan",),  # what a run does on this machine, decided once
+    ("engine",),  # the model, its copies, the sampler, sharding, checkpoints
+    ("tracking",),  # trackers and the reading of runs side by side
+    ("loop",),  # the training loop, its stages, evaluations, calibration
+    ("bench", "doctor"),  # side tools that run the core
+    ("tools",),  # the commands' work on a run: start, explore, infer, export
+)
+LAYER_OF = {f"solrl_core.{unit}": depth for depth, units in enumerate(LAYERS) for unit in units}
+MAX_LOOSE = 8  # modules at solrl_core's top, beside its folders
 
 
-def test_the_core_never_imports_a_side_tool():
-    """`solrl bench` and `solrl doctor` run the core; the core (the loop, the engine, the leaves) runs
-    without them. A check the core needs lives below it (e.g. rewards/probe.py, which both use)."""
+def _upward(folders: dict[str, set[str]], why: dict[tuple[str, str], list[str]]) -> list[str]:
+    """Each import of a higher layer by a lower one, with the module imports that make it."""
+    return [f"{a} -> {b} ({'; '.join(why[(a, b)])})" for a, targets in sorted(folders.items()) for b in sorted(targets)
+            if a in LAYER_OF and b in LAYER_OF and LAYER_OF[b] > LAYER_OF[a]]
+
+
+def test_every_folder_and_top_module_has_a_layer():
+    units = {_folder(name) for name in MODULES if name.startswith("solrl_core.")}
+    assert units == set(LAYER_OF), sorted(units ^ set(LAYER_OF))
+
+
+def test_no_layer_imports_a_layer_above_it():
     folders, why = _folder_graph({name: _imports(name, path) for name, path in MODULES.items()})
-    wrong = [f"{a} -> {b} ({'; '.join(why[(a, b)])})" for a, targets in sorted(folders.items()) for b in sorted(targets)
-             if b in TOOLS and a.startswith("solrl_core") and a not in TOOLS]
-    assert not wrong, "the core imports a side tool: " + ", ".join(wrong)
+    wrong = _upward(folders, why)
+    assert not wrong, "a lower layer imports a higher one: " + ", ".join(wrong)
+
+
+def test_the_layer_check_finds_a_planted_upward_import():
+    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+    graph["solrl_core.engine.sampler"] = graph["solrl_core.engine.sampler"] | {"solrl_core.loop.trainer"}
+    folders, why = _folder_graph(graph)
+    assert _upward(folders, why) == ["solrl_core.engine -> solrl_core.loop (solrl_core.engine.sampler imports solrl_core.loop.trainer)"]
+
+
+def test_few_modules_stand_loose_at_the_top():
+    loose = sorted(name for name, path in MODULES.items() if name.count(".") == 1 and name.startswith("solrl_core.")
+                   and path.name != "__init__.py")
+    assert len(loose) <= MAX_LOOSE, loose
 
 
 def test_modules_stay_short():
@@ -165,7 +206,7 @@ def test_no_function_takes_more_than_8_positional_parameters():
 
 
 def test_an_iteration_reads_on_one_screen():
-    tree = ast.parse(MODULES["solrl_core.trainer"].read_text(encoding="utf-8"))
+    tree = ast.parse(MODULES["solrl_core.loop.trainer"].read_text(encoding="utf-8"))
     (fn,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "run_iteration"]
     assert fn.end_lineno - fn.lineno + 1 <= 30
 

@@ -70,7 +70,7 @@ def test_rank_check_numbers_are_whole_at_80_columns_and_piped(monkeypatch, ks):
 
 
 def test_config_help_cuts_no_cell_when_piped():
-    from solrl_core.config_io import help_table
+    from solrl_core.config.convert import help_table
 
     out = CliRunner().invoke(app, ["config-help"], env={"COLUMNS": "80"}).output
     assert "…" not in out and all(len(line) <= 80 for line in out.splitlines())
@@ -84,8 +84,8 @@ def test_config_help_cuts_no_cell_when_piped():
 
 def test_eval_table_fits_80_columns(monkeypatch, tmp_path):
     from solrl_cli import eval_cmd
-    from solrl_core import evaluation
-    from solrl_core.config import Config
+    from solrl_core.config.schema import Config
+    from solrl_core.loop import evaluation
 
     stats = {"base": {"rewards": {"tinyworld_geneval": {"mean": 0.69312, "std": 0.31234, "delta": 0.0, "delta_se": 0.0}},
                       "extras": {"tinyworld_geneval.strict_accuracy": 0.47541, "tinyworld_geneval.position": 0.57401}},
@@ -107,7 +107,7 @@ def test_eval_table_fits_80_columns(monkeypatch, tmp_path):
 
 
 def test_grid_label_keeps_the_seed_of_a_long_prompt():
-    from solrl_core.inference import LABEL_CHARS, grid_rows
+    from solrl_core.io.images import LABEL_CHARS, grid_rows
 
     long = "a photo of three red cubes to the left of two small blue spheres on a wooden table"
     labels = grid_rows([long, "a cat"], [12345, 7])

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from solrl_core import threads
-from solrl_core.threads import ThreadChoice, choose_threads, oversubscription, prepare_openmp, usable_cores
+from solrl_core.runtime import threads
+from solrl_core.runtime.threads import ThreadChoice, choose_threads, oversubscription, prepare_openmp, usable_cores
 
 TWO_CORES = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) >= 2
 
@@ -94,7 +94,7 @@ def test_the_choice_reaches_torch_and_libgomp_in_a_fresh_process():
     session applies run.threads. libgomp prints the wait policy it read (OMP_DISPLAY_ENV)."""
     code = ("import os, sys; os.sched_setaffinity(0, {0, 1}); import solrl_cli.app; "
             "assert 'torch' not in sys.modules, 'importing the CLI loaded torch before the wait policy is set'; "
-            "from solrl_core.threads import prepare_openmp, apply_threads; prepare_openmp(); "
+            "from solrl_core.runtime.threads import prepare_openmp, apply_threads; prepare_openmp(); "
             "c = apply_threads(0); import torch; torch.ones(64, 64) @ torch.ones(64, 64); "
             "print('torch', torch.get_num_threads(), c.threads)")
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from solrl_core import tinyvideo as w
-from solrl_core.prompts import load_prompts
+from solrl_core.data import tinyvideo as w
+from solrl_core.data.prompts import load_prompts
 from solrl_core.rewards.tinyvideo import TinyVideoReward, read_clip, score
 from tests.conftest import FAST
 
@@ -108,8 +108,8 @@ def test_the_reward_is_a_video_reward_with_a_score_per_kind():
 
 
 def test_the_preset_loads_the_shipped_weights_and_makes_clips():
+    from solrl_core.config.presets import resolve_config
     from solrl_core.models import load_model
-    from solrl_core.presets import resolve_config
 
     cfg = resolve_config("tiny_video", "sol_rl")
     assert cfg.model.frames == w.FRAMES and cfg.model.resolution == w.SIZE and cfg.reward.weights == {"tinyvideo_geneval": 1.0}

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from solrl_core import tinyworld as w
-from solrl_core.prompts import load_prompts
+from solrl_core.data import tinyworld as w
+from solrl_core.data.prompts import load_prompts
 
 
 def test_scenes_are_a_pure_function_of_the_seed():

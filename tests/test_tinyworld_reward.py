@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
+from solrl_core.data.tinyworld import COLORS, RADIUS, SHAPES, SIZE, Obj, example, parse, render
 from solrl_core.errors import SolrlError
 from solrl_core.rewards.tinyworld import TinyWorldReward, analyze, score, strict_accuracy
-from solrl_core.tinyworld import COLORS, RADIUS, SHAPES, SIZE, Obj, example, parse, render
 
 SEEDS = [(s, "train") for s in range(300)] + [(s, "heldout") for s in range(100)]
 
@@ -165,7 +165,7 @@ def test_the_summary_reports_each_kind_of_prompt_apart():
 def test_an_evaluation_gives_each_kinds_change_a_paired_standard_error():
     """Same prompts and seeds for base and tuned: the standard error is that of the per-image
     differences, overall and within each kind (a kind of 2 images here, so a hand-checkable value)."""
-    from solrl_core.evaluation import Evaluation, summary
+    from solrl_core.loop.evaluation import Evaluation, summary
     from solrl_core.rewards import Scores
 
     prompts = ["a red circle", "a green square", "two blue squares", "three red circles"]

@@ -7,10 +7,10 @@ import json
 import pytest
 
 from solrl_core import events as ev
+from solrl_core.config.presets import resolve_config
 from solrl_core.errors import SolrlError
-from solrl_core.presets import resolve_config
+from solrl_core.loop.trainer import StopFlag, train
 from solrl_core.tracking import metrics, require
-from solrl_core.trainer import StopFlag, train
 
 
 def _train(sets, resume=False, stop_after=None):
@@ -143,8 +143,8 @@ def test_a_tracker_that_is_not_installed_is_named(monkeypatch, fast_sets, tmp_pa
 def test_cli_names_a_missing_tracker_in_one_line(monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
-    from solrl_core import tracking
     from solrl_cli.app import app
+    from solrl_core import tracking
 
     monkeypatch.setattr(tracking, "REQUIRES", {"tensorboard": "tensorboard", "wandb": "no_such_module_here"})
     result = CliRunner().invoke(app, ["train", "--log", "tensorboard,wandb", "--run-dir", str(tmp_path / "r")])

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from solrl_core import events as ev
-from solrl_core.presets import resolve_config
-from solrl_core.session import open_session
-from solrl_core.stages import explore, regenerate, score_drafts, select_seeds
-from solrl_core.trainer import StopFlag, train
+from solrl_core.config.presets import resolve_config
+from solrl_core.loop.session import open_session
+from solrl_core.loop.stages import explore, regenerate, score_drafts, select_seeds
+from solrl_core.loop.trainer import StopFlag, train
 
 
 def _run(sets, family="sol_rl", resume=False, stop_after=None):
@@ -145,7 +145,7 @@ def test_random_tiny_model_raises_the_jpeg_reward(fast_sets):
 
 
 def test_crash_reports_failed_and_leaves_the_last_checkpoint_whole(fast_sets, monkeypatch):
-    import solrl_core.stages as stages
+    import solrl_core.loop.stages as stages
 
     calls = {"n": 0}
     real_update = stages.update

@@ -16,11 +16,11 @@ import torch
 from typer.testing import CliRunner
 
 from solrl_cli.app import app
-from solrl_cli.tui_state import JsonlTail
-from solrl_core.atomic import write_atomic
+from solrl_cli.tui.state import JsonlTail
 from solrl_core.errors import SolrlError
 from solrl_core.faults.manifest import verify, write_manifest
 from solrl_core.faults.state_files import load_state, save_state
+from solrl_core.io.atomic import write_atomic
 from tests.test_compare import _record
 from tests.test_disks import _in_tmpfs
 from tests.test_trust import CKPT, _copy, in_tmp, trained  # noqa: F401  (fixtures: one tiny run for the module)
@@ -173,7 +173,7 @@ def test_an_optimizer_moment_of_the_wrong_shape_is_refused_before_an_iteration(i
 # The CLI in a process that reports how much its peak memory grew past its imports (the checkpoint's
 # tensors of the tiny model add a few MB; a "<U400000" array of numpy's 624-word key would add 1 GB).
 MEASURED = ("import resource, runpy, sys\n"
-            "import solrl_cli.app, solrl_core.session, solrl_core.trainer\n"
+            "import solrl_cli.app, solrl_core.loop.session, solrl_core.loop.trainer\n"
             "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
             "sys.argv = ['solrl', *sys.argv[1:]]\n"
             "try:\n"
@@ -229,7 +229,7 @@ def test_the_monitor_names_a_line_nested_a_million_deep(tmp_path):
 
 
 def test_a_kept_base_evaluation_nested_a_million_deep_is_a_warning(tmp_path):
-    from solrl_core.evaluation import BASE_FILE, RunEvals
+    from solrl_core.loop.evaluation import BASE_FILE, RunEvals
 
     (tmp_path / BASE_FILE).write_text(DEEP)
     assert "eval_base.json cannot be read (RecursionError" in RunEvals(tmp_path, {}).restore()

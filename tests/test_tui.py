@@ -13,9 +13,9 @@ import pytest
 import typer
 from rich.console import Console
 
+from solrl_cli.tui.app import JsonlTail, QueueSource, RunState, SolrlMonitor, StopScreen
 from solrl_core import events as ev
 from solrl_core.errors import SolrlError
-from solrl_cli.tui import JsonlTail, QueueSource, RunState, SolrlMonitor, StopScreen
 
 SIZE = (160, 45)
 CONFIG = {"algorithm": {"family": "sol_rl"}, "run": {"prompts_per_iteration": 8}, "explore": {"group_size": 16, "steps": 6},
@@ -32,7 +32,7 @@ def iteration(i: int, total: int = 30) -> ev.IterationFinished:
                                 nonfinite_losses=0, grad_norm=0.2, old_decay=0.001 * (i - 1))
 
 
-ENVIRONMENT = {  # what solrl_core.environment.describe records, for a made-up H100 machine
+ENVIRONMENT = {  # what solrl_core.plan.environment.describe records, for a made-up H100 machine
     "python": "3.12.3", "platform": "Linux-6.8-x86_64", "torch_cuda": "12.8", "device": "cuda:0",
     "libraries": {"torch": "2.9.0", "diffusers": "0.35.1", "transformers": "4.57.0", "peft": "0.17.1", "torchao": "0.13.0",
                   "transformer_engine": None, "solrl": "0.1.0"},
@@ -220,7 +220,7 @@ def test_run_tui_training_joins_the_trainer(monkeypatch):
     import sys
     import types
 
-    from solrl_cli import tui
+    from solrl_cli.tui import app as tui
 
     saved = []
 
@@ -246,10 +246,10 @@ def test_run_tui_training_joins_the_trainer(monkeypatch):
         def request(self, source, at_phase=False):
             self.requested = True
 
-    # a stand-in for solrl_core.trainer (importing the real one loads torch, seconds on a small CPU)
-    monkeypatch.setitem(sys.modules, "solrl_core.trainer", types.SimpleNamespace(StopFlag=StopFlag, train=fake_train))
+    # a stand-in for solrl_core.loop.trainer (importing the real one loads torch, seconds on a small CPU)
+    monkeypatch.setitem(sys.modules, "solrl_core.loop.trainer", types.SimpleNamespace(StopFlag=StopFlag, train=fake_train))
     monkeypatch.setattr(tui.SolrlMonitor, "run", lambda self: asyncio.run(headless(self)))
-    from solrl_core.config import Config
+    from solrl_core.config.schema import Config
 
     assert tui.run_tui_training(config=Config()) == "session" and len(saved) == 1
 
@@ -329,7 +329,7 @@ def test_environment_panel_shows_the_machine_the_run_started_on(tmp_path):
 
 
 def test_charts_thin_long_histories_to_the_screen():
-    from solrl_cli.tui_state import thin
+    from solrl_cli.tui.state import thin
 
     xs = [float(i) for i in range(1, 5001)]
     tx, ty = thin(xs, [2 * x for x in xs], 300)

@@ -13,12 +13,12 @@ import time
 
 from rich.console import Console
 
+from solrl_cli.tui.app import JsonlTail, SolrlMonitor
+from solrl_cli.tui.meter import ProcessMeter
+from solrl_cli.tui.panels import eval_charts
+from solrl_cli.tui.screens import HelpScreen
+from solrl_cli.tui.state import PANELS, RunState
 from solrl_core import events as ev
-from solrl_cli.tui import JsonlTail, SolrlMonitor
-from solrl_cli.tui_meter import ProcessMeter
-from solrl_cli.tui_panels import eval_charts
-from solrl_cli.tui_screens import HelpScreen
-from solrl_cli.tui_state import PANELS, RunState
 from tests.test_tui import iteration, started
 
 SMALL = (80, 24)

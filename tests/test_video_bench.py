@@ -20,8 +20,8 @@ from solrl_cli.app import app
 from solrl_core.bench.build import bench_model, build_pipeline
 from solrl_core.bench.flops import count_sample_flops, forward_inputs, text_tokens, wan_latent
 from solrl_core.bench.video import VIDEO_REAL, VIDEO_VAE_FACTOR, WAN_TOKENS, wan_forward_flops
+from solrl_core.config.presets import resolve_config
 from solrl_core.models.wan import latent_frames
-from solrl_core.presets import resolve_config
 
 SPATIAL = VIDEO_VAE_FACTOR
 
@@ -148,7 +148,7 @@ def test_bench_times_a_wan_model_at_tiny_size_and_prints_the_table(tmp_path):
     m, (row,) = data["model"], data["rows"]
     assert (m["loader"], m["frames"], m["latent_side"], m["resolution"], m["vae"]) == ("wan", 5, 8, 32, "small Wan")
     assert m["flops_per_sample"]["forward"] == wan_forward_flops(m["transformer_config"], (16, 2, 8, 8))
-    from solrl_core.plan import plan_stages
+    from solrl_core.plan.plan import plan_stages
 
     run = resolve_config("wan21_t2v_1_3b", "sol_rl", sets=["explore.group_size=4", "selection.group_size=2"])
     expected = phase_flops(plan_stages(run, "fp32", "nvfp4-emulated"), run, SampleFlops(**m["flops_per_sample"]), 1)
@@ -165,10 +165,10 @@ def test_the_wan_refusals_are_one_line_with_the_fix():
 
 
 def test_a_real_size_wan_bench_is_checked_against_the_gpu_before_building(monkeypatch):
-    from solrl_core import device as device_mod
     from solrl_core.bench import run as bench_run
-    from solrl_core.precision import resolve
+    from solrl_core.plan import resolve
     from solrl_core.precision.hardware import GpuInfo
+    from solrl_core.runtime import device as device_mod
 
     monkeypatch.setattr(device_mod, "resolve_device", lambda name: torch.device("cuda", 0))
     monkeypatch.setattr(resolve, "gpu_of", lambda device: GpuInfo(0, "made-up", (9, 0), 24.0))

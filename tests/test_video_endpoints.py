@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from solrl_core.errors import SolrlError
-from solrl_core.reward_endpoints import check_media
 from solrl_core.rewards import RewardSet
+from solrl_core.rewards.endpoints import check_media
 from solrl_core.rewards.names import judged_media
 from solrl_core.rewards.wire import decode_clips, encode_clips
 from tests.serving import request, reward_server, serve
@@ -79,8 +79,8 @@ def test_a_reward_server_scores_clips_as_its_rewards_do_in_process(clip_server, 
 
 
 def test_a_server_of_still_image_rewards_refuses_a_video_run(tmp_path):
-    from solrl_core.presets import resolve_config
-    from solrl_core.run_inputs import check_inputs
+    from solrl_core.config.presets import resolve_config
+    from solrl_core.config.run_inputs import check_inputs
 
     with reward_server(tmp_path, "--reward", "tinyworld_geneval") as served:
         name = f"remote:{served.url}"

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from solrl_core.config.presets import resolve_config
 from solrl_core.errors import SolrlError
-from solrl_core.presets import resolve_config
 from solrl_core.rewards import RewardSet
 from solrl_core.rewards.jpeg import JpegSize
 from solrl_core.rewards.video import frame_indices, score_frames

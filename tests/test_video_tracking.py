@@ -10,8 +10,8 @@ import io
 import pytest
 import torch
 
-from solrl_core.presets import resolve_config
-from solrl_core.rollout import RolloutBatch
+from solrl_core.config.presets import resolve_config
+from solrl_core.engine.rollout import RolloutBatch
 from solrl_core.tracking.samples import sample_grid
 from tests.test_wan import FAST, NAME
 from tests.tiny_pipelines import save_tiny_pipeline
@@ -20,7 +20,7 @@ from tests.tiny_pipelines import save_tiny_pipeline
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory):
     """One iteration's sample grid of three clips of one prompt, with the video extra (MP4) and without (GIF)."""
-    from solrl_core.engine import open_engine
+    from solrl_core.engine.engine import open_engine
 
     folder = save_tiny_pipeline(NAME, tmp_path_factory.mktemp("wan") / NAME)
     engine = open_engine(resolve_config(NAME, "sol_rl", sets=[*FAST, f"model.path={folder}"]))
@@ -36,10 +36,10 @@ def grid(tmp_path_factory):
 def test_a_video_sample_grid_is_contact_sheets_and_one_video_for_the_trackers(grid, mp4, monkeypatch):
     from PIL import Image
 
-    from solrl_core import video_output
+    from solrl_cli.tui.state import log_line
+    from solrl_core.io import video_output
     from solrl_core.tracking.tensorboard_log import TensorBoardLog
     from solrl_core.tracking.wandb_log import WandbLog
-    from solrl_cli.tui_state import log_line
 
     if mp4:
         pytest.importorskip("imageio_ffmpeg")
@@ -83,7 +83,7 @@ def test_a_video_sample_grid_is_contact_sheets_and_one_video_for_the_trackers(gr
 
 
 def test_an_image_sample_grid_writes_no_video(fast_sets, tmp_path):
-    from solrl_core.engine import open_engine
+    from solrl_core.engine.engine import open_engine
 
     engine = open_engine(resolve_config("tiny", "sol_rl", sets=fast_sets()))
     made = engine.generate(engine.conditioning(["a red circle"] * 2), torch.tensor([1, 2]), 2, "base")

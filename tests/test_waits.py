@@ -44,8 +44,8 @@ def _closed_port() -> int:
 def test_the_doctor_fails_fast_when_the_hub_cannot_be_reached_and_weights_are_missing(tmp_path, monkeypatch):
     import time
 
+    from solrl_core.config.presets import resolve_config
     from solrl_core.doctor import failed_for_run, run_checks
-    from solrl_core.presets import resolve_config
 
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{_closed_port()}")
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))  # nothing cached: the weights must be downloaded
@@ -95,10 +95,10 @@ def test_each_evaluation_is_announced_before_it_runs_in_every_view(fast_sets):
     from rich.console import Console
 
     from solrl_cli.display import TerminalDisplay
-    from solrl_cli.tui_state import RunState
+    from solrl_cli.tui.state import RunState
     from solrl_core import events as ev
-    from solrl_core.presets import resolve_config
-    from solrl_core.trainer import StopFlag, train
+    from solrl_core.config.presets import resolve_config
+    from solrl_core.loop.trainer import StopFlag, train
 
     bus, seen = ev.EventBus(), []
     bus.subscribe(seen.append)
@@ -126,7 +126,7 @@ def test_grids_carry_prompt_seed_and_reward_labels():
     import numpy as np
     import torch
 
-    from solrl_core.inference import grid_rows, make_grid
+    from solrl_core.io.images import grid_rows, make_grid
 
     columns = {"best 1": torch.full((2, 3, 32, 32), 0.5), "worst 1": torch.full((2, 3, 32, 32), 0.5)}
     rows = grid_rows(["a red cube", "two blue spheres"], [7, 8])
@@ -143,7 +143,7 @@ def test_grids_carry_prompt_seed_and_reward_labels():
 
 @pytest.mark.slow
 def test_compiling_on_a_cpu_leaks_no_cuda_home_warning(tmp_path):
-    code = ("import torch\nfrom solrl_core.regions import CompiledBlocks\n"
+    code = ("import torch\nfrom solrl_core.engine.regions import CompiledBlocks\n"
             "m = CompiledBlocks(torch.nn.Linear(4, 4))\nm(torch.randn(2, 4, requires_grad=True)).sum().backward()\n"
             "print('ran')\n")  # the backward compile imports cpp_extension
     env = {**os.environ, "PYTHONPATH": str(ROOT), "CUDA_HOME": "/usr/local", "CUDA_VISIBLE_DEVICES": "",

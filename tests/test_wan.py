@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from solrl_core import events as ev
+from solrl_core.config.presets import resolve_config
+from solrl_core.engine.sampler import noise_for_seeds, sample, sigma_grid
 from solrl_core.errors import SolrlError
+from solrl_core.loop.trainer import StopFlag, train
 from solrl_core.models import load_model
-from solrl_core.presets import resolve_config
-from solrl_core.sampler import noise_for_seeds, sample, sigma_grid
-from solrl_core.trainer import StopFlag, train
 from tests.tiny_pipelines import save_tiny_pipeline
 
 NAME = "wan21_t2v_1_3b"
@@ -73,7 +73,7 @@ def test_rollout_matches_wan_pipeline(name, latent_shape, folders):
 def test_the_explore_rule_quantizes_every_block_linear_of_the_published_models(name, heads, ffn, layers, channels, size):
     import diffusers
 
-    from solrl_core.footprint import model_size
+    from solrl_core.plan.footprint import model_size
     from solrl_core.precision.quantize import LayerRule, plan_layers
 
     with torch.device("meta"):  # transformer/config.json of Wan-AI/Wan2.1-T2V-1.3B, -14B and Wan2.2-TI2V-5B-Diffusers
@@ -128,7 +128,7 @@ def test_explore_writes_ranked_seeds_and_a_contact_sheet_grid(name, folders, tmp
     with Image.open(tmp_path / "ex" / "grid.png") as grid:  # each cell a clip's 5 frames in a row
         assert grid.width > 2 * 5 * 32
     # The grid's clips (each prompt's best and worst) written as videos, named in their rows.
-    from solrl_core.video_output import read_clip
+    from solrl_core.io.video_output import read_clip
 
     shown = [r for r in rows if "video" in r]
     assert len(shown) == 2 * len(rows) // 4 and {r["rank"] for r in shown} == {1, 4}
@@ -163,7 +163,7 @@ def test_infer_writes_each_clip_as_a_video_and_a_contact_sheet(mp4, folder, tmp_
     from typer.testing import CliRunner
 
     from solrl_cli.app import app
-    from solrl_core import video_output
+    from solrl_core.io import video_output
 
     if mp4:
         pytest.importorskip("imageio_ffmpeg")  # the video extra (in dev)

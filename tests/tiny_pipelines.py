@@ -14,8 +14,16 @@ import torch
 
 # The offline tokenizers, encoders and VAE live beside the benchmark that builds real-size pipelines
 # with them (`solrl bench`); the tests' tiny pipelines use the same ones.
-from solrl_core.bench.encoders import (CHARS, WORDS, clip_encoder, clip_tokenizer, gemma_tokenizer,  # noqa: F401
-                                       kl_vae, t5_encoder, t5_tokenizer)
+from solrl_core.bench.encoders import (  # noqa: F401
+    CHARS,
+    WORDS,
+    clip_encoder,
+    clip_tokenizer,
+    gemma_tokenizer,
+    kl_vae,
+    t5_encoder,
+    t5_tokenizer,
+)
 
 
 def sana_pipeline():  # type: ignore[no-untyped-def]
@@ -159,7 +167,8 @@ def wan_pipeline():  # type: ignore[no-untyped-def]
     from diffusers import WanTransformer3DModel
 
     from solrl_core.bench.encoders import umt5_encoder, wan_vae
-    from solrl_core.bench.video import WAN_TINY, wan_pipeline as pipeline
+    from solrl_core.bench.video import WAN_TINY
+    from solrl_core.bench.video import wan_pipeline as pipeline
 
     tokenizer = t5_tokenizer()
     # Sizes from diffusers' tests/pipelines/wan/test_wan.py (the bench's tiny Wan structure, WAN_TINY), with a
@@ -174,7 +183,8 @@ def wan22_ti2v_pipeline():  # type: ignore[no-untyped-def]
     from diffusers import WanTransformer3DModel
 
     from solrl_core.bench.encoders import wan_vae
-    from solrl_core.bench.video import WAN_TINY, wan_pipeline as pipeline
+    from solrl_core.bench.video import WAN_TINY
+    from solrl_core.bench.video import wan_pipeline as pipeline
 
     # Wan 2.2 TI2V 5B's layout, as diffusers' tests build it: a residual VAE over 2x2 pixel patches
     # (16x spatial compression, 48 latent channels) and per-token timesteps (expand_timesteps).

@@ -25,8 +25,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from PIL import Image
 
+from solrl_core.data.tinyworld import parse
 from solrl_core.rewards.tinyworld import analyze, score
-from solrl_core.tinyworld import parse
 
 FLOOR = -100.0  # log-probability written for probability 0 (JSON has no -inf)
 

@@ -110,7 +110,7 @@ class ExploreResult:
 
 def run_explore(options: ExploreOptions, bus: ev.EventBus) -> ExploreResult:
     """Time every backend of `options` on each model; each line is said on `bus` as it is measured."""
-    from solrl_core.device import resolve_device
+    from solrl_core.runtime.device import resolve_device
 
     device = resolve_device(options.device)
     options.check(device)
@@ -142,8 +142,8 @@ class _Model:
 def measure_model(preset: str, options: ExploreOptions, device: torch.device, bus: ev.EventBus) -> list[dict[str, Any]]:
     """One model, re-wrapped in place per backend (two copies of FLUX-12B would not fit); torchao's
     conversion cannot be undone, so it runs last."""
+    from solrl_core.config.presets import resolve_config
     from solrl_core.precision.quantize import unwrap_model
-    from solrl_core.presets import resolve_config
 
     cfg = resolve_config(preset, "sol_rl")
     model = bench_model(preset, cfg.model.loader, cfg.model.resolution, options.size, frames=cfg.model.frames)
@@ -182,8 +182,8 @@ def measure_model(preset: str, options: ExploreOptions, device: torch.device, bu
 
 
 def _steps(m: _Model, backend: str, what: str) -> list[dict[str, Any]]:
-    from solrl_core.config import RunConfig
-    from solrl_core.regions import CompiledBlocks
+    from solrl_core.config.schema import RunConfig
+    from solrl_core.engine.regions import CompiledBlocks
 
     rows = []
     for compiled in ((False, True) if m.options.compile else (False,)):
@@ -238,8 +238,8 @@ def summary_lines(rows: list[dict[str, Any]], options: ExploreOptions, steps: in
 
 def skip_reason(backend: str, device: torch.device, numerics_only: bool) -> str:
     """Why `backend` does not run on `device` ('' when it does)."""
+    from solrl_core.plan.resolve import gpu_of
     from solrl_core.precision import hardware
-    from solrl_core.precision.resolve import gpu_of
 
     if backend == "fp8-torchao":
         try:

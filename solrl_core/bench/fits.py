@@ -23,8 +23,8 @@ from solrl_core.precision.hardware import GpuInfo
 
 def estimate(cfg: Any, device: torch.device, gpu: GpuInfo) -> tuple[float, Any, Any]:
     """(peak GiB, the estimate by part, the machine plan) for `cfg` on `gpu`, as `solrl doctor` makes it."""
-    from solrl_core.footprint import estimate_memory
-    from solrl_core.precision.resolve import resolve_machine
+    from solrl_core.plan.footprint import estimate_memory
+    from solrl_core.plan.resolve import resolve_machine
 
     dtype_name = "bf16" if cfg.run.dtype == "auto" else cfg.run.dtype
     machine = resolve_machine(cfg, device, dtype_name, gpu=gpu)

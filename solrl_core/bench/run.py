@@ -94,8 +94,8 @@ class BenchResult:
 
 def run_bench(options: BenchOptions, bus: ev.EventBus, workdir: Path | None = None) -> BenchResult:
     """Build the model once, train each family on it, and measure; events on `bus` say what runs."""
-    from solrl_core.device import resolve_device
-    from solrl_core.presets import resolve_config
+    from solrl_core.config.presets import resolve_config
+    from solrl_core.runtime.device import resolve_device
 
     options = options.resolved()
     base = resolve_config(options.model, "sol_rl", REWARD, sets=options.sets)
@@ -109,7 +109,7 @@ def run_bench(options: BenchOptions, bus: ev.EventBus, workdir: Path | None = No
         root = Path(tmp)
         if options.size == "real" and options.check_memory and device.type == "cuda":
             from solrl_core.bench.fits import check_fits
-            from solrl_core.precision.resolve import gpu_of
+            from solrl_core.plan.resolve import gpu_of
 
             check_fits({f: family_config(options, f, root) for f in options.families}, device, gpu_of(device))
         bus.emit(ev.BenchProgress(stage="build", message=(
@@ -161,8 +161,8 @@ FIXES = {"rollout": "lower --rollout-batch or --n (explore.group_size)",
 
 def _train(cfg: Any, bus: ev.EventBus, family: str) -> Any:
     """`solrl train` on `cfg`; running out of memory is said with the bench's own settings to lower."""
-    from solrl_core.backoff import DoesNotFit
-    from solrl_core.trainer import StopFlag, train
+    from solrl_core.loop.backoff import DoesNotFit
+    from solrl_core.loop.trainer import StopFlag, train
 
     try:
         return train(cfg, bus, stop=StopFlag())
@@ -177,7 +177,7 @@ def _train(cfg: Any, bus: ev.EventBus, family: str) -> Any:
 
 def _run_family(options: BenchOptions, family: str, folder: Path, resolution: int, per_sample: SampleFlops,
                 bus: ev.EventBus, root: Path) -> dict[str, Any]:
-    from solrl_core.footprint import estimate_memory
+    from solrl_core.plan.footprint import estimate_memory
 
     cfg = family_config(options, family, root, folder, resolution)
     bus.emit(ev.BenchProgress(stage="family", message=(
@@ -227,7 +227,7 @@ def family_config(options: BenchOptions, family: str, root: Path, folder: Path |
                   resolution: int | None = None) -> Any:
     """The config `family` trains with in the bench; without `folder` (not built yet) the preset's own
     model, which is what the doctor's memory estimate is of."""
-    from solrl_core.presets import resolve_config
+    from solrl_core.config.presets import resolve_config
 
     model = [f"model.path={folder}", f"model.resolution={resolution}"] if folder is not None else []
     # the built-in prompts: a random-weight model needs no download (the real-model presets name PickScore's)
@@ -319,7 +319,7 @@ def auto_explore(run: Any, seconds: dict[str, float], bus: ev.EventBus) -> dict[
     DERIVED, not measured: the measured median iteration with Stage 1's generation and decoding
     scaled by the chosen candidate's measured seconds over the fixed setting's (generate, decode and
     reward of the calibration's samples), the calibration itself left out."""
-    from solrl_core.calibration import calibrate_engine, calibration_inputs
+    from solrl_core.loop.calibration import calibrate_engine, calibration_inputs
     from solrl_core.precision.hardware import runnable_low_precisions
 
     cfg = run.config

@@ -20,16 +20,26 @@ labelled so wherever they are shown.
 
 from __future__ import annotations
 
-from solrl_core.config import Config
+from solrl_core.config.schema import Config
 from solrl_core.doctor.check import FAIL, Check, machine
-from solrl_core.doctor.modes import modes_check
 from solrl_core.doctor.memory import EXPLORE_FAMILIES, _explore, _memory, _memory_without_gpu, _processes
+from solrl_core.doctor.modes import modes_check
 from solrl_core.doctor.prompts import prompt_checks
 from solrl_core.doctor.remote import _remote_rewards
+from solrl_core.doctor.software import (
+    TORCHVISION_REWARDS,
+    _combinations,
+    _device,
+    _gpus,
+    _library,
+    _python,
+    _reward_backends,
+    _torch,
+    _torchvision,
+    _transformer_engine,
+    matching_torchvision,
+)
 from solrl_core.doctor.strategy import backend_check, strategy_check
-from solrl_core.doctor.software import (_combinations, _device, _gpus, _library, _python, _reward_backends, _torch,
-                                        _torchvision, _transformer_engine, matching_torchvision,
-                                        TORCHVISION_REWARDS)
 from solrl_core.doctor.weights import _disk, _hub_mode, _hub_token, _model_weights, _reward_weights, hub_reachable
 from solrl_core.precision.hardware import GpuInfo
 

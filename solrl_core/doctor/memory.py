@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from solrl_core.config import EXPLORE_PRECISIONS, TINY_LOADERS, Config
+from solrl_core.config.families import FAMILIES
+from solrl_core.config.schema import EXPLORE_PRECISIONS, TINY_LOADERS, Config
 from solrl_core.doctor.check import FAIL, PASS, WARN, Check, Machine
-from solrl_core.families import FAMILIES
-from solrl_core.footprint import estimate_memory, model_size
+from solrl_core.plan.footprint import estimate_memory, model_size
 from solrl_core.precision import hardware
 from solrl_core.precision.hardware import GpuInfo
 
@@ -57,7 +57,7 @@ def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
         return Check("memory estimate", PASS, "skipped: no GPU (the run uses the CPU's memory)", "", False)
     import torch
 
-    from solrl_core.precision.resolve import resolve_machine
+    from solrl_core.plan.resolve import resolve_machine
 
     precision = requested if requested in set(EXPLORE_PRECISIONS) | set(hardware.PRECISIONS) else "auto"
     dtype_name = "bf16" if cfg.run.dtype == "auto" else cfg.run.dtype
@@ -85,7 +85,7 @@ def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
 
 
 def _explore(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
-    from solrl_core.precision.resolve import auto_explore_precision
+    from solrl_core.plan.resolve import auto_explore_precision
 
     requested = requested or cfg.explore.precision
     family = cfg.algorithm.family

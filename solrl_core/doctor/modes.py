@@ -5,18 +5,18 @@ GPU of compute capability 8.9 or more) and each preset's own micro-batch."""
 
 from __future__ import annotations
 
-from solrl_core.config import TINY_LOADERS, Config
+from solrl_core.config.schema import TINY_LOADERS, Config
 from solrl_core.doctor.check import PASS, WARN, Check
 from solrl_core.errors import SolrlError
-from solrl_core.memory_modes import GPU_SIZES, rung_needed
-from solrl_core.plan import MemoryModes
+from solrl_core.plan.memory_modes import GPU_SIZES, rung_needed
+from solrl_core.plan.plan import MemoryModes
 
 EXPLORE = "fp8"  # auto on an Ada, Hopper or Blackwell GPU (precision/resolve.py)
 
 
 def mode_table(models: list[str]) -> dict[str, dict[int, MemoryModes | None]]:
     """{model preset: {GPU GB: the rung it needs (None: none fits)}} for sol_rl, by the estimate."""
-    from solrl_core.presets import resolve_config
+    from solrl_core.config.presets import resolve_config
 
     table: dict[str, dict[int, MemoryModes | None]] = {}
     for name in models:
@@ -31,7 +31,7 @@ def mode_table(models: list[str]) -> dict[str, dict[int, MemoryModes | None]]:
 
 def modes_check(cfg: Config) -> Check:
     """The table as one check (informational: the run does not depend on it), the run's own model first."""
-    from solrl_core.presets import names
+    from solrl_core.config.presets import names
 
     models = sorted(names("models"), key=lambda n: (n != cfg.model.name, n))
     rows = [f"{name}: " + "; ".join(f"{gb} GB: {rung.describe() if rung else 'does not fit'}" for gb, rung in sizes.items())

@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from solrl_core.config import Config
+from solrl_core.config.schema import Config
 from solrl_core.doctor.check import FAIL, PASS, WARN, Check, Machine
 from solrl_core.errors import SolrlError
 
@@ -24,8 +24,8 @@ def prompt_checks(cfg: Config, m: Machine, timeout: float = PROBE_SECONDS) -> li
 
 
 def _check(row: str, spec: str, m: Machine, timeout: float) -> Check:
-    from solrl_core.prompt_sets import cached_path, download_fix, download_sets, parse_spec
-    from solrl_core.prompts import load_prompts
+    from solrl_core.data.prompt_sets import cached_path, download_fix, download_sets, parse_spec
+    from solrl_core.data.prompts import load_prompts
 
     parsed = parse_spec(spec)
     if parsed.hub:

@@ -4,10 +4,10 @@ network: each asks the endpoint the run names, once, with a short time limit."""
 
 from __future__ import annotations
 
-from solrl_core.config import Config
+from solrl_core.config.schema import Config
 from solrl_core.doctor.check import FAIL, PASS, WARN, Check
 from solrl_core.errors import SolrlError
-from solrl_core.reward_endpoints import is_endpoint
+from solrl_core.rewards.endpoints import is_endpoint
 from solrl_core.rewards.probe import PROBE_TIMEOUT_S, probe_endpoint
 
 TIMEOUT_S = PROBE_TIMEOUT_S

@@ -10,7 +10,7 @@ import sys
 import warnings
 from typing import Callable
 
-from solrl_core.config import TINY_LOADERS, Config
+from solrl_core.config.schema import TINY_LOADERS, Config
 from solrl_core.doctor.check import FAIL, PASS, WARN, Check, Machine
 from solrl_core.precision import hardware
 from solrl_core.precision.hardware import GpuInfo

@@ -4,12 +4,12 @@ a multi-process run needs (NCCL on GPUs, gloo on CPUs). Estimates are approximat
 
 from __future__ import annotations
 
-from solrl_core.config import TINY_LOADERS, Config
+from solrl_core.config.schema import TINY_LOADERS, Config
 from solrl_core.doctor.check import FAIL, PASS, WARN, Check
-from solrl_core.footprint import estimate_memory, model_size
+from solrl_core.engine.sharding import replica_fits, sharded_estimate
+from solrl_core.plan.footprint import estimate_memory, model_size
+from solrl_core.plan.resolve import FIT_SHARE, auto_explore_precision
 from solrl_core.precision.hardware import GpuInfo
-from solrl_core.precision.resolve import FIT_SHARE, auto_explore_precision
-from solrl_core.sharding import replica_fits, sharded_estimate
 
 SHARD_COUNTS = (2, 4, 8)  # processes per node shown besides the run's own
 

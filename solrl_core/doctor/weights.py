@@ -9,10 +9,10 @@ from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
-from solrl_core.config import TINY_LOADERS, Config
+from solrl_core.config.schema import TINY_LOADERS, Config
 from solrl_core.doctor.check import FAIL, PASS, WARN, Check, Machine
-from solrl_core.footprint import model_size
-from solrl_core.reward_endpoints import is_endpoint
+from solrl_core.plan.footprint import model_size
+from solrl_core.rewards.endpoints import is_endpoint
 from solrl_core.rewards.registry import RewardInfo, lookup
 
 GATED_HINT = "accept its licence on huggingface.co/{repo} and set HF_TOKEN (or run `hf auth login`)"

@@ -4,7 +4,7 @@ manifest.py  checksums of a checkpoint's files, written last and verified on res
 lock.py      one writer per run folder (an advisory lock that dies with its process)
 links.py     nothing in a run folder is followed out of it: links and special files are refused
 phase.py     which phase an out-of-memory error belongs to (the back-off that halves its batch is the
-             loop's own policy: solrl_core/backoff.py)
+             loop's own policy: solrl_core/loop/backoff.py)
 disk.py      a full or read-only filesystem, whatever raised it, as one clear error
 guard.py     non-finite rewards (samples dropped, groups skipped) and non-finite steps (skipped)
 """

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from solrl_core.config import ModelConfig
+from solrl_core.config.schema import ModelConfig
 from solrl_core.errors import SolrlError
 from solrl_core.models.base import Conditioning, DiffusionModel
 from solrl_core.models.layouts import LAYOUTS

@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator
 import torch
 from torch import nn
 
-from solrl_core.config import ModelConfig
+from solrl_core.config.schema import ModelConfig
 from solrl_core.errors import SolrlError
 from solrl_core.models.base import Conditioning, DiffusionModel
 

@@ -25,7 +25,7 @@ from diffusers import SanaTransformer2DModel
 from safetensors.torch import load_file
 from transformers import Gemma2Config, Gemma2Model, PreTrainedTokenizerFast
 
-from solrl_core.config import ModelConfig
+from solrl_core.config.schema import ModelConfig
 from solrl_core.errors import SolrlError
 from solrl_core.models.base import Conditioning, DiffusionModel, sana_velocity
 

@@ -1,6 +1,6 @@
 """The tiny video model: diffusers' WanTransformer3DModel (Wan's own video transformer) at a small
 size, over the pixels of short clips, built offline and CPU-friendly: the tiny moving world's model
-(`solrl_core.tinyvideo`).
+(`solrl_core.data.tinyvideo`).
 
 Why Wan and not the tiny SANA over frame tokens: at the tiny moving world's size (4 frames of 16x16,
 patch 1x4x4: 64 tokens a clip) the two cost about the same on a CPU, and Wan attends across frames
@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 import torch
 
-from solrl_core.config import ModelConfig
+from solrl_core.config.schema import ModelConfig
+from solrl_core.data.tinyvideo import VOCAB
 from solrl_core.errors import SolrlError
 from solrl_core.models.base import Conditioning, DiffusionModel
 from solrl_core.models.tiny import build_text_side, load_weights, read_arch, weights_folder
 from solrl_core.models.wan import wan_velocity
-from solrl_core.tinyvideo import VOCAB
 
 SCRIPT = "scripts/pretrain_tinyvideo.py"
 

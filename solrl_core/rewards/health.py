@@ -90,7 +90,7 @@ def at_best(scores: torch.Tensor, best: float | None, tolerance: float) -> bool:
 
 def raise_if_diverged(latents: torch.Tensor, steps: int, lr: float) -> None:
     """Stop every rank together, before the rewards are blamed, when any rank's outputs are not finite."""
-    from solrl_core import distributed
+    from solrl_core.runtime import distributed
 
     problem = diverged(latents, steps, lr)
     if distributed.any_true(problem is not None):

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from solrl_core.errors import SolrlError
-from solrl_core.atomic import write_atomic
+from solrl_core.io.atomic import write_atomic
 
 RECORD_FILE = "reward_servers.json"
 ON_CHANGE = ("refuse", "warn")

@@ -8,11 +8,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-
-def to_uint8(images: torch.Tensor) -> np.ndarray:
-    """[B, 3, H, W] floats in [0, 1] -> [B, H, W, 3] uint8."""
-    arr = images.detach().float().clamp(0, 1).mul_(255).round_().to(torch.uint8)  # one float copy, not three
-    return arr.permute(0, 2, 3, 1).cpu().numpy()
+from solrl_core.io.images import to_uint8
 
 
 class JpegSize:

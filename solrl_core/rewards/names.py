@@ -14,7 +14,8 @@ from __future__ import annotations
 from pathlib import PurePath
 
 from solrl_core.errors import SolrlError, close_matches
-from solrl_core.reward_endpoints import is_endpoint, label as endpoint_label, split_name, split_weight
+from solrl_core.rewards.endpoints import is_endpoint, split_name, split_weight
+from solrl_core.rewards.endpoints import label as endpoint_label
 from solrl_core.rewards.registry import check_ref, is_plugin_ref, lookup, registry, split_ref
 
 

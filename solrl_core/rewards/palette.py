@@ -2,7 +2,7 @@
 
 A second, independent score for the tiny world, scored at evaluation beside the GenEval-style
 reward (`run.eval_rewards`). Every tiny-world scene is flat paint: the dark background and the six
-shape colours of `solrl_core.tinyworld`, nothing else. For each pixel, d is the Euclidean RGB
+shape colours of `solrl_core.data.tinyworld`, nothing else. For each pixel, d is the Euclidean RGB
 distance (0-255 units) to the nearest of those seven colours; the pixel scores
 max(0, 1 - d / TOLERANCE), and the image scores the mean over its pixels, in [0, 1]. A rendered
 scene scores 1.0; the pre-trained model's smooth edges and slight colour noise score a little lower.
@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from solrl_core.tinyworld import BACKGROUND, COLORS
+from solrl_core.data.tinyworld import BACKGROUND, COLORS
 
 TOLERANCE = 64.0  # RGB units: a pixel a quarter of the scale from every paint colour scores 0
 PALETTE = torch.tensor([BACKGROUND, *COLORS.values()], dtype=torch.float32)  # [7, 3]

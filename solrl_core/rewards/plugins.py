@@ -35,8 +35,8 @@ from typing import Any
 import torch
 
 from solrl_core.errors import SolrlError
-from solrl_core.rewards.registry import entry_points, is_plugin_ref, split_ref
 from solrl_core.rewards.base import RewardContext
+from solrl_core.rewards.registry import entry_points, is_plugin_ref, split_ref
 from solrl_core.rewards.watchdog import RewardFailure
 
 DOCS = "see docs/rewards.md"

@@ -18,7 +18,7 @@ class Probe:
 def probe_endpoint(name: str, settings: dict[str, str], timeout_s: float = PROBE_TIMEOUT_S, video: bool | None = None) -> Probe:
     """Ask the endpoint `name` once; a SolrlError (saying what is wrong and the fix) if it cannot serve,
     or (`video` given: whether the model makes clips) cannot judge what the model makes."""
-    from solrl_core.reward_endpoints import check_media
+    from solrl_core.rewards.endpoints import check_media
 
     if name.startswith("vlm:"):
         from solrl_core.rewards.vlm import VlmJudge

@@ -164,7 +164,7 @@ BUILTIN: dict[str, RewardInfo] = {r.name: r for r in BUILTINS}
 def is_plugin_ref(name: str) -> bool:
     """Whether a reward name points at code: 'module:attr' or 'path/file.py:attr' (a URL reward,
     remote:URL or vlm:URL, also holds ':' and is not one: reward_endpoints.py)."""
-    from solrl_core.reward_endpoints import is_endpoint
+    from solrl_core.rewards.endpoints import is_endpoint
 
     return ":" in name and not is_endpoint(name)
 

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from solrl_core.errors import SolrlError
-from solrl_core.reward_endpoints import TOKEN_ENV, check_media, split_name
+from solrl_core.rewards.endpoints import TOKEN_ENV, check_media, split_name
 from solrl_core.rewards.transport import call
 from solrl_core.rewards.wire import SCHEMA, encode_clips, encode_images, scores_from_json
 

@@ -10,12 +10,12 @@ import torch
 
 from solrl_core.errors import SolrlError, close_matches
 from solrl_core.faults.phase import charged_to
-from solrl_core.reward_endpoints import is_endpoint
+from solrl_core.rewards.base import Reward, RewardContext
+from solrl_core.rewards.endpoints import is_endpoint
 from solrl_core.rewards.names import check_names, known_names
 from solrl_core.rewards.registry import lookup
-from solrl_core.rewards.base import Reward, RewardContext
-from solrl_core.rewards.watchdog import call_watched, timeout_for
-
+from solrl_core.rewards.timeouts import timeout_for
+from solrl_core.rewards.watchdog import call_watched
 
 
 class RewardSection(Protocol):
@@ -68,7 +68,7 @@ def _may_hang(name: str) -> bool:
 def same_plugins_on_every_rank(rewards: dict[str, Reward]) -> None:
     """Under --nproc-per-node, every process must score with the same plugin code: each compares
     what its plugins resolved to (plugins.fingerprint) with rank 0's, and all stop together if any differs."""
-    from solrl_core import distributed
+    from solrl_core.runtime import distributed
 
     mine = {n: r.fingerprint for n, r in rewards.items() if hasattr(r, "fingerprint") and isinstance(r.fingerprint, str)}
     if distributed.world_size() == 1 or not mine:
@@ -154,7 +154,7 @@ class RewardSet:
         """One reward's call on `images`: an image reward on clips [B, F, 3, H, W] scores their frames (video.py);
         an endpoint is sent the clips, after it is checked to judge what it is sent."""
         if name in self.endpoints:
-            from solrl_core.reward_endpoints import check_media
+            from solrl_core.rewards.endpoints import check_media
 
             check_media(name, self.endpoints[name], video=images.dim() == 5)
         if images.dim() == 5 and name not in self.judges_clips:

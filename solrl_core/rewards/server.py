@@ -43,14 +43,14 @@ from typing import Any, Callable
 import torch
 
 from solrl_core.errors import SolrlError
-from solrl_core.rewards.registry import lookup
+from solrl_core.io import bounded_json
+from solrl_core.io.bounded_json import JsonTooLarge
 from solrl_core.rewards import RewardSet, Scores
 from solrl_core.rewards.base import RewardContext
 from solrl_core.rewards.identity import server_identity
-from solrl_core import bounded_json
-from solrl_core.bounded_json import JsonTooLarge
 from solrl_core.rewards.limits import MAX_JSON_DEPTH, InFlight, Limits, derive
 from solrl_core.rewards.names import FRAME_REDUCTIONS, judged_media
+from solrl_core.rewards.registry import lookup
 from solrl_core.rewards.wire import FORMATS, SCHEMA, TooLarge, frame_count, read_clips, read_images, scores_to_json
 
 
@@ -153,8 +153,8 @@ def _versions() -> dict[str, str]:
 
 def load(opts: ServerOptions) -> tuple[RewardSet, dict[str, Any], Limits]:
     """The rewards, loaded on the resolved device, the /health answer describing them, and the limits."""
-    from solrl_core.device import resolve_device
-    from solrl_core.reward_endpoints import is_endpoint
+    from solrl_core.rewards.endpoints import is_endpoint
+    from solrl_core.runtime.device import resolve_device
 
     if not opts.token and not is_loopback(opts.host):
         raise SolrlError(f"serving on {opts.host} (not loopback) without a token would let anyone who reaches it use this machine",

@@ -1,4 +1,4 @@
-"""`tinyvideo_geneval`: a GenEval-style programmatic reward for the tiny moving world (`solrl_core.tinyvideo`).
+"""`tinyvideo_geneval`: a GenEval-style programmatic reward for the tiny moving world (`solrl_core.data.tinyvideo`).
 
 A video reward (registry.py declares it so): it judges whole clips [B, F, 3, H, W]. Each frame is read
 as the tiny world's reward reads an image (rewards/tinyworld.py: colour segmentation, connected
@@ -23,10 +23,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from solrl_core.data.tinyvideo import KINDS, Spec, parse
 from solrl_core.errors import SolrlError
-from solrl_core.rewards.jpeg import to_uint8
+from solrl_core.io.images import to_uint8
 from solrl_core.rewards.tinyworld import Detected, analyze, strict_accuracy
-from solrl_core.tinyvideo import KINDS, Spec, parse
 
 # The smallest shape drawn is a square of radius 2 (3x3 pixels); two shapes of radius 3 that blur
 # together cover at least 50 pixels, the largest single shape (a circle of radius 5) 89, which erosion

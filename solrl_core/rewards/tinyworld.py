@@ -1,4 +1,4 @@
-"""A GenEval-style programmatic reward for the tiny world (`solrl_core.tinyworld`).
+"""A GenEval-style programmatic reward for the tiny world (`solrl_core.data.tinyworld`).
 
 GenEval scores an image by detecting objects and checking them against the prompt's spec: are the
 asked-for objects there, in the right colour, number and position? The tiny world needs no
@@ -22,9 +22,9 @@ from typing import Callable
 import numpy as np
 import torch
 
+from solrl_core.data.tinyworld import BACKGROUND, COLORS, KINDS, Spec, parse, relation_holds
 from solrl_core.errors import SolrlError
-from solrl_core.rewards.jpeg import to_uint8
-from solrl_core.tinyworld import BACKGROUND, COLORS, KINDS, Spec, parse, relation_holds
+from solrl_core.io.images import to_uint8
 
 # A pixel belongs to a colour when it lies near the straight RGB segment from the background to
 # that colour (blurred or anti-aliased edges are blends along it) and at least half-way along it.

@@ -31,8 +31,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from solrl_core import bounded_json
 from solrl_core.errors import SolrlError
+from solrl_core.io import bounded_json
 
 BACKOFF_S = (0.25, 0.5, 1.0, 2.0)  # sleeps between connection attempts: five tries over about 4 s
 # The largest answer read: a /score answer for 512 images of ten rewards is under 200 KB, a hosted

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from solrl_core.errors import SolrlError
-from solrl_core.reward_endpoints import API_KEY_ENV, judge_for, split_name
+from solrl_core.rewards.endpoints import API_KEY_ENV, judge_for, split_name
 from solrl_core.rewards.transport import call
 from solrl_core.rewards.wire import png_bytes
 

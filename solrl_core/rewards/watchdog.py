@@ -31,12 +31,10 @@ from typing import Callable, Iterator, TypeVar
 
 import torch
 
-from solrl_core.config_bounds import parse_timeout
 from solrl_core.errors import SolrlError
-from solrl_core.stopping import ScoringAbandoned
+from solrl_core.runtime.stopping import ScoringAbandoned
 
 T = TypeVar("T")
-MODEL_DEFAULT_S = 600.0  # `auto` for rewards that run a learned model: generous for a batch of 32 on a busy GPU
 STOP_GRACE_S = 3.0  # after a stop request, how long a scoring call may still take before it is abandoned
 _SLICE_S = 0.1  # how often the waiting thread looks at the stop request
 _FIX = ("raise reward.timeout_s, or 0 to turn the watchdog off, and continue from the checkpoint saved: "
@@ -49,14 +47,6 @@ class RewardFailure(SolrlError):
     def __init__(self, reward: str, message: str, fix: str) -> None:
         super().__init__(message, fix)
         self.reward = reward
-
-
-def timeout_for(setting: str, model_reward: bool) -> float:
-    """Seconds allowed to one scoring call of a reward (0 = unwatched)."""
-    seconds = parse_timeout(setting)
-    if seconds is None:
-        return MODEL_DEFAULT_S if model_reward else 0.0
-    return seconds
 
 
 def call_watched(name: str, score: Callable[[], T], timeout_s: float, retries: int,

@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from solrl_core.errors import SolrlError
-from solrl_core.rewards.jpeg import to_uint8
+from solrl_core.io.images import to_uint8
 
 SCHEMA = 1
 FORMATS = ("uint8", "png", "float32")

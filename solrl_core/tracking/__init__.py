@@ -90,8 +90,8 @@ def undo_start(run_dir: Path, before: set[Path], fresh: bool) -> None:
         shutil.rmtree(made, ignore_errors=True) if made.is_dir() else made.unlink(missing_ok=True)
     if fresh:  # what a fresh run's start writes before its trackers open (session.py, trainer.py)
         from solrl_core.faults.lock import LOCK_FILE
+        from solrl_core.io.rundir import CONFIG_FILE, EVENTS_FILE
         from solrl_core.rewards.identity import RECORD_FILE
-        from solrl_core.rundir import CONFIG_FILE, EVENTS_FILE
 
         for name in (CONFIG_FILE, EVENTS_FILE, "quantization_report.json", RECORD_FILE, LOCK_FILE):
             (run_dir / name).unlink(missing_ok=True)

@@ -18,7 +18,7 @@ from solrl_core.errors import SolrlError
 from solrl_core.event_bus import TooDeep, parse_line
 from solrl_core.events import PHASES
 from solrl_core.faults.links import check_path
-from solrl_core.rundir import EVENTS_FILE
+from solrl_core.io.rundir import EVENTS_FILE
 
 # events outside an iteration whose seconds count as training time
 _TIMED = (ev.EvalFinished, ev.CheckpointSaved, ev.RankCheckResult)

@@ -29,8 +29,8 @@ def sample_grid(engine, batch, run_dir: Path, iteration: int) -> ev.SampleGrid: 
     """Write RUN/samples/iter_NNNNNN.png: the first prompt group of `batch` (a RolloutBatch),
     its samples from best to worst reward, each captioned with its reward and seed, decoded by
     `engine`; for clips also RUN/samples/iter_NNNNNN.mp4 (or .gif), the clips side by side."""
-    from solrl_core.inference import make_grid
-    from solrl_core.video_output import save_clip, side_by_side
+    from solrl_core.io.images import make_grid
+    from solrl_core.io.video_output import save_clip, side_by_side
 
     t0 = time.perf_counter()
     members = torch.nonzero(batch.groups == batch.groups[0]).flatten()

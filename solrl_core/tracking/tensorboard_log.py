@@ -50,7 +50,7 @@ def video_summary(tag: str, path: Path):  # noqa: ANN201 - a TensorBoard Summary
     """A clip file (GIF, or MP4 read back through the video extra) as the summary add_video writes."""
     from tensorboard.compat.proto.summary_pb2 import Summary
 
-    from solrl_core.video_output import gif_bytes, read_clip
+    from solrl_core.io.video_output import gif_bytes, read_clip
 
     clip = read_clip(path)
     encoded = path.read_bytes() if path.suffix == ".gif" else gif_bytes(clip)

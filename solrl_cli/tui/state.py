@@ -1,0 +1,368 @@
+"""What the TUI knows about a run, kept apart from how it is drawn: the event sources (a tailed
+events.jsonl decoded by `events.decode`, or a live queue fed by the engine's bus; both yield typed
+events) and `RunState`, which folds events into bounded histories and running aggregates. No Textual
+import here, and nothing that imports torch: `solrl monitor` starts fast."""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import math
+import queue
+import statistics
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, TypedDict
+
+from solrl_cli.stop_text import finished_message, stop_message
+from solrl_core import events as ev
+from solrl_core.config.convert import from_dict
+from solrl_core.config.families import FAMILIES
+from solrl_core.config.schema import Config
+from solrl_core.errors import SolrlError
+from solrl_core.event_bus import TooDeep, parse_line
+from solrl_core.events import PHASES
+from solrl_core.faults.links import check_path
+from solrl_core.telemetry.mfu import describe, percent, phase_mfu
+from solrl_core.text import plural
+
+PANELS = {"time": "time", "rewards": "rewards", "loss": "loss", "eval": "eval", "log": "warnings & log", "env": "environment"}
+HISTORY = 2000  # iterations kept for plots; the aggregates count every iteration
+ROLLING = 10
+
+
+# ---------------------------------------------------------------- sources: each poll() returns new typed events
+
+
+class JsonlTail:
+    """Follows RUN_DIR/events.jsonl: everything already there on the first poll, then appended lines.
+
+    A last line still being written (no newline yet) waits for the next poll; a file that shrank
+    (replaced) is read again from the start. Lines are decoded by `events.decode`: a line that is not
+    JSON (torn by a crash mid-write) becomes a warning; a kind this version does not know (a newer
+    solrl wrote it) is skipped, counted in `skipped`, and its first line of each kind becomes a
+    warning; a line of a known kind whose fields do not fit raises SolrlError naming the line, and
+    the monitor stops with it, since drawing the rest would hide a changed schema."""
+
+    poll_interval = 0.5
+    max_bytes = 8 << 20  # per poll, so replaying a huge log never freezes the screen
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self._offset = 0
+        self._partial = b""
+        self.finished = False  # another process writes the file: it may always grow
+        self.lines = 0  # complete lines read so far, to name a bad one
+        self.skipped: dict[str, int] = {}  # events of kinds this version does not know, by kind
+
+    def poll(self) -> list[ev.Event]:
+        try:
+            size = check_path(self.path.parent, self.path.name).stat().st_size  # a planted link or fifo: refused
+        except FileNotFoundError:
+            return []
+        if size < self._offset:
+            self._offset, self._partial, self.lines = 0, b"", 0
+        if size == self._offset:
+            return []
+        with open(self.path, "rb") as fh:
+            fh.seek(self._offset)
+            data = fh.read(min(size - self._offset, self.max_bytes))
+        self._offset += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        out: list[ev.Event] = []
+        for line in lines:
+            self.lines += 1
+            if line.strip():
+                event = self._decode(line)
+                if event is not None:
+                    out.append(event)
+        return out
+
+    def _decode(self, line: bytes) -> ev.Event | None:
+        where = f"{self.path.name} line {self.lines}"
+        try:
+            record = parse_line(line)
+        except TooDeep as exc:
+            raise SolrlError(f"{self.path} line {self.lines}: {exc}", "the file is damaged: its other lines are not shown") from exc
+        except ValueError:
+            return ev.RunWarning(message=f"monitor: skipped {where}, which is not JSON (torn by a crash mid-write?)")
+        try:
+            return ev.decode(record)
+        except ev.UnknownEventKind as exc:
+            self.skipped[str(exc.kind)] = self.skipped.get(str(exc.kind), 0) + 1
+            if self.skipped[str(exc.kind)] > 1:
+                return None
+            return ev.RunWarning(message=f"monitor: skipped {where} and any later '{exc.kind}' events: a newer solrl "
+                                         "wrote this kind, which this version does not know")
+        except ev.EventDecodeError as exc:
+            raise SolrlError(f"{self.path} line {self.lines}: {exc}",
+                             "the file is damaged, or another solrl version wrote it: replay it with that version") from exc
+
+
+class QueueSource:
+    """A bus subscriber for a run in this process: put_nowait on an unbounded queue (the trainer
+    never blocks on the screen); the app drains the typed events on its timer."""
+
+    poll_interval = 0.25
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self.done = threading.Event()  # set by the training thread when train() returns or raises
+        self.error: BaseException | None = None
+
+    def __call__(self, event: ev.Event) -> None:
+        self._queue.put_nowait(event)
+
+    def poll(self, limit: int = 10_000) -> list[ev.Event]:
+        out: list[ev.Event] = []
+        with contextlib.suppress(queue.Empty):
+            while len(out) < limit:
+                out.append(self._queue.get_nowait())
+        return out
+
+    @property
+    def finished(self) -> bool:
+        return self.done.is_set() and self._queue.empty()
+
+
+# ---------------------------------------------------------------- state: what the events say, kept apart from the view
+
+
+class WarningLine(TypedDict):
+    """One line of the warnings list: a RunWarning, or a fault the run survived, in words."""
+
+    time: float
+    message: str
+
+
+class RunState:
+    """The run as its typed events tell it. `apply` takes an event, or an events.jsonl record, which
+    it decodes first (`events.decode`: an unknown kind or a record that does not fit raises)."""
+
+    def __init__(self, history: int = HISTORY) -> None:
+        self.started: ev.RunStarted | None = None
+        self.config: Config | None = None  # the run's config, typed, from its start event
+        self.quantization = ""
+        self.flops: ev.ModelFlops | None = None  # the run's model FLOPs and peaks: each iteration's MFU
+        self.iterations: deque[ev.IterationFinished] = deque(maxlen=history)
+        self.count = 0  # every iteration seen (the deque keeps the last `history`)
+        self.phase_sums = dict.fromkeys(PHASES, 0.0)
+        self.nonfinite = 0
+        self.peak_memory: float | None = None  # GiB, the largest per-phase peak any iteration reported
+        self.evals: deque[ev.EvalFinished] = deque(maxlen=500)
+        self.warnings: deque[WarningLine] = deque(maxlen=50)
+        self.warning_count = 0
+        self.log: deque[str] = deque(maxlen=50)  # checkpoints, images, run finished
+        self.finished: ev.RunFinished | None = None
+        self.last_time: float | None = None
+        self.version = 0  # bumped per event: the view redraws only when it moved
+
+    def apply(self, e: ev.Event | dict[str, Any]) -> None:
+        if isinstance(e, dict):
+            e = ev.decode(e)
+        self.version += 1
+        self.last_time = e.time
+        if isinstance(e, ev.RunStarted):
+            self.started, self.finished, self.flops = e, None, None
+            self.config = from_dict(e.config, Config(), source="the run's start event")  # typed: drift is an error
+            while self.iterations and self.iterations[-1].iteration > e.start_iteration:
+                self._drop(self.iterations.pop())  # logged after the checkpoint this run resumes from
+        elif isinstance(e, ev.QuantizationReport):
+            self.quantization = e.summary
+        elif isinstance(e, ev.ModelFlops):
+            self.flops = e
+            self.log.extend(f"{_clock(e.time)} {line}" for line in describe(e))
+        elif isinstance(e, ev.IterationFinished):
+            self.iterations.append(e)
+            self.count += 1
+            for k in PHASES:
+                self.phase_sums[k] += e.seconds.get(k, 0.0)
+            self.nonfinite += e.nonfinite_losses
+            peaks = [v for v in (e.peak_memory or {}).values() if isinstance(v, (int, float))]
+            if peaks:
+                self.peak_memory = max(peaks + ([self.peak_memory] if self.peak_memory is not None else []))
+        elif isinstance(e, ev.EvalFinished):
+            self.evals.append(e)
+        elif isinstance(e, (ev.RunWarning, *FAULT_EVENTS)):
+            self.warnings.append({"time": e.time, "message": e.message if isinstance(e, ev.RunWarning) else fault_message(e)})
+            self.warning_count += 1
+        elif isinstance(e, ev.RunFinished):
+            self.finished = e
+            self.log.append(f"{_clock(e.time)} run {e.reason} at iteration {e.iteration} after {e.seconds:.1f}s: "
+                            f"{finished_message(e, self.total)}")
+        elif isinstance(e, ev.StopRequested):
+            self.log.append(f"{_clock(e.time)} {stop_message(e)}")
+        else:
+            line = log_line(e)
+            if line:
+                self.log.append(f"{_clock(e.time)} {line}")
+
+    def _drop(self, it: ev.IterationFinished) -> None:
+        self.count -= 1
+        for k in PHASES:
+            self.phase_sums[k] -= it.seconds.get(k, 0.0)
+        self.nonfinite -= it.nonfinite_losses
+
+    @property
+    def iteration(self) -> int:
+        if self.iterations:
+            return self.iterations[-1].iteration
+        return self.started.start_iteration if self.started else 0
+
+    @property
+    def total(self) -> int:
+        if self.started:  # a resumed run may have raised it
+            return self.started.iterations
+        return self.iterations[-1].iterations if self.iterations else 0
+
+    def series(self, *path: str) -> list[float]:
+        """One number per kept iteration, e.g. series("final", "mean"); iterations lacking it (or where it is
+        NaN: an iteration whose rewards were all non-finite, or that made no step) are skipped."""
+        return [y for _, y in self._pairs(path) if math.isfinite(y)]
+
+    def points(self, *path: str) -> tuple[list[float], list[float]]:
+        """(iterations, values) of series(*path): the x and y of a chart."""
+        pairs = self._pairs(path)
+        return [x for x, _ in pairs], [y for _, y in pairs]
+
+    def _pairs(self, path: tuple[str, ...]) -> list[tuple[float, float]]:
+        """(iteration, value) where the iteration has a number at `path`: attributes of the event (a
+        name it lacks is an AttributeError: a bug here, not in the data), then keys of its dicts."""
+        out = []
+        for it in self.iterations:
+            value: Any = it
+            for key in path:
+                value = value.get(key) if isinstance(value, dict) else getattr(value, key) if value is not None else None
+            if isinstance(value, (int, float)):
+                out.append((float(it.iteration), float(value)))
+        return out
+
+    def components(self, stage: str) -> list[str]:
+        last = next((getattr(it, stage) for it in reversed(self.iterations) if getattr(it, stage)), None)
+        return sorted(last.components) if last else []
+
+    def rolling(self, phase: str) -> float | None:
+        recent = [it.seconds[phase] for it in itertools.islice(reversed(self.iterations), ROLLING) if phase in it.seconds]
+        return statistics.fmean(recent) if recent else None
+
+    def explore_speed(self) -> list[str]:
+        """Stage-1 versus Stage-2 generation speed, from the timings and the run's config (sol_rl only:
+        the one family that generates the same seeds in both stages). Empty when not derivable."""
+        t_draft, t_final = self.rolling("explore"), self.rolling("regenerate")
+        if not self.started or not t_draft or not t_final:
+            return []
+        cfg = self.config
+        if cfg is None or not FAMILIES[cfg.algorithm.family].regenerate:
+            return []
+        prompts, n, k = cfg.run.prompts_per_iteration, cfg.explore.group_size, cfg.selection.group_size
+        steps_draft, steps_final = cfg.explore.steps, cfg.sampler.steps
+        draft, final = prompts * n / t_draft, prompts * k / t_final
+        return [f"Stage 1 draft rollouts: {plural(prompts, 'prompt')} x {plural(n, 'seed')} in {t_draft:.2f}s = {draft:.1f}/s "
+                f"({steps_draft} steps, {self.started.explore_precision})",
+                f"Stage 2 final rollouts: {plural(prompts, 'prompt')} x {plural(k, 'seed')} in {t_final:.2f}s = {final:.1f}/s "
+                f"({steps_final} steps, {self.started.dtype})",
+                f"explore speed-up per rollout {draft / final:.2f}x, per denoising step "
+                f"{draft * steps_draft / (final * steps_final):.2f}x  (generation time only, mean of the last "
+                f"{plural(min(len(self.iterations), ROLLING), 'iteration')})"]
+
+    def mfu(self) -> dict[str, float | None]:
+        """The last iteration's model FLOPs utilisation per phase and in total (telemetry/mfu.py); {} when
+        the run's FLOPs were not counted or no iteration finished."""
+        return phase_mfu(self.flops, self.iterations[-1].seconds) if self.iterations else {}
+
+    def eta(self) -> float | None:
+        per = self.rolling("total")
+        return None if per is None or self.finished else per * max(self.total - self.iteration, 0)
+
+
+FAULT_EVENTS = (ev.OutOfMemoryBackoff, ev.SamplesDropped, ev.StepSkipped, ev.RewardHacking)  # each view shows them as warnings
+
+
+def mfu_text(flops: ev.ModelFlops | None, seconds: dict[str, float]) -> str:
+    """'  MFU 3.4% (explore 5.1%, regenerate 4.9%, train 2.6%)': an iteration's model FLOPs utilisation,
+    as `solrl bench` computes it; '' when the run's FLOPs were not counted."""
+    mfu = phase_mfu(flops, seconds)
+    if not mfu:
+        return ""
+    return f"  MFU {percent(mfu['total'])} (" + ", ".join(f"{p} {percent(v)}" for p, v in mfu.items() if p != "total") + ")"
+
+
+def fault_message(e: ev.OutOfMemoryBackoff | ev.SamplesDropped | ev.StepSkipped | ev.RewardHacking) -> str:
+    """One line for a fault the run survived (solrl_core/faults) or a reward-hacking alarm, shown as a warning by every view."""
+    if isinstance(e, ev.RewardHacking):
+        then = ("the run stops here with a checkpoint (run.stop_on_hacking)" if e.stopping
+                else "images may be degrading; --set run.stop_on_hacking=true stops a run here")
+        return (f"reward hacking? iteration {e.iteration}: the trained reward {e.trained} rose {e.trained_change:+.4f} "
+                f"(+- {e.trained_se:.4f} s.e.) since the base while eval reward {e.reward} fell {e.change:+.4f} "
+                f"(+- {e.se:.4f} s.e., more than {e.threshold:g} s.e.): {then}")
+    if isinstance(e, ev.OutOfMemoryBackoff):
+        return (f"out of GPU memory in the {e.phase} (iteration {e.iteration}): {e.setting} {e.old} -> {e.new}, "
+                "iteration redone")
+    if isinstance(e, ev.SamplesDropped):
+        named = ", ".join(f"'{name}' {count}" for name, count in e.rewards.items())
+        explore = e.stage == "explore"
+        where = "not selected" if explore else "left out of the update"
+        lost = "had no finite draft" if explore else "skipped"
+        groups = f"; {e.groups_skipped} of {e.groups} prompt groups {lost}" if e.groups_skipped else ""
+        return f"non-finite rewards in iteration {e.iteration} ({e.stage}): {named}; {e.dropped} of {e.samples} samples {where}{groups}"
+    limit = f" (the run stops at {e.limit})" if e.limit else ""
+    return f"optimizer step of iteration {e.iteration} skipped: {e.reason}, {e.in_a_row} in a row{limit}"
+
+
+def eval_started_text(e: ev.EvalStarted) -> str:
+    when = f", after iteration {e.iteration}" if e.iteration else ""
+    return f"evaluating the {e.weights} weights on {e.prompts} ({e.samples} images{when})"
+
+
+def log_line(e: ev.Event) -> str:
+    """The log panel's words for a checkpoint, rank check, calibration, compile, evaluation start, sample grid or images written;
+    '' for others."""
+    if isinstance(e, ev.EvalStarted):
+        return f"{eval_started_text(e)} ..."
+    if isinstance(e, ev.CheckpointSaved):
+        return f"checkpoint iteration {e.iteration} -> {e.path} ({e.seconds:.2f}s)"
+    if isinstance(e, ev.RankCheckResult):
+        cor = "  ".join(f"{n} {v:.3f}" if v is not None else f"{n} - (constant)" for n, v in (("rho", e.rho), ("tau", e.tau)))
+        return (f"rank check iteration {e.iteration} ({plural(e.seeds, 'seed')} of one prompt, draft vs full): {cor}"
+                + ("  (full rollouts reused from the calibration)" if e.reused else ""))
+    if isinstance(e, ev.CalibrationDone):
+        if e.precisions:  # precision x steps
+            curve = "  ".join(f"{c['name']}:{c['recall']:.2f}" for c in e.candidates)
+            return (f"calibration before iteration {e.iteration} ({e.seconds:.1f}s): Stage 1 at {e.chosen}; recall by "
+                    f"precision@steps {curve}; floor {e.min_recall:.3f}")
+        curve = "  ".join(f"{c['steps']}:{c['recall']:.2f}" for c in e.candidates)
+        return (f"calibration before iteration {e.iteration} ({e.seconds:.1f}s): Stage 1 at {e.chosen}; recall by preview "
+                f"steps {curve}; floor {e.min_recall:.3f}")
+    if isinstance(e, ev.CompileStarted):
+        return f"compiling the {e.target} (torch.compile, once) ..."
+    if isinstance(e, ev.CompileFinished):
+        return f"compiled the {e.target} in {e.seconds:.1f}s (once, before the first iteration)"
+    if isinstance(e, ev.SampleGrid):
+        clips = f" (contact sheets; the clips: {e.video})" if e.video else ""
+        return f"sample grid iteration {e.iteration} ({len(e.rewards)} Stage-2 samples of '{e.prompt[:40]}') -> {e.path}{clips}"
+    if isinstance(e, ev.ImagesWritten):
+        return f"{plural(e.count, 'image')} ({e.weights} weights) -> {e.folder}"
+    return ""
+
+
+def thin(xs: list[float], ys: list[float], points: int) -> tuple[list[float], list[float]]:
+    """At most `points` points: consecutive buckets of equal size replaced by their means, so a chart
+    of thousands of iterations costs what one screen width costs."""
+    n = len(xs)
+    if n <= points or points < 1:
+        return xs, ys
+    edges = [round(i * n / points) for i in range(points + 1)]
+    return ([statistics.fmean(xs[a:b]) for a, b in zip(edges, edges[1:])],
+            [statistics.fmean(ys[a:b]) for a, b in zip(edges, edges[1:])])
+
+
+def _clock(seconds: float | None) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(seconds)) if seconds is not None else "--:--:--"
+
+
+def _duration(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    return f"{m // 60}h{m % 60:02d}m" if m >= 60 else f"{m}m{s:02d}s"
+

@@ -1,0 +1,51 @@
+"""The bounds of a config's numbers and settings, checked by Config.validate (config.py). Torch-free,
+like the config: a bad value is refused before anything heavy loads."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+from solrl_core.errors import SolrlError
+
+# Every bounded number: (low, high, whether low is allowed, whether high is allowed); None = unbounded.
+_AT_LEAST_1 = (1, None, True, False)
+_AT_LEAST_0 = (0, None, True, False)
+_POSITIVE = (0, None, False, False)
+_FRACTION = (0, 1, True, False)  # [0, 1)
+RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
+    **dict.fromkeys(("sampler.steps", "explore.steps", "run.iterations", "run.prompts_per_iteration",
+                     "sampler.rollout_batch", "optimizer.micro_batch", "run.checkpoint_every", "run.keep_checkpoints",
+                     "model.lora_rank", "model.resolution", "sampler.eval_steps", "run.eval_every", "run.eval_seeds",
+                     "reward.batch_size", "explore.calibrate_prompts"), _AT_LEAST_1),
+    **dict.fromkeys(("explore.rank_check_every", "model.quant_min_dim", "run.image_every", "run.threads",
+                     "reward.health_patience", "reward.health_min_std", "optimizer.max_nonfinite_steps", "reward.retries",
+                     "optimizer.weight_decay", "optimizer.grad_clip", "algorithm.kl_beta", "algorithm.old_decay_rate",
+                     "run.seed", "model.init_seed", "model.max_sequence_length", "explore.recalibrate_every"), _AT_LEAST_0),
+    **dict.fromkeys(("optimizer.lr", "optimizer.eps", "algorithm.nft_beta", "algorithm.adv_clip_max", "sampler.shift",
+                     "model.lora_alpha"), _POSITIVE),
+    **dict.fromkeys(("optimizer.beta1", "optimizer.beta2", "algorithm.ema_max_decay"), _FRACTION),
+    "algorithm.old_decay_max": (0, 1, True, True),
+    "explore.min_recall": (0, 1, True, True),
+    "algorithm.timestep_fraction": (0, 1, False, True),
+}
+
+
+def range_text(low: float | None, high: float | None, low_ok: bool, high_ok: bool) -> str:
+    """'> 0', '>= 1', 'in [0, 1)' ..."""
+    if high is None:
+        return f"{'>=' if low_ok else '>'} {low:g}"
+    return f"in {'[' if low_ok else '('}{low:g}, {high:g}{']' if high_ok else ')'}"
+
+
+def check_ranges(config: Any, default: Callable[[str, str], Any]) -> None:
+    """Each bounded number of `config` lies in its range (NaN and infinity never do). `default(section,
+    key)`: the field's default, named in the fix."""
+    for name, (low, high, low_ok, high_ok) in RANGES.items():
+        section, key = name.split(".")
+        value = getattr(getattr(config, section), key)
+        inside = (math.isfinite(value) and (low is None or value > low or (low_ok and value == low))
+                  and (high is None or value < high or (high_ok and value == high)))
+        if not inside:
+            raise SolrlError(f"{name}={value:g} is out of range: it must be {range_text(low, high, low_ok, high_ok)}",
+                             f"set {name} to a value {range_text(low, high, low_ok, high_ok)} (default {default(section, key):g})")

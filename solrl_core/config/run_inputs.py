@@ -1,0 +1,111 @@
+"""A run's own inputs, checked in seconds, before the doctor's checks of the machine (which import
+diffusers, transformers and every reward backend) and before any model loads: the prompt files, the
+device, whether the rewards can judge the prompts (the tiny world's vocabulary), and the remote
+reward servers. A mistake in one of them is then said in a second or two, as a config error is.
+
+And the paths a run reads from outside: written absolute into the run's config.toml when it opens
+(`absolute_paths`), so `--resume` works from any working folder; on resume, a path that config names
+and that is gone is blamed on that config and its key (`check_saved_paths`), not on a flag the user
+never gave.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+from solrl_core.config.schema import Config
+from solrl_core.data.prompts import absolute_spec, load_prompts, missing_path
+from solrl_core.errors import SolrlError
+
+# config key -> the flag that sets it, for errors about a fresh run's inputs
+FLAGS = {"run.prompts": "--prompts", "run.eval_prompts": "--set run.eval_prompts=...", "model.path": "--model-path"}
+
+
+def absolute_paths(cfg: Config) -> Config:
+    """`cfg` with the local prompt files and folders, model.path and reward.paths that exist written
+    as absolute paths (hub ids and set names unchanged)."""
+    run = replace(cfg.run, prompts=absolute_spec(cfg.run.prompts), eval_prompts=absolute_spec(cfg.run.eval_prompts))
+    model = replace(cfg.model, path=_absolute(cfg.model.path))
+    reward = replace(cfg.reward, paths={name: _absolute(p) for name, p in cfg.reward.paths.items()})
+    return replace(cfg, run=run, model=model, reward=reward)
+
+
+def _absolute(path: str) -> str:
+    return os.path.abspath(path) if path and Path(path).exists() else path
+
+
+def _saved_paths(cfg: Config) -> dict[str, str]:
+    """Each config key that may name a local path, and the path it names when that path is missing ('' if none)."""
+    model = cfg.model.path if cfg.model.path and not Path(cfg.model.path).exists() else ""
+    return {"run.prompts": missing_path(cfg.run.prompts), "run.eval_prompts": missing_path(cfg.run.eval_prompts),
+            "model.path": model}
+
+
+def check_saved_paths(run_dir: Path, cfg: Config) -> None:
+    """On resume: a local path the run's saved config names (unchanged by --set) must still be there;
+    if not, the config file and its key are named, with how to point the run at the new place."""
+    from solrl_core.config.convert import load_run_config
+    from solrl_core.io.rundir import CONFIG_FILE
+
+    saved = load_run_config(run_dir)
+    now = _saved_paths(cfg)
+    for key, missing in _saved_paths(saved).items():
+        if missing and now[key] == missing:
+            raise SolrlError(f"{missing} does not exist: {key} in {run_dir / CONFIG_FILE} names it "
+                             f"(the run was started with it{'' if os.path.isabs(missing) else ', relative to the folder it started in'})",
+                             f"put it back, or tell the run where it is now: solrl train --resume {run_dir} --set {key}=PATH")
+
+
+def check_inputs(cfg: Config, resumed_from: Path | None = None) -> None:
+    """The run's inputs, in seconds: saved paths on resume, prompt files (a hub dataset or a set still
+    to download is left to the doctor: it may need the network), the device, the rewards' judgement
+    of the prompts, and remote reward servers. Raises the first SolrlError."""
+    if resumed_from is not None:
+        check_saved_paths(resumed_from, cfg)
+    prompts = _local_prompts(cfg.run.prompts, FLAGS["run.prompts"])
+    prompts += _local_prompts(cfg.run.eval_prompts, FLAGS["run.eval_prompts"]) if cfg.run.eval_prompts else []
+    if cfg.run.device != "auto":
+        from solrl_core.runtime.device import resolve_device
+
+        resolve_device(cfg.run.device)
+    _check_vocabulary(cfg, prompts)
+    _check_servers(cfg)
+
+
+def _local_prompts(spec: str, origin: str) -> list[str]:
+    from solrl_core.data.prompt_sets import download_sets, parse_spec
+
+    parsed = parse_spec(spec)
+    if parsed.hub or (not Path(parsed.source).exists() and parsed.source in download_sets()):
+        return []
+    return load_prompts(spec, origin)
+
+
+def _check_vocabulary(cfg: Config, prompts: list[str]) -> None:
+    """Rewards that need no weights are built (cheap) and asked whether they can judge the prompts."""
+    from solrl_core.rewards import build_reward
+    from solrl_core.rewards.registry import BUILTIN
+
+    for name in cfg.reward.weights:
+        if name not in BUILTIN or BUILTIN[name].needs_weights or not prompts:
+            continue  # a URL reward, a plugin (checked when the run's rewards are built) or a model reward
+        check = getattr(build_reward(name), "check_prompts", None)
+        if check is not None:
+            check(prompts)
+
+
+def _check_servers(cfg: Config) -> None:
+    """A remote: or vlm: reward's server answers its health request (the request the doctor makes),
+    within reward.timeout_s where that is shorter than the doctor's limit."""
+    from solrl_core.rewards.endpoints import is_endpoint
+    from solrl_core.rewards.probe import PROBE_TIMEOUT_S, probe_endpoint
+    from solrl_core.rewards.timeouts import parse_timeout
+
+    limit = parse_timeout(cfg.reward.timeout_s) or PROBE_TIMEOUT_S
+    for name in filter(is_endpoint, cfg.reward.weights):
+        try:
+            probe_endpoint(name, cfg.reward.remote, min(limit, PROBE_TIMEOUT_S), video=cfg.model.frames > 0)
+        except SolrlError as exc:
+            raise SolrlError(f"reward endpoint {name}: {exc.message}", exc.fix or "run `solrl doctor` for details") from exc

@@ -1,0 +1,1 @@
+"""What a run is fed: prompt sets and files, and the tiny worlds (their grammar and paint)."""

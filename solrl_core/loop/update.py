@@ -1,0 +1,138 @@
+"""The update: one optimizer step of the DiffusionNFT loss on the Stage-2 rollouts (nft.py has the
+loss), accumulated over micro-batches and train timesteps."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from solrl_core.engine.policy import OLD
+from solrl_core.engine.rollout import RolloutBatch
+from solrl_core.engine.sharding import sync_gradients
+from solrl_core.faults.phase import charged_to
+from solrl_core.loop.nft import nft_loss
+from solrl_core.loop.session import Run
+from solrl_core.models.base import Conditioning
+from solrl_core.runtime import distributed
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What one update did; `loss`, `policy` and `kl` are means over every (sample, timestep) pair."""
+
+    loss: float
+    policy: float
+    kl: float
+    nonfinite: int  # loss terms that were not finite (zeroed, or their micro-batch skipped)
+    grad_norm: float
+    stepped: bool  # False: the gradient was not finite (or there was none) and the step was skipped
+
+    @classmethod
+    def skipped(cls) -> "UpdateResult":
+        """No usable sample: no step."""
+        return cls(math.nan, math.nan, math.nan, 0, math.nan, False)
+
+    def losses(self) -> dict[str, float]:
+        return {"loss": self.loss, "policy": self.policy, "kl": self.kl}
+
+
+def update(run: Run, batch: RolloutBatch, advantages: torch.Tensor, rng: np.random.Generator, samples: int,
+           local: slice) -> UpdateResult:
+    """One optimizer step of the DiffusionNFT loss on this rank's `batch` with its `advantages`.
+
+    The gradient is the mean over every (sample, train timestep) pair of every rank: each rank
+    weighs a micro-batch's mean loss by its share of the rank's pairs, and the ranks (which hold
+    equally many samples) average their gradients. Each sample's timesteps and training noise come
+    from its own generator, drawn for all `samples` of every rank (this rank's, `batch`, are the
+    `local` ones), so neither the split over ranks nor the micro-batch size changes them."""
+    cfg, policy = run.config, run.engine.policy
+    alg = cfg.algorithm
+    grid = batch.sigmas[:-1]
+    per_sample = min(max(1, int(run.plan.full_steps * alg.timestep_fraction)), grid.numel())
+    n = len(batch.prompts)
+    gens = [torch.Generator().manual_seed(int(s)) for s in rng.integers(0, 2**63 - 1, size=samples)[local]]
+    picks = torch.stack([torch.randperm(grid.numel(), generator=g)[:per_sample] for g in gens])
+    cond = run.engine.conditioning(batch.prompts)
+    micro = cfg.optimizer.micro_batch
+    pairs = n * per_sample
+    params = policy.trainable_parameters()
+    run.optimizer.zero_grad(set_to_none=True)
+    sums = torch.zeros(4, dtype=torch.float64)  # loss, policy, kl, non-finite terms
+    with charged_to("update"), run.engine.update_scope():
+        mine = per_sample * math.ceil(n / micro)
+        # sharded, every rank runs as many forwards and backwards (each gathers weights from all): as the
+        # rank with most (samples with a non-finite reward are dropped per rank)
+        backwards = int(distributed.all_reduce(torch.tensor([mine]), "max").item()) if run.sharded else mine
+        for j in range(per_sample):
+            for start in range(0, n, micro):
+                backwards -= 1
+                sync_gradients(policy.transformer, backwards == 0)  # fsdp: reduced over the ranks once, at the last
+                chunk = slice(start, min(start + micro, n))
+                eps = torch.stack([torch.randn(batch.latents.shape[1:], generator=g) for g in gens[chunk]])
+                sums += _micro_step(run, batch.latents[chunk], grid[picks[chunk, j]], eps, cond[chunk], advantages[chunk],
+                                    (chunk.stop - chunk.start) / pairs)
+        while backwards > 0:
+            backwards -= 1
+            sync_gradients(policy.transformer, backwards == 0)
+            _idle_step(run, grid)
+        if not run.sharded:  # sharded, FSDP averaged them in the last backward
+            distributed.all_reduce_mean_grads(params)  # every rank now holds the same gradient, so takes the same step
+        clip = cfg.optimizer.grad_clip
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
+        stepped = bool(torch.isfinite(grad_norm)) and any(p.grad is not None for p in params)  # a NaN step would poison the weights
+        if stepped:
+            run.optimizer.step()
+    if run.world_size > 1:
+        sums = distributed.all_reduce(sums) / torch.tensor([run.world_size] * 3 + [1], dtype=torch.float64)
+    return UpdateResult(float(sums[0]), float(sums[1]), float(sums[2]), int(sums[3]), float(grad_norm), stepped)
+
+
+def _micro_step(run: Run, x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tensor, cond: Conditioning, adv: torch.Tensor,
+                weight: float) -> torch.Tensor:
+    """Forward and backward of one micro-batch at one train timestep per sample, its loss weighted by
+    its share of the pairs. Returns (loss, policy, kl) x weight and the non-finite terms."""
+    alg, model, device = run.config.algorithm, run.engine.model, run.device
+    x0, sigma, eps, cond, adv = x0.to(device), sigma.to(device), eps.to(device), cond.to(device), adv.to(device)
+    s = sigma.view(-1, *[1] * (x0.dim() - 1))  # image latents [B,C,H,W], video [B,C,F,H,W]
+    xt = (1 - s) * x0 + s * eps
+    # The three forwards get one input, xt in the run dtype, and the same fp32 timesteps, as the
+    # official code feeds its one bf16 xt and sigma to old, trained and reference (train_sana.py:878-889).
+    x_in = xt.to(run.engine.dtype)
+    with torch.no_grad():
+        v_old = old_velocity(run, x_in, sigma, cond)
+        v_ref = None
+        if alg.kl_beta != 0:  # the reference only enters the loss through kl_beta: no forward for nothing
+            with run.engine.autocast(), run.engine.policy.use(None):
+                v_ref = model.velocity(run.engine.policy_forward, x_in, sigma, cond).float()
+    with run.engine.autocast():
+        v = model.velocity(run.engine.policy_forward, x_in, sigma, cond).float()
+    terms = nft_loss(v, v_old, v_ref, xt, x0, sigma, adv, nft_beta=alg.nft_beta, kl_beta=alg.kl_beta,
+                     adv_clip_max=alg.adv_clip_max)
+    finite = bool(torch.isfinite(terms.loss))
+    if not finite and not run.sharded:
+        return torch.tensor([0.0, 0.0, 0.0, x0.shape[0]], dtype=torch.float64)
+    (terms.loss * weight).backward()  # sharded: every rank joins every backward; a non-finite one skips the step
+    if not finite:
+        return torch.tensor([0.0, 0.0, 0.0, x0.shape[0]], dtype=torch.float64)
+    return torch.tensor([float(terms.loss.detach()) * weight, float(terms.policy) * weight, float(terms.kl) * weight,
+                         terms.nonfinite], dtype=torch.float64)
+
+
+def _idle_step(run: Run, grid: torch.Tensor) -> None:
+    """A micro-step that adds nothing to the gradient (weight 0, zero input): the collectives a
+    sharded rank with fewer samples must join."""
+    x0 = torch.zeros(1, *run.engine.model.latent_shape)
+    _micro_step(run, x0, grid[:1], torch.zeros_like(x0), run.engine.conditioning(run.prompts[:1]), torch.zeros(1), 0.0)
+
+
+def old_velocity(run: Run, xt: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+    """v_old: on the rollout copy (base + old merged, no adapter overhead; called outside autocast in
+    its own dtype, as its rollouts are, so a compiled copy keeps its graph), else the old adapter."""
+    full = run.engine.rollout_copy
+    if full is not None:
+        return run.engine.model.velocity(full.forward, xt.to(full.dtype), sigma, cond).float()
+    with run.engine.autocast(), run.engine.policy.use(OLD):
+        return run.engine.model.velocity(run.engine.policy_forward, xt, sigma, cond).float()

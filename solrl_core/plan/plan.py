@@ -1,0 +1,122 @@
+"""The run's plan, resolved once at start-up: what each stage of an iteration does (from the
+family's row in families.py), at which precision, on which copy, and what the machine's `auto`
+switches chose and why (`MachinePlan`, filled in by precision/resolve.py and sharding.py)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from solrl_core.config.families import family
+from solrl_core.config.schema import Config
+
+
+@dataclass(frozen=True)
+class MemoryModes:
+    """The memory modes of a run (memory_modes.py): where the copies and the VAE live between the phases
+    that use them, and gradient checkpointing."""
+
+    copies: str = "gpu"  # gpu | cpu-whole | cpu-blocks
+    vae_on_cpu: bool = False
+    checkpointing: bool = False
+
+    def describe(self) -> str:
+        on = [{"cpu-whole": "copies on the CPU (moved whole)", "cpu-blocks": "copies on the CPU (moved block by block)"}
+              .get(self.copies, "")] + [name for name, flag in (("VAE on the CPU", self.vae_on_cpu),
+                                        ("gradient checkpointing", self.checkpointing)) if flag]
+        return ", ".join(n for n in on if n) or "none"
+
+
+@dataclass(frozen=True)
+class MachinePlan:
+    explore_precision: str
+    explore_why: str
+    explore_compile: bool
+    rollout_copy: bool
+    rollout_copy_why: str
+    rollout_compile: bool
+    checkpointing: bool
+    checkpointing_why: str
+    update_compile: bool = False
+    # without a rollout copy, the full-precision rollouts on the policy's old adapter run through the
+    # update's compiled blocks (regions.py) when the update is compiled and sampler.compile is on
+    policy_rollout_compile: bool = False
+    threads: str = ""  # the CPU threads torch got and the OpenMP wait policy (threads.ThreadChoice.describe)
+    tf32: str = ""  # run.tf32 as set on this device (tf32.describe_tf32)
+    memory: MemoryModes = MemoryModes()  # the memory modes (memory_modes.py); memory.checkpointing is `checkpointing`
+    memory_why: str = ""
+    memory_fits: bool = True  # False: the estimate is over this GPU even with every mode
+    explore_layout: str = ""  # under fsdp, the low-precision explore copy whole or sharded (sharding.copy_layout); "" none
+
+    def describe(self) -> str:
+        return (f"explore {self.explore_precision} ({self.explore_why}); "
+                f"rollout copy {'on' if self.rollout_copy else 'off'} ({self.rollout_copy_why}); "
+                f"gradient checkpointing {'on' if self.checkpointing else 'off'} ({self.checkpointing_why}); "
+                f"update {'compiled' if self.update_compile else 'eager'}; "
+                f"memory mode {self.memory.describe()}" + (f" ({self.memory_why})" if self.memory_why else "")
+                + ("; full-precision rollouts on the policy's compiled blocks" if self.policy_rollout_compile else "")
+                + (f"; {self.tf32}" if self.tf32 else "")
+                + (f"; {self.threads}" if self.threads else ""))
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What each stage of an iteration does, from the family's row (families.py), and, for a run,
+    what the machine's `auto` switches chose (`machine`, resolve.py): resolved once at start-up."""
+
+    family: str
+    explore_seeds: int  # seeds rolled out per prompt in Stage 1
+    explore_steps: int
+    explore_precision: str  # what Stage 1 runs at, resolved: nvfp4-emulated | fp8 | bf16 | fp32
+    keep: int  # K
+    regenerate: bool  # Stage 2 regenerates the kept seeds at full precision
+    full_precision: str
+    full_steps: int
+    machine: MachinePlan | None = None  # None: a plan for an estimate, before any machine is chosen
+    calibrated: bool = False  # explore.calibrate: Stage 1's steps chosen from measured rank fidelity (explore_steps: the fixed setting)
+    calibrated_precision: bool = False  # explore.calibrate=steps+precision: its precision too (explore_precision: the fixed one)
+
+    @property
+    def rollout_copy(self) -> bool:
+        """Full-precision rollouts and v_old on a merged copy (else the policy's old adapter)."""
+        return self.machine is not None and self.machine.rollout_copy
+
+    @property
+    def rollout_compiled(self) -> bool:
+        return self.machine is not None and self.machine.rollout_copy and self.machine.rollout_compile
+
+    @property
+    def explore_compiled(self) -> bool:
+        return self.machine is not None and self.machine.explore_compile
+
+    @property
+    def explores_low(self) -> bool:
+        """Stage 1 runs on its own low-precision explore copy."""
+        return self.explore_precision != self.full_precision
+
+    def describe(self) -> str:
+        on = (" on the compiled rollout copy" if self.rollout_compiled else " on the rollout copy") if self.rollout_copy else ""
+        low = self.explores_low
+        stage1 = (f"Stage 1: {self.explore_seeds} seeds/prompt at {self.explore_precision}"
+                  f"{' (compiled)' if low and self.explore_compiled else on if not low else ''}, "
+                  + (f"precision and preview steps calibrated (each low precision this machine runs x 2-{self.full_steps} "
+                     f"steps) by measured rank fidelity (the fixed setting: {self.explore_precision}@{self.explore_steps})"
+                     if self.calibrated_precision else
+                     f"preview steps calibrated from 2-{self.full_steps} by measured rank fidelity (the fixed setting: "
+                     f"{self.explore_steps})" if self.calibrated else f"{self.explore_steps} steps"))
+        if self.keep == self.explore_seeds:
+            return f"{stage1} -> train on all of them"
+        stage2 = (f" -> Stage 2: regenerate the kept {self.keep} at {self.full_precision}{on}, {self.full_steps} steps -> train"
+                  if self.regenerate else f" -> train directly on the kept {self.keep}")
+        return stage1 + f" -> keep {self.keep}" + stage2
+
+
+def plan_stages(cfg: Config, full_precision: str, explore_precision: str, machine: MachinePlan | None = None) -> RunPlan:
+    """The family's stages with the resolved explore precision, and the machine's choices (the copies
+    it keeps) when given."""
+    fam, k, full_steps = family(cfg.algorithm.family), cfg.selection.group_size, cfg.sampler.steps
+    return RunPlan(fam.name, explore_seeds=cfg.explore.group_size if fam.explores_pool else k,
+                   explore_steps=cfg.explore.steps if fam.preview_steps else full_steps,
+                   explore_precision=explore_precision if fam.low_precision else full_precision, keep=k,
+                   regenerate=fam.regenerate, full_precision=full_precision, full_steps=full_steps, machine=machine,
+                   calibrated=cfg.explore.calibrate != "off" and fam.preview_steps,
+                   calibrated_precision=cfg.explore.calibrate == "steps+precision" and fam.preview_steps)

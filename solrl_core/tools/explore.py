@@ -1,0 +1,114 @@
+"""Stage 1 alone (`solrl explore`): N seeds per prompt through the explore copy at the preview step
+count, scored, ranked, and the K seeds Stage 2 would regenerate selected, exactly as a training
+iteration does: generated on the engine's `explore` network (engine.py), screened for non-finite
+scores and selected by the training's own `stages.keep_seeds` (ranked by the advantage the update
+sees, so several rewards under `reward.aggregation = advantage` rank as in training; the same
+selection function, the same stable tie order)."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from solrl_core.data.prompts import text_keys
+from solrl_core.engine.engine import Engine
+from solrl_core.faults import guard
+from solrl_core.loop.selection import ranking_values
+from solrl_core.loop.stages import GlobalScores, Scored, keep_seeds
+
+
+@dataclass(frozen=True)
+class ExploreResult:
+    prompts: list[str]
+    seeds: torch.Tensor  # [P, N]
+    rewards: torch.Tensor  # [P, N] total reward
+    components: dict[str, torch.Tensor]  # [P, N] per reward
+    ranks: torch.Tensor  # [P, N] 1 = best by the training's ranking (selection.ranking_values), stable ties by seed order
+    selected: torch.Tensor  # [P, K] indices into N, in selection order
+    images: torch.Tensor  # [P, N, 3, H, W]; a video model's clips [P, N, F, 3, H, W]
+    seconds: float  # generation, decoding and scoring, measured
+    precision: str
+    steps: int
+
+    @property
+    def clips(self) -> bool:
+        return self.images.dim() == 6
+
+
+@torch.no_grad()
+def explore_only(engine: Engine, prompts: list[str], n: int, keep: int, mode: str, seed_base: int, steps: int) -> ExploreResult:
+    """Seeds seed_base + i*N ... seed_base + i*N + N-1 for prompt i (so a result names its seeds),
+    scored with the engine's rewards; a random selection mode draws from default_rng(seed_base)."""
+    if engine.explore_copy is None or engine.rewards is None:
+        raise ValueError("explore needs an engine opened with its explore copy and rewards (open_engine(explore=True, rewards=...))")
+    t0 = time.perf_counter()
+    flat = [p for p in prompts for _ in range(n)]
+    seeds = seed_base + torch.arange(len(prompts) * n, dtype=torch.long)
+    made = engine.generate(engine.conditioning(flat), seeds, steps, "explore")
+    scores = engine.rewards(made.images, flat)
+    groups = torch.arange(len(prompts)).repeat_interleave(n)
+    texts = torch.tensor(text_keys(flat), dtype=torch.long)
+    every = GlobalScores(scores.total, scores.components, groups, slice(0, len(flat)), texts)
+    drafts = Scored(batch=None, scores=every, screen=guard.screen(scores.components, groups))
+    kept = keep_seeds(drafts, engine.config.reward, keep, mode, np.random.default_rng(seed_base))
+    selected = kept.view(len(prompts), keep) - torch.arange(len(prompts))[:, None] * n
+    reward = engine.config.reward
+    ranking = ranking_values(scores.total, scores.components, reward.weights, texts, reward.aggregation).view(len(prompts), n)
+    order = torch.argsort(ranking, dim=1, descending=True, stable=True)
+    ranks = torch.empty_like(order)
+    ranks.scatter_(1, order, torch.arange(1, n + 1).expand(len(prompts), n).contiguous())
+    shape = (len(prompts), n)
+    return ExploreResult(prompts, seeds.view(shape), scores.total.view(shape),
+                         {k: v.view(shape) for k, v in scores.components.items()}, ranks, selected,
+                         made.images.view(*shape, *made.images.shape[1:]), time.perf_counter() - t0, engine.explore_copy.precision, steps)
+
+
+def explore_to_folder(engine: Engine, prompts: list[str], seed_base: int, out_dir: Path) -> ExploreResult:
+    """`explore_only` with the config's N, K, selection mode and preview steps, written to `out_dir`:
+    seeds.jsonl (every seed of every prompt: reward, each component, rank, selected) and grid.png
+    (each prompt's K/2 best and K/2 worst images, captioned with seed and reward). A video model's
+    clips show in the grid as their frames in a row, and the grid's clips are also written as videos
+    (clips/PPP_seedS.mp4, or .gif without the video extra), named in their seeds.jsonl rows (`video`)."""
+    from solrl_core.io.images import grid_rows, make_grid
+
+    cfg = engine.config
+    n, k = cfg.explore.group_size, cfg.selection.group_size
+    result = explore_only(engine, prompts, n, k, cfg.selection.mode, seed_base, cfg.explore.steps)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    half = k // 2
+    order = torch.argsort(result.ranks, dim=1)  # best first, by the ranking the selection used
+    picked = [order[:, r] for r in range(half)] + [order[:, n - half + r] for r in range(half)]
+    names = [f"best {r + 1}" for r in range(half)] + [f"worst {half - r}" for r in range(half)]
+    columns = {name: result.images[range(len(prompts)), col] for name, col in zip(names, picked)}
+    captions = {name: [f"seed {int(result.seeds[i, j])}  {float(result.rewards[i, j]):.3g}" for i, j in enumerate(col.tolist())]
+                for name, col in zip(names, picked)}
+    make_grid(columns, rows=grid_rows(prompts), captions=captions).save(out_dir / "grid.png")
+    videos = _write_clips(result, picked, out_dir) if result.clips else {}
+    with open(out_dir / "seeds.jsonl", "w", encoding="utf-8") as fh:
+        for i, text in enumerate(prompts):
+            chosen = set(result.selected[i].tolist())
+            for j in range(n):
+                video = {"video": videos[i, j]} if (i, j) in videos else {}
+                fh.write(json.dumps({"prompt": text, "seed": int(result.seeds[i, j]), "reward": float(result.rewards[i, j]),
+                                     **{f"reward.{c}": float(v[i, j]) for c, v in result.components.items()},
+                                     "rank": int(result.ranks[i, j]), "selected": j in chosen, **video}) + "\n")
+    return result
+
+
+def _write_clips(result: ExploreResult, picked: list[torch.Tensor], out_dir: Path) -> dict[tuple[int, int], str]:
+    """The grid's clips as video files under out_dir/clips/; {(prompt, seed index): path relative to out_dir}."""
+    from solrl_core.io.video_output import save_clip
+
+    (out_dir / "clips").mkdir(exist_ok=True)
+    written = {}
+    for col in picked:
+        for i, j in enumerate(col.tolist()):
+            if (i, j) not in written:
+                stem = out_dir / "clips" / f"{i:03d}_seed{int(result.seeds[i, j])}"
+                written[i, j] = str(save_clip(result.images[i, j], stem).relative_to(out_dir))
+    return written

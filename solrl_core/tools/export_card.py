@@ -1,0 +1,194 @@
+"""The model card (`README.md`) of an export: what was tuned, how, how well, and how to load it.
+
+Its YAML front matter is what the Hugging Face Hub reads (base_model, library_name, license, tags),
+written by huggingface_hub's `ModelCardData`; its evaluation table comes from the run's own
+`events.jsonl` (the base evaluation before the first iteration and the newest EMA evaluation at or
+before the exported checkpoint, each change with the paired standard error the run recorded).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from solrl_core.config.schema import Config
+from solrl_core.errors import SolrlError
+
+HUB_HINT = "pip install huggingface_hub"
+
+
+@dataclass(frozen=True)
+class EvalTable:
+    """Base against tuned on the same (prompt, seed) pairs: rows of (name, base, tuned, s.e. or None)."""
+
+    prompts: str
+    samples: int
+    iteration: int  # of the tuned evaluation
+    weights: str  # the weights it scored (ema)
+    rows: list[tuple[str, float, float, float | None]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class CardFacts:
+    """Everything the card says, gathered from the run's config, checkpoint and events."""
+
+    base_model: str  # hub id, '' when the base is a local folder or the built-in tiny model
+    base_label: str  # how the card names the base
+    pipeline: str  # diffusers pipeline class that loads the base
+    family: str
+    rewards: dict[str, float]
+    iteration: int
+    planned: int
+    prompts: str
+    lora: dict[str, object]
+    weights: str
+    merged: bool
+    repo_id: str | None
+    transformer_class: str
+    license: dict[str, str]  # the base model's license fields, {} when unknown
+    evaluation: EvalTable | None
+
+    @classmethod
+    def of(cls, cfg: Config, run_dir: Path, checkpoint: Path, weights: str, merged: bool, repo_id: str | None,
+           transformer_class: str = "") -> CardFacts:
+        m = cfg.model
+        label = m.hub_id or (f"{m.name} (local folder {m.path})" if m.path else f"{m.name} (solrl's built-in model)")
+        from solrl_core.engine.state_schema import TRAINER_STATE, read_trainer_state
+
+        state = checkpoint / TRAINER_STATE
+        iteration = read_trainer_state(checkpoint)["iteration"] if state.is_file() else int(checkpoint.name.split("_")[-1])
+        lora = {"rank": m.lora_rank, "alpha": m.lora_alpha, "init": m.lora_init, "targets": list(m.lora_targets)}
+        return cls(m.hub_id, label, _pipeline(m.loader), cfg.algorithm.family, dict(cfg.reward.weights), iteration,
+                   cfg.run.iterations, cfg.run.prompts, lora, weights, merged, repo_id, transformer_class,
+                   base_license(m.hub_id, m.path), eval_table(run_dir, iteration))
+
+
+def _pipeline(loader: str) -> str:
+    from solrl_core.models.layouts import LAYOUTS
+
+    return LAYOUTS[loader].pipeline if loader in LAYOUTS else "SanaPipeline"  # the tiny model is a SANA
+
+
+def eval_table(run_dir: Path, iteration: int) -> EvalTable | None:
+    """The run's base evaluation against its newest EMA evaluation at or before `iteration`, from
+    events.jsonl; None when the run evaluated no such pair (or has no readable events)."""
+    from solrl_core.tracking.compare import load_run
+
+    try:
+        evals = [t.event for t in load_run(run_dir).evals]
+    except SolrlError:
+        return None
+    bases = [e for e in evals if e.weights == "base"]
+    tuned = [e for e in evals if e.weights != "base" and 0 < e.iteration <= iteration]
+    if not bases or not tuned:
+        return None
+    base, last = bases[-1], max(tuned, key=lambda e: e.iteration)
+    se = last.delta_se
+    rows = [("reward", base.mean, last.mean, se.get("mean"))]
+    if len(last.components) > 1:
+        rows += [(k, base.components[k], v, None) for k, v in last.components.items() if k in base.components]
+    rows += [(k, base.extras[k], v, se.get(k)) for k, v in last.extras.items() if k in base.extras]
+    return EvalTable(last.prompts, last.samples, last.iteration, last.weights, rows)
+
+
+def base_license(hub_id: str, path: str) -> dict[str, str]:
+    """The base model's license fields (license, and license_name and license_link where its card
+    has them), from its card when one is on this machine (the local folder's, or the hub cache's
+    README.md); empty when unknown. Never asks the network."""
+    try:
+        from huggingface_hub import ModelCard, try_to_load_from_cache
+    except ImportError:
+        return {}
+    candidates = [Path(path) / "README.md"] if path else []
+    if hub_id:
+        cached = try_to_load_from_cache(hub_id, "README.md")
+        candidates += [Path(cached)] if isinstance(cached, str) else []
+    for readme in candidates:
+        try:
+            data = ModelCard.load(readme).data.to_dict() if readme.is_file() else {}
+        except (ValueError, OSError):
+            data = {}
+        if data.get("license"):
+            return {k: str(data[k]) for k in ("license", "license_name", "license_link") if data.get(k)}
+    return {}
+
+
+def _evaluation(facts: CardFacts) -> list[str]:
+    table = facts.evaluation
+    if table is None:
+        return ["Not evaluated: the run recorded no evaluation of the base and tuned weights "
+                "(`--set run.eval_prompts=NAME` evaluates during training; `solrl eval RUN` afterwards)."]
+    lines = [f"On `{table.prompts}` ({table.samples} images: fixed prompt and seed pairs, the same for both "
+             f"columns), the base model against the run's {table.weights} weights at iteration {table.iteration}. "
+             "Each change carries the paired standard error over the images where the run recorded one.", ""]
+    if facts.weights != table.weights or table.iteration != facts.iteration:
+        lines += [f"This export holds the {facts.weights} weights of iteration {facts.iteration}: "
+                  f"not the weights measured here.", ""]
+    lines += ["| metric | base | tuned | change |", "|---|---|---|---|"]
+    for name, base, tuned, se in table.rows:
+        change = f"{tuned - base:+.4f}" + (f" ± {se:.4f}" if se is not None else "")
+        lines.append(f"| {name} | {base:.4f} | {tuned:.4f} | {change} |")
+    return lines
+
+
+def _usage(facts: CardFacts) -> list[str]:
+    where = facts.repo_id or "path/to/this/folder"
+    base = facts.base_model or "path/to/the/base/model"
+    note = [] if facts.base_model else [f"# the base model, {facts.base_label}, is not a hub repo: give its folder"]
+    if facts.merged:
+        cls = facts.transformer_class or "SanaTransformer2DModel"
+        return ["The transformer with the LoRA merged in; no peft needed:", "", "```python", *note, "import torch",
+                f"from diffusers import {facts.pipeline}, {cls}", "",
+                f'transformer = {cls}.from_pretrained("{where}", subfolder="transformer", torch_dtype=torch.bfloat16)',
+                f'pipe = {facts.pipeline}.from_pretrained("{base}", transformer=transformer, torch_dtype=torch.bfloat16)',
+                "```"]
+    return ["With diffusers (`pytorch_lora_weights.safetensors`):", "", "```python", *note, "import torch",
+            f"from diffusers import {facts.pipeline}", "",
+            f'pipe = {facts.pipeline}.from_pretrained("{base}", torch_dtype=torch.bfloat16)',
+            f'pipe.load_lora_weights("{where}")', "```", "",
+            "With peft (`adapter_config.json`, `adapter_model.safetensors`):", "", "```python",
+            "from peft import PeftModel", "",
+            f'transformer = PeftModel.from_pretrained(pipe.transformer, "{where}")  # pipe loaded as above, no LoRA',
+            "```"]
+
+
+def render(facts: CardFacts) -> str:
+    """The card's markdown body (without front matter)."""
+    rewards = ", ".join(f"`{k}` (weight {v:g})" for k, v in facts.rewards.items())
+    lora = facts.lora
+    kind = "transformer with a LoRA merged in" if facts.merged else "LoRA"
+    lines = [f"# {facts.base_label}: {kind} tuned with solrl ({facts.family})", "",
+             f"Post-trained with reinforcement learning by solrl (family `{facts.family}`) on the reward {rewards}.", "",
+             "| | |", "|---|---|",
+             f"| base model | {facts.base_label} |",
+             f"| reward | {rewards} |",
+             f"| family | `{facts.family}` |",
+             f"| iterations | {facts.iteration} (of {facts.planned} planned) |",
+             f"| training prompts | `{facts.prompts}` |",
+             f"| weights | {facts.weights} |",
+             f"| LoRA | rank {lora['rank']}, alpha {lora['alpha']}, init {lora['init']} |",
+             f"| LoRA targets | {', '.join(f'`{t}`' for t in lora['targets'])} |", "",
+             "## Evaluation", "", *_evaluation(facts), "", "## How to load it", "", *_usage(facts), "",
+             "## License", ""]
+    if facts.license:
+        named = facts.license.get("license_name", facts.license["license"])
+        link = f" ({facts.license['license_link']})" if "license_link" in facts.license else ""
+        lines.append(f"The base model's license is `{named}`{link}; these weights derive from it and follow its terms.")
+    else:
+        lines.append("The base model's license was not found on the machine that exported this; these weights derive "
+                     "from the base model and follow its terms (see its model card).")
+    return "\n".join(lines) + "\n"
+
+
+def write_card(out_dir: Path, facts: CardFacts) -> Path:
+    """README.md in out_dir: hub front matter (huggingface_hub's ModelCardData) and the body."""
+    try:
+        from huggingface_hub import ModelCard, ModelCardData
+    except ImportError as exc:
+        raise SolrlError("the model card needs huggingface_hub, which is not installed", HUB_HINT) from exc
+    tags = ["solrl", facts.family, "text-to-image", "diffusers"] + ([] if facts.merged else ["lora"])
+    data = ModelCardData(base_model=facts.base_model or None, library_name="diffusers", pipeline_tag="text-to-image",
+                         tags=tags, **facts.license)
+    path = out_dir / "README.md"
+    ModelCard(f"---\n{data.to_yaml()}\n---\n\n{render(facts)}").save(path)
+    return path

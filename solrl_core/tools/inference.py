@@ -1,0 +1,85 @@
+"""Using a trained run: images from fixed seeds (`solrl infer`); `solrl export` is export.py.
+
+The engine (engine.py) loads the base model once and, for a run, its checkpoint's adapters; any
+weight set (base, trained, ema) is then a switch on the same transformer (`Policy.weights`). Images
+for the same (prompt, seed) come from the same noise whatever the weights, so a grid of base next to
+tuned shows what training changed and nothing else. The grids here are drawn for every command.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from solrl_core import events as ev
+from solrl_core.errors import SolrlError
+from solrl_core.io.images import grid_rows, make_grid, save_png
+from solrl_core.models.base import DiffusionModel
+
+if TYPE_CHECKING:
+    from solrl_core.engine.engine import Engine
+
+
+def check_vocabulary(model: DiffusionModel, prompts: list[str]) -> None:
+    """A model with a fixed vocabulary (the tiny one) would silently drop the words it does not know:
+    name them instead, with the words it does know."""
+    import re
+
+    if not model.vocabulary:
+        return
+    known = set(model.vocabulary)
+    unknown = list(dict.fromkeys(w for p in prompts for w in re.findall(r"\w+", p.lower()) if w not in known))
+    if unknown:
+        raise SolrlError(f"the model does not know the word{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(repr(w) for w in unknown)}: its text encoder would drop "
+                         f"{'them' if len(unknown) > 1 else 'it'}",
+                         f"write prompts from its vocabulary: {' '.join(sorted(known))} (e.g. 'a red circle left of a blue square')")
+
+
+@dataclass(frozen=True)
+class InferRequest:
+    prompts: list[str]
+    seeds: list[int]  # the same seeds for every prompt
+    weights: tuple[str, ...]  # e.g. ("base", "ema")
+    steps: int
+    out_dir: Path
+    grid: bool = True
+
+
+def infer(engine: Engine, req: InferRequest, bus: ev.EventBus) -> Path:
+    """Write every image as PNG, `images.jsonl` (weights, prompt, seed, path) and `grid.png`
+    (one row per (prompt, seed), one column per weight set). A video model's clip is written as MP4
+    (an animated GIF without the video extra: the row's `video`) and as a PNG contact sheet of its frames in a row (`path`), and
+    the grid shows the contact sheets. Returns the JSONL path."""
+    req.out_dir.mkdir(parents=True, exist_ok=True)
+    per = len(req.seeds)
+    flat = [p for p in req.prompts for _ in range(per)]
+    seeds = torch.tensor(req.seeds * len(req.prompts), dtype=torch.long)
+    columns = {}
+    rows_path = req.out_dir / "images.jsonl"
+    with open(rows_path, "w", encoding="utf-8") as rows:
+        for weights in req.weights:
+            t0 = time.perf_counter()
+            images = engine.images(flat, seeds, req.steps, weights)
+            columns[weights] = images
+            for i, prompt in enumerate(flat):
+                path = req.out_dir / weights / f"{i // per:03d}_seed{int(seeds[i])}.png"
+                path.parent.mkdir(exist_ok=True)
+                save_png(images[i], path)  # a clip: its contact sheet, frames in a row
+                row = {"weights": weights, "prompt": prompt, "seed": int(seeds[i]), "path": str(path.relative_to(req.out_dir))}
+                if images.dim() == 5:  # a video model: the clip itself too (MP4, or GIF without the video extra)
+                    from solrl_core.io.video_output import save_clip
+
+                    row["video"] = str(save_clip(images[i], path.with_suffix("")).relative_to(req.out_dir))
+                rows.write(json.dumps(row) + "\n")
+            bus.emit(ev.ImagesWritten(weights=weights, count=len(flat), seconds=time.perf_counter() - t0,
+                                      folder=str(req.out_dir / weights)))
+    if req.grid:
+        grid = make_grid(columns, rows=grid_rows(flat, [int(x) for x in seeds]))
+        grid.save(req.out_dir / "grid.png")
+    return rows_path
