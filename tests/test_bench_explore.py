@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from solrl_cli.app import app
 from solrl_core.bench import run as bench_run
 from solrl_core.bench.explore import skip_reason
-from solrl_core.bench.fits import check_fits
+from solrl_core.bench.fits import check_fits, estimate
 from solrl_core.errors import SolrlError
 from solrl_core.precision.hardware import GpuInfo
 
@@ -65,8 +65,11 @@ def _configs(model: str, *sets: str, families=bench_run.FAMILIES) -> dict:
 
 
 def test_a_family_that_fits_is_not_refused():
-    check_fits(_configs("sana"), CUDA, GpuInfo(0, "NVIDIA H100 80GB HBM3", (9, 0), 79.1))
-    check_fits(_configs("sana"), torch.device("cpu"), None)  # no GPU found: nothing to check
+    h100, configs = GpuInfo(0, "NVIDIA H100 80GB HBM3", (9, 0), 79.1), _configs("sana")
+    peaks = {family: estimate(cfg, CUDA, h100)[0] for family, cfg in configs.items()}
+    assert set(peaks) == set(bench_run.FAMILIES) and all(12.0 < peak <= h100.memory_gib for peak in peaks.values()), peaks
+    assert check_fits(configs, CUDA, h100) is None  # every family under the H100's memory: none refused
+    assert check_fits(configs, torch.device("cpu"), None) is None  # no GPU found: nothing to check
 
 
 def test_over_the_estimate_names_the_largest_micro_batch_that_fits():
