@@ -221,3 +221,12 @@ def test_every_test_the_docs_cite_exists():
     defined = {name for test in (root / "tests").glob("test_*.py")
                for name in re.findall(r"^def (test_[a-z0-9_]+)", test.read_text(), re.M)}
     assert cited and not cited - defined, sorted(cited - defined)
+
+
+def test_the_walk_from_the_loop_stays_at_or_below_the_loop(benchmark_module):
+    """benchmarks/code_walk.py follows run_iteration's calls: every file it enters is in the loop's
+    layer or one below it (the loop calls down, never into a tool or a side tool)."""
+    files, moves, back = benchmark_module("code_walk").walk(ROOT, "solrl_core.loop.trainer")
+    assert {"solrl_core/loop/stages.py", "solrl_core/loop/update.py"} <= set(files) and moves >= len(files) - 1 >= back >= 0
+    layers = {path: LAYER_OF.get(_folder(".".join(Path(path).with_suffix("").parts)), -1) for path in files}
+    assert all(0 <= depth <= LAYER_OF["solrl_core.loop"] for depth in layers.values()), layers
