@@ -227,6 +227,6 @@ def test_the_walk_from_the_loop_stays_at_or_below_the_loop(benchmark_module):
     """benchmarks/code_walk.py follows run_iteration's calls: every file it enters is in the loop's
     layer or one below it (the loop calls down, never into a tool or a side tool)."""
     files, moves, back = benchmark_module("code_walk").walk(ROOT, "solrl_core.loop.trainer")
-    assert {"solrl_core/loop/stages.py", "solrl_core/loop/update.py"} <= set(files) and moves >= len(files) - 1 >= back >= 0
+    assert {"solrl_core/loop/stages.py", "solrl_core/loop/update.py"} <= set(files) and back == moves - (len(files) - 1) >= 0
     layers = {path: LAYER_OF.get(_folder(".".join(Path(path).with_suffix("").parts)), -1) for path in files}
     assert all(0 <= depth <= LAYER_OF["solrl_core.loop"] for depth in layers.values()), layers
