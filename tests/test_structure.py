@@ -223,10 +223,14 @@ def test_every_test_the_docs_cite_exists():
     assert cited and not cited - defined, sorted(cited - defined)
 
 
-def test_the_walk_from_the_loop_stays_at_or_below_the_loop(benchmark_module):
+def test_the_walk_from_the_loop_stays_at_or_below_the_loop():
     """benchmarks/code_walk.py follows run_iteration's calls: every file it enters is in the loop's
     layer or one below it (the loop calls down, never into a tool or a side tool)."""
-    files, moves, back = benchmark_module("code_walk").walk(ROOT, "solrl_core.loop.trainer")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("code_walk", ROOT / "benchmarks" / "code_walk.py")
+    spec.loader.exec_module(code_walk := importlib.util.module_from_spec(spec))
+    files, moves, back = code_walk.walk(ROOT, "solrl_core.loop.trainer")
     assert {"solrl_core/loop/stages.py", "solrl_core/loop/update.py"} <= set(files) and back == moves - (len(files) - 1) >= 0
     layers = {path: LAYER_OF.get(_folder(".".join(Path(path).with_suffix("").parts)), -1) for path in files}
     assert all(0 <= depth <= LAYER_OF["solrl_core.loop"] for depth in layers.values()), layers
