@@ -73,13 +73,17 @@ def _run(cfg, tui: bool, resume: bool, checkpoint: Optional[str]):  # type: igno
     if tui and not sys.stdout.isatty():
         console.print("--tui needs a terminal (stdout is not one): showing the plain display instead")
         tui = False
+    from solrl_core.loop.trainer import train as run_training
+
     if tui:
+        from types import SimpleNamespace
+
         from solrl_cli.tui.app import run_tui_training
 
-        return run_tui_training(cfg, resume=resume, checkpoint=checkpoint)
+        return run_tui_training(SimpleNamespace(config=cfg, train=lambda bus, stop: run_training(
+            cfg, bus, resume=resume, stop=stop, checkpoint=checkpoint)))
     from solrl_cli.display import TerminalDisplay
     from solrl_core import events
-    from solrl_core.loop.trainer import train as run_training
 
     bus = events.EventBus()
     bus.subscribe(TerminalDisplay(console))

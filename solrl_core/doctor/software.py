@@ -7,6 +7,7 @@ import importlib.metadata
 import importlib.util
 import sys
 import warnings
+
 from solrl_core.config.schema import TINY_LOADERS, Config
 from solrl_core.doctor.check import FAIL, PASS, WARN, Check, Machine
 from solrl_core.precision import hardware
