@@ -35,32 +35,29 @@ class RunResult:
     events: list[Any] = field(repr=False)
 
 
-def train(model: str = "tiny", family: str = "sol_rl", reward: str | None = None, *, preset: str | None = None,
+def train(model: str | None = None, family: str | None = None, reward: str | None = None, *, preset: str | None = None,
           config: str | Path | None = None, sets: Iterable[str] = (), run_dir: str | Path | None = None,
           iterations: int | None = None, seed: int | None = None, device: str | None = None,
           resume: str | Path | None = None, checkpoint: str | None = None, trust_run_config: bool = False,
           on_event: Callable[[Any], None] | None = None) -> RunResult:
-    """Train one run in this process (one GPU or the CPU; `solrl train --nproc-per-node N` for more).
-    `resume`: a run folder to continue with the config saved there (`sets`, `iterations` and `reward`
-    may still change what a resume may change). A reward plugin or URL reward that folder's config
-    names is refused unless `reward` names it again or `trust_run_config=True` (a run folder is data:
-    docs/reliability.md, Threats)."""
+    """Train one run in this process (one GPU or the CPU; `solrl train --nproc-per-node N` for more),
+    started as `solrl train` starts it (solrl_core/tools/start.py): the same config, and the same
+    checks of its inputs and of this machine, said as a SolrlError before any model loads.
+    `model` and `family` default to tiny and sol_rl. `resume`: a run folder to continue with the
+    config saved there (`sets`, `iterations`, `device` and `reward` may still change what a resume may
+    change). A reward plugin or URL reward that folder's config names is refused unless `reward` names
+    it again or `trust_run_config=True` (a run folder is data: docs/reliability.md, Threats)."""
     from solrl_core import events
-    from solrl_core.config.presets import resolve_config, resumed_config
-    from solrl_core.io.rundir import check_new_run_dir
-    from solrl_core.loop.trainer import train as run
+    from solrl_core.tools.start import RunRequest, start_run
 
     flags = {"run": {"iterations": iterations, "seed": seed, "device": device,
-                     "run_dir": str(resume or run_dir) if (resume or run_dir) else None}}
-    if resume is not None:
-        cfg = resumed_config(resume, sets, flags, reward=reward, trust=trust_run_config, api=True)
-    else:
-        cfg = resolve_config(model, family, reward, preset, config, sets, flags)
-        check_new_run_dir(cfg.run.run_dir)
+                     "run_dir": str(run_dir) if run_dir else None}}
+    start = start_run(RunRequest(model, family, reward, preset, config, tuple(sets), flags,
+                                 Path(resume) if resume is not None else None, checkpoint, trust_run_config, api=True))
     bus, seen = events.EventBus(), []
     bus.subscribe(seen.append)
     if on_event is not None:
         bus.subscribe(on_event)
-    session = run(cfg, bus, resume=resume is not None, checkpoint=checkpoint)
+    session = start.train(bus)
     return RunResult(run_dir=Path(session.run.run_dir), iteration=session.state.iteration,
                      finished=session.state.iteration >= session.run.config.run.iterations, events=seen)

@@ -1,4 +1,6 @@
-"""`solrl train`: resolve the config (or the saved one, with --resume), check the machine, train."""
+"""`solrl train`: the flags made into a run request for solrl_core/tools/start.py, the door
+`solrl.train()` comes in by too (resolve the config or the saved one, check the inputs and the
+machine); then train here, in the TUI or with the plain display, or start torchrun (launch.py)."""
 
 from __future__ import annotations
 
@@ -35,39 +37,31 @@ def train(
     dump_config: DumpConfig = False, trust_run_config: opt.TrustRunConfig = False,
 ) -> None:
     """Train with Sol-RL (or another family). With no arguments: the built-in tiny model on this machine."""
+    from solrl_core.tools.start import RunRequest, resolve, start_run
+
     with user_errors():
         flags = {"run": {"prompts": prompts, "run_dir": str(run_dir) if run_dir else None, "iterations": iterations,
                          "seed": seed, "device": device, "log": _trackers(log)},
                  "explore": {"precision": explore_precision}, "model": {"path": str(model_path) if model_path else None}}
-        if resume:
-            cfg = _resume_config(resume, (model, family, preset, config), set_, flags, reward, trust_run_config)
-        else:
-            from solrl_core.config.presets import resolve_config
-            from solrl_core.io.rundir import check_new_run_dir
-
-            cfg = resolve_config(model or "tiny", family or "sol_rl", reward, preset, config, set_ or (), flags)
-            check_new_run_dir(cfg.run.run_dir)
+        request = RunRequest(model, family, reward, preset, config, tuple(set_ or ()), flags, resume, checkpoint,
+                             trust_run_config, nproc_per_node, nnodes)
         if dump_config:
-            return _print_config(cfg)
-        from solrl_core.config.run_inputs import check_inputs
-
-        check_inputs(cfg, resumed_from=resume)  # seconds: before the doctor's imports and any model load
-        _preflight(cfg, nproc_per_node)
-        if nproc_per_node > 1 or nnodes > 1:  # torch.distributed's own launcher re-runs this command per process
+            return _print_config(resolve(request))
+        start = start_run(request)  # the input checks and the preflight, as solrl.train() runs them
+        if start.torchrun:  # torch.distributed's own launcher re-runs this command per process
             from solrl_cli.launch import endpoint, launch
-            from solrl_core.runtime.threads import launch_note
 
-            if note := launch_note(nproc_per_node, cfg.run.device, cfg.run.threads):  # more processes than cores on a CPU
-                console.print(note, soft_wrap=True)
+            if start.note:  # more processes than cores on a CPU
+                console.print(start.note, soft_wrap=True)
             raise typer.Exit(launch(nproc_per_node, nnodes, node_rank, endpoint(rdzv_endpoint, master_addr, master_port),
-                                    sys.argv[1:], prompts_per_iteration=cfg.run.prompts_per_iteration,
-                                    run_dir=str(resume or cfg.run.run_dir)))
-        session = _run(cfg, tui, bool(resume), checkpoint)
+                                    sys.argv[1:], prompts_per_iteration=start.config.run.prompts_per_iteration,
+                                    run_dir=str(resume or start.config.run.run_dir)))
+        session = _run(start, tui)
         if not session.state.finished(session.run.config.run.iterations):
             raise typer.Exit(130)  # stopped by a signal: saved, but not finished (its last evaluation may be due)
 
 
-def _run(cfg, tui: bool, resume: bool, checkpoint: Optional[str]):  # type: ignore[no-untyped-def]
+def _run(start, tui: bool):  # type: ignore[no-untyped-def]
     """Train in the terminal UI, or with the plain terminal display (also when --tui has no terminal:
     under nohup, CI or `| tee` Textual would write escape codes and never see the keys that end it)."""
     if tui and not sys.stdout.isatty():
@@ -76,50 +70,17 @@ def _run(cfg, tui: bool, resume: bool, checkpoint: Optional[str]):  # type: igno
     if tui:
         from solrl_cli.tui.app import run_tui_training
 
-        return run_tui_training(cfg, resume=resume, checkpoint=checkpoint)
+        return run_tui_training(start)
     from solrl_cli.display import TerminalDisplay
     from solrl_core import events
-    from solrl_core.loop.trainer import train as run_training
 
     bus = events.EventBus()
     bus.subscribe(TerminalDisplay(console))
-    return run_training(cfg, bus, resume=resume, checkpoint=checkpoint)
+    return start.train(bus)
 
 
 def _trackers(log: Optional[str]) -> Optional[list[str]]:
     return [t.strip() for t in log.split(",") if t.strip()] if log is not None else None
-
-
-def _preflight(cfg, nproc: int) -> None:  # type: ignore[no-untyped-def]
-    """The doctor checks this run depends on, before anything big loads. The memory figure is an
-    estimate, so it never blocks a run (doctor shows it)."""
-    from solrl_core.doctor import failed_for_run, run_checks
-    from solrl_core.errors import SolrlError
-    from solrl_core.tracking import require
-
-    require(cfg.run.log)
-    failed = [c for c in failed_for_run(run_checks(cfg, nproc, only_needed=True)) if c.name != "memory estimate"]
-    failed.sort(key=lambda c: c.name != "explore precision")  # the root cause when TE rows fail with it
-    if failed:
-        first = failed[0]
-        more = f" (and {len(failed) - 1} more: `solrl doctor` lists them)" if len(failed) > 1 else ""
-        raise SolrlError(f"{first.name}: {first.detail}{more}", first.fix or "run `solrl doctor` for details")
-
-
-def _resume_config(run_dir: Path, choices: tuple, sets: Optional[list[str]], flags: dict,  # type: ignore[no-untyped-def]
-                   reward: Optional[str], trust: bool):
-    """The config saved in `run_dir`, with the few flags a resume may change (--reward names its
-    rewards again: run_trust.py)."""
-    from solrl_core.config.presets import resumed_config
-    from solrl_core.errors import SolrlError
-
-    given = {k for k, v in flags["run"].items() if v is not None}
-    if any(choices) or given - {"iterations", "device", "log"} or flags["explore"]["precision"] is not None:
-        raise SolrlError("--resume continues a run with the config saved in its folder",
-                         "only --iterations, --device, --log, --model-path, --reward, --trust-run-config and --set "
-                         "may be given with --resume")
-    flags = {"run": {**flags["run"], "run_dir": str(run_dir)}, "model": flags["model"]}
-    return resumed_config(run_dir, sets or (), flags, reward=reward, trust=trust)
 
 
 def _print_config(cfg) -> None:  # type: ignore[no-untyped-def]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import importlib.util
 import json
@@ -130,17 +131,60 @@ def test_local_reward_folder_and_model_path_are_checked(tmp_path):
         resolve_config("sana", "sol_rl", "imagereward", sets=[f"model.path={tmp_path / 'nowhere'}"])
 
 
+def _recording_backends(monkeypatch, probed):  # type: ignore[no-untyped-def]
+    """The registry's backends, each probe replaced by one that records the rewards it serves."""
+    from dataclasses import replace
+
+    registry = importlib.import_module("solrl_core.rewards.registry")  # the package's `registry` is a function
+    real = registry.backends()
+    recording = {replace(b, probe=lambda label=", ".join(serves): probed.append(label)): serves for b, serves in real.items()}
+    monkeypatch.setattr(doc.software, "backends", lambda: recording)
+    return [", ".join(serves) for serves in real.values()]
+
+
 def test_a_runs_preflight_probes_only_the_reward_backends_the_run_uses(monkeypatch):
     probed = []
-    monkeypatch.setattr(doc.software, "BACKENDS", tuple(
-        (label, serves, (lambda label=label: probed.append(label)), fix) for label, serves, _, fix in doc.software.BACKENDS))
+    every = _recording_backends(monkeypatch, probed)
     names = {c.name for c in doc.run_checks(resolve_config("tiny", "sol_rl", "jpeg_compressibility"), only_needed=True)}
     assert probed == [] and "torchvision" not in names and not any(n.startswith("reward backend") for n in names)
     names = {c.name for c in doc.run_checks(resolve_config("sana", "sol_rl", "imagereward"), only_needed=True)}
     assert probed == ["imagereward"] and {"torchvision", "reward backend imagereward"} <= names
     probed.clear()
     doc.run_checks(resolve_config("tiny", "sol_rl", "jpeg_compressibility"))  # the doctor itself shows every backend
-    assert probed == [label for label, *_ in doc.software.BACKENDS]
+    assert probed == every
+
+
+def test_a_video_reward_on_clip_has_its_backend_checked_with_the_other_clip_rewards(monkeypatch):
+    """temporal_consistency scores with transformers' CLIP, as pickscore and clipscore do: the
+    registry says so, so the preflight of a run that uses it imports that backend."""
+    probed = []
+    _recording_backends(monkeypatch, probed)
+    cfg = resolve_config("tiny_video", "sol_rl", "temporal_consistency=0.5,tinyvideo_geneval=1.0")
+    names = {c.name for c in doc.run_checks(cfg, only_needed=True)}
+    assert probed == ["pickscore, clipscore, temporal_consistency"]
+    assert "reward backend pickscore, clipscore, temporal_consistency" in names and "torchvision" not in names
+
+
+def test_the_doctor_reads_a_rewards_backend_and_install_hint_from_its_registry_entry(monkeypatch):
+    """A reward declared once in the registry, with a backend that does not import here and needs
+    torchvision: the preflight fails on that backend with the install hint the entry gives, and
+    checks torchvision for it, with no other list to keep in step."""
+    from dataclasses import replace
+
+    registry = importlib.import_module("solrl_core.rewards.registry")  # the package's `registry` is a function
+    def missing() -> None:
+        raise ImportError("No module named 'ocrlib'")
+
+    backend = registry.Backend(missing, "pip install ocrlib==2.1", torchvision=True)
+    ocr = replace(registry.BUILTIN["jpeg_compressibility"], name="ocr_score", backend=backend)
+    monkeypatch.setattr(registry, "BUILTINS", (*registry.BUILTINS, ocr))
+    monkeypatch.setitem(registry.BUILTIN, "ocr_score", ocr)
+    checks = {c.name: c for c in doc.run_checks(resolve_config("tiny", "sol_rl", "ocr_score"), only_needed=True)}
+    row = checks["reward backend ocr_score"]
+    assert row.status == "fail" and row.needed_by_run and row.fix == "pip install ocrlib==2.1"
+    assert "ocrlib" in row.detail
+    assert "torchvision" in checks and checks["torchvision"].needed_by_run
+    assert checks["torchvision"].status == "pass" or "ocr_score" in checks["torchvision"].detail
 
 
 # --- explore precisions: the rules, with made-up GPUs ---------------------------------------------

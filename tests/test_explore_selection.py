@@ -53,3 +53,24 @@ def test_explore_keeps_the_seeds_training_keeps(tmp_path, aggregation):
         differ_from_total += int(not torch.equal(by_total, result.selected))
     if aggregation == "advantage":  # the case the two used to disagree on: the raw total keeps other seeds
         assert differ_from_total > 0
+
+
+def test_explore_ranks_by_the_trainings_ranking_with_an_unscored_seed_last():
+    """A seed whose reward is NaN: training keeps it only to fill a group (guard.prefer_finite), and
+    `explore` ranks it last, the others by the same values training selects by (stages.draft_ranking),
+    so its `rank` column agrees with its `selected` one."""
+    from solrl_core.config.schema import RewardConfig
+
+    drafts = torch.tensor([0.5, float("nan"), 0.9, 0.1, 0.7, 0.3])
+    images = torch.zeros(6, 3, 4, 4)
+    engine = SimpleNamespace(
+        explore_copy=SimpleNamespace(precision="nvfp4"),
+        config=SimpleNamespace(reward=RewardConfig(weights={"r": 1.0})),
+        conditioning=lambda prompts: prompts,
+        generate=lambda cond, seeds, steps, copy: SimpleNamespace(images=images[: len(seeds)]),
+        rewards=lambda imgs, prompts: SimpleNamespace(total=drafts.clone(), components={"r": drafts.clone()}),
+    )
+    result = explore_only(engine, ["three red circles"], 6, 2, "best_worst", seed_base=0, steps=2)
+    assert result.ranks.tolist() == [[3, 6, 1, 5, 2, 4]]
+    assert sorted(result.selected[0].tolist()) == [2, 3]  # the best and the worst finitely scored seeds
+    assert sorted(int(result.ranks[0, j]) for j in result.selected[0]) == [1, 5]

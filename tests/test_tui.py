@@ -217,14 +217,14 @@ def test_train_tui_quit_asks_then_stops_safely():
 
 def test_run_tui_training_joins_the_trainer(monkeypatch):
     """Any way out of the app sets the stop flag and waits for the iteration and checkpoint."""
-    import sys
-    import types
+    from types import SimpleNamespace
 
     from solrl_cli.tui import app as tui
+    from solrl_core.config.schema import Config
 
     saved = []
 
-    def fake_train(config, bus, resume=False, stop=None, checkpoint=None):
+    def fake_train(bus, stop=None):
         i = 0
         while not stop.requested:
             i += 1
@@ -240,18 +240,8 @@ def test_run_tui_training_joins_the_trainer(monkeypatch):
             await pilot.press("q", "s")
             await pilot.pause(0.5)
 
-    class StopFlag:
-        requested = False
-
-        def request(self, source, at_phase=False):
-            self.requested = True
-
-    # a stand-in for solrl_core.loop.trainer (importing the real one loads torch, seconds on a small CPU)
-    monkeypatch.setitem(sys.modules, "solrl_core.loop.trainer", types.SimpleNamespace(StopFlag=StopFlag, train=fake_train))
     monkeypatch.setattr(tui.SolrlMonitor, "run", lambda self: asyncio.run(headless(self)))
-    from solrl_core.config.schema import Config
-
-    assert tui.run_tui_training(config=Config()) == "session" and len(saved) == 1
+    assert tui.run_tui_training(SimpleNamespace(config=Config(), train=fake_train)) == "session" and len(saved) == 1
 
 
 def test_monitor_command_needs_events(tmp_path):

@@ -11,13 +11,14 @@ thread never waits on the screen.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import signal
 import statistics
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 from rich.text import Text
 from textual.app import App, ComposeResult
@@ -309,12 +310,14 @@ def run_monitor(run_dir: Path) -> None:
         raise app.failure
 
 
-def run_tui_training(config: Any, resume: bool = False, checkpoint: str | None = None) -> Any:
-    """`solrl train --tui`: train in a worker thread and watch it. Every way out of the app (q then s,
-    a crash of the UI, SIGTERM/SIGHUP/SIGINT) sets the stop flag and waits for the iteration to finish
-    and its checkpoint to be saved. Returns the trainer's session; re-raises its error."""
+def run_tui_training(start: Any) -> Any:
+    """`solrl train --tui`: train `start` (solrl_core/tools/start.py) in a worker thread and watch it.
+    Every way out of the app (q then s, a crash of the UI, SIGTERM/SIGHUP/SIGINT, the launcher gone)
+    sets the stop flag and waits for the iteration to finish and its checkpoint to be saved; the
+    signals are handled as in plain mode (solrl_core/runtime/stopping.py), and each also closes the
+    view. Returns the trainer's session; re-raises its error."""
     from solrl_core.events import EventBus
-    from solrl_core.loop.trainer import StopFlag, train
+    from solrl_core.runtime.stopping import StopFlag, graceful_stop
 
     stop, source, bus = StopFlag(), QueueSource(), EventBus()
     bus.subscribe(source)
@@ -322,7 +325,7 @@ def run_tui_training(config: Any, resume: bool = False, checkpoint: str | None =
 
     def work() -> None:
         try:
-            result["session"] = train(config, bus, resume=resume, stop=stop, checkpoint=checkpoint)
+            result["session"] = start.train(bus, stop=stop)
         except BaseException as exc:  # noqa: BLE001 - handed to the main thread
             source.error = exc
         finally:
@@ -333,7 +336,8 @@ def run_tui_training(config: Any, resume: bool = False, checkpoint: str | None =
 
     app = SolrlMonitor(source, stop=stop_run, pid=os.getpid())
     worker = threading.Thread(target=work, name="solrl-train", daemon=True)
-    with _signals_stop(stop, app, worker, config.run.stop_on_sigterm):
+    closing = functools.partial(_close_on_signal, app, worker)
+    with graceful_stop(stop, start.config.run.stop_on_sigterm, on_request=closing, may_interrupt=lambda: not app.is_running):
         worker.start()
         try:
             app.run()
@@ -370,42 +374,18 @@ def _run_dir(state: RunState) -> str:
     return (state.config.run.run_dir if state.config is not None else "") or "<run folder>"
 
 
-@contextlib.contextmanager
-def _signals_stop(stop: Any, app: SolrlMonitor, worker: threading.Thread, sigterm: str) -> Iterator[None]:
-    """SIGTERM, SIGHUP (terminal closed) and SIGINT stop the run safely as in plain mode
-    (solrl_core/runtime/stopping.py: SIGTERM at the next phase boundary with run.stop_on_sigterm = phase); a
-    second one while waiting raises KeyboardInterrupt (the checkpoint on disk is atomic, so nothing is torn)."""
-    from solrl_core.runtime.stopping import SIGNAL_NAMES
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    hangup = getattr(signal, "SIGHUP", None)
-
-    def handler(signum: int, frame: object) -> None:
-        if stop.requested and not app.is_running:
-            raise KeyboardInterrupt
-        stop.request(SIGNAL_NAMES[signum], at_phase=signum == signal.SIGTERM and sigterm == "phase")
-        app.exit_requested = True  # plain flags only: the app's next tick exits
-        if signum == hangup:
-            _after_hangup(worker)
-
-    wanted = [signal.SIGINT, signal.SIGTERM] + ([hangup] if hangup is not None else [])
-    previous = {s: signal.signal(s, handler) for s in wanted}
-    try:
-        yield
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+def _close_on_signal(app: SolrlMonitor, worker: threading.Thread, signum: int) -> None:
+    """A signal asked the run to stop: the app's next tick exits (plain flags only, from a handler)."""
+    app.exit_requested = True
+    if signum == getattr(signal, "SIGHUP", None):
+        _after_hangup(worker)
 
 
 def _after_hangup(worker: threading.Thread) -> None:
     """The terminal is gone. Textual's output thread dies on its first write to it (EIO), and the app
-    then blocks on its full output queue (Textual issue #6692): send output to /dev/null instead, and
-    once the trainer has saved its checkpoint, end the process even if the app never returns."""
-    from solrl_core.runtime.stopping import detach_from_terminal
-
-    detach_from_terminal()
+    then blocks on its full output queue (Textual issue #6692): output already goes to /dev/null
+    (stopping.graceful_stop); once the trainer has saved its checkpoint, end the process even if the
+    app never returns."""
 
     def finish() -> None:
         worker.join()

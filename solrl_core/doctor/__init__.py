@@ -27,7 +27,6 @@ from solrl_core.doctor.modes import modes_check
 from solrl_core.doctor.prompts import prompt_checks
 from solrl_core.doctor.remote import _remote_rewards
 from solrl_core.doctor.software import (
-    TORCHVISION_REWARDS,
     _combinations,
     _device,
     _gpus,
@@ -42,6 +41,7 @@ from solrl_core.doctor.software import (
 from solrl_core.doctor.strategy import backend_check, strategy_check
 from solrl_core.doctor.weights import _disk, _hub_mode, _hub_token, _model_weights, _reward_weights, hub_reachable
 from solrl_core.precision.hardware import GpuInfo
+from solrl_core.rewards.registry import torchvision_rewards
 
 __all__ = ["Check", "failed_for_run", "matching_torchvision", "run_checks"]
 
@@ -68,7 +68,7 @@ def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None
     checks.append(_transformer_engine(m, gpu, low))
     checks += [_library(name) for name in ("diffusers", "transformers", "peft")]
     checks += _combinations(rewards)
-    if not only_needed or rewards & TORCHVISION_REWARDS:
+    if not only_needed or rewards & set(torchvision_rewards()):
         checks.append(_torchvision(rewards))
     checks += _reward_backends(rewards, only_needed)
     checks.append(_hub_mode(m))

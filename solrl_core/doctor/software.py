@@ -3,17 +3,16 @@ and the combinations known to break, and the reward backends."""
 
 from __future__ import annotations
 
-import importlib
 import importlib.metadata
 import importlib.util
 import sys
 import warnings
-from typing import Callable
 
 from solrl_core.config.schema import TINY_LOADERS, Config
 from solrl_core.doctor.check import FAIL, PASS, WARN, Check, Machine
 from solrl_core.precision import hardware
 from solrl_core.precision.hardware import GpuInfo
+from solrl_core.rewards.registry import backends, torchvision_rewards
 
 MIN_PYTHON = (3, 10)
 
@@ -142,19 +141,17 @@ def matching_torchvision(torch_version: str) -> str | None:
     return f"0.{minor + 15}.{patch}" if major == 2 else None
 
 
-TORCHVISION_REWARDS = frozenset({"imagereward", "hpsv2"})
-
-
 def _torchvision(rewards: set[str]) -> Check:
     import torch
 
-    needed = bool(rewards & TORCHVISION_REWARDS)
+    needing = torchvision_rewards()
+    needed = bool(rewards & set(needing))
     bad = FAIL if needed else WARN
     base = torch.__version__.split("+")[0]
     tv = matching_torchvision(torch.__version__)
     pin = f'pip install "torch==={base}" "torchvision=={tv}"' if tv else "install the torchvision release built for this torch"
     if importlib.util.find_spec("torchvision") is None:
-        return Check("torchvision", bad, "not installed (imagereward and hpsv2 need it)",
+        return Check("torchvision", bad, f"not installed (needed by {', '.join(needing)})",
                      f"{pin}  (or pip install \"solrl[rewards]\" with a matching torch)", needed)
     try:
         with warnings.catch_warnings():
@@ -171,43 +168,19 @@ def _torchvision(rewards: set[str]) -> Check:
                  needed)
 
 
-def _probe_imagereward() -> None:
-    importlib.import_module("solrl_core.rewards.imagereward")
-    from solrl_core.rewards.compat import import_image_reward
-
-    import_image_reward()
-
-
-def _probe_clip() -> None:
-    importlib.import_module("solrl_core.rewards.clip_rewards")
-
-
-def _probe_hpsv2() -> None:
-    importlib.import_module("open_clip")
-    importlib.import_module("solrl_core.rewards.hpsv2")
-
-
-# (row name, the rewards it serves, probe, fix)
-BACKENDS: tuple[tuple[str, tuple[str, ...], Callable[[], None], str], ...] = (
-    ("imagereward", ("imagereward",), _probe_imagereward, 'pip install "solrl[rewards]" (image-reward 1.5, timm 0.6.13)'),
-    ("pickscore, clipscore", ("pickscore", "clipscore"), _probe_clip, "pip install transformers  (a core dependency)"),
-    ("hpsv2", ("hpsv2",), _probe_hpsv2, 'pip install "solrl[rewards]" (open-clip-torch)'),
-)
-
-
 def _reward_backends(rewards: set[str], only_needed: bool = False) -> list[Check]:
     out = []
-    for label, serves, probe, fix in BACKENDS:
-        needed = bool(rewards & set(serves))
+    for backend, serves in backends().items():  # one row for the rewards that share a backend
+        label, needed = ", ".join(serves), bool(rewards & set(serves))
         if only_needed and not needed:
             continue
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                probe()
+                backend.probe()
         except Exception as exc:  # noqa: BLE001 - any import failure is the answer
             out.append(Check(f"reward backend {label}", FAIL if needed else WARN,
-                             f"does not import: {type(exc).__name__}: {hardware._first_line(exc)}", fix, needed))
+                             f"does not import: {type(exc).__name__}: {hardware._first_line(exc)}", backend.install, needed))
         else:
             out.append(Check(f"reward backend {label}", PASS, "imports", "", needed))
     return out

@@ -78,10 +78,10 @@ def _builtin_weights(info: RewardInfo, local: str, m: Machine) -> tuple[Check, f
         if not path.exists() or lacking:
             return Check(row, FAIL, f"reward.paths.{name} = {local} " + ("does not exist" if not path.exists() else
                          f"lacks {', '.join(lacking)}"), f"point it at a folder holding {', '.join(info.local_files)}", True), 0.0
-        if name == "imagereward" and not (folder / "tokenizer").is_dir():
-            needs = tuple(n for n in needs if n[0] == "bert-base-uncased")  # the tokenizer still comes from the hub
-        else:
+        still = {repo for repo, sub in info.hub_unless_local if not (folder / sub).is_dir()}
+        if not still:
             return Check(row, PASS, f"local folder {folder}", "", True), 0.0
+        needs = tuple(n for n in needs if n[0] in still)  # what the folder lacks still comes from the hub
     memory = f"; about {info.memory_gib:.1f} GiB on the device once loaded (approximate)"
     missing = [(repo, names) for repo, names in needs if not _cached(repo, names, m.cache)]
     if not missing:

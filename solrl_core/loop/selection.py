@@ -45,5 +45,5 @@ def ranking_values(total: torch.Tensor, components: dict[str, torch.Tensor], wei
                    texts: torch.Tensor, aggregation: str) -> torch.Tensor:
     """What seeds are ranked by within a prompt group: the advantage the update will see (unclipped),
     so that with several rewards and `reward.aggregation = advantage` the kept seeds are the ones the
-    update weighs most. Training (stages.select_seeds) and `solrl explore` (stage1.py) both rank by it."""
+    update weighs most. Training (stages.select_seeds) and `solrl explore` (tools/explore.py) both rank by it."""
     return combined_advantages(total, components, weights, texts, aggregation, math.inf)

@@ -230,15 +230,23 @@ def keep_seeds(drafts: Scored, reward: RewardConfig, keep: int, mode: str, rng: 
     """Global indices of the `keep` seeds kept in each prompt group, group by group: ranked by the
     advantage the update sees (selection.ranking_values), a non-finite draft ranking nowhere (kept
     only to fill a group: guard.prefer_finite). Training and `solrl explore` both select here."""
-    scores, valid, usable = drafts.scores, drafts.screen.valid, drafts.usable
-    ranking = ranking_values(usable.rewards, usable.components, reward.weights, usable.texts, reward.aggregation)
-    if not bool(valid.all()):
-        ranking = torch.zeros(valid.numel(), dtype=ranking.dtype).index_put_((valid,), ranking)
+    scores, valid = drafts.scores, drafts.screen.valid
+    ranking = draft_ranking(drafts, reward)
     chosen = []
     for g in scores.groups.unique(sorted=True):
         members = guard.prefer_finite(torch.nonzero(scores.groups == g).flatten(), valid, keep)
         chosen.append(members[select(ranking[members], keep, mode, rng)])
     return torch.cat(chosen)
+
+
+def draft_ranking(drafts: Scored, reward: RewardConfig) -> torch.Tensor:
+    """What every draft is ranked by (selection.ranking_values over the finitely scored ones; 0 for
+    the others, which guard.prefer_finite keeps last). `keep_seeds` and `solrl explore` rank by it."""
+    valid, usable = drafts.screen.valid, drafts.usable
+    ranking = ranking_values(usable.rewards, usable.components, reward.weights, usable.texts, reward.aggregation)
+    if not bool(valid.all()):
+        ranking = torch.zeros(valid.numel(), dtype=ranking.dtype).index_put_((valid,), ranking)
+    return ranking
 
 
 def train(run: Run, finals: Scored, rng: np.random.Generator) -> UpdateResult:

@@ -18,122 +18,29 @@ health and logged stats, so a run on W processes computes what one process would
 rounding). LoRA gradients are averaged over ranks before clipping; rank 0 alone writes and speaks.
 With `distributed.strategy = fsdp` the transformer is sharded over the ranks (sharding.py).
 
-Checked line by line against the official code (NVlabs/Sana train_scripts/sol_rl/train_sana.py,
-train_sd3.py, train_flux1.py, train_utils.py, configs/sol_rl/): the loss, the advantages, the trained
-timesteps, the selection, the ODE samplers, the sigma grids, the prompt encodings, the quantized-layer
-rule, fp32 adapters, the grad clips (SD3 0.002, SANA and FLUX 1.0) and the
-old-policy decay and EMA schedules (counted with the step just taken, as the official `global_step`
-after its increment) are the official ones. Where this differs from it, and why:
-- The explore copy is quantized with real 16-element NVFP4 block scaling (emulated exactly in torch,
-  2D 16x16 weight tiles, 1D activation blocks) or real FP8 E4M3 GEMMs. The official code's "NVFP4"
-  recipe is `DelayedScaling(fp8_format=Format.E2M1)` (train_utils.py:27-31), which Transformer
-  Engine builds as per-tensor, delayed-scaled FP8 **E5M2** (E2M1 is not a DelayedScaling format;
-  `get_fp8_te_dtype` gives E5M2 to anything but E4M3/HYBRID), not NVFP4. `explore.precision =
-  fp8-e5m2-tensor` reproduces those numerics, emulated (scaled by each tensor's own amax where TE
-  uses a 16-call amax history). Its layer set is the
-  official one (name skips, then max(in, out) <= nvfp4_min_dim). The official SANA is a native
-  checkpoint with a Linear feed-forward and fused projections; diffusers' SANA has a 1x1-conv
-  feed-forward (quantized as the linear it is) and split q/k/v: the size rule is applied to the
-  official fused shape (`model.quant_fused`), so the same layers are quantized.
-- LoRA on SANA adapts diffusers' split attn1.to_q/to_k/to_v and attn2.to_k/to_v, where the official
-  code puts one adapter on the fused attn.qkv and cross_attn.kv_linear (about 1.5x the adapter
-  parameters here, and a different low-rank parametrization). diffusers' SANA has no fused-projection
-  path (its linear-attention processor reads the split layers), and the saved LoRA must load through
-  `SanaPipeline.load_lora_weights`. SD3 and FLUX are diffusers models in the official code too: same
-  targets there.
-- Every random draw (prompts, noise seeds, selection, train timesteps, training noise) derives from
-  (run seed, iteration), so a resumed run repeats an uninterrupted one exactly, on any number of GPUs.
-- The update's gradient is the mean over every (sample, train timestep) pair of the iteration; with
-  micro-batches of unequal size it does not over-weight the samples of the last, smaller one.
-- Stage-1 draft rewards are kept and reported next to Stage-2 rewards; the official code drops them.
-- `explore.calibrate = steps` (off by default; calibration.py) chooses Stage 1's preview steps, before
-  the first iteration and every `explore.recalibrate_every`, as the cheapest measured here whose
-  selection recovers the full-precision one as well as the fixed explore.steps does; the official
-  code fixes 6. `steps+precision` chooses the explore precision too, among the low ones this machine
-  runs (the official code fixes its E5M2 copy). Its seconds count in the iteration's time; it draws
-  nothing from the iteration's rng (it measures the first groups' Stage-1 seeds on an identical
-  generator), and the rank check reuses its full-precision rollouts in the same iteration.
-- Full-precision rollouts run, as in the official code, on a copy of base + `old` merged (refreshed
-  after each step; compiled on CUDA) when the memory estimate says it fits (`sampler.rollout_copy`);
-  where it does not, on the policy with its `old` adapter active (one copy of the model), said at
-  start-up. The update's v_old runs on that copy too, where the official code runs it on the policy
-  with `set_adapter("old")`: one forward fewer through the adapters, at the price of the merged
-  weight's rounding to the run dtype (in bf16 the size of autocast's own rounding of the adapter
-  path); `sampler.rollout_copy=false` gives the official v_old. Gradient checkpointing is chosen
-  from the same estimate (`optimizer.checkpointing`), where the official code never checkpoints.
-- The update's policy forwards (trained with its backward, reference, old without a copy) run with
-  the policy's transformer blocks torch.compile'd on CUDA (`optimizer.compile`, regions.py); the
-  official code runs them eager. Same loss and gradient to float tolerance
-  (tests/test_rollout_copy.py). Without a rollout copy, the full-precision rollouts on the `old`
-  adapter use those compiled blocks too when `sampler.compile` is on; the official naive_scaling and
-  diffusionnft roll out eagerly, which `sampler.compile=false` keeps. The update's attention leaves
-  out cuDNN's fused kernel, whose backward failed on an H100 at FLUX.1's shapes (attention.py); the
-  official code leaves the choice to PyTorch. Flash and memory-efficient attention compute the same
-  function. With
-  `algorithm.kl_beta = 0` the reference forward, which then has no weight in the loss, is skipped
-  and the KL reported as not measured; the official code always runs it.
-- The explore and rollout copies compile in the official mode, `max-autotune-no-cudagraphs`
-  (`run.compile_mode`, configs/sol_rl/base.py:112), but block by block (regions.py) where the official
-  code compiles each copy whole; the update's compiled blocks, which the official code does not have
-  (it runs the update eager), compile in torch's default mode, as does everything on a CPU, where
-  Inductor's max-autotune failed on the tiny model (regions.compile_mode_for). The fp8 explore copy
-  (solrl's; the official copy is NVFP4 through Transformer Engine) leaves its GEMMs out of the
-  autotuning: on an H100 each fp8 GEMM shape of FLUX.1 autotuned for about a minute and cuBLAS's
-  kernel won five of six (regions.NO_GEMM_AUTOTUNE). Whether the official mode is faster than the
-  default on a given GPU is unmeasured: `solrl bench --compile-mode default
-  --compile-mode max-autotune-no-cudagraphs` times both. TF32 is on for fp32 matmuls and
-  convolutions on CUDA, as in the official code (`run.tf32`, tf32.py).
-- Faults (solrl_core/faults): samples whose reward is NaN or infinite are left out of selection and
-  the update (the official code would train on them), and an optimizer step whose gradient norm is
-  not finite is skipped and counted (the official code zeroes non-finite losses and steps anyway),
-  so one bad batch cannot poison the weights; a CUDA out-of-memory error halves that phase's batch
-  and redoes the iteration instead of ending the run; a reward that raises is retried
-  (`reward.retries`) and one that hangs past `reward.timeout_s` stops the run with a checkpoint of
-  the last finished iteration. None of these changes a run in which they do not occur.
-- Stopping (stopping.py): a first SIGTERM stops at the next phase boundary, abandoning an iteration
-  whose update has not begun (redone exactly on resume), and a stop drops an evaluation in progress
-  between two of its batches, or skips one that was due (done first on resume: run_eval.py); the
-  official scripts have no stop handling. Neither changes a run that is not stopped.
-- Evaluation: the official runs score the EMA weights on the PickScore test set with the trained
-  reward during training; ImageReward, CLIPScore, PickScore and HPSv2 appear only in the paper's
-  tables, scored afterwards. solrl scores `run.eval_rewards` (those four in the real-model presets,
-  `tinyworld_fidelity` in the tiny one) at every evaluation on the same images, never trained on,
-  each base -> now with its paired standard error, and warns (RewardHacking) when the trained reward
-  rose while one of them fell by more than two standard errors; `run.stop_on_hacking` stops the run
-  there with a checkpoint. The trained numbers are those of a run without them (benchmarks/same_run.py).
-- The update's three forwards (old, trained, reference) get one input, xt in the run dtype, and the
-  same timesteps, as the official code's (train_sana.py:878-889). The SANA and SD3 wrappers hand the
-  transformer fp32 timesteps, in rollouts too (a bf16 sigma moved SD3's by up to 2/1000); FLUX's
-  transformer rounds them to its input dtype itself, alike for all three.
-- Family defaults follow the official configs (NVlabs/Sana 4b72423 configs/sol_rl/*.py):
-  naive_scaling and diffusionnft roll out on the policy's `old` adapter, eager (fullrollout_model =
-  peft); compile, naive_quant and sol_rl on merged compiled copies. (An earlier configs/sol_rl/sana.py
-  compiled SANA's naive_scaling: `--set sampler.rollout_copy=auto --set sampler.compile=auto`.)
-- Training precision (`model.train_precision`): the sana, sd3 and flux1 presets run each official
-  regime (SANA a bf16 base without autocast, SD3 an fp32 base under bf16 autocast, FLUX a bf16 base
-  under bf16 autocast); the default for every other model is the FLUX one, `autocast`: one bf16
-  base (half an fp32 base's memory) with every adapter in fp32, so no update is lost to bf16
-  rounding. The loss is fp32 in all: the official code's x0 errors are fp32 too (bf16 predictions
-  times an fp32 sigma) and divided by an fp64 weight factor where ours is fp32 (rounding only).
-- LoRA's A starts gaussian (std 1/r) for every model, as each official config sets
-  (`lora_init_mode`; sana.py:32, flux1.py:22, sd3.py:29); `model.lora_init=kaiming` gives peft's default.
-- `model.prompt_instruction` (off, as the official code) can prefix SANA prompts with the complex
-  human instruction that SanaPipeline.__call__ adds by default; `model.max_sequence_length` (128 in
-  the flux1 and sd3 presets, as train_flux1.py:94 and train_sd3.py:81) can give T5 the pipelines'
-  own 512 / 256 tokens.
-- `distributed.strategy = fsdp` (sharding.py; auto picks it with several processes when one replica
-  does not fit a GPU by the memory estimate) shards the policy with FSDP2, where the official code
-  holds a full replica per GPU. Stage 1 still explores at the explore precision, on a low-precision copy built and
-  refreshed one gathered block at a time from the shards (sharded_copy.py), whole per process or sharded like the
-  policy (`distributed.copy_layout`; sharded, it runs eager where the official copies are compiled); a full-precision
-  rollout copy sharded like the policy, eager, where the estimate fits it, else Stage 2 and v_old on the `old` adapter. A micro-batch whose loss is not finite skips the whole step there (its
-  backward must run on every rank) where a replica drops that micro-batch alone. Unchanged for a
-  replicated run, the default wherever a replica fits.
-- Memory modes for one tight GPU (memory_modes.py; the official code has none): `auto` picks them by
-  the memory estimate only where the GPU needs them. Parking the VAE or the copies on the CPU
-  (offload.py) and gradient checkpointing change no number. AdamW's moments stay fp32, as the official
-  ones: torchao's 8-bit AdamW was left out (its block-wise rounding of the second moment zeroes the
-  small entries of a block, and their steps grow to m/eps: over 1000 learning-rate-sized steps).
+Checked line by line against the official code (NVlabs/Sana train_scripts/sol_rl/, configs/sol_rl/):
+the loss, advantages, trained timesteps, selection, samplers, sigma grids, prompt encodings, quantized-
+layer rule, fp32 adapters, grad clips, decay and EMA schedules are the official ones. Where solrl
+differs, each with its reason in docs/official-settings.md ("Where solrl differs from the official code"):
+- explore copy: real NVFP4 blocks or FP8 E4M3 (the official "NVFP4" runs as per-tensor FP8 E5M2)
+- LoRA on SANA: diffusers' split q/k/v, not the official fused projections
+- every random draw from (seed, iteration): a resume repeats an uninterrupted run exactly
+- the gradient: the mean over every (sample, timestep) pair, whatever the micro-batch sizes
+- Stage-1 draft rewards kept and reported
+- explore.calibrate: Stage 1's preview steps (and precision) measured, not fixed at 6
+- v_old on the merged rollout copy; gradient checkpointing from the memory estimate
+- the update's forwards compiled on CUDA; no cuDNN fused attention; no reference forward at kl_beta 0
+- copies compiled block by block in the official mode; the update's blocks in torch's default
+- faults: non-finite rewards and steps left out, out-of-memory backed off, rewards retried or stopped
+- stopping: SIGTERM at the next phase boundary; a stop drops an evaluation in progress
+- evaluation: run.eval_rewards scored at every evaluation, with a reward-hacking warning
+- fp32 timesteps into SANA's and SD3's transformers, rollouts included
+- family defaults: the official configs' rollout copies and compile
+- training precision: each official regime in its preset; autocast (fp32 adapters) elsewhere
+- LoRA A gaussian (std 1/r), as every official config
+- model.prompt_instruction and model.max_sequence_length: the pipelines' own prompt handling, off
+- distributed.strategy = fsdp: the policy sharded, where the official code replicates it
+- memory modes for one tight GPU; AdamW's moments stay fp32
 """
 
 from __future__ import annotations

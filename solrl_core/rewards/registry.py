@@ -5,7 +5,8 @@ declare (entry-point group `solrl.rewards`), and a plugin named by where it live
 when it is called.
 
 Each other place that needs a fact about a reward reads it from here: the builders
-(rewards/__init__.py), the doctor's weight checks (doctor/weights.py), the download sizes, the
+(rewards/__init__.py), the doctor's weight checks (doctor/weights.py), its checks of the reward
+backends and torchvision and their install hints (doctor/software.py), the download sizes, the
 reward presets `solrl presets` lists and `--reward NAME` resolves (presets.py), the best score
 reward health knows (rewards/health.py), the descriptions a reward server publishes. Loading and
 checking a plugin is rewards/plugins.py; the interface a reward implements is in the docstring of
@@ -14,6 +15,7 @@ rewards/__init__.py and in docs/rewards.md.
 
 from __future__ import annotations
 
+import importlib
 import re
 from dataclasses import dataclass
 from importlib import metadata
@@ -32,6 +34,16 @@ HubFiles = tuple[tuple[str, tuple[str, ...]], ...]
 
 
 @dataclass(frozen=True)
+class Backend:
+    """A library rewards score with, declared once for every reward that uses it: the doctor imports
+    it once for all of them and, where it does not import, says how to install it."""
+
+    probe: Callable[[], None]  # imports it as a run would (compat shims included); raises where it cannot
+    install: str  # the fix where it does not import
+    torchvision: bool = False  # it imports torchvision, which must be the release built for this torch
+
+
+@dataclass(frozen=True)
 class RewardInfo:
     """One reward: what it is, what it needs and how it is built. Sizes are APPROXIMATE."""
 
@@ -45,8 +57,11 @@ class RewardInfo:
     # reward refuses an image model's run (names.check_media)
     on_frames: bool = True  # an image reward on a video model's run scores sampled frames of each clip (rewards/video.py);
     # False: it judges only a still model's images and refuses a video run
+    backend: Backend | None = None  # the library it scores with beyond torch; None: nothing to check
     hub_files: HubFiles = ()  # what it downloads from the hub (doctor looks for them in the cache)
     local_files: tuple[str, ...] = ()  # what a local folder given as reward.paths.NAME must hold
+    hub_unless_local: tuple[tuple[str, str], ...] = ()  # (hub repository, subfolder): fetched from the hub even with a
+    # local folder, unless that folder holds the subfolder
     download_gb: float = 0.0  # size of that download, GB (approximate)
     memory_gib: float = 0.0  # its weights on the device in fp32, GiB (approximate; activations not counted)
     plugin: str = ""  # a plugin's target: 'module:attr' or 'path/file.py:attr' ('' for a built-in)
@@ -55,6 +70,11 @@ class RewardInfo:
     @property
     def needs_weights(self) -> bool:
         return bool(self.weights)
+
+    @property
+    def install(self) -> str:
+        """How to install what it imports: the fix where its backend does not import."""
+        return self.backend.install if self.backend is not None else "pip install solrl"
 
 
 # --- the built-ins: each builder imports its backend only when called -------------------------------
@@ -115,6 +135,28 @@ def _hpsv2(ctx: Any) -> Any:
     return HPSv2.load(ctx)
 
 
+# --- the backends: each probe imports what the builders above import, without loading weights ----------
+
+def _probe_imagereward() -> None:
+    from solrl_core.rewards.compat import import_image_reward
+
+    importlib.import_module("solrl_core.rewards.imagereward")
+    import_image_reward()
+
+
+def _probe_clip() -> None:
+    importlib.import_module("solrl_core.rewards.clip_rewards")
+
+
+def _probe_open_clip() -> None:
+    importlib.import_module("open_clip")
+    importlib.import_module("solrl_core.rewards.hpsv2")
+
+
+IMAGE_REWARD = Backend(_probe_imagereward, 'pip install "solrl[rewards]" (image-reward 1.5, timm 0.6.13)', torchvision=True)
+CLIP = Backend(_probe_clip, "pip install transformers  (a core dependency)")
+OPEN_CLIP = Backend(_probe_open_clip, 'pip install "solrl[rewards]" (open-clip-torch)', torchvision=True)
+
 _CLIP_L = "openai/clip-vit-large-patch14"
 _WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 _TOKENIZER = ("tokenizer.json", "vocab.json")
@@ -132,31 +174,46 @@ BUILTINS: tuple[RewardInfo, ...] = (
                "noisy (an eval reward of the tiny preset)", _fidelity, best=1.0, on_frames=False),
     RewardInfo("imagereward", "ImageReward-v1.0 (BLIP ViT-L + BERT cross-attention + MLP head)", _imagereward,
                weights="hub THUDM/ImageReward (ImageReward.pt, med_config.json) + tokenizer bert-base-uncased", extra="rewards",
-               hub_files=(("THUDM/ImageReward", ("ImageReward.pt",)), ("THUDM/ImageReward", ("med_config.json",)),
-                          ("bert-base-uncased", ("vocab.txt",))),
-               local_files=("ImageReward.pt", "med_config.json"), download_gb=1.8, memory_gib=1.7),
+               backend=IMAGE_REWARD, hub_files=(("THUDM/ImageReward", ("ImageReward.pt",)),
+                                                ("THUDM/ImageReward", ("med_config.json",)), ("bert-base-uncased", ("vocab.txt",))),
+               local_files=("ImageReward.pt", "med_config.json"), hub_unless_local=(("bert-base-uncased", "tokenizer"),),
+               download_gb=1.8, memory_gib=1.7),
     RewardInfo("pickscore", "PickScore_v1: logit_scale * cos(text, image) / 26", _pickscore,
-               weights="hub yuvalkirstain/PickScore_v1 + processor laion/CLIP-ViT-H-14-laion2B-s32B-b79K",
+               weights="hub yuvalkirstain/PickScore_v1 + processor laion/CLIP-ViT-H-14-laion2B-s32B-b79K", backend=CLIP,
                hub_files=(("yuvalkirstain/PickScore_v1", ("config.json",)), ("yuvalkirstain/PickScore_v1", _WEIGHTS),
                           ("laion/CLIP-ViT-H-14-laion2B-s32B-b79K", ("preprocessor_config.json",)),
                           ("laion/CLIP-ViT-H-14-laion2B-s32B-b79K", _TOKENIZER)),
                local_files=("config.json",), download_gb=4.0, memory_gib=3.7),
     RewardInfo("clipscore", "CLIP ViT-L/14: logit_scale * cos(text, image) / 100", _clipscore, weights=f"hub {_CLIP_L}",
-               hub_files=((_CLIP_L, ("config.json",)), (_CLIP_L, _WEIGHTS), (_CLIP_L, ("preprocessor_config.json",)),
+               backend=CLIP, hub_files=((_CLIP_L, ("config.json",)), (_CLIP_L, _WEIGHTS), (_CLIP_L, ("preprocessor_config.json",)),
                           (_CLIP_L, _TOKENIZER)),
                local_files=("config.json",), download_gb=1.7, memory_gib=1.6),
     RewardInfo("temporal_consistency", "Video: mean cosine similarity of consecutive frames' CLIP ViT-L/14 image features, "
                "in [-1, 1]; weigh it against an image reward (alone, a still clip maximises it)", _temporal,
-               weights=f"hub {_CLIP_L}", media="video",
+               weights=f"hub {_CLIP_L}", media="video", backend=CLIP,
                hub_files=((_CLIP_L, ("config.json",)), (_CLIP_L, _WEIGHTS), (_CLIP_L, ("preprocessor_config.json",)),
                           (_CLIP_L, _TOKENIZER)),
                local_files=("config.json",), download_gb=1.7, memory_gib=1.6, best=1.0),
     RewardInfo("hpsv2", "HPS v2.1 through open_clip ViT-H-14: image . text features", _hpsv2,
-               weights="hub xswu/HPSv2 (HPS_v2.1_compressed.pt)", extra="rewards",
+               weights="hub xswu/HPSv2 (HPS_v2.1_compressed.pt)", extra="rewards", backend=OPEN_CLIP,
                hub_files=(("xswu/HPSv2", ("HPS_v2.1_compressed.pt",)),), local_files=("HPS_v2.1_compressed.pt",),
                download_gb=2.0, memory_gib=3.7),
 )
 BUILTIN: dict[str, RewardInfo] = {r.name: r for r in BUILTINS}
+
+
+def backends() -> dict[Backend, list[str]]:
+    """Each backend of the built-ins, with the rewards that score with it (in BUILTINS' order)."""
+    out: dict[Backend, list[str]] = {}
+    for info in BUILTINS:
+        if info.backend is not None:
+            out.setdefault(info.backend, []).append(info.name)
+    return out
+
+
+def torchvision_rewards() -> list[str]:
+    """The built-ins whose backend imports torchvision."""
+    return [info.name for info in BUILTINS if info.backend is not None and info.backend.torchvision]
 
 
 # --- plugins ----------------------------------------------------------------------------------------

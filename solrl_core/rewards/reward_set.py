@@ -56,8 +56,7 @@ def build_reward(name: str, ctx: RewardContext | None = None, *, remote: dict[st
     try:
         return info.build(ctx or RewardContext())
     except ImportError as exc:
-        install = f"pip install 'solrl[{info.extra}]'" if info.extra else "pip install solrl"
-        raise SolrlError(f"reward '{name}' cannot import its backend ({exc})", f"install it with `{install}`") from exc
+        raise SolrlError(f"reward '{name}' cannot import its backend ({exc})", f"install it: {info.install}") from exc
 
 
 def _may_hang(name: str) -> bool:

@@ -106,23 +106,32 @@ def detach_from_terminal() -> None:
 
 
 @contextlib.contextmanager
-def graceful_stop(flag: StopFlag, sigterm: str = "phase") -> Iterator[StopFlag]:
-    """Install the handlers above in the main thread (elsewhere, e.g. under the TUI, whoever owns the
-    signals calls `flag.request`). `sigterm`: run.stop_on_sigterm."""
+def graceful_stop(flag: StopFlag, sigterm: str = "phase", *, on_request: Callable[[int], None] | None = None,
+                  may_interrupt: Callable[[], bool] = lambda: True) -> Iterator[StopFlag]:
+    """Install the handlers above in the main thread (elsewhere, whoever owns the signals calls
+    `flag.request`). `sigterm`: run.stop_on_sigterm. The TUI, which trains in a worker thread, adds
+    two things: `on_request(signum)` runs after each request a signal makes (it closes the view), and
+    while `may_interrupt()` is false a repeated signal asks again instead of stopping now (a
+    KeyboardInterrupt raised while the view holds the terminal would leave it in raw mode)."""
     if threading.current_thread() is not threading.main_thread():
         yield flag
         return
 
+    def ask(signum: int, source: str, at_phase: bool) -> None:
+        flag.request(source, at_phase=at_phase)
+        if on_request is not None:
+            on_request(signum)
+
     def handler(signum: int, frame: object) -> None:
         if signum == distributed.LAUNCHER_GONE:  # repeated as each thread of the launcher exits: not a second request
             if distributed.orphaned() and not flag.requested:
-                flag.request(LAUNCHER_SOURCE, at_phase=sigterm == "phase")
+                ask(signum, LAUNCHER_SOURCE, sigterm == "phase")
             return
-        if flag.requested:  # a second request means now; checkpoints are atomic, so nothing is torn
+        if flag.requested and may_interrupt():  # a second request means now; checkpoints are atomic, so nothing is torn
             raise KeyboardInterrupt
         if signum == getattr(signal, "SIGHUP", None):
             detach_from_terminal()
-        flag.request(SIGNAL_NAMES[signum], at_phase=signum == signal.SIGTERM and sigterm == "phase")
+        ask(signum, SIGNAL_NAMES[signum], signum == signal.SIGTERM and sigterm == "phase")
 
     previous = {s: signal.signal(s, handler) for s in (*SIGNAL_NAMES, distributed.LAUNCHER_GONE)}
     try:

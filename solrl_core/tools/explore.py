@@ -18,8 +18,7 @@ import torch
 from solrl_core.data.prompts import text_keys
 from solrl_core.engine.engine import Engine
 from solrl_core.faults import guard
-from solrl_core.loop.selection import ranking_values
-from solrl_core.loop.stages import GlobalScores, Scored, keep_seeds
+from solrl_core.loop.stages import GlobalScores, Scored, draft_ranking, keep_seeds
 
 
 @dataclass(frozen=True)
@@ -28,7 +27,8 @@ class ExploreResult:
     seeds: torch.Tensor  # [P, N]
     rewards: torch.Tensor  # [P, N] total reward
     components: dict[str, torch.Tensor]  # [P, N] per reward
-    ranks: torch.Tensor  # [P, N] 1 = best by the training's ranking (selection.ranking_values), stable ties by seed order
+    ranks: torch.Tensor  # [P, N] 1 = best by the training's ranking (stages.draft_ranking), stable ties by seed order; a
+    # seed without a finite score ranks last
     selected: torch.Tensor  # [P, K] indices into N, in selection order
     images: torch.Tensor  # [P, N, 3, H, W]; a video model's clips [P, N, F, 3, H, W]
     seconds: float  # generation, decoding and scoring, measured
@@ -57,9 +57,8 @@ def explore_only(engine: Engine, prompts: list[str], n: int, keep: int, mode: st
     drafts = Scored(batch=None, scores=every, screen=guard.screen(scores.components, groups))
     kept = keep_seeds(drafts, engine.config.reward, keep, mode, np.random.default_rng(seed_base))
     selected = kept.view(len(prompts), keep) - torch.arange(len(prompts))[:, None] * n
-    reward = engine.config.reward
-    ranking = ranking_values(scores.total, scores.components, reward.weights, texts, reward.aggregation).view(len(prompts), n)
-    order = torch.argsort(ranking, dim=1, descending=True, stable=True)
+    ranking = draft_ranking(drafts, engine.config.reward).masked_fill(~drafts.screen.valid, -torch.inf)  # unscored: last
+    order = torch.argsort(ranking.view(len(prompts), n), dim=1, descending=True, stable=True)
     ranks = torch.empty_like(order)
     ranks.scatter_(1, order, torch.arange(1, n + 1).expand(len(prompts), n).contiguous())
     shape = (len(prompts), n)

@@ -1,0 +1,130 @@
+"""The one front door of a training run: `solrl train` (solrl_cli/train_cmd.py) and `solrl.train()`
+(solrl/__init__.py) both start a run here, so it is resolved and checked the same way whichever door
+it came through, and a mistake is said in one line before any model loads:
+
+    resolve   the config: a fresh run's (defaults < presets < config file < --set < flags), in a run
+              folder that holds no run yet; or, resuming, the one saved in the run's folder with the
+              few overrides a resume may make (config/presets.py: resumed_config)
+    check     the run's own inputs, in seconds (config/run_inputs.py), then the trackers it logs to
+              and the doctor's checks it depends on (doctor/), before anything big loads
+    launch    one process: `RunStart.train`, here; several (--nproc-per-node, --nnodes): the CLI
+              starts them through torchrun (solrl_cli/launch.py), and each comes in again by this door
+
+Every import but the config's is made where it is used: a config error is answered before torch loads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from solrl_core.config.schema import Config
+from solrl_core.errors import SolrlError
+
+# What a resume may change besides --set and --reward: the rest is fixed by the run's checkpoints
+# (config/convert.py: check_resume_overrides) or names the run (its folder, its presets).
+RESUMABLE = frozenset({"run.iterations", "run.device", "run.log", "model.path"})
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """What a caller asks for: the choices of a fresh run, or the folder of one to resume, and the
+    overrides, layered as `solrl train` layers them."""
+
+    model: str | None = None  # a model preset; None: tiny
+    family: str | None = None  # None: sol_rl
+    reward: str | None = None
+    preset: str | None = None
+    config: str | Path | None = None  # a config file
+    sets: tuple[str, ...] = ()  # section.key=value
+    flags: dict[str, dict[str, Any]] = field(default_factory=dict)  # section -> key -> value (None: not given)
+    resume: Path | None = None  # the folder of the run to continue
+    checkpoint: str | None = None  # with resume: the checkpoint to continue from (None: the newest)
+    trust_run_config: bool = False
+    processes: int = 1  # per node (--nproc-per-node)
+    nodes: int = 1
+    api: bool = False  # asked from Python: a fix names its keyword arguments rather than the CLI's flags
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """A run resolved and checked, and how it launches."""
+
+    request: RunRequest
+    config: Config
+    torchrun: bool  # several processes: the caller starts them through torchrun
+    note: str  # to say before they start ('' for none): more processes than this CPU has cores
+
+    def train(self, bus: Any, stop: Any = None) -> Any:
+        """Train (or continue) the run in this process, emitting on `bus`; `stop`: a StopFlag the
+        caller owns (the TUI's), else Ctrl-C and SIGTERM stop it. Returns the trainer's Session."""
+        if self.torchrun:
+            raise SolrlError("a run of several processes starts through torchrun, not in this process",
+                             "use `solrl train --nproc-per-node N`")
+        from solrl_core.loop.trainer import train
+
+        return train(self.config, bus, resume=self.request.resume is not None, stop=stop,
+                     checkpoint=self.request.checkpoint)
+
+
+def start_run(request: RunRequest) -> RunStart:
+    """Everything before the first model loads: resolve the run, check its inputs and this machine,
+    and decide how it launches. Raises the first SolrlError."""
+    from solrl_core.config.run_inputs import check_inputs
+    from solrl_core.runtime.threads import launch_note
+
+    cfg = resolve(request)
+    check_inputs(cfg, resumed_from=request.resume)  # seconds: before the doctor's imports and any model load
+    preflight(cfg, request.processes)
+    several = request.processes > 1 or request.nodes > 1
+    note = launch_note(request.processes, cfg.run.device, cfg.run.threads) if several else None
+    return RunStart(request, cfg, several, note or "")
+
+
+def resolve(request: RunRequest) -> Config:
+    """The run's config: with a resume, the one saved in its folder and the overrides a resume may
+    make; else a fresh one, whose run folder must not hold a run already."""
+    from solrl_core.config.presets import resolve_config
+    from solrl_core.io.rundir import check_new_run_dir
+
+    if request.resume is not None:
+        return _resumed(request)
+    cfg = resolve_config(request.model or "tiny", request.family or "sol_rl", request.reward, request.preset,
+                         request.config, request.sets, request.flags)
+    check_new_run_dir(cfg.run.run_dir)
+    return cfg
+
+
+def _resumed(request: RunRequest) -> Config:
+    """The config saved in the resumed folder, refusing what a resume may not change (--reward names
+    its rewards again: config/trust.py)."""
+    from solrl_core.config.presets import resumed_config
+
+    given = {f"{section}.{key}" for section, values in request.flags.items() for key, v in values.items() if v is not None}
+    if any((request.model, request.family, request.preset, request.config)) or given - RESUMABLE:
+        if request.api:
+            raise SolrlError("resume continues a run with the config saved in its folder",
+                             "only iterations, device, reward, trust_run_config and sets may be given with resume")
+        raise SolrlError("--resume continues a run with the config saved in its folder",
+                         "only --iterations, --device, --log, --model-path, --reward, --trust-run-config and --set "
+                         "may be given with --resume")
+    flags = {section: dict(values) for section, values in request.flags.items()}
+    flags["run"] = {**flags.get("run", {}), "run_dir": str(request.resume)}
+    return resumed_config(request.resume, request.sets, flags, reward=request.reward, trust=request.trust_run_config,
+                          api=request.api)
+
+
+def preflight(cfg: Config, processes: int) -> None:
+    """The trackers the run logs to, and the doctor's checks it depends on, before anything big
+    loads. The memory figure is an estimate, so it never blocks a run (`solrl doctor` shows it)."""
+    from solrl_core.doctor import failed_for_run, run_checks
+    from solrl_core.tracking import require
+
+    require(cfg.run.log)
+    failed = [c for c in failed_for_run(run_checks(cfg, processes, only_needed=True)) if c.name != "memory estimate"]
+    failed.sort(key=lambda c: c.name != "explore precision")  # the root cause when TE rows fail with it
+    if failed:
+        first = failed[0]
+        more = f" (and {len(failed) - 1} more: `solrl doctor` lists them)" if len(failed) > 1 else ""
+        raise SolrlError(f"{first.name}: {first.detail}{more}", first.fix or "run `solrl doctor` for details")
