@@ -9,7 +9,8 @@ import torch
 
 from solrl_core.data.tinyworld import COLORS, RADIUS, SHAPES, SIZE, Obj, example, parse, render
 from solrl_core.errors import SolrlError
-from solrl_core.rewards.tinyworld import TinyWorldReward, analyze, score, strict_accuracy
+from solrl_core.rewards.tinyworld import TinyWorldReward, analyze, score
+from solrl_core.rewards.world import strict_accuracy
 
 SEEDS = [(s, "train") for s in range(300)] + [(s, "heldout") for s in range(100)]
 
@@ -149,6 +150,13 @@ def test_batch_interface_scores_each_image_against_its_prompt():
     assert scores.tolist() == [1.0, 0.5, 0.5, 0.75, 1.0, 0.0]
     assert strict_accuracy(scores) == pytest.approx(2 / 6)
     assert strict_accuracy(torch.tensor([])) == 0.0
+
+
+def test_the_image_reward_refuses_clips_in_one_line_as_the_clip_reward_refuses_images():
+    with pytest.raises(ValueError, match=r"tinyworld_geneval judges images \[B, 3, H, W\], not a tensor of shape \(1, 4, 3, 32, 32\)"):
+        TinyWorldReward()(torch.zeros(1, 4, 3, SIZE, SIZE), ["a red circle"])
+    with pytest.raises(ValueError, match="2 images but 1 prompts"):
+        TinyWorldReward()(torch.zeros(2, 3, SIZE, SIZE), ["a red circle"])
 
 
 def test_the_summary_reports_each_kind_of_prompt_apart():

@@ -25,6 +25,7 @@ import numpy as np
 
 from solrl_core.data.shapes import COLORS, SHAPES, paint
 from solrl_core.data.tinyworld import article
+from solrl_core.data.world import World, caption_matches
 
 SIZE = 16  # frame side, pixels
 FRAMES = 4
@@ -79,14 +80,12 @@ _PATTERNS = (
 
 def parse(prompt: str) -> Spec | None:
     """The spec a caption asks for, or None when it is not a sentence of this world's grammar."""
-    text = " ".join(prompt.lower().strip().rstrip(".").split())
-    for kind, pattern in _PATTERNS:
-        m = pattern.match(text)
-        if m and m.group(1) in COLORS and m.group(2) in SHAPES:
-            motion = _PHRASE[m.group(3)]
+    for kind, (color, shape, phrase) in caption_matches(prompt, _PATTERNS):
+        if color in COLORS and shape in SHAPES:
+            motion = _PHRASE[phrase]
             if kind == "count" and motion not in TRANSLATIONS:
                 return None
-            return Spec(kind, m.group(1), m.group(2), motion, 2 if kind == "count" else 1)
+            return Spec(kind, color, shape, motion, 2 if kind == "count" else 1)
     return None
 
 
@@ -148,8 +147,14 @@ def render(spec: Spec, starts: list[tuple[int, int]]) -> np.ndarray:
     return np.stack([paint(((spec.color, spec.shape, *p[t], rs[t]) for p in paths), SIZE) for t in range(FRAMES)])
 
 
-def example(seed: int, split: str = "train") -> tuple[str, np.ndarray]:
-    """(caption, clip) of one scene, a pure function of the seed."""
-    rng = np.random.default_rng(seed)
-    spec = sample_spec(rng, split)
-    return describe(spec), render(spec, layout(spec, rng))
+def draw(spec: Spec, rng: np.random.Generator) -> np.ndarray:
+    """[FRAMES, SIZE, SIZE, 3] uint8 clip of a spec, its shapes started where `rng` lays them out."""
+    return render(spec, layout(spec, rng))
+
+
+WORLD = World(
+    name="tiny moving world", size=SIZE, frames=FRAMES, kinds=KINDS, vocab=VOCAB, prompt_sets="tinyvideo",
+    examples=("a red circle moving to the left", "a blue square growing", "two green triangles moving up"),
+    sample_spec=sample_spec, describe=describe, parse=parse, draw=draw,
+)
+example = WORLD.example  # (caption, clip) of one scene, a pure function of the seed

@@ -23,6 +23,7 @@ import numpy as np
 
 # The paint is shared with the tiny moving world (shapes.py); BACKGROUND is re-exported for this world's readers.
 from solrl_core.data.shapes import BACKGROUND, COLORS, SHAPES, paint  # noqa: F401
+from solrl_core.data.world import World, caption_matches
 
 SIZE = 32
 COUNTS = {"one": 1, "two": 2, "three": 3}
@@ -79,12 +80,7 @@ _PATTERNS = (
 
 def parse(prompt: str) -> Spec | None:
     """The spec a caption asks for, or None when it is not a sentence of this world's grammar."""
-    text = " ".join(prompt.lower().strip().rstrip(".").split())
-    for kind, pattern in _PATTERNS:
-        m = pattern.match(text)
-        if not m:
-            continue
-        g = m.groups()
+    for kind, g in caption_matches(prompt, _PATTERNS):
         if kind == "position":
             objs, rel = ((g[0], g[1], 1), (g[3], g[4], 1)), g[2]
         elif kind == "binding":
@@ -149,13 +145,6 @@ def render(objs: list[Obj]) -> np.ndarray:
     return paint(((o.color, o.shape, o.x, o.y, RADIUS) for o in objs), SIZE)
 
 
-def example(seed: int, split: str = "train") -> tuple[str, np.ndarray]:
-    """(caption, image) of one scene, a pure function of the seed."""
-    rng = np.random.default_rng(seed)
-    spec = sample_spec(rng, split)
-    return describe(spec), render(layout(spec, rng))
-
-
 def prompt_set(split: str, count: int, seed: int = 1234) -> list[str]:
     """A fixed list of distinct prompts of one split, balanced over the four kinds."""
     rng = np.random.default_rng(seed)
@@ -209,3 +198,16 @@ def validation_prompts(per_kind: int = 32, seed: int = 4321) -> list[str]:
             taken[spec.kind] += 1
             out.append(text)
     return out
+
+
+def draw(spec: Spec, rng: np.random.Generator) -> np.ndarray:
+    """[32, 32, 3] uint8 image of a spec, laid out by `rng`."""
+    return render(layout(spec, rng))
+
+
+WORLD = World(
+    name="tiny world", size=SIZE, frames=0, kinds=KINDS, vocab=VOCAB, prompt_sets="tinyworld",
+    examples=("a red circle", "two blue squares", "a red circle and a blue square", "a green triangle left of a yellow circle"),
+    sample_spec=sample_spec, describe=describe, parse=parse, draw=draw,
+)
+example = WORLD.example  # (caption, image) of one scene, a pure function of the seed

@@ -3,22 +3,27 @@
 Its text encoder is a small Gemma2 (SANA's text-encoder family) over a word-level tokenizer built
 from a fixed vocabulary, so the full pipeline (tokenise, encode, seeded noise, ODE, decode, reward,
 LoRA update) runs with nothing downloaded. The architecture is data (`TinyArch`): with no weights it
-is the default below at random init; a weights folder (`config.json` + `model.safetensors`, as the
-tiny-world pre-training script writes) brings its own architecture and vocabulary.
+is `SANA.default` at random init; a weights folder (`config.json` + `model.safetensors`, as
+`scripts/pretrain_tiny.py --world image` writes) brings its own architecture and vocabulary.
 
 Latents are `image side / upscale` pixels square with 3 channels; the "VAE" decoder is a fixed
 bilinear upsampler (identity at upscale 1). Like a real VAE it lets a random-init model's latent
 contrast, not per-pixel noise, decide what an image looks like.
+
+The loading both tiny models share is here once, with the model as a parameter (`TinyKind`): the
+weights folder, the seeded init, the text side (`load_tiny`, `text_states`); the tiny video model
+(models/tiny_video.py) is the other kind.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 from diffusers import SanaTransformer2DModel
@@ -39,16 +44,23 @@ DEFAULT_VOCAB = tuple((
 
 
 @dataclass(frozen=True)
-class TinyArch:
-    heads: int = 2
-    head_dim: int = 32
-    layers: int = 4
-    patch_size: int = 1
-    upscale: int = 4  # latent side = image side / upscale
-    text_dim: int = 32
-    text_layers: int = 1
-    max_tokens: int = 16
-    vocab: tuple[str, ...] = DEFAULT_VOCAB
+class Arch:
+    """What every tiny model's architecture has: its transformer's attention heads and blocks, and its
+    text side (a small Gemma2 of `text_layers` over a word-level `vocab`, `max_tokens` a caption)."""
+
+    heads: int
+    head_dim: int
+    layers: int
+    text_dim: int
+    text_layers: int
+    max_tokens: int
+    vocab: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class TinyArch(Arch):
+    patch_size: int
+    upscale: int  # latent side = image side / upscale
 
 
 def build_tokenizer(vocab: tuple[str, ...]) -> PreTrainedTokenizerFast:
@@ -100,24 +112,74 @@ def save_tiny(folder: str | Path, arch: object, transformer: torch.nn.Module, te
     (folder / ARCH_FILE).write_text(json.dumps(dataclasses.asdict(arch), indent=2))
 
 
-def build_tiny(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> DiffusionModel:
+@dataclass(frozen=True)
+class TinyKind:
+    """What sets one tiny model apart in loading: its default architecture, its modules, and how its
+    transformer reads text. `load_tiny` and the pre-training read it."""
+
+    default: Arch  # the architecture at random init, without a weights folder (a TinyArch, a VideoArch)
+    modules: Callable[[Any, int, int], tuple[PreTrainedTokenizerFast, Gemma2Model, torch.nn.Module]]  # (arch, side, frames)
+    velocity: Callable[..., torch.Tensor]
+    masked_text: bool  # True: states and the text mask (SANA); False: states zeroed at padding, no mask (Wan)
+    script: str  # what writes its weights folders
+
+
+@dataclass(frozen=True)
+class TinyParts:
+    arch: Any  # an Arch of the model's kind
+    tokenizer: PreTrainedTokenizerFast
+    text_encoder: Gemma2Model
+    transformer: torch.nn.Module
+    origin: str  # "weights NAME" or "random init (seed N)", for the model's description
+
+
+def load_tiny(cfg: ModelConfig, device: torch.device, dtype: torch.dtype, kind: TinyKind) -> TinyParts:
+    """A tiny model's modules on `device`: `kind`'s default architecture at random init from
+    model.init_seed, or what the weights folder model.weights holds."""
     folder = weights_folder(cfg.weights) if cfg.weights else None
-    arch = read_arch(folder, TinyArch) if folder else TinyArch()
-    side = cfg.resolution
+    arch = read_arch(folder, type(kind.default), kind.script) if folder else kind.default
     torch.manual_seed(cfg.init_seed)  # the random init is part of the model's identity
-    tokenizer, text_encoder, transformer = build_modules(arch, side)
+    tokenizer, text_encoder, transformer = kind.modules(arch, cfg.resolution, cfg.frames)
     if folder:
-        load_weights(folder, transformer, text_encoder)
+        load_weights(folder, transformer, text_encoder, kind.script)
     transformer.to(device=device)
     if dtype != torch.float32:
         transformer.to(dtype=dtype)
     text_encoder.to(device=device)
+    origin = f"weights {cfg.weights}" if folder else f"random init (seed {cfg.init_seed})"
+    return TinyParts(arch, tokenizer, text_encoder, transformer, origin)
 
+
+def text_states(parts: TinyParts, kind: TinyKind, prompts: list[str], device: torch.device) -> Conditioning:
+    """The text encoder's states of `prompts` as `kind`'s transformer reads them (with gradients: the
+    pre-training trains the encoder; a loaded model's `encode` runs it without)."""
+    batch = parts.tokenizer(prompts, padding="max_length", truncation=True, max_length=parts.arch.max_tokens,
+                            return_tensors="pt")
+    ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
+    states = parts.text_encoder(input_ids=ids, attention_mask=mask).last_hidden_state.float()
+    if kind.masked_text:
+        return Conditioning(states, mask)
+    # as WanPipeline zero-pads its UMT5 states; Wan's transformer takes no text mask
+    return Conditioning(states * mask[..., None], torch.ones_like(mask))
+
+
+def encoder(parts: TinyParts, kind: TinyKind, device: torch.device) -> Callable[[list[str]], Conditioning]:
+    """A loaded tiny model's `encode`."""
     @torch.no_grad()
     def encode(prompts: list[str]) -> Conditioning:
-        batch = tokenizer(prompts, padding="max_length", truncation=True, max_length=arch.max_tokens, return_tensors="pt")
-        ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
-        return Conditioning(text_encoder(input_ids=ids, attention_mask=mask).last_hidden_state.float(), mask)
+        return text_states(parts, kind, prompts, device)
+    return encode
+
+
+SANA = TinyKind(TinyArch(heads=2, head_dim=32, layers=4, text_dim=32, text_layers=1, max_tokens=16, vocab=DEFAULT_VOCAB,
+                         patch_size=1, upscale=4),
+                lambda arch, side, frames: build_modules(arch, side), sana_velocity, masked_text=True,
+                script="scripts/pretrain_tiny.py --world image")
+
+
+def build_tiny(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> DiffusionModel:
+    parts = load_tiny(cfg, device, dtype, SANA)
+    arch = parts.arch
 
     def decode(latents: torch.Tensor) -> torch.Tensor:
         up = latents.float()
@@ -125,11 +187,10 @@ def build_tiny(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Di
             up = torch.nn.functional.interpolate(up, scale_factor=arch.upscale, mode="bilinear", align_corners=False)
         return ((up + 1.0) / 2.0).clamp(0.0, 1.0)
 
-    latent = side // arch.upscale
-    origin = f"weights {cfg.weights}" if folder else f"random init (seed {cfg.init_seed})"
-    return DiffusionModel(transformer=transformer, encode=encode, decode=decode, velocity=sana_velocity,
-                          latent_shape=(3, latent, latent),
-                          description=f"tiny SANA {arch.layers}x{arch.heads * arch.head_dim}, {latent}px latent, {origin}",
+    latent = cfg.resolution // arch.upscale
+    return DiffusionModel(transformer=parts.transformer, encode=encoder(parts, SANA, device), decode=decode,
+                          velocity=SANA.velocity, latent_shape=(3, latent, latent),
+                          description=f"tiny SANA {arch.layers}x{arch.heads * arch.head_dim}, {latent}px latent, {parts.origin}",
                           vocabulary=arch.vocab)
 
 
@@ -145,7 +206,7 @@ def weights_folder(spec: str) -> Path:
                      "give a folder holding config.json and model.safetensors in model.weights, or leave it empty")
 
 
-def read_arch(folder: Path, cls: type[A], script: str = "scripts/pretrain_tinyworld.py") -> A:
+def read_arch(folder: Path, cls: type[A], script: str) -> A:
     """The architecture dataclass `cls` a weights folder's config.json describes (`script` writes such folders)."""
     try:
         data = json.loads((folder / ARCH_FILE).read_text())
@@ -156,8 +217,7 @@ def read_arch(folder: Path, cls: type[A], script: str = "scripts/pretrain_tinywo
                          f"regenerate the folder with {script}") from exc
 
 
-def load_weights(folder: Path, transformer: torch.nn.Module, text_encoder: torch.nn.Module,
-                 script: str = "scripts/pretrain_tinyworld.py") -> None:
+def load_weights(folder: Path, transformer: torch.nn.Module, text_encoder: torch.nn.Module, script: str) -> None:
     try:
         state = load_file(str(folder / WEIGHTS_FILE))
     except Exception as exc:  # noqa: BLE001 - any read failure means the file cannot be used

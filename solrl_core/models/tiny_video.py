@@ -10,8 +10,8 @@ Text side as the tiny model's (models/tiny.py): a word-level tokenizer and a sma
 its hidden states are zeroed at the padding, as WanPipeline zero-pads its UMT5 states, and, as in
 Wan, the transformer takes no text mask. The "VAE" is the identity: latents [3, F, H, W] are the
 pixels in [-1, 1], and `decode` returns clips [B, F, 3, H, W] in [0, 1]. A weights folder
-(config.json + model.safetensors, as scripts/pretrain_tinyvideo.py writes) brings its own
-architecture; without one, `VideoArch()` at random init from model.init_seed.
+(config.json + model.safetensors, as `scripts/pretrain_tiny.py --world video` writes) brings its own
+architecture; without one, `VIDEO.default` at random init from model.init_seed.
 """
 
 from __future__ import annotations
@@ -23,25 +23,16 @@ import torch
 from solrl_core.config.schema import ModelConfig
 from solrl_core.data.tinyvideo import VOCAB
 from solrl_core.errors import SolrlError
-from solrl_core.models.base import Conditioning, DiffusionModel
-from solrl_core.models.tiny import build_text_side, load_weights, read_arch, weights_folder
+from solrl_core.models.base import DiffusionModel
+from solrl_core.models.tiny import Arch, TinyKind, build_text_side, encoder, load_tiny
 from solrl_core.models.wan import wan_velocity
-
-SCRIPT = "scripts/pretrain_tinyvideo.py"
 
 
 @dataclass(frozen=True)
-class VideoArch:
-    heads: int = 4
-    head_dim: int = 32
-    layers: int = 4
-    ffn_dim: int = 256
-    freq_dim: int = 64  # sinusoidal timestep features
-    patch: tuple[int, int, int] = (1, 4, 4)  # frames, height, width
-    text_dim: int = 64
-    text_layers: int = 2
-    max_tokens: int = 8
-    vocab: tuple[str, ...] = VOCAB
+class VideoArch(Arch):
+    ffn_dim: int
+    freq_dim: int  # sinusoidal timestep features
+    patch: tuple[int, int, int]  # frames, height, width
 
 
 def build_video_modules(arch: VideoArch, side: int, frames: int):  # noqa: ANN201 - (tokenizer, Gemma2Model, WanTransformer3DModel)
@@ -60,31 +51,20 @@ def build_video_modules(arch: VideoArch, side: int, frames: int):  # noqa: ANN20
     return tokenizer, text_encoder, transformer
 
 
-def build_tiny_video(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> DiffusionModel:
-    folder = weights_folder(cfg.weights) if cfg.weights else None
-    arch = read_arch(folder, VideoArch, SCRIPT) if folder else VideoArch()
-    torch.manual_seed(cfg.init_seed)  # the random init is part of the model's identity
-    tokenizer, text_encoder, transformer = build_video_modules(arch, cfg.resolution, cfg.frames)
-    if folder:
-        load_weights(folder, transformer, text_encoder, SCRIPT)
-    transformer.to(device=device)
-    if dtype != torch.float32:
-        transformer.to(dtype=dtype)
-    text_encoder.to(device=device)
+VIDEO = TinyKind(VideoArch(heads=4, head_dim=32, layers=4, text_dim=64, text_layers=2, max_tokens=8, vocab=VOCAB,
+                           ffn_dim=256, freq_dim=64, patch=(1, 4, 4)),
+                 build_video_modules, wan_velocity, masked_text=False, script="scripts/pretrain_tiny.py --world video")
 
-    @torch.no_grad()
-    def encode(prompts: list[str]) -> Conditioning:
-        batch = tokenizer(prompts, padding="max_length", truncation=True, max_length=arch.max_tokens, return_tensors="pt")
-        ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
-        states = text_encoder(input_ids=ids, attention_mask=mask).last_hidden_state.float() * mask[..., None]
-        return Conditioning(states, torch.ones_like(mask))
+
+def build_tiny_video(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> DiffusionModel:
+    parts = load_tiny(cfg, device, dtype, VIDEO)
+    arch = parts.arch
 
     def decode(latents: torch.Tensor) -> torch.Tensor:
         return ((latents.float().permute(0, 2, 1, 3, 4) + 1.0) / 2.0).clamp(0.0, 1.0)  # [B, 3, F, H, W] -> [B, F, 3, H, W]
 
-    origin = f"weights {cfg.weights}" if folder else f"random init (seed {cfg.init_seed})"
-    width = arch.heads * arch.head_dim
-    return DiffusionModel(transformer=transformer, encode=encode, decode=decode, velocity=wan_velocity,
-                          latent_shape=(3, cfg.frames, cfg.resolution, cfg.resolution),  # type: ignore[arg-type]
-                          description=f"tiny Wan {arch.layers}x{width}, {cfg.frames} frames of {cfg.resolution}px, {origin}",
+    return DiffusionModel(transformer=parts.transformer, encode=encoder(parts, VIDEO, device), decode=decode,
+                          velocity=VIDEO.velocity, latent_shape=(3, cfg.frames, cfg.resolution, cfg.resolution),  # type: ignore[arg-type]
+                          description=f"tiny Wan {arch.layers}x{arch.heads * arch.head_dim}, {cfg.frames} frames of "
+                                      f"{cfg.resolution}px, {parts.origin}",
                           vocabulary=arch.vocab, frames=cfg.frames)

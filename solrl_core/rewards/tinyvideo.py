@@ -21,12 +21,10 @@ else an area ratio of at least GROW_RATIO is growing, at most its inverse shrink
 from __future__ import annotations
 
 import numpy as np
-import torch
 
-from solrl_core.data.tinyvideo import KINDS, Spec, parse
-from solrl_core.errors import SolrlError
-from solrl_core.io.images import to_uint8
-from solrl_core.rewards.tinyworld import Detected, analyze, strict_accuracy
+from solrl_core.data.tinyvideo import WORLD, Spec
+from solrl_core.rewards.tinyworld import Detected, analyze
+from solrl_core.rewards.world import WorldReward
 
 # The smallest shape drawn is a square of radius 2 (3x3 pixels); two shapes of radius 3 that blur
 # together cover at least 50 pixels, the largest single shape (a circle of radius 5) 89, which erosion
@@ -66,47 +64,12 @@ def score(spec: Spec, frames: list[list[Detected]]) -> float:
     return 0.25 * present + 0.25 * (present and shaped) + 0.5 * (present and moved)
 
 
-class TinyVideoReward:
-    """`score(parse(prompt), read_clip(clip))` per clip, as a solrl video reward."""
+class TinyVideoReward(WorldReward):
+    """`score(parse(prompt), read_clip(clip))` per clip, as a solrl video reward; per-kind means of
+    motion and count in its summary."""
 
     name = "tinyvideo_geneval"
+    world = WORLD
 
-    def summary(self, scores: torch.Tensor, prompts: list[str]) -> dict[str, float]:
-        """Strict accuracy (share of clips scored exactly 1) and the mean score of each kind present."""
-        out = {"strict_accuracy": strict_accuracy(scores)}
-        out.update({kind: float(scores[members].mean()) for kind, members in self.groups(prompts).items()})
-        return out
-
-    def groups(self, prompts: list[str]) -> dict[str, list[int]]:
-        """The clips of each kind of caption present, by index, in KINDS order (an evaluation pairs
-        them to give each kind's change a standard error)."""
-        kinds = [spec.kind for spec in self._specs(prompts)]
-        return {kind: members for kind in KINDS if (members := [i for i, k in enumerate(kinds) if k == kind])}
-
-    def check_prompts(self, prompts: list[str]) -> None:
-        """Fail before a run starts, naming the first prompt this reward cannot judge."""
-        self._specs(prompts)
-
-    def _specs(self, prompts: list[str]) -> list[Spec]:
-        specs = []
-        for i, prompt in enumerate(prompts):
-            spec = parse(prompt)
-            if spec is None:
-                raise SolrlError(
-                    f"reward '{self.name}' cannot judge prompt {i} ({prompt!r}): it is not a caption of the tiny moving world",
-                    "use the built-in 'tinyvideo_train' or 'tinyvideo_heldout' prompt sets, or captions such as "
-                    "'a red circle moving to the left', 'a blue square growing', 'two green triangles moving up'",
-                )
-            specs.append(spec)
-        return specs
-
-    def __call__(self, clips: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        """[B] float32 scores on the CPU for clips [B, F, 3, H, W] in [0, 1]."""
-        if clips.dim() != 5:
-            raise ValueError(f"{self.name} judges clips [B, F, 3, H, W], not a tensor of shape {tuple(clips.shape)}")
-        if len(prompts) != clips.shape[0]:
-            raise ValueError(f"{clips.shape[0]} clips but {len(prompts)} prompts")
-        specs = self._specs(prompts)  # an unjudgeable prompt is an error, never a silent 0
-        b, f = clips.shape[:2]
-        frames = to_uint8(clips.reshape(b * f, *clips.shape[2:])).reshape(b, f, *clips.shape[3:], 3)
-        return torch.tensor([score(spec, read_clip(clip)) for spec, clip in zip(specs, frames)], dtype=torch.float32)
+    def judge(self, spec: Spec, pixels: np.ndarray) -> float:
+        return score(spec, read_clip(pixels))

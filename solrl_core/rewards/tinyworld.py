@@ -7,8 +7,8 @@ segmentation. That makes the reward noise-free on ground truth (every rendered c
 and cheap enough to run on every rollout, so reward changes reflect the policy, not the judge.
 
 Where we differ from GenEval: GenEval marks an image right or wrong; RL needs a denser signal, so
-`score` gives partial credit per sub-goal (documented there), and `strict_accuracy` recovers
-GenEval's all-or-nothing rate as the share of perfect scores.
+`score` gives partial credit per sub-goal (documented there), and `strict_accuracy`
+(rewards/world.py) recovers GenEval's all-or-nothing rate as the share of perfect scores.
 
 Numpy only at run time: the connected-component labelling is a few lines of flood fill.
 """
@@ -20,11 +20,9 @@ from itertools import product
 from typing import Callable
 
 import numpy as np
-import torch
 
-from solrl_core.data.tinyworld import BACKGROUND, COLORS, KINDS, Spec, parse, relation_holds
-from solrl_core.errors import SolrlError
-from solrl_core.io.images import to_uint8
+from solrl_core.data.tinyworld import BACKGROUND, COLORS, WORLD, Spec, relation_holds
+from solrl_core.rewards.world import WorldReward
 
 # A pixel belongs to a colour when it lies near the straight RGB segment from the background to
 # that colour (blurred or anti-aliased edges are blends along it) and at least half-way along it.
@@ -207,51 +205,12 @@ def score(spec: Spec, found: list[Detected]) -> float:
     return _best_pair(spec.objects, found, placed)
 
 
-def strict_accuracy(scores: torch.Tensor) -> float:
-    """Share of images scored exactly 1.0: GenEval's all-or-nothing accuracy (0.0 for none)."""
-    return float((scores == 1.0).float().mean()) if scores.numel() else 0.0
-
-
-class TinyWorldReward:
-    """`score(parse(prompt), analyze(image))` per image, as a solrl reward."""
+class TinyWorldReward(WorldReward):
+    """`score(parse(prompt), analyze(image))` per image, as a solrl reward; per-kind means of object,
+    count, binding and position in its summary."""
 
     name = "tinyworld_geneval"
+    world = WORLD
 
-    def summary(self, scores: torch.Tensor, prompts: list[str]) -> dict[str, float]:
-        """Strict accuracy, and the mean score of each kind of prompt present (object, count, binding,
-        position): a gain on one kind need not be a gain on the others."""
-        out = {"strict_accuracy": strict_accuracy(scores)}
-        out.update({kind: float(scores[members].mean()) for kind, members in self.groups(prompts).items()})
-        return out
-
-    def groups(self, prompts: list[str]) -> dict[str, list[int]]:
-        """The images of each kind of prompt present, by index, in KINDS order: the per-kind means of
-        `summary`, and what an evaluation pairs to give each kind's change a standard error."""
-        kinds = [spec.kind for spec in self._specs(prompts)]
-        return {kind: members for kind in KINDS if (members := [i for i, k in enumerate(kinds) if k == kind])}
-
-    def check_prompts(self, prompts: list[str]) -> None:
-        """Fail before a run starts, naming the first prompt this reward cannot judge."""
-        self._specs(prompts)
-
-    def _specs(self, prompts: list[str]) -> list[Spec]:
-        specs = []
-        for i, prompt in enumerate(prompts):
-            spec = parse(prompt)
-            if spec is None:
-                raise SolrlError(
-                    f"reward '{self.name}' cannot judge prompt {i} ({prompt!r}): it is not a caption of the tiny world",
-                    "use the built-in 'tinyworld_train' or 'tinyworld_heldout' prompt sets, or captions "
-                    "of the tiny world's grammar such as 'a red circle', 'two blue squares', "
-                    "'a red circle and a blue square', 'a green triangle left of a yellow circle'",
-                )
-            specs.append(spec)
-        return specs
-
-    def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
-        """[B] float32 scores on the CPU for [B, 3, H, W] images in [0, 1]."""
-        if len(prompts) != images.shape[0]:
-            raise ValueError(f"{images.shape[0]} images but {len(prompts)} prompts")
-        specs = self._specs(prompts)  # an unjudgeable prompt is an error, never a silent 0
-        scores = [score(spec, analyze(img)) for spec, img in zip(specs, to_uint8(images))]
-        return torch.tensor(scores, dtype=torch.float32)
+    def judge(self, spec: Spec, pixels: np.ndarray) -> float:
+        return score(spec, analyze(pixels))
