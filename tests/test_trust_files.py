@@ -111,12 +111,16 @@ def test_an_atomic_write_never_follows_a_link_planted_under_its_temporary_name(t
 def test_a_link_that_stays_inside_the_run_folder_is_left_alone(tmp_path):
     from solrl_core.faults.links import check_tree
 
-    (tmp_path / "run" / "wandb" / "run-1").mkdir(parents=True)
-    (tmp_path / "run" / "wandb" / "latest-run").symlink_to("run-1")  # what W&B writes into a run folder
+    (tmp_path / "run" / "checkpoints" / "iter_000001").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoints" / "latest").symlink_to("iter_000001")  # inside the folder: harmless
     check_tree(tmp_path / "run")
-    (tmp_path / "run" / "wandb" / "out").symlink_to("../../elsewhere")  # relative, and out of the folder
-    with pytest.raises(SolrlError, match="wandb/out is a symbolic link"):
+    (tmp_path / "run" / "checkpoints" / "out").symlink_to("../../elsewhere")  # relative, and out of the folder
+    with pytest.raises(SolrlError, match="checkpoints/out is a symbolic link"):
         check_tree(tmp_path / "run")
+    (tmp_path / "run" / "checkpoints" / "out").unlink()
+    (tmp_path / "run" / "wandb" / "logs").mkdir(parents=True)  # W&B links its logs to its cache; solrl never reads wandb/
+    (tmp_path / "run" / "wandb" / "logs" / "debug-core.log").symlink_to(tmp_path / "cache.log")
+    check_tree(tmp_path / "run")
 
 
 # ---------------------------------------------------------------- hostile state values

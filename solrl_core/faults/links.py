@@ -12,8 +12,9 @@ writes none), in one line naming it, before anything in the folder is truncated,
 - `open_nofollow` for the files a run opens to write (the lock, the events log, a file written
   atomically): any link there, even one planted after the check, is refused by the kernel (O_NOFOLLOW).
 
-A link that stays inside the folder is left alone (W&B's offline folder holds relative ones), and
-the folder itself may be a link: the user named it on the command line. Torch-free.
+A link that stays inside the folder is left alone, and the folder itself may be a link: the user
+named it on the command line. W&B's own folder (`wandb/`) is not looked into: solrl never reads it,
+and W&B itself links its logs there to its cache outside the run folder. Torch-free.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from solrl_core.errors import SolrlError
 
 FIX = "replace the link with the real file or folder (or delete it), then run the command again"
+NOT_READ = frozenset({"wandb"})  # folders at a run folder's top that solrl never reads (W&B's own)
 
 
 def kind(path: Path) -> str:
@@ -61,6 +63,8 @@ def find_link(root: str | Path) -> Path | None:
         except (FileNotFoundError, NotADirectoryError):
             continue
         for entry in entries:
+            if folder == Path(root) and entry.name in NOT_READ:
+                continue
             mode = entry.stat(follow_symlinks=False).st_mode
             if _escapes(Path(entry.path), mode, real):
                 return Path(entry.path)
