@@ -51,10 +51,17 @@ def _worker(rank: int, world: int, port: int, root: Path) -> None:
     (root / "results" / f"rank{rank}.json").write_text(json.dumps(report))
 
 
+# Only the order of the gradient sum differs between the layouts (the rewards, selections and losses
+# are equal: each test compares them). Adam divides each gradient by its own running RMS, so the
+# rounding of a near-zero gradient element can move that element by a fair part of one step (lr):
+# 3.3e-5 was measured on a lora_B element after 3 iterations of the 2x2 mesh (torch 2.14.1, 2-core CPU).
+ADAM_ROUNDING = 0.25 * 3e-4  # a quarter of a step at optimizer.lr's default
+
+
 def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     assert a.keys() == b.keys()
-    for k in a:  # only the gradient sum's order differs; Adam's step magnifies such rounding a little
-        assert torch.allclose(a[k], b[k], atol=1e-5), k
+    for k in a:
+        assert torch.allclose(a[k], b[k], atol=ADAM_ROUNDING), (k, (a[k] - b[k]).abs().max().item())
 
 
 def test_two_sharded_ranks_train_what_one_process_does_and_checkpoints_cross_both_ways(tmp_path):
@@ -334,6 +341,8 @@ def test_a_2x2_mesh_on_two_launched_nodes_trains_what_one_process_does(tmp_path)
     started = _events(tmp_path / "mesh")[0]
     assert "fsdp over 4 processes (mesh replicate 2 x shard 2: sharded within a node, replicated across nodes" in started["plan"]
     assert "4 prompt groups over 4 processes, 1 each" in started["plan"]
+    rewards = [[(e["draft"], e["final"]) for e in _events(tmp_path / d) if e["event"] == "iteration"] for d in ("one", "mesh")]
+    assert len(rewards[0]) == 3 and rewards[0] == rewards[1]  # the same seeds kept and scored, iteration by iteration
     reference = _adapters(tmp_path / "one", 3)
     assert any(v.abs().max() > 0 for k, v in reference.items() if "lora_B" in k)
     _close(reference, _adapters(tmp_path / "mesh", 3))
