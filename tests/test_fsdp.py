@@ -200,8 +200,8 @@ def test_auto_shards_only_what_does_not_fit_one_gpu_and_only_over_several_proces
 
 
 def test_the_sharded_estimate_divides_the_weights_and_adds_the_gathered_blocks():
-    from solrl_core.plan.fsdp import GATHERED_SHARE, sharded_estimate
     from solrl_core.plan.footprint import estimate_memory
+    from solrl_core.plan.fsdp import GATHERED_SHARE, sharded_estimate
 
     cfg = resolve_config("qwen_image", "sol_rl", "imagereward")
     whole = estimate_memory(cfg, "bf16", "bf16", True, rollout_copy=False)  # no explore copy: what fsdp runs

@@ -53,6 +53,7 @@ from solrl_core.plan.fsdp import shard_count
 from solrl_core.plan.plan import MachinePlan
 from solrl_core.runtime import distributed
 
+
 @dataclass(frozen=True)
 class Layout:
     """How this run holds the model: the strategy, why, and the sharding mesh (None: not sharded)."""

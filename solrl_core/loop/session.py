@@ -65,7 +65,7 @@ class Run:
     rank: int = 0  # this process among world_size (torchrun); it owns prompt groups rank*P/W .. (rank+1)*P/W - 1
     world_size: int = 1
     lock: RunLock | None = None  # rank 0's hold on run_dir; released when train() returns
-    layout: Layout = Layout("replicate", "default")  # distributed.strategy as resolved (sharding.py)
+    layout: Layout = Layout("replicate", "default")  # the strategy the plan chose and its mesh (sharding.py)
     notes: tuple[str, ...] = ()  # what opening the run folder did (orphaned saves removed, checkpoints set aside): warnings
     held_out: HeldOut | None = None  # run.eval_rewards, loaded when the run evaluates (eval_rewards.py)
 

@@ -110,7 +110,7 @@ class RunPlan:
         """Stage 1 runs on its own low-precision explore copy."""
         return self.explore_precision != self.full_precision
 
-    def calibrated_to(self, steps: int = 0, precision: str = "") -> "RunPlan":
+    def calibrated_to(self, steps: int = 0, precision: str = "") -> RunPlan:
         """This plan with Stage 1 at a calibration's choice (`steps`, `precision`: the loop state's; 0 and
         "" where none was made), else at the plan's own: what Stage 1 runs this iteration."""
         return replace(self, explore_steps=steps or self.explore_steps, explore_precision=precision or self.explore_precision)

@@ -25,9 +25,9 @@ keeps (fsdp.py), then the family's stages at the explore precision that leaves (
 
 from __future__ import annotations
 
-import torch
-
 from dataclasses import replace
+
+import torch
 
 from solrl_core.config.schema import Config
 from solrl_core.plan.footprint import FIT_SHARE, estimate_memory
