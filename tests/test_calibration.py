@@ -112,6 +112,15 @@ def test_a_resumed_calibrating_run_equals_an_uninterrupted_one(fast_sets):
     assert [e.iteration for e in again] == [4]  # iteration 3 runs at the checkpoint's choice, 4 recalibrates
     assert [(c["name"], c["recall"]) for c in again[0].candidates] == [(c["name"], c["recall"]) for c in done[1].candidates]
     assert again[0].steps == done[1].steps
+    # what the run reports: its start event at the checkpoint's choice, the monitor at the last calibration's
+    from solrl_cli.tui.state import RunState
+
+    start = next(e for e in seen if isinstance(e, ev.RunStarted))
+    assert (start.explore_steps, start.explore_seeds, start.keep, start.regenerate) == (done[0].steps, 8, 4, True)
+    monitor = RunState()
+    for event in seen:
+        monitor.apply(event)
+    assert f"({again[0].steps} steps, {again[0].precision})" in monitor.explore_speed()[0]
     assert resumed.state.history == pytest.approx(straight.state.history, abs=1e-7)
     for which in ("default", "old", "ema"):
         a, b = straight.run.engine.policy.state(which), resumed.run.engine.policy.state(which)

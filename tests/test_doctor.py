@@ -258,6 +258,36 @@ def test_unused_explore_precision_does_not_block_other_families():
     assert not doc.failed_for_run(list(checks.values()))
 
 
+@pytest.mark.parametrize("gpu", [None, H100, B200], ids=["cpu", "sm_90", "sm_100"])
+def test_the_doctor_and_a_run_agree_on_the_explore_precision_and_the_gate(gpu, monkeypatch):
+    """For every family, with explore.compile auto and off: the explore precision the doctor names, why,
+    whether the run depends on it, and the explore copy it estimates are the run's own plan
+    (resolve.resolve_plan, what open_session takes), on a faked sm_90, sm_100 and the CPU."""
+    import torch
+
+    from solrl_core.config.families import FAMILIES
+    from solrl_core.doctor.strategy import strategy_check
+    from solrl_core.plan.resolve import resolve_plan
+
+    monkeypatch.setattr(hardware, "gpus", lambda: [gpu] if gpu is not None else [])
+    monkeypatch.setattr(hardware, "te_support", lambda kind, gpu: None)
+    device = torch.device("cuda", 0) if gpu is not None else torch.device("cpu")
+    for family in FAMILIES:
+        for sets in ([], ["explore.compile=false"]):
+            cfg = resolve_config("sana" if gpu is not None else "tiny", family, sets=sets)
+            run = resolve_plan(cfg, device, "bf16" if gpu is not None else "fp32", gpu=gpu)
+            explore = doc._explore(cfg, gpu, None)
+            assert explore.detail.startswith(f"auto -> {run.machine.explore_precision} on ")
+            assert f"({run.machine.explore_why})" in explore.detail
+            assert explore.needed_by_run == run.low_precision == (family in ("sol_rl", "naive_quant"))
+            if gpu is None:
+                continue
+            copy = estimate_memory(cfg, run.explore_precision, run.full_precision).explore_copy
+            assert f"explore copy {copy:.1f} ({run.machine.explore_precision})" in doc._memory(cfg, gpu, None).detail
+            assert (copy > 0) == run.explores_low
+            assert f"this run: {run.machine.strategy} (auto)" in strategy_check(cfg, gpu, 1).detail
+
+
 # --- memory estimate and small helpers -------------------------------------------------------------
 
 def test_memory_estimate_orders_and_limits():

@@ -34,3 +34,14 @@ def test_each_family_plans_the_papers_stages(name):
     plan = plan_stages(cfg, "bf16", "fp8")
     assert (plan.explore_seeds, plan.explore_steps, plan.explore_precision, plan.keep, plan.regenerate) == EXPECTED[name]
     assert plan.explores_low == FAMILIES[name].low_precision
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED))
+def test_the_copy_a_row_names_is_what_the_plan_explores_on(name):
+    """A row's `copy` is read: "quantized" puts Stage 1 on an explore copy at the explore precision,
+    "compiled" keeps a compiled full-precision copy whatever the memory estimate says; the plan holds both."""
+    cfg = resolve_config("tiny", name)
+    plan = plan_stages(cfg, "bf16", "fp8")
+    assert FAMILIES[name].copy in ("quantized", "compiled", "")
+    assert plan.low_precision == (FAMILIES[name].copy == "quantized") == (name in ("sol_rl", "naive_quant"))
+    assert plan.compiled_copy == (FAMILIES[name].copy == "compiled") == (name == "compile")

@@ -155,7 +155,7 @@ def _machine(cfg: Config):  # type: ignore[no-untyped-def]
 
 
 def test_fsdp_keeps_a_whole_explore_copy_a_sharded_rollout_copy_when_asked_and_refuses_what_it_cannot_run():
-    from solrl_core.engine.sharding import fsdp_machine
+    from solrl_core.plan.fsdp import fsdp_machine
 
     cfg = resolve_config("tiny", "sol_rl")
     machine = _machine(cfg)
@@ -192,7 +192,7 @@ def test_fsdp_keeps_a_whole_explore_copy_a_sharded_rollout_copy_when_asked_and_r
 
 
 def test_auto_shards_only_what_does_not_fit_one_gpu_and_only_over_several_processes():
-    from solrl_core.engine.sharding import resolve_strategy
+    from solrl_core.plan.fsdp import resolve_strategy
     from solrl_core.precision.hardware import GpuInfo
 
     h100 = GpuInfo(0, "H100", (9, 0), 79.1)
@@ -207,8 +207,8 @@ def test_auto_shards_only_what_does_not_fit_one_gpu_and_only_over_several_proces
 
 
 def test_the_sharded_estimate_divides_the_weights_and_adds_the_gathered_blocks():
-    from solrl_core.engine.sharding import GATHERED_SHARE, sharded_estimate
     from solrl_core.plan.footprint import estimate_memory
+    from solrl_core.plan.fsdp import GATHERED_SHARE, sharded_estimate
 
     cfg = resolve_config("qwen_image", "sol_rl", "imagereward")
     whole = estimate_memory(cfg, "bf16", "bf16", True, rollout_copy=False)  # no explore copy: what fsdp runs

@@ -239,8 +239,8 @@ def test_a_whole_copy_per_gpu_is_kept_where_the_estimate_says_it_fits_and_else_a
     import dataclasses
 
     from solrl_core.config.convert import set_value
-    from solrl_core.engine.sharding import fsdp_machine
     from solrl_core.errors import SolrlError
+    from solrl_core.plan.fsdp import fsdp_machine
     from solrl_core.plan.resolve import resolve_machine
     from solrl_core.precision.hardware import GpuInfo
 

@@ -46,6 +46,24 @@ def test_auto_on_a_gpu_is_fp8_compiled_from_ada_on_and_never_the_emulation():
     assert not cpu.explore_compile  # a CPU's fp8 path is a numerics check, not a speed path
 
 
+def test_a_copy_a_calibration_builds_is_compiled_as_the_plan_says():
+    """Engine.explore_copy_at asks the plan (MachinePlan.explore_compiled_at) whether a copy at another
+    precision is compiled: where the run's is, an fp8 one on CUDA always, none under cpu-blocks."""
+    import dataclasses
+
+    from solrl_core.plan.plan import MemoryModes
+
+    eager = resolve_machine(resolve_config("sana", "sol_rl", sets=["explore.compile=false", "explore.precision=bf16"]),
+                            CUDA, "bf16", gpu=H100)
+    assert eager.explore_compiled_at("fp8") and not eager.explore_compiled_at("nvfp4-emulated")
+    h100 = resolve_machine(resolve_config("sana", "sol_rl"), CUDA, "bf16", gpu=H100)
+    assert h100.explore_compiled_at("nvfp4-emulated") and h100.explore_compiled_at("fp8")
+    blocks = dataclasses.replace(h100, memory=MemoryModes("cpu-blocks", True, True))
+    assert not blocks.explore_compiled_at("fp8")
+    cpu = resolve_machine(resolve_config("tiny", "sol_rl"), torch.device("cpu"), "fp32")
+    assert not cpu.explore_compiled_at("fp8") and not cpu.explore_compiled_at("nvfp4-emulated")
+
+
 def test_the_rollout_copy_and_checkpointing_follow_the_memory_estimate():
     sana = resolve_config("sana", "sol_rl")
     h100 = resolve_machine(sana, CUDA, "bf16", gpu=H100)

@@ -163,7 +163,7 @@ def test_two_ranks_on_sharded_copies_train_what_one_process_does_and_the_copies_
 def test_the_sharded_copy_counts_one_shard_and_its_gathered_blocks_and_auto_takes_it_where_a_whole_one_is_over():
     from solrl_core.config.convert import set_value
     from solrl_core.config.presets import resolve_config
-    from solrl_core.engine.sharding import GATHERED_SHARE, fsdp_machine, sharded_estimate
+    from solrl_core.plan.fsdp import GATHERED_SHARE, fsdp_machine, sharded_estimate
     from solrl_core.errors import SolrlError
     from solrl_core.plan.footprint import estimate_memory
     from solrl_core.plan.resolve import FIT_SHARE, resolve_machine

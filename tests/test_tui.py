@@ -52,7 +52,8 @@ ENVIRONMENT = {  # what solrl_core.plan.environment.describe records, for a made
 def started(run_dir: str = "runs/x", start_iteration: int = 0, resumed: bool = False) -> ev.RunStarted:
     return ev.RunStarted(run_dir=run_dir, preset="tiny_sol_rl_tinyworld_geneval", device="cpu", dtype="fp32",
                          explore_precision="nvfp4-emulated", plan="Stage 1: 16 seeds/prompt at nvfp4-emulated, 6 steps -> keep 8",
-                         start_iteration=start_iteration, iterations=30, resumed=resumed, config=CONFIG, environment=ENVIRONMENT)
+                         start_iteration=start_iteration, iterations=30, resumed=resumed, config=CONFIG, environment=ENVIRONMENT,
+                         explore_seeds=16, explore_steps=6, keep=8, regenerate=True, full_steps=10)
 
 
 def write_log(path, iterations: int = 3) -> ev.JsonlLog:
@@ -133,6 +134,29 @@ def test_state_reads_typed_events_and_drops_iterations_a_resume_repeats():
     assert state.config.explore.group_size == 16 and state.series("final", "components", "tinyworld_geneval")[-1] == 0.53
     with pytest.raises(ev.UnknownEventKind):
         state.apply({"event": "from_the_future"})
+
+
+def test_stage1_speed_is_at_the_steps_and_precision_the_run_reported_after_a_calibration():
+    """Stage 1's steps and precision come from the run's events: its start event's plan, then the last
+    CalibrationDone (calibration changes them; the config's explore.steps is only the fixed setting)."""
+    state = RunState()
+    state.apply(started())
+    for i in (1, 2):
+        state.apply(iteration(i))
+    assert "(6 steps, nvfp4-emulated)" in state.explore_speed()[0]
+    state.apply(ev.CalibrationDone(iteration=3, prompts=2, seeds=16, reference="fp32@10", candidates=[], chosen="fp8-e5m2-tensor@3",
+                                   steps=3, precision="fp8-e5m2-tensor", min_recall=0.0, why="cheapest", fixed_steps=6,
+                                   seconds=1.0, precisions=["nvfp4-emulated", "fp8-e5m2-tensor"], fixed="nvfp4-emulated@6"))
+    state.apply(iteration(3))
+    lines = state.explore_speed()
+    assert "(3 steps, fp8-e5m2-tensor)" in lines[0] and "(10 steps, fp32)" in lines[1]
+    assert "per denoising step" in lines[2]
+    state.apply(started(start_iteration=3, resumed=True))  # a new session: its own start event says where Stage 1 is
+    state.apply(iteration(4))
+    assert "(6 steps, nvfp4-emulated)" in state.explore_speed()[0]
+    state.apply(dataclasses.replace(started(), regenerate=False))  # no Stage 2 to compare with
+    state.apply(iteration(1))
+    assert state.explore_speed() == []
 
 
 def test_monitor_replays_follows_pauses_and_switches(tmp_path):

@@ -19,7 +19,6 @@ from typing import Any, TypedDict
 from solrl_cli.stop_text import finished_message, stop_message
 from solrl_core import events as ev
 from solrl_core.config.convert import from_dict
-from solrl_core.config.families import FAMILIES
 from solrl_core.config.schema import Config
 from solrl_core.errors import SolrlError
 from solrl_core.event_bus import TooDeep, parse_line
@@ -143,6 +142,7 @@ class RunState:
 
     def __init__(self, history: int = HISTORY) -> None:
         self.started: ev.RunStarted | None = None
+        self.calibrated: ev.CalibrationDone | None = None  # the last calibration since the start: Stage 1's steps and precision
         self.config: Config | None = None  # the run's config, typed, from its start event
         self.quantization = ""
         self.flops: ev.ModelFlops | None = None  # the run's model FLOPs and peaks: each iteration's MFU
@@ -165,7 +165,7 @@ class RunState:
         self.version += 1
         self.last_time = e.time
         if isinstance(e, ev.RunStarted):
-            self.started, self.finished, self.flops = e, None, None
+            self.started, self.finished, self.flops, self.calibrated = e, None, None, None
             self.config = from_dict(e.config, Config(), source="the run's start event")  # typed: drift is an error
             while self.iterations and self.iterations[-1].iteration > e.start_iteration:
                 self._drop(self.iterations.pop())  # logged after the checkpoint this run resumes from
@@ -185,6 +185,9 @@ class RunState:
                 self.peak_memory = max(peaks + ([self.peak_memory] if self.peak_memory is not None else []))
         elif isinstance(e, ev.EvalFinished):
             self.evals.append(e)
+        elif isinstance(e, ev.CalibrationDone):
+            self.calibrated = e
+            self.log.append(f"{_clock(e.time)} {log_line(e)}")
         elif isinstance(e, (ev.RunWarning, *FAULT_EVENTS)):
             self.warnings.append({"time": e.time, "message": e.message if isinstance(e, ev.RunWarning) else fault_message(e)})
             self.warning_count += 1
@@ -248,21 +251,22 @@ class RunState:
         return statistics.fmean(recent) if recent else None
 
     def explore_speed(self) -> list[str]:
-        """Stage-1 versus Stage-2 generation speed, from the timings and the run's config (sol_rl only:
-        the one family that generates the same seeds in both stages). Empty when not derivable."""
+        """Stage-1 versus Stage-2 generation speed, from the timings and the stages the run reported: its
+        plan in the start event, Stage 1 at the last calibration's choice after one (sol_rl only: the one
+        family that generates the same seeds in both stages). Empty when not derivable (a log written
+        before the start event held the plan)."""
         t_draft, t_final = self.rolling("explore"), self.rolling("regenerate")
-        if not self.started or not t_draft or not t_final:
+        s, cfg = self.started, self.config
+        if not s or cfg is None or not t_draft or not t_final or not (s.regenerate and s.explore_seeds):
             return []
-        cfg = self.config
-        if cfg is None or not FAMILIES[cfg.algorithm.family].regenerate:
-            return []
-        prompts, n, k = cfg.run.prompts_per_iteration, cfg.explore.group_size, cfg.selection.group_size
-        steps_draft, steps_final = cfg.explore.steps, cfg.sampler.steps
+        prompts, n, k = cfg.run.prompts_per_iteration, s.explore_seeds, s.keep
+        steps_draft, steps_final = (self.calibrated.steps if self.calibrated else s.explore_steps), s.full_steps
+        precision = self.calibrated.precision if self.calibrated else s.explore_precision
         draft, final = prompts * n / t_draft, prompts * k / t_final
         return [f"Stage 1 draft rollouts: {plural(prompts, 'prompt')} x {plural(n, 'seed')} in {t_draft:.2f}s = {draft:.1f}/s "
-                f"({steps_draft} steps, {self.started.explore_precision})",
+                f"({steps_draft} steps, {precision})",
                 f"Stage 2 final rollouts: {plural(prompts, 'prompt')} x {plural(k, 'seed')} in {t_final:.2f}s = {final:.1f}/s "
-                f"({steps_final} steps, {self.started.dtype})",
+                f"({steps_final} steps, {s.dtype})",
                 f"explore speed-up per rollout {draft / final:.2f}x, per denoising step "
                 f"{draft * steps_draft / (final * steps_final):.2f}x  (generation time only, mean of the last "
                 f"{plural(min(len(self.iterations), ROLLING), 'iteration')})"]

@@ -325,7 +325,7 @@ def auto_explore(run: Any, seconds: dict[str, float], bus: ev.EventBus) -> dict[
     cfg = run.config
     bus.emit(ev.BenchProgress(stage="calibrate", message="sol_rl: the precision x steps calibration on the benched run"))
     prompts, seeds = calibration_inputs(run, cfg.run.iterations)
-    found = calibrate_engine(run.engine, prompts, seeds, keep=run.plan.keep, fixed_steps=cfg.explore.steps,
+    found = calibrate_engine(run.engine, prompts, seeds, keep=run.plan.keep, fixed_steps=run.plan.explore_steps,
                              min_recall=cfg.explore.min_recall, precisions=runnable_low_precisions(run.device),
                              whole_curve=False)
     fixed = next(m for m in found.candidates if m.name == found.fixed)

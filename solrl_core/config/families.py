@@ -1,7 +1,8 @@
 """The algorithm families, one row each: what Stage 1 rolls out, at which precision and step count,
-whether Stage 2 regenerates, and which copy of the model the family is defined by. Every rule that
-depends on the family reads this table (the plan, the machine's switches, sharding, the config's
-checks, the doctor, the terminal UI); the presets/families/*.toml files hold each family's settings.
+whether Stage 2 regenerates, and which copy of the model Stage 1 rolls out on. The run's plan
+(plan/plan.py `plan_stages`) reads this table, and every rule that depends on the family reads the
+plan; only the config's own checks read the table besides. The presets/families/*.toml files hold
+each family's settings.
 
 The paper's families (arXiv 2604.06916, the official configs/sol_rl/*.py):
 
@@ -22,17 +23,23 @@ class Family:
     name: str
     explores_pool: bool  # Stage 1 rolls out explore.group_size (N) seeds and keeps K; else K seeds, all kept
     preview_steps: bool  # Stage 1 at explore.steps; else at the full sampler.steps
-    low_precision: bool  # Stage 1 at the explore precision (an explore copy); else at the run dtype
     regenerate: bool  # Stage 2 regenerates the kept seeds at full precision and full steps
-    copy: str = ""  # the copy the family is defined by: "compiled" (a compiled rollout copy), "quantized" (an explore copy)
+    # the copy Stage 1 rolls out on: "quantized", an explore copy at the explore precision; "compiled", a
+    # compiled full-precision rollout copy, kept whatever the memory estimate says; "", the rollout network
+    copy: str = ""
+
+    @property
+    def low_precision(self) -> bool:
+        """Stage 1 at the explore precision (on a quantized explore copy); else at the run dtype."""
+        return self.copy == "quantized"
 
 
 FAMILIES: dict[str, Family] = {f.name: f for f in (
-    Family("sol_rl", explores_pool=True, preview_steps=True, low_precision=True, regenerate=True),
-    Family("naive_scaling", explores_pool=True, preview_steps=False, low_precision=False, regenerate=False),
-    Family("compile", explores_pool=True, preview_steps=False, low_precision=False, regenerate=False, copy="compiled"),
-    Family("naive_quant", explores_pool=True, preview_steps=False, low_precision=True, regenerate=False, copy="quantized"),
-    Family("diffusionnft", explores_pool=False, preview_steps=False, low_precision=False, regenerate=False),
+    Family("sol_rl", explores_pool=True, preview_steps=True, regenerate=True, copy="quantized"),
+    Family("naive_scaling", explores_pool=True, preview_steps=False, regenerate=False),
+    Family("compile", explores_pool=True, preview_steps=False, regenerate=False, copy="compiled"),
+    Family("naive_quant", explores_pool=True, preview_steps=False, regenerate=False, copy="quantized"),
+    Family("diffusionnft", explores_pool=False, preview_steps=False, regenerate=False),
 )}
 
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from solrl_core.config.schema import Config
 from solrl_core.doctor.check import FAIL, Check, machine
-from solrl_core.doctor.memory import EXPLORE_FAMILIES, _explore, _memory, _memory_without_gpu, _processes
+from solrl_core.doctor.memory import _explore, _memory, _memory_without_gpu, _processes, planned
 from solrl_core.doctor.modes import modes_check
 from solrl_core.doctor.prompts import prompt_checks
 from solrl_core.doctor.remote import _remote_rewards
@@ -64,7 +64,7 @@ def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None
         gpu = m.gpus[0]
     checks += _gpus(m, gpu)
     # Transformer Engine matters to the run only when its Stage 1 runs at the explore precision.
-    low = requested if cfg is not None and cfg.algorithm.family in EXPLORE_FAMILIES else None
+    low = requested if cfg is not None and planned(cfg, gpu, requested).low_precision else None
     checks.append(_transformer_engine(m, gpu, low))
     checks += [_library(name) for name in ("diffusers", "transformers", "peft")]
     checks += _combinations(rewards)

@@ -1,17 +1,37 @@
-"""Processes against GPUs, the peak GPU memory ESTIMATE, and whether the explore precision runs here."""
+"""Processes against GPUs, the peak GPU memory ESTIMATE, and whether the explore precision runs here.
+What a run would choose (its explore precision, whether its family explores at it, its copies) is
+read from the plan that run would make (`planned`), never worked out again here."""
 
 from __future__ import annotations
 
 import dataclasses
 
-from solrl_core.config.families import FAMILIES
 from solrl_core.config.schema import EXPLORE_PRECISIONS, TINY_LOADERS, Config
 from solrl_core.doctor.check import FAIL, PASS, WARN, Check, Machine
 from solrl_core.plan.footprint import estimate_memory, model_size
+from solrl_core.plan.plan import RunPlan
 from solrl_core.precision import hardware
 from solrl_core.precision.hardware import GpuInfo
 
-EXPLORE_FAMILIES = tuple(f.name for f in FAMILIES.values() if f.low_precision)  # Stage 1 at the explore precision
+# Where the doctor has no GPU to ask, a real model's needs are those of a run on this one (its memory
+# unused: only the choices the plan makes by compute capability, auto's fp8 explore copy among them).
+ASSUMED_GPU = GpuInfo(0, "a GPU of compute capability 9.0", (9, 0), 80.0)
+
+
+def planned(cfg: Config, gpu: GpuInfo | None, requested: str | None = None) -> RunPlan:
+    """The plan a one-process run of `cfg` makes on `gpu` (None: the CPU; a made-up GPU welcome) with
+    explore.precision `requested` (`solrl doctor --explore-precision`; None or one no run knows: the
+    config's), as one replica: the strategy check shows the sharded ones (doctor/strategy.py)."""
+    import torch
+
+    from solrl_core.plan.resolve import resolve_plan
+    from solrl_core.runtime.device import resolve_dtype
+
+    precision = requested if requested in set(EXPLORE_PRECISIONS) | set(hardware.PRECISIONS) else cfg.explore.precision
+    asked = dataclasses.replace(cfg, explore=dataclasses.replace(cfg.explore, precision=precision),
+                                distributed=dataclasses.replace(cfg.distributed, strategy="replicate"))
+    device = torch.device("cuda", gpu.index) if gpu is not None else torch.device("cpu")
+    return resolve_plan(asked, device, resolve_dtype(cfg.run.dtype, device)[0], gpu=gpu)
 
 
 def _processes(nproc: int, m: Machine, gpu: GpuInfo | None) -> Check:
@@ -43,9 +63,10 @@ def _memory_without_gpu(cfg: Config, requested: str | None) -> Check:
     check = _memory(cfg, None, requested)
     if cfg.model.loader in TINY_LOADERS:
         return check
-    precision = requested if requested in hardware.IMPLEMENTED_EXPLORE else "fp8"
-    est = estimate_memory(cfg, precision, "bf16")
-    detail = (f"{check.detail}; on a GPU in bf16 with a {precision} explore copy: estimate {est.peak:.1f} GiB "
+    gpu_run = planned(cfg, ASSUMED_GPU, requested if requested in hardware.IMPLEMENTED_EXPLORE else "auto")
+    precision = gpu_run.machine.explore_precision
+    est = estimate_memory(cfg, precision, gpu_run.full_precision)
+    detail = (f"{check.detail}; on a GPU in {gpu_run.full_precision} with a {precision} explore copy: estimate {est.peak:.1f} GiB "
               f"({model_size(cfg).label}, approximate): policy {est.policy:.1f} + explore copy {est.explore_copy:.1f} + "
               f"vae {est.vae:.1f} + max(text encoders {est.text_encoders:.1f}, activations {est.activations:.1f} for "
               f"micro-batch {cfg.optimizer.micro_batch}) + {est.overhead:.1f} overhead")
@@ -55,15 +76,9 @@ def _memory_without_gpu(cfg: Config, requested: str | None) -> Check:
 def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
     if gpu is None:
         return Check("memory estimate", PASS, "skipped: no GPU (the run uses the CPU's memory)", "", False)
-    import torch
-
-    from solrl_core.plan.resolve import resolve_machine
-
-    precision = requested if requested in set(EXPLORE_PRECISIONS) | set(hardware.PRECISIONS) else "auto"
-    dtype_name = "bf16" if cfg.run.dtype == "auto" else cfg.run.dtype
-    asked = dataclasses.replace(cfg, explore=dataclasses.replace(cfg.explore, precision=precision))
-    machine = resolve_machine(asked, torch.device("cuda", gpu.index), dtype_name, gpu=gpu)
-    est = estimate_memory(asked, machine.explore_precision, dtype_name, machine.checkpointing, machine.rollout_copy,
+    plan = planned(cfg, gpu, requested or "auto")
+    machine, dtype_name = plan.machine, plan.full_precision
+    est = estimate_memory(cfg, machine.explore_precision, dtype_name, machine.checkpointing, machine.rollout_copy,
                           machine.update_compile)
     detail = (f"estimate {est.peak:.1f} GiB of {gpu.memory_gib:.0f} GiB on cuda:{gpu.index} ({model_size(cfg).label}, "
               f"approximate): policy {est.policy:.1f} + explore copy {est.explore_copy:.1f} ({machine.explore_precision}) "
@@ -85,20 +100,14 @@ def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
 
 
 def _explore(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
-    from solrl_core.plan.resolve import auto_explore_precision
-
     requested = requested or cfg.explore.precision
-    family = cfg.algorithm.family
-    uses = family in EXPLORE_FAMILIES
     known = list(dict.fromkeys((*EXPLORE_PRECISIONS, *hardware.PRECISIONS)))
     if requested not in known:
         return Check("explore precision", FAIL, f"unknown explore precision '{requested}'", f"choose one of: {', '.join(known)}",
                      True)
-    dtype_name = ("bf16" if gpu is not None else "fp32") if cfg.run.dtype == "auto" else cfg.run.dtype
-    if requested == "auto":
-        resolved, auto_why = auto_explore_precision(gpu, dtype_name)
-    else:
-        resolved, auto_why = requested, ""
+    plan = planned(cfg, gpu, requested)
+    family, uses, resolved = plan.family, plan.low_precision, plan.machine.explore_precision
+    auto_why = plan.machine.explore_why if requested == "auto" else ""
     precisions = hardware.explore_precisions(gpu)
     ok, why = precisions.get(resolved, (False, "not a precision solrl knows"))
     where = f"cuda:{gpu.index} ({gpu.name})" if gpu is not None else "the CPU"

@@ -1,17 +1,17 @@
 """`solrl doctor`'s memory-mode table: for each model preset, the memory mode (memory_modes.LADDER) it
 needs for the sol_rl family on one GPU of each size in memory_modes.GPU_SIZES, by the memory ESTIMATE
-(footprint.py: approximate, never measured here), in bf16 with an fp8 explore copy (auto's choice on a
-GPU of compute capability 8.9 or more) and each preset's own micro-batch."""
+(footprint.py: approximate, never measured here), at the dtype and explore precision the preset's plan
+takes on a GPU of compute capability 9.0 (auto: bf16 and an fp8 explore copy) and each preset's own
+micro-batch."""
 
 from __future__ import annotations
 
 from solrl_core.config.schema import TINY_LOADERS, Config
 from solrl_core.doctor.check import PASS, WARN, Check
+from solrl_core.doctor.memory import ASSUMED_GPU, planned
 from solrl_core.errors import SolrlError
 from solrl_core.plan.memory_modes import GPU_SIZES, rung_needed
 from solrl_core.plan.plan import MemoryModes
-
-EXPLORE = "fp8"  # auto on an Ada, Hopper or Blackwell GPU (precision/resolve.py)
 
 
 def mode_table(models: list[str]) -> dict[str, dict[int, MemoryModes | None]]:
@@ -25,7 +25,8 @@ def mode_table(models: list[str]) -> dict[str, dict[int, MemoryModes | None]]:
         except SolrlError:  # a preset this install cannot resolve is left out, not guessed at
             continue
         if cfg.model.loader not in TINY_LOADERS:
-            table[name] = {gb: rung_needed(cfg, EXPLORE, "bf16", gb) for gb in GPU_SIZES}
+            run = planned(cfg, ASSUMED_GPU)
+            table[name] = {gb: rung_needed(cfg, run.machine.explore_precision, run.full_precision, gb) for gb in GPU_SIZES}
     return table
 
 

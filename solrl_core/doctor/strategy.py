@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from solrl_core.config.schema import TINY_LOADERS, Config
 from solrl_core.doctor.check import FAIL, PASS, WARN, Check
-from solrl_core.engine.sharding import replica_fits, sharded_estimate
-from solrl_core.plan.footprint import estimate_memory, model_size
-from solrl_core.plan.resolve import FIT_SHARE, auto_explore_precision
+from solrl_core.doctor.memory import ASSUMED_GPU, planned
+from solrl_core.plan.footprint import FIT_SHARE, estimate_memory, model_size
+from solrl_core.plan.fsdp import fitting_layout, layout_peaks, resolve_strategy
 from solrl_core.precision.hardware import GpuInfo
 
 SHARD_COUNTS = (2, 4, 8)  # processes per node shown besides the run's own
@@ -18,25 +18,21 @@ def strategy_estimates(cfg: Config, explore_precision: str, dtype_name: str, npr
                        budget: float | None = None) -> dict[str, float]:
     """Peak GiB per GPU ESTIMATE: 'replicate' (the smallest replica: gradient checkpointing on, no
     rollout copy) and 'fsdp/S' for S processes per node sharing the weights, with the explore copy laid
-    out as `distributed.copy_layout` says (sharding.copy_layout): auto keeps it whole where that fits
-    `budget` GiB (or with no budget), else sharded like the policy."""
+    out as `distributed.copy_layout` takes it (fsdp.fitting_layout): auto keeps it whole where that fits
+    `budget` GiB (or with no budget), else sharded like the policy (sharded too where neither fits)."""
     out = {"replicate": estimate_memory(cfg, explore_precision, dtype_name, checkpointing=True, rollout_copy=False).peak}
+    asked = cfg.distributed.copy_layout
     for shard in sorted({*SHARD_COUNTS, nproc} - {1}):
-        peaks = {layout: sharded_estimate(cfg, dtype_name, shard, explore_precision=explore_precision,
-                                          copy_layout=layout).peak for layout in ("whole", "sharded")}
-        asked = cfg.distributed.copy_layout
-        layout = asked if asked != "auto" else "whole" if budget is None or peaks["whole"] <= budget else "sharded"
-        out[f"fsdp/{shard}"] = peaks[layout]
+        peaks = layout_peaks(cfg, dtype_name, shard, explore_precision)
+        out[f"fsdp/{shard}"] = peaks[fitting_layout(asked, peaks, budget) or ("sharded" if asked == "auto" else asked)]
     return out
 
 
 def strategy_check(cfg: Config, gpu: GpuInfo | None, nproc: int) -> Check:
     if cfg.model.loader in TINY_LOADERS:
         return Check("strategy", PASS, f"distributed.strategy={cfg.distributed.strategy}; the tiny model fits anywhere")
-    dtype_name = "bf16" if cfg.run.dtype == "auto" else cfg.run.dtype
-    precision = cfg.explore.precision if cfg.explore.precision != "auto" else auto_explore_precision(gpu, dtype_name)[0]
-    if gpu is None and cfg.explore.precision == "auto":
-        precision = "fp8"  # as the memory check assumes without a GPU
+    plan = planned(cfg, gpu if gpu is not None else ASSUMED_GPU)  # no GPU here: a GPU run's, as the memory check's
+    dtype_name, precision = plan.full_precision, plan.machine.explore_precision
     budget = gpu.memory_gib * FIT_SHARE if gpu is not None else None
     est = strategy_estimates(cfg, precision, dtype_name, nproc, budget)
     table = ", ".join(f"{'replicate' if k == 'replicate' else 'fsdp over ' + k[5:]} {v:.1f} GiB" for k, v in est.items())
@@ -44,8 +40,7 @@ def strategy_check(cfg: Config, gpu: GpuInfo | None, nproc: int) -> Check:
     if gpu is None:
         return Check("strategy", PASS, f"{detail}; no GPU here to choose for")
     asked = cfg.distributed.strategy
-    chosen = asked if asked != "auto" else ("replicate" if nproc == 1 or replica_fits(cfg, precision, dtype_name, gpu)[0]
-                                            else "fsdp")
+    chosen = resolve_strategy(cfg, plan.machine, dtype_name, gpu, nproc)[0]
     mine = est["replicate"] if chosen == "replicate" else est.get(f"fsdp/{nproc}", est["replicate"])
     detail += f"; this run: {chosen}{' (auto)' if asked == 'auto' else ''} at {nproc} process(es) on {gpu.memory_gib:.0f} GiB"
     if chosen == "fsdp" and nproc == 1:

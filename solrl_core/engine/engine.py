@@ -36,7 +36,7 @@ from solrl_core.engine.sharded_copy import base_tensors, is_sharded, meta_copy, 
 from solrl_core.faults.phase import charged_to
 from solrl_core.models import DiffusionModel, load_model
 from solrl_core.models.base import Conditioning
-from solrl_core.plan.plan import MemoryModes
+from solrl_core.plan.plan import MachinePlan, MemoryModes
 from solrl_core.precision.quantize import WRAPPERS, LayerRule, load_tensor
 from solrl_core.rewards import RewardSet
 from solrl_core.runtime.stopping import GenerationStopped
@@ -106,6 +106,7 @@ class Engine:
     policy_rollout_compile: bool = False  # full-precision rollouts on the policy use its compiled blocks
     checkpoint: Path | None = None  # the checkpoint its adapters came from (None: untrained, or a training run's own)
     parking: Parking | None = None  # the copies and the VAE on the CPU between phases (memory modes: offload.py)
+    machine: MachinePlan | None = None  # what the plan chose on this machine: how a new explore copy is built
 
     @property
     def compiled_update(self) -> bool:
@@ -140,15 +141,11 @@ class Engine:
 
     def explore_copy_at(self, precision: str) -> RolloutCopy:
         """A new explore copy at `precision`, built as open_engine builds the run's (a copy of the base
-        transformer, quantized by the model's layer rule, lean, in the run dtype; compiled where the run's
-        copy is, and an fp8 copy on CUDA always: resolve.FP8_EAGER_SLOWER), loaded with base + old.
-        A calibration weighing precisions (calibration.py) builds one per candidate and keeps the chosen.
-        Where the memory mode parks the copies on the CPU, it is parked as the run's is (offload.py), and
-        eager under cpu-blocks (a block's moves are hooks a compiled block would trace)."""
-        current = self.explore_copy
-        compiled = (current is not None and current.compile_mode is not None) or (precision == "fp8" and self.device.type == "cuda")
-        if self.parking is not None and self.parking.copies == "cpu-blocks":
-            compiled = False
+        transformer, quantized by the model's layer rule, lean, in the run dtype; compiled where the plan
+        says: MachinePlan.explore_compiled_at), loaded with base + old. A calibration weighing precisions
+        (calibration.py) builds one per candidate and keeps the chosen. Where the memory mode parks the
+        copies on the CPU, it is parked as the run's is (offload.py)."""
+        compiled = self.machine is not None and self.machine.explore_compiled_at(precision)
         made = _copy(self.config, self.model, CopySpec(precision, compiled), source=self.policy.transformer, dtype=self.dtype)
         made.refresh(self.policy.merged_weights(OLD))
         if self.parking is not None:
@@ -258,18 +255,19 @@ def resolve_runtime(cfg: Config) -> tuple[torch.device, str, torch.dtype]:
 
 def open_engine(cfg: Config, *, device: torch.device | None = None, explore: CopySpec | bool | None = None,
                 rollout: CopySpec | None = None, checkpoint: Path | None = None, rewards: RewardSet | None = None,
-                checkpointing: bool = False, numerics_only: bool = False, refresh: bool = True,
-                memory: MemoryModes | None = None) -> Engine:
+                numerics_only: bool = False, refresh: bool = True, memory: MemoryModes | None = None,
+                machine: MachinePlan | None = None) -> Engine:
     """The model of `cfg` with its LoRA adapters (loaded from `checkpoint` when given, else untrained)
     and the copies asked for, copied from the base weights before the adapters are added.
 
-    `explore=True`: an explore copy at the precision the machine resolves for cfg (uncompiled), checked
-    to run on this device unless `numerics_only` (measuring its numerics where it has only a
-    reference kernel, e.g. fp8 on a CPU). `device`: the one a training session resolved (it has set
-    the threads); None resolves it from cfg. `refresh=False` leaves the copies unloaded: a training
-    session refreshes them once its adapters are final (synchronised over ranks, or restored).
-    `memory`: the memory modes that park the copies or the VAE on the CPU (offload.py); `checkpointing`
-    is its own argument."""
+    `explore=True` (a side tool): an explore copy at the precision the plan resolves for one process
+    (resolve.resolve_machine), eager, checked to run on this device unless `numerics_only` (measuring
+    its numerics where it has only a reference kernel, e.g. fp8 on a CPU). `device`: the one a training
+    session resolved (it has set the threads); None resolves it from cfg. `refresh=False` leaves the
+    copies unloaded: a training session refreshes them once its adapters are final (synchronised over
+    ranks, or restored). `machine`: the run's machine plan, whose gradient checkpointing and memory
+    modes (the copies or the VAE parked on the CPU: offload.py) the engine takes; `memory`: those
+    modes without a plan (tests)."""
     from solrl_core.precision.hardware import require_explore_precision
 
     if device is None:  # a side tool: it resolves the device, and sets the torch threads, itself (threads.py)
@@ -281,10 +279,13 @@ def open_engine(cfg: Config, *, device: torch.device | None = None, explore: Cop
         from solrl_core.runtime.device import resolve_dtype
 
         dtype_name, dtype = resolve_dtype(cfg.run.dtype, device)
-    if explore is True:
+    memory = memory if memory is not None or machine is None else machine.memory
+    checkpointing = machine is not None and machine.checkpointing
+    if explore is True:  # a side tool: nothing parked, no checkpointing, its explore copies eager
         from solrl_core.plan.resolve import resolve_machine
 
-        explore = CopySpec(resolve_machine(cfg, device, dtype_name).explore_precision)
+        machine = replace(resolve_machine(cfg, device, dtype_name), explore_compile=False)
+        explore = CopySpec(machine.explore_precision)
         if not numerics_only:
             require_explore_precision(explore.precision, device)
     model = load_model(cfg.model, device, dtype)
@@ -302,7 +303,8 @@ def open_engine(cfg: Config, *, device: torch.device | None = None, explore: Cop
     engine = Engine(config=cfg, device=device, dtype_name=dtype_name, dtype=dtype, model=model, policy=policy,
                     sampler=Sampler.of(cfg.sampler), conditioning=TextCache(model), rewards=rewards,
                     explore_copy=explore_copy, rollout_copy=rollout_copy, policy_forward=policy.transformer,
-                    checkpoint=checkpoint, parking=_parking(memory, device, model, [explore_copy, rollout_copy]))
+                    checkpoint=checkpoint, parking=_parking(memory, device, model, [explore_copy, rollout_copy]),
+                    machine=machine)
     if refresh:
         engine.refresh_copies()
     return engine

@@ -233,7 +233,7 @@ def calibration_inputs(run: Run, iteration: int) -> tuple[list[str], torch.Tenso
 def due(run: Run, iteration: int, chosen_steps: int) -> bool:
     """Before this iteration's Stage 1 (`iteration` finished so far): at the start of a run, when no
     choice is held yet (a resume from before the first), and every explore.recalibrate_every."""
-    if run.config.explore.calibrate == "off":
+    if not run.plan.calibrated:
         return False
     every = run.config.explore.recalibrate_every
     return chosen_steps == 0 or bool(every and iteration % every == 0)

@@ -28,7 +28,7 @@ from solrl_core.engine.engine import CopySpec, Engine, open_engine, resolve_runt
 from solrl_core.engine.policy import OLD, TRAINED
 from solrl_core.engine.regions import UPDATE_COMPILE_MODE, CompiledBlocks
 from solrl_core.engine.rollout import RolloutCopy
-from solrl_core.engine.sharding import Layout, open_layout, shard_policy
+from solrl_core.engine.sharding import Layout, layout_of, shard_policy
 from solrl_core.errors import SolrlError
 from solrl_core.faults import disk
 from solrl_core.faults.links import check_tree
@@ -38,8 +38,8 @@ from solrl_core.io.rundir import CONFIG_FILE, fresh_run_dir, restarts
 from solrl_core.loop.eval_rewards import HeldOut, held_out_rewards
 from solrl_core.loop.loop_state import LoopState, evaluation_pending
 from solrl_core.plan.memory_modes import too_small
-from solrl_core.plan.plan import MachinePlan, RunPlan, plan_stages
-from solrl_core.plan.resolve import gpu_of, resolve_machine
+from solrl_core.plan.plan import MachinePlan, RunPlan
+from solrl_core.plan.resolve import gpu_of, resolve_plan
 from solrl_core.precision.hardware import require_explore_precision
 from solrl_core.rewards import RewardSet
 from solrl_core.rewards.health import RewardHealth
@@ -65,7 +65,7 @@ class Run:
     rank: int = 0  # this process among world_size (torchrun); it owns prompt groups rank*P/W .. (rank+1)*P/W - 1
     world_size: int = 1
     lock: RunLock | None = None  # rank 0's hold on run_dir; released when train() returns
-    layout: Layout = Layout("replicate", "default")  # distributed.strategy as resolved (sharding.py)
+    layout: Layout = Layout("replicate", "default")  # the strategy the plan chose and its mesh (sharding.py)
     notes: tuple[str, ...] = ()  # what opening the run folder did (orphaned saves removed, checkpoints set aside): warnings
     held_out: HeldOut | None = None  # run.eval_rewards, loaded when the run evaluates (eval_rewards.py)
 
@@ -112,13 +112,13 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     rewards.check_prompts(prompts + eval_prompts)
     held_out = held_out_rewards(cfg, cfg.run.eval_rewards, device) if eval_prompts else None
     threads = apply_threads(cfg.run.threads)  # auto: one per usable core, shared by this node's processes (threads.py)
-    machine = replace(resolve_machine(cfg, device, dtype_name), threads=threads.describe())
-    layout, machine = open_layout(cfg, machine, dtype_name, device, gpu_of(device))  # fsdp: no rollout copy
-    if not machine.memory_fits and layout.strategy == "replicate":  # before any weights load
+    plan = resolve_plan(cfg, device, dtype_name, world=world, threads=threads.describe())  # fsdp: the copies it keeps
+    machine = plan.machine
+    if not machine.memory_fits and machine.strategy == "replicate":  # before any weights load
         gpu = gpu_of(device)
         raise too_small(cfg, machine, dtype_name, f"{gpu.name}, {gpu.memory_gib:.0f} GiB" if gpu is not None else str(device))
-    plan = plan_stages(cfg, dtype_name, machine.explore_precision, machine=machine)
-    if cfg.explore.calibrate == "steps+precision" and not plan.explores_low:
+    layout = layout_of(machine, device, world)
+    if plan.calibrated_precision and not plan.explores_low:
         raise SolrlError(f"explore.calibrate=steps+precision chooses among low explore precisions, and on this machine "
                          f"explore.precision={cfg.explore.precision} resolves to the run dtype ({machine.explore_why})",
                          "name a low one (explore.precision=nvfp4-emulated runs anywhere), or use explore.calibrate=steps")
@@ -133,8 +133,7 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
                 lock.release()
             raise
 
-    engine = open_engine(cfg, device=device, rewards=rewards, checkpointing=machine.checkpointing, refresh=False,
-                         memory=machine.memory,
+    engine = open_engine(cfg, device=device, rewards=rewards, refresh=False, machine=machine,
                          explore=CopySpec(plan.explore_precision, plan.explore_compiled, from_shards=layout.sharded,
                                           sharded=layout.sharded and machine.explore_layout == "sharded")
                          if plan.explores_low else None,

@@ -99,8 +99,8 @@ def explore(run: Run, prompts: list[str], rng: np.random.Generator, steps: int |
 
 
 def explore_steps(run: Run, state: LoopState) -> int:
-    """Stage 1's preview steps this iteration: the last calibration's choice, else the plan's."""
-    return state.explore_steps or run.plan.explore_steps
+    """Stage 1's preview steps this iteration (`at_explore_steps`)."""
+    return at_explore_steps(run, state).plan.explore_steps
 
 
 def calibrate_if_due(run: Run, state: LoopState, bus: ev.EventBus, phases: PhaseRecorder) -> Calibration | None:
@@ -122,12 +122,12 @@ def calibrate(run: Run, state: LoopState, bus: ev.EventBus) -> Calibration | Non
     from solrl_core.precision.hardware import runnable_low_precisions
     from solrl_core.telemetry.model_flops import model_flops
 
-    weighs = run.config.explore.calibrate == "steps+precision"
+    weighs = run.plan.calibrated_precision
     precisions = runnable_low_precisions(run.device) if weighs else []
     found = None
     if run.rank == 0:
         prompts, seeds = calibration_inputs(run, state.iteration)
-        found = calibrate_engine(run.engine, prompts, seeds, keep=run.plan.keep, fixed_steps=run.config.explore.steps,
+        found = calibrate_engine(run.engine, prompts, seeds, keep=run.plan.keep, fixed_steps=run.plan.explore_steps,
                                  min_recall=run.config.explore.min_recall, precisions=precisions, whole_curve=False)
     steps, precision = distributed.broadcast_object((found.chosen.steps, found.chosen.precision) if found is not None else None)
     state.explore_steps = int(steps)
@@ -139,7 +139,7 @@ def calibrate(run: Run, state: LoopState, bus: ev.EventBus) -> Calibration | Non
     bus.emit(ev.CalibrationDone(iteration=state.iteration + 1, prompts=found.prompts, seeds=found.seeds,
                                 reference=found.reference, candidates=found.to_dict(), chosen=found.chosen.name,
                                 steps=found.chosen.steps, precision=found.chosen.precision, min_recall=found.min_recall,
-                                why=found.why, fixed_steps=run.config.explore.steps, seconds=found.seconds,
+                                why=found.why, fixed_steps=run.plan.explore_steps, seconds=found.seconds,
                                 precisions=sorted({c.precision for c in found.candidates}) if weighs else [],
                                 fixed=found.fixed))
     bus.emit(model_flops(at_explore_steps(run, state)))
@@ -155,10 +155,10 @@ def use_explore_precision(run: Run, precision: str, built: RolloutCopy | None = 
 
 
 def at_explore_steps(run: Run, state: LoopState) -> Run:
-    """The run with its plan at this iteration's preview steps and precision (`explore_steps`, the
-    calibration's precision): what the live MFU's counts (telemetry/model_flops.py) are made for."""
-    return replace(run, plan=replace(run.plan, explore_steps=explore_steps(run, state),
-                                     explore_precision=state.explore_precision or run.plan.explore_precision))
+    """The run with its plan at this iteration's Stage 1: the last calibration's preview steps and
+    precision, else the plan's (RunPlan.calibrated_to). What Stage 1 rolls out at, the start event
+    reports and the live MFU's counts (telemetry/model_flops.py) are made for."""
+    return replace(run, plan=run.plan.calibrated_to(state.explore_steps, state.explore_precision))
 
 
 def regenerate(run: Run, kept: RolloutBatch) -> RolloutBatch:

@@ -269,7 +269,7 @@ def _stop_requested(run: Run, state: LoopState, flag: StopFlag) -> ev.StopReques
 
 
 def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
-    cfg, plan = run.config, run.plan
+    cfg, plan, now = run.config, run.plan, at_explore_steps(run, state).plan  # now: Stage 1 as this session starts it
     described = plan.describe()
     if run.world_size > 1:
         described += f"; {(p := cfg.run.prompts_per_iteration)} prompt groups over {run.world_size} processes, {p // run.world_size} each"
@@ -279,7 +279,9 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
         at = f"{state.explore_precision}@{state.explore_steps}" if state.explore_precision else f"{state.explore_steps} preview steps"
         described += f"; Stage 1 continues at the last calibration's {at} (from the checkpoint)"
     bus.emit(ev.RunStarted(run_dir=str(run.run_dir), preset=cfg.preset, device=str(run.device),
-                           dtype=run.engine.dtype_name, explore_precision=state.explore_precision or plan.explore_precision, plan=described,
+                           dtype=run.engine.dtype_name, explore_precision=now.explore_precision, plan=described,
+                           explore_seeds=now.explore_seeds, explore_steps=now.explore_steps, keep=now.keep,
+                           regenerate=now.regenerate, full_steps=now.full_steps,
                            start_iteration=state.iteration, iterations=cfg.run.iterations, resumed=state.resumed,
                            config=to_dict(cfg), machine=run.machine.describe(), tracking=tracking.where(cfg.run.log, run.run_dir),
                            copy_layout=run.machine.explore_layout, rewards=run_trust.scored(cfg),

@@ -68,7 +68,7 @@ ADAPTERS_M = {"sana": 22.9, "flux1": 37.4, "sd3": 47.2, "flux2": 12.3, "zimage":
               "Wan-AI/Wan2.1-T2V-14B-Diffusers": 104.9, "Wan-AI/Wan2.2-TI2V-5B-Diffusers": 47.2}
 ADAMW_BYTES = 8.0  # AdamW's moments, bytes per adapter parameter: two fp32 tensors
 # cpu-blocks: the share of a copy on the GPU at once, one block and the root's layers (SANA has 20
-# blocks, FLUX.1 57, SD3.5-L 38): an APPROXIMATE upper share, as sharding.GATHERED_SHARE.
+# blocks, FLUX.1 57, SD3.5-L 38): an APPROXIMATE upper share, as fsdp.GATHERED_SHARE.
 BLOCK_SHARE = 0.1
 
 

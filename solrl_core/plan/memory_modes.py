@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 from solrl_core.config.schema import Config
 from solrl_core.errors import SolrlError
 from solrl_core.plan.footprint import FIT_SHARE, estimate_memory
-from solrl_core.plan.plan import MachinePlan, MemoryModes
+from solrl_core.plan.plan import MachinePlan, MemoryModes, plan_stages
 
 GPU_SIZES = (24, 48, 80, 141)  # GB, the sizes `solrl doctor` shows and a refusal names
 LADDER: tuple[MemoryModes, ...] = (  # each rung adds one mode (the last two: the copies moved whole, then by blocks)
@@ -79,11 +79,9 @@ def choose_modes(cfg: Config, explore_precision: str, dtype_name: str, budget_gi
 def rung_needed(cfg: Config, explore_precision: str, dtype_name: str, gpu_gb: float) -> MemoryModes | None:
     """The first rung (auto settings) whose estimate fits a GPU of `gpu_gb` GB, rollout copy
     off (as auto drops it where it does not fit; the compile family keeps its copy); None: none fits."""
-    from solrl_core.config.families import family
-
     auto = replace(cfg, memory=replace(cfg.memory, copies="auto", vae_on_cpu="auto"),
                    optimizer=replace(cfg.optimizer, checkpointing="auto"))
-    keeps_copy = family(cfg.algorithm.family).copy == "compiled"
+    keeps_copy = plan_stages(cfg, dtype_name, explore_precision).compiled_copy
     for rung in LADDER:
         if estimate_memory(auto, explore_precision, dtype_name, rollout_copy=keeps_copy, modes=rung).peak <= gpu_gb * FIT_SHARE:
             return rung

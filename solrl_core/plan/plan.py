@@ -1,10 +1,12 @@
-"""The run's plan, resolved once at start-up: what each stage of an iteration does (from the
-family's row in families.py), at which precision, on which copy, and what the machine's `auto`
-switches chose and why (`MachinePlan`, filled in by precision/resolve.py and sharding.py)."""
+"""The run's plan, resolved once at start-up (resolve.resolve_plan): what each stage of an iteration
+does (from the family's row in families.py), at which precision, on which copy, and what the
+machine's `auto` switches chose and why (`MachinePlan`, filled in by resolve.py and, under fsdp,
+fsdp.py). The session, the loop's stages, the engine, `solrl doctor` and the start event read it;
+none of them decides these again."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from solrl_core.config.families import family
 from solrl_core.config.schema import Config
@@ -26,6 +28,9 @@ class MemoryModes:
         return ", ".join(n for n in on if n) or "none"
 
 
+COMPILED_ANYWAY = "; compiled although explore.compile=false"  # an fp8 copy on CUDA (dropped where a copy runs eager)
+
+
 @dataclass(frozen=True)
 class MachinePlan:
     explore_precision: str
@@ -45,7 +50,17 @@ class MachinePlan:
     memory: MemoryModes = MemoryModes()  # the memory modes (memory_modes.py); memory.checkpointing is `checkpointing`
     memory_why: str = ""
     memory_fits: bool = True  # False: the estimate is over this GPU even with every mode
-    explore_layout: str = ""  # under fsdp, the low-precision explore copy whole or sharded (sharding.copy_layout); "" none
+    explore_layout: str = ""  # under fsdp, the low-precision explore copy whole or sharded (fsdp.copy_layout); "" none
+    compiles_fp8: bool = False  # an fp8 explore copy is compiled whatever explore.compile says (CUDA: resolve.FP8_EAGER_SLOWER)
+    strategy: str = "replicate"  # distributed.strategy as resolved (fsdp.resolve_strategy): replicate | fsdp
+    strategy_why: str = "default"
+
+    def explore_compiled_at(self, precision: str) -> bool:
+        """Whether an explore copy at `precision` is compiled: one a calibration weighs, or the one that
+        replaces the run's after it (Engine.explore_copy_at). Where the run's copy is, and an fp8 one where
+        `compiles_fp8`; never with the copies moved block by block (a block's moves are hooks a compiled
+        block would trace: offload.py)."""
+        return self.memory.copies != "cpu-blocks" and (self.explore_compile or (self.compiles_fp8 and precision == "fp8"))
 
     def describe(self) -> str:
         return (f"explore {self.explore_precision} ({self.explore_why}); "
@@ -74,6 +89,8 @@ class RunPlan:
     machine: MachinePlan | None = None  # None: a plan for an estimate, before any machine is chosen
     calibrated: bool = False  # explore.calibrate: Stage 1's steps chosen from measured rank fidelity (explore_steps: the fixed setting)
     calibrated_precision: bool = False  # explore.calibrate=steps+precision: its precision too (explore_precision: the fixed one)
+    low_precision: bool = False  # the family's Stage 1 runs at the explore precision (its row's copy="quantized")
+    compiled_copy: bool = False  # the family rolls out on a compiled full-precision copy (copy="compiled"), kept whatever fits
 
     @property
     def rollout_copy(self) -> bool:
@@ -92,6 +109,11 @@ class RunPlan:
     def explores_low(self) -> bool:
         """Stage 1 runs on its own low-precision explore copy."""
         return self.explore_precision != self.full_precision
+
+    def calibrated_to(self, steps: int = 0, precision: str = "") -> RunPlan:
+        """This plan with Stage 1 at a calibration's choice (`steps`, `precision`: the loop state's; 0 and
+        "" where none was made), else at the plan's own: what Stage 1 runs this iteration."""
+        return replace(self, explore_steps=steps or self.explore_steps, explore_precision=precision or self.explore_precision)
 
     def describe(self) -> str:
         on = (" on the compiled rollout copy" if self.rollout_compiled else " on the rollout copy") if self.rollout_copy else ""
@@ -119,4 +141,5 @@ def plan_stages(cfg: Config, full_precision: str, explore_precision: str, machin
                    explore_precision=explore_precision if fam.low_precision else full_precision, keep=k,
                    regenerate=fam.regenerate, full_precision=full_precision, full_steps=full_steps, machine=machine,
                    calibrated=cfg.explore.calibrate != "off" and fam.preview_steps,
-                   calibrated_precision=cfg.explore.calibrate == "steps+precision" and fam.preview_steps)
+                   calibrated_precision=cfg.explore.calibrate == "steps+precision" and fam.preview_steps,
+                   low_precision=fam.low_precision, compiled_copy=fam.copy == "compiled")

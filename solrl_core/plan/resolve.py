@@ -18,18 +18,22 @@
   ladder whose estimate fits this GPU (memory_modes.py: VAE on the CPU, gradient checkpointing, the
   copies on the CPU); off on a CPU.
 
-Each choice carries the reason, which the start-up line and `solrl doctor` show.
+Each choice carries the reason, which the start-up line and `solrl doctor` show. `resolve_plan` is
+the one place a run's plan is made: these switches, then the distributed strategy and what fsdp
+keeps (fsdp.py), then the family's stages at the explore precision that leaves (plan.plan_stages).
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
-from solrl_core.config.families import family
 from solrl_core.config.schema import Config
 from solrl_core.plan.footprint import FIT_SHARE, estimate_memory
+from solrl_core.plan.fsdp import fsdp_machine, resolve_strategy, shard_count
 from solrl_core.plan.memory_modes import choose_modes
-from solrl_core.plan.plan import MachinePlan
+from solrl_core.plan.plan import COMPILED_ANYWAY, MachinePlan, RunPlan, plan_stages
 from solrl_core.precision.hardware import FP8_CC, GpuInfo, gpus
 from solrl_core.runtime.tf32 import describe_tf32
 
@@ -57,9 +61,6 @@ def auto_explore_precision(gpu: GpuInfo | None, dtype_name: str) -> tuple[str, s
     return dtype_name, f"auto on compute capability {cc}: no real low precision below 8.9, so the run dtype"
 
 
-COMPILED_ANYWAY = "; compiled although explore.compile=false"  # an fp8 copy on CUDA (dropped where a copy runs eager)
-
-
 def _switch(value: str, auto: bool) -> bool:
     return auto if value == "auto" else value == "true"
 
@@ -76,10 +77,9 @@ def resolve_machine(cfg: Config, device: torch.device, dtype_name: str, gpu: Gpu
     if cuda and precision == "fp8" and not explore_compile:
         explore_compile = True
         why += f"{COMPILED_ANYWAY}: {FP8_EAGER_SLOWER}"
-    fam = family(cfg.algorithm.family)
     estimate = estimate_memory(cfg, precision, dtype_name, checkpointing=True, rollout_copy=False)
     budget = gpu.memory_gib * FIT_SHARE if gpu is not None else None
-    copy_needed = fam.copy == "compiled"  # the compile family is the compiled copy
+    copy_needed = plan_stages(cfg, dtype_name, precision).compiled_copy  # the compile family is the compiled copy
     if cfg.sampler.rollout_copy != "auto" and not copy_needed:
         copy, copy_why = cfg.sampler.rollout_copy == "true", "as configured"
     elif copy_needed:
@@ -105,4 +105,21 @@ def resolve_machine(cfg: Config, device: torch.device, dtype_name: str, gpu: Gpu
                        checkpointing=ckpt, checkpointing_why=ckpt_why, update_compile=update_compile,
                        policy_rollout_compile=not copy and update_compile and _switch(cfg.sampler.compile, cuda),
                        tf32=describe_tf32(cfg.run.tf32, device), memory=choice.modes, memory_why=choice.why,
-                       memory_fits=choice.fits)
+                       memory_fits=choice.fits, compiles_fp8=cuda)
+
+
+def resolve_plan(cfg: Config, device: torch.device, dtype_name: str, gpu: GpuInfo | None = None, world: int = 1,
+                 threads: str = "") -> RunPlan:
+    """The run's plan on `device` (`gpu` given for made-up GPUs: tests, `solrl doctor`) with `world`
+    processes: the auto switches (`resolve_machine`), the distributed strategy and, under fsdp, the
+    copies it keeps (fsdp.py), and the family's stages at the explore precision that leaves. `threads`:
+    the torch threads the session set, as the start-up line shows them. A refused setting raises here,
+    before any weights load."""
+    gpu = gpu if gpu is not None else gpu_of(device)
+    machine = replace(resolve_machine(cfg, device, dtype_name, gpu), threads=threads)
+    strategy, why = resolve_strategy(cfg, machine, dtype_name, gpu, world)
+    if strategy == "fsdp":
+        machine = fsdp_machine(machine, cfg, dtype_name, gpu, shard_count(world))
+        why += "; one process: nothing to shard over, the whole model, no rollout copy" if world == 1 else ""
+    machine = replace(machine, strategy=strategy, strategy_why=why)
+    return plan_stages(cfg, dtype_name, machine.explore_precision, machine)
