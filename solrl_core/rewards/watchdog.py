@@ -60,10 +60,11 @@ def call_watched(name: str, score: Callable[[], T], timeout_s: float, retries: i
             return _within(name, score, timeout_s, stop)
         except (torch.cuda.OutOfMemoryError, RewardFailure, ScoringAbandoned):
             raise
+        except SolrlError as exc:  # the reward refused its input (a prompt it cannot judge): the same again
+            raise RewardFailure(name, f"reward '{name}' failed: {exc.message}", exc.fix) from exc
         except Exception as exc:  # noqa: BLE001 - any error of a reward's own code is retried, then named
             if attempt == retries:
-                fix = exc.fix if isinstance(exc, SolrlError) and exc.fix else \
-                    "fix the reward (SOLRL_DEBUG=1 shows the traceback), then continue from the checkpoint saved: `solrl train --resume RUN`"
+                fix = "fix the reward (SOLRL_DEBUG=1 shows the traceback), then continue from the checkpoint saved: `solrl train --resume RUN`"
                 tries = f" ({retries + 1} tries)" if retries else ""
                 raise RewardFailure(name, f"reward '{name}' failed{tries}: {type(exc).__name__}: {exc}", fix) from exc
             if on_retry is not None:
