@@ -31,7 +31,7 @@ from solrl_core.engine.offload import Parking
 from solrl_core.engine.policy import OLD, Policy
 from solrl_core.engine.regions import CompiledBlocks
 from solrl_core.engine.rollout import RolloutCopy
-from solrl_core.engine.sampler import Sampler
+from solrl_core.engine.sampler import Sampler, batch_slices
 from solrl_core.engine.sharded_copy import base_tensors, is_sharded, meta_copy, refresh_from_shards
 from solrl_core.faults.phase import charged_to
 from solrl_core.models import DiffusionModel, load_model
@@ -191,38 +191,41 @@ class Engine:
 
     @torch.no_grad()
     def generate(self, cond: Conditioning, seeds: torch.Tensor, steps: int, on: str, *, to_cpu: bool = True,
-                 progress: Progress | None = None, stop: Callable[[], bool] | None = None) -> Generated:
+                 progress: Progress | None = None, stop: Callable[[], bool] | None = None,
+                 groups: torch.Tensor | None = None) -> Generated:
         """One image per (conditioning row, seed), `steps` sampler steps on the network `on`.
 
         `to_cpu` (evaluation, inference, the side tools): generated and decoded one rollout batch at a
         time, images gathered on the CPU, `progress` told every few batches; once `stop()` says yes
         before a batch, GenerationStopped drops the rest (an evaluation a stop ends). Otherwise (training's
-        rollouts): generated, then decoded together and left on the device for the rewards."""
+        rollouts): generated, then decoded together and left on the device for the rewards; `groups`
+        (each row's group, consecutive) keeps every batch within one group (Sampler.generate)."""
         t0 = time.perf_counter()
         with self.network(on) as (net, dtype), charged_to("rollout"), self.vae_in():
+            sizes = None if groups is None else torch.unique_consecutive(groups, return_counts=True)[1].tolist()
             if not to_cpu:
-                latents = self.sampler.generate(self.model, net, cond, seeds, steps, dtype)
+                latents = self.sampler.generate(self.model, net, cond, seeds, steps, dtype, sizes)
                 images = self.model.decode(latents)
                 if images.is_cuda:  # wait for queued GPU work so a phase's time is its own
                     torch.cuda.synchronize(images.device)
             else:
-                latents, images = self._in_batches(net, dtype, cond, seeds, steps, progress, stop)
+                latents, images = self._in_batches(net, dtype, cond, seeds, steps, progress, stop, sizes)
         return Generated(latents, images, self.sampler.sigmas(steps), time.perf_counter() - t0)
 
     def _in_batches(self, net: nn.Module, dtype: torch.dtype, cond: Conditioning, seeds: torch.Tensor, steps: int,
-                    progress: Progress | None, stop: Callable[[], bool] | None) -> tuple[torch.Tensor, torch.Tensor]:
-        chunk, total = self.sampler.batch_size, seeds.numel()
-        starts = range(0, total, chunk)
-        every = -(-len(starts) // PROGRESS_REPORTS)  # ceil: at most PROGRESS_REPORTS reports
+                    progress: Progress | None, stop: Callable[[], bool] | None,
+                    sizes: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+        total = seeds.numel()
+        parts = batch_slices(total, self.sampler.batch_size, sizes)
+        every = -(-len(parts) // PROGRESS_REPORTS)  # ceil: at most PROGRESS_REPORTS reports
         latents, images = [], []
-        for i, start in enumerate(starts):
+        for i, part in enumerate(parts):
             if stop is not None and stop():
-                raise GenerationStopped(start, total)
-            part = slice(start, start + chunk)
+                raise GenerationStopped(part.start, total)
             latents.append(self.sampler.generate(self.model, net, cond[part], seeds[part], steps, dtype))
             images.append(self.decode(latents[-1]))
-            if progress is not None and ((i + 1) % every == 0 or i + 1 == len(starts)):
-                progress(min(start + chunk, total), total)
+            if progress is not None and ((i + 1) % every == 0 or i + 1 == len(parts)):
+                progress(part.stop, total)
         return torch.cat(latents), torch.cat(images)
 
     @torch.no_grad()

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Sequence
 
 import torch
 from torch import nn
@@ -148,14 +148,33 @@ class Sampler:
         return sigma_grid(steps, self.shift, self.grid)
 
     def generate(self, model: DiffusionModel, network: nn.Module, cond: Conditioning, seeds: torch.Tensor, steps: int,
-                 dtype: torch.dtype) -> torch.Tensor:
-        """Final latents of one seed per row of `cond`, `steps` solver steps, `batch_size` at a time."""
+                 dtype: torch.dtype, groups: Sequence[int] | None = None) -> torch.Tensor:
+        """Final latents of one seed per row of `cond`, `steps` solver steps, `batch_size` at a time.
+
+        `groups` (the lengths of consecutive row groups, e.g. each prompt's seeds): no batch holds rows
+        of two groups, so a row's result does not depend on which other groups share the call. That
+        matters where a call's numerics depend on the whole batch (a quantized explore copy scales its
+        activations per call): the same group gives the same images whatever the number of processes
+        its iteration is split over, and whatever the groups beside it."""
         device = next(network.parameters()).device
         sigmas = self.sigmas(steps)
         out = []
-        for start in range(0, seeds.numel(), self.batch_size):
-            chunk = slice(start, start + self.batch_size)
+        for chunk in batch_slices(seeds.numel(), self.batch_size, groups):
             noise = noise_for_seeds(seeds[chunk], model.latent_shape, device, dtype)
             part = cond[chunk].to(device)
             out.append(sample(lambda x, s, c: model.velocity(network, x, s, c), noise, part, sigmas, self.solver).float())
         return torch.cat(out)
+
+
+def batch_slices(total: int, batch: int, groups: Sequence[int] | None = None) -> list[slice]:
+    """Rows [0, total) in slices of at most `batch`; with `groups` (lengths summing to `total`), cut
+    within each group, never across two."""
+    sizes = [total] if groups is None else list(groups)
+    if sum(sizes) != total:
+        raise ValueError(f"group lengths {sizes} do not add up to {total} rows")
+    slices, start = [], 0
+    for size in sizes:
+        slices += [slice(s, min(s + batch, start + size)) for s in range(start, start + size, batch)]
+        start += size
+    return slices
+

@@ -168,10 +168,14 @@ def regenerate(run: Run, kept: RolloutBatch) -> RolloutBatch:
 
 def roll_out(run: Run, draws: Draws, steps: int, explore: bool) -> RolloutBatch:
     """Generate and score on the explore copy (explore=True, when there is one), else at full precision:
-    on the rollout copy (base + old merged) when the run keeps one, or on the policy's old adapter."""
+    on the rollout copy (base + old merged) when the run keeps one, or on the policy's old adapter.
+
+    Stage 1's batches never mix two prompt groups: a quantized copy scales each call's activations by
+    the call's own amax, so mixing would make a group's drafts depend on which groups share its rank
+    (one process and two would keep different seeds). Stage 2 is at full precision: batched freely."""
     engine = run.engine
     made = engine.generate(engine.conditioning(draws.prompts), draws.seeds, steps, "explore" if explore else "rollout",
-                           to_cpu=False)
+                           to_cpu=False, groups=draws.groups if explore else None)
     t0 = time.perf_counter()
     scores = run.rewards(made.images, draws.prompts)
     return RolloutBatch(prompts=draws.prompts, groups=draws.groups, seeds=draws.seeds, latents=made.latents,

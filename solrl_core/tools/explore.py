@@ -49,9 +49,9 @@ def explore_only(engine: Engine, prompts: list[str], n: int, keep: int, mode: st
     t0 = time.perf_counter()
     flat = [p for p in prompts for _ in range(n)]
     seeds = seed_base + torch.arange(len(prompts) * n, dtype=torch.long)
-    made = engine.generate(engine.conditioning(flat), seeds, steps, "explore")
-    scores = engine.rewards(made.images, flat)
     groups = torch.arange(len(prompts)).repeat_interleave(n)
+    made = engine.generate(engine.conditioning(flat), seeds, steps, "explore", groups=groups)  # batched as Stage 1 is
+    scores = engine.rewards(made.images, flat)
     texts = torch.tensor(text_keys(flat), dtype=torch.long)
     every = GlobalScores(scores.total, scores.components, groups, slice(0, len(flat)), texts)
     drafts = Scored(batch=None, scores=every, screen=guard.screen(scores.components, groups))

@@ -78,8 +78,26 @@ def start_run(request: RunRequest) -> RunStart:
     check_inputs(cfg, resumed_from=request.resume)  # seconds: before the doctor's imports and any model load
     preflight(cfg, request.processes)
     several = request.processes > 1 or request.nodes > 1
-    note = launch_note(request.processes, cfg.run.device, cfg.run.threads) if several else None
-    return RunStart(request, cfg, several, note or "")
+    notes = [launch_note(request.processes, cfg.run.device, cfg.run.threads), parting_note(cfg)] if several else []
+    return RunStart(request, cfg, several, "\n".join(n for n in notes if n))
+
+
+FULL_PRECISIONS = ("fp32", "bf16")
+
+
+def parting_note(cfg: Config) -> str | None:
+    """Where several processes do not train one process's run seed for seed: Stage 1 on a quantized
+    copy. Its batches never mix prompt groups (Sampler.generate), so the first iteration is the same;
+    after a step the gradient all-reduce rounds otherwise than one process's sum, and re-quantizing
+    the merged weights can move a weight lying on a rounding tie to the next code."""
+    from solrl_core.config.families import family
+
+    if not family(cfg.algorithm.family).low_precision or cfg.explore.precision in FULL_PRECISIONS:
+        return None
+    return (f"note: several processes train what one process does in iteration 1; after it, the explore copy at "
+            f"{cfg.explore.precision} can part them by a draft now and then (the gradient all-reduce rounds "
+            "differently, and re-quantized weights on a rounding tie take the next code): the same statistics, "
+            "not the same seeds (at --explore-precision bf16 or fp32 the runs stay within float rounding of each other)")
 
 
 def resolve(request: RunRequest) -> Config:
