@@ -20,7 +20,7 @@ from solrl_core.rewards.names import FRAME_REDUCTIONS, check_media, check_names
 from solrl_core.rewards.timeouts import parse_timeout
 
 SELECTION_MODES = ("best_worst", "random", "mean_deviation", "extremes_random")
-EXPLORE_PRECISIONS = ("auto", "nvfp4", "fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "bf16", "fp32")
+EXPLORE_PRECISIONS = ("auto", "nvfp4", "fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "fp8-e5m2-delayed", "bf16", "fp32")
 DTYPES = ("auto", "bf16", "fp32")
 SOLVERS = ("euler", "dpm2")
 SIGMA_GRIDS = ("linspace", "scheduler", "qwen_image")
@@ -117,8 +117,9 @@ class ExploreConfig:
     steps: int = _f(6, "Preview steps of the Stage-1 rollout (sol_rl).")
     precision: str = _f("auto", "Explore precision: auto (on a GPU the fastest measured there: fp8 on compute capability "
                                 ">= 8.9, else the run dtype; on a CPU the exact NVFP4 emulation), fp8 (real E4M3 GEMMs, "
-                                "compute capability >= 8.9), nvfp4-emulated, fp8-e5m2-tensor (the official explore copy's "
-                                "numerics, per-tensor FP8 E5M2, emulated), bf16, fp32; nvfp4 (Blackwell + Transformer "
+                                "compute capability >= 8.9), nvfp4-emulated, fp8-e5m2-tensor (per-tensor FP8 E5M2 at each "
+                                "tensor's own amax, emulated), fp8-e5m2-delayed (the official explore copy's recipe: "
+                                "Transformer Engine's delayed-scaled E5M2, emulated), bf16, fp32; nvfp4 (Blackwell + Transformer "
                                 "Engine) is detected but not run yet. Checked against this machine.")
     compile: str = _f("auto", "torch.compile the explore copy (auto: on CUDA; true; false): fuses the fp8 / emulated-NVFP4 "
                               "input quantization into the neighbouring kernels; compiles once at start and keeps the graph "
