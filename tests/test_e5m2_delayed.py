@@ -147,3 +147,18 @@ def test_rank_check_runs_the_official_recipe_on_the_tiny_world(tmp_path, monkeyp
     assert "fp8-e5m2-delayed@2" in result.output
     overall = json.loads((tmp_path / "rc" / "rank_check.json").read_text())["overall"]
     assert 0.0 <= overall["fp8-e5m2-delayed@2"]["top8"] <= 1.0
+
+
+def test_the_real_fp8_gemm_path_computes_what_the_emulation_does():
+    """`torch._scaled_mm` with two E5M2 operands (CPU: torch's reference kernel; CUDA where cuBLASLt
+    has one) against the codes multiplied in fp32: the same scales, the same product."""
+    from solrl_core.precision.e5m2_delayed import cast, gemm, real_gemm
+
+    gen = torch.Generator().manual_seed(0)
+    x, w = torch.randn(8, 32, generator=gen), torch.randn(16, 32, generator=gen)
+    sx, sw = torch.tensor(3.0), torch.tensor(0.5)
+    x_q, w_q = cast(x, sx), cast(w, sw)
+    emulated = gemm(x_q, w_q, 1.0 / sx, 1.0 / sw, real=False)
+    assert torch.allclose(gemm(x_q, w_q, 1.0 / sx, 1.0 / sw, real=True), emulated, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(emulated, _e5m2(x, sx) @ _e5m2(w, sw).T / (sx * sw), rtol=1e-5, atol=1e-5)
+    assert not real_gemm(torch.device("cpu"))  # a reference kernel is no faster than the fp32 product
