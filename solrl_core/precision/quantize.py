@@ -184,7 +184,7 @@ class _EmulatedE5M2(_QuantizedGemm):
 
 
 class EmulatedE5M2Linear(_EmulatedE5M2):
-    """nn.Linear with per-tensor FP8 E5M2 weight and input (the official explore copy's numerics)."""
+    """nn.Linear with per-tensor FP8 E5M2 weight and input, each at its own amax (e5m2.py)."""
 
     LAYER_KIND = "linear"
 
