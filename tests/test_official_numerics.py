@@ -78,3 +78,24 @@ def test_the_official_loss_inputs_are_rounded_to_bf16():
     b = s16.view(-1, 1, 1, 1)
     assert torch.equal(xt16, ((1 - b) * x0 + b * eps.to(torch.bfloat16).float()).to(torch.bfloat16).float())
     assert not torch.equal(xt16, xt32)
+
+
+def test_integer_timesteps_reach_the_model_in_rollouts_only_as_whole_numbers():
+    seen: list[torch.Tensor] = []
+
+    class Model:
+        def velocity(self, network, x, sigma, cond):  # type: ignore[no-untyped-def]
+            seen.append(sigma.float() * 1000.0)  # as the SANA / SD3 wrappers turn a sigma into a timestep
+            return torch.zeros_like(x)
+
+    sampler = Sampler.of(SamplerConfig(solver="dpm2", sigma_grid="scheduler", shift=3.0, integer_timesteps=True))
+    noise = torch.randn(2, 4, 3, 3)
+    sample(sampler.model_call(Model(), torch.nn.Identity()), noise, COND, sampler.sigmas(10), "dpm2")
+    got = torch.stack([t[0] for t in seen]).double()
+    want = torch.floor(sampler.sigmas(10)[:-1].double() * 1000)
+    assert want[:3].tolist() == [1000.0, 960.0, 913.0]  # the official SD3 rollout's timesteps
+    assert torch.allclose(got, want, atol=1e-4, rtol=0)
+    seen.clear()
+    plain = Sampler.of(SamplerConfig(solver="dpm2", sigma_grid="scheduler", shift=3.0))
+    sample(plain.model_call(Model(), torch.nn.Identity()), noise, COND, plain.sigmas(10), "dpm2")
+    assert seen[1][0].item() == pytest.approx(960.129, abs=1e-3)  # the default: the grid's own timesteps

@@ -106,6 +106,8 @@ class SamplerConfig:
     state_dtype: str = _f("fp32", "dpm2's latent state between steps: fp32, or run (rounded to the run dtype after every "
                                   "step, as diffusers' scheduler in the official SD3/FLUX rollouts). Euler keeps the state "
                                   "in the run dtype either way, as the official SANA sampler.")
+    integer_timesteps: bool = _f(False, "Rollouts hand the model whole-number timesteps, trunc(sigma x 1000), as the official "
+                                        "SD3 pipeline (dtype=torch.long); the solver steps and training keep the grid's.")
     guidance: float = _f(1.0, "Classifier-free guidance scale; 1.0 = CFG off (the official setting).")
     rollout_batch: int = _f(24, "Samples generated per forward batch.")
     rollout_copy: str = _f("auto", "Full-precision rollouts (Stage 2, the full-precision families, the rank check) and the "

@@ -145,11 +145,12 @@ class Sampler:
     batch_size: int = 24
     grid_dtype: str = "fp32"
     state_dtype: str = "fp32"
+    integer_timesteps: bool = False
 
     @classmethod
     def of(cls, cfg: SamplerConfig) -> "Sampler":
         return cls(solver=cfg.solver, shift=cfg.shift, grid=cfg.sigma_grid, batch_size=cfg.rollout_batch,
-                   grid_dtype=cfg.grid_dtype, state_dtype=cfg.state_dtype)
+                   grid_dtype=cfg.grid_dtype, state_dtype=cfg.state_dtype, integer_timesteps=cfg.integer_timesteps)
 
     def sigmas(self, steps: int) -> torch.Tensor:
         grid = sigma_grid(steps, self.shift, self.grid)
@@ -166,6 +167,14 @@ class Sampler:
             chunk = slice(start, start + self.batch_size)
             noise = noise_for_seeds(seeds[chunk], model.latent_shape, device, dtype)
             part = cond[chunk].to(device)
-            out.append(sample(lambda x, s, c: model.velocity(network, x, s, c), noise, part, sigmas, self.solver,
+            out.append(sample(self.model_call(model, network), noise, part, sigmas, self.solver,
                               self.state_dtype == "run").float())
         return torch.cat(out)
+
+    def model_call(self, model: DiffusionModel, network: nn.Module) -> VelocityCall:
+        """The velocity the solver calls. `integer_timesteps`: the model sees trunc(sigma x 1000) / 1000,
+        the official SD3 rollouts' whole-number timesteps (pipeline_with_logprob.py:158, dtype=torch.long;
+        a wrapper's sigma x 1000 in fp32 is then that whole number to within one fp32 ulp)."""
+        if not self.integer_timesteps:
+            return lambda x, s, c: model.velocity(network, x, s, c)
+        return lambda x, s, c: model.velocity(network, x, (torch.floor(s.double() * 1000) / 1000).to(s.dtype), c)

@@ -35,7 +35,7 @@ differs, each with its reason in docs/official-settings.md ("Where solrl differs
 - faults: non-finite rewards and steps left out, out-of-memory backed off, rewards retried or stopped
 - stopping: SIGTERM at the next phase boundary; a stop drops an evaluation in progress
 - evaluation: run.eval_rewards scored at every evaluation, with a reward-hacking warning
-- fp32 timesteps into SANA's and SD3's transformers, rollouts included (the official SD3 rollouts: integers)
+- fp32 timesteps into SANA's and SD3's transformers, rollouts included (official SD3 rollouts: sampler.integer_timesteps)
 - fp32 where the official code rounds to bf16: SANA's sigma grid (sampler.grid_dtype=bf16 gives it), the
   DPM state between steps (sampler.state_dtype=run), SANA's and FLUX.1's loss inputs (algorithm.loss_dtype=bf16)
 - selection: ties broken by position; K = N keeps each seed once where the official can repeat one
