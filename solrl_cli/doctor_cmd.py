@@ -24,7 +24,7 @@ def doctor(
     set_: opt.Sets = None,
     explore_precision: Annotated[Optional[str], typer.Option(
         "--explore-precision", help="Check this explore precision instead of the config's: auto, nvfp4, fp8, "
-                                    "nvfp4-emulated, bf16 or fp32.")] = None,
+                                    "nvfp4-emulated, fp8-e5m2-tensor, fp8-e5m2-delayed, bf16 or fp32.")] = None,
     nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", min=1, help="Processes the run would start on this machine.")] = 1,
     json_out: Annotated[bool, typer.Option("--json", help="Print the checks as a JSON list instead of a table.")] = False,
 ) -> None:

@@ -31,7 +31,7 @@ def _root() -> None:
 
 
 runner = CliRunner()
-WIDE = {"COLUMNS": "300"}  # one table row per line, so the assertions see whole sentences
+WIDE = {"COLUMNS": "400"}  # one table row per line, so the assertions see whole sentences
 
 H100 = GpuInfo(0, "NVIDIA H100 80GB HBM3", (9, 0), 79.1)
 B200 = GpuInfo(0, "NVIDIA B200", (10, 0), 178.4)
@@ -72,7 +72,7 @@ def test_tiny_model_passes_on_this_machine():
 def test_nvfp4_on_flux_fails_and_names_what_works_here():
     result = _invoke("--model", "flux1", "--explore-precision", "nvfp4")
     assert result.exit_code == 1, result.output
-    assert "this machine supports: nvfp4-emulated, fp8-e5m2-tensor, bf16, fp32" in result.stdout
+    assert "this machine supports: nvfp4-emulated, fp8-e5m2-tensor, fp8-e5m2-delayed, bf16, fp32" in result.stdout
     assert "--explore-precision nvfp4-emulated" in result.stdout
 
 
@@ -193,7 +193,7 @@ def test_hopper_runs_fp8_but_not_nvfp4():
     p = hardware.explore_precisions(H100, te=_te(nvfp4=(True, ""), fp8=(True, "")))
     assert p["fp8"][0] and not p["nvfp4"][0]
     assert "10.0" in p["nvfp4"][1]
-    assert hardware.supported(p) == ["fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "bf16", "fp32"]
+    assert hardware.supported(p) == ["fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "fp8-e5m2-delayed", "bf16", "fp32"]
 
 
 def test_fp8_needs_only_torch_on_ada_and_newer():
@@ -217,9 +217,9 @@ def test_blackwell_without_transformer_engine_has_no_nvfp4_and_says_why():
 
 def test_cpu_and_old_gpus():
     cpu = hardware.explore_precisions(None)
-    assert hardware.supported(cpu) == ["nvfp4-emulated", "fp8-e5m2-tensor", "bf16", "fp32"]
+    assert hardware.supported(cpu) == ["nvfp4-emulated", "fp8-e5m2-tensor", "fp8-e5m2-delayed", "bf16", "fp32"]
     turing = hardware.explore_precisions(GpuInfo(0, "T4", (7, 5), 15.0), te=_te())
-    assert hardware.supported(turing) == ["nvfp4-emulated", "fp8-e5m2-tensor", "fp32"]
+    assert hardware.supported(turing) == ["nvfp4-emulated", "fp8-e5m2-tensor", "fp8-e5m2-delayed", "fp32"]
 
 
 def test_transformer_engine_probed_over_its_known_api_names(monkeypatch):

@@ -82,7 +82,7 @@ def test_real_low_precisions_without_the_hardware_name_what_works(precision, why
     with pytest.raises(SolrlError) as err:
         hardware.require_explore_precision(precision, "cpu")
     assert why in err.value.message and "does not run on the CPU" in err.value.message
-    assert err.value.fix == "this machine supports: nvfp4-emulated, fp8-e5m2-tensor, bf16, fp32; use --explore-precision nvfp4-emulated"
+    assert err.value.fix == "this machine supports: nvfp4-emulated, fp8-e5m2-tensor, fp8-e5m2-delayed, bf16, fp32; use --explore-precision nvfp4-emulated"
 
 
 def test_supported_but_unimplemented_is_said_plainly(monkeypatch):
@@ -107,7 +107,7 @@ def test_fp8_is_accepted_on_hopper_and_offered_instead_of_nvfp4(monkeypatch):
     hardware.require_explore_precision("fp8", "cuda:0")
     with pytest.raises(SolrlError) as err:
         hardware.require_explore_precision("nvfp4", "cuda:0")
-    assert err.value.fix == "this machine supports: fp8, nvfp4-emulated, fp8-e5m2-tensor, bf16, fp32; use --explore-precision fp8"
+    assert err.value.fix == "this machine supports: fp8, nvfp4-emulated, fp8-e5m2-tensor, fp8-e5m2-delayed, bf16, fp32; use --explore-precision fp8"
     b200 = hardware.GpuInfo(0, "NVIDIA B200", (10, 0), 180.0)
     monkeypatch.setattr(hardware, "gpus", lambda: [b200])
     monkeypatch.setattr(hardware, "te_support", lambda kind, gpu: (True, ""))

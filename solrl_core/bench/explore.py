@@ -8,7 +8,8 @@ min-dim is scaled by the tiny width over the real one at tiny size, so the same 
 
     bf16             the reference
     fp8              solrl's fp8 explore copy: e4m3 GEMMs through torch._scaled_mm, row-wise scales
-    fp8-e5m2-tensor  the official explore copy's numerics: per-tensor FP8 E5M2, emulated (no speed-up)
+    fp8-e5m2-tensor  per-tensor FP8 E5M2, each tensor at its own amax, emulated (no speed-up)
+    fp8-e5m2-delayed the official explore copy's recipe, TE's delayed-scaled E5M2, emulated (only when asked)
     nvfp4-emulated   the exact NVFP4 emulation (numerics only: slower than bf16 by design)
     fp8-torchao      torchao's Float8DynamicActivationFloat8WeightConfig(PerRow) on the nn.Linear layers
                      (only when asked and torchao imports; it leaves SANA's 1x1-conv feed-forward in bf16)
@@ -43,9 +44,9 @@ from solrl_core.bench.video import VIDEO_REAL
 from solrl_core.errors import SolrlError
 from solrl_core.telemetry.peaks import device_label
 
-BACKENDS = ("bf16", "fp8", "fp8-e5m2-tensor", "nvfp4-emulated", "fp8-torchao")
+BACKENDS = ("bf16", "fp8", "fp8-e5m2-tensor", "nvfp4-emulated", "fp8-torchao", "fp8-e5m2-delayed")
 DEFAULT_BACKENDS = BACKENDS[:4]  # torchao's conversion is one-way and optional: only when asked
-REFRESHED = ("fp8", "fp8-e5m2-tensor", "nvfp4-emulated")  # the explore copy's own wrappers (quantize.WRAPPERS)
+REFRESHED = ("fp8", "fp8-e5m2-tensor", "nvfp4-emulated", "fp8-e5m2-delayed")  # the explore copy's own wrappers (quantize.WRAPPERS)
 WIDTH = 26  # the label column of the progress lines
 
 

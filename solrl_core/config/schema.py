@@ -20,9 +20,11 @@ from solrl_core.rewards.names import FRAME_REDUCTIONS, check_media, check_names
 from solrl_core.rewards.timeouts import parse_timeout
 
 SELECTION_MODES = ("best_worst", "random", "mean_deviation", "extremes_random")
-EXPLORE_PRECISIONS = ("auto", "nvfp4", "fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "bf16", "fp32")
+EXPLORE_PRECISIONS = ("auto", "nvfp4", "fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "fp8-e5m2-delayed", "bf16", "fp32")
 DTYPES = ("auto", "bf16", "fp32")
 SOLVERS = ("euler", "dpm2")
+GRID_DTYPES = ("fp32", "bf16")
+STATE_DTYPES = ("fp32", "run")
 SIGMA_GRIDS = ("linspace", "scheduler", "qwen_image")
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")  # no CUDA graphs: the copies are refreshed and batches vary
 SWITCHES = ("auto", "true", "false")  # a setting solrl decides for this machine unless told
@@ -98,6 +100,14 @@ class SamplerConfig:
                                      "FLUX pipelines) or scheduler (FlowMatchEulerDiscreteScheduler.set_timesteps with a "
                                      "static shift, whose last sigma is shift(shift(1/1000)): the SD3/3.5 pipelines) or "
                                      "qwen_image (linspace, shifted, stretched to end at 0.02: the Qwen-Image pipeline).")
+    grid_dtype: str = _f("fp32", "The sigma grid's dtype: fp32, or bf16 (each sigma rounded to bf16, as the official SANA "
+                                 "pipeline builds its grid in the latents' dtype: 0.8984, 0.8008, ..., 0.1001). Rollouts, the "
+                                 "trained sigmas and the timesteps all follow it.")
+    state_dtype: str = _f("fp32", "dpm2's latent state between steps: fp32, or run (rounded to the run dtype after every "
+                                  "step, as diffusers' scheduler in the official SD3/FLUX rollouts). Euler keeps the state "
+                                  "in the run dtype either way, as the official SANA sampler.")
+    integer_timesteps: bool = _f(False, "Rollouts hand the model whole-number timesteps, trunc(sigma x 1000), as the official "
+                                        "SD3 pipeline (dtype=torch.long); the solver steps and training keep the grid's.")
     guidance: float = _f(1.0, "Classifier-free guidance scale; 1.0 = CFG off (the official setting).")
     rollout_batch: int = _f(24, "Samples generated per forward batch.")
     rollout_copy: str = _f("auto", "Full-precision rollouts (Stage 2, the full-precision families, the rank check) and the "
@@ -117,8 +127,9 @@ class ExploreConfig:
     steps: int = _f(6, "Preview steps of the Stage-1 rollout (sol_rl).")
     precision: str = _f("auto", "Explore precision: auto (on a GPU the fastest measured there: fp8 on compute capability "
                                 ">= 8.9, else the run dtype; on a CPU the exact NVFP4 emulation), fp8 (real E4M3 GEMMs, "
-                                "compute capability >= 8.9), nvfp4-emulated, fp8-e5m2-tensor (the official explore copy's "
-                                "numerics, per-tensor FP8 E5M2, emulated), bf16, fp32; nvfp4 (Blackwell + Transformer "
+                                "compute capability >= 8.9), nvfp4-emulated, fp8-e5m2-tensor (per-tensor FP8 E5M2 at each "
+                                "tensor's own amax, emulated), fp8-e5m2-delayed (the official explore copy's recipe: "
+                                "Transformer Engine's delayed-scaled E5M2, emulated), bf16, fp32; nvfp4 (Blackwell + Transformer "
                                 "Engine) is detected but not run yet. Checked against this machine.")
     compile: str = _f("auto", "torch.compile the explore copy (auto: on CUDA; true; false): fuses the fp8 / emulated-NVFP4 "
                               "input quantization into the neighbouring kernels; compiles once at start and keeps the graph "
@@ -159,6 +170,8 @@ class AlgorithmConfig:
     old_decay_rate: float = _f(0.001, "Old-policy decay d = min(rate * step, max).")
     old_decay_max: float = _f(0.5, "Upper bound of the old-policy decay.")
     ema_max_decay: float = _f(0.9, "EMA decay min((1+s)/(10+s), max) of the evaluation weights.")
+    loss_dtype: str = _f("fp32", "The update's inputs (sigma, training noise, xt): fp32, or bf16 (each rounded to bf16 "
+                                 "before the forwards and the loss, as the official SANA and FLUX.1 scripts build them).")
 
 
 @dataclass(frozen=True)
@@ -311,6 +324,9 @@ class Config:
         _choice("run.dtype", self.run.dtype, DTYPES)
         _choice("sampler.solver", self.sampler.solver, SOLVERS)
         _choice("sampler.sigma_grid", self.sampler.sigma_grid, SIGMA_GRIDS)
+        _choice("sampler.grid_dtype", self.sampler.grid_dtype, GRID_DTYPES)
+        _choice("sampler.state_dtype", self.sampler.state_dtype, STATE_DTYPES)
+        _choice("algorithm.loss_dtype", self.algorithm.loss_dtype, GRID_DTYPES)
         _choice("reward.aggregation", self.reward.aggregation, AGGREGATIONS)
         _choice("run.compile_mode", self.run.compile_mode, COMPILE_MODES)
         _choice("model.lora_init", self.model.lora_init, tuple(LORA_INITS))

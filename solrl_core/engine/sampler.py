@@ -76,10 +76,11 @@ def sigma_grid(steps: int, shift: float = 1.0, kind: str = "linspace") -> torch.
 
 @torch.no_grad()
 def sample(velocity: VelocityCall, noise: torch.Tensor, cond: Conditioning, sigmas: torch.Tensor,
-           solver: str = "euler") -> torch.Tensor:
-    """Integrate the ODE from `noise` (sigma = 1) to sigma = 0 and return the clean latents."""
+           solver: str = "euler", round_state: bool = False) -> torch.Tensor:
+    """Integrate the ODE from `noise` (sigma = 1) to sigma = 0 and return the clean latents.
+    `round_state`: dpm2's fp32 state rounded to `noise`'s dtype after every step (the official rollouts)."""
     if solver == "dpm2":
-        return _dpm2(velocity, noise, cond, sigmas)
+        return _dpm2(velocity, noise, cond, sigmas, round_state)
     if solver != "euler":
         raise ValueError(f"unknown solver {solver}")
     x = noise
@@ -100,7 +101,8 @@ def _log_snr(sigma: float) -> float:
     return math.log((1.0 - sigma) / sigma)
 
 
-def _dpm2(velocity: VelocityCall, noise: torch.Tensor, cond: Conditioning, sigmas: torch.Tensor) -> torch.Tensor:
+def _dpm2(velocity: VelocityCall, noise: torch.Tensor, cond: Conditioning, sigmas: torch.Tensor,
+          round_state: bool = False) -> torch.Tensor:
     """DPM-Solver++(2M), midpoint form. With x0 = x - sigma * v the data prediction at each point,
     a step from s to t is  x_t = (sigma_t / sigma_s) x_s + (1 - sigma_t / sigma_s) D, where
     D = x0_s (first order, = Euler) or x0_s + (h / 2 h_prev) (x0_s - x0_prev) (second order, h the
@@ -125,6 +127,8 @@ def _dpm2(velocity: VelocityCall, noise: torch.Tensor, cond: Conditioning, sigma
                 d = x0 + (0.5 * h / h_prev) * (x0 - prev_x0)
             ratio = t / s
             x = ratio * x + (1.0 - ratio) * d
+        if round_state:  # diffusers' step hands back prev_sample in the model output's dtype
+            x = x.to(dtype).float()
         prev_x0, prev_lam = x0, lam
     return x.to(dtype)
 
@@ -139,13 +143,19 @@ class Sampler:
     shift: float = 1.0
     grid: str = "linspace"
     batch_size: int = 24
+    grid_dtype: str = "fp32"
+    state_dtype: str = "fp32"
+    integer_timesteps: bool = False
 
     @classmethod
     def of(cls, cfg: SamplerConfig) -> "Sampler":
-        return cls(solver=cfg.solver, shift=cfg.shift, grid=cfg.sigma_grid, batch_size=cfg.rollout_batch)
+        return cls(solver=cfg.solver, shift=cfg.shift, grid=cfg.sigma_grid, batch_size=cfg.rollout_batch,
+                   grid_dtype=cfg.grid_dtype, state_dtype=cfg.state_dtype, integer_timesteps=cfg.integer_timesteps)
 
     def sigmas(self, steps: int) -> torch.Tensor:
-        return sigma_grid(steps, self.shift, self.grid)
+        grid = sigma_grid(steps, self.shift, self.grid)
+        # The official SANA pipeline: linspace(..., dtype=latents.dtype), i.e. each sigma rounded to bf16
+        return grid.to(torch.bfloat16).float() if self.grid_dtype == "bf16" else grid
 
     def generate(self, model: DiffusionModel, network: nn.Module, cond: Conditioning, seeds: torch.Tensor, steps: int,
                  dtype: torch.dtype, groups: Sequence[int] | None = None) -> torch.Tensor:
@@ -162,8 +172,17 @@ class Sampler:
         for chunk in batch_slices(seeds.numel(), self.batch_size, groups):
             noise = noise_for_seeds(seeds[chunk], model.latent_shape, device, dtype)
             part = cond[chunk].to(device)
-            out.append(sample(lambda x, s, c: model.velocity(network, x, s, c), noise, part, sigmas, self.solver).float())
+            out.append(sample(self.model_call(model, network), noise, part, sigmas, self.solver,
+                              self.state_dtype == "run").float())
         return torch.cat(out)
+
+    def model_call(self, model: DiffusionModel, network: nn.Module) -> VelocityCall:
+        """The velocity the solver calls. `integer_timesteps`: the model sees trunc(sigma x 1000) / 1000,
+        the official SD3 rollouts' whole-number timesteps (pipeline_with_logprob.py:158, dtype=torch.long;
+        a wrapper's sigma x 1000 in fp32 is then that whole number to within one fp32 ulp)."""
+        if not self.integer_timesteps:
+            return lambda x, s, c: model.velocity(network, x, s, c)
+        return lambda x, s, c: model.velocity(network, x, (torch.floor(s.double() * 1000) / 1000).to(s.dtype), c)
 
 
 def batch_slices(total: int, batch: int, groups: Sequence[int] | None = None) -> list[slice]:
@@ -177,4 +196,3 @@ def batch_slices(total: int, batch: int, groups: Sequence[int] | None = None) ->
         slices += [slice(s, min(s + batch, start + size)) for s in range(start, start + size, batch)]
         start += size
     return slices
-

@@ -17,7 +17,13 @@ def select(rewards: torch.Tensor, k: int, mode: str, rng: np.random.Generator) -
     random           K uniformly at random
     mean_deviation   the K farthest from the group mean, either side
     extremes_random  the K/4 highest and K/4 lowest, the rest at random from the middle
-    Ties are broken by position (stable sort), so a selection is reproducible.
+    Ties are broken by position (stable sort), so a selection is reproducible. The official code
+    (NVlabs/Sana train_scripts/sol_rl/train_utils.py, `select_indices_by_mode`) takes the best and the
+    worst with two `torch.topk` calls, whose order among equal rewards is the kernel's: tied seeds keep
+    the same reward values there and here, but may be other seeds. With K = N and ties across the
+    middle, its two calls can both return the same seed (all N rewards equal: 24 indices, 12 distinct),
+    training it twice and another seed never; here K = N keeps each seed once, which is what keeping
+    all N means.
     """
     n = rewards.numel()
     if k > n:

@@ -22,7 +22,8 @@ Checked line by line against the official code (NVlabs/Sana train_scripts/sol_rl
 the loss, advantages, trained timesteps, selection, samplers, sigma grids, prompt encodings, quantized-
 layer rule, fp32 adapters, grad clips, decay and EMA schedules are the official ones. Where solrl
 differs, each with its reason in docs/official-settings.md ("Where solrl differs from the official code"):
-- explore copy: real NVFP4 blocks or FP8 E4M3 (the official "NVFP4" runs as per-tensor FP8 E5M2)
+- explore copy: real NVFP4 blocks or FP8 E4M3 (the official "NVFP4" runs as TE's delayed-scaled
+  per-tensor FP8 E5M2: explore.precision=fp8-e5m2-delayed)
 - LoRA on SANA: diffusers' split q/k/v, not the official fused projections
 - every random draw from (seed, iteration): a resume repeats an uninterrupted run exactly
 - the gradient: the mean over every (sample, timestep) pair, whatever the micro-batch sizes
@@ -34,7 +35,10 @@ differs, each with its reason in docs/official-settings.md ("Where solrl differs
 - faults: non-finite rewards and steps left out, out-of-memory backed off, rewards retried or stopped
 - stopping: SIGTERM at the next phase boundary; a stop drops an evaluation in progress
 - evaluation: run.eval_rewards scored at every evaluation, with a reward-hacking warning
-- fp32 timesteps into SANA's and SD3's transformers, rollouts included
+- fp32 timesteps into SANA's and SD3's transformers, rollouts included (official SD3 rollouts: sampler.integer_timesteps)
+- fp32 where the official code rounds to bf16: SANA's sigma grid (sampler.grid_dtype=bf16 gives it), the
+  DPM state between steps (sampler.state_dtype=run), SANA's and FLUX.1's loss inputs (algorithm.loss_dtype=bf16)
+- selection: ties broken by position; K = N keeps each seed once where the official can repeat one
 - family defaults: the official configs' rollout copies and compile
 - training precision: each official regime in its preset; autocast (fp32 adapters) elsewhere
 - LoRA A gaussian (std 1/r), as every official config

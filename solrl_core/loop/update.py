@@ -96,8 +96,7 @@ def _micro_step(run: Run, x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tens
     its share of the pairs. Returns (loss, policy, kl) x weight and the non-finite terms."""
     alg, model, device = run.config.algorithm, run.engine.model, run.device
     x0, sigma, eps, cond, adv = x0.to(device), sigma.to(device), eps.to(device), cond.to(device), adv.to(device)
-    s = sigma.view(-1, *[1] * (x0.dim() - 1))  # image latents [B,C,H,W], video [B,C,F,H,W]
-    xt = (1 - s) * x0 + s * eps
+    sigma, xt = loss_inputs(x0, sigma, eps, alg.loss_dtype)
     # The three forwards get one input, xt in the run dtype, and the same fp32 timesteps, as the
     # official code feeds its one bf16 xt and sigma to old, trained and reference (train_sana.py:878-889).
     x_in = xt.to(run.engine.dtype)
@@ -119,6 +118,17 @@ def _micro_step(run: Run, x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tens
         return torch.tensor([0.0, 0.0, 0.0, x0.shape[0]], dtype=torch.float64)
     return torch.tensor([float(terms.loss.detach()) * weight, float(terms.policy) * weight, float(terms.kl) * weight,
                          terms.nonfinite], dtype=torch.float64)
+
+
+def loss_inputs(x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tensor, dtype: str = "fp32") -> tuple[torch.Tensor, torch.Tensor]:
+    """(sigma, xt = (1 - sigma) x0 + sigma eps) of the update. `dtype` bf16: sigma and eps rounded to
+    bf16 before and xt after, as the official SANA (bf16 sigma, xt cast to bf16: train_sana.py:874-878)
+    and FLUX.1 (t cast to bf16, noise drawn in bf16: train_flux1.py:933-936) build them."""
+    if dtype == "bf16":
+        sigma, eps = sigma.to(torch.bfloat16).float(), eps.to(torch.bfloat16).float()
+    s = sigma.view(-1, *[1] * (x0.dim() - 1))  # image latents [B,C,H,W], video [B,C,F,H,W]
+    xt = (1 - s) * x0 + s * eps
+    return sigma, (xt.to(torch.bfloat16).float() if dtype == "bf16" else xt)
 
 
 def _idle_step(run: Run, grid: torch.Tensor) -> None:

@@ -91,7 +91,7 @@ def copy_bytes(precision: str, width: float) -> float:
     """Explore-copy bytes per transformer parameter at `precision` in a run of `width` bytes: the
     cached quantized weights (fp8: 1 byte; the emulations: the run dtype), the layers the rule keeps
     at the run dtype and fp8's row scales left out (APPROXIMATE)."""
-    return {"nvfp4-emulated": width, "fp8-e5m2-tensor": width, "fp8": 1.0}.get(precision) or COPY_BYTES.get(precision, width)
+    return {"nvfp4-emulated": width, "fp8-e5m2-tensor": width, "fp8-e5m2-delayed": width, "fp8": 1.0}.get(precision) or COPY_BYTES.get(precision, width)
 
 
 def model_size(cfg: Config) -> ModelSize:

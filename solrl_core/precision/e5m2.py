@@ -1,15 +1,18 @@
-"""Per-tensor FP8 E5M2 quantize-dequantize: the numerics of the official explore copy.
+"""Per-tensor FP8 E5M2 quantize-dequantize at each tensor's own amax (`fp8-e5m2-tensor`).
 
 The official code's "NVFP4" recipe is `DelayedScaling(fp8_format=Format.E2M1, amax_history_len=16,
-amax_compute_algo="max")` (NVlabs/Sana train_scripts/sol_rl/train_utils.py:27-31). E2M1 is not one
+amax_compute_algo="max")` (NVlabs/Sana train_scripts/sol_rl/train_utils.py:22-33). E2M1 is not one
 of DelayedScaling's formats: Transformer Engine gives every tensor of such a recipe the E4M3 dtype
 only for E4M3 and HYBRID and E5M2 otherwise (`get_fp8_te_dtype`), so its te.Linear layers run
 per-tensor scaled FP8 **E5M2** GEMMs (2 mantissa bits, range +-57344), not 16-element NVFP4 blocks.
 
-Emulated here in plain torch for any device: each tensor is scaled by 57344 / amax (its own amax:
-TE's delayed scale comes from the last 16 calls' amax instead), rounded to E5M2 (round to nearest
-even, as torch's and TE's casts) and scaled back. Either scale gives the same relative precision (2
-mantissa bits); the grids differ by the ratio of the two scales, so values differ, not their error.
+This module is the simpler cousin of that recipe, emulated in plain torch for any device: each tensor
+scaled by 57344 / its own amax on every call, rounded to E5M2 (round to nearest even, as torch's and
+TE's casts) and scaled back to its dtype. Where it differs from the official recipe, which
+`fp8-e5m2-delayed` (e5m2_delayed.py) follows exactly: TE's scale comes from a 16-call amax history
+and is 1 on the first call (and, as TE updates it only with autograd on, in every rollout); the
+dequantized operands here are rounded to the run dtype (bf16: about 0.6% more error at one scale);
+SANA's K and V are two tensors here where the official `kv_linear` is one fused weight with one scale.
 """
 
 from __future__ import annotations

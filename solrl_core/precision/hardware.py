@@ -9,7 +9,9 @@ Precisions, as the explore (Stage-1) copy would use them:
 - ``fp8``: real FP8 (E4M3) GEMMs through torch's own ``torch._scaled_mm`` (solrl_core/precision/fp8.py);
   needs compute capability >= 8.9 (Ada, Hopper and newer) and nothing beyond torch.
 - ``nvfp4-emulated``: solrl's exact NVFP4 emulation in plain torch (solrl_core/precision/nvfp4.py): anywhere.
-- ``fp8-e5m2-tensor``: the official explore copy's numerics (per-tensor FP8 E5M2, precision/e5m2.py), emulated: anywhere.
+- ``fp8-e5m2-tensor``: per-tensor FP8 E5M2, each tensor at its own amax (precision/e5m2.py), emulated: anywhere.
+- ``fp8-e5m2-delayed``: the official explore copy's recipe exactly, Transformer Engine's delayed-scaled
+  per-tensor FP8 E5M2 (precision/e5m2_delayed.py), emulated: anywhere (torch has no E5M2 x E5M2 GEMM).
 - ``bf16``: on a GPU of compute capability >= 8.0 (Ampere), or on the CPU.
 - ``fp32``: anywhere.
 
@@ -33,7 +35,10 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
-PRECISIONS = ("nvfp4", "fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "bf16", "fp32")
+PRECISIONS = ("nvfp4", "fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "fp8-e5m2-delayed", "bf16", "fp32")
+E5M2_TENSOR = "per-tensor FP8 E5M2 at each tensor's own amax, emulated in torch, runs anywhere"
+E5M2_DELAYED = ("the official explore copy's recipe (Transformer Engine's delayed-scaled per-tensor FP8 E5M2), emulated "
+                "in torch, runs anywhere")
 NVFP4_CC = (10, 0)
 FP8_CC = (8, 9)
 BF16_CC = (8, 0)
@@ -175,7 +180,8 @@ def explore_precisions(gpu: GpuInfo | None, te: TeProbe | None = None) -> dict[s
         out["nvfp4"] = (False, "no GPU: NVFP4 GEMMs need an NVIDIA GPU of compute capability >= 10.0 (Blackwell)")
         out["fp8"] = (False, "no GPU: FP8 GEMMs need an NVIDIA GPU of compute capability >= 8.9 (Ada, Hopper)")
         out["nvfp4-emulated"] = (True, "exact NVFP4 emulation in torch, runs anywhere")
-        out["fp8-e5m2-tensor"] = (True, "the official explore copy's per-tensor FP8 E5M2, emulated in torch, runs anywhere")
+        out["fp8-e5m2-tensor"] = (True, E5M2_TENSOR)
+        out["fp8-e5m2-delayed"] = (True, E5M2_DELAYED)
         out["bf16"] = (True, "bf16 on the CPU")
         out["fp32"] = (True, "always")
         return out
@@ -195,7 +201,8 @@ def explore_precisions(gpu: GpuInfo | None, te: TeProbe | None = None) -> dict[s
     else:
         out["fp8"] = (True, "FP8 e4m3 GEMMs through torch._scaled_mm")
     out["nvfp4-emulated"] = (True, "exact NVFP4 emulation in torch, runs anywhere")
-    out["fp8-e5m2-tensor"] = (True, "the official explore copy's per-tensor FP8 E5M2, emulated in torch, runs anywhere")
+    out["fp8-e5m2-tensor"] = (True, E5M2_TENSOR)
+    out["fp8-e5m2-delayed"] = (True, E5M2_DELAYED)
     out["bf16"] = ((True, f"compute capability {cc}") if gpu.capability >= BF16_CC
                    else (False, f"compute capability {cc} < 8.0: no native bf16 (Ampere and newer)"))
     out["fp32"] = (True, "always")
@@ -213,7 +220,7 @@ def _first_line(exc: BaseException) -> str:
 
 # Explore-copy backends this version of solrl runs. Real NVFP4 (Transformer Engine) is detected by
 # doctor but not yet used for rollouts.
-IMPLEMENTED_EXPLORE = ("fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "bf16", "fp32")
+IMPLEMENTED_EXPLORE = ("fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "fp8-e5m2-delayed", "bf16", "fp32")
 
 
 FULL_PRECISIONS = ("bf16", "fp32")  # a run dtype: an explore copy at one quantizes nothing

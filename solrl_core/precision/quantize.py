@@ -6,8 +6,10 @@ swap would leave its MLP in high precision), is wrapped for one explore precisio
 - `nvfp4-emulated`: the weight is fake-quantized once (16x16 tiles) and the input on every call
   (1x16 blocks along the reduction dim), see `solrl_core.precision.nvfp4`: exact NVFP4 numerics, anywhere.
 - `fp8`: real E4M3 GEMMs through `torch._scaled_mm`, see `solrl_core.precision.fp8`.
-- `fp8-e5m2-tensor`: weight and input fake-quantized to per-tensor scaled FP8 E5M2, the numerics of
-  the official explore copy's recipe (`solrl_core.precision.e5m2`): emulated, no speed-up.
+- `fp8-e5m2-tensor`: weight and input fake-quantized to per-tensor FP8 E5M2, each at its own amax
+  (`solrl_core.precision.e5m2`): emulated, no speed-up.
+- `fp8-e5m2-delayed`: the official explore copy's recipe exactly, Transformer Engine's delayed-scaled
+  per-tensor E5M2 (`solrl_core.precision.e5m2_delayed`): emulated, no speed-up.
 Which layers stay in high precision is the official explore model's rule (NVlabs/Sana
 train_scripts/sol_rl/train_utils.py, `replace_linear_with_te`): a name containing one of the model's
 skip substrings (`nvfp4_skip_modules`: embedders, the final layer, SANA's self-attention qkv), then any
@@ -34,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from solrl_core.precision import e5m2, fp8
+from solrl_core.precision import e5m2, e5m2_delayed, fp8
 from solrl_core.precision.nvfp4 import BLOCK, fake_quantize_1d, fake_quantize_2d
 
 
@@ -182,7 +184,7 @@ class _EmulatedE5M2(_QuantizedGemm):
 
 
 class EmulatedE5M2Linear(_EmulatedE5M2):
-    """nn.Linear with per-tensor FP8 E5M2 weight and input (the official explore copy's numerics)."""
+    """nn.Linear with per-tensor FP8 E5M2 weight and input, each at its own amax (e5m2.py)."""
 
     LAYER_KIND = "linear"
 
@@ -206,6 +208,8 @@ WRAPPERS: dict[str, tuple[type[_QuantizedGemm], type[_QuantizedGemm]]] = {
     "nvfp4-emulated": (EmulatedNVFP4Linear, EmulatedNVFP4Conv1x1),
     "fp8": (Fp8Linear, Fp8Conv1x1),
     "fp8-e5m2-tensor": (EmulatedE5M2Linear, EmulatedE5M2Conv1x1),
+    "fp8-e5m2-delayed": tuple(type(f"DelayedE5M2{kind.title()}", (e5m2_delayed.DelayedGemm, _QuantizedGemm),  # type: ignore[dict-item]
+                                   {"LAYER_KIND": kind}) for kind in ("linear", "conv1x1")),  # numerics: e5m2_delayed.py
 }
 
 
@@ -395,6 +399,8 @@ def quantize_model(model: nn.Module, skip: Sequence[str] | LayerRule, precision:
                 _set_submodule(model, entry.name, original)
         elif not (isinstance(current, _QuantizedGemm) and current.PRECISION == precision):
             _set_submodule(model, entry.name, (linear_cls if isinstance(original, nn.Linear) else conv_cls)(original))
+    if hasattr(linear_cls, "attach"):  # fp8-e5m2-delayed: fused groups share a state; TE's update after each forward
+        linear_cls.attach(model, rule.fused)
     return QuantReport(tuple(entries), precision, rule)
 
 

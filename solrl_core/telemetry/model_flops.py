@@ -53,8 +53,10 @@ GEMM_PRECISIONS = ("fp8", "nvfp4", "bf16", "fp32")  # explore precisions whose G
 
 def phase_precisions(plan: Any) -> dict[str, str]:
     """The GEMM precision each phase's model FLOPs run at: fp8 in fp8; an emulated copy (nvfp4-emulated,
-    fp8-e5m2-tensor) multiplies dequantized weights in the run dtype."""
+    fp8-e5m2-tensor) multiplies dequantized weights in the run dtype, fp8-e5m2-delayed its E5M2 codes in fp32."""
     explore = plan.explore_precision if plan.explore_precision in GEMM_PRECISIONS else plan.full_precision
+    if plan.explore_precision == "fp8-e5m2-delayed":
+        explore = "fp32"
     return {"explore": explore, "regenerate": plan.full_precision, "train": plan.full_precision}
 
 
