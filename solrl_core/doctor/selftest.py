@@ -11,65 +11,19 @@ stop the others. Which rows run is decided from the device and its compute capab
 
 from __future__ import annotations
 
-import dataclasses
 import fnmatch
 import os
 import resource
 import tempfile
 import time
 import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from solrl_core.doctor.selftest_base import FAIL, PASS, SKIPPED, Context, Row, RowResult
 from solrl_core.errors import SolrlError
-from solrl_core.precision.hardware import GpuInfo
 
-PASS, FAIL, SKIPPED = "pass", "fail", "skipped"
-
-
-@dataclass
-class Context:
-    """What the rows share: where they run, what the user asked for, and the pipelines built so far."""
-
-    device: str  # "cpu" or "cuda:N"
-    gpu: GpuInfo | None
-    gpu_count: int
-    root: Path
-    sets: tuple[str, ...] = ()  # --set overrides applied to every row's run
-    reward: str | None = None  # --reward: one more row trains on it
-    precision: str | None = None  # --explore-precision: that row runs even where the machine lacks it
-    # `solrl export`'s function (tools/ is a layer above the doctor): None skips the export row
-    export: Callable[..., Any] | None = None
-    te: Any = None  # a Transformer Engine probe (hardware.TeProbe) standing in for the installed one: tests
-    built: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def cuda(self) -> bool:
-        return self.device.startswith("cuda")
-
-
-@dataclass(frozen=True)
-class Row:
-    name: str
-    run: Callable[[Context], str]  # does the work; returns what it showed
-    skip: Callable[[Context], str | None] = lambda ctx: None  # why it cannot run here, or None
-    fix: str = "run it alone with SOLRL_DEBUG=1 to see the traceback: `solrl doctor --selftest --only NAME`"
-
-
-@dataclass(frozen=True)
-class RowResult:
-    name: str
-    status: str  # pass | fail | skipped
-    seconds: float
-    peak_gib: float | None
-    detail: str
-    fix: str = ""
-    peak_of: str = ""  # what peak_gib measures (memory_label)
-
-    def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
+__all__ = ["Context", "Row", "RowResult", "choose", "matches", "passed", "run_row", "run_selftest"]
 
 def matches(name: str, only: str | None) -> bool:
     """--only: comma-separated glob patterns; a pattern without a wildcard matches as a substring."""

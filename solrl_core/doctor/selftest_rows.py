@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from solrl_core.doctor.selftest import Context, Row
+from solrl_core.doctor.selftest_base import Context, Row
 from solrl_core.errors import SolrlError
 from solrl_core.io.rundir import EVENTS_FILE
 
