@@ -51,7 +51,8 @@ def rows(ctx: Context) -> list[Row]:
     out += [Row(f"memory/{m}", functools.partial(_sana, (f"memory.copies={m}", "sampler.rollout_copy=true")),
                 skip=_cuda_only("moves tensors between the CPU and a GPU: this machine runs on the CPU")) for m in MEMORY_MODES]
     out.append(Row("checkpoint+resume+export", _checkpoint, skip=lambda c: None if c.export else "no export function given"))
-    out.append(Row("reward-server", _reward_server, skip=_server_skip, fix='pip install "solrl[server]"'))
+    out.append(Row("reward-server", _reward_server, skip=_server_skip,
+                   fix="start `solrl reward-server` alone to see its own error (docs/remote-rewards.md)"))
     if ctx.reward:
         out.append(Row(f"reward/{ctx.reward}", _reward, fix=f"fix or replace the reward {ctx.reward} (docs/rewards.md)"))
     out += [Row("fsdp/1-process", _fsdp_one, skip=_dist_skip),
