@@ -42,6 +42,7 @@ def doctor(
     from solrl_core.doctor import failed_for_run, run_checks
 
     with user_errors():
+        _check_selftest_options(selftest, json_out, only, json_file)
         if selftest:
             from solrl_cli.selftest_view import run_and_show
 
@@ -57,6 +58,15 @@ def doctor(
             _print_table(cfg.preset, checks)
         if failed_for_run(checks):
             raise typer.Exit(1)
+
+
+def _check_selftest_options(selftest: bool, json_out: bool, only: Optional[str], json_file: Optional[Path]) -> None:
+    from solrl_core.errors import SolrlError
+
+    if selftest and json_out:
+        raise SolrlError("--json prints the doctor's checks; the self-test's rows go to a file", "use --json-out PATH")
+    if not selftest and (only or json_file):
+        raise SolrlError(f"{'--only' if only else '--json-out'} is for the self-test", "add --selftest")
 
 
 def _print_table(preset: str, checks) -> None:  # type: ignore[no-untyped-def]

@@ -59,6 +59,17 @@ def test_only_selects_rows_by_glob_or_substring_and_refuses_a_pattern_that_match
     assert "tiny-world/sol_rl" in refused.value.fix
 
 
+def test_the_selftest_options_are_refused_where_they_mean_nothing():
+    from typer.testing import CliRunner
+
+    from solrl_cli.app import app
+
+    for args, said in ((["--selftest", "--json"], "use --json-out PATH"), (["--only", "explore/*"], "--only is for the self-test"),
+                       (["--json-out", "rows.json"], "--json-out is for the self-test")):
+        result = CliRunner().invoke(app, ["doctor", *args])
+        assert result.exit_code == 2 and said in result.output, (args, result.output)
+
+
 def _selftest(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "COLUMNS": "300"}
     env.pop("SOLRL_DEBUG", None)
