@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -27,13 +28,27 @@ def doctor(
                                     "nvfp4-emulated, fp8-e5m2-tensor, fp8-e5m2-delayed, bf16 or fp32.")] = None,
     nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", min=1, help="Processes the run would start on this machine.")] = 1,
     json_out: Annotated[bool, typer.Option("--json", help="Print the checks as a JSON list instead of a table.")] = False,
+    selftest: Annotated[bool, typer.Option("--selftest", help="Run every path solrl would take here, for real, on tiny "
+                                           "random models (one iteration each): a table of pass / fail / skipped rows.")] = False,
+    only: Annotated[Optional[str], typer.Option("--only", help="With --selftest: the rows whose names match these "
+                                                "comma-separated patterns (globs, or substrings), e.g. 'explore/*,reward'.")] = None,
+    json_file: Annotated[Optional[Path], typer.Option("--json-out", help="With --selftest: also write the rows as JSON "
+                                                      "to this file, rewritten after each row.")] = None,
+    device: opt.Device = None,
 ) -> None:
     """Check that this machine can run the given model, family and reward: software, GPUs, weights, disk, memory.
-    Exits 1 when a check the run depends on fails."""
+    Exits 1 when a check the run depends on fails. With --selftest: runs each path instead, exits 1 when a row fails."""
     from solrl_core.config.presets import resolve_config
     from solrl_core.doctor import failed_for_run, run_checks
 
     with user_errors():
+        _check_selftest_options(selftest, json_out, only, json_file)
+        if selftest:
+            from solrl_cli.selftest_view import run_and_show
+
+            if not run_and_show(device, only, json_file, sets=tuple(set_ or ()), reward=reward, precision=explore_precision):
+                raise typer.Exit(1)
+            return
         flags = {"model": {"path": str(model_path)}} if model_path else None
         cfg = resolve_config(model or "tiny", family or "sol_rl", reward, sets=set_ or (), flags=flags)
         checks = run_checks(cfg, nproc=nproc_per_node, explore_precision=explore_precision)
@@ -43,6 +58,15 @@ def doctor(
             _print_table(cfg.preset, checks)
         if failed_for_run(checks):
             raise typer.Exit(1)
+
+
+def _check_selftest_options(selftest: bool, json_out: bool, only: Optional[str], json_file: Optional[Path]) -> None:
+    from solrl_core.errors import SolrlError
+
+    if selftest and json_out:
+        raise SolrlError("--json prints the doctor's checks; the self-test's rows go to a file", "use --json-out PATH")
+    if not selftest and (only or json_file):
+        raise SolrlError(f"{'--only' if only else '--json-out'} is for the self-test", "add --selftest")
 
 
 def _print_table(preset: str, checks) -> None:  # type: ignore[no-untyped-def]

@@ -316,8 +316,9 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve(opts: ServerOptions, on_ready: Callable[[str, dict[str, Any]], None]) -> None:
-    """Load the rewards, listen, call `on_ready(url, info)`, then serve until interrupted."""
+def prepare(opts: ServerOptions) -> tuple[Any, socket.socket, str, dict[str, Any]]:
+    """Load the rewards and listen: the uvicorn server (not yet serving), its socket, its URL and the
+    /health answer. `serve` runs it until interrupted; the doctor's self-test in a thread, until told."""
     try:
         import fastapi  # noqa: F401
         import uvicorn
@@ -335,5 +336,11 @@ def serve(opts: ServerOptions, on_ready: Callable[[str, dict[str, Any]], None]) 
     server = uvicorn.Server(uvicorn.Config(app, http=guarded_protocol(limits), log_config=None, log_level="warning",
                                            access_log=False, timeout_keep_alive=5, h11_max_incomplete_event_size=16 * 1024,
                                            backlog=limits.backlog))
-    on_ready(f"http://{f'[{host}]' if ':' in host else host}:{port}", info)
+    return server, sock, f"http://{f'[{host}]' if ':' in host else host}:{port}", info
+
+
+def serve(opts: ServerOptions, on_ready: Callable[[str, dict[str, Any]], None]) -> None:
+    """Load the rewards, listen, call `on_ready(url, info)`, then serve until interrupted."""
+    server, sock, url, info = prepare(opts)
+    on_ready(url, info)
     server.run(sockets=[sock])
