@@ -27,6 +27,8 @@ def doctor(
                                     "nvfp4-emulated, bf16 or fp32.")] = None,
     nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", min=1, help="Processes the run would start on this machine.")] = 1,
     json_out: Annotated[bool, typer.Option("--json", help="Print the checks as a JSON list instead of a table.")] = False,
+    memory_modes: Annotated[bool, typer.Option("--memory-modes", help="Also show the memory mode every model preset needs "
+                                                                      "on each GPU size (by the estimate).")] = False,
 ) -> None:
     """Check that this machine can run the given model, family and reward: software, GPUs, weights, disk, memory.
     Exits 1 when a check the run depends on fails."""
@@ -36,7 +38,7 @@ def doctor(
     with user_errors():
         flags = {"model": {"path": str(model_path)}} if model_path else None
         cfg = resolve_config(model or "tiny", family or "sol_rl", reward, sets=set_ or (), flags=flags)
-        checks = run_checks(cfg, nproc=nproc_per_node, explore_precision=explore_precision)
+        checks = run_checks(cfg, nproc=nproc_per_node, explore_precision=explore_precision, memory_modes=memory_modes)
         if json_out:
             print(json.dumps([c.to_dict() for c in checks], indent=2))
         else:
