@@ -56,3 +56,14 @@ def test_piped_bench_tables_cut_no_number_or_family(monkeypatch):
             want = [f"{v:.2f}" for v in row["seconds"].values()] + [f"{100 * v:.1f}" for v in row["mfu"].values()]
             want += [f"{a:.2f}-{b:.2f}" for a, b in row["spread"].values()]
             assert all(w in found or w in text for w in want), (set(want) - set(found), text)
+
+
+def test_config_help_filters_by_key_and_shows_the_chosen_presets_values():
+    tiny = runner.invoke(app, ["config-help", "run.iter"], env={"COLUMNS": "80"})
+    assert tiny.exit_code == 0, tiny.output
+    assert "run.iterations = 30" in tiny.output and "(built-in default: 300)" in tiny.output  # the tiny preset's, not 300
+    assert "explore." not in tiny.output and len(tiny.output.splitlines()) < 10
+    sana = runner.invoke(app, ["config-help", "reward.weights", "--preset", "sana_sol_rl_pickscore"], env={"COLUMNS": "80"})
+    assert "settings of sana_sol_rl_pickscore" in sana.output and "reward.weights = {'pickscore': 1.0}" in sana.output
+    typo = runner.invoke(app, ["config-help", "explor.stps"])
+    assert typo.exit_code == 2 and "did you mean 'explore'" in typo.output and "Traceback" not in typo.output
