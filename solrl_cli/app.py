@@ -16,6 +16,7 @@ from solrl_cli.eval_cmd import eval_
 from solrl_cli.explore_cmd import explore, rank_check
 from solrl_cli.infer_cmd import export, infer
 from solrl_cli.monitor_cmd import monitor
+from solrl_cli.options import plain_labels
 from solrl_cli.presets_cmd import config_help, presets
 from solrl_cli.reward_server_cmd import reward_server
 from solrl_cli.train_cmd import train
@@ -29,7 +30,7 @@ for name, command in (("train", train), ("eval", eval_), ("infer", infer), ("exp
                       ("rank-check", rank_check), ("doctor", doctor), ("monitor", monitor), ("compare", compare),
                       ("presets", presets), ("config-help", config_help), ("reward-server", reward_server),
                       ("bench", bench)):
-    app.command(name)(command)
+    app.command(name)(plain_labels(command))
 
 
 def _version(value: bool) -> None:

@@ -10,12 +10,11 @@ from pathlib import Path
 from typing import Annotated, Any, Optional
 
 import typer
-from rich import box
-from rich.table import Table
 
 from solrl_cli import options as opt
 from solrl_cli.common import console
 from solrl_cli.errors import user_errors
+from solrl_cli.tables import Column, print_fitted
 
 Model = Annotated[Optional[str], typer.Option("--model", "-m", help="Model preset: sana, flux1, sd3 or a Wan video preset (wan21_t2v_1_3b, wan21_t2v_14b, wan22_ti2v_5b); at --size tiny, any of their architectures. Default: sana.")]
 Families = Annotated[Optional[list[str]], typer.Option("--family", "-f", help="A family to time (repeatable). Default: sol_rl, compile, naive_scaling.")]
@@ -131,20 +130,20 @@ def _report(result: dict[str, Any]) -> None:
         est = r["estimate_gib"]
         seconds.add_row(r["family"], *(_with_spread(r, p) for p in PHASE_ROWS), f"{r['peak_gib']['total']:.2f}",
                         *((f"{est:.1f}" if est is not None else "-",) if real else ()))
-    console.print(seconds)
+    seconds.print()
     unit = "clips" if m.get("frames") else "images"  # a video model trains clips
     rates = _table("throughput", ("family", "explore steps/s", "regen steps/s", "train pairs/s", f"{unit}/s"))
     for r in rows:
         rates.add_row(r["family"], *(f"{v:.3g}" if v else "-" for v in (r["rates"].get(p) for p in MODEL_PHASES + ("total",))))
-    console.print(rates)
+    rates.print()
     flops = _table("model FLOP per iteration", ("family", "explore", "regen", "train", "total"))
     mfu = _table("model FLOPs utilisation (MFU), at the precision the phase ran", ("family", "explore", "regen", "train", "total"))
     for r in rows:
         flops.add_row(r["family"], *(format_flops(r["flops"][p]) for p in MODEL_PHASES + ("total",)))
         mfu.add_row(r["family"], *(f"{_percent(r['mfu'].get(p))} {r['precision'][p]}" if r["flops"][p] else "-"
                                    for p in MODEL_PHASES), _percent(r["mfu"].get("total")))
-    console.print(flops)
-    console.print(mfu)
+    flops.print()
+    mfu.print()
     console.print(f"steps/s: one sample through one denoising step; pairs/s: (sample, timestep) pairs of the update; "
                   f"{unit}/s: trained {unit} per iteration second. peak GiB: {rows[0]['memory_source']}. MFU: model FLOPs / "
                   "seconds / the device's dense peak at the phase's precision; total: the time its work takes at peak / its time.")
@@ -169,7 +168,7 @@ def _auto_explore_report(r: dict[str, Any]) -> None:
     for c in a["candidates"]:
         mark = (" (fixed)" if c["name"] == a["fixed"] else "") + (" <- auto" if c["name"] == a["chosen"] else "")
         table.add_row(c["name"] + mark, f"{c['recall']:.3f}", f"{c['recall_se']:.3f}", f"{c['seconds']:.2f}")
-    console.print(table)
+    table.print()
     d = a["derived_seconds"]
     console.print(f"explore.calibrate=steps+precision would pick {a['chosen']}: {a['why']}")
     console.print(f"a {r['family']} iteration at {a['chosen']}: about {d['total']:.2f}s (Stage 1 {d['explore']:.2f}s) against "
@@ -195,7 +194,7 @@ def _explore_report(result: dict[str, Any]) -> None:
             elif "skipped" in r:
                 table.add_row(r["backend"] + (" +compile" if r.get("compiled") else ""), "not timed", "-", "-", "-")
         console.print()
-        console.print(table)
+        table.print()
     skipped = [f"{r['backend']}: {r['skipped']}" for r in result["rows"] if "skipped" in r]
     for line in dict.fromkeys(skipped):
         console.print(f"not timed: {line}")
@@ -236,11 +235,23 @@ def _family_notes(r: dict[str, Any]) -> None:
         console.print(f"{r['family']}: " + "; ".join(notes))
 
 
-def _table(title: str, columns: tuple[str, ...]) -> Table:
-    table = Table(title=title, box=box.SIMPLE_HEAD, title_justify="left", pad_edge=False, show_edge=False)
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("family", "backend") else "right", no_wrap=True)
-    return table
+class _Rows:
+    """A table's title, columns and rows, printed by tables.print_fitted: every cell whole at any width
+    (a pipe is 80 columns), the numbers split over several tables, each repeating the first column, rather than cut."""
+
+    def __init__(self, title: str, columns: tuple[str, ...]) -> None:
+        self.title, self.rows = title, []
+        self.columns = [Column(c, "key" if i == 0 else "number") for i, c in enumerate(columns)]
+
+    def add_row(self, *cells: str) -> None:
+        self.rows.append(cells)
+
+    def print(self) -> None:
+        print_fitted(console, self.columns, self.rows, title=self.title)
+
+
+def _table(title: str, columns: tuple[str, ...]) -> _Rows:
+    return _Rows(title, columns)
 
 
 def _count(n: int) -> str:

@@ -68,8 +68,20 @@ def prompt_texts(prompt: Optional[list[str]], prompts: Optional[str], default: s
     if prompt and prompts:
         raise SolrlError("both --prompt and --prompts given", "use one: --prompt TEXT (repeatable) or --prompts FILE_OR_SET")
     if prompt and not all(p.strip() for p in prompt):
-        raise SolrlError("--prompt is empty", "give the text of the image, e.g. --prompt 'a red cube left of a blue sphere'")
+        raise SolrlError("--prompt is empty", f"give the text of the image, e.g. --prompt '{_example(default)}'")
     return list(prompt or []) or load_prompts(prompts or default)
+
+
+def _example(spec: str) -> str:
+    """A prompt the model accepts: the first of its own prompt set where that is on this machine (the
+    tiny models know only their world's words), else a plain one."""
+    from solrl_core.config.run_inputs import local_prompts
+    from solrl_core.errors import SolrlError
+
+    try:
+        return next(iter(local_prompts(spec, "--prompts")), "a red cube left of a blue sphere")
+    except SolrlError:  # its prompt file is gone: the error at hand is still the empty --prompt
+        return "a red cube left of a blue sphere"
 
 
 def output_folder(out: Optional[Path], run: Optional[Path], kind: str) -> Path:

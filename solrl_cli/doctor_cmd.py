@@ -35,6 +35,8 @@ def doctor(
     json_file: Annotated[Optional[Path], typer.Option("--json-out", help="With --selftest: also write the rows as JSON "
                                                       "to this file, rewritten after each row.")] = None,
     device: opt.Device = None,
+    memory_modes: Annotated[bool, typer.Option("--memory-modes", help="Also show the memory mode every model preset needs "
+                                                                      "on each GPU size (by the estimate).")] = False,
 ) -> None:
     """Check that this machine can run the given model, family and reward: software, GPUs, weights, disk, memory.
     Exits 1 when a check the run depends on fails. With --selftest: runs each path instead, exits 1 when a row fails."""
@@ -51,7 +53,7 @@ def doctor(
             return
         flags = {"model": {"path": str(model_path)}} if model_path else None
         cfg = resolve_config(model or "tiny", family or "sol_rl", reward, sets=set_ or (), flags=flags)
-        checks = run_checks(cfg, nproc=nproc_per_node, explore_precision=explore_precision)
+        checks = run_checks(cfg, nproc=nproc_per_node, explore_precision=explore_precision, memory_modes=memory_modes)
         if json_out:
             print(json.dumps([c.to_dict() for c in checks], indent=2))
         else:

@@ -23,6 +23,7 @@ PushToHub = Annotated[Optional[str], typer.Option(
     "--push-to-hub", metavar="REPO", help="Also upload the export to this Hugging Face Hub model repo (OWNER/NAME, created if "
                                           "missing; HF_ENDPOINT is honoured). Token: HF_TOKEN, else `hf auth login`'s.")]
 Private = Annotated[bool, typer.Option("--private", help="With --push-to-hub: create the repo private.")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace the folder when it holds an earlier export (never a folder of other files).")]
 Merge = Annotated[bool, typer.Option("--merge", help="Write the full transformer with the LoRA merged in, instead of the LoRA alone.")]
 
 
@@ -58,11 +59,11 @@ def infer(
 def export(
     run: ExportRun, out: ExportOut = None, weights: Annotated[str, typer.Option("--weights", help="ema or trained.")] = "ema",
     checkpoint: opt.Checkpoint = None, merge: Merge = False, model_path: opt.ModelPath = None,
-    push_to_hub: PushToHub = None, private: Private = False,
+    push_to_hub: PushToHub = None, private: Private = False, overwrite: Overwrite = False,
 ) -> None:
     """Export a run's tuned weights with a model card: the LoRA for diffusers and peft, or (--merge) a merged transformer."""
     from solrl_core.errors import SolrlError
-    from solrl_core.io.rundir import check_empty_folder
+    from solrl_core.tools.export_card import check_export_folder
 
     with user_errors():
         sets = weight_sets(weights)
@@ -75,11 +76,12 @@ def export(
 
             check_push(push_to_hub)  # a bad id or no token: said before anything is written
         if out is not None:
-            check_empty_folder(out)
+            check_export_folder(out, overwrite)
         cfg, ckpt = tool_config(run, None, model_path, checkpoint)
         from solrl_core.tools.export import default_folder, export_weights  # torch: only once the inputs are checked
 
-        exported = export_weights(cfg, ckpt, sets[0], out or default_folder(run, ckpt, sets[0], merge), merge, push_to_hub)
+        exported = export_weights(cfg, ckpt, sets[0], out or default_folder(run, ckpt, sets[0], merge), merge, push_to_hub,
+                                  overwrite)
         console.print(f"{exported.what} ({sets[0]} weights of {ckpt.name}) -> {exported.path}  (model card {exported.card.name}; "
                       f"load with {exported.how})")
         if push_to_hub:

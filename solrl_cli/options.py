@@ -29,3 +29,29 @@ Prompt = Annotated[Optional[list[str]], typer.Option("--prompt", help="A prompt 
 TrustRunConfig = Annotated[bool, typer.Option("--trust-run-config", help="Use the reward plugins (code) and URL rewards the run "
                                               "folder's config.toml names: without it they are refused until given again with "
                                               "--reward (a folder is data: docs/reliability.md, Threats).")]
+
+
+def plain_labels(command):  # type: ignore[no-untyped-def]
+    """`command` with a plain value label on each of its options that names none (TEXT, N, PATH; none on a
+    flag), instead of Typer's type labels (`<list[str]>`, `<bool>`), which say Python, not what to type.
+    Typer shows an argument's metavar as its name and still labels its type, so arguments keep theirs."""
+    import typing
+
+    hints = typing.get_type_hints(command, include_extras=True)  # a string annotation makes a new OptionInfo each time read
+    for name, hint in hints.items():
+        if name == "return" or typing.get_origin(hint) is not Annotated:
+            continue
+        base, *meta = typing.get_args(hint)
+        for info in meta:
+            if isinstance(info, typer.models.OptionInfo) and info.metavar is None:  # an argument's metavar renames it
+                info.metavar = _label(base)
+    command.__annotations__ = hints  # the labelled ones, which Typer then reads
+    return command
+
+
+def _label(hint: object) -> str:
+    import typing
+
+    while typing.get_origin(hint) in (typing.Union, list):  # Optional[X] and list[X] (a repeatable option): X's label
+        hint = next(a for a in typing.get_args(hint) if a is not type(None))
+    return {bool: "", int: "N", float: "NUMBER"}.get(hint, "PATH" if hint is Path else "TEXT")  # type: ignore[call-overload]

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
+import typer
+
+from solrl_cli import options as opt
 from solrl_cli.common import PRECEDENCE, console
 from solrl_cli.errors import user_errors
 from solrl_cli.tables import Column, print_fitted
@@ -26,8 +31,30 @@ def presets() -> None:
                       "'solrl.rewards' entry point by name (docs/rewards.md)")
 
 
-def config_help() -> None:
-    """Every setting `--set section.key=value` accepts, with its default and meaning."""
-    from solrl_core.config.convert import help_table
+def config_help(
+    match: Annotated[str, typer.Argument(help="Show only the settings whose key holds this: a section (explore) or a word (lr).")] = "",
+    model: opt.Model = None, family: opt.Family = None, reward: opt.Reward = None, preset: opt.Preset = None,
+    set_: opt.Sets = None,
+) -> None:
+    """Every setting `--set section.key=value` accepts, with its value for the chosen presets and its meaning."""
+    import textwrap
 
-    print_fitted(console, [Column("key", "key"), Column("default", "text"), Column("meaning", "text")], help_table(), title="settings")
+    from rich.text import Text
+
+    from solrl_core.config.convert import help_table
+    from solrl_core.config.presets import resolve_config
+
+    with user_errors():
+        cfg = resolve_config(model or "tiny", family or "sol_rl", reward, preset=preset, sets=set_ or ())
+        rows = help_table(cfg, match)
+    width = max(40, console.width)
+
+    def para(text: str, first: str = "", rest: str = "    ") -> None:  # wrapped between words, never inside one: no value cut
+        console.print(Text(textwrap.fill(text, width, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+                                         break_on_hyphens=False)), soft_wrap=True)
+
+    para(f"settings of {cfg.preset}, as `solrl train` with these options runs ({PRECEDENCE})", rest="")
+    for key, value, meaning in rows:
+        console.print()
+        para(f"{key} = {value}")
+        para(meaning, "    ")

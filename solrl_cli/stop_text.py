@@ -42,6 +42,9 @@ def stop_message(e: ev.StopRequested) -> str:
 def finished_message(e: ev.RunFinished, total: int | None = None) -> str:
     """The line a run ends with. `total`: the run's configured iterations, where known."""
     where = e.run_dir or "<run folder>"
+    if e.reason == "failed" and not e.resumable:  # the error's own fix is the next step: no resume beside it
+        kept = f"its newest checkpoint is {Path(e.checkpoint).name}" if e.checkpoint else "no checkpoint was saved"
+        return f"failed with {e.iteration} iteration{'' if e.iteration == 1 else 's'} finished; {kept}; the error's fix says what to do next"
     if e.checkpoint:
         resume = f"`solrl train --resume {where}` continues from {Path(e.checkpoint).name}"
     else:

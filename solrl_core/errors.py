@@ -4,12 +4,14 @@ from __future__ import annotations
 
 
 class SolrlError(Exception):
-    """A problem the user can act on. `fix` says what to do about it."""
+    """A problem the user can act on. `fix` says what to do about it. `resumable` False: continuing the
+    run (`--resume`) would not help (its checkpoints hold what failed), so a run's last line offers no resume."""
 
-    def __init__(self, message: str, fix: str = "") -> None:
+    def __init__(self, message: str, fix: str = "", *, resumable: bool = True) -> None:
         super().__init__(message)
         self.message = message
         self.fix = fix
+        self.resumable = resumable
 
     def __str__(self) -> str:
         return f"{self.message} ({self.fix})" if self.fix else self.message

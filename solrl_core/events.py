@@ -292,6 +292,7 @@ class RunFinished(Event):
     base_eval: dict[str, Any] | None = None
     last_eval: dict[str, Any] | None = None
     total_seconds: float | None = None  # every session of the run together (`seconds`: this session's)
+    resumable: bool = True  # False: the error it failed with says a resume would not help (a diverged update)
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,7 @@ def test_a_newer_kind_is_skipped_and_counted_and_a_damaged_line_is_named(tmp_pat
     assert run.skipped == {"from_the_future": 1} and len(run.iterations) == 2
     with open(tmp_path / "events.jsonl", "a", encoding="utf-8") as fh:
         fh.write('{"event": "eval", "time": 1.0, "iteration": 2}\n')  # a known kind missing its fields
-    with pytest.raises(SolrlError, match="line 7: event 'eval' does not fit its fields"):
+    with pytest.raises(SolrlError, match="line 7 is damaged: event 'eval' does not fit its fields"):
         load_run(tmp_path)
 
 

@@ -368,3 +368,18 @@ def test_memory_estimate_without_a_gpu_still_gives_a_real_models_figure():
     assert "on a GPU" not in doc._memory_without_gpu(resolve_config("tiny", "sol_rl"), None).detail
     names = {c.name: c for c in doc.run_checks(resolve_config("qwen_image", "sol_rl"))}
     assert "Qwen-Image 20B" in names["memory estimate"].detail or names["memory estimate"].detail.startswith("estimate")
+
+
+def test_on_a_cpu_the_tiny_doctor_is_short_and_the_memory_mode_table_is_behind_a_flag():
+    """At 80 columns the table of every preset's memory mode per GPU size was ~70 of its ~140 lines."""
+    from solrl_core.doctor.modes import modes_check
+
+    short = runner.invoke(app, ["doctor"], env={"COLUMNS": "80"})
+    assert short.exit_code == 0, short.output
+    assert "memory modes" not in short.output and "flux1: 24 GB" not in short.output
+    assert len(short.output.splitlines()) < 100, short.output
+    assert "--memory-modes" in runner.invoke(app, ["doctor", "--help"], env=WIDE).output
+    tiny = resolve_config("tiny", "sol_rl")
+    assert modes_check(tiny) is None and "zimage: 24 GB: " in modes_check(tiny, every=True).detail
+    own = modes_check(resolve_config("sana", "sol_rl")).detail  # a real model: its own row, no other
+    assert "sana: 24 GB: " in own and "flux1" not in own

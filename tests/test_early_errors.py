@@ -60,11 +60,14 @@ no_gpu = pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: --
     (["--reward", "remote:http://127.0.0.1:9"], {}, "is not reachable"),
 ])
 def test_an_input_error_comes_before_the_doctor_and_the_model(heavy, tmp_path, args, files, message):
+    """... and its fix never sends the user to resume a run that was never started."""
     for name, text in files.items():
         (tmp_path / name).write_text(text)
     result = runner.invoke(app, ["train", *args, "--run-dir", "r"])
     assert result.exit_code == 2, result.output
-    assert message in result.output and "fix:" in result.output
+    assert message in result.output and "fix:" in result.output and "--resume" not in result.output
+    if "remote:" in args[1]:
+        assert "fix: start the server (or check the URL and the network), then run the same command again" in result.output
     assert heavy == []  # neither the doctor's checks nor the model load ran
     assert not (tmp_path / "r").exists()
 

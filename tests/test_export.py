@@ -74,7 +74,7 @@ def test_export_without_out_writes_under_the_run_with_peft_files_a_card_and_read
     modes = _modes(folder)
     assert modes.pop(".") == 0o755 and set(modes.values()) == {0o644}, modes
     again = runner.invoke(app, ["export", "run"])
-    assert again.exit_code == 2 and "not empty" in again.output
+    assert again.exit_code == 2 and "fix: add --overwrite to replace it" in again.output, again.output
 
     # The modes follow the umask, as a file the user created would.
     with umask(0o027):
@@ -108,7 +108,7 @@ def test_export_without_out_writes_under_the_run_with_peft_files_a_card_and_read
     assert f"| reward | {base['mean']:.4f} | {tuned['mean']:.4f} | {tuned['mean'] - base['mean']:+.4f} ± {se:.4f} |" in card.text
     for key, value in tuned["extras"].items():
         assert f"| {key} | {base['extras'][key]:.4f} | {value:.4f} |" in card.text
-    assert "PeftModel.from_pretrained" in card.text and "load_lora_weights" in card.text
+    assert "PeftModel.from_pretrained" in card.text and "SanaPipeline" not in card.text  # tiny: no diffusers pipeline
 
     # peft opens it on a plain copy of the base transformer, and it is the run's EMA weights.
     loaded = open_engine(cfg, checkpoint=Path("run/checkpoints/iter_000001"))
@@ -117,6 +117,54 @@ def test_export_without_out_writes_under_the_run_with_peft_files_a_card_and_read
     x, s = torch.randn(1, *loaded.model.latent_shape), torch.tensor([0.7])
     with torch.no_grad(), loaded.policy.weights("ema") as net:
         assert torch.allclose(loaded.model.velocity(peft_net, x, s, cond), loaded.model.velocity(net, x, s, cond), atol=1e-6)
+
+
+def test_a_second_export_is_refused_naming_overwrite_which_replaces_only_an_export(evaluated_run, tmp_path):
+    out = tmp_path / "out"
+    assert runner.invoke(app, ["export", str(evaluated_run), "--out", str(out)]).exit_code == 0
+    (out / "README.md").write_text((out / "README.md").read_text() + "\nedited by hand\n")
+    again = runner.invoke(app, ["export", str(evaluated_run), "--out", str(out), "--weights", "trained"])
+    assert again.exit_code == 2 and "already holds an export" in again.output and "--overwrite" in again.output
+    replaced = runner.invoke(app, ["export", str(evaluated_run), "--out", str(out), "--weights", "trained", "--overwrite"])
+    assert replaced.exit_code == 0, replaced.output
+    assert "edited by hand" not in (out / "README.md").read_text() and "| weights | trained |" in (out / "README.md").read_text()
+    assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no set-aside or partial folder left beside it
+
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "notes.txt").write_text("mine")
+    refused = runner.invoke(app, ["export", str(evaluated_run), "--out", str(other), "--overwrite"])
+    assert refused.exit_code == 2 and "not empty" in refused.output, refused.output
+    assert "--overwrite" not in refused.output.split("fix:", 1)[1] and (other / "notes.txt").read_text() == "mine"
+
+
+def test_a_tiny_card_loads_with_its_own_code_and_shows_the_eval_rewards(evaluated_run, tmp_path):
+    """The card's code runs as written (the tiny model has no diffusers pipeline) and gives the EMA weights."""
+    from huggingface_hub import ModelCard
+
+    from solrl_core.config.convert import load_run_config
+    from solrl_core.engine.engine import open_engine
+
+    out = tmp_path / "lora"
+    assert runner.invoke(app, ["export", str(evaluated_run), "--out", str(out)]).exit_code == 0
+    card = ModelCard.load(out / "README.md").text
+    assert "SanaPipeline" not in card and "load_lora_weights" not in card
+    code = card.split("```python\n", 1)[1].split("```", 1)[0].replace("path/to/this/folder", str(out))
+    scope: dict = {}
+    exec(code, scope)  # noqa: S102 - the card's own example, as a user would paste it
+    events = [json.loads(line) for line in (evaluated_run / "events.jsonl").read_text().splitlines()]
+    base, tuned = [e for e in events if e["event"] == "eval"][::len([e for e in events if e["event"] == "eval"]) - 1]
+    assert tuned["eval_rewards"], "the tiny preset evaluates tinyworld_fidelity"
+    for name, now in tuned["eval_rewards"].items():
+        change = f"{now - base['eval_rewards'][name]:+.4f} ± {tuned['eval_se'][name]:.4f}"
+        assert f"| {name} (eval only) | {base['eval_rewards'][name]:.4f} | {now:.4f} | {change} |" in card
+
+    loaded = open_engine(load_run_config(evaluated_run), checkpoint=evaluated_run / "checkpoints/iter_000001")
+    cond = loaded.conditioning(["a red circle"])
+    x, s = torch.randn(1, *loaded.model.latent_shape), torch.tensor([0.7])
+    with torch.no_grad(), loaded.policy.weights("ema") as net:
+        assert torch.allclose(scope["model"].velocity(scope["model"].transformer, x, s, cond),
+                              loaded.model.velocity(net, x, s, cond), atol=1e-6)
 
 
 def test_a_real_sana_export_opens_in_peft_and_diffusers_and_equals_the_merged_weights(tmp_path, monkeypatch):

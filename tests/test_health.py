@@ -59,3 +59,5 @@ def test_a_diverging_run_stops_on_the_update_not_the_reward(fast_sets):
     warnings = [e.message for e in seen if isinstance(e, ev.RunWarning)]
     assert not any("failed weight load" in w for w in warnings), warnings
     assert [e.iteration for e in seen if isinstance(e, ev.IterationFinished)] == [1]  # stopped as iteration 2 began
+    (end,) = [e for e in seen if isinstance(e, ev.RunFinished)]
+    assert end.reason == "failed" and not end.resumable  # its last line offers no resume beside the fix's new run

@@ -157,14 +157,24 @@ def _type_name(hint: Any) -> str:
     return str(hint)
 
 
-def help_table() -> list[tuple[str, str, str]]:
-    """(key, default, help) for every setting, for `solrl config-help`."""
+def help_table(config: Config | None = None, match: str = "") -> list[tuple[str, str, str]]:
+    """(key, value, help) for each setting whose key holds `match` (any case; '' for all), for `solrl
+    config-help`: the value `config` holds (a resolved preset's), its help naming the built-in default
+    where the two differ; without a config, the built-in defaults."""
     rows = []
     for section, cls in _SECTION_TYPES.items():
         for f in fields(cls):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
-            rows.append((f"{section}.{f.name}", repr(default), f.metadata.get("help", "")))
-    return rows
+            value = getattr(getattr(config, section), f.name) if config is not None else default
+            note = f" (built-in default: {default!r})" if value != default else ""
+            rows.append((f"{section}.{f.name}", repr(value), f.metadata.get("help", "") + note))
+    chosen = [row for row in rows if match.lower() in row[0].lower()]
+    if not chosen:
+        words = sorted({part for key, _, _ in rows for part in key.split(".")})
+        raise SolrlError(f"no setting's key holds '{match}'",
+                         f"{close_matches(match, words)} (a section such as explore, or part of a key); "
+                         "`solrl config-help` alone lists every setting")
+    return chosen
 
 
 def load_run_config(run_dir: str | Path) -> Config:

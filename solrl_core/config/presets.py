@@ -92,10 +92,19 @@ def split_preset_name(name: str) -> tuple[str, str, str]:
             if rest.startswith(family + "_") and rest[len(family) + 1:] in names("rewards"):
                 return model, family, rest[len(family) + 1:]
     every = [f"{m}_{f}_{r}" for m in names("models") for f in names("families") for r in names("rewards")]
-    near = difflib.get_close_matches(name, every, n=3, cutoff=0.5)  # the closest names only: there are hundreds
+    near = difflib.get_close_matches(name, every, n=12, cutoff=0.5)  # the closest names only: there are hundreds
+    near = [n for n in near if _resolves(n)][:3]  # a combination the config refuses (a video model, an image reward) is no help
     guess = f"did you mean {' or '.join(map(repr, near))}? " if near else ""
     raise SolrlError(f"unknown preset '{name}'", f"{guess}names are <model>_<family>_<reward>, e.g. tiny_sol_rl_tinyworld_geneval; "
                                                  "`solrl presets` lists each part")
+
+
+def _resolves(preset: str) -> bool:
+    try:
+        resolve_config(preset=preset)
+    except SolrlError:
+        return False
+    return True
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:

@@ -64,8 +64,8 @@ def check_inputs(cfg: Config, resumed_from: Path | None = None) -> None:
     of the prompts, and remote reward servers. Raises the first SolrlError."""
     if resumed_from is not None:
         check_saved_paths(resumed_from, cfg)
-    prompts = _local_prompts(cfg.run.prompts, FLAGS["run.prompts"])
-    prompts += _local_prompts(cfg.run.eval_prompts, FLAGS["run.eval_prompts"]) if cfg.run.eval_prompts else []
+    prompts = local_prompts(cfg.run.prompts, FLAGS["run.prompts"])
+    prompts += local_prompts(cfg.run.eval_prompts, FLAGS["run.eval_prompts"]) if cfg.run.eval_prompts else []
     if cfg.run.device != "auto":
         from solrl_core.runtime.device import resolve_device
 
@@ -74,7 +74,9 @@ def check_inputs(cfg: Config, resumed_from: Path | None = None) -> None:
     _check_servers(cfg)
 
 
-def _local_prompts(spec: str, origin: str) -> list[str]:
+def local_prompts(spec: str, origin: str) -> list[str]:
+    """The prompts of `spec` when they are on this machine (a file, a built-in or downloaded set); [] for a
+    hub dataset or a set still to download."""
     from solrl_core.data.prompt_sets import download_sets, parse_spec
 
     parsed = parse_spec(spec)
@@ -102,10 +104,13 @@ def _check_servers(cfg: Config) -> None:
     from solrl_core.rewards.endpoints import is_endpoint
     from solrl_core.rewards.probe import PROBE_TIMEOUT_S, probe_endpoint
     from solrl_core.rewards.timeouts import parse_timeout
+    from solrl_core.rewards.transport import Unreachable
 
     limit = parse_timeout(cfg.reward.timeout_s) or PROBE_TIMEOUT_S
     for name in filter(is_endpoint, cfg.reward.weights):
         try:
             probe_endpoint(name, cfg.reward.remote, min(limit, PROBE_TIMEOUT_S), video=cfg.model.frames > 0)
+        except Unreachable as exc:  # nothing has started: the same command (a resume included) is the next step
+            raise SolrlError(f"reward endpoint {name}: {exc.message}", f"{Unreachable.START}, then run the same command again") from exc
         except SolrlError as exc:
             raise SolrlError(f"reward endpoint {name}: {exc.message}", exc.fix or "run `solrl doctor` for details") from exc

@@ -7,7 +7,7 @@ base model's weights (local folder or Hugging Face cache; gated repositories and
 HF_HUB_OFFLINE state), the prompt sets (read if local, cached or reachable if not), free disk for
 what is still to download, processes versus GPUs, a peak GPU memory ESTIMATE (per GPU for each
 distributed strategy too, and the collective backend: doctor/strategy.py; the memory mode each model
-preset needs per GPU size: doctor/modes.py), and whether the
+preset needs per GPU size, the run's own or with --memory-modes every one: doctor/modes.py), and whether the
 explore precision runs here. Each check says whether the requested run depends on it
 (`needed_by_run`); the CLI exits non-zero only for those that fail.
 
@@ -47,11 +47,12 @@ __all__ = ["Check", "failed_for_run", "matching_torchvision", "run_checks"]
 
 
 def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None = None,
-               only_needed: bool = False) -> list[Check]:
+               only_needed: bool = False, memory_modes: bool = False) -> list[Check]:
     """Every check for running `cfg` with `nproc` processes (cfg None: the machine alone).
     `explore_precision` overrides cfg.explore.precision and may also be 'nvfp4' or 'fp8'.
     `only_needed` (a run's own preflight) skips importing the reward backends and torchvision the run
-    does not use: the doctor shows them, a run need not pay their import (about 12 s on a 2-core CPU)."""
+    does not use: the doctor shows them, a run need not pay their import (about 12 s on a 2-core CPU).
+    `memory_modes`: the memory-mode table for every model preset, not only the run's (doctor/modes.py)."""
     m = machine()
     rewards = set(cfg.reward.weights) if cfg is not None else set()
     requested = explore_precision or (cfg.explore.precision if cfg is not None else None)
@@ -88,7 +89,7 @@ def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None
     checks.append(_processes(nproc, m, gpu))
     checks.append(_memory(cfg, gpu, requested) if gpu is not None else _memory_without_gpu(cfg, requested))
     checks += [c for c in (strategy_check(cfg, gpu, nproc), backend_check(nproc, gpu)) if c is not None]
-    checks.append(modes_check(cfg))
+    checks += [c for c in (modes_check(cfg, memory_modes),) if c is not None]
     checks.append(_explore(cfg, gpu, requested))
     return checks
 

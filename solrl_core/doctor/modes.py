@@ -30,11 +30,15 @@ def mode_table(models: list[str]) -> dict[str, dict[int, MemoryModes | None]]:
     return table
 
 
-def modes_check(cfg: Config) -> Check:
-    """The table as one check (informational: the run does not depend on it), the run's own model first."""
+def modes_check(cfg: Config, every: bool = False) -> Check | None:
+    """The table as one check (informational: the run does not depend on it): the run's own model, or
+    (`every`, doctor --memory-modes) every model preset, the run's own first. None for a tiny model
+    without `every`: it fits anywhere, and the other presets' rows are a wall of text on a CPU."""
     from solrl_core.config.presets import names
 
-    models = sorted(names("models"), key=lambda n: (n != cfg.model.name, n))
+    if not every and cfg.model.loader in TINY_LOADERS:
+        return None
+    models = sorted(names("models"), key=lambda n: (n != cfg.model.name, n)) if every else [cfg.model.name]
     rows = [f"{name}: " + "; ".join(f"{gb} GB: {rung.describe() if rung else 'does not fit'}" for gb, rung in sizes.items())
             for name, sizes in mode_table(models).items()]
     detail = ("the memory mode each model preset needs for sol_rl on one GPU, by the memory ESTIMATE (approximate; bf16, "

@@ -9,6 +9,7 @@ from solrl_core.doctor.check import FAIL, PASS, WARN, Check
 from solrl_core.errors import SolrlError
 from solrl_core.rewards.endpoints import is_endpoint
 from solrl_core.rewards.probe import PROBE_TIMEOUT_S, probe_endpoint
+from solrl_core.rewards.transport import Unreachable
 
 TIMEOUT_S = PROBE_TIMEOUT_S
 SLOW_S = 1.0  # a health round trip slower than this is worth a warning: every batch pays it at least once
@@ -22,8 +23,8 @@ def _endpoint(name: str, settings: dict[str, str], video: bool = False) -> Check
     row = f"reward endpoint {name}"
     try:
         judge = probe_endpoint(name, settings, TIMEOUT_S, video)
-    except SolrlError as exc:
-        return Check(row, FAIL, exc.message, exc.fix, True)
+    except SolrlError as exc:  # unreachable: no run is under way to resume, whatever the transport's fix says
+        return Check(row, FAIL, exc.message, Unreachable.START if isinstance(exc, Unreachable) else exc.fix, True)
     detail = judge.detail
     latency = f"; round trip {judge.latency_s * 1000:.0f} ms"
     if judge.latency_s > SLOW_S:

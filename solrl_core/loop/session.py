@@ -110,6 +110,7 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     device, dtype_name, dtype = resolve_runtime(cfg)
     rewards = RewardSet.from_config(cfg.reward, device)
     rewards.check_prompts(prompts + eval_prompts)
+    rewards.probe_plugins(prompts[:2], cfg.model.resolution, device)  # a plugin's wrong output: said before the model loads
     held_out = held_out_rewards(cfg, cfg.run.eval_rewards, device) if eval_prompts else None
     threads = apply_threads(cfg.run.threads)  # auto: one per usable core, shared by this node's processes (threads.py)
     plan = resolve_plan(cfg, device, dtype_name, world=world, threads=threads.describe())  # fsdp: the copies it keeps

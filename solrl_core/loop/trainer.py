@@ -112,7 +112,7 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
     run, state = session.run, session.state
     if state.explore_precision:  # resumed after a steps+precision calibration: Stage 1 at its choice
         use_explore_precision(run, state.explore_precision)
-    reason = "completed"
+    reason, resumable = "completed", True
     with contextlib.ExitStack() as stack:
         bus = _subscribe_outputs(stack, run, state, bus)
         flag = stop or stack.enter_context(graceful_stop(StopFlag(), run.config.run.stop_on_sigterm))
@@ -134,7 +134,7 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
             run = _loop(run, state, bus, flag, evals)
             reason = "completed" if state.finished(run.config.run.iterations) else "interrupted"
         except BaseException as exc:
-            reason = "failed"
+            reason, resumable = "failed", getattr(exc, "resumable", True)
             lost = distributed.lost_peer(exc, run.run_dir)  # another process died: said plainly, not the collective's trace
             if lost is not None:
                 raise lost from exc
@@ -146,7 +146,7 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
                                     first_reward=hist[0] if hist else None,
                                     last3_reward=float(np.mean(hist[-3:])) if hist else None,
                                     run_dir=str(run.run_dir), checkpoint=str(newest[-1]) if newest else None,
-                                    total_seconds=state.earlier_seconds + took, **evals.for_end()))
+                                    total_seconds=state.earlier_seconds + took, resumable=resumable, **evals.for_end()))
     return Session(run, state)
 
 
@@ -302,7 +302,7 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
 def _with_backoff(run: Run, state: LoopState, bus: ev.EventBus, work: Callable[[Run], None]) -> Run:
     """`work(run)` under the out-of-memory back-off (backoff.py); returns the run to go on with.
     When a phase does not fit even at batch size 1, or a reward hangs or keeps raising (rewards/watchdog.py),
-    the last finished iteration is saved and the run stops.
+    the last finished iteration (if any) is saved and the run stops.
 
     Every reward is scored before the iteration's update (explore, regenerate and the rank check
     score; `train` only reads their scores) and the evaluations score after the EMA weights are
@@ -311,14 +311,18 @@ def _with_backoff(run: Run, state: LoopState, bus: ev.EventBus, work: Callable[[
     With several processes the others wait in a collective for the failed one: there the error
     ends the run without a checkpoint (torchrun stops every rank) and the previous one is intact."""
     saved = state.streaks()
+    # Before the first iteration there is nothing to keep: a checkpoint of the base weights would only make the
+    # folder "hold a run", refused to the same command, where a folder without one starts again (rundir.restarts).
+    finished = state.iteration > 0
     try:
         return backoff.retry(run, state, bus, work)
     except backoff.DoesNotFit:
-        _checkpoint(run, state, bus)
+        if finished:
+            _checkpoint(run, state, bus)
         raise
     except RewardFailure:
         state.set_streaks(saved)
-        if run.world_size == 1:
+        if run.world_size == 1 and finished:
             _checkpoint(run, state, bus)
         raise
     finally:

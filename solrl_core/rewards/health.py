@@ -107,6 +107,7 @@ def diverged(latents: torch.Tensor, steps: int, lr: float) -> SolrlError | None:
     if steps:
         return SolrlError(f"the update diverged: after {plural(steps, 'optimizer step')} at optimizer.lr={lr:g}, {share} "
                           "(the reward is not at fault)",
-                          "lower optimizer.lr (by 10x or more) and start a new run: resuming would keep the diverged weights")
+                          "lower optimizer.lr (by 10x or more) and start a new run: resuming would keep the diverged weights",
+                          resumable=False)
     return SolrlError(f"the base model is broken before any update: {share}",
                       "check its weights (model.path, model.weights) and run.dtype (fp16 overflows: use bf16 or fp32)")

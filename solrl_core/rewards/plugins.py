@@ -194,6 +194,24 @@ class PluginReward:
         self.calls += 1
         return check_scores(self.name, scores, images.shape[0], first=self.calls == 1)
 
+    def probe(self, prompts: list[str], size: int, device: torch.device) -> None:
+        """One call on a probe batch (random images of the run's `size`, one per prompt), checked as every
+        call is but for NaN (random images may fairly score NaN): a wrong shape or type, or an exception,
+        is said before the model loads instead of after it and the first rollouts."""
+        images = torch.rand(len(prompts), 3, size, size, generator=torch.Generator().manual_seed(0)).to(device)
+        probe = f"on a probe batch of {len(prompts)} random {size}x{size} images, before the model loads"
+        try:
+            scores = self.fn(images, prompts)
+        except SolrlError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the plugin's own code: named with its exception
+            raise _fail(self.name, f"failed {probe}: {type(exc).__name__}: {exc}",
+                        "fix the reward (SOLRL_DEBUG=1 shows the traceback), then run the same command again") from exc
+        try:
+            check_scores(self.name, scores, len(prompts), first=False)
+        except RewardFailure as exc:
+            raise SolrlError(f"{exc.message} ({probe})", exc.fix) from exc
+
 
 def check_scores(name: str, scores: Any, batch: int, first: bool) -> torch.Tensor:
     """A plugin's scores as float32, or RewardFailure saying what is wrong with them."""

@@ -128,6 +128,14 @@ class RewardSet:
                    timeout_s=reward.timeout_s, retries=reward.retries, remote=reward.remote,
                    video_frames=reward.video_frames, frame_reduce=reward.frame_reduce)
 
+    def probe_plugins(self, prompts: list[str], size: int, device: torch.device) -> None:
+        """Each plugin called once on a probe batch (plugins.PluginReward.probe), before a run loads its model."""
+        from solrl_core.rewards.plugins import PluginReward
+
+        for reward in self.rewards.values():
+            if isinstance(reward, PluginReward):
+                reward.probe(prompts, size, device)
+
     def check_prompts(self, prompts: list[str]) -> None:
         for reward in self.rewards.values():
             check = getattr(reward, "check_prompts", None)

@@ -58,6 +58,13 @@ class HttpError(SolrlError):
         self.status = status
 
 
+class Unreachable(SolrlError):
+    """No connection to the server after every try. Its fix is for a run that was under way; before a
+    run starts, the caller says what to do instead (`START`, then the same command again)."""
+
+    START = "start the server (or check the URL and the network)"
+
+
 class _Deadline:
     """One deadline for a whole call: past it, the connection in use is shut down, which ends any
     read in progress (a per-read socket timeout never fires while a server trickles bytes)."""
@@ -158,9 +165,9 @@ def call(url: str, body: Any | None, *, timeout_s: float, token: str = "", what:
             if isinstance(reason, (TimeoutError, socket.timeout)) or deadline.passed:
                 raise late from exc
             if attempt == len(backoff) or deadline.left() <= backoff[attempt]:
-                raise SolrlError(f"{what} is not reachable ({type(reason).__name__}: {reason}; {attempt + 1} tries over "
-                                 f"{sum(backoff[:attempt]):g} s)", "start the server (or check the URL and the network), then "
-                                 "continue a run with `solrl train --resume RUN --trust-run-config`") from exc
+                raise Unreachable(f"{what} is not reachable ({type(reason).__name__}: {reason}; {attempt + 1} tries over "
+                                  f"{sum(backoff[:attempt]):g} s)", f"{Unreachable.START}, then continue a run with "
+                                  "`solrl train --resume RUN --trust-run-config`") from exc
             time.sleep(backoff[attempt])
         finally:
             deadline.stop()

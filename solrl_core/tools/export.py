@@ -8,7 +8,9 @@ needed). Both get a model card (`README.md`, export_card.py) and permissions oth
 LoRA files are written 0600 by safetensors, so every file and folder is set as a new one would be
 under this process's umask (0644 and 0755 under the usual 022). Everything is written into a
 temporary folder beside the output folder and renamed into place once whole: a failed export (a full
-disk) leaves nothing behind, and running it again works.
+disk) leaves nothing behind, and running it again works. `overwrite` replaces a folder that holds an
+earlier export (never one holding anything else): the new export is written whole first, then
+swapped in, so a failure keeps the earlier one.
 """
 
 from __future__ import annotations
@@ -107,20 +109,41 @@ def make_readable(folder: Path) -> None:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
+def _swap_in(tmp: Path, out_dir: Path) -> None:
+    """`tmp` renamed to `out_dir`; an earlier export there is set aside first and deleted once the new
+    one is in place (put back should the rename fail)."""
+    import shutil
+    import tempfile
+
+    if not out_dir.exists() or not any(out_dir.iterdir()):
+        os.rename(tmp, out_dir)  # an empty out_dir is replaced
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=out_dir.parent))
+    os.rename(out_dir, old / out_dir.name)
+    try:
+        os.rename(tmp, out_dir)
+    except BaseException:
+        os.rename(old / out_dir.name, out_dir)
+        raise
+    finally:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def export_weights(cfg: Config, checkpoint: Path, weights: str, out_dir: Path, merge: bool,
-                   repo_id: str | None = None) -> Exported:
+                   repo_id: str | None = None, overwrite: bool = False) -> Exported:
     """A checkpoint's `weights` (ema or trained) written to the empty folder `out_dir`: the LoRA in
     diffusers' and peft's layouts, or with `merge` the whole transformer with the LoRA merged in;
     and a model card naming `repo_id` (where it will be pushed) in its loading code. Written into a
     temporary folder beside `out_dir` and renamed into place once whole, so a failure (a full disk)
-    leaves nothing at `out_dir` and the same command can simply be run again."""
+    leaves nothing at `out_dir` and the same command can simply be run again. `overwrite`: an earlier
+    export at `out_dir` is replaced (export_card.check_export_folder)."""
     import shutil
     import tempfile
 
     from solrl_core.faults import disk
-    from solrl_core.io.rundir import check_empty_folder
+    from solrl_core.tools.export_card import check_export_folder
 
-    check_empty_folder(out_dir)
+    check_export_folder(out_dir, overwrite)
     with disk.writing(out_dir.parent, f"the export folder {out_dir.name}"):
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
@@ -128,7 +151,7 @@ def export_weights(cfg: Config, checkpoint: Path, weights: str, out_dir: Path, m
         what, how, card = _write_export(cfg, checkpoint, weights, tmp, out_dir, merge, repo_id)
         make_readable(tmp)
         with disk.writing(out_dir.parent, f"the export folder {out_dir.name}"):
-            os.rename(tmp, out_dir)  # whole or not at all (an empty out_dir is replaced)
+            _swap_in(tmp, out_dir)  # whole or not at all
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -34,7 +34,7 @@ class CardFacts:
 
     base_model: str  # hub id, '' when the base is a local folder or the built-in tiny model
     base_label: str  # how the card names the base
-    pipeline: str  # diffusers pipeline class that loads the base
+    pipeline: str  # diffusers pipeline class that loads the base; '' for solrl's built-in models, which have none
     family: str
     rewards: dict[str, float]
     iteration: int
@@ -47,10 +47,13 @@ class CardFacts:
     transformer_class: str
     license: dict[str, str]  # the base model's license fields, {} when unknown
     evaluation: EvalTable | None
+    builtin: str = ""  # a built-in model's loading call: resolve_config's arguments that rebuild it (`_builtin_call`)
 
     @classmethod
     def of(cls, cfg: Config, run_dir: Path, checkpoint: Path, weights: str, merged: bool, repo_id: str | None,
            transformer_class: str = "") -> CardFacts:
+        from solrl_core.models.layouts import LAYOUTS  # torch: not for check_export_folder, which runs before it loads
+
         m = cfg.model
         label = m.hub_id or (f"{m.name} (local folder {m.path})" if m.path else f"{m.name} (solrl's built-in model)")
         from solrl_core.engine.state_schema import TRAINER_STATE, read_trainer_state
@@ -60,13 +63,26 @@ class CardFacts:
         lora = {"rank": m.lora_rank, "alpha": m.lora_alpha, "init": m.lora_init, "targets": list(m.lora_targets)}
         return cls(m.hub_id, label, _pipeline(m.loader), cfg.algorithm.family, dict(cfg.reward.weights), iteration,
                    cfg.run.iterations, cfg.run.prompts, lora, weights, merged, repo_id, transformer_class,
-                   base_license(m.hub_id, m.path), eval_table(run_dir, iteration))
+                   base_license(m.hub_id, m.path), eval_table(run_dir, iteration),
+                   "" if m.loader in LAYOUTS else _builtin_call(cfg))
 
 
 def _pipeline(loader: str) -> str:
     from solrl_core.models.layouts import LAYOUTS
 
-    return LAYOUTS[loader].pipeline if loader in LAYOUTS else "SanaPipeline"  # the tiny model is a SANA
+    return LAYOUTS[loader].pipeline if loader in LAYOUTS else ""  # tiny and tiny_video: no diffusers pipeline builds them
+
+
+def _builtin_call(cfg: Config) -> str:
+    """resolve_config's arguments that rebuild a built-in model as the run built it: its preset, and
+    the model settings the run changed from it."""
+    from dataclasses import asdict
+
+    from solrl_core.config.presets import resolve_config
+
+    preset = resolve_config(cfg.model.name).model
+    changed = {k: v for k, v in asdict(cfg.model).items() if v != getattr(preset, k)}
+    return repr(cfg.model.name) + (f", flags={{'model': {changed!r}}}" if changed else "")
 
 
 def eval_table(run_dir: Path, iteration: int) -> EvalTable | None:
@@ -88,6 +104,8 @@ def eval_table(run_dir: Path, iteration: int) -> EvalTable | None:
     if len(last.components) > 1:
         rows += [(k, base.components[k], v, None) for k, v in last.components.items() if k in base.components]
     rows += [(k, base.extras[k], v, se.get(k)) for k, v in last.extras.items() if k in base.extras]
+    rows += [(f"{k} (eval only)", base.eval_rewards[k], v, last.eval_se.get(k))  # run.eval_rewards: scored, never trained on
+             for k, v in last.eval_rewards.items() if k in base.eval_rewards]
     return EvalTable(last.prompts, last.samples, last.iteration, last.weights, rows)
 
 
@@ -131,8 +149,28 @@ def _evaluation(facts: CardFacts) -> list[str]:
     return lines
 
 
+def _builtin_usage(facts: CardFacts, where: str) -> list[str]:
+    """A built-in model (tiny, tiny_video) has no diffusers pipeline: solrl builds it from its config."""
+    head = ["solrl builds the base model (no diffusers pipeline loads it); "
+            + ("the transformer here has the LoRA merged in:" if facts.merged else "peft puts the LoRA on its transformer:"),
+            "", "```python", "import torch"]
+    if facts.merged:
+        head.append(f"from diffusers import {facts.transformer_class}")
+    else:
+        head.append("from peft import PeftModel")
+    code = [*head, "", "from solrl_core.config.presets import resolve_config", "from solrl_core.models import load_model", "",
+            f"model = load_model(resolve_config({facts.builtin}).model, torch.device('cpu'), torch.float32)"]
+    if facts.merged:
+        code.append(f'model.transformer = {facts.transformer_class}.from_pretrained("{where}", subfolder="transformer")')
+    else:
+        code.append(f'model.transformer = PeftModel.from_pretrained(model.transformer, "{where}")')
+    return [*code, "```", "", "`solrl infer RUN` draws images with the run's weights beside the base model's."]
+
+
 def _usage(facts: CardFacts) -> list[str]:
     where = facts.repo_id or "path/to/this/folder"
+    if facts.builtin:
+        return _builtin_usage(facts, where)
     base = facts.base_model or "path/to/the/base/model"
     note = [] if facts.base_model else [f"# the base model, {facts.base_label}, is not a hub repo: give its folder"]
     if facts.merged:
@@ -178,6 +216,27 @@ def render(facts: CardFacts) -> str:
         lines.append("The base model's license was not found on the machine that exported this; these weights derive "
                      "from the base model and follow its terms (see its model card).")
     return "\n".join(lines) + "\n"
+
+
+def is_export(folder: Path) -> bool:
+    """Whether `folder` holds an export: a model card whose front matter carries the solrl tag (write_card)."""
+    card = folder / "README.md"
+    if not card.is_file():
+        return False
+    head = card.read_text(encoding="utf-8", errors="replace")[:4000].split("\n---", 1)[0]
+    return head.startswith("---") and "\n- solrl\n" in head
+
+
+def check_export_folder(out_dir: Path, overwrite: bool = False) -> None:
+    """An export's folder is new or empty, or (`overwrite`) holds an earlier export, the only thing
+    --overwrite replaces: a folder of other files is never deleted by an export."""
+    from solrl_core.io.rundir import check_empty_folder
+
+    if out_dir.is_dir() and not out_dir.is_symlink() and is_export(out_dir):
+        if not overwrite:
+            raise SolrlError(f"{out_dir} already holds an export", "add --overwrite to replace it, or choose a new --out folder")
+        return
+    check_empty_folder(out_dir)
 
 
 def write_card(out_dir: Path, facts: CardFacts) -> Path:

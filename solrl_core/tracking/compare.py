@@ -8,6 +8,7 @@ stop and its resume does not count.
 
 from __future__ import annotations
 
+import shlex
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,9 +85,9 @@ def load_run(run_dir: str | Path) -> RunRecord:
             record.skipped[str(exc.kind)] = record.skipped.get(str(exc.kind), 0) + 1
             continue
         except (ev.EventDecodeError, TooDeep) as exc:
-            raise SolrlError(f"{path} line {number}: {exc}", "the file is damaged; compare the runs' other folders") from exc
+            raise SolrlError(f"{path} line {number} is damaged: {exc}", _drop_line(path, number, run_dir)) from exc
         except ValueError as exc:
-            raise SolrlError(f"{path} line {number} is not JSON", "the file is damaged; compare the runs' other folders") from exc
+            raise SolrlError(f"{path} line {number} is damaged: not JSON ({line[:40]!r})", _drop_line(path, number, run_dir)) from exc
         if isinstance(e, ev.RunStarted):
             record.family = e.config.get("algorithm", {}).get("family", "?")
             record.device, record.total = e.device, e.iterations
@@ -101,6 +102,12 @@ def load_run(run_dir: str | Path) -> RunRecord:
             if isinstance(e, ev.EvalFinished):
                 record.evals.append(Timed(e, elapsed))
     return record
+
+
+def _drop_line(path: Path, number: int, run_dir: str | Path) -> str:
+    """The fix for a damaged line: it is one event, and the run's checkpoints and --resume never read the log."""
+    return (f"delete that line (one event; the run's checkpoints and --resume do not read this log), e.g. "
+            f"sed -i '{number}d' {shlex.quote(str(path))}, then compare again; or leave {run_dir} out")
 
 
 def _torn(line: str, after: list[str], last: bool) -> bool:
