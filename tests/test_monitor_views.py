@@ -71,9 +71,15 @@ def _pilot(path: Path, keys: tuple[str, ...] = ()) -> dict[str, str]:
     app = SolrlMonitor(JsonlTail(path))
     seen: dict[str, str] = {}
 
+    events = len(path.read_text().splitlines())
+
     async def scenario() -> None:
         async with app.run_test(size=SMALL) as pilot:
-            await pilot.pause(0.3)
+            for _ in range(600):  # until the app has read every event: seconds on a loaded machine
+                await pilot.pause(0.05)
+                if app.state.version >= events:
+                    break
+            await pilot.pause(0.3)  # and drawn them
             seen[""] = text_of(app)
             for key in keys:
                 await pilot.press(key)
