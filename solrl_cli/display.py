@@ -10,7 +10,7 @@ from rich.text import Text
 
 from solrl_cli.run_summary import end_summary, eval_rewards_text, fmt
 from solrl_cli.stop_text import finished_message, stop_message
-from solrl_cli.tui.state import FAULT_EVENTS, eval_started_text, fault_message, mfu_text
+from solrl_cli.tui.words import FAULT_EVENTS, GIF_NOTE, eval_started_text, fault_message, mfu_text, written
 from solrl_core import events as ev
 from solrl_core.telemetry.mfu import describe
 from solrl_core.text import plural
@@ -36,6 +36,7 @@ class TerminalDisplay:
         self.flops: ev.ModelFlops | None = None  # the run's model FLOPs and peaks: each iteration's MFU
         self.eval_started: ev.EvalStarted | None = None  # the evaluation running: its progress lines' clock
         self.eval_quarter = 0  # quarters of it already said (not on a terminal)
+        self.gif_said = False  # the video extra's hint, said once
 
     def __call__(self, event: ev.Event) -> None:
         if isinstance(event, FAULT_EVENTS):
@@ -128,7 +129,10 @@ class TerminalDisplay:
             f"{c['name']} {c['recall']:.2f}/{c['seconds']:.2f}s" for c in e.candidates))
 
     def on_images_written(self, e: ev.ImagesWritten) -> None:
-        self.console.print(f"  {e.weights} weights: {plural(e.count, 'image')} in {e.seconds:.1f}s -> {e.folder}")
+        self.console.print(f"  {e.weights} weights: {written(e)} in {e.seconds:.1f}s -> {e.folder}")
+        if e.clips == "gif" and not self.gif_said:
+            self.gif_said = True
+            self.console.print(Text(f"  {GIF_NOTE}"))  # Text: its "[video]" is not markup
 
     def on_checkpoint(self, e: ev.CheckpointSaved) -> None:
         self.console.print(f"  checkpoint {e.path} ({e.seconds:.2f}s)")

@@ -53,7 +53,8 @@ def infer(
         bus = events.EventBus()
         bus.subscribe(TerminalDisplay(console))
         rows = run_infer(engine, req, bus)
-        console.print(f"images: {req.out_dir}   index: {rows}" + (f"   grid: {req.out_dir / 'grid.png'}" if grid else ""))
+        what = "clips" if engine.model.media == "video" else "images"
+        console.print(f"{what}: {req.out_dir}   index: {rows}" + (f"   grid: {req.out_dir / 'grid.png'}" if grid else ""))
 
 
 def export(

@@ -11,8 +11,9 @@ from solrl_cli.errors import user_errors
 
 
 def monitor(run_dir: Annotated[Path, typer.Argument(help="A run folder (it holds events.jsonl).")]) -> None:
-    """Watch a run in a terminal UI: timings, rewards, losses, evaluations, warnings. q exits; the run goes on."""
-    from solrl_cli.tui.app import run_monitor
+    """Watch a run in a terminal UI: timings, rewards, losses, evaluations, warnings. q exits; the run goes on.
+    Without a terminal (piped, nohup, CI): print a plain-text snapshot of the run and exit."""
+    from solrl_cli.tui import no_terminal
     from solrl_core.errors import SolrlError
     from solrl_core.faults.links import check_path
     from solrl_core.io.rundir import EVENTS_FILE
@@ -23,4 +24,11 @@ def monitor(run_dir: Annotated[Path, typer.Argument(help="A run folder (it holds
             what = "does not exist" if not run_dir.exists() else f"has no {EVENTS_FILE}"
             raise SolrlError(f"{run_dir} {what}", "pass a run folder written by `solrl train` (it holds config.toml and "
                                                   f"{EVENTS_FILE}; the default is runs/<time>-<preset>)")
+        if no_terminal() is not None:
+            from solrl_cli.common import console
+            from solrl_cli.tui.snapshot import print_snapshot
+
+            return print_snapshot(run_dir, console)
+        from solrl_cli.tui.app import run_monitor
+
         run_monitor(run_dir)

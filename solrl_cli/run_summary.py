@@ -33,9 +33,12 @@ def end_summary(e: ev.RunFinished) -> list[str]:
         return []
     lines = []
     if e.first_reward is not None and e.last3_reward is not None:
-        last = plural(max(min(3, e.iteration), 1), "iteration")  # last3_reward is the mean of at most the last 3
+        # the iterations last3_reward averages: the run says (never the first); a log older than that field, the last 3
+        last = plural(e.last_iterations or max(min(3, e.iteration), 1), "iteration")
         lines.append(f"  mean Stage-2 reward: first iteration {fmt(e.first_reward)}, last {last} {fmt(e.last3_reward)} "
                      f"(change {e.last3_reward - e.first_reward:+.4g})")
+    elif e.first_reward is not None:
+        lines.append(f"  mean Stage-2 reward: {fmt(e.first_reward)} (one iteration: no change to show yet)")
     if e.base_eval is None or e.last_eval is None:
         return lines
     a, b = ev.decode(dict(e.base_eval)), ev.decode(dict(e.last_eval))

@@ -62,11 +62,15 @@ def train(
 
 
 def _run(start, tui: bool):  # type: ignore[no-untyped-def]
-    """Train in the terminal UI, or with the plain terminal display (also when --tui has no terminal:
-    under nohup, CI or `| tee` Textual would write escape codes and never see the keys that end it)."""
-    if tui and not sys.stdout.isatty():
-        console.print("--tui needs a terminal (stdout is not one): showing the plain display instead")
-        tui = False
+    """Train in the terminal UI, or with the plain terminal display (also when --tui has no terminal,
+    or in a torchrun process other than rank 0: solrl_cli/tui/__init__.py decides)."""
+    if tui:
+        from solrl_cli.tui import no_terminal
+
+        why = no_terminal()
+        if why:
+            console.print(f"--tui needs a terminal ({why}): showing the plain display instead")
+        tui = why is None
     if tui:
         from solrl_cli.tui.app import run_tui_training
 

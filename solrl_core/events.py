@@ -261,6 +261,7 @@ class ImagesWritten(Event):
     count: int
     seconds: float
     folder: str
+    clips: str = ""  # a video model's clips: their file format, "mp4", or "gif" where the video extra is missing; "" images
 
 
 @dataclass(frozen=True)
@@ -285,7 +286,7 @@ class RunFinished(Event):
     iteration: int
     seconds: float
     first_reward: float | None
-    last3_reward: float | None
+    last3_reward: float | None  # the mean of the last `last_iterations` iterations (at most 3, never the first)
     run_dir: str = ""
     checkpoint: str | None = None  # the newest complete checkpoint on disk as the run ended (None: none)
     # the end summary's evaluations (EvalFinished records): the base, kept in the run folder, and this session's last
@@ -293,6 +294,7 @@ class RunFinished(Event):
     last_eval: dict[str, Any] | None = None
     total_seconds: float | None = None  # every session of the run together (`seconds`: this session's)
     resumable: bool = True  # False: the error it failed with says a resume would not help (a diverged update)
+    last_iterations: int = 0  # iterations last3_reward averages; 0: a log written before this field (the last 3, the first included)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ from solrl_cli.tui.panels import (
     ChartPanel,
     env_view,
     eval_charts,
+    eval_note,
     eval_view,
     latest_table,
     log_view,
@@ -51,7 +52,6 @@ from solrl_cli.tui.state import PANELS, JsonlTail, QueueSource, RunState, _durat
 from solrl_core import events as ev
 from solrl_core.errors import SolrlError
 from solrl_core.io.rundir import EVENTS_FILE
-from solrl_core.telemetry.mfu import percent
 
 # ---------------------------------------------------------------- widgets
 
@@ -118,13 +118,19 @@ class SeriesPanel(VerticalScroll):
 
 
 class TablePanel(VerticalScroll):
-    def __init__(self, render: Callable[[RunState], Any], id: str) -> None:
+    """follow: keep to the newest lines at the bottom as they come (a log), until the user scrolls up."""
+
+    def __init__(self, render: Callable[[RunState], Any], id: str, follow: bool = False) -> None:
         super().__init__(id=id)
-        self._view = render
+        self._view, self._follow = render, follow
         self.body = Static()
 
     def compose(self) -> ComposeResult:
         yield self.body
+
+    def on_mount(self) -> None:
+        if self._follow:
+            self.anchor()
 
     def draw(self, state: RunState) -> None:
         self.body.update(self._view(state))
@@ -154,8 +160,9 @@ class SolrlMonitor(App):
                 Binding("question_mark", "help", "help"), Binding("p", "toggle_pause", "pause/resume"),
                 *(Binding(key, f"scroll('{how}')", show=False) for key, how in (
                     ("up", "up"), ("down", "down"), ("pageup", "page_up"), ("pagedown", "page_down"), ("home", "home"), ("end", "end"))),
-                *(Binding(str(i), f"show('{name}')", label) for i, (name, label) in enumerate(PANELS.items(), 1)),
-                Binding("tab", "cycle(1)", "next panel", show=False, priority=True),
+                # the tab row names the panels' keys: the footer keeps the rest, whole at 80 columns
+                *(Binding(str(i), f"show('{name}')", label, show=False) for i, (name, label) in enumerate(PANELS.items(), 1)),
+                Binding("tab", "cycle(1)", "next panel", priority=True),
                 Binding("shift+tab", "cycle(-1)", "previous panel", show=False, priority=True)]
 
     def __init__(self, source: JsonlTail | QueueSource, stop: Callable[[], None] | None = None, pid: int | None = None) -> None:
@@ -171,8 +178,8 @@ class SolrlMonitor(App):
         self.panels = {"time": ChartPanel(time_charts, time_note, "time", table=time_view),
                        "rewards": ChartPanel(reward_charts, reward_note, "rewards", table=latest_table(reward_rows)),
                        "loss": SeriesPanel(loss_rows, loss_note, "loss"),
-                       "eval": ChartPanel(eval_charts, lambda s: "", "eval", table=eval_view),
-                       "log": TablePanel(log_view, "log"), "env": TablePanel(env_view, "env")}
+                       "eval": ChartPanel(eval_charts, eval_note, "eval", table=eval_view),
+                       "log": TablePanel(log_view, "log", follow=True), "env": TablePanel(env_view, "env")}
         self.current = "time"
         # held, not queried: a query would search the active screen, which may be the stop dialog
         self.run_line, self.status = Static("waiting for the first event ..."), Static()
@@ -203,7 +210,8 @@ class SolrlMonitor(App):
         """This machine's GPU use, and the training process's CPU% and resident memory."""
         if self.meter.pid is None and isinstance(self.source, JsonlTail):  # monitor: the run may start after it
             self.meter.pid = run_pid(self.source.path.parent)
-        self.machine.update("  ".join(x for x in (gpu_line(), self.meter.line()) if x) or "run process: not on this machine")
+        here = "  ".join(x for x in (gpu_line(), self.meter.line()) if x)
+        self.machine.update(here or ("" if self.state.finished else "run process: not on this machine"))
 
     def _tick(self) -> None:
         try:
@@ -227,9 +235,9 @@ class SolrlMonitor(App):
         s = self.state
         if s.started:
             e = s.started
-            resumed = f"  resumed at iteration {e.start_iteration}" if e.resumed else ""
+            resumed = f", resumed at {e.start_iteration}" if e.resumed else ""  # 80 columns hold the line whole
             self.run_line.update(Text.assemble((e.preset, "bold"), f"  {e.device} {e.dtype}, explore {e.explore_precision}{resumed}"
-                                               "  (plan, run dir: key 6)"))
+                                               "  (key 6: plan)"))
         if s.total:
             self.bar.update(total=s.total, progress=s.iteration)
         self.panels[self.current].draw(s)
@@ -238,27 +246,17 @@ class SolrlMonitor(App):
 
     def _draw_status(self) -> None:
         s = self.state
-        parts = [f"iteration {s.iteration}/{s.total}"]
-        if s.iterations:
-            it = s.iterations[-1]
-            parts.append(f"reward {fmt(it.final.mean)}" + (f" (draft {fmt(it.draft.mean)})" if it.draft else ""))
-            mfu = s.mfu()
-            if mfu:  # the run's model FLOPs were counted (telemetry/model_flops.py)
-                parts.append(f"MFU {percent(mfu['total'])}")
-        eta = s.eta()
-        if eta is not None:
-            parts.append(f"eta ~{_duration(eta)}")
-        self.status.update("  ".join(parts))
+        self.status.update(Text(s.progress_text()))
         flags = []
         if self.paused:
             flags.append("[reverse] PAUSED [/] new events are buffered (p resumes)")
         if s.finished:
-            flags.append(f"[bold]run {s.finished.reason}[/]" + (" (q exits)" if self.stop_run else ""))
+            flags.append(f"[bold]{s.outcome_text()}[/]" + (" (q exits)" if self.stop_run else ""))
         elif self.stopping:
             flags.append(f"[bold yellow]stopping: finishing iteration {s.iteration + 1}, then saving a checkpoint[/]")
         if s.warning_count:
             flags.append(f"[yellow]{s.warning_count} warning{'s' if s.warning_count > 1 else ''} (key 5)[/]")
-        if s.last_time is not None:
+        if s.last_time is not None and not s.finished:
             flags.append(f"last event {_duration(max(time.time() - s.last_time, 0))} ago")
         self.flags.update("  ".join(flags))
 
@@ -359,12 +357,13 @@ def run_tui_training(start: Any) -> Any:
 
 
 def outcome(state: RunState) -> str:
-    """What is left on the terminal once the app has closed: the run's last line, and the end summary
-    the plain display prints under it (the reward's and the evaluation's change)."""
+    """What is left on the terminal once the app has closed: the run's last line, the end summary the
+    plain display prints under it (the reward's and the evaluation's change), and the warnings panel 5
+    showed (the plain display printed each as it came; the app's screen is gone)."""
     run_dir = _run_dir(state)
     end = state.finished or ev.RunFinished(reason="interrupted", iteration=state.iteration, seconds=0.0, first_reward=None,
                                            last3_reward=None, run_dir=run_dir)
-    return "\n".join([f"solrl: {finished_message(end, state.total)}; replay: solrl monitor {run_dir}", *end_summary(end)])
+    return "\n".join([f"solrl: {finished_message(end, state.total)}; replay: solrl monitor {run_dir}", *end_summary(end), *state.warning_lines()])
 
 
 def _run_dir(state: RunState) -> str:

@@ -167,14 +167,21 @@ def latest_table(rows: Callable[[RunState], list[tuple[str, list[float]]]]) -> C
 # ---------------------------------------------------------------- what the table panels show
 
 
-def time_view(s: RunState) -> Table:
+def time_view(s: RunState) -> Group:
+    """The seconds per phase, then what the MFU column divides by (below: the chart comes first on a small screen)."""
+    flops = [] if s.flops is None else [*describe(s.flops), "MFU: model FLOPs / seconds / the dense peak at the phase's "
+                                        "precision (as solrl bench); total: the work's time at peak over the iteration's"]
+    return Group(_phase_table(s), *(Text(line) for line in flops))
+
+
+def _phase_table(s: RunState) -> Table:
     latest = s.iterations[-1] if s.iterations else None
     peaks, source = (latest.peak_memory or {}, latest.memory_source) if latest else ({}, "")
     title = f"seconds per phase, iterations seen: {s.count}" + (f"; peak GiB of the last iteration: {source}" if peaks else "")
-    table = Table(title=title, title_justify="left", box=None, padding=(0, 2))
+    table = Table(title=title, title_justify="left", box=None, padding=(0, 1))  # whole at 80 columns, MFU column too
     mfu = s.mfu()
     for col in ("phase", "last", f"mean last {ROLLING}", "mean all", "share", "peak GiB", *(("MFU last",) if mfu else ())):
-        table.add_column(col, justify="left" if col == "phase" else "right")
+        table.add_column(col, justify="left" if col == "phase" else "right", no_wrap=True)
     last = latest.seconds if latest else {}
     total = s.rolling("total")
     for phase in PHASES:
@@ -186,11 +193,7 @@ def time_view(s: RunState) -> Table:
 
 
 def time_note(s: RunState) -> str:
-    speed = s.explore_speed() or ["explore speed-up: not derivable from these events (needs the sol_rl family's two generation stages)"]
-    if s.flops is not None:  # what the MFU column divides by
-        speed += describe(s.flops) + ["MFU: model FLOPs / seconds / the dense peak at the phase's precision (as solrl bench); "
-                                      "total: the work's time at peak over the iteration's"]
-    return "\n".join(speed)
+    return "\n".join(s.explore_speed() or [s.explore_speed_note()])
 
 
 def _mfu(s: RunState, mfu: dict[str, float | None], phase: str) -> str:
@@ -223,11 +226,16 @@ def loss_note(s: RunState) -> str:
     return f"non-finite losses zeroed: {s.nonfinite} in total"
 
 
+def eval_note(s: RunState) -> Text:
+    """Above the chart: the evaluation running now and how far it is (EvalProgress events), else nothing."""
+    return Text(s.evaluation_text(), style="bold")
+
+
 def eval_view(s: RunState) -> Group | str:
     """Two narrow tables (they fit 80 columns): each evaluation's mean and change since the base, then
     each kind of prompt (and reward component) at the base and at the latest evaluation."""
-    if not s.evals:
-        return "no evaluation yet (run.eval_prompts sets the prompts, run.eval_every how often)"
+    if not s.evals:  # the first one may be running: the note above says how far it is
+        return "" if s.evaluating else "no evaluation yet (run.eval_prompts sets the prompts, run.eval_every how often)"
     base, last = s.evals[0], s.evals[-1]
     sets = ", ".join(dict.fromkeys(f"{e.prompts} ({e.samples} images)" for e in s.evals))
     head = Text(f"evaluations on {sets}, fixed prompts and seeds; change: since the base, +- its paired s.e.")
@@ -257,16 +265,18 @@ def eval_view(s: RunState) -> Group | str:
 
 
 def log_view(s: RunState) -> Text:
+    """The log, oldest first, then the warnings: the panel keeps to its bottom (TablePanel follow), where
+    the newest lines and every warning are."""
     text = Text()
     if s.quantization:
         text.append(f"explore copy: {s.quantization}\n")
-    text.append(f"warnings: {s.warning_count}" + (f" (last {len(s.warnings)})" if s.warning_count > len(s.warnings) else "") + "\n",
-                style="yellow" if s.warning_count else "")
-    for w in s.warnings:
-        text.append(f"  {_clock(w['time'])} {w['message']}\n", style="yellow")
     text.append("log:\n")
     for line in s.log:
         text.append(f"  {line}\n")
+    text.append(f"warnings: {s.warning_count}" + (f" (last {len(s.warnings)})" if s.warning_count > len(s.warnings) else ""),
+                style="yellow" if s.warning_count else "")
+    for w in s.warnings:
+        text.append(f"\n  {_clock(w['time'])} {w['message']}", style="yellow")
     return text
 
 

@@ -16,7 +16,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any, TypedDict
 
+from solrl_cli.run_summary import fmt
 from solrl_cli.stop_text import finished_message, stop_message
+from solrl_cli.tui.words import FAULT_EVENTS, eval_line, fault_message, iteration_line, log_line
 from solrl_core import events as ev
 from solrl_core.config.convert import from_dict
 from solrl_core.config.schema import Config
@@ -154,7 +156,9 @@ class RunState:
         self.evals: deque[ev.EvalFinished] = deque(maxlen=500)
         self.warnings: deque[WarningLine] = deque(maxlen=50)
         self.warning_count = 0
-        self.log: deque[str] = deque(maxlen=50)  # checkpoints, images, run finished
+        self.log: deque[str] = deque(maxlen=200)  # iterations, evaluations, checkpoints, images, run finished
+        self.evaluating: ev.EvalStarted | None = None  # the evaluation running now, and how far it is
+        self.eval_progress: ev.EvalProgress | None = None
         self.finished: ev.RunFinished | None = None
         self.last_time: float | None = None
         self.version = 0  # bumped per event: the view redraws only when it moved
@@ -165,7 +169,7 @@ class RunState:
         self.version += 1
         self.last_time = e.time
         if isinstance(e, ev.RunStarted):
-            self.started, self.finished, self.flops, self.calibrated = e, None, None, None
+            self.started, self.finished, self.flops, self.calibrated, self.evaluating = e, None, None, None, None
             self.config = from_dict(e.config, Config(), source="the run's start event")  # typed: drift is an error
             while self.iterations and self.iterations[-1].iteration > e.start_iteration:
                 self._drop(self.iterations.pop())  # logged after the checkpoint this run resumes from
@@ -176,6 +180,7 @@ class RunState:
             self.log.extend(f"{_clock(e.time)} {line}" for line in describe(e))
         elif isinstance(e, ev.IterationFinished):
             self.iterations.append(e)
+            self.log.append(f"{_clock(e.time)} {iteration_line(e)}")
             self.count += 1
             for k in PHASES:
                 self.phase_sums[k] += e.seconds.get(k, 0.0)
@@ -183,8 +188,15 @@ class RunState:
             peaks = [v for v in (e.peak_memory or {}).values() if isinstance(v, (int, float))]
             if peaks:
                 self.peak_memory = max(peaks + ([self.peak_memory] if self.peak_memory is not None else []))
+        elif isinstance(e, ev.EvalStarted):
+            self.evaluating, self.eval_progress = e, None
+            self.log.append(f"{_clock(e.time)} {log_line(e)}")
+        elif isinstance(e, ev.EvalProgress):
+            self.eval_progress = e
         elif isinstance(e, ev.EvalFinished):
             self.evals.append(e)
+            self.evaluating = self.eval_progress = None
+            self.log.append(f"{_clock(e.time)} {eval_line(e, self.evals[0])}")
         elif isinstance(e, ev.CalibrationDone):
             self.calibrated = e
             self.log.append(f"{_clock(e.time)} {log_line(e)}")
@@ -192,7 +204,7 @@ class RunState:
             self.warnings.append({"time": e.time, "message": e.message if isinstance(e, ev.RunWarning) else fault_message(e)})
             self.warning_count += 1
         elif isinstance(e, ev.RunFinished):
-            self.finished = e
+            self.finished, self.evaluating = e, None  # a stop drops an evaluation in progress
             self.log.append(f"{_clock(e.time)} run {e.reason} at iteration {e.iteration} after {e.seconds:.1f}s: "
                             f"{finished_message(e, self.total)}")
         elif isinstance(e, ev.StopRequested):
@@ -263,13 +275,74 @@ class RunState:
         steps_draft, steps_final = (self.calibrated.steps if self.calibrated else s.explore_steps), s.full_steps
         precision = self.calibrated.precision if self.calibrated else s.explore_precision
         draft, final = prompts * n / t_draft, prompts * k / t_final
-        return [f"Stage 1 draft rollouts: {plural(prompts, 'prompt')} x {plural(n, 'seed')} in {t_draft:.2f}s = {draft:.1f}/s "
+        return [f"Stage 1 drafts: {plural(prompts, 'prompt')} x {plural(n, 'seed')} in {t_draft:.2f}s = {draft:.1f}/s "
                 f"({steps_draft} steps, {precision})",
-                f"Stage 2 final rollouts: {plural(prompts, 'prompt')} x {plural(k, 'seed')} in {t_final:.2f}s = {final:.1f}/s "
+                f"Stage 2 finals: {plural(prompts, 'prompt')} x {plural(k, 'seed')} in {t_final:.2f}s = {final:.1f}/s "
                 f"({steps_final} steps, {s.dtype})",
                 f"explore speed-up per rollout {draft / final:.2f}x, per denoising step "
-                f"{draft * steps_draft / (final * steps_final):.2f}x  (generation time only, mean of the last "
+                f"{draft * steps_draft / (final * steps_final):.2f}x (generation only, last "
                 f"{plural(min(len(self.iterations), ROLLING), 'iteration')})"]
+
+    def progress_text(self) -> str:
+        """The header's progress: 'iteration 3/30  evaluating ema: 96/256 images  reward 0.53 (draft 0.43)  MFU 3.4%  eta ~2m10s'."""
+        parts = [f"iteration {self.iteration}/{self.total}"]
+        if self.evaluating:
+            done = self.eval_progress.done if self.eval_progress is not None else 0
+            parts.append(f"evaluating {self.evaluating.weights}: {done}/{self.evaluating.samples} images")
+        if self.iterations:
+            it = self.iterations[-1]
+            parts.append(f"reward {fmt(it.final.mean)}" + (f" (draft {fmt(it.draft.mean)})" if it.draft else ""))
+            mfu = self.mfu()
+            if mfu:  # the run's model FLOPs were counted (telemetry/model_flops.py)
+                parts.append(f"MFU {percent(mfu['total'])}")
+        eta = self.eta()
+        if eta is not None:
+            parts.append(f"eta ~{_duration(eta)}")
+        return "  ".join(parts)
+
+    def explore_speed_note(self) -> str:
+        """Why explore_speed() is empty, in words."""
+        s = self.started
+        if s is None:
+            return "explore speed-up: once the run has started (its start event holds the plan's stages)"
+        if not s.explore_seeds:
+            return "explore speed-up: not derivable from these events (an older solrl wrote them, without the plan's stages)"
+        if not s.regenerate:
+            family = self.config.algorithm.family if self.config is not None else "this family"
+            return f"explore speed-up: none to show ({family} generates each rollout once: no Stage 2 to compare with)"
+        if self.iterations:  # a plan with two stages whose iterations timed neither (or one took 0 s)
+            return "explore speed-up: not derivable (the iterations seen report no explore and regenerate seconds)"
+        return (f"explore speed-up: after the first iteration (Stage 1: {plural(s.explore_seeds, 'seed')}/prompt at "
+                f"{s.explore_steps} steps, Stage 2: the kept {s.keep} at {s.full_steps} steps)")
+
+    def evaluation_text(self) -> str:
+        """'evaluating the ema weights on SET: 96/256 images (after iteration 10)' while one runs, else ''."""
+        e = self.evaluating
+        if e is None:
+            return ""
+        done = self.eval_progress.done if self.eval_progress is not None else 0
+        after = f" (after iteration {e.iteration})" if e.iteration else ""
+        return f"evaluating the {e.weights} weights on {e.prompts}: {done}/{e.samples} images{after}"
+
+    def outcome_text(self) -> str:
+        """How the run ended, when and where it stopped: 'run completed 11:14:28 (2/2 iterations, 7.7s)';
+        '' while it has not."""
+        e = self.finished
+        if e is None:
+            return ""
+        took = e.total_seconds if e.total_seconds is not None else e.seconds
+        then = time.localtime(e.time)
+        when = time.strftime("%H:%M:%S" if then[:3] == time.localtime()[:3] else "%Y-%m-%d %H:%M", then)
+        word = "stopped" if e.reason == "interrupted" or (e.reason == "completed" and e.iteration < self.total) else e.reason
+        return f"run {word} {when} ({e.iteration}/{self.total} iterations, {took:.1f}s)" if took < 60 else \
+            f"run {word} {when} ({e.iteration}/{self.total} iterations, {_duration(took)})"
+
+    def warning_lines(self) -> list[str]:
+        """The warnings panel's list, as lines: 'N warnings (the last M):' then each, with its time."""
+        if not self.warning_count:
+            return []
+        kept = f" (the last {len(self.warnings)})" if self.warning_count > len(self.warnings) else ""
+        return [f"{plural(self.warning_count, 'warning')}{kept}:", *(f"  {_clock(w['time'])} {w['message']}" for w in self.warnings)]
 
     def mfu(self) -> dict[str, float | None]:
         """The last iteration's model FLOPs utilisation per phase and in total (telemetry/mfu.py); {} when
@@ -279,76 +352,6 @@ class RunState:
     def eta(self) -> float | None:
         per = self.rolling("total")
         return None if per is None or self.finished else per * max(self.total - self.iteration, 0)
-
-
-FAULT_EVENTS = (ev.OutOfMemoryBackoff, ev.SamplesDropped, ev.StepSkipped, ev.RewardHacking)  # each view shows them as warnings
-
-
-def mfu_text(flops: ev.ModelFlops | None, seconds: dict[str, float]) -> str:
-    """'  MFU 3.4% (explore 5.1%, regenerate 4.9%, train 2.6%)': an iteration's model FLOPs utilisation,
-    as `solrl bench` computes it; '' when the run's FLOPs were not counted."""
-    mfu = phase_mfu(flops, seconds)
-    if not mfu:
-        return ""
-    return f"  MFU {percent(mfu['total'])} (" + ", ".join(f"{p} {percent(v)}" for p, v in mfu.items() if p != "total") + ")"
-
-
-def fault_message(e: ev.OutOfMemoryBackoff | ev.SamplesDropped | ev.StepSkipped | ev.RewardHacking) -> str:
-    """One line for a fault the run survived (solrl_core/faults) or a reward-hacking alarm, shown as a warning by every view."""
-    if isinstance(e, ev.RewardHacking):
-        then = ("the run stops here with a checkpoint (run.stop_on_hacking)" if e.stopping
-                else "images may be degrading; --set run.stop_on_hacking=true stops a run here")
-        return (f"reward hacking? iteration {e.iteration}: the trained reward {e.trained} rose {e.trained_change:+.4f} "
-                f"(+- {e.trained_se:.4f} s.e.) since the base while eval reward {e.reward} fell {e.change:+.4f} "
-                f"(+- {e.se:.4f} s.e., more than {e.threshold:g} s.e.): {then}")
-    if isinstance(e, ev.OutOfMemoryBackoff):
-        return (f"out of GPU memory in the {e.phase} (iteration {e.iteration}): {e.setting} {e.old} -> {e.new}, "
-                "iteration redone")
-    if isinstance(e, ev.SamplesDropped):
-        named = ", ".join(f"'{name}' {count}" for name, count in e.rewards.items())
-        explore = e.stage == "explore"
-        where = "not selected" if explore else "left out of the update"
-        lost = "had no finite draft" if explore else "skipped"
-        groups = f"; {e.groups_skipped} of {e.groups} prompt groups {lost}" if e.groups_skipped else ""
-        return f"non-finite rewards in iteration {e.iteration} ({e.stage}): {named}; {e.dropped} of {e.samples} samples {where}{groups}"
-    limit = f" (the run stops at {e.limit})" if e.limit else ""
-    return f"optimizer step of iteration {e.iteration} skipped: {e.reason}, {e.in_a_row} in a row{limit}"
-
-
-def eval_started_text(e: ev.EvalStarted) -> str:
-    when = f", after iteration {e.iteration}" if e.iteration else ""
-    return f"evaluating the {e.weights} weights on {e.prompts} ({e.samples} images{when})"
-
-
-def log_line(e: ev.Event) -> str:
-    """The log panel's words for a checkpoint, rank check, calibration, compile, evaluation start, sample grid or images written;
-    '' for others."""
-    if isinstance(e, ev.EvalStarted):
-        return f"{eval_started_text(e)} ..."
-    if isinstance(e, ev.CheckpointSaved):
-        return f"checkpoint iteration {e.iteration} -> {e.path} ({e.seconds:.2f}s)"
-    if isinstance(e, ev.RankCheckResult):
-        cor = "  ".join(f"{n} {v:.3f}" if v is not None else f"{n} - (constant)" for n, v in (("rho", e.rho), ("tau", e.tau)))
-        return (f"rank check iteration {e.iteration} ({plural(e.seeds, 'seed')} of one prompt, draft vs full): {cor}"
-                + ("  (full rollouts reused from the calibration)" if e.reused else ""))
-    if isinstance(e, ev.CalibrationDone):
-        if e.precisions:  # precision x steps
-            curve = "  ".join(f"{c['name']}:{c['recall']:.2f}" for c in e.candidates)
-            return (f"calibration before iteration {e.iteration} ({e.seconds:.1f}s): Stage 1 at {e.chosen}; recall by "
-                    f"precision@steps {curve}; floor {e.min_recall:.3f}")
-        curve = "  ".join(f"{c['steps']}:{c['recall']:.2f}" for c in e.candidates)
-        return (f"calibration before iteration {e.iteration} ({e.seconds:.1f}s): Stage 1 at {e.chosen}; recall by preview "
-                f"steps {curve}; floor {e.min_recall:.3f}")
-    if isinstance(e, ev.CompileStarted):
-        return f"compiling the {e.target} (torch.compile, once) ..."
-    if isinstance(e, ev.CompileFinished):
-        return f"compiled the {e.target} in {e.seconds:.1f}s (once, before the first iteration)"
-    if isinstance(e, ev.SampleGrid):
-        clips = f" (contact sheets; the clips: {e.video})" if e.video else ""
-        return f"sample grid iteration {e.iteration} ({len(e.rewards)} Stage-2 samples of '{e.prompt[:40]}') -> {e.path}{clips}"
-    if isinstance(e, ev.ImagesWritten):
-        return f"{plural(e.count, 'image')} ({e.weights} weights) -> {e.folder}"
-    return ""
 
 
 def thin(xs: list[float], ys: list[float], points: int) -> tuple[list[float], list[float]]:

@@ -11,6 +11,14 @@ from pathlib import Path
 import torch
 
 GIF_FPS = 16  # Wan 2.1's frame rate (WanPipeline's export_to_video example writes fps=16)
+# a clip of a few frames (the tiny video model's 4) at 16 fps would flash by in a quarter of a second
+MIN_LOOP_SECONDS = 1.0
+
+
+def frame_rate(frames: int, fps: float = GIF_FPS) -> float:
+    """Frames a second to play a clip at: `fps`, slowed so that one pass lasts at least MIN_LOOP_SECONDS
+    (4 frames: 4 a second, 250 ms each; Wan's 81 frames keep 16 a second)."""
+    return min(float(fps), max(frames, 1) / MIN_LOOP_SECONDS)
 
 
 def still(item: torch.Tensor) -> torch.Tensor:
@@ -47,7 +55,7 @@ def save_clip(clip: torch.Tensor, stem: Path, fps: int = GIF_FPS) -> Path:
     path = stem.with_suffix(".mp4")
     # quality 8 of 10 (imageio's default 5 blurs small clips); frames whose sides are not multiples of 16
     # are padded up by imageio, as H.264 with yuv420p needs even sides.
-    with imageio.get_writer(path, fps=fps, codec="libx264", quality=8, macro_block_size=16) as writer:
+    with imageio.get_writer(path, fps=frame_rate(len(clip), fps), codec="libx264", quality=8, macro_block_size=16) as writer:
         for frame in clip:
             writer.append_data(_uint8(frame))
     return path
@@ -66,7 +74,8 @@ def gif_bytes(clip: torch.Tensor, fps: int = GIF_FPS) -> bytes:
 
     frames = [Image.fromarray(_uint8(f)) for f in clip]
     out = io.BytesIO()
-    frames[0].save(out, format="GIF", save_all=True, append_images=frames[1:], duration=round(1000 / fps), loop=0)
+    duration = round(1000 / frame_rate(len(frames), fps))
+    frames[0].save(out, format="GIF", save_all=True, append_images=frames[1:], duration=duration, loop=0)
     return out.getvalue()
 
 

@@ -141,10 +141,11 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
             raise
         finally:
             hist, took = state.history, state.session_seconds()
+            last = hist[1:][-3:]  # never the first iteration: it is what the last ones are compared with
             newest = list_checkpoints(run.run_dir)
             bus.emit(ev.RunFinished(reason=reason, iteration=state.iteration, seconds=took,
                                     first_reward=hist[0] if hist else None,
-                                    last3_reward=float(np.mean(hist[-3:])) if hist else None,
+                                    last3_reward=float(np.mean(last)) if last else None, last_iterations=len(last),
                                     run_dir=str(run.run_dir), checkpoint=str(newest[-1]) if newest else None,
                                     total_seconds=state.earlier_seconds + took, resumable=resumable, **evals.for_end()))
     return Session(run, state)

@@ -61,6 +61,7 @@ def infer(engine: Engine, req: InferRequest, bus: ev.EventBus) -> Path:
     flat = [p for p in req.prompts for _ in range(per)]
     seeds = torch.tensor(req.seeds * len(req.prompts), dtype=torch.long)
     columns = {}
+    clips = ""  # a video model's: the format its clips were written in (mp4, or gif without the video extra)
     rows_path = req.out_dir / "images.jsonl"
     with open(rows_path, "w", encoding="utf-8") as rows:
         for weights in req.weights:
@@ -76,9 +77,10 @@ def infer(engine: Engine, req: InferRequest, bus: ev.EventBus) -> Path:
                     from solrl_core.io.video_output import save_clip
 
                     row["video"] = str(save_clip(images[i], path.with_suffix("")).relative_to(req.out_dir))
+                    clips = Path(row["video"]).suffix.lstrip(".")
                 rows.write(json.dumps(row) + "\n")
             bus.emit(ev.ImagesWritten(weights=weights, count=len(flat), seconds=time.perf_counter() - t0,
-                                      folder=str(req.out_dir / weights)))
+                                      folder=str(req.out_dir / weights), clips=clips))
     if req.grid:
         grid = make_grid(columns, rows=grid_rows(flat, [int(x) for x in seeds]))
         grid.save(req.out_dir / "grid.png")
