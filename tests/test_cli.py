@@ -148,6 +148,24 @@ def test_eval_scores_a_run_against_its_base_and_writes_every_image(in_tmp):
     assert set(summary["ema"]["extras_delta_se"]) == {"tinyworld_geneval.object", "tinyworld_geneval.position"}
 
 
+def test_eval_of_a_run_reads_its_kept_base_back_unless_the_images_differ(in_tmp):
+    import json
+
+    assert runner.invoke(app, ["train", *_fast_args("--iterations", "1", "--run-dir", "r")]).exit_code == 0
+    kept = json.loads(Path("r/eval_base.json").read_text())
+    same = runner.invoke(app, ["eval", "r", "--out", "ev"])  # the run's own prompts, seeds, steps and rewards
+    assert same.exit_code == 0, same.output
+    assert "base: from r/eval_base.json" in same.output and "evaluating the base weights" not in same.output
+    summary = json.loads(Path("ev/summary.json").read_text())
+    assert summary["base"]["rewards"]["total"]["mean"] == pytest.approx(sum(kept["total"]) / len(kept["total"]))
+    assert "tinyworld_fidelity" in summary["ema"]["eval_rewards"]  # the eval reward's base came back too
+    rows = [json.loads(line) for line in Path("ev/samples.jsonl").read_text().splitlines()]
+    assert [r["reward"] for r in rows if r["weights"] == "base"] == pytest.approx(kept["total"])
+    other = runner.invoke(app, ["eval", "r", "--seeds", "2", "--out", "ev2"])  # other seeds: scored again
+    assert other.exit_code == 0, other.output
+    assert "base: from" not in other.output and "evaluating the base weights" in other.output
+
+
 def test_eval_errors_are_one_line(in_tmp):
     result = runner.invoke(app, ["eval", "nowhere"])
     assert result.exit_code == 2 and "does not exist" in result.output
