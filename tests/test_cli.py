@@ -91,6 +91,16 @@ def test_dump_config_prints_resolved_toml_and_writes_nothing(in_tmp):
     assert not (in_tmp / "runs").exists()
 
 
+def test_train_help_shows_how_to_skip_the_evaluations_and_the_flag_does(in_tmp):
+    import tomllib
+
+    shown = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "400"})
+    assert "--no-eval" in shown.output and "run.eval_prompts=" in shown.output
+    assert tomllib.loads(runner.invoke(app, ["train", "--dump-config"]).output)["run"]["eval_prompts"] == "tinyworld_eval"
+    skipped = runner.invoke(app, ["train", "--no-eval", "--dump-config"])
+    assert skipped.exit_code == 0 and tomllib.loads(skipped.output)["run"]["eval_prompts"] == ""
+
+
 def test_presets_listing_shows_every_kind():
     result = runner.invoke(app, ["presets"])
     assert result.exit_code == 0
