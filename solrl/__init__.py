@@ -7,7 +7,7 @@
     scores = solrl.evaluate(result.run_dir, seeds=16)               # base vs EMA, paired s.e. (`solrl eval`)
     images = solrl.infer(result.run_dir, prompt=["a red circle"])   # base beside EMA (`solrl infer`)
 
-`train` starts the run as `solrl train` does (solrl_core/tools/start.py); `evaluate` and `infer` call
+`train` starts the run as `solrl train` does (solrl_core/tools/start.py); `evaluate` (also `solrl.eval`) and `infer` call
 the functions `solrl eval` and `solrl infer` call (solrl_core/loop/evaluation.py, solrl_core/tools/inference.py).
 Settings layer as on the command line (defaults < model preset < family preset < reward preset <
 `config` file < `sets` < the keyword arguments). Each prints the command's plain lines as it goes
@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterable
 from solrl.results import EvalReport, EvalResult, InferResult, Metric, Progress, RunResult
 from solrl_core.runtime.threads import prepare_openmp
 
-__all__ = ["EvalReport", "EvalResult", "InferResult", "Metric", "RunResult", "evaluate", "infer", "train"]
+__all__ = ["EvalReport", "EvalResult", "InferResult", "Metric", "RunResult", "eval", "evaluate", "infer", "train"]
 
 prepare_openmp()  # imported before torch, idle OpenMP threads sleep (solrl_core/runtime/threads.py), as under `solrl train`
 
@@ -80,6 +80,9 @@ def evaluate(run: str | Path | None = None, *, model: str | None = None, prompts
     evaluate_weights(req, _bus(quiet, on_event, on_progress)[0])
     summary = json.loads((req.out_dir / "summary.json").read_text(encoding="utf-8"))
     return EvalResult(req.out_dir.absolute(), summary, summary_reports(summary, req.prompt_set))
+
+
+eval = evaluate  # noqa: A001 - `solrl.eval(RUN)` as `solrl eval RUN`; `evaluate` where the builtin's name is in the way
 
 
 def infer(run: str | Path | None = None, *, prompt: str | Iterable[str] | None = None, prompts: str | None = None,

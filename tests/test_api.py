@@ -58,7 +58,7 @@ def test_train_prints_progress_returns_its_scores_and_evaluate_and_infer_reuse_i
     assert result.warnings == [e.message for e in result.events if isinstance(e, ev.RunWarning)]
     assert not [r for r in diffusers_warnings if "kept in float32" in r.getMessage()]  # solrl casts nothing already cast
 
-    scored = solrl.evaluate(result.run_dir, out="ev", on_progress=lambda *a: told.append(a))
+    scored = solrl.eval(result.run_dir, out="ev", on_progress=lambda *a: told.append(a))
     assert capsys.readouterr().out == ""  # a callback replaces the printing
     assert scored.out_dir == tmp_path / "ev" and (scored.out_dir / "summary.json").is_file()
     ema = scored.reports["ema"].metrics["reward"]

@@ -158,10 +158,15 @@ def test_eval_scores_a_run_against_its_base_and_writes_every_image(in_tmp):
     assert set(summary["ema"]["extras_delta_se"]) == {"tinyworld_geneval.object", "tinyworld_geneval.position"}
 
 
-def test_eval_of_a_run_reads_its_kept_base_back_unless_the_images_differ(in_tmp):
+def test_a_run_draws_each_evaluation_and_eval_reads_its_kept_base_back_unless_the_images_differ(in_tmp):
     import json
 
-    assert runner.invoke(app, ["train", *_fast_args("--iterations", "1", "--run-dir", "r")]).exit_code == 0
+    trained = runner.invoke(app, ["train", *_fast_args("--iterations", "1", "--run-dir", "r")])
+    assert trained.exit_code == 0, trained.output
+    # each evaluation draws its picture, and the end summary names the last one's
+    assert Path("r/pictures/eval_000000.png").is_file() and Path("r/pictures/eval_000001.png").is_file()
+    summary_at = trained.output.index("done: 1 iteration")
+    assert "picture: r/pictures/eval_000001.png (base beside ema, same seeds)" in trained.output[summary_at:]
     kept = json.loads(Path("r/eval_base.json").read_text())
     same = runner.invoke(app, ["eval", "r", "--out", "ev"])  # the run's own prompts, seeds, steps and rewards
     assert same.exit_code == 0, same.output
