@@ -4,7 +4,7 @@
 
     result = solrl.train(model="tiny", iterations=30)            # prints the lines `solrl train` prints
     print(result.run_dir, result.evaluation.metrics["tinyworld_geneval.count"], result.warnings)
-    scores = solrl.evaluate(result.run_dir, seeds=16)               # base vs EMA, paired s.e. (`solrl eval`)
+    scores = solrl.eval(result.run_dir)     # base (read back from the run) vs EMA, paired s.e. (`solrl eval`)
     images = solrl.infer(result.run_dir, prompt=["a red circle"])   # base beside EMA (`solrl infer`)
 
 `train` starts the run as `solrl train` does (solrl_core/tools/start.py); `evaluate` (also `solrl.eval`) and `infer` call
