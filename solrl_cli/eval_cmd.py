@@ -29,20 +29,15 @@ def eval_(
 ) -> None:
     """Score the base model, or a run's checkpoint against its base, with one or more rewards."""
     with user_errors():
-        tuned = weight_sets(weights)
-        extra = None if rewards is None else tuple(n.strip() for n in rewards.split(",") if n.strip())
-        cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, trust=trust_run_config,
-                                flags={"run": {"device": device, "eval_rewards": extra}, "sampler": {"eval_steps": steps}})
-        spec, extra = prompts or cfg.run.eval_prompts or cfg.run.prompts, cfg.run.eval_rewards
+        req = eval_request(run, model=model, model_path=model_path, reward=reward, prompts=prompts, seeds=seeds, steps=steps,
+                           weights=weights, checkpoint=checkpoint, out=out, save_images=save_images, sets=set_, device=device,
+                           rewards=rewards, trust_run_config=trust_run_config)
         from solrl_cli.display import TerminalDisplay
         from solrl_core import events  # torch: only once the config is accepted
-        from solrl_core.data.prompts import load_prompts
-        from solrl_core.loop.evaluation import EvalRequest, EvalStopped, evaluate_weights
+        from solrl_core.loop.evaluation import EvalStopped, evaluate_weights
 
-        req = EvalRequest(config=cfg, prompts=load_prompts(spec), per_prompt=seeds or cfg.run.eval_seeds,
-                          weights=("base", *tuned) if ckpt is not None else ("base",), checkpoint=ckpt,
-                          out_dir=output_folder(out, run, "eval"), save_images=save_images, prompt_set=spec, eval_rewards=extra)
-        console.print(f"solrl eval  {ckpt or cfg.model.name + ' (base)'}  prompts {spec} "
+        cfg, extra = req.config, req.eval_rewards
+        console.print(f"solrl eval  {req.checkpoint or cfg.model.name + ' (base)'}  prompts {req.prompt_set} "
                       f"({len(req.prompts)} x {plural(req.per_prompt, 'seed')})  steps {cfg.sampler.eval_steps}  "
                       f"rewards {', '.join(cfg.reward.weights)}" + (f"  eval rewards {', '.join(extra)}" if extra else ""))
         bus = events.EventBus()
@@ -53,6 +48,27 @@ def eval_(
             console.print(stop.message, soft_wrap=True)
             raise typer.Exit(130) from None
         _print_table(results, req)
+
+
+def eval_request(run: Optional[Path], *, model: Optional[str] = None, model_path: Optional[Path] = None,
+                 reward: Optional[str] = None, prompts: Optional[str] = None, seeds: Optional[int] = None,
+                 steps: Optional[int] = None, weights: str = "ema", checkpoint: Optional[str] = None,
+                 out: Optional[Path] = None, save_images: bool = False, sets: Optional[list[str]] = None,
+                 device: Optional[str] = None, rewards: Optional[str] = None, trust_run_config: bool = False):  # noqa: ANN201
+    """What `solrl eval` (and `solrl.evaluate`) scores, from its options: the config of RUN (or of a
+    base model preset) with the overrides, its prompts, seeds, weight sets and output folder."""
+    tuned = weight_sets(weights)
+    extra = None if rewards is None else tuple(n.strip() for n in rewards.split(",") if n.strip())
+    cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=sets, trust=trust_run_config,
+                            flags={"run": {"device": device, "eval_rewards": extra}, "sampler": {"eval_steps": steps}})
+    spec = prompts or cfg.run.eval_prompts or cfg.run.prompts
+    from solrl_core.data.prompts import load_prompts
+    from solrl_core.loop.evaluation import EvalRequest
+
+    return EvalRequest(config=cfg, prompts=load_prompts(spec), per_prompt=seeds or cfg.run.eval_seeds,
+                       weights=("base", *tuned) if ckpt is not None else ("base",), checkpoint=ckpt,
+                       out_dir=output_folder(out, run, "eval"), save_images=save_images, prompt_set=spec,
+                       eval_rewards=cfg.run.eval_rewards, base_from=run)
 
 
 def _print_table(results, req) -> None:  # type: ignore[no-untyped-def]

@@ -35,19 +35,14 @@ def infer(
 ) -> None:
     """Generate images from fixed seeds with the base model and a run's tuned weights, side by side."""
     with user_errors():
-        tuned = weight_sets(weights)
-        cfg, ckpt = tool_config(run, model, model_path, checkpoint, sets=set_, flags={"run": {"device": device}})
-        texts = prompt_texts(prompt, prompts, cfg.run.eval_prompts or cfg.run.prompts)
+        engine, req, ckpt = infer_request(run, prompt=prompt, prompts=prompts, model=model, model_path=model_path, seeds=seeds,
+                                          seed=seed, steps=steps, weights=weights, checkpoint=checkpoint, out=out, grid=grid,
+                                          sets=set_, device=device)
         from solrl_cli.display import TerminalDisplay
-        from solrl_core import events  # torch: only once the inputs are checked
-        from solrl_core.engine.engine import open_engine
-        from solrl_core.tools.inference import InferRequest, check_vocabulary
+        from solrl_core import events
         from solrl_core.tools.inference import infer as run_infer
 
-        engine = open_engine(cfg, checkpoint=ckpt)
-        check_vocabulary(engine.model, texts)  # before anything is written
-        req = InferRequest(prompts=texts, seeds=list(range(seed, seed + seeds)), weights=("base", *tuned) if ckpt else ("base",),
-                           steps=steps or cfg.sampler.eval_steps, out_dir=output_folder(out, run, "infer"), grid=grid)
+        cfg, texts = engine.config, req.prompts
         console.print(f"solrl infer  {ckpt or cfg.model.name + ' (base)'}  {plural(len(texts), 'prompt')} x {plural(seeds, 'seed')}  "
                       f"steps {req.steps}  weights {', '.join(req.weights)}")
         bus = events.EventBus()
@@ -55,6 +50,26 @@ def infer(
         rows = run_infer(engine, req, bus)
         what = "clips" if engine.model.media == "video" else "images"
         console.print(f"{what}: {req.out_dir}   index: {rows}" + (f"   grid: {req.out_dir / 'grid.png'}" if grid else ""))
+
+
+def infer_request(run: Optional[Path], *, prompt: Optional[list[str]] = None, prompts: Optional[str] = None,
+                  model: Optional[str] = None, model_path: Optional[Path] = None, seeds: int = 2, seed: int = 0,
+                  steps: Optional[int] = None, weights: str = "ema", checkpoint: Optional[str] = None,
+                  out: Optional[Path] = None, grid: bool = True, sets: Optional[list[str]] = None,
+                  device: Optional[str] = None):  # noqa: ANN201
+    """What `solrl infer` (and `solrl.infer`) draws, from its options: the engine of RUN's checkpoint (or
+    of a base model), the request (prompts checked against the model's words) and the checkpoint."""
+    tuned = weight_sets(weights)
+    cfg, ckpt = tool_config(run, model, model_path, checkpoint, sets=sets, flags={"run": {"device": device}})
+    texts = prompt_texts(prompt, prompts, cfg.run.eval_prompts or cfg.run.prompts)
+    from solrl_core.engine.engine import open_engine  # torch: only once the inputs are checked
+    from solrl_core.tools.inference import InferRequest, check_vocabulary
+
+    engine = open_engine(cfg, checkpoint=ckpt)
+    check_vocabulary(engine.model, texts)  # before anything is written
+    req = InferRequest(prompts=texts, seeds=list(range(seed, seed + seeds)), weights=("base", *tuned) if ckpt else ("base",),
+                       steps=steps or cfg.sampler.eval_steps, out_dir=output_folder(out, run, "infer"), grid=grid)
+    return engine, req, ckpt
 
 
 def export(

@@ -40,7 +40,7 @@ def end_summary(e: ev.RunFinished) -> list[str]:
     elif e.first_reward is not None:
         lines.append(f"  mean Stage-2 reward: {fmt(e.first_reward)} (one iteration: no change to show yet)")
     if e.base_eval is None or e.last_eval is None:
-        return lines
+        return lines + _picture(e.last_eval or e.base_eval)
     a, b = ev.decode(dict(e.base_eval)), ev.decode(dict(e.last_eval))
     if not isinstance(a, ev.EvalFinished) or not isinstance(b, ev.EvalFinished):
         return lines
@@ -54,4 +54,13 @@ def end_summary(e: ev.RunFinished) -> list[str]:
     lines.append(line)
     if b.eval_rewards:
         lines.append(f"  eval rewards (scored, not trained on): {eval_rewards_text(b)}")
-    return lines
+    return lines + _picture(e.last_eval)
+
+
+def _picture(record: dict | None) -> list[str]:
+    """'picture: PATH (...)' for the latest evaluation's picture; [] without one."""
+    e = ev.decode(dict(record)) if record else None
+    if not isinstance(e, ev.EvalFinished) or not e.picture:
+        return []
+    shows = "the base" if e.weights == "base" else f"base beside {e.weights}, same seeds"
+    return [f"  picture: {e.picture} ({shows})"]

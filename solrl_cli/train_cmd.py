@@ -24,6 +24,8 @@ NodeRank = Annotated[int, typer.Option("--node-rank", min=0, help="This node's i
 Rdzv = Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="HOST:PORT of node 0 (needed with --nnodes > 1).")]
 MasterAddr = Annotated[Optional[str], typer.Option("--master-addr", help="torchrun's name for node 0's address: the same as --rdzv-endpoint ADDR:PORT.")]
 MasterPort = Annotated[Optional[int], typer.Option("--master-port", help="torchrun's name for node 0's port (default 29500), with --master-addr.")]
+NoEval = Annotated[bool, typer.Option("--no-eval", help="Skip the evaluations (the same as --set run.eval_prompts=): "
+                                       "faster, but no held-out scores, warnings of reward hacking or pictures.")]
 DumpConfig = Annotated[bool, typer.Option("--dump-config", help="Print the resolved config as TOML and exit.")]
 
 
@@ -34,7 +36,7 @@ def train(
     explore_precision: opt.ExplorePrecision = None, resume: Resume = None, checkpoint: ResumeCheckpoint = None,
     log: Log = None, tui: Tui = False, nproc_per_node: Nproc = 1, nnodes: Nnodes = 1, node_rank: NodeRank = 0,
     rdzv_endpoint: Rdzv = None, master_addr: MasterAddr = None, master_port: MasterPort = None,
-    dump_config: DumpConfig = False, trust_run_config: opt.TrustRunConfig = False,
+    no_eval: NoEval = False, dump_config: DumpConfig = False, trust_run_config: opt.TrustRunConfig = False,
 ) -> None:
     """Train with Sol-RL (or another family). With no arguments: the built-in tiny model on this machine."""
     from solrl_core.tools.start import RunRequest, resolve, start_run
@@ -43,7 +45,8 @@ def train(
         flags = {"run": {"prompts": prompts, "run_dir": str(run_dir) if run_dir else None, "iterations": iterations,
                          "seed": seed, "device": device, "log": _trackers(log)},
                  "explore": {"precision": explore_precision}, "model": {"path": str(model_path) if model_path else None}}
-        request = RunRequest(model, family, reward, preset, config, tuple(set_ or ()), flags, resume, checkpoint,
+        sets = (*(set_ or ()), *(["run.eval_prompts="] if no_eval else []))  # as a --set: a resume may take it too
+        request = RunRequest(model, family, reward, preset, config, sets, flags, resume, checkpoint,
                              trust_run_config, nproc_per_node, nnodes)
         if dump_config:
             return _print_config(resolve(request))

@@ -91,6 +91,16 @@ def test_dump_config_prints_resolved_toml_and_writes_nothing(in_tmp):
     assert not (in_tmp / "runs").exists()
 
 
+def test_train_help_shows_how_to_skip_the_evaluations_and_the_flag_does(in_tmp):
+    import tomllib
+
+    shown = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "400"})
+    assert "--no-eval" in shown.output and "run.eval_prompts=" in shown.output
+    assert tomllib.loads(runner.invoke(app, ["train", "--dump-config"]).output)["run"]["eval_prompts"] == "tinyworld_eval"
+    skipped = runner.invoke(app, ["train", "--no-eval", "--dump-config"])
+    assert skipped.exit_code == 0 and tomllib.loads(skipped.output)["run"]["eval_prompts"] == ""
+
+
 def test_presets_listing_shows_every_kind():
     result = runner.invoke(app, ["presets"])
     assert result.exit_code == 0
@@ -146,6 +156,29 @@ def test_eval_scores_a_run_against_its_base_and_writes_every_image(in_tmp):
     assert ema["delta"] == pytest.approx(ema["mean"] - summary["base"]["rewards"]["tinyworld_geneval"]["mean"])
     assert ema["delta_se"] >= 0.0 and "s.e." in result.output
     assert set(summary["ema"]["extras_delta_se"]) == {"tinyworld_geneval.object", "tinyworld_geneval.position"}
+
+
+def test_a_run_draws_each_evaluation_and_eval_reads_its_kept_base_back_unless_the_images_differ(in_tmp):
+    import json
+
+    trained = runner.invoke(app, ["train", *_fast_args("--iterations", "1", "--run-dir", "r")])
+    assert trained.exit_code == 0, trained.output
+    # each evaluation draws its picture, and the end summary names the last one's
+    assert Path("r/pictures/eval_000000.png").is_file() and Path("r/pictures/eval_000001.png").is_file()
+    summary_at = trained.output.index("done: 1 iteration")
+    assert "picture: r/pictures/eval_000001.png (base beside ema, same seeds)" in trained.output[summary_at:]
+    kept = json.loads(Path("r/eval_base.json").read_text())
+    same = runner.invoke(app, ["eval", "r", "--out", "ev"])  # the run's own prompts, seeds, steps and rewards
+    assert same.exit_code == 0, same.output
+    assert "base: from r/eval_base.json" in same.output and "evaluating the base weights" not in same.output
+    summary = json.loads(Path("ev/summary.json").read_text())
+    assert summary["base"]["rewards"]["total"]["mean"] == pytest.approx(sum(kept["total"]) / len(kept["total"]))
+    assert "tinyworld_fidelity" in summary["ema"]["eval_rewards"]  # the eval reward's base came back too
+    rows = [json.loads(line) for line in Path("ev/samples.jsonl").read_text().splitlines()]
+    assert [r["reward"] for r in rows if r["weights"] == "base"] == pytest.approx(kept["total"])
+    other = runner.invoke(app, ["eval", "r", "--seeds", "2", "--out", "ev2"])  # other seeds: scored again
+    assert other.exit_code == 0, other.output
+    assert "base: from" not in other.output and "evaluating the base weights" in other.output
 
 
 def test_eval_errors_are_one_line(in_tmp):

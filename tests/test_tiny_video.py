@@ -134,6 +134,10 @@ def test_one_training_iteration_runs_on_the_preset(tmp_path):
     assert len(done) == 1 and all(np.isfinite(v) for v in done[0].loss.values())
     evals = [e for e in result.events if isinstance(e, ev.EvalFinished)]
     assert [e.weights for e in evals] == ["base", "ema"] and set(evals[0].extras) >= {"tinyvideo_geneval.motion", "tinyvideo_geneval.count"}
+    from PIL import Image
+
+    with Image.open(result.evaluation.picture) as picture:  # base beside ema, each clip as its frames in a row
+        assert picture.width > picture.height and result.evaluation.picture.name == "eval_000001.png"
 
 
 @pytest.mark.slow

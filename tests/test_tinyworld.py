@@ -74,3 +74,20 @@ def test_the_validation_set_holds_no_heldout_pair_and_no_training_caption_of_two
     two = [p for p, s in zip(prompts, specs) if len(s.objects) == 2]
     assert not {_pairs(w.parse(p)) for p in two} & heldout
     assert not set(two) & set(load_prompts("tinyworld_train"))
+
+
+def test_the_default_evaluation_scores_every_heldout_caption_with_the_images_each_kind_needs_in_fewer_images():
+    """The tiny preset's evaluation set is the generator's: every held-out caption, each kind with the
+    images its change needs (count most, object at its ceiling least; docs/BENCHMARKS.md), and under
+    three quarters of the 244 x 8 images it scored before."""
+    from collections import Counter
+
+    from solrl_core.config.presets import resolve_config
+
+    run = resolve_config("tiny").run
+    prompts = load_prompts(run.eval_prompts)
+    assert run.eval_prompts == "tinyworld_eval" and prompts == w.evaluation_prompts()
+    assert set(prompts) == set(w.every_heldout_prompt())
+    images = {kind: n * run.eval_seeds for kind, n in Counter(w.parse(p).kind for p in prompts).items()}
+    assert images == {"object": 54, "count": 540, "binding": 342, "position": 456}
+    assert sum(images.values()) < 244 * 8 * 0.75

@@ -180,6 +180,21 @@ def every_heldout_prompt() -> list[str]:
     return [describe(spec) for spec in specs]
 
 
+# How many times `evaluation_prompts` lists each caption of a kind: at 3 seeds a listing, the images a
+# kind needs for its change after the default run to stand about three and a half paired standard
+# errors clear (docs/BENCHMARKS.md, "The default run's evaluation set"). Count's 0/0.5/1 scores move least for
+# their spread, so it gets the most; object sits at its ceiling and is only watched for a fall.
+EVAL_LISTINGS = {"object": 1, "count": 5, "binding": 3, "position": 1}
+
+
+def evaluation_prompts() -> list[str]:
+    """The default run's evaluation set: every caption of `every_heldout_prompt`, each listed
+    EVAL_LISTINGS[kind] times in a row (each listing gets seeds of its own), so that at 2 seeds a
+    listing the run scores 1392 images rather than 244 x 8 = 1952 and every kind's change has the
+    standard error it needs."""
+    return [text for text in every_heldout_prompt() for _ in range(EVAL_LISTINGS[parse(text).kind])]
+
+
 def validation_prompts(per_kind: int = 32, seed: int = 4321) -> list[str]:
     """Prompts to choose settings on without touching a held-out pair: every single-object caption
     (object, count; no single object can be held out, so these are the evaluation world's own), then

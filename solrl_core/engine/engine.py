@@ -30,7 +30,7 @@ from solrl_core.engine.attention import training_attention
 from solrl_core.engine.offload import Parking
 from solrl_core.engine.policy import OLD, Policy
 from solrl_core.engine.regions import CompiledBlocks
-from solrl_core.engine.rollout import RolloutCopy
+from solrl_core.engine.rollout import RolloutCopy, cast
 from solrl_core.engine.sampler import Sampler, batch_slices
 from solrl_core.engine.sharded_copy import base_tensors, is_sharded, meta_copy, refresh_from_shards
 from solrl_core.faults.phase import charged_to
@@ -335,7 +335,7 @@ def _copy(cfg: Config, model: DiffusionModel, spec: CopySpec, source: nn.Module 
     from the base model on a replica, from the shards under fsdp (sharded_copy.py)."""
     lean = spec.precision in WRAPPERS
     if source is not None:
-        module = base_copy(meta_copy(source) if lean else source).to(dtype)
+        module = cast(base_copy(meta_copy(source) if lean else source), dtype)
     elif spec.from_shards or lean:
         module = meta_copy(model.transformer)
     else:

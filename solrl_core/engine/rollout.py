@@ -50,6 +50,15 @@ class RolloutBatch:
                        components={k: v[index] for k, v in self.components.items()})
 
 
+def cast(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:
+    """`module` in `dtype` (in place), cast only where a tensor is not: diffusers warns of "modules that
+    should be kept in float32" at every `.to(dtype)` of one of its models, even one already in that
+    dtype that keeps none in float32 (the tiny models)."""
+    if dtype is None or all(t.dtype == dtype for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()):
+        return module
+    return module.to(dtype)
+
+
 class RolloutCopy:
     """A merged, frozen copy of the base transformer at a rollout precision."""
 
@@ -63,7 +72,7 @@ class RolloutCopy:
         self.sharded = sharded
         self.module = module.requires_grad_(False).eval()
         if precision in ("bf16", "fp32"):
-            self.module.to({"bf16": torch.bfloat16, "fp32": torch.float32}[precision])
+            cast(self.module, {"bf16": torch.bfloat16, "fp32": torch.float32}[precision])
         self.dtype = next(self.module.parameters()).dtype  # nvfp4-emulated and fp8 compute in the base dtype
         self.report: QuantReport | None = None
         if precision in WRAPPERS:

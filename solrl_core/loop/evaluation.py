@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,6 +29,7 @@ import torch
 from solrl_core import events as ev
 from solrl_core.config.schema import Config
 from solrl_core.engine.engine import Engine, Progress
+from solrl_core.loop.eval_pictures import EvalPictures
 from solrl_core.loop.eval_rewards import HeldOut, held_out_rewards
 from solrl_core.loop.session import Run
 from solrl_core.rewards import RewardSet, Scores
@@ -48,6 +49,7 @@ class Evaluation:
     seconds: float
     groups: dict[str, dict[str, list[int]]]  # reward -> group -> image indices, for extras 'reward.group' that are group means
     held_out: dict[str, torch.Tensor] = field(default_factory=dict)  # eval reward -> per-image scores (run.eval_rewards)
+    shown: torch.Tensor | None = None  # the few images a run's picture shows (`evaluate(keep=)`, eval_pictures.py)
 
     @property
     def mean(self) -> float:
@@ -60,10 +62,13 @@ def eval_seeds(n_prompts: int, per_prompt: int) -> torch.Tensor:
 
 @torch.no_grad()
 def evaluate(run: Run, prompts: list[str], per_prompt: int, weights: str, progress: Progress | None = None,
-             held_out: HeldOut | None = None, stop: Callable[[], bool] | None = None) -> Evaluation:
+             held_out: HeldOut | None = None, stop: Callable[[], bool] | None = None, *,
+             keep: list[int] | None = None) -> Evaluation:
     """Score `weights` ("base": adapters off, "ema": the EMA adapter, "trained": the live adapter).
-    Once `stop()` says yes between two rollout batches, the evaluation is dropped (GenerationStopped)."""
-    return _score(run.engine, prompts, per_prompt, weights, progress, held_out, stop)[0]
+    Once `stop()` says yes between two rollout batches, the evaluation is dropped (GenerationStopped).
+    `keep`: the indices of the images to keep in `shown`; the others are let go once scored."""
+    result, images = _score(run.engine, prompts, per_prompt, weights, progress, held_out, stop)
+    return replace(result, shown=images[keep]) if keep else result
 
 
 @torch.no_grad()
@@ -99,6 +104,7 @@ class EvalRequest:
     save_images: bool = False
     prompt_set: str = ""  # the name or file the prompts came from, for the record
     eval_rewards: tuple[str, ...] = ()  # scored besides the run's own reward(s), each base -> tuned (`--rewards`)
+    base_from: Path | None = None  # a run folder: its kept base evaluation (BASE_FILE) serves when it scored these images
 
 
 class EvalStopped(Exception):
@@ -159,18 +165,22 @@ def _evaluate_sets(req: EvalRequest, bus: ev.EventBus, engine: Engine, held_out:
     from solrl_core.io.atomic import write_atomic
 
     flat = [p for p in req.prompts for _ in range(req.per_prompt)]
+    kept = kept_base(req) if "base" in req.weights else None
     req.out_dir.mkdir(parents=True, exist_ok=True)
     with open(req.out_dir / "samples.jsonl", "w", encoding="utf-8") as rows:
         for weights in req.weights:
-            bus.emit(ev.EvalStarted(iteration=0, weights=weights, prompts=req.prompt_set or plural(len(req.prompts), "prompt"),
-                                    samples=len(flat)))
-            result, images = _score(engine, req.prompts, req.per_prompt, weights, progress_events(bus, 0, weights), held_out, stop)
+            if weights == "base" and kept is not None:
+                result, images = kept, None
+            else:
+                bus.emit(ev.EvalStarted(iteration=0, weights=weights, prompts=req.prompt_set or plural(len(req.prompts), "prompt"),
+                                        samples=len(flat)))
+                result, images = _score(engine, req.prompts, req.per_prompt, weights, progress_events(bus, 0, weights), held_out, stop)
             results.append(result)
             for i, prompt in enumerate(flat):
                 row = {"weights": weights, "prompt": prompt, "seed": int(result.seeds[i]), "reward": float(result.scores.total[i]),
                        **{f"reward.{k}": float(v[i]) for k, v in result.scores.components.items()},
                        **{f"eval.{k}": float(v[i]) for k, v in result.held_out.items()}}
-                if req.save_images:
+                if req.save_images and images is not None:
                     path = req.out_dir / "images" / weights / f"{i:05d}.png"
                     path.parent.mkdir(parents=True, exist_ok=True)
                     save_png(images[i], path)
@@ -180,9 +190,30 @@ def _evaluate_sets(req: EvalRequest, bus: ev.EventBus, engine: Engine, held_out:
                                      mean=result.mean, components={k: float(v.mean()) for k, v in result.scores.components.items()},
                                      extras=result.extras, seconds=result.seconds, delta_se=_delta_se(results[0], result),
                                      eval_rewards=_means(result.held_out),
-                                     **_changes(results[0], result)))
+                                     **_changes(results[0], result), reused=str(req.base_from / BASE_FILE) if images is None else ""))
     write_atomic(req.out_dir / "summary.json", json.dumps(summary(results), indent=2))
     return results
+
+
+def kept_base(req: EvalRequest) -> Evaluation | None:
+    """The base evaluation the training run in `req.base_from` kept (BASE_FILE), when it scored the
+    images `req` asks for: the same prompts, seeds, steps and rewards (RunEvals' key), every eval
+    reward asked, and the model, sampler, device and dtype of the run's saved config. None otherwise,
+    or when the images themselves are asked for (`save_images`): the base is scored again."""
+    from solrl_core.config.convert import load_run_config
+
+    cfg = req.config
+    if req.base_from is None or req.save_images or not (req.base_from / BASE_FILE).is_file():
+        return None
+    run = load_run_config(req.base_from)
+    if (run.model, run.sampler, run.run.device, run.run.dtype, run.run.tf32) != (
+            cfg.model, cfg.sampler, cfg.run.device, cfg.run.dtype, cfg.run.tf32):
+        return None
+    evals = RunEvals(req.base_from, {"prompts": req.prompts, "per_prompt": req.per_prompt, "steps": cfg.sampler.eval_steps,
+                                     "rewards": dict(cfg.reward.weights)}, write=False)
+    if evals.restore(req.eval_rewards) or evals.base is None:  # a reason it cannot serve
+        return None
+    return replace(evals.base, held_out={k: v for k, v in evals.base.held_out.items() if k in req.eval_rewards})
 
 
 def paired_se(values: torch.Tensor, ref: torch.Tensor) -> float:
@@ -274,8 +305,9 @@ class RunEvals:
     paired standard errors from the base's per-image scores. `key`: what the scores depend on besides
     the weights (prompts, seeds per prompt, steps, rewards); a kept base of another key is not used."""
 
-    def __init__(self, run_dir: Path, key: dict[str, Any], write: bool = True) -> None:
+    def __init__(self, run_dir: Path, key: dict[str, Any], write: bool = True, pictures: EvalPictures | None = None) -> None:
         self.path, self.key, self.write = run_dir / BASE_FILE, key, write
+        self.pictures = pictures  # each evaluation's picture, base beside it (eval_pictures.py)
         self.base: Evaluation | None = None
         self.base_event: ev.EvalFinished | None = None
         self.last_event: ev.EvalFinished | None = None
@@ -285,7 +317,8 @@ class RunEvals:
     def of(cls, run: Run) -> "RunEvals":
         cfg = run.config
         return cls(run.run_dir, {"prompts": run.eval_prompts, "per_prompt": cfg.run.eval_seeds,
-                                 "steps": cfg.sampler.eval_steps, "rewards": dict(cfg.reward.weights)}, write=run.rank == 0)
+                                 "steps": cfg.sampler.eval_steps, "rewards": dict(cfg.reward.weights)}, write=run.rank == 0,
+                   pictures=EvalPictures(run.run_dir, run.eval_prompts, cfg.run.eval_seeds, write=run.rank == 0))
 
     def delta_se(self, result: Evaluation) -> dict[str, float]:
         """'mean' and each per-group extra: the standard errors of the change since the base; {} without one."""

@@ -52,15 +52,19 @@ def evaluate_now(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, e
 def _score(run: Run, state: LoopState, bus: ev.EventBus, weights: str, evals: RunEvals, stop: Callable[[], bool]) -> None:
     bus.emit(ev.EvalStarted(iteration=state.iteration, weights=weights, prompts=run.config.run.eval_prompts,
                             samples=len(run.eval_prompts) * run.config.run.eval_seeds))
+    pictures = evals.pictures
     with charged_to("evaluation"):
         result = evaluate(run, run.eval_prompts, run.config.run.eval_seeds, weights,
-                          progress_events(bus, state.iteration, weights), run.held_out, stop)
+                          progress_events(bus, state.iteration, weights), run.held_out, stop,
+                          keep=pictures.index if pictures is not None else None)
+        picture = (pictures.draw(run.engine, state.iteration, weights, result.shown, result.scores.total, result.seeds)
+                   if pictures is not None and result.shown is not None else "")
     event = ev.EvalFinished(iteration=state.iteration, weights=weights, prompts=run.config.run.eval_prompts,
                             samples=len(result.seeds), mean=result.mean,
                             components={k: float(v.mean()) for k, v in result.scores.components.items()},
                             extras=result.extras, seconds=result.seconds, delta_se=evals.delta_se(result),
                             eval_rewards={k: float(v.mean()) for k, v in result.held_out.items()},
-                            **evals.changes(result))
+                            **evals.changes(result), picture=picture)
     bus.emit(event)
     _warn_of_hacking(run, state, bus, evals, result)
     evals.finished(result, event)
