@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from solrl_cli import options as opt
-from solrl_cli.common import console, output_folder, tool_config, weight_sets
+from solrl_cli.common import console, output_folder, pick_best, tool_config, weight_sets
 from solrl_cli.errors import user_errors
 from solrl_cli.tables import Column, print_fitted
 from solrl_core.text import plural
@@ -25,12 +25,13 @@ def eval_(
     run: Run = None, model: opt.Model = None, model_path: opt.ModelPath = None, reward: opt.Reward = None,
     prompts: opt.Prompts = None, seeds: Seeds = None, steps: opt.EvalSteps = None, weights: opt.Weights = "ema",
     checkpoint: opt.Checkpoint = None, out: opt.Out = None, save_images: SaveImages = False, set_: opt.Sets = None,
-    device: opt.Device = None, rewards: EvalRewards = None, trust_run_config: opt.TrustRunConfig = False,
+    device: opt.Device = None, rewards: EvalRewards = None, trust_run_config: opt.TrustRunConfig = False, best: opt.Best = False,
 ) -> None:
     """Score the base model, or a run's checkpoint against its base, with one or more rewards."""
     with user_errors():
         tuned = weight_sets(weights)
         extra = None if rewards is None else tuple(n.strip() for n in rewards.split(",") if n.strip())
+        checkpoint, _ = pick_best(run, checkpoint, best)
         cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, trust=trust_run_config,
                                 flags={"run": {"device": device, "eval_rewards": extra}, "sampler": {"eval_steps": steps}})
         spec, extra = prompts or cfg.run.eval_prompts or cfg.run.prompts, cfg.run.eval_rewards
