@@ -68,7 +68,8 @@ def pick_best(run: Optional[Path], checkpoint: Optional[str], best: bool) -> tup
     if not best:
         return checkpoint, ""
     if run is None or checkpoint:
-        raise SolrlError("--best picks among a run's checkpoints" + (", as --checkpoint does: give one" if checkpoint else ""),
+        raise SolrlError("--best and --checkpoint both choose the checkpoint: give one of them" if checkpoint
+                         else "--best picks among a run's checkpoints, and no run folder was given",
                          "drop --checkpoint" if checkpoint else "pass the run folder as the first argument")
     from solrl_core.loop.hacking import best_checkpoint  # torch: a run folder's checkpoints are read with it
 

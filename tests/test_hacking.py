@@ -192,8 +192,8 @@ def test_best_picks_the_highest_gain_no_rule_flagged_and_the_card_says_why(rolle
     assert scored.returncode == 0, scored.stderr
     assert f"--best: {best}" in scored.stdout and f"solrl eval  {run / 'checkpoints' / best}" in scored.stdout
     both = _solrl("export", str(run), "--best", "--checkpoint", "iter_000004", cwd=tmp)
-    assert both.returncode == 2 and "drop --checkpoint" in both.stdout
+    assert both.returncode == 2 and "drop --checkpoint" in both.stderr
     for path in found[:-1]:
         _verdict(path, 0.1, ["tinyworld_fidelity"])
     none = _solrl("export", str(run), "--best", cwd=tmp)
-    assert none.returncode == 2 and "--best found no checkpoint" in none.stdout and "Traceback" not in none.stdout + none.stderr
+    assert none.returncode == 2 and "--best found no checkpoint" in none.stderr and "Traceback" not in none.stdout + none.stderr
