@@ -60,6 +60,24 @@ def tool_config(run: Optional[Path], model: Optional[str], model_path: Optional[
     return used, _pick_checkpoint(run, list_checkpoints(run), checkpoint)
 
 
+def pick_best(run: Optional[Path], checkpoint: Optional[str], best: bool) -> tuple[Optional[str], str]:
+    """--best: the name of the run's checkpoint with the highest trained-reward gain among those no hacking
+    rule flagged, and why (printed, and written on a model card); without it, --checkpoint as given."""
+    from solrl_core.errors import SolrlError
+
+    if not best:
+        return checkpoint, ""
+    if run is None or checkpoint:
+        raise SolrlError("--best and --checkpoint both choose the checkpoint: give one of them" if checkpoint
+                         else "--best picks among a run's checkpoints, and no run folder was given",
+                         "drop --checkpoint" if checkpoint else "pass the run folder as the first argument")
+    from solrl_core.loop.hacking import best_checkpoint  # torch: a run folder's checkpoints are read with it
+
+    path, why = best_checkpoint(run)
+    console.print(f"--best: {why}")
+    return path.name, why
+
+
 def prompt_texts(prompt: Optional[list[str]], prompts: Optional[str], default: str) -> list[str]:
     """The --prompt texts, else the --prompts file or set, else `default` (a prompt set or file)."""
     from solrl_core.data.prompts import load_prompts

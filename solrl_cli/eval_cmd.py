@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from solrl_cli import options as opt
-from solrl_cli.common import console, output_folder, tool_config, weight_sets
+from solrl_cli.common import console, output_folder, pick_best, tool_config, weight_sets
 from solrl_cli.errors import user_errors
 from solrl_cli.tables import Column, print_fitted
 from solrl_core.text import plural
@@ -25,13 +25,13 @@ def eval_(
     run: Run = None, model: opt.Model = None, model_path: opt.ModelPath = None, reward: opt.Reward = None,
     prompts: opt.Prompts = None, seeds: Seeds = None, steps: opt.EvalSteps = None, weights: opt.Weights = "ema",
     checkpoint: opt.Checkpoint = None, out: opt.Out = None, save_images: SaveImages = False, set_: opt.Sets = None,
-    device: opt.Device = None, rewards: EvalRewards = None, trust_run_config: opt.TrustRunConfig = False,
+    device: opt.Device = None, rewards: EvalRewards = None, trust_run_config: opt.TrustRunConfig = False, best: opt.Best = False,
 ) -> None:
     """Score the base model, or a run's checkpoint against its base, with one or more rewards."""
     with user_errors():
         req = eval_request(run, model=model, model_path=model_path, reward=reward, prompts=prompts, seeds=seeds, steps=steps,
                            weights=weights, checkpoint=checkpoint, out=out, save_images=save_images, sets=set_, device=device,
-                           rewards=rewards, trust_run_config=trust_run_config)
+                           rewards=rewards, trust_run_config=trust_run_config, best=best)
         from solrl_cli.display import TerminalDisplay
         from solrl_core import events  # torch: only once the config is accepted
         from solrl_core.loop.evaluation import EvalStopped, evaluate_weights
@@ -54,11 +54,14 @@ def eval_request(run: Optional[Path], *, model: Optional[str] = None, model_path
                  reward: Optional[str] = None, prompts: Optional[str] = None, seeds: Optional[int] = None,
                  steps: Optional[int] = None, weights: str = "ema", checkpoint: Optional[str] = None,
                  out: Optional[Path] = None, save_images: bool = False, sets: Optional[list[str]] = None,
-                 device: Optional[str] = None, rewards: Optional[str] = None, trust_run_config: bool = False):  # noqa: ANN201
+                 device: Optional[str] = None, rewards: Optional[str] = None, trust_run_config: bool = False,
+                 best: bool = False):  # noqa: ANN201
     """What `solrl eval` (and `solrl.evaluate`) scores, from its options: the config of RUN (or of a
-    base model preset) with the overrides, its prompts, seeds, weight sets and output folder."""
+    base model preset) with the overrides, its prompts, seeds, weight sets and output folder. `best`:
+    the checkpoint --best picks (the highest trained-reward gain no hacking rule flagged)."""
     tuned = weight_sets(weights)
     extra = None if rewards is None else tuple(n.strip() for n in rewards.split(",") if n.strip())
+    checkpoint, _ = pick_best(run, checkpoint, best)
     cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=sets, trust=trust_run_config,
                             flags={"run": {"device": device, "eval_rewards": extra}, "sampler": {"eval_steps": steps}})
     spec = prompts or cfg.run.eval_prompts or cfg.run.prompts

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from solrl_cli import options as opt
-from solrl_cli.common import console, output_folder, prompt_texts, tool_config, weight_sets
+from solrl_cli.common import console, output_folder, pick_best, prompt_texts, tool_config, weight_sets
 from solrl_cli.errors import user_errors
 from solrl_core.text import plural
 
@@ -75,7 +75,7 @@ def infer_request(run: Optional[Path], *, prompt: Optional[list[str]] = None, pr
 def export(
     run: ExportRun, out: ExportOut = None, weights: Annotated[str, typer.Option("--weights", help="ema or trained.")] = "ema",
     checkpoint: opt.Checkpoint = None, merge: Merge = False, model_path: opt.ModelPath = None,
-    push_to_hub: PushToHub = None, private: Private = False, overwrite: Overwrite = False,
+    push_to_hub: PushToHub = None, private: Private = False, overwrite: Overwrite = False, best: opt.Best = False,
 ) -> None:
     """Export a run's tuned weights with a model card: the LoRA for diffusers and peft, or (--merge) a merged transformer."""
     from solrl_core.errors import SolrlError
@@ -93,11 +93,12 @@ def export(
             check_push(push_to_hub)  # a bad id or no token: said before anything is written
         if out is not None:
             check_export_folder(out, overwrite)
+        checkpoint, why = pick_best(run, checkpoint, best)
         cfg, ckpt = tool_config(run, None, model_path, checkpoint)
         from solrl_core.tools.export import default_folder, export_weights  # torch: only once the inputs are checked
 
         exported = export_weights(cfg, ckpt, sets[0], out or default_folder(run, ckpt, sets[0], merge), merge, push_to_hub,
-                                  overwrite)
+                                  overwrite, chosen=f"chosen by --best: {why}" if why else "")
         console.print(f"{exported.what} ({sets[0]} weights of {ckpt.name}) -> {exported.path}  (model card {exported.card.name}; "
                       f"load with {exported.how})")
         if push_to_hub:

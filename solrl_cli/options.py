@@ -22,6 +22,8 @@ Seed = Annotated[Optional[int], typer.Option("--seed", help="Run seed.")]
 Device = Annotated[Optional[str], typer.Option("--device", help="auto, cpu, cuda or cuda:N.")]
 ExplorePrecision = Annotated[Optional[str], typer.Option("--explore-precision", help="auto, fp8 (GPU, compute capability >= 8.9), nvfp4-emulated, fp8-e5m2-tensor, fp8-e5m2-delayed (the official recipe), bf16 or fp32.")]
 Checkpoint = Annotated[Optional[str], typer.Option("--checkpoint", help="Checkpoint folder name (iter_000030) or path. Default: the newest.")]
+Best = Annotated[bool, typer.Option("--best", help="The checkpoint with the highest trained-reward gain among those whose "
+                                                   "evaluation no reward-hacking rule flagged (docs/rewards.md).")]
 Out = Annotated[Optional[Path], typer.Option("--out", "-o", help="Output folder. Default: RUN/<command>/<time>, or runs/<command>-<time> without a RUN.")]
 Weights = Annotated[str, typer.Option("--weights", help="Tuned weights beside the base: ema, trained or ema,trained.")]
 EvalSteps = Annotated[Optional[int], typer.Option("--steps", min=1, help="Sampling steps. Default: sampler.eval_steps.")]

@@ -14,16 +14,18 @@ def fmt(x: float | None) -> str:
 
 
 def eval_rewards_text(e: ev.EvalFinished) -> str:
-    """'NAME base B -> now N (change +- s.e.); ...' per eval reward of an evaluation (run.eval_rewards);
-    the mean alone where it has no base to compare with (the base itself, or a base kept without it)."""
+    """'NAME base B -> now N (change +- s.e.; floor F); ...' per eval reward of an evaluation (run.eval_rewards),
+    F the fall that counts as hacking (loop/hacking.py); the mean alone where it has no base to compare
+    with (the base itself, or a base kept without it)."""
     parts = []
     for name, now in e.eval_rewards.items():
         change, se = e.eval_changes.get(name), e.eval_se.get(name)
+        floor = f"floor {e.eval_floors[name]:.4g}" if name in e.eval_floors else ""
         if change is None:
-            parts.append(f"{name} {fmt(now)}")
+            parts.append(f"{name} {fmt(now)}" + (f" (hacking {floor})" if floor else ""))
             continue
         pm = f" +- {se:.4f} s.e." if se is not None else ""
-        parts.append(f"{name} base {fmt(now - change)} -> {e.weights} {fmt(now)} ({change:+.4f}{pm})")
+        parts.append(f"{name} base {fmt(now - change)} -> {e.weights} {fmt(now)} ({change:+.4f}{pm}" + (f"; {floor})" if floor else ")"))
     return "; ".join(parts)
 
 

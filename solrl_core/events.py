@@ -146,13 +146,14 @@ class EvalFinished(Event):
     eval_se: dict[str, float] = field(default_factory=dict)  # the paired standard error of each of those changes
     reused: str = ""  # the file these scores were read back from (a run's kept base evaluation); '' when scored now
     picture: str = ""  # a training run's picture of it: base beside these weights on a few of its images (eval_pictures.py)
+    eval_floors: dict[str, float] = field(default_factory=dict)  # each one's hacking floor (loop/hacking.py); empty without one
 
 
 @dataclass(frozen=True)
 class RewardHacking(Event):
     """After an evaluation: the trained reward (the evaluation's total) rose since the base while an
-    eval reward fell by more than `threshold` paired standard errors: the images may be degrading
-    in ways the trained reward does not see (evaluation.hacking)."""
+    eval reward fell by more than `threshold` paired standard errors and more than its `floor`: the
+    images may be degrading in ways the trained reward does not see (loop/hacking.py)."""
 
     kind: ClassVar[str] = "reward_hacking"
     iteration: int
@@ -163,7 +164,25 @@ class RewardHacking(Event):
     change: float
     se: float
     threshold: float  # in standard errors
-    stopping: bool  # run.stop_on_hacking: the run stops with a checkpoint of this iteration
+    stopping: bool  # run.on_hacking is stop or rollback: the run does not go on from this iteration
+    floor: float = 0.0  # the fall that counts (run.hacking_floors or the reward's declared floor); 0 in older logs
+    action: str = ""  # run.on_hacking: warn, stop or rollback ('' in older logs: stopping says which of warn and stop)
+
+
+@dataclass(frozen=True)
+class RolledBack(Event):
+    """run.on_hacking=rollback: after the evaluation of `iteration` was flagged, the run went back to
+    `checkpoint` (iteration `to`, the newest whose evaluation no rule flagged), set the later
+    checkpoints aside, and goes on as `then` says (run.rollback_then)."""
+
+    kind: ClassVar[str] = "rolled_back"
+    iteration: int
+    to: int
+    checkpoint: str
+    then: str  # stop, or lower_lr: training goes on at `lr`
+    lr: float
+    rollbacks: int  # in this run so far, this one included
+    set_aside: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Eval rewards (run.eval_rewards) and the reward-hacking warning: a second, independent score on
-the evaluation's images, shown base -> now with its paired standard error wherever a run is shown;
-a run trained to hack (a reward that counts bright pixels) is caught within the run, and
-run.stop_on_hacking stops it with a checkpoint that resumes. CPU, no network."""
+the evaluation's images, shown base -> now with its paired standard error and its hacking floor
+wherever a run is shown; a run trained to hack (the shipped `brightness` reward) is caught within
+the run, run.on_hacking=stop stops it with a checkpoint that resumes exactly (the deprecated
+run.stop_on_hacking too), and rollback returns it to its base. CPU, no network."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -20,16 +22,14 @@ from solrl_cli.tui.state import RunState
 from solrl_core import events as ev
 from solrl_core.config.presets import resolve_config
 from solrl_core.data.tinyworld import example
-from solrl_core.loop.evaluation import BASE_FILE, Evaluation, eval_seeds, hacking
+from solrl_core.loop.evaluation import BASE_FILE
 from solrl_core.loop.trainer import train
-from solrl_core.rewards import Scores
 from solrl_core.rewards.palette import PaletteFidelity
 from solrl_core.runtime.stopping import StopFlag
 from solrl_core.tracking.metrics import scalars
 from tests.conftest import FAST
 
 CAPTIONS = "a red circle\ntwo blue squares\na green triangle left of a yellow circle\na red circle and a blue square\n"
-BRIGHT = "import torch\n\n\ndef score(images, prompts):\n    return images.float().mean(dim=(1, 2, 3))  # bright pixels only\n"
 # lr 3e-3 brightens the tiny world's images within 2 iterations (its fidelity from about 0.9 to 0.5)
 HACK = ("optimizer.lr=3e-3", "run.iterations=4", "run.eval_every=2", "run.eval_seeds=2", "sampler.eval_steps=3")
 
@@ -49,21 +49,6 @@ def test_fidelity_is_one_on_rendered_scenes_and_falls_as_they_degrade():
     assert (fidelity(washed, []) < fidelity(noisy, [])).all()  # washing out the background is the worst of these
 
 
-def _evaluation(total: list[float], held: list[float]) -> Evaluation:
-    t = torch.tensor(total)
-    return Evaluation("x", ["p"] * len(total), eval_seeds(len(total), 1), Scores(t, {"r": t}), {}, 0.0, {},
-                      {"fid": torch.tensor(held)})
-
-
-def test_hacking_needs_the_trained_reward_up_and_an_eval_reward_down_by_more_than_two_standard_errors():
-    base = _evaluation([0.5, 0.5, 0.5, 0.5], [0.9, 0.9, 0.9, 0.9])
-    fell = _evaluation([0.6, 0.7, 0.6, 0.7], [0.8, 0.7, 0.8, 0.7])  # -0.15, s.e. 0.029
-    ((name, change, se),) = hacking(base, fell)
-    assert name == "fid" and change == pytest.approx(-0.15) and se == pytest.approx(0.0289, abs=1e-4)
-    assert hacking(base, _evaluation([0.4, 0.4, 0.4, 0.4], [0.8, 0.7, 0.8, 0.7])) == []  # trained reward fell too
-    assert hacking(base, _evaluation([0.6, 0.7, 0.6, 0.7], [0.95, 0.8, 0.95, 0.8])) == []  # -0.025 +- 0.043: noise
-
-
 def _train(sets, resume=False, stop_after=None, reward=None):
     """A tiny run through the plain display: its printed text and events."""
     out, seen, flag = io.StringIO(), [], StopFlag()
@@ -81,7 +66,6 @@ def _train(sets, resume=False, stop_after=None, reward=None):
 def folder(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("eval_rewards")
     (tmp / "ev.txt").write_text(CAPTIONS)
-    (tmp / "bright.py").write_text(BRIGHT)
     return tmp
 
 
@@ -101,41 +85,65 @@ def test_a_tiny_run_shows_its_second_score_base_to_now_with_standard_errors(fold
     assert "s.e.)" in next(line for line in summary.splitlines() if line.startswith("  eval on "))
     line = next(line for line in summary.splitlines() if line.startswith("  eval rewards (scored, not trained on):"))
     se = last.eval_se["tinyworld_fidelity"]
-    assert f"tinyworld_fidelity base {base:.4g} -> ema {now:.4g} ({now - base:+.4f} +- {se:.4f} s.e.)" in line
+    floor = last.eval_floors["tinyworld_fidelity"]
+    assert floor == 0.1  # the floor the registry declares for it
+    assert f"tinyworld_fidelity base {base:.4g} -> ema {now:.4g} ({now - base:+.4f} +- {se:.4f} s.e.; floor {floor:.4g})" in line
     assert json.loads((folder / "plain" / BASE_FILE).read_text())["eval_rewards"]["tinyworld_fidelity"]
     state = RunState()  # the TUI's evaluations panel
     for e in seen:
         state.apply(e)
     console = Console(file=io.StringIO(), width=120, record=True)
     console.print(eval_view(state))
-    assert "tinyworld_fidelity (eval)" in console.export_text()
+    shown = next(row for row in console.export_text().splitlines() if "tinyworld_fidelity (eval)" in row)
+    assert shown.split()[-1] == "-0.1"  # against its floor
     step, values = scalars(last)  # TensorBoard and W&B
     assert step == 2 and values["eval_reward/tinyworld_fidelity/change_se"] == se
+    assert values["eval_reward/tinyworld_fidelity/floor"] == -floor
 
 
-def test_a_run_trained_to_hack_is_warned_within_the_run(folder):
-    text, seen = _train(_sets(folder, "hack", *HACK), reward=f"{folder / 'bright.py'}:score")
+@pytest.fixture(scope="module")
+def hacked(folder):
+    """The shipped made-to-hack reward, trained on with run.on_hacking=warn: its printed text and events."""
+    return _train(_sets(folder, "hack", *HACK), reward="brightness")
+
+
+def test_a_run_trained_to_hack_is_warned_within_the_run(folder, hacked):
+    text, seen = hacked
     warned = [e for e in seen if isinstance(e, ev.RewardHacking)]
-    assert warned and warned[0].iteration == 2 and warned[0].reward == "tinyworld_fidelity" and not warned[0].stopping
+    assert warned and warned[0].iteration == 2 and warned[0].reward == "tinyworld_fidelity" and warned[0].action == "warn"
     w = warned[0]
-    assert w.trained_change > 0 and w.change < -2 * w.se
-    assert f"reward hacking? iteration 2: the trained reward {w.trained} rose {w.trained_change:+.4f}" in text
+    assert w.trained_change > 0 and w.change < -2 * w.se and w.change < -w.floor and w.floor == 0.1
+    assert (f"reward hacking? iteration 2: the trained reward brightness rose {w.trained_change:+.4f}" in text
+            and "more than 2 s.e. and its floor 0.1)" in text)
     logged = [json.loads(line) for line in (folder / "hack" / "events.jsonl").read_text().splitlines()]
     assert any(r["event"] == "reward_hacking" for r in logged)
     assert next(e for e in seen if isinstance(e, ev.RunFinished)).reason == "completed"  # a warning, not a stop
 
 
-def test_stop_on_hacking_stops_with_a_checkpoint_that_resumes(folder):
-    sets, bright = _sets(folder, "stop", *HACK), f"{folder / 'bright.py'}:score"
-    _, seen = _train([*sets, "run.stop_on_hacking=true"], reward=bright)
+def test_stop_on_hacking_stops_with_a_checkpoint_that_resumes_exactly(folder, hacked):
+    sets = _sets(folder, "stop", *HACK)
+    _, seen = _train([*sets, "run.stop_on_hacking=true"], reward="brightness")  # the deprecated boolean still stops
+    assert any("run.stop_on_hacking is deprecated" in e.message for e in seen if isinstance(e, ev.RunWarning))
     end = next(e for e in seen if isinstance(e, ev.RunFinished))
     assert end.reason == "interrupted" and end.iteration == 2 and end.checkpoint.endswith("iter_000002")
-    assert [e.stopping for e in seen if isinstance(e, ev.RewardHacking)] == [True]
-    _, seen = _train([*sets, "run.stop_on_hacking=false"], resume=True, reward=bright)
+    assert [e.action for e in seen if isinstance(e, ev.RewardHacking)] == ["stop"]
+    _, seen = _train([*sets, "run.stop_on_hacking=false"], resume=True, reward="brightness")
     started = next(e for e in seen if isinstance(e, ev.RunStarted))
     assert started.resumed and started.start_iteration == 2
     assert next(e for e in seen if isinstance(e, ev.RunFinished)).reason == "completed"
     assert not any(isinstance(e, ev.RunWarning) for e in seen)  # the base evaluation, eval rewards included, read back
+    for name in ("pytorch_lora_weights.safetensors", "ema/pytorch_lora_weights.safetensors"):  # as if never stopped
+        a, b = (load_file(str(folder / run / "checkpoints" / "iter_000004" / name)) for run in ("hack", "stop"))
+        assert all(torch.equal(a[k], b[k]) for k in a), name
+
+
+def test_rollback_with_nothing_evaluated_before_the_fall_returns_to_the_base_and_stops(folder):
+    _, seen = _train(_sets(folder, "back", *HACK, "run.on_hacking=rollback"), reward="brightness")
+    kinds = [type(e).__name__ for e in seen if isinstance(e, (ev.RewardHacking, ev.RolledBack, ev.RunFinished))]
+    assert kinds == ["RewardHacking", "RolledBack", "RunFinished"]
+    back, end = (next(e for e in seen if isinstance(e, t)) for t in (ev.RolledBack, ev.RunFinished))
+    assert (back.iteration, back.to, back.then) == (2, 0, "stop") and back.checkpoint.endswith("iter_000000")
+    assert end.iteration == 0 and end.checkpoint.endswith("iter_000000")  # the base weights, evaluated before the fall
 
 
 def test_a_base_kept_without_eval_rewards_resumes_with_a_warning(folder):

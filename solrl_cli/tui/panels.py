@@ -250,7 +250,8 @@ def eval_view(s: RunState) -> Group | str:
         return Group(head, runs)
     kinds = Table(title=f"per kind: base against iteration {last.iteration} ({last.weights})", title_justify="left", box=None,
                   padding=(0, 1))
-    for col in ("kind", "base", "latest", "change", "s.e."):
+    floors = {f"eval.{k}": v for k, v in last.eval_floors.items()}  # each eval reward against its hacking floor
+    for col in ("kind", "base", "latest", "change", "s.e.", *(("floor",) if floors else ())):
         kinds.add_column(col, justify="left" if col == "kind" else "right", no_wrap=col != "kind", overflow="fold")
     named = {**(last.components if len(last.components) > 1 else {}), **last.extras,
              **{f"eval.{k}": v for k, v in last.eval_rewards.items()}}  # eval rewards: scored, not trained on
@@ -260,7 +261,8 @@ def eval_view(s: RunState) -> Group | str:
         was = before.get(key)
         label = f"{key[5:]} (eval)" if key.startswith("eval.") else key.split(".")[-1]
         kinds.add_row(label, "" if was is None else f"{was:.3f}", f"{value:.3f}",
-                      "" if was is None else f"{value - was:+.3f}", f"{se[key]:.3f}" if key in se else "")
+                      "" if was is None else f"{value - was:+.3f}", f"{se[key]:.3f}" if key in se else "",
+                      *((f"-{floors[key]:.3g}" if key in floors else "",) if floors else ()))
     return Group(head, runs, Text(""), kinds)
 
 

@@ -10,7 +10,7 @@ from solrl_core import events as ev
 from solrl_core.telemetry.mfu import percent, phase_mfu
 from solrl_core.text import plural
 
-FAULT_EVENTS = (ev.OutOfMemoryBackoff, ev.SamplesDropped, ev.StepSkipped, ev.RewardHacking)  # each view shows them as warnings
+FAULT_EVENTS = (ev.OutOfMemoryBackoff, ev.SamplesDropped, ev.StepSkipped, ev.RewardHacking, ev.RolledBack)  # each view: warnings
 
 
 def mfu_text(flops: ev.ModelFlops | None, seconds: dict[str, float]) -> str:
@@ -22,14 +22,26 @@ def mfu_text(flops: ev.ModelFlops | None, seconds: dict[str, float]) -> str:
     return f"  MFU {percent(mfu['total'])} (" + ", ".join(f"{p} {percent(v)}" for p, v in mfu.items() if p != "total") + ")"
 
 
-def fault_message(e: ev.OutOfMemoryBackoff | ev.SamplesDropped | ev.StepSkipped | ev.RewardHacking) -> str:
-    """One line for a fault the run survived (solrl_core/faults) or a reward-hacking alarm, shown as a warning by every view."""
+HACKING_THEN = {"warn": "images may be degrading; --set run.on_hacking=stop (or rollback) acts on it",
+                "stop": "the run stops here with a checkpoint (run.on_hacking=stop)",
+                "rollback": "the run rolls back to its last good checkpoint (run.on_hacking=rollback)"}
+
+
+def fault_message(e: ev.OutOfMemoryBackoff | ev.SamplesDropped | ev.StepSkipped | ev.RewardHacking | ev.RolledBack) -> str:
+    """One line for a fault the run survived (solrl_core/faults), a reward-hacking alarm or a rollback, shown as a warning by every view."""
     if isinstance(e, ev.RewardHacking):
-        then = ("the run stops here with a checkpoint (run.stop_on_hacking)" if e.stopping
-                else "images may be degrading; --set run.stop_on_hacking=true stops a run here")
+        then = HACKING_THEN[e.action or ("stop" if e.stopping else "warn")]  # no action: an older log
+        floor = f" and its floor {e.floor:.4g}" if e.floor else ""
         return (f"reward hacking? iteration {e.iteration}: the trained reward {e.trained} rose {e.trained_change:+.4f} "
                 f"(+- {e.trained_se:.4f} s.e.) since the base while eval reward {e.reward} fell {e.change:+.4f} "
-                f"(+- {e.se:.4f} s.e., more than {e.threshold:g} s.e.): {then}")
+                f"(+- {e.se:.4f} s.e., more than {e.threshold:g} s.e.{floor}): {then}")
+    if isinstance(e, ev.RolledBack):
+        aside = f"; set aside: {', '.join(e.set_aside)}" if e.set_aside else ""
+        then = (f"training goes on from there at lr {e.lr:g} (run.rollback_then=lower_lr)" if e.then == "lower_lr" else
+                "the run stops there (run.rollback_then=stop): resume it with a change (a lower optimizer.lr), "
+                "or the same fall follows")
+        return (f"rolled back after iteration {e.iteration} to iteration {e.to} ({e.checkpoint}), the newest checkpoint "
+                f"evaluated clean (rollback {e.rollbacks}){aside}: {then}")
     if isinstance(e, ev.OutOfMemoryBackoff):
         return (f"out of GPU memory in the {e.phase} (iteration {e.iteration}): {e.setting} {e.old} -> {e.new}, "
                 "iteration redone")

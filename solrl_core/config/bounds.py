@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from solrl_core.errors import SolrlError
+from solrl_core.errors import SolrlError, close_matches
 
 # Every bounded number: (low, high, whether low is allowed, whether high is allowed); None = unbounded.
 _AT_LEAST_1 = (1, None, True, False)
@@ -49,3 +49,26 @@ def check_ranges(config: Any, default: Callable[[str, str], Any]) -> None:
         if not inside:
             raise SolrlError(f"{name}={value:g} is out of range: it must be {range_text(low, high, low_ok, high_ok)}",
                              f"set {name} to a value {range_text(low, high, low_ok, high_ok)} (default {default(section, key):g})")
+
+
+ON_HACKING = ("warn", "stop", "rollback")  # run.on_hacking (loop/rollback.py)
+ROLLBACK_THEN = ("stop", "lower_lr")  # run.rollback_then
+
+
+def check_hacking(run: Any) -> None:
+    """run.on_hacking, run.rollback_then and run.hacking_floors: known choices, and a floor for each
+    of the eval rewards it names, finite and >= 0."""
+    for name, value, choices in (("run.on_hacking", run.on_hacking, ON_HACKING),
+                                 ("run.rollback_then", run.rollback_then, ROLLBACK_THEN)):
+        if value not in choices:
+            raise SolrlError(f"unknown {name} '{value}'", close_matches(value, choices))
+    if run.stop_on_hacking and run.on_hacking not in ("warn", "stop"):
+        raise SolrlError(f"run.stop_on_hacking=true (deprecated: on_hacking=stop) contradicts run.on_hacking={run.on_hacking}",
+                         "drop run.stop_on_hacking: run.on_hacking says what a run does")
+    for name, floor in run.hacking_floors.items():
+        if name not in run.eval_rewards:
+            raise SolrlError(f"run.hacking_floors names {name}, which is not an eval reward (run.eval_rewards: "
+                             f"{', '.join(run.eval_rewards) or 'none'})", close_matches(name, list(run.eval_rewards) or ["none"]))
+        if not (math.isfinite(floor) and floor >= 0):
+            raise SolrlError(f"run.hacking_floors.{name}={floor:g}: a floor is a finite fall >= 0",
+                             f"set it to a fall in {name}'s units, e.g. run.hacking_floors.{name}=0.05")

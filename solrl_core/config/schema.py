@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from solrl_core.config.bounds import check_ranges
+from solrl_core.config.bounds import check_hacking, check_ranges
 from solrl_core.config.families import FAMILIES
 from solrl_core.errors import SolrlError, close_matches
 from solrl_core.rewards.endpoints import check_settings
@@ -260,11 +260,26 @@ class RunConfig:
                                            "never trained on: each shown base -> now with its paired standard error "
                                            "(docs/rewards.md). The real-model presets: imagereward, pickscore, clipscore, "
                                            "hpsv2, as the paper reports; tiny: tinyworld_fidelity. `--set run.eval_rewards=` drops them.")
-    stop_on_hacking: bool = _f(False, "Stop the run, with a checkpoint of the iteration just evaluated, when an evaluation "
-                                      "finds the trained reward up since the base while an eval reward fell by more than "
-                                      "two paired standard errors (a RewardHacking warning is shown either way).")
+    on_hacking: str = _f("warn", "What a run does when an evaluation finds reward hacking: the trained reward up since the "
+                                 "base while an eval reward fell by more than two paired standard errors and more than its "
+                                 "floor (docs/rewards.md). warn: a RewardHacking warning; stop: also stop, with a checkpoint "
+                                 "of the iteration just evaluated (--resume goes on past it); rollback: go back to the newest "
+                                 "checkpoint whose evaluation no rule flagged, then do what run.rollback_then says.")
+    rollback_then: str = _f("stop", "After a rollback: stop (end the run there, its later checkpoints set aside: the newest is "
+                                    "the last good one) or lower_lr (train on from it at half the learning rate, halved again "
+                                    "at each rollback; the fourth rollback stops). Training on unchanged is not offered: every "
+                                    "draw derives from (seed, iteration), so the same fall would follow.")
+    hacking_floors: dict[str, float] = _f({}, "Per eval reward, the smallest fall that counts as hacking, in the reward's units, "
+                                              "instead of the floor it declares (rewards/registry.py; docs/rewards.md), e.g. "
+                                              "--set run.hacking_floors.tinyworld_fidelity=0.1.")
+    stop_on_hacking: bool = _f(False, "Deprecated: run.on_hacking=stop (true still stops, with a deprecation warning).")
     log: tuple[str, ...] = _f((), "Experiment trackers fed from rank 0: tensorboard, wandb (pip install -e '.[tracking]').")
     image_every: int = _f(10, "Send the trackers a grid of one prompt's Stage-2 samples every this many iterations (0 = never).")
+
+    @property
+    def hacking_action(self) -> str:
+        """run.on_hacking, the deprecated run.stop_on_hacking=true read as stop."""
+        return "stop" if self.stop_on_hacking and self.on_hacking == "warn" else self.on_hacking
 
 
 @dataclass(frozen=True)
@@ -332,6 +347,7 @@ class Config:
         _choice("model.lora_init", self.model.lora_init, tuple(LORA_INITS))
         _choice("model.train_precision", self.model.train_precision, TRAIN_PRECISIONS)
         _choice("run.stop_on_sigterm", self.run.stop_on_sigterm, ("phase", "iteration"))
+        check_hacking(self.run)
         _choice("distributed.strategy", self.distributed.strategy, STRATEGIES)
         _choice("distributed.copy_layout", self.distributed.copy_layout, COPY_LAYOUTS)
         _choice("explore.calibrate", self.explore.calibrate, CALIBRATIONS)

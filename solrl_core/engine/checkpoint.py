@@ -45,9 +45,10 @@ TMP_PREFIX = ".tmp-"  # a checkpoint being written: checkpoints/.tmp-iter_NNNNNN
 
 
 def save_checkpoint(run_dir: Path, iteration: int, policy: Policy, optimizer: torch.optim.Optimizer,
-                    state: dict[str, Any], keep: int, *, gathered: Gathered | None = None) -> Path:
-    """Write checkpoint `iteration` atomically and prune all but the newest `keep`. `gathered`: the
-    adapters and optimizer state of a sharded policy, gathered whole by every rank (sharding.py)."""
+                    state: dict[str, Any], keep: int, *, gathered: Gathered | None = None, spare: set[str] = frozenset()) -> Path:
+    """Write checkpoint `iteration` atomically and prune all but the newest `keep` and those named in
+    `spare` (the run's last good and best ones: loop/hacking.py). `gathered`: the adapters and
+    optimizer state of a sharded policy, gathered whole by every rank (sharding.py)."""
     folder = checkpoint_dir(run_dir)
     final = folder / f"iter_{iteration:06d}"
     tmp = folder / f"{TMP_PREFIX}{final.name}-{os.getpid()}-{time.monotonic_ns()}"
@@ -74,7 +75,8 @@ def save_checkpoint(run_dir: Path, iteration: int, policy: Policy, optimizer: to
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for old in list_checkpoints(run_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+        if old.name not in spare:
+            shutil.rmtree(old, ignore_errors=True)
     return final
 
 

@@ -4,7 +4,8 @@ A checkpoint's files are data from whoever wrote the run folder, and its manifes
 against that writer (they rewrite it to match). So, before the loop runs:
 
 - trainer_state.json: each counter an integer in its range (the iteration the checkpoint's own
-  number, the steps and streaks at most that many), one finite reward per iteration, finite seconds;
+  number, the steps and streaks at most that many), one finite reward per iteration, finite seconds,
+  each evaluation's verdict an iteration up to it with two finite numbers and a list of names;
 - the optimizer state: its groups and parameters those of the optimizer it loads into, each moment
   a floating tensor of its parameter's shape, each step count one finite number >= 0;
 - the RNG states: the sizes the generators use (a numpy array's dtype is checked where it is
@@ -35,6 +36,7 @@ FIX = "resume from an earlier checkpoint with `--checkpoint iter_N`, or start th
 _NUMBER = re.compile(r"^iter_(\d+)$")
 MAX_STEPS = 10_000  # Stage 1's preview steps: far above any sampler's (calibration.py chooses <= sampler.steps)
 _MOMENTS = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}  # AdamW's per-parameter tensors beside "step"
+_VERDICT = {"iteration", "gain", "se", "flagged"}  # an evaluation's verdict (loop/hacking.py)
 SLACK = 64 << 20  # bytes any checkpoint file may hold beyond what its adapters need (trainer_state's history)
 
 
@@ -90,6 +92,14 @@ def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
             isinstance(k, str) and _int(n, 0, it) for k, n in v.items()), f"reward names with counts 0 ... {it}")
     _check(path, '"faults"."skipped_steps"', faults.get("skipped_steps", 0), lambda v: _int(v, 0, it), f"an integer 0 ... {it}")
     _check(path, '"explore_steps"', saved.get("explore_steps", 1), lambda v: _int(v, 1, MAX_STEPS), f"an integer 1 ... {MAX_STEPS}")
+    _check(path, '"rollbacks"', saved.get("rollbacks", 0), lambda v: _int(v, 0, 1000), "an integer 0 ... 1000")
+    evaluations = saved.get("evaluations", [])
+    _check(path, '"evaluations"', evaluations, lambda v: isinstance(v, list) and len(v) <= it + 1, f"a list of at most {it + 1}")
+    for i, e in enumerate(evaluations):
+        _check(path, f'"evaluations"[{i}]', e, lambda v: isinstance(v, dict) and set(v) == _VERDICT and _int(v["iteration"], 0, it)
+               and all(isinstance(v[k], (int, float)) and not isinstance(v[k], bool) and math.isfinite(v[k]) for k in ("gain", "se"))
+               and isinstance(v["flagged"], list) and all(isinstance(n, str) for n in v["flagged"]),
+               f"an object of {', '.join(sorted(_VERDICT))} (an iteration 0 ... {it}, two numbers, a list of names)")
     precisions = [p for p in EXPLORE_PRECISIONS if p != "auto"]
     _check(path, '"explore_precision"', saved.get("explore_precision", precisions[0]), lambda v: v in precisions,
            "one of " + ", ".join(precisions))

@@ -11,9 +11,8 @@ resumed run compares its last evaluation with the base, paired standard errors i
 uninterrupted one does (`RunEvals`).
 
 Eval rewards (`run.eval_rewards`) are scored on the same images besides the trained reward(s), never
-trained on: each gets its base -> now change with a paired standard error. When the trained reward
-(the evaluation's total) rose since the base while an eval reward fell by more than
-HACKING_SE paired standard errors, `hacking` names them (the trainer's RewardHacking warning).
+trained on: each gets its base -> now change with a paired standard error, which the hacking rule
+reads (hacking.py).
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ from solrl_core.rewards import RewardSet, Scores
 from solrl_core.text import plural
 
 EVAL_SEED_BASE = 1_000_000_007  # far from training seeds' typical draws; any fixed value works
-HACKING_SE = 2.0  # an eval reward this many paired standard errors down while the trained reward rose: a warning
 
 
 @dataclass(frozen=True)
@@ -276,21 +274,6 @@ def _changes(base: Evaluation | None, result: Evaluation) -> dict[str, dict[str,
             "eval_se": {k: paired_se(result.held_out[k], base.held_out[k]) for k in shared}}
 
 
-def hacking(base: Evaluation, now: Evaluation, threshold: float = HACKING_SE) -> list[tuple[str, float, float]]:
-    """The eval rewards that fell by more than `threshold` paired standard errors since the base while
-    the trained reward (the total) rose: (name, change, standard error) each; [] when the total did
-    not rise. A change with a standard error of 0 (every image moved alike) counts when it is negative."""
-    if float(now.scores.total.mean() - base.scores.total.mean()) <= 0:
-        return []
-    out = []
-    for name, values in now.held_out.items():
-        if name in base.held_out:
-            change, se = float(values.mean() - base.held_out[name].mean()), paired_se(values, base.held_out[name])
-            if change < 0 and -change > threshold * se:
-                out.append((name, change, se))
-    return out
-
-
 def progress_events(bus: ev.EventBus, iteration: int, weights: str) -> Progress:
     """A `Progress` that emits EvalProgress events on `bus`."""
     return lambda done, total: bus.emit(ev.EvalProgress(iteration=iteration, weights=weights, done=done, total=total))
@@ -312,6 +295,7 @@ class RunEvals:
         self.base_event: ev.EvalFinished | None = None
         self.last_event: ev.EvalFinished | None = None
         self.hacked = False  # the latest evaluation warned of reward hacking (run_eval._warn_of_hacking)
+        self.events: dict[int, ev.EvalFinished] = {}  # this session's evaluations by iteration (a rollback's end shows its own)
 
     @classmethod
     def of(cls, run: Run) -> "RunEvals":
@@ -328,14 +312,11 @@ class RunEvals:
         """EvalFinished's eval_changes and eval_se (`_changes`)."""
         return _changes(self.base, result)
 
-    def hacking(self, result: Evaluation) -> list[tuple[str, float, float]]:
-        """`hacking(base, result)`; [] without a base."""
-        return hacking(self.base, result) if self.base is not None and result is not self.base else []
-
     def finished(self, result: Evaluation, event: ev.EvalFinished) -> None:
         """Keep an evaluation; a base one is also written to the run folder (atomically), for a resume."""
         from solrl_core.io.atomic import write_atomic
 
+        self.events[event.iteration] = event
         if result.weights != "base":
             self.last_event = event
             return

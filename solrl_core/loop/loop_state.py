@@ -1,5 +1,6 @@
 """What a run's loop advances and a checkpoint saves: the iteration and step counters, the reward
-history, the seconds spent (every session's, so a resumed run's end counts the time before its stop), and the streaks that decide a stop (near-constant rewards, non-finite rewards and steps).
+history, the seconds spent (every session's, so a resumed run's end counts the time before its stop), the streaks that decide a stop (near-constant rewards, non-finite rewards and steps), and each
+evaluation's hacking verdict (loop/hacking.py) with the rollbacks made.
 
 Everything else a run holds (config, model, copies, optimizer, rewards) is fixed once
 `open_session` returns (session.py); the optimizer's and adapters' tensors are saved beside this
@@ -32,6 +33,8 @@ class LoopState:
     explore_steps: int = 0  # Stage 1's preview steps as the last calibration chose them (0: none made; calibration.py)
     explore_precision: str = ""  # Stage 1's precision as the last steps+precision calibration chose it ("": none made)
     evaluation_pending: bool = False  # the evaluation due after `iteration` was dropped or skipped by a stop (run_eval.py)
+    evaluations: list[dict[str, Any]] = field(default_factory=list)  # each evaluation's verdict (hacking.verdict), in order
+    rollbacks: int = 0  # run.on_hacking=rollback: rollbacks made so far (rollback.py)
 
     def start_clock(self) -> None:
         self.session_start = time.perf_counter()
@@ -53,7 +56,9 @@ class LoopState:
                 "reward_streaks": dict(self.health.streaks), "faults": self.faults.to_dict(),
                 "seconds": self.total_seconds(), **({"explore_steps": self.explore_steps} if self.explore_steps else {}),
                 **({"explore_precision": self.explore_precision} if self.explore_precision else {}),
-                **({PENDING: True} if self.evaluation_pending else {})}
+                **({PENDING: True} if self.evaluation_pending else {}),
+                **({"evaluations": self.evaluations} if self.evaluations else {}),
+                **({"rollbacks": self.rollbacks} if self.rollbacks else {})}
 
     def restore(self, saved: dict[str, Any]) -> None:
         """Continue from a checkpoint's trainer_state.json (one written before seconds were kept counts none)."""
@@ -64,6 +69,8 @@ class LoopState:
         self.explore_steps = int(saved.get("explore_steps", 0))
         self.explore_precision = str(saved.get("explore_precision", ""))
         self.evaluation_pending = saved.get(PENDING) is True
+        self.evaluations = list(saved.get("evaluations", []))
+        self.rollbacks = int(saved.get("rollbacks", 0))
         self.resumed = True
 
     def streaks(self) -> tuple[dict[str, int], FaultState]:

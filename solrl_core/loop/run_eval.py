@@ -15,7 +15,8 @@ from typing import Callable
 
 from solrl_core import events as ev
 from solrl_core.faults.phase import charged_to
-from solrl_core.loop.evaluation import HACKING_SE, Evaluation, RunEvals, evaluate, progress_events
+from solrl_core.loop.evaluation import Evaluation, RunEvals, evaluate, progress_events
+from solrl_core.loop.hacking import SIGNIFICANCE, flagged, floors, verdict
 from solrl_core.loop.loop_state import LoopState
 from solrl_core.loop.session import Run
 from solrl_core.runtime import distributed
@@ -64,23 +65,26 @@ def _score(run: Run, state: LoopState, bus: ev.EventBus, weights: str, evals: Ru
                             components={k: float(v.mean()) for k, v in result.scores.components.items()},
                             extras=result.extras, seconds=result.seconds, delta_se=evals.delta_se(result),
                             eval_rewards={k: float(v.mean()) for k, v in result.held_out.items()},
-                            **evals.changes(result), picture=picture)
+                            **evals.changes(result), picture=picture, eval_floors=floors(run.config, evals.base or result))
     bus.emit(event)
     _warn_of_hacking(run, state, bus, evals, result)
     evals.finished(result, event)
 
 
 def _warn_of_hacking(run: Run, state: LoopState, bus: ev.EventBus, evals: RunEvals, result: Evaluation) -> None:
-    """A RewardHacking event for each eval reward that fell by more than two paired standard errors
-    while the trained reward rose (evaluation.hacking); `evals.hacked` says whether any did."""
-    fell = evals.hacking(result)
-    evals.hacked = bool(fell)
-    if not fell:
+    """A RewardHacking event for each eval reward flagged since the base (hacking.flagged: more than two
+    paired standard errors and more than its floor, while the trained reward rose); the verdict kept
+    in the loop state, for the checkpoint; `evals.hacked` says whether any was flagged."""
+    base = result if result.weights == "base" else evals.base
+    evals.hacked = False
+    if base is None:  # resumed without its base evaluation (restore warned): nothing to judge against
         return
-    assert evals.base is not None  # hacking needs a base
-    change = float(result.scores.total.mean() - evals.base.scores.total.mean())
-    trained = "+".join(run.config.reward.weights)
-    for name, drop, se in fell:
-        bus.emit(ev.RewardHacking(iteration=state.iteration, trained=trained, trained_change=change,
-                                  trained_se=evals.delta_se(result).get("mean", 0.0), reward=name, change=drop, se=se,
-                                  threshold=HACKING_SE, stopping=run.config.run.stop_on_hacking))
+    action = run.config.run.hacking_action
+    fell = flagged(base, result, floors(run.config, base)) if result is not base else []
+    state.evaluations.append(verdict(state.iteration, base, result, fell))
+    evals.hacked = bool(fell)
+    change = float(result.scores.total.mean() - base.scores.total.mean())
+    for f in fell:
+        bus.emit(ev.RewardHacking(iteration=state.iteration, trained="+".join(run.config.reward.weights), trained_change=change,
+                                  trained_se=evals.delta_se(result).get("mean", 0.0), reward=f.reward, change=f.change, se=f.se,
+                                  threshold=SIGNIFICANCE, stopping=action != "warn", floor=f.floor, action=action))

@@ -34,7 +34,8 @@ differs, each with its reason in docs/official-settings.md ("Where solrl differs
 - copies compiled block by block in the official mode; the update's blocks in torch's default
 - faults: non-finite rewards and steps left out, out-of-memory backed off, rewards retried or stopped
 - stopping: SIGTERM at the next phase boundary; a stop drops an evaluation in progress
-- evaluation: run.eval_rewards scored at every evaluation, with a reward-hacking warning
+- evaluation: run.eval_rewards scored at every evaluation; reward hacking (a significant fall past a
+  per-reward floor) warns, stops or rolls back (run.on_hacking); every evaluated iteration is saved
 - fp32 timesteps into SANA's and SD3's transformers, rollouts included (official SD3 rollouts: sampler.integer_timesteps)
 - fp32 where the official code rounds to bf16: SANA's sigma grid (sampler.grid_dtype=bf16 gives it), the
   DPM state between steps (sampler.state_dtype=run), SANA's and FLUX.1's loss inputs (algorithm.loss_dtype=bf16)
@@ -68,7 +69,9 @@ from solrl_core.io.rundir import EVENTS_FILE, restarts
 from solrl_core.loop import backoff
 from solrl_core.loop.evaluation import RunEvals
 from solrl_core.loop.loop_state import LoopState
+from solrl_core.loop.hacking import deprecation, spared
 from solrl_core.loop.phases import PhaseRecorder
+from solrl_core.loop.rollback import roll_back
 from solrl_core.loop.run_eval import EVALUATION, evaluate_now
 from solrl_core.loop.session import Run, Session, open_session
 from solrl_core.loop.stages import (
@@ -166,6 +169,8 @@ def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, base: Ru
     state.evaluation_pending = bool(run.eval_prompts) and (state.iteration == 0 or pending)
     if state.evaluation_pending:  # the base evaluation, or that one, first
         run = _with_backoff(run, state, bus, lambda r: evaluate_now(r, state, bus, flag, base))
+        if state.iteration == 0 and not state.evaluation_pending and cfg.run.hacking_action == "rollback":
+            _checkpoint(run, state, bus)  # iteration 0, evaluated: where a fall at the first evaluation rolls back to
     if pending and not state.evaluation_pending:
         saved = state.iteration - 1  # its checkpoint still says pending: saved again below, unless a later one is
     while state.iteration < cfg.run.iterations and not distributed.any_true(flag.requested):
@@ -180,13 +185,21 @@ def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, base: Ru
         last = state.iteration == cfg.run.iterations
         stopping = distributed.any_true(flag.requested)
         state.evaluation_pending = bool(run.eval_prompts) and (last or state.iteration % cfg.run.eval_every == 0)
-        if state.evaluation_pending and not stopping:  # a stop skips it: still pending
+        evaluated = state.evaluation_pending and not stopping  # a stop skips it: still pending
+        if evaluated:
             run = _with_backoff(run, state, bus, lambda r: evaluate_now(r, state, bus, flag, base))
-            # dropped by a stop, or run.stop_on_hacking: every rank stops here, with a checkpoint of this iteration (below)
-            stopping = state.evaluation_pending or (cfg.run.stop_on_hacking and distributed.any_true(base.hacked))
+            hacked, action = distributed.any_true(base.hacked), cfg.run.hacking_action
+            if hacked and action == "rollback" and (ended := roll_back(run, state, bus, base)) is not None:
+                saved = state.iteration  # the checkpoint rolled back to
+                if ended:
+                    break
+                continue
+            # dropped by a stop, or on_hacking stop (or a rollback with nowhere to go): every rank stops here, with a checkpoint
+            stopping = state.evaluation_pending or (hacked and action != "warn")
         failure = state.health.failure() or guard.failure(  # from gathered rewards: the same on every rank
             state.faults, cfg.reward.health_patience, cfg.optimizer.max_nonfinite_steps)
-        if failure or stopping or last or state.iteration % cfg.run.checkpoint_every == 0:
+        # every evaluated iteration is saved: --best and a rollback choose among them by their verdicts
+        if failure or stopping or last or evaluated or state.iteration % cfg.run.checkpoint_every == 0:
             _checkpoint(run, state, bus)
             saved = state.iteration
         if failure:
@@ -296,8 +309,9 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
     copy_ = run.engine.explore_copy
     if copy_ is not None and copy_.report is not None:
         bus.emit(ev.QuantizationReport(summary=copy_.report.summary(), path=str(run.run_dir / "quantization_report.json")))
-    for note in run.notes:
-        bus.emit(ev.RunWarning(message=note))
+    for note in (*run.notes, deprecation(cfg)):
+        if note:
+            bus.emit(ev.RunWarning(message=note))
 
 
 def _with_backoff(run: Run, state: LoopState, bus: ev.EventBus, work: Callable[[Run], None]) -> Run:
@@ -339,6 +353,6 @@ def _checkpoint(run: Run, state: LoopState, bus: ev.EventBus) -> None:
     if run.rank == 0:
         t0 = time.perf_counter()
         path = save_checkpoint(run.run_dir, state.iteration, run.engine.policy, run.optimizer, state.to_dict(),
-                               run.config.run.keep_checkpoints, gathered=gathered)
+                               run.config.run.keep_checkpoints, gathered=gathered, spare=spared(state.evaluations))
         bus.emit(ev.CheckpointSaved(iteration=state.iteration, path=str(path), seconds=time.perf_counter() - t0))
     distributed.barrier()

@@ -44,6 +44,26 @@ class Backend:
 
 
 @dataclass(frozen=True)
+class Floor:
+    """How far a reward, scored as an eval reward, must fall before the fall counts as reward hacking
+    (loop/hacking.py: it must also be more than two paired standard errors): `value` in the reward's
+    own units, or, `of_spread`, that fraction of its standard deviation over the base evaluation's
+    images. `reason`: how it was chosen (docs/rewards.md gives the measurements)."""
+
+    value: float
+    reason: str
+    of_spread: bool = False
+
+    def resolve(self, base_std: float) -> float:
+        return self.value * base_std if self.of_spread else self.value
+
+
+# A reward that declares no floor of its own (plugins, URL rewards): half its spread over the base images.
+PLUGIN_FLOOR = Floor(0.5, "declares none: half its standard deviation over the base evaluation's images, unless "
+                          "run.hacking_floors sets one", of_spread=True)
+
+
+@dataclass(frozen=True)
 class RewardInfo:
     """One reward: what it is, what it needs and how it is built. Sizes are APPROXIMATE."""
 
@@ -66,6 +86,7 @@ class RewardInfo:
     memory_gib: float = 0.0  # its weights on the device in fp32, GiB (approximate; activations not counted)
     plugin: str = ""  # a plugin's target: 'module:attr' or 'path/file.py:attr' ('' for a built-in)
     origin: str = "built-in"  # where it was declared, for listings and errors
+    floor: Floor | None = None  # its hacking floor as an eval reward; every built-in declares one (tests/test_hacking.py)
 
     @property
     def needs_weights(self) -> bool:
@@ -103,6 +124,12 @@ def _fidelity(ctx: Any) -> Any:
     from solrl_core.rewards.palette import PaletteFidelity
 
     return PaletteFidelity()
+
+
+def _brightness(ctx: Any) -> Any:
+    from solrl_core.rewards.brightness import Brightness
+
+    return Brightness()
 
 
 def _imagereward(ctx: Any) -> Any:
@@ -158,46 +185,66 @@ CLIP = Backend(_probe_clip, "pip install transformers  (a core dependency)")
 OPEN_CLIP = Backend(_probe_open_clip, 'pip install "solrl[rewards]" (open-clip-torch)', torchvision=True)
 
 _CLIP_L = "openai/clip-vit-large-patch14"
+# The hacking floors (Floor): how each was chosen is in docs/rewards.md ("How the floors were chosen").
+_SIZE_FLOOR = Floor(0.5, "its scale follows the image size, so no one number fits: half its standard deviation over "
+                         "the base evaluation's images", of_spread=True)
+_GENEVAL_FLOOR = Floor(0.02, "under half the default tiny run's held-out gain (+0.046 +- 0.006): a fall that undoes "
+                             "half of what training buys, about three standard errors of a 1,952-image evaluation")
+
+
+def _paper(gain: float, figures: str) -> Floor:
+    """A tenth of the gain the paper reports training FLUX.1 with Sol-RL on this reward (REFERENCE figures)."""
+    return Floor(round(gain / 10, 4), f"a tenth of the gain the paper reports for Sol-RL on FLUX.1 ({figures}): about the "
+                                      "margin between the methods it compares (ImageReward: Sol-RL 1.764, DiffusionNFT 1.671)")
+
 _WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 _TOKENIZER = ("tokenizer.json", "vocab.json")
 BUILTINS: tuple[RewardInfo, ...] = (
     RewardInfo("jpeg_compressibility", "Smaller JPEG files score higher: -size_KB / 500 (PIL, quality 95)",
-               _jpeg("jpeg_compressibility", -1.0, 1 / 500)),
+               _jpeg("jpeg_compressibility", -1.0, 1 / 500), floor=_SIZE_FLOOR),
     RewardInfo("jpeg_incompressibility", "Larger JPEG files score higher: +size_KB (PIL, quality 95)",
-               _jpeg("jpeg_incompressibility", 1.0, 1.0)),
+               _jpeg("jpeg_incompressibility", 1.0, 1.0), floor=_SIZE_FLOOR),
     RewardInfo("tinyworld_geneval", "GenEval-style partial score of a tiny-world image against its caption (objects, colours, "
-               "counts, positions), in [0, 1]", _tinyworld, best=1.0, on_frames=False),
+               "counts, positions), in [0, 1]", _tinyworld, best=1.0, on_frames=False, floor=_GENEVAL_FLOOR),
     RewardInfo("tinyvideo_geneval", "Video: GenEval-style partial score of a tiny-moving-world clip against its caption "
-               "(object, colour, count, motion), in [0, 1]", _tinyvideo, best=1.0, media="video"),
+               "(object, colour, count, motion), in [0, 1]", _tinyvideo, best=1.0, media="video", floor=_GENEVAL_FLOOR),
     RewardInfo("tinyworld_fidelity", "Share of a tiny-world image painted in the tiny world's seven colours: per pixel "
                "max(0, 1 - RGB distance to the nearest / 64), averaged, in [0, 1]; falls as images wash out, blur or get "
-               "noisy (an eval reward of the tiny preset)", _fidelity, best=1.0, on_frames=False),
+               "noisy (an eval reward of the tiny preset)", _fidelity, best=1.0, on_frames=False,
+               floor=Floor(0.1, "what on exact paint Gaussian noise of 4 of 255 levels costs (0.100), or a 3x3 blur (0.118), or "
+                                "every pixel 4 levels brighter (0.108): twice the default tiny run's grain (-0.047 to -0.056), a "
+                                "fifth of what a made-to-hack run loses in two iterations (-0.45)")),
+    RewardInfo("brightness", "Mean pixel value, in [0, 1]: a reward made to be gamed (a policy raises it by washing images "
+               "out), to watch the hacking rule catch a run (docs/rewards.md); never a goal", _brightness, best=1.0,
+               floor=Floor(0.03, "a mean shift of 8 of 255 levels, which on the tiny world's exact paint costs "
+                                 "tinyworld_fidelity 0.22 (four times a 4-level noise's 0.10: plainly visible)")),
     RewardInfo("imagereward", "ImageReward-v1.0 (BLIP ViT-L + BERT cross-attention + MLP head)", _imagereward,
                weights="hub THUDM/ImageReward (ImageReward.pt, med_config.json) + tokenizer bert-base-uncased", extra="rewards",
                backend=IMAGE_REWARD, hub_files=(("THUDM/ImageReward", ("ImageReward.pt",)),
                                                 ("THUDM/ImageReward", ("med_config.json",)), ("bert-base-uncased", ("vocab.txt",))),
                local_files=("ImageReward.pt", "med_config.json"), hub_unless_local=(("bert-base-uncased", "tokenizer"),),
-               download_gb=1.8, memory_gib=1.7),
+               download_gb=1.8, memory_gib=1.7, floor=_paper(1.7636 - 0.455, "base without CFG 0.455 -> 1.7636")),
     RewardInfo("pickscore", "PickScore_v1: logit_scale * cos(text, image) / 26", _pickscore,
                weights="hub yuvalkirstain/PickScore_v1 + processor laion/CLIP-ViT-H-14-laion2B-s32B-b79K", backend=CLIP,
                hub_files=(("yuvalkirstain/PickScore_v1", ("config.json",)), ("yuvalkirstain/PickScore_v1", _WEIGHTS),
                           ("laion/CLIP-ViT-H-14-laion2B-s32B-b79K", ("preprocessor_config.json",)),
                           ("laion/CLIP-ViT-H-14-laion2B-s32B-b79K", _TOKENIZER)),
-               local_files=("config.json",), download_gb=4.0, memory_gib=3.7),
+               local_files=("config.json",), download_gb=4.0, memory_gib=3.7, floor=_paper(0.8932 - 0.8096, "0.8096 -> 0.8932")),
     RewardInfo("clipscore", "CLIP ViT-L/14: logit_scale * cos(text, image) / 100", _clipscore, weights=f"hub {_CLIP_L}",
                backend=CLIP, hub_files=((_CLIP_L, ("config.json",)), (_CLIP_L, _WEIGHTS), (_CLIP_L, ("preprocessor_config.json",)),
                           (_CLIP_L, _TOKENIZER)),
-               local_files=("config.json",), download_gb=1.7, memory_gib=1.6),
+               local_files=("config.json",), download_gb=1.7, memory_gib=1.6, floor=_paper(0.3089 - 0.2630, "0.2630 -> 0.3089")),
     RewardInfo("temporal_consistency", "Video: mean cosine similarity of consecutive frames' CLIP ViT-L/14 image features, "
                "in [-1, 1]; weigh it against an image reward (alone, a still clip maximises it)", _temporal,
                weights=f"hub {_CLIP_L}", media="video", backend=CLIP,
                hub_files=((_CLIP_L, ("config.json",)), (_CLIP_L, _WEIGHTS), (_CLIP_L, ("preprocessor_config.json",)),
                           (_CLIP_L, _TOKENIZER)),
-               local_files=("config.json",), download_gb=1.7, memory_gib=1.6, best=1.0),
+               local_files=("config.json",), download_gb=1.7, memory_gib=1.6, best=1.0,
+               floor=Floor(0.5, "no published figure: half its standard deviation over the base evaluation's clips", of_spread=True)),
     RewardInfo("hpsv2", "HPS v2.1 through open_clip ViT-H-14: image . text features", _hpsv2,
                weights="hub xswu/HPSv2 (HPS_v2.1_compressed.pt)", extra="rewards", backend=OPEN_CLIP,
                hub_files=(("xswu/HPSv2", ("HPS_v2.1_compressed.pt",)),), local_files=("HPS_v2.1_compressed.pt",),
-               download_gb=2.0, memory_gib=3.7),
+               download_gb=2.0, memory_gib=3.7, floor=_paper(0.3688 - 0.2566, "0.2566 -> 0.3688")),
 )
 BUILTIN: dict[str, RewardInfo] = {r.name: r for r in BUILTINS}
 
@@ -267,7 +314,8 @@ def _dist(ep: metadata.EntryPoint) -> str:
 
 def _from_entry_point(ep: metadata.EntryPoint) -> RewardInfo:
     origin = f"entry point {ep.value} of {_dist(ep)}"
-    return RewardInfo(ep.name, f"plugin: {ep.value} (installed package {_dist(ep)})", plugin=ep.value, origin=origin)
+    return RewardInfo(ep.name, f"plugin: {ep.value} (installed package {_dist(ep)})", plugin=ep.value, origin=origin,
+                      floor=PLUGIN_FLOOR)
 
 
 def registry() -> dict[str, RewardInfo]:
@@ -286,6 +334,6 @@ def lookup(name: str) -> RewardInfo | None:
         return BUILTIN[name]
     if is_plugin_ref(name):
         split_ref(name)
-        return RewardInfo(name, f"plugin: {name}", plugin=name, origin=f"plugin {name}")
+        return RewardInfo(name, f"plugin: {name}", plugin=name, origin=f"plugin {name}", floor=PLUGIN_FLOOR)
     ep = entry_points().get(name)
     return _from_entry_point(ep) if ep is not None else None

@@ -130,13 +130,14 @@ def _swap_in(tmp: Path, out_dir: Path) -> None:
 
 
 def export_weights(cfg: Config, checkpoint: Path, weights: str, out_dir: Path, merge: bool,
-                   repo_id: str | None = None, overwrite: bool = False) -> Exported:
+                   repo_id: str | None = None, overwrite: bool = False, *, chosen: str = "") -> Exported:
     """A checkpoint's `weights` (ema or trained) written to the empty folder `out_dir`: the LoRA in
     diffusers' and peft's layouts, or with `merge` the whole transformer with the LoRA merged in;
     and a model card naming `repo_id` (where it will be pushed) in its loading code. Written into a
     temporary folder beside `out_dir` and renamed into place once whole, so a failure (a full disk)
     leaves nothing at `out_dir` and the same command can simply be run again. `overwrite`: an earlier
-    export at `out_dir` is replaced (export_card.check_export_folder)."""
+    export at `out_dir` is replaced (export_card.check_export_folder). `chosen`: why this checkpoint
+    (--best), for the card."""
     import shutil
     import tempfile
 
@@ -148,7 +149,7 @@ def export_weights(cfg: Config, checkpoint: Path, weights: str, out_dir: Path, m
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
     try:
-        what, how, card = _write_export(cfg, checkpoint, weights, tmp, out_dir, merge, repo_id)
+        what, how, card = _write_export(cfg, checkpoint, weights, tmp, out_dir, merge, repo_id, chosen=chosen)
         make_readable(tmp)
         with disk.writing(out_dir.parent, f"the export folder {out_dir.name}"):
             _swap_in(tmp, out_dir)  # whole or not at all
@@ -159,7 +160,7 @@ def export_weights(cfg: Config, checkpoint: Path, weights: str, out_dir: Path, m
 
 
 def _write_export(cfg: Config, checkpoint: Path, weights: str, tmp: Path, out_dir: Path, merge: bool,
-                  repo_id: str | None) -> tuple[str, str, Path]:
+                  repo_id: str | None, *, chosen: str = "") -> tuple[str, str, Path]:
     """The export's files into `tmp` (errors name `out_dir`, the folder the user asked for): what was
     written, how plain diffusers loads it from `out_dir`, and the model card."""
     import shutil
@@ -184,5 +185,5 @@ def _write_export(cfg: Config, checkpoint: Path, weights: str, tmp: Path, out_di
         cls, what = "", "LoRA"
         how = f"pipe.load_lora_weights('{out_dir}'), or peft's PeftModel.from_pretrained(transformer, '{out_dir}')"
     with disk.writing(out_dir, "README.md"):
-        card = write_card(tmp, CardFacts.of(cfg, run_dir, checkpoint, weights, merge, repo_id, cls))
+        card = write_card(tmp, CardFacts.of(cfg, run_dir, checkpoint, weights, merge, repo_id, cls, chosen=chosen))
     return what, how, card

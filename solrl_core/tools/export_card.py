@@ -48,10 +48,11 @@ class CardFacts:
     license: dict[str, str]  # the base model's license fields, {} when unknown
     evaluation: EvalTable | None
     builtin: str = ""  # a built-in model's loading call: resolve_config's arguments that rebuild it (`_builtin_call`)
+    checkpoint: str = ""  # which checkpoint and why: --best's reason, or its evaluation's hacking verdict; '' for neither
 
     @classmethod
     def of(cls, cfg: Config, run_dir: Path, checkpoint: Path, weights: str, merged: bool, repo_id: str | None,
-           transformer_class: str = "") -> CardFacts:
+           transformer_class: str = "", *, chosen: str = "") -> CardFacts:
         from solrl_core.models.layouts import LAYOUTS  # torch: not for check_export_folder, which runs before it loads
 
         m = cfg.model
@@ -64,7 +65,18 @@ class CardFacts:
         return cls(m.hub_id, label, _pipeline(m.loader), cfg.algorithm.family, dict(cfg.reward.weights), iteration,
                    cfg.run.iterations, cfg.run.prompts, lora, weights, merged, repo_id, transformer_class,
                    base_license(m.hub_id, m.path), eval_table(run_dir, iteration),
-                   "" if m.loader in LAYOUTS else _builtin_call(cfg))
+                   "" if m.loader in LAYOUTS else _builtin_call(cfg), chosen or _verdict(checkpoint))
+
+
+def _verdict(checkpoint: Path) -> str:
+    """A flagged checkpoint says so on its card (loop/hacking.py); a clean or unevaluated one says nothing."""
+    from solrl_core.loop.hacking import checkpoint_verdict
+
+    verdict = checkpoint_verdict(checkpoint) if (checkpoint / "trainer_state.json").is_file() else None
+    if verdict is None or not verdict["flagged"]:
+        return ""
+    return (f"{checkpoint.name}, whose evaluation the reward-hacking rule flagged ({', '.join(verdict['flagged'])} fell "
+            f"while the trained reward rose): `solrl export RUN --best` picks the best checkpoint it passed")
 
 
 def _pipeline(loader: str) -> str:
@@ -205,7 +217,8 @@ def render(facts: CardFacts) -> str:
              f"| training prompts | `{facts.prompts}` |",
              f"| weights | {facts.weights} |",
              f"| LoRA | rank {lora['rank']}, alpha {lora['alpha']}, init {lora['init']} |",
-             f"| LoRA targets | {', '.join(f'`{t}`' for t in lora['targets'])} |", "",
+             f"| LoRA targets | {', '.join(f'`{t}`' for t in lora['targets'])} |",
+             *([f"| checkpoint | {facts.checkpoint} |"] if facts.checkpoint else []), "",
              "## Evaluation", "", *_evaluation(facts), "", "## How to load it", "", *_usage(facts), "",
              "## License", ""]
     if facts.license:

@@ -21,6 +21,7 @@ model before the first update). The README lists these names; renaming one break
     eval_reward/<reward>                  an eval reward's mean (run.eval_rewards: scored, not trained on)
     eval_reward/<reward>/change           its change since the base, and the change's paired
     eval_reward/<reward>/change_se        standard error (absent for the base, or a base kept without it)
+    eval_reward/<reward>/floor            minus its hacking floor: a change below it (and 2 s.e.) is flagged
     hacking/<reward>                      1 when an evaluation warned of reward hacking on this eval
                                           reward (its change in standard errors, when not 0: hacking/<reward>/z)
     rank_check/{rho,tau}                  in-run Stage-1 ranking check (absent when a side was constant)
@@ -72,6 +73,8 @@ def scalars(event: ev.Event) -> tuple[int, dict[str, float]] | None:
                 out[f"eval_reward/{name}/change"] = float(event.eval_changes[name])
             if name in event.eval_se:
                 out[f"eval_reward/{name}/change_se"] = float(event.eval_se[name])
+            if name in event.eval_floors:  # plotted as -floor beside the change: a change below it is a hacking fall
+                out[f"eval_reward/{name}/floor"] = -float(event.eval_floors[name])
         return event.iteration, out
     if isinstance(event, ev.RewardHacking):
         out[f"hacking/{event.reward}"] = 1.0
