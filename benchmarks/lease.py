@@ -50,7 +50,7 @@ def steps(size: str, device: str, out: Path, big_gpu: bool) -> list[Step]:
     return [
         Step("selftest", [*SOLRL, "doctor", "--selftest", "--device", device, "--json-out", str(out / "selftest.json"),
                           *(["--only", TINY_SELFTEST] if tiny else [])], 180, ["selftest.json"]),
-        Step("pytest_gpu", [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider",
+        Step("pytest_gpu", [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-o", "addopts=",
                             *(["tests/test_nvfp4.py"] if tiny else ["tests"])], 120),
         Step("flux1", [*SOLRL, "bench", "--model", "flux1", *at, *both, *flux_nk, *few, "--real-vae", "--reward-model",
                        "pickscore", "--compile-mode", "default", *([] if tiny else ["--iterations", "3"]),
