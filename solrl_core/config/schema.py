@@ -15,6 +15,7 @@ from typing import Any
 from solrl_core.config.bounds import check_ranges
 from solrl_core.config.families import FAMILIES
 from solrl_core.errors import SolrlError, close_matches
+from solrl_core.precision.hardware import FP8_BACKENDS
 from solrl_core.rewards.endpoints import check_settings
 from solrl_core.rewards.names import FRAME_REDUCTIONS, check_media, check_names
 from solrl_core.rewards.timeouts import parse_timeout
@@ -118,8 +119,12 @@ class ExploreConfig:
     precision: str = _f("auto", "Explore precision: auto (on a GPU the fastest measured there: fp8 on compute capability "
                                 ">= 8.9, else the run dtype; on a CPU the exact NVFP4 emulation), fp8 (real E4M3 GEMMs, "
                                 "compute capability >= 8.9), nvfp4-emulated, fp8-e5m2-tensor (the official explore copy's "
-                                "numerics, per-tensor FP8 E5M2, emulated), bf16, fp32; nvfp4 (Blackwell + Transformer "
-                                "Engine) is detected but not run yet. Checked against this machine.")
+                                "numerics, per-tensor FP8 E5M2, emulated), bf16, fp32, nvfp4 (real NVFP4 GEMMs through "
+                                "torchao, compute capability >= 10.0; auto's choice there). Checked against this machine.")
+    fp8_backend: str = _f("scaled_mm", "The kernel of explore.precision=fp8: scaled_mm (solrl's torch._scaled_mm wrapper, "
+                                       "the one timed on an H100) or torchao (torchao's Float8 dynamic activation + weight, "
+                                       "PerRow; its speed unmeasured here). The default follows the faster one once both are "
+                                       "timed on a GPU (precision/backends.py).")
     compile: str = _f("auto", "torch.compile the explore copy (auto: on CUDA; true; false): fuses the fp8 / emulated-NVFP4 "
                               "input quantization into the neighbouring kernels; compiles once at start and keeps the graph "
                               "across refreshes. An fp8 copy on CUDA is compiled even at false: eager fp8 is slower than "
@@ -308,6 +313,7 @@ class Config:
         _choice("algorithm.family", family, tuple(FAMILIES))
         _choice("selection.mode", self.selection.mode, SELECTION_MODES)
         _choice("explore.precision", self.explore.precision, EXPLORE_PRECISIONS)
+        _choice("explore.fp8_backend", self.explore.fp8_backend, FP8_BACKENDS)
         _choice("run.dtype", self.run.dtype, DTYPES)
         _choice("sampler.solver", self.sampler.solver, SOLVERS)
         _choice("sampler.sigma_grid", self.sampler.sigma_grid, SIGMA_GRIDS)
