@@ -27,6 +27,9 @@ def doctor(
                                     "nvfp4-emulated, bf16 or fp32.")] = None,
     nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", min=1, help="Processes the run would start on this machine.")] = 1,
     json_out: Annotated[bool, typer.Option("--json", help="Print the checks as a JSON list instead of a table.")] = False,
+    gpu_capability: Annotated[Optional[str], typer.Option(
+        "--gpu-capability", help="Name the explore backends for a simulated GPU of this compute capability "
+                                 "(e.g. 9.0, 10.0) instead of this machine's.")] = None,
 ) -> None:
     """Check that this machine can run the given model, family and reward: software, GPUs, weights, disk, memory.
     Exits 1 when a check the run depends on fails."""
@@ -36,7 +39,7 @@ def doctor(
     with user_errors():
         flags = {"model": {"path": str(model_path)}} if model_path else None
         cfg = resolve_config(model or "tiny", family or "sol_rl", reward, sets=set_ or (), flags=flags)
-        checks = run_checks(cfg, nproc=nproc_per_node, explore_precision=explore_precision)
+        checks = run_checks(cfg, nproc=nproc_per_node, explore_precision=explore_precision, gpu_capability=gpu_capability)
         if json_out:
             print(json.dumps([c.to_dict() for c in checks], indent=2))
         else:

@@ -189,3 +189,4 @@ def test_each_precision_names_its_backend_and_whether_it_is_measured_there():
     assert backends.backend_of("fp8", H100).measured and not backends.backend_of("fp8", H100, "torchao").measured
     assert not backends.backend_of("nvfp4", B200).measured
     assert "unmeasured on this GPU" in backends.backend_of("nvfp4", B200).describe()
+

@@ -44,11 +44,11 @@ MEASURED: dict[tuple[str, str], dict[tuple[int, int], str]] = {
 }
 
 _KERNELS = {
-    ("fp8", "scaled_mm"): "e4m3 GEMMs through torch._scaled_mm, row-wise scales (solrl's wrapper)",
-    ("fp8", "torchao"): "torchao Float8Tensor, dynamic activation + weight, PerRow",
-    ("nvfp4", "torchao"): "torchao NVFP4Tensor (solrl's exact quantizer), torch._scaled_mm on float4",
-    ("nvfp4-emulated", "emulation"): "exact NVFP4 emulation in torch (numerics, no speed-up)",
-    ("fp8-e5m2-tensor", "emulation"): "per-tensor FP8 E5M2 emulation in torch (numerics, no speed-up)",
+    ("fp8", "scaled_mm"): "solrl's torch._scaled_mm wrapper, row-wise e4m3",
+    ("fp8", "torchao"): "torchao Float8Tensor, PerRow dynamic",
+    ("nvfp4", "torchao"): "torchao NVFP4Tensor, torch._scaled_mm on float4",
+    ("nvfp4-emulated", "emulation"): "torch, numerics only",
+    ("fp8-e5m2-tensor", "emulation"): "torch, numerics only",
 }
 
 
@@ -60,12 +60,11 @@ class Backend:
     name: str  # scaled_mm | torchao | emulation | torch
     kernel: str
     measured: str  # where the figure is; '' when none exists for this device
+    on_gpu: bool = True
 
     def describe(self) -> str:
-        speed = f"measured ({self.measured})" if self.measured else "unmeasured on this GPU"
-        if self.name in ("emulation", "torch") and not self.measured:
-            speed = "speed unmeasured here"
-        return f"{self.precision}: {self.name} ({self.kernel}); {speed}"
+        speed = f"measured, {self.measured}" if self.measured else "unmeasured on this GPU" if self.on_gpu else "no speed figure on a CPU"
+        return f"{self.precision} -> {self.name} ({self.kernel}), {speed}"
 
 
 def backend_of(precision: str, gpu: GpuInfo | None, fp8_backend: str = DEFAULT_FP8_BACKEND) -> Backend:
@@ -73,9 +72,9 @@ def backend_of(precision: str, gpu: GpuInfo | None, fp8_backend: str = DEFAULT_F
     name = {"fp8": fp8_backend, "nvfp4": "torchao"}.get(precision)
     if name is None:
         name = "torch" if precision in ("bf16", "fp32") else "emulation"
-    kernel = _KERNELS.get((precision, name), f"the model's {precision} GEMMs")
+    kernel = _KERNELS.get((precision, name), f"the model's own {precision} GEMMs")
     measured = MEASURED.get((precision, name), {}).get(gpu.capability, "") if gpu is not None else ""
-    return Backend(precision, name, kernel, measured)
+    return Backend(precision, name, kernel, measured, gpu is not None)
 
 
 def speed_note(precision: str, gpu: GpuInfo | None, fp8_backend: str = DEFAULT_FP8_BACKEND) -> str:
