@@ -134,15 +134,36 @@ class _TorchaoFp8(QuantizedGemm):
                                  kernel_preference=config.kernel_preference, act_quant_kwargs=act)
         return {"weight_q": w.qdata, "weight_scale": w.scale}
 
-    def gemm(self, x: Tensor) -> Tensor:
-        import torch.nn.functional as F
+    @torch.no_grad()
+    def requantize(self, weight: Tensor | None = None) -> None:
+        super().requantize(weight)
+        self._float8_weight(self.weight.dtype)  # here, outside any compiled region
+
+    def _apply(self, fn: Any, recurse: bool = True) -> "_TorchaoFp8":
+        self.__dict__.pop("_weight_f8", None)  # a move or cast replaces the caches: rebuilt on the next call
+        return super()._apply(fn, recurse)
+
+    def _float8_weight(self, dtype: torch.dtype) -> Tensor:
+        """The caches as torchao's Float8Tensor, built once and kept outside the module's registry:
+        built inside forward, the subclass would break the compiled graph there (Dynamo cannot trace
+        its constructor), and the input's quantization could no longer fuse into the kernel before it.
+        It holds the cache tensors themselves, so an in-place refresh reaches it; it is rebuilt when
+        a refresh or a move replaces them."""
         from torchao.quantization.quantize_.workflows.float8.float8_tensor import Float8Tensor
 
-        config, act = self._settings()
-        w = Float8Tensor(self.weight_q, self.weight_scale, block_size=[1, self.weight_q.shape[1]],
-                         mm_config=config.mm_config, act_quant_kwargs=act, kernel_preference=config.kernel_preference,
-                         dtype=x.dtype)
-        return F.linear(x, w, self.bias)
+        w = self.__dict__.get("_weight_f8")
+        if w is None or w.qdata is not self.weight_q or w.scale is not self.weight_scale or w.dtype != dtype:
+            config, act = self._settings()
+            w = Float8Tensor(self.weight_q, self.weight_scale, block_size=[1, self.weight_q.shape[1]],
+                             mm_config=config.mm_config, act_quant_kwargs=act,
+                             kernel_preference=config.kernel_preference, dtype=dtype)
+            self.__dict__["_weight_f8"] = w
+        return w
+
+    def gemm(self, x: Tensor) -> Tensor:
+        import torch.nn.functional as F
+
+        return F.linear(x, self._float8_weight(x.dtype), self.bias)
 
 
 def _channels_as_tokens(gemm: Any, x: Tensor) -> Tensor:
