@@ -37,6 +37,9 @@ def doctor(
     device: opt.Device = None,
     memory_modes: Annotated[bool, typer.Option("--memory-modes", help="Also show the memory mode every model preset needs "
                                                                       "on each GPU size (by the estimate).")] = False,
+    gpu_capability: Annotated[Optional[str], typer.Option(
+        "--gpu-capability", help="Name the explore backends for a simulated GPU of this compute capability "
+                                 "(e.g. 9.0, 10.0) instead of this machine's.")] = None,
 ) -> None:
     """Check that this machine can run the given model, family and reward: software, GPUs, weights, disk, memory.
     Exits 1 when a check the run depends on fails. With --selftest: runs each path instead, exits 1 when a row fails."""
@@ -53,7 +56,8 @@ def doctor(
             return
         flags = {"model": {"path": str(model_path)}} if model_path else None
         cfg = resolve_config(model or "tiny", family or "sol_rl", reward, sets=set_ or (), flags=flags)
-        checks = run_checks(cfg, nproc=nproc_per_node, explore_precision=explore_precision, memory_modes=memory_modes)
+        checks = run_checks(cfg, nproc=nproc_per_node, explore_precision=explore_precision, memory_modes=memory_modes,
+                            gpu_capability=gpu_capability)
         if json_out:
             print(json.dumps([c.to_dict() for c in checks], indent=2))
         else:

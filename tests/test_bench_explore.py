@@ -48,7 +48,8 @@ def test_fp8_runs_on_a_cpu_through_the_reference_kernels_only_when_asked():
     assert "--numerics-only" in skip_reason("fp8", cpu, numerics_only=False)
     assert skip_reason("fp8", cpu, numerics_only=True) == ""
     assert skip_reason("nvfp4-emulated", cpu, False) == "" and skip_reason("fp8-e5m2-tensor", cpu, False) == ""
-    assert skip_reason("fp8-torchao", cpu, True) != ""  # CUDA only, or torchao missing: said, never run
+    assert skip_reason("fp8-torchao", cpu, True) == "" and "--numerics-only" in skip_reason("fp8-torchao", cpu, False)
+    assert "no GPU: NVFP4 GEMMs need" in skip_reason("nvfp4", cpu, True)  # no CPU kernel for float4: said, never run
 
 
 def test_explore_refuses_what_does_not_apply_and_real_size_on_a_cpu():

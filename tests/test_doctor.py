@@ -38,11 +38,6 @@ B200 = GpuInfo(0, "NVIDIA B200", (10, 0), 178.4)
 REWARD_PACKAGES = ("ImageReward", "open_clip", "torchvision")
 
 
-def _te(nvfp4=None, fp8=None):
-    """A stand-in for Transformer Engine's answers: kind -> (supported, reason) or None (no TE)."""
-    return lambda kind, gpu: {"nvfp4": nvfp4, "fp8": fp8}[kind]
-
-
 @pytest.fixture(autouse=True)
 def cpu_machine(monkeypatch):
     """Every test sees this machine as it is in CI: no GPU (tests that want one patch it in)."""
@@ -190,7 +185,7 @@ def test_the_doctor_reads_a_rewards_backend_and_install_hint_from_its_registry_e
 # --- explore precisions: the rules, with made-up GPUs ---------------------------------------------
 
 def test_hopper_runs_fp8_but_not_nvfp4():
-    p = hardware.explore_precisions(H100, te=_te(nvfp4=(True, ""), fp8=(True, "")))
+    p = hardware.explore_precisions(H100, torchao_missing=lambda: "")
     assert p["fp8"][0] and not p["nvfp4"][0]
     assert "10.0" in p["nvfp4"][1]
     assert hardware.supported(p) == ["fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "fp8-e5m2-delayed", "bf16", "fp32"]
@@ -198,27 +193,22 @@ def test_hopper_runs_fp8_but_not_nvfp4():
 
 def test_fp8_needs_only_torch_on_ada_and_newer():
     for gpu in (H100, B200, GpuInfo(0, "NVIDIA L40S", (8, 9), 48.0)):
-        assert hardware.explore_precisions(gpu, te=_te())["fp8"] == (True, "FP8 e4m3 GEMMs through torch._scaled_mm")
-    ok, why = hardware.explore_precisions(GpuInfo(0, "NVIDIA A100", (8, 0), 80.0), te=_te())["fp8"]
+        assert hardware.explore_precisions(gpu)["fp8"] == (True, "FP8 e4m3 GEMMs through torch._scaled_mm")
+    ok, why = hardware.explore_precisions(GpuInfo(0, "NVIDIA A100", (8, 0), 80.0))["fp8"]
     assert not ok and "8.0 < 8.9" in why
 
 
-def test_blackwell_runs_nvfp4_when_transformer_engine_says_yes():
-    p = hardware.explore_precisions(B200, te=_te(nvfp4=(True, ""), fp8=(True, "")))
-    assert p["nvfp4"][0] and p["fp8"][0]
-
-
-def test_blackwell_without_transformer_engine_has_no_nvfp4_and_says_why():
-    ok, why = hardware.explore_precisions(B200, te=_te())["nvfp4"]
-    assert not ok and "Transformer Engine is not available" in why
-    ok, why = hardware.explore_precisions(B200, te=_te(nvfp4=(False, "driver too old")))["nvfp4"]
-    assert not ok and "driver too old" in why
+def test_blackwell_runs_nvfp4_through_torchao_and_says_why_not_without_it():
+    p = hardware.explore_precisions(B200, torchao_missing=lambda: "")
+    assert p["nvfp4"][0] and p["fp8"][0] and "torchao" in p["nvfp4"][1]
+    ok, why = hardware.explore_precisions(B200, torchao_missing=lambda: "torchao is not installed (pip install torchao)")["nvfp4"]
+    assert not ok and "torchao is not installed" in why
 
 
 def test_cpu_and_old_gpus():
     cpu = hardware.explore_precisions(None)
     assert hardware.supported(cpu) == ["nvfp4-emulated", "fp8-e5m2-tensor", "fp8-e5m2-delayed", "bf16", "fp32"]
-    turing = hardware.explore_precisions(GpuInfo(0, "T4", (7, 5), 15.0), te=_te())
+    turing = hardware.explore_precisions(GpuInfo(0, "T4", (7, 5), 15.0))
     assert hardware.supported(turing) == ["nvfp4-emulated", "fp8-e5m2-tensor", "fp8-e5m2-delayed", "fp32"]
 
 
@@ -383,3 +373,23 @@ def test_on_a_cpu_the_tiny_doctor_is_short_and_the_memory_mode_table_is_behind_a
     assert modes_check(tiny) is None and "zimage: 24 GB: " in modes_check(tiny, every=True).detail
     own = modes_check(resolve_config("sana", "sol_rl")).detail  # a real model: its own row, no other
     assert "sana: 24 GB: " in own and "flux1" not in own
+
+
+def test_the_explore_backends_row_on_the_cpu_and_on_simulated_gpus():
+    """Which kernel each explore precision would use and whether it is measured there: on this CPU,
+    and with --gpu-capability as if on sm_90 / sm_100 (precision/backends.py)."""
+    from solrl_core.doctor.backends import backends_check, simulated_gpu
+
+    result = _invoke("--json", "--gpu-capability", "10.0")
+    row = _by_name(json.loads(result.stdout))["explore backends"]
+    assert row["detail"].startswith("on a simulated GPU of compute capability 10.0") and not row["needed_by_run"]
+    assert "nvfp4 -> torchao (torchao NVFP4Tensor, torch._scaled_mm on float4), unmeasured on this GPU" in row["detail"]
+    cpu = backends_check(None, "scaled_mm").detail
+    assert "nvfp4: not here (no GPU" in cpu and "nvfp4-emulated -> emulation (torch, numerics only), no speed figure on a CPU" in cpu
+    hopper = backends_check(simulated_gpu("9.0"), "torchao", simulated=True).detail
+    assert "nvfp4: not here (compute capability 9.0 < 10.0" in hopper
+    assert "fp8 -> torchao (torchao Float8Tensor, PerRow dynamic), unmeasured on this GPU" in hopper
+    assert "fp8 -> scaled_mm (solrl's torch._scaled_mm wrapper, row-wise e4m3), measured, docs/BENCHMARKS.md" in \
+        backends_check(simulated_gpu("9.0"), "scaled_mm", simulated=True).detail
+    bad = _invoke("--gpu-capability", "ten")
+    assert bad.exit_code == 2 and "is not MAJOR.MINOR" in bad.output

@@ -15,7 +15,7 @@ def explore_step(benchmark_module):
 
 def test_every_backend_steps_and_refreshes_at_tiny_size(explore_step, tmp_path, capsys):
     out = tmp_path / "step.json"
-    explore_step.main(["--size", "tiny", "--device", "cpu", "--backends", "bf16", "fp8", "nvfp4-emulated",
+    explore_step.main(["--size", "tiny", "--device", "cpu", "--models", "sana", "flux", "--backends", "bf16", "fp8", "nvfp4-emulated",
                        "--batch", "2", "--warmup", "1", "--repeats", "1", "--json", str(out)])
     rows = json.loads(out.read_text())["rows"]
     for model in ("sana", "flux"):
@@ -30,6 +30,24 @@ def test_every_backend_steps_and_refreshes_at_tiny_size(explore_step, tmp_path, 
         assert refresh == {"fp8", "nvfp4-emulated"}
     text = capsys.readouterr().out
     assert "speed-up over eager bf16" in text and "fp8 refresh" in text and "error vs bf16" in text
+
+
+def test_one_command_lists_and_runs_every_backend_on_wan_too(explore_step, tmp_path, capsys):
+    """A lease runs `--backends all` over SANA, FLUX.1 and Wan 2.1 1.3B (the default models); a backend
+    this device cannot run is a row with its reason, never a crash or a silent gap."""
+    from solrl_core.bench.explore import BACKENDS
+
+    explore_step.main(["--list-backends"])
+    assert capsys.readouterr().out.split() == list(BACKENDS) and {"fp8-torchao", "nvfp4"} <= set(BACKENDS)
+    assert explore_step.PRESET == {"sana": "sana", "flux": "flux1", "wan": "wan21_t2v_1_3b"}
+    pytest.importorskip("torchao")
+    out = tmp_path / "wan.json"
+    explore_step.main(["--size", "tiny", "--device", "cpu", "--models", "wan", "--backends", "fp8-torchao", "nvfp4",
+                       "--batch", "2", "--warmup", "0", "--repeats", "1", "--json", str(out)])
+    rows = {r["backend"]: r for r in json.loads(out.read_text())["rows"] if "refresh_seconds" not in r}
+    assert {r["model"] for r in rows.values()} == {"wan"} and set(rows) == {"fp8-torchao", "nvfp4"}
+    assert 0.0 < rows["fp8-torchao"]["rel_error"] < 0.05 and "(torchao)" in rows["fp8-torchao"]["layers"]
+    assert rows["nvfp4"]["skipped"].startswith("no GPU: NVFP4 GEMMs need") and "seconds" not in rows["nvfp4"]
 
 
 def test_real_sizes_on_a_cpu_are_refused(explore_step):

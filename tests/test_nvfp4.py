@@ -280,3 +280,15 @@ def test_cuda_matches_cpu_exactly(dtype: torch.dtype) -> None:
     x = (torch.randn(256, 1024, generator=g) * rows).to(dtype)
     assert torch.equal(fake_quantize_1d(x.cuda()).cpu(), fake_quantize_1d(x))
     assert torch.equal(fake_quantize_2d(x.cuda()).cpu(), fake_quantize_2d(x))
+
+
+def test_torchao_is_in_the_dev_extra_so_ci_runs_the_agreement_tests() -> None:
+    """The tests here and in test_backends.py importorskip torchao; CI installs `.[dev]`, so they run there."""
+    import tomllib
+    from pathlib import Path
+
+    from packaging.requirements import Requirement
+
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["project"]
+    dev = {Requirement(r).name: Requirement(r) for r in project["optional-dependencies"]["dev"]}
+    assert "torchao" in dev and "0.18.0" in dev["torchao"].specifier

@@ -85,24 +85,9 @@ def test_real_low_precisions_without_the_hardware_name_what_works(precision, why
     assert err.value.fix == "this machine supports: nvfp4-emulated, fp8-e5m2-tensor, fp8-e5m2-delayed, bf16, fp32; use --explore-precision nvfp4-emulated"
 
 
-def test_supported_but_unimplemented_is_said_plainly(monkeypatch):
-    b200 = hardware.GpuInfo(0, "NVIDIA B200", (10, 0), 180.0)
-    monkeypatch.setattr(hardware, "gpus", lambda: [b200])
-    monkeypatch.setattr(hardware, "te_support", lambda kind, gpu: (True, ""))
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
-    with pytest.raises(SolrlError, match="not in this version") as err:
-        hardware.require_explore_precision("nvfp4", "cuda:0")
-    assert "nvfp4-emulated" in err.value.fix
-    hopper = hardware.GpuInfo(0, "NVIDIA H100", (9, 0), 80.0)
-    monkeypatch.setattr(hardware, "gpus", lambda: [hopper])
-    with pytest.raises(SolrlError, match="compute capability 9.0 < 10.0"):
-        hardware.require_explore_precision("nvfp4", "cuda:0")
-
-
 def test_fp8_is_accepted_on_hopper_and_offered_instead_of_nvfp4(monkeypatch):
     hopper = hardware.GpuInfo(0, "NVIDIA H100", (9, 0), 80.0)
     monkeypatch.setattr(hardware, "gpus", lambda: [hopper])
-    monkeypatch.setattr(hardware, "te_support", lambda kind, gpu: None)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     hardware.require_explore_precision("fp8", "cuda:0")
     with pytest.raises(SolrlError) as err:
@@ -110,7 +95,7 @@ def test_fp8_is_accepted_on_hopper_and_offered_instead_of_nvfp4(monkeypatch):
     assert err.value.fix == "this machine supports: fp8, nvfp4-emulated, fp8-e5m2-tensor, fp8-e5m2-delayed, bf16, fp32; use --explore-precision fp8"
     b200 = hardware.GpuInfo(0, "NVIDIA B200", (10, 0), 180.0)
     monkeypatch.setattr(hardware, "gpus", lambda: [b200])
-    monkeypatch.setattr(hardware, "te_support", lambda kind, gpu: (True, ""))
-    with pytest.raises(SolrlError, match="not in this version") as err:
+    monkeypatch.setattr("solrl_core.precision.nvfp4_gemm.torchao_missing", lambda: "torchao is not installed (pip install torchao)")
+    with pytest.raises(SolrlError, match="compute capability 10.0 is enough, but torchao is not installed") as err:
         hardware.require_explore_precision("nvfp4", "cuda:0")
-    assert err.value.fix.startswith("use --explore-precision fp8 (real FP8 GEMMs) or nvfp4-emulated")
+    assert err.value.fix.endswith("use --explore-precision fp8")

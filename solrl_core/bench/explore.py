@@ -11,8 +11,10 @@ min-dim is scaled by the tiny width over the real one at tiny size, so the same 
     fp8-e5m2-tensor  per-tensor FP8 E5M2, each tensor at its own amax, emulated (no speed-up)
     fp8-e5m2-delayed the official explore copy's recipe, TE's delayed-scaled E5M2, emulated (only when asked)
     nvfp4-emulated   the exact NVFP4 emulation (numerics only: slower than bf16 by design)
-    fp8-torchao      torchao's Float8DynamicActivationFloat8WeightConfig(PerRow) on the nn.Linear layers
-                     (only when asked and torchao imports; it leaves SANA's 1x1-conv feed-forward in bf16)
+    fp8-torchao      fp8 through torchao's Float8Tensor (PerRow dynamic activation + weight), the same layers
+                     as fp8 (explore.fp8_backend=torchao; only when asked and torchao imports)
+    nvfp4            real NVFP4 GEMMs (torchao's NVFP4Tensor, torch._scaled_mm on float4): compute
+                     capability >= 10.0 only (only when asked)
 
 Each backend eager and, with `compile`, torch.compile'd block by block as solrl compiles its copies
 (regions.py), in the default run.compile_mode. A quantized backend's refresh (load the merged weights, re-quantize) is timed too and
@@ -28,6 +30,7 @@ fp8 on a CPU runs only when asked (`numerics_only`), through torch's CPU referen
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import statistics
 import time
 from collections.abc import Callable
@@ -44,9 +47,11 @@ from solrl_core.bench.video import VIDEO_REAL
 from solrl_core.errors import SolrlError
 from solrl_core.telemetry.peaks import device_label
 
-BACKENDS = ("bf16", "fp8", "fp8-e5m2-tensor", "nvfp4-emulated", "fp8-torchao", "fp8-e5m2-delayed")
-DEFAULT_BACKENDS = BACKENDS[:4]  # torchao's conversion is one-way and optional: only when asked
-REFRESHED = ("fp8", "fp8-e5m2-tensor", "nvfp4-emulated", "fp8-e5m2-delayed")  # the explore copy's own wrappers (quantize.WRAPPERS)
+BACKENDS = ("bf16", "fp8", "fp8-e5m2-tensor", "nvfp4-emulated", "fp8-torchao", "nvfp4", "fp8-e5m2-delayed")
+DEFAULT_BACKENDS = BACKENDS[:4]  # the library backends (torchao) only when asked
+# backend -> (explore precision, its kernel: precision/backends.py); all but bf16 are the explore copy's wrappers
+PRECISION_OF = {"fp8-torchao": ("fp8", "torchao"), "nvfp4": ("nvfp4", "torchao")}
+REFRESHED = ("fp8", "fp8-e5m2-tensor", "nvfp4-emulated", "fp8-torchao", "nvfp4", "fp8-e5m2-delayed")
 WIDTH = 26  # the label column of the progress lines
 
 
@@ -141,8 +146,7 @@ class _Model:
 
 
 def measure_model(preset: str, options: ExploreOptions, device: torch.device, bus: ev.EventBus) -> list[dict[str, Any]]:
-    """One model, re-wrapped in place per backend (two copies of FLUX-12B would not fit); torchao's
-    conversion cannot be undone, so it runs last."""
+    """One model, re-wrapped in place per backend (two copies of FLUX-12B would not fit)."""
     from solrl_core.config.presets import resolve_config
     from solrl_core.precision.quantize import unwrap_model
 
@@ -159,7 +163,7 @@ def measure_model(preset: str, options: ExploreOptions, device: torch.device, bu
     count = f"{params / 1e9:.2f}B" if params >= 1e8 else f"{params / 1e6:.2f}M"
     m.say(f"\n{preset}: {count} parameters, batch {options.batch}, {options.size} config, on {device_label(device)}")
     rows: list[dict[str, Any]] = []
-    for backend in sorted(options.backends, key=lambda b: b == "fp8-torchao"):
+    for backend in options.backends:
         skip = skip_reason(backend, device, options.numerics_only)
         if skip:
             rows.append(dict(model=preset, backend=backend, skipped=skip))
@@ -172,7 +176,7 @@ def measure_model(preset: str, options: ExploreOptions, device: torch.device, bu
             rows.append(dict(model=preset, backend=backend, skipped=f"failed to build: {_first_line(exc)}"))
             m.say(f"  {backend:<{WIDTH}} failed to build: {_first_line(exc)}")
             continue
-        if device.type == "cpu" and backend == "fp8":
+        if device.type == "cpu" and backend in ("fp8", "fp8-torchao"):
             what += "; torch's CPU reference kernel: exact numerics, no speed-up"
         rows += _steps(m, backend, what)
         if backend in REFRESHED:
@@ -190,7 +194,7 @@ def _steps(m: _Model, backend: str, what: str) -> list[dict[str, Any]]:
     for compiled in ((False, True) if m.options.compile else (False,)):
         # as the explore copy compiles: block by block, in run.compile_mode's default (the official mode),
         # an fp8 copy's GEMMs untuned (regions.NO_GEMM_AUTOTUNE)
-        fn = CompiledBlocks(m.net, RunConfig().compile_mode, active=False, gemm_autotune=backend != "fp8") if compiled else m.net
+        fn = CompiledBlocks(m.net, RunConfig().compile_mode, active=False, gemm_autotune=backend not in ("fp8", "fp8-torchao")) if compiled else m.net
         label = backend + (" +compile" if compiled else "")
         try:
             with torch.no_grad():
@@ -242,16 +246,13 @@ def skip_reason(backend: str, device: torch.device, numerics_only: bool) -> str:
     from solrl_core.plan.resolve import gpu_of
     from solrl_core.precision import hardware
 
-    if backend == "fp8-torchao":
-        try:
-            import torchao  # noqa: F401
-        except Exception as exc:  # noqa: BLE001 - reported; the other backends still run
-            return f"torchao does not import ({type(exc).__name__}: {exc})"
-        return "torchao's float8 runs on CUDA only" if device.type != "cuda" else ""
-    ok, why = hardware.explore_precisions(gpu_of(device)).get(backend, (False, "not an explore precision solrl knows"))
+    precision = PRECISION_OF.get(backend, (backend, ""))[0]
+    if backend in PRECISION_OF and importlib.util.find_spec("torchao") is None:
+        return "torchao is not installed (pip install torchao)"
+    ok, why = hardware.explore_precisions(gpu_of(device)).get(precision, (False, "not an explore precision solrl knows"))
     if ok:
         return ""
-    if device.type == "cpu" and backend == "fp8":
+    if device.type == "cpu" and precision == "fp8":
         if numerics_only:
             return ""
         return f"{why}; --numerics-only runs it through torch's CPU reference kernel (exact numerics, no speed-up)"
@@ -277,17 +278,14 @@ def hidden_width(config: dict[str, Any]) -> int:
 
 def apply_backend(net: nn.Module, backend: str, rule: Any) -> str:
     """Turn `net` (bf16, unwrapped) into `backend` in place; a one-line description of what changed."""
-    from solrl_core.precision.quantize import plan_layers, quantize_model
+    from solrl_core.precision.backends import wrappers_for
+    from solrl_core.precision.quantize import quantize_model
 
     if backend == "bf16":
         return "bf16 weights and GEMMs"
-    if backend in REFRESHED:
-        return quantize_model(net, rule, backend).summary()
-    from torchao.quantization import Float8DynamicActivationFloat8WeightConfig, PerRow, quantize_
-
-    names = {e.name for e in plan_layers(net, rule) if e.quantized and e.kind == "linear"}
-    quantize_(net, Float8DynamicActivationFloat8WeightConfig(granularity=PerRow()), filter_fn=lambda m, n: n in names)
-    return f"torchao float8 (per row) on {len(names)} nn.Linear layers"
+    precision, kernel = PRECISION_OF.get(backend, (backend, ""))
+    wrappers = wrappers_for(precision, kernel) if kernel else None
+    return quantize_model(net, rule, precision, wrappers).summary() + (f" ({kernel})" if kernel else "")
 
 
 def time_call(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int) -> float:

@@ -15,6 +15,7 @@ from typing import Any
 from solrl_core.config.bounds import check_hacking, check_ranges
 from solrl_core.config.families import FAMILIES
 from solrl_core.errors import SolrlError, close_matches
+from solrl_core.precision.hardware import FP8_BACKENDS
 from solrl_core.rewards.endpoints import check_settings
 from solrl_core.rewards.names import FRAME_REDUCTIONS, check_media, check_names
 from solrl_core.rewards.timeouts import parse_timeout
@@ -125,12 +126,12 @@ class SamplerConfig:
 class ExploreConfig:
     group_size: int = _f(96, "N: seeds explored per prompt in Stage 1.")
     steps: int = _f(6, "Preview steps of the Stage-1 rollout (sol_rl).")
-    precision: str = _f("auto", "Explore precision: auto (on a GPU the fastest measured there: fp8 on compute capability "
-                                ">= 8.9, else the run dtype; on a CPU the exact NVFP4 emulation), fp8 (real E4M3 GEMMs, "
-                                "compute capability >= 8.9), nvfp4-emulated, fp8-e5m2-tensor (per-tensor FP8 E5M2 at each "
-                                "tensor's own amax, emulated), fp8-e5m2-delayed (the official explore copy's recipe: "
-                                "Transformer Engine's delayed-scaled E5M2, emulated), bf16, fp32; nvfp4 (Blackwell + Transformer "
-                                "Engine) is detected but not run yet. Checked against this machine.")
+    precision: str = _f("auto", "Explore precision: auto (nvfp4 on compute capability >= 10.0, its speed unmeasured; fp8 "
+                                "on >= 8.9; else the run dtype; on a CPU the exact NVFP4 emulation), nvfp4 (real NVFP4 "
+                                "GEMMs through torchao), fp8 (real E4M3 GEMMs), nvfp4-emulated, fp8-e5m2-tensor (per-tensor E5M2 at "
+                                "each tensor's own amax), fp8-e5m2-delayed (the official recipe: TE's delayed-scaled E5M2), bf16, fp32.")
+    fp8_backend: str = _f("scaled_mm", "The kernel of explore.precision=fp8: scaled_mm (solrl's torch._scaled_mm wrapper, timed "
+                                       "on an H100) or torchao (Float8 dynamic activation + weight, PerRow; unmeasured).")
     compile: str = _f("auto", "torch.compile the explore copy (auto: on CUDA; true; false): fuses the fp8 / emulated-NVFP4 "
                               "input quantization into the neighbouring kernels; compiles once at start and keeps the graph "
                               "across refreshes. An fp8 copy on CUDA is compiled even at false: eager fp8 is slower than "
@@ -336,6 +337,7 @@ class Config:
         _choice("algorithm.family", family, tuple(FAMILIES))
         _choice("selection.mode", self.selection.mode, SELECTION_MODES)
         _choice("explore.precision", self.explore.precision, EXPLORE_PRECISIONS)
+        _choice("explore.fp8_backend", self.explore.fp8_backend, FP8_BACKENDS)
         _choice("run.dtype", self.run.dtype, DTYPES)
         _choice("sampler.solver", self.sampler.solver, SOLVERS)
         _choice("sampler.sigma_grid", self.sampler.sigma_grid, SIGMA_GRIDS)

@@ -21,6 +21,7 @@ labelled so wherever they are shown.
 from __future__ import annotations
 
 from solrl_core.config.schema import Config
+from solrl_core.doctor.backends import backends_check, simulated_gpu
 from solrl_core.doctor.check import FAIL, Check, machine
 from solrl_core.doctor.memory import _explore, _memory, _memory_without_gpu, _processes, planned
 from solrl_core.doctor.modes import modes_check
@@ -47,12 +48,13 @@ __all__ = ["Check", "failed_for_run", "matching_torchvision", "run_checks"]
 
 
 def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None = None,
-               only_needed: bool = False, memory_modes: bool = False) -> list[Check]:
+               only_needed: bool = False, memory_modes: bool = False, gpu_capability: str | None = None) -> list[Check]:
     """Every check for running `cfg` with `nproc` processes (cfg None: the machine alone).
     `explore_precision` overrides cfg.explore.precision and may also be 'nvfp4' or 'fp8'.
     `only_needed` (a run's own preflight) skips importing the reward backends and torchvision the run
     does not use: the doctor shows them, a run need not pay their import (about 12 s on a 2-core CPU).
-    `memory_modes`: the memory-mode table for every model preset, not only the run's (doctor/modes.py)."""
+    `memory_modes`: the memory-mode table for every model preset, not only the run's (doctor/modes.py).
+    `gpu_capability` ('10.0'): the explore-backends row answers for a simulated GPU of it."""
     m = machine()
     rewards = set(cfg.reward.weights) if cfg is not None else set()
     requested = explore_precision or (cfg.explore.precision if cfg is not None else None)
@@ -91,6 +93,8 @@ def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None
     checks += [c for c in (strategy_check(cfg, gpu, nproc), backend_check(nproc, gpu)) if c is not None]
     checks += [c for c in (modes_check(cfg, memory_modes),) if c is not None]
     checks.append(_explore(cfg, gpu, requested))
+    checks.append(backends_check(simulated_gpu(gpu_capability) if gpu_capability else gpu, cfg.explore.fp8_backend,
+                                 simulated=bool(gpu_capability)))
     return checks
 
 

@@ -37,7 +37,8 @@ from solrl_core.faults.phase import charged_to
 from solrl_core.models import DiffusionModel, load_model
 from solrl_core.models.base import Conditioning
 from solrl_core.plan.plan import MachinePlan, MemoryModes
-from solrl_core.precision.quantize import WRAPPERS, LayerRule, load_tensor
+from solrl_core.precision.backends import QUANTIZED
+from solrl_core.precision.quantize import LayerRule, load_tensor
 from solrl_core.rewards import RewardSet
 from solrl_core.runtime.stopping import GenerationStopped
 
@@ -333,7 +334,7 @@ def _copy(cfg: Config, model: DiffusionModel, spec: CopySpec, source: nn.Module 
     (quantize.load_tensor), its quantized layers hold only their quantized caches, never a second
     high-precision weight (fp8: 1 byte a weight instead of 3; footprint.copy_bytes). Filled here
     from the base model on a replica, from the shards under fsdp (sharded_copy.py)."""
-    lean = spec.precision in WRAPPERS
+    lean = spec.precision in QUANTIZED
     if source is not None:
         module = cast(base_copy(meta_copy(source) if lean else source), dtype)
     elif spec.from_shards or lean:
@@ -341,7 +342,7 @@ def _copy(cfg: Config, model: DiffusionModel, spec: CopySpec, source: nn.Module 
     else:
         module = copy.deepcopy(model.transformer)
     made = RolloutCopy(module, spec.precision, LayerRule.of(cfg.model), compile=spec.compiled,
-                       compile_mode=cfg.run.compile_mode, sharded=spec.sharded)
+                       compile_mode=cfg.run.compile_mode, sharded=spec.sharded, fp8_backend=cfg.explore.fp8_backend)
     if not spec.from_shards and made.on_meta:
         base = model.transformer if source is None else source
         made.materialize(next(base.parameters()).device)

@@ -16,7 +16,8 @@ from torch import nn
 
 from solrl_core.engine.regions import CompiledBlocks
 from solrl_core.precision.hardware import IMPLEMENTED_EXPLORE
-from solrl_core.precision.quantize import WRAPPERS, LayerRule, QuantizedGemm, QuantReport, load_tensor, quantize_model, requantize
+from solrl_core.precision.backends import QUANTIZED, wrappers_for
+from solrl_core.precision.quantize import LayerRule, QuantizedGemm, QuantReport, load_tensor, quantize_model, requantize
 
 
 @dataclass(frozen=True)
@@ -63,9 +64,10 @@ class RolloutCopy:
     """A merged, frozen copy of the base transformer at a rollout precision."""
 
     def __init__(self, module: nn.Module, precision: str, rule: LayerRule, compile: bool = False,
-                 compile_mode: str = "default", sharded: bool = False) -> None:
+                 compile_mode: str = "default", sharded: bool = False, fp8_backend: str = "scaled_mm") -> None:
         """Takes ownership of `module` (a copy of the base transformer, without adapters). `sharded`: a
-        skeleton to be sharded like the policy when first filled (sharded_copy.shard_copy)."""
+        skeleton to be sharded like the policy when first filled (sharded_copy.shard_copy). `fp8_backend`:
+        fp8's kernel (explore.fp8_backend, precision/backends.py)."""
         if precision not in IMPLEMENTED_EXPLORE:
             raise ValueError(f"no rollout backend for precision {precision!r} (hardware.require_explore_precision says why)")
         self.precision = precision
@@ -75,8 +77,8 @@ class RolloutCopy:
             cast(self.module, {"bf16": torch.bfloat16, "fp32": torch.float32}[precision])
         self.dtype = next(self.module.parameters()).dtype  # nvfp4-emulated and fp8 compute in the base dtype
         self.report: QuantReport | None = None
-        if precision in WRAPPERS:
-            self.report = quantize_model(self.module, rule, precision)
+        if precision in QUANTIZED:
+            self.report = quantize_model(self.module, rule, precision, wrappers_for(precision, fp8_backend))
         # compiled in place, block by block (regions.py): `forward` is the module either way. A copy
         # still on the meta device (sharded_copy.py) compiles once it is on its device (`materialize`).
         self.compile_mode = compile_mode if compile else None

@@ -1,6 +1,8 @@
 """What this machine gets, resolved once at the start of a run from the config's `auto` switches.
 
-- explore precision `auto`: on a GPU the fastest explore this version has measured there: fp8
+- explore precision `auto`: on compute capability >= 10.0 (Blackwell) real NVFP4 (the paper's explore
+  precision; torchao's kernel, its speed not yet measured, which the start-up line says) where torchao
+  is installed; else on a GPU the fastest explore this version has measured there: fp8
   (compiled) on compute capability >= 8.9, where it beat compiled bf16 on an H100 (docs/BENCHMARKS.md),
   else the run dtype (no real low precision; never the NVFP4 emulation, which is slower than bf16
   on a GPU); on a CPU the exact NVFP4 emulation, the numerics the paper's explore copy has.
@@ -34,7 +36,8 @@ from solrl_core.plan.footprint import FIT_SHARE, estimate_memory
 from solrl_core.plan.fsdp import fsdp_machine, resolve_strategy, shard_count
 from solrl_core.plan.memory_modes import choose_modes
 from solrl_core.plan.plan import COMPILED_ANYWAY, MachinePlan, RunPlan, plan_stages
-from solrl_core.precision.hardware import FP8_CC, GpuInfo, gpus
+from solrl_core.precision.backends import speed_note
+from solrl_core.precision.hardware import FP8_CC, NVFP4_CC, GpuInfo, explore_precisions, gpus
 from solrl_core.runtime.tf32 import describe_tf32
 
 # measured on an H100 (docs/BENCHMARKS.md, 2026-11-24): fp8 pays only compiled, where the input
@@ -55,9 +58,13 @@ def auto_explore_precision(gpu: GpuInfo | None, dtype_name: str) -> tuple[str, s
     if gpu is None:
         return "nvfp4-emulated", "auto on a CPU: the exact NVFP4 emulation (no real low-precision kernel runs here)"
     cc = f"{gpu.capability[0]}.{gpu.capability[1]}"
+    nvfp4_ok, nvfp4_why = explore_precisions(gpu)["nvfp4"]
+    if nvfp4_ok:
+        return "nvfp4", f"auto on compute capability {cc}: the paper's NVFP4 explore copy, {nvfp4_why}"
     if gpu.capability >= FP8_CC:
+        not_nvfp4 = f" (nvfp4: {nvfp4_why})" if gpu.capability >= NVFP4_CC else ""
         return "fp8", (f"auto on compute capability {cc}: FP8 GEMMs, compiled, the fastest explore this version has "
-                       "measured on a GPU")
+                       f"measured on a GPU{not_nvfp4}")
     return dtype_name, f"auto on compute capability {cc}: no real low precision below 8.9, so the run dtype"
 
 
@@ -73,6 +80,8 @@ def resolve_machine(cfg: Config, device: torch.device, dtype_name: str, gpu: Gpu
         precision, why = auto_explore_precision(gpu, dtype_name)
     else:
         precision, why = cfg.explore.precision, "as configured"
+    note = speed_note(precision, gpu, cfg.explore.fp8_backend)
+    why += f"; {note}" if note else ""
     explore_compile, update_compile = _switch(cfg.explore.compile, cuda), _switch(cfg.optimizer.compile, cuda)
     if cuda and precision == "fp8" and not explore_compile:
         explore_compile = True

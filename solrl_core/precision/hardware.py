@@ -4,8 +4,9 @@ Everything heavy (torch, Transformer Engine) is imported inside the functions, s
 module costs nothing and works on any machine. Used by `solrl doctor` (solrl_core/doctor/).
 
 Precisions, as the explore (Stage-1) copy would use them:
-- ``nvfp4``: real NVFP4 GEMMs through Transformer Engine. Needs compute capability >= 10.0
-  (Blackwell) AND Transformer Engine installed AND its own availability check saying yes.
+- ``nvfp4``: real NVFP4 GEMMs through torchao's NVFP4Tensor and ``torch._scaled_mm`` on float4
+  (solrl_core/precision/nvfp4_gemm.py). Needs compute capability >= 10.0 (Blackwell) AND torchao
+  installed (Transformer Engine is still detected and reported, not used).
 - ``fp8``: real FP8 (E4M3) GEMMs through torch's own ``torch._scaled_mm`` (solrl_core/precision/fp8.py);
   needs compute capability >= 8.9 (Ada, Hopper and newer) and nothing beyond torch.
 - ``nvfp4-emulated``: solrl's exact NVFP4 emulation in plain torch (solrl_core/precision/nvfp4.py): anywhere.
@@ -43,6 +44,7 @@ NVFP4_CC = (10, 0)
 FP8_CC = (8, 9)
 BF16_CC = (8, 0)
 TE_INSTALL = "pip install transformer-engine[pytorch] on a CUDA machine"
+FP8_BACKENDS = ("scaled_mm", "torchao")  # explore.fp8_backend: the kernel of fp8 (precision/backends.py)
 
 
 @dataclass(frozen=True)
@@ -60,10 +62,6 @@ class TEStatus(NamedTuple):
     installed: bool
     version: str | None
     reason: str  # why it is missing, or '' when installed
-
-
-# A TE support probe: (kind, gpu) -> (supported, reason), or None when no TE answer can be had.
-TeProbe = Callable[[str, "GpuInfo | None"], "tuple[bool, str] | None"]
 
 
 def gpus() -> list[GpuInfo]:
@@ -169,12 +167,14 @@ def _resolve(module_name: str, attr: str) -> Callable | None:
     return obj if callable(obj) else None
 
 
-def explore_precisions(gpu: GpuInfo | None, te: TeProbe | None = None) -> dict[str, tuple[bool, str]]:
+def explore_precisions(gpu: GpuInfo | None, torchao_missing: Callable[[], str] | None = None) -> dict[str, tuple[bool, str]]:
     """Which explore precisions run on `gpu` (None: the CPU), each with why or why not.
 
-    `te` answers Transformer Engine's checks (default: `te_support`, the installed TE); a parameter
-    so the rules can be tested with made-up GPUs."""
-    probe = te if te is not None else te_support
+    `torchao_missing` says why torchao's NVFP4 tensor cannot be used ('' when it can; default: this
+    machine's answer, nvfp4_gemm.torchao_missing); a parameter so the rules can be tested with made-up GPUs."""
+    from solrl_core.precision import nvfp4_gemm
+
+    missing = (torchao_missing or nvfp4_gemm.torchao_missing)() if gpu is not None and gpu.capability >= NVFP4_CC else ""
     out: dict[str, tuple[bool, str]] = {}
     if gpu is None:
         out["nvfp4"] = (False, "no GPU: NVFP4 GEMMs need an NVIDIA GPU of compute capability >= 10.0 (Blackwell)")
@@ -188,14 +188,10 @@ def explore_precisions(gpu: GpuInfo | None, te: TeProbe | None = None) -> dict[s
     cc = f"{gpu.capability[0]}.{gpu.capability[1]}"
     if gpu.capability < NVFP4_CC:
         out["nvfp4"] = (False, f"compute capability {cc} < 10.0: NVFP4 GEMMs need Blackwell (B200, GB200)")
+    elif missing:
+        out["nvfp4"] = (False, f"compute capability {cc} is enough, but {missing}")
     else:
-        answer = probe("nvfp4", gpu)
-        if answer is None:
-            out["nvfp4"] = (False, f"compute capability {cc} is enough, but Transformer Engine is not available "
-                                   f"({transformer_engine_status().reason or 'no NVFP4 check found in it'})")
-        else:
-            out["nvfp4"] = (answer[0], "Transformer Engine NVFP4BlockScaling" if answer[0] else
-                            f"Transformer Engine says no: {answer[1] or 'no reason given'}")
+        out["nvfp4"] = (True, "NVFP4 GEMMs through torchao's NVFP4Tensor (torch._scaled_mm on float4)")
     if gpu.capability < FP8_CC:
         out["fp8"] = (False, f"compute capability {cc} < 8.9: FP8 GEMMs need Ada or Hopper and newer")
     else:
@@ -218,9 +214,8 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-# Explore-copy backends this version of solrl runs. Real NVFP4 (Transformer Engine) is detected by
-# doctor but not yet used for rollouts.
-IMPLEMENTED_EXPLORE = ("fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "fp8-e5m2-delayed", "bf16", "fp32")
+# Explore-copy precisions this version of solrl runs (precision/backends.py: through which kernel).
+IMPLEMENTED_EXPLORE = ("nvfp4", "fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "fp8-e5m2-delayed", "bf16", "fp32")
 
 
 FULL_PRECISIONS = ("bf16", "fp32")  # a run dtype: an explore copy at one quantizes nothing
@@ -257,8 +252,3 @@ def require_explore_precision(precision: str, device: object) -> None:
     if not ok:
         raise SolrlError(f"explore precision {precision} does not run on {where}: {why}",
                          f"this machine supports: {', '.join(works)}; use --explore-precision {works[0]}")
-    if precision not in IMPLEMENTED_EXPLORE:
-        raise SolrlError(f"{where} supports {precision} ({why}), but real {precision} explore kernels are not in this "
-                         "version of solrl", "use --explore-precision fp8 (real FP8 GEMMs) or nvfp4-emulated (exact NVFP4 "
-                         "numerics, no speed-up)" if "fp8" in works else "use --explore-precision nvfp4-emulated (exact "
-                         "NVFP4 numerics, no speed-up)")

@@ -77,6 +77,12 @@ def global_scale(amax: Tensor) -> Tensor:
 
 def _qdq_blocks(x: Tensor, vmax: Tensor, s_enc: Tensor) -> Tensor:
     """Quantize-dequantize float32 ``x`` given each element's block amax (broadcastable)."""
+    q, s = _quantize_blocks(x, vmax, s_enc)
+    return q.mul_(s).div_(s_enc)
+
+
+def _quantize_blocks(x: Tensor, vmax: Tensor, s_enc: Tensor) -> tuple[Tensor, Tensor]:
+    """(E2M1 values, E4M3 block scales as float32) of float32 ``x`` given each block's amax."""
     s = torch.clamp(vmax * (s_enc * _INV_FP4_MAX), max=E4M3_MAX)
     s = s.to(torch.float8_e4m3fn).to(torch.float32)
     # A block whose scale rounds to 0 in E4M3 dequantizes to 0 whatever q is (TE clamps the
@@ -85,8 +91,7 @@ def _qdq_blocks(x: Tensor, vmax: Tensor, s_enc: Tensor) -> Tensor:
     nonzero = s > 0
     safe_s = torch.where(nonzero, s, torch.ones_like(s))
     encode = torch.where(nonzero, 1.0 / (safe_s * (1.0 / s_enc)), torch.zeros_like(s))
-    q = round_to_e2m1(torch.clamp_(x * encode, -FP4_MAX, FP4_MAX))
-    return q.mul_(s).div_(s_enc)
+    return round_to_e2m1(torch.clamp_(x * encode, -FP4_MAX, FP4_MAX)), s
 
 
 def _block_amax(x: Tensor, dim: int | tuple[int, ...]) -> Tensor:
@@ -117,6 +122,18 @@ def fake_quantize_1d(x: Tensor, block: int = BLOCK) -> Tensor:
     return _qdq_blocks(xf, vmax, global_scale(vmax.amax())).reshape(x.shape).to(x.dtype)
 
 
+def quantize_1d(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """What `fake_quantize_1d` rounds to, before dequantizing: (E2M1 values of x's shape, one E4M3
+    scale per 1x16 block of shape [..., K / 16], S_enc), all float32; ``codes * scales / S_enc`` (each
+    scale repeated over its block) is `fake_quantize_1d(x)` bit for bit. The packed NVFP4 GEMM's input."""
+    _check_float(x)
+    xf = x.to(torch.float32).reshape(*x.shape[:-1], x.shape[-1] // BLOCK, BLOCK)
+    vmax = _block_amax(xf, -1)
+    s_enc = global_scale(vmax.amax())
+    q, s = _quantize_blocks(xf, vmax, s_enc)
+    return q.reshape(x.shape), s.squeeze(-1), s_enc
+
+
 def fake_quantize_2d(w: Tensor, tile: int = BLOCK) -> Tensor:
     """NVFP4 quantize-dequantize of a weight: one scale per 16x16 tile of a 2D tensor.
 
@@ -134,3 +151,15 @@ def fake_quantize_2d(w: Tensor, tile: int = BLOCK) -> Tensor:
     wf = w.to(torch.float32).reshape(rows // tile, tile, cols // tile, tile)
     vmax = _block_amax(wf, (1, 3))
     return _qdq_blocks(wf, vmax, global_scale(vmax.amax())).reshape(rows, cols).to(w.dtype)
+
+
+def quantize_2d(w: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """`quantize_1d`'s parts for a weight in 16x16 tiles: each tile's one scale is repeated over its 16
+    rows, so the scales have the 1x16-block shape [rows, cols / 16] the NVFP4 GEMM reads."""
+    _check_float(w)
+    rows, cols = w.shape
+    wf = w.to(torch.float32).reshape(rows // BLOCK, BLOCK, cols // BLOCK, BLOCK)
+    vmax = _block_amax(wf, (1, 3))
+    s_enc = global_scale(vmax.amax())
+    q, s = _quantize_blocks(wf, vmax, s_enc)
+    return q.reshape(rows, cols), s.expand(-1, BLOCK, -1, 1).reshape(rows, cols // BLOCK), s_enc

@@ -378,18 +378,18 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent_name), child, module)
 
 
-def quantize_model(model: nn.Module, skip: Sequence[str] | LayerRule, precision: str = "nvfp4-emulated") -> QuantReport:
-    """Wrap every eligible Linear and 1x1 Conv2d of `model` in place for `precision` (a key of
-    WRAPPERS); report on all of them.
+def quantize_model(model: nn.Module, skip: Sequence[str] | LayerRule, precision: str = "nvfp4-emulated",
+                   wrappers: tuple[type, type] | None = None) -> QuantReport:
+    """Wrap every eligible Linear and 1x1 Conv2d of `model` in place for `precision` (WRAPPERS' or `wrappers`'s), report on all.
 
     `skip` is the model's LayerRule (or, for a name-only rule, its skip substrings). Safe to call
     again: existing wrappers of this precision are kept, others are swapped, and layers the rule now
     skips are unwrapped; nothing is ever wrapped twice.
     """
-    if precision not in WRAPPERS:
+    if precision not in WRAPPERS and wrappers is None:
         raise ValueError(f"no quantized layers for precision {precision!r}; known: {', '.join(WRAPPERS)}")
     rule = skip if isinstance(skip, LayerRule) else LayerRule(skip=(skip,) if isinstance(skip, str) else tuple(skip))
-    linear_cls, conv_cls = WRAPPERS[precision]
+    linear_cls, conv_cls = wrappers or WRAPPERS[precision]
     entries = plan_layers(model, rule)
     for entry in entries:
         current = model.get_submodule(entry.name) if entry.name else model
@@ -397,7 +397,7 @@ def quantize_model(model: nn.Module, skip: Sequence[str] | LayerRule, precision:
         if not entry.quantized:
             if current is not original:
                 _set_submodule(model, entry.name, original)
-        elif not (isinstance(current, _QuantizedGemm) and current.PRECISION == precision):
+        elif type(current) not in (linear_cls, conv_cls):  # another precision, or another backend of it
             _set_submodule(model, entry.name, (linear_cls if isinstance(original, nn.Linear) else conv_cls)(original))
     if hasattr(linear_cls, "attach"):  # fp8-e5m2-delayed: fused groups share a state; TE's update after each forward
         linear_cls.attach(model, rule.fused)
