@@ -223,7 +223,7 @@ def test_export_writes_the_lora_or_a_merged_transformer_equal_to_the_tuned_model
     merged = runner.invoke(app, ["export", "r", "--out", "full", "--merge", "--weights", "trained"])
     assert merged.exit_code == 0, merged.output
     again = runner.invoke(app, ["export", "r", "--out", "full"])
-    assert again.exit_code == 2 and "not empty" in again.output
+    assert again.exit_code == 2 and "already holds an export" in again.output and "--overwrite" in again.output
 
     loaded = open_engine(load_run_config("r"), checkpoint=list_checkpoints(Path("r"))[-1])
     plain = SanaTransformer2DModel.from_pretrained("full/transformer")

@@ -196,7 +196,7 @@ def test_a_torn_last_line_is_skipped_with_a_warning_and_the_next_append_starts_a
     log(ev.RunWarning(message="resumed"))
     log.close()
     assert json.loads(path.read_text().splitlines()[-1])["message"] == "resumed"
-    with pytest.raises(SolrlError, match="line 6 is not JSON"):  # torn, then not a resume: damage, refused
+    with pytest.raises(SolrlError, match="line 6 is damaged: not JSON"):  # torn, then not a resume: damage, refused
         load_run(tmp_path)
 
 
@@ -210,5 +210,5 @@ def test_a_torn_line_before_a_resume_is_skipped_and_damage_in_the_middle_is_refu
     assert [t.event.iteration for t in load_run(tmp_path).iterations] == [1, 2, 3]
     lines[1] = lines[1][:20]  # the same damage where no resume follows
     path.write_text("\n".join(lines) + "\n")
-    with pytest.raises(SolrlError, match="line 2 is not JSON"):
+    with pytest.raises(SolrlError, match="line 2 is damaged: not JSON"):
         load_run(tmp_path)

@@ -67,7 +67,7 @@ def test_explore_ranks_by_the_trainings_ranking_with_an_unscored_seed_last():
         explore_copy=SimpleNamespace(precision="nvfp4"),
         config=SimpleNamespace(reward=RewardConfig(weights={"r": 1.0})),
         conditioning=lambda prompts: prompts,
-        generate=lambda cond, seeds, steps, copy: SimpleNamespace(images=images[: len(seeds)]),
+        generate=lambda cond, seeds, steps, copy, **_: SimpleNamespace(images=images[: len(seeds)]),
         rewards=lambda imgs, prompts: SimpleNamespace(total=drafts.clone(), components={"r": drafts.clone()}),
     )
     result = explore_only(engine, ["three red circles"], 6, 2, "best_worst", seed_base=0, steps=2)

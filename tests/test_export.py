@@ -302,7 +302,7 @@ def test_push_to_hub_uploads_exactly_the_export_to_a_stand_in_hub(plain_run, mon
     assert hub.auth == {"Bearer hf_standin"} and not hub.unknown
     assert f"{hub.url}/me/tiny-lora" in result.output
     card = ModelCard.load(folder / "README.md")
-    assert "Not evaluated" in card.text and 'from_pretrained(pipe.transformer, "me/tiny-lora")' in card.text
+    assert "Not evaluated" in card.text and 'PeftModel.from_pretrained(model.transformer, "me/tiny-lora")' in card.text
 
 
 def test_push_errors_are_one_line_and_name_the_fix(plain_run, monkeypatch, tmp_path):

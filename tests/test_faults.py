@@ -181,22 +181,23 @@ def _oom_above(limit, calls):
 def test_an_oom_in_the_rollout_halves_its_batch_and_equals_a_run_at_that_size(quick, monkeypatch):
     import solrl_core.engine.sampler as rollout
 
-    straight, _ = _train(quick("run.iterations=1", "sampler.rollout_batch=8", run_dir="straight"))
+    straight, _ = _train(quick("run.iterations=1", "sampler.rollout_batch=4", run_dir="straight"))
     calls, real_sample = [], rollout.sample
-    check = _oom_above(8, calls)  # the "GPU" holds 8 samples per forward batch
+    check = _oom_above(4, calls)  # the "GPU" holds 4 samples per forward batch
 
     def sample(velocity, noise, *args, **kwargs):
         check(noise.shape[0])
         return real_sample(velocity, noise, *args, **kwargs)
 
     monkeypatch.setattr(rollout, "sample", sample)
-    session, seen = _train(quick("run.iterations=1", "sampler.rollout_batch=16", run_dir="r"))
+    # 8: one prompt group of explore.group_size=8 per Stage-1 batch (batches never mix two groups)
+    session, seen = _train(quick("run.iterations=1", "sampler.rollout_batch=8", run_dir="r"))
     backoffs = _of(seen, ev.OutOfMemoryBackoff)
-    assert [(b.iteration, b.phase, b.setting, b.old, b.new) for b in backoffs] == [(1, "rollout", "sampler.rollout_batch", 16, 8)]
-    assert calls[0] == 16 and max(calls[1:]) == 8  # one failure, then every batch fit
+    assert [(b.iteration, b.phase, b.setting, b.old, b.new) for b in backoffs] == [(1, "rollout", "sampler.rollout_batch", 8, 4)]
+    assert calls[0] == 8 and max(calls[1:]) == 4  # one failure, then every batch fit
     # The same draws at any batch size: equal up to the last bits of a differently batched matmul.
     _same_run(straight, session, atol=1e-6)
-    assert load_run_config(session.run.run_dir).sampler.rollout_batch == 8  # a resume keeps the smaller size
+    assert load_run_config(session.run.run_dir).sampler.rollout_batch == 4  # a resume keeps the smaller size
     lines = [json.loads(x) for x in (session.run.run_dir / "events.jsonl").read_text().splitlines()]
     assert [x["event"] for x in lines].count("oom_backoff") == 1
 

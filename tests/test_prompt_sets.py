@@ -178,9 +178,9 @@ def test_a_cached_download_set_is_read_by_name_and_listed_by_presets(tmp_path):
     assert load_prompts("geneval_test") == ["a photo of a bench"]
     result = runner.invoke(app, ["presets"], env={"COLUMNS": "400"})
     assert result.exit_code == 0, result.output
-    row = next(line for line in result.output.splitlines() if "pickscore_train" in line)
+    row = _row(result.output, "pickscore_train")
     assert "needs a download" in row and "NVlabs/DiffusionNFT dataset/pickscore/train.txt" in row
-    assert "downloaded: " in next(line for line in result.output.splitlines() if "geneval_test" in line)
+    assert "downloaded: " in _row(result.output, "geneval_test")
 
 
 @needs_datasets
@@ -276,3 +276,12 @@ def test_a_saved_dataset_trains_the_tiny_model_by_prompts(tmp_path, fast_sets):
     assert len(finished) == 2 and drawn and drawn <= set(train)
     assert evals and all(e["prompts"] == spec and e["samples"] == 3 for e in evals)
     assert spec in (tmp_path / "run" / "config.toml").read_text()
+
+
+def _row(output: str, name: str) -> str:
+    """The presets table's row of `name`, its wrapped lines joined (the width is the console's, which
+    a test run under a worker process does not set)."""
+    lines = output.splitlines()
+    at = next(i for i, line in enumerate(lines) if f" {name} " in line)
+    end = next((j for j in range(at + 1, len(lines)) if lines[j][:1].strip()), len(lines))
+    return " ".join(" ".join(lines[at:end]).split())

@@ -33,10 +33,11 @@ def _train(sets, resume=False, stop_after=None):
     return out.getvalue(), seen
 
 
-def _summary(text):
-    """The end summary's lines: the Stage-2 reward's change, the evaluation's and the eval rewards'."""
-    return [line for line in text.splitlines()
-            if line.startswith(("  mean Stage-2 reward:", "  eval on ", "  eval rewards (scored, not trained on):"))]
+def _summary(text, picture=False):
+    """The end summary's lines: the Stage-2 reward's change, the evaluation's and the eval rewards'
+    (and with `picture`, the path of the run's picture, which names its run folder)."""
+    heads = ("  mean Stage-2 reward:", "  eval on ", "  eval rewards (scored, not trained on):", *(("  picture:",) if picture else ()))
+    return [line for line in text.splitlines() if line.startswith(heads)]
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +62,7 @@ def test_a_stopped_and_resumed_run_ends_with_the_summary_of_an_uninterrupted_one
     resumed, seen = runs["resumed"]
     assert "evaluating the base weights" not in resumed  # not scored again: read back from the run folder
     expected = _summary(straight)
-    assert len(expected) == 3 and "s.e.)" in expected[1] and "s.e.)" in expected[2]  # the tiny preset's tinyworld_fidelity
+    assert len(expected) == 3 and "s.e." in expected[1] and "s.e." in expected[2]  # the tiny preset's tinyworld_fidelity
     assert _summary(resumed) == expected  # the same numbers, standard errors included
     kept = json.loads((runs["dir"] / BASE_FILE).read_text())
     assert len(kept["total"]) == 4 and kept["event"]["weights"] == "base"
@@ -88,4 +89,4 @@ def test_the_tui_leaves_the_same_end_summary_on_the_terminal(runs):
         state.apply(ev.decode(event.to_dict()))  # as the app receives them, through the JSON form
     left = outcome(state).splitlines()
     assert left[0].startswith("solrl: done: 4 iterations")
-    assert left[1:] == _summary(straight)
+    assert left[1:] == _summary(straight, picture=True)

@@ -28,15 +28,15 @@ def _reasons(ctx: Context, only: str | None = None) -> dict[str, str | None]:
 
 
 def test_cuda_only_rows_are_chosen_on_sm_90_and_sm_100_and_skipped_with_their_reason_on_a_cpu(tmp_path):
-    te_says_yes = lambda kind, gpu: (True, "")  # noqa: E731 - Transformer Engine installed, as on a B200 node
-    hopper = _reasons(Context("cuda:0", H100, 1, tmp_path, te=te_says_yes))
-    blackwell = _reasons(Context("cuda:0", B200, 2, tmp_path, te=te_says_yes))
+    torchao_here = lambda: ""  # noqa: E731 - torchao's NVFP4 usable, as on a B200 node with the dev extra
+    hopper = _reasons(Context("cuda:0", H100, 1, tmp_path, torchao_missing=torchao_here))
+    blackwell = _reasons(Context("cuda:0", B200, 2, tmp_path, torchao_missing=torchao_here))
     cpu = _reasons(Context("cpu", None, 0, tmp_path))
     for name in CUDA_ONLY:
         assert hopper[name] is None and blackwell[name] is None, name
         assert cpu[name], name  # skipped here, with the reason said
     assert "compute capability 9.0 < 10.0" in hopper["explore/nvfp4"]
-    assert "not in this version" in blackwell["explore/nvfp4"]  # the capability is there; the kernels are not
+    assert blackwell["explore/nvfp4"] is None  # real NVFP4 through torchao on compute capability 10.0
     assert "needs 2 or more GPUs, one per process (this machine has 1)" in hopper["fsdp/multi-process"]
     assert blackwell["fsdp/multi-process"] is None  # 2 GPUs: a process on each
     assert "no GPU: FP8 GEMMs" in cpu["explore/fp8"]

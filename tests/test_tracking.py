@@ -51,7 +51,7 @@ def test_tensorboard_holds_both_iterations_and_a_resume_continues_them(fast_sets
     assert [i.step for i in acc.Images("samples")] == [2]
     env = next(e for e in seen if isinstance(e, ev.RunStarted)).environment  # what the run started on
     assert env["device"] == "cpu" and env["gpus"] == [] and env["explore"] == {
-        "requested": "auto", "resolved": "nvfp4-emulated", "full_precision": "fp32", "implemented": ["fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "fp8-e5m2-delayed", "bf16", "fp32"],
+        "requested": "auto", "resolved": "nvfp4-emulated", "full_precision": "fp32", "implemented": ["nvfp4", "fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "fp8-e5m2-delayed", "bf16", "fp32"],
         "why": "auto on a CPU: the exact NVFP4 emulation (no real low-precision kernel runs here)"}
     assert "rollout copy on" in env["machine"]
     board = session.run.run_dir / "tensorboard"

@@ -223,7 +223,7 @@ def test_compare_names_a_line_nested_a_million_deep(tmp_path):
     _record(tmp_path / "r", "sol_rl", [0.5, 0.6], seconds=1.0)
     lines = (tmp_path / "r" / "events.jsonl").read_text().splitlines()
     (tmp_path / "r" / "events.jsonl").write_text("\n".join([*lines[:2], DEEP, *lines[2:]]) + "\n")
-    _refused(_solrl(tmp_path, "compare", "r", "--out", "cmp"), "r/events.jsonl line 3: nested too deep to be a record solrl wrote")
+    _refused(_solrl(tmp_path, "compare", "r", "--out", "cmp"), "r/events.jsonl line 3 is damaged: nested too deep to be a record solrl wrote", "sed -i '3d'")
 
 
 def test_the_monitor_names_a_line_nested_a_million_deep(tmp_path):

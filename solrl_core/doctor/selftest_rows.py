@@ -78,7 +78,7 @@ def _precision_skip(precision: str, ctx: Context) -> str | None:
 
     if precision == ctx.precision:
         return None
-    ok, why = explore_precisions(ctx.gpu, ctx.te).get(precision, (False, "unknown"))
+    ok, why = explore_precisions(ctx.gpu, ctx.torchao_missing).get(precision, (False, "unknown"))
     if not ok:
         return why
     return None if precision in IMPLEMENTED_EXPLORE else f"{why}, but real {precision} explore kernels are not in this version"

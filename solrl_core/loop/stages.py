@@ -170,17 +170,25 @@ def roll_out(run: Run, draws: Draws, steps: int, explore: bool) -> RolloutBatch:
     """Generate and score on the explore copy (explore=True, when there is one), else at full precision:
     on the rollout copy (base + old merged) when the run keeps one, or on the policy's old adapter.
 
-    Stage 1's batches never mix two prompt groups: a quantized copy scales each call's activations by
-    the call's own amax, so mixing would make a group's drafts depend on which groups share its rank
-    (one process and two would keep different seeds). Stage 2 is at full precision: batched freely."""
+    On a quantized explore copy, Stage 1's batches never mix two prompt groups: it scales each call's
+    activations by the call's own amax, so mixing would make a group's drafts depend on which groups
+    share its rank (one process and two would keep different seeds). At full precision the batches
+    are cut freely (fewer, fuller calls)."""
     engine = run.engine
     made = engine.generate(engine.conditioning(draws.prompts), draws.seeds, steps, "explore" if explore else "rollout",
-                           to_cpu=False, groups=draws.groups if explore else None)
+                           to_cpu=False, groups=draws.groups if explore and quantized_copy(run) else None)
     t0 = time.perf_counter()
     scores = run.rewards(made.images, draws.prompts)
     return RolloutBatch(prompts=draws.prompts, groups=draws.groups, seeds=draws.seeds, latents=made.latents,
                         sigmas=made.sigmas, rewards=scores.total, components=scores.components,
                         seconds_reward=time.perf_counter() - t0)
+
+
+def quantized_copy(run: Run) -> bool:
+    """Stage 1 runs on a quantized explore copy (its activation scale is per call)."""
+    from solrl_core.precision.backends import QUANTIZED
+
+    return run.engine.explore_copy is not None and run.engine.explore_copy.precision in QUANTIZED
 
 
 def gather_scores(run: Run, batch: RolloutBatch) -> GlobalScores:

@@ -11,6 +11,7 @@ import torch
 from solrl_core import events as ev
 from solrl_core.engine.policy import OLD
 from solrl_core.loop.session import Run
+from solrl_core.loop.stages import quantized_copy
 
 
 def warm_up_compiled(run: Run, bus: ev.EventBus) -> None:
@@ -61,7 +62,9 @@ def warm_up_sizes(run: Run) -> dict[str, list[int]]:
         full |= chunks(drafts, batch)
     if plan.regenerate and cfg.explore.rank_check_every:
         full |= chunks(plan.explore_seeds, batch)
-    out = {"explore copy": chunks(drafts, batch), "rollout copy": full | chunks(kept, micro), "update": chunks(kept, micro)}
+    # a quantized copy's Stage-1 batches hold one prompt group each (stages.roll_out)
+    explore = chunks(plan.explore_seeds, batch) if quantized_copy(run) else chunks(drafts, batch)
+    out = {"explore copy": explore, "rollout copy": full | chunks(kept, micro), "update": chunks(kept, micro)}
     return {k: sorted(v, reverse=True) for k, v in out.items()}
 
 

@@ -231,11 +231,15 @@ def _gpu_of_device(device: object) -> GpuInfo | None:
     return next((g for g in gpus() if g.index == index), None)
 
 
+# Not a calibration candidate: the official recipe's numerics, for reproducing it, at fp8-e5m2-tensor's cost
+REPRODUCTION_ONLY = ("fp8-e5m2-delayed",)
+
+
 def runnable_low_precisions(device: object) -> list[str]:
     """The low (quantized) explore precisions this version runs on `device`: on a CPU the emulated
     ones, on a GPU of compute capability >= 8.9 real fp8 too (explore.calibrate=steps+precision's candidates)."""
     return [p for p in supported(explore_precisions(_gpu_of_device(device)))
-            if p in IMPLEMENTED_EXPLORE and p not in FULL_PRECISIONS]
+            if p in IMPLEMENTED_EXPLORE and p not in FULL_PRECISIONS and p not in REPRODUCTION_ONLY]
 
 
 def require_explore_precision(precision: str, device: object) -> None:

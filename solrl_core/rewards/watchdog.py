@@ -60,13 +60,14 @@ def call_watched(name: str, score: Callable[[], T], timeout_s: float, retries: i
             return _within(name, score, timeout_s, stop)
         except (torch.cuda.OutOfMemoryError, RewardFailure, ScoringAbandoned):
             raise
-        except SolrlError as exc:  # the reward refused its input (a prompt it cannot judge): the same again
-            raise RewardFailure(name, f"reward '{name}' failed: {exc.message}", exc.fix) from exc
         except Exception as exc:  # noqa: BLE001 - any error of a reward's own code is retried, then named
             if attempt == retries:
-                fix = "fix the reward (SOLRL_DEBUG=1 shows the traceback), then continue from the checkpoint saved: `solrl train --resume RUN`"
+                own = isinstance(exc, SolrlError) and exc.fix  # its message and its fix, each said once
+                fix = exc.fix if own else \
+                    "fix the reward (SOLRL_DEBUG=1 shows the traceback), then continue from the checkpoint saved: `solrl train --resume RUN`"
                 tries = f" ({retries + 1} tries)" if retries else ""
-                raise RewardFailure(name, f"reward '{name}' failed{tries}: {type(exc).__name__}: {exc}", fix) from exc
+                what = exc.message if isinstance(exc, SolrlError) else str(exc)
+                raise RewardFailure(name, f"reward '{name}' failed{tries}: {type(exc).__name__}: {what}", fix) from exc
             if on_retry is not None:
                 on_retry(f"reward '{name}' raised {type(exc).__name__}: {exc}; trying again ({attempt + 1} of {retries})")
     raise AssertionError("unreachable")
