@@ -116,7 +116,7 @@ def test_a_server_killed_mid_run_stops_the_run_with_an_intact_checkpoint(tmp_pat
         with pytest.raises(RewardFailure) as failed:
             train(cfg, bus, stop=StopFlag())
         assert time.monotonic() - t0 < 120
-    assert failed.value.message.startswith(f"reward 'remote:{served.url}' failed (2 tries): SolrlError: reward server "
+    assert failed.value.message.startswith(f"reward 'remote:{served.url}' failed (2 tries): reward server "
                                            f"{served.url} is not reachable (ConnectionRefusedError")
     assert "solrl train --resume RUN" in failed.value.fix
     assert [e.reason for e in seen if isinstance(e, ev.RunFinished)] == ["failed"]

@@ -256,5 +256,5 @@ def test_a_reward_refusing_its_input_names_its_reason_and_its_fix_once():
 
     with pytest.raises(RewardFailure) as failed:
         call_watched("w", refuse, 0, retries=1)
-    assert failed.value.message == "reward 'w' failed (2 tries): SolrlError: reward 'w' cannot judge prompt 0 ('a cat')"
+    assert failed.value.message == "reward 'w' failed (2 tries): reward 'w' cannot judge prompt 0 ('a cat')"
     assert failed.value.fix == "use captions of the tiny world"  # was also inside the message, printed twice

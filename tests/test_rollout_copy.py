@@ -268,7 +268,7 @@ def test_an_fp8_copy_under_max_autotune_runs_its_gemms_untuned_and_the_others_fo
     ("sol_rl", (), {"explore copy": [24], "rollout copy": [24, 16, 8], "update": [16, 8]}),
     ("naive_scaling", (), {"rollout copy": [24, 16, 8], "update": [16, 8]}),  # Stage 1 at full precision
     ("diffusionnft", (), {"rollout copy": [24, 16, 8], "update": [16, 8]}),  # K seeds, no Stage 2
-    # N=30 in chunks of 20: Stage 1's 90 drafts in 20s and a 10, Stage 2's 24 in 20 + 4, the rank
+    # N=30 in chunks of 20: Stage 1's 3 groups of 30 drafts, each in 20 + 10 (one group a batch), Stage 2's 24 in 20 + 4, the rank
     # check's 30 in 20 + 10 (the 10 on the rollout copy comes from it)
     ("sol_rl", ("explore.group_size=30", "sampler.rollout_batch=20", "explore.rank_check_every=5"),
      {"explore copy": [20, 10], "rollout copy": [20, 16, 10, 8, 4], "update": [16, 8]}),
@@ -283,7 +283,7 @@ def test_warm_up_sizes_are_the_batches_of_an_iteration(family, sets, sizes):
     cfg = resolve_config("tiny", family, sets=["run.prompts_per_iteration=3", "explore.group_size=24", "selection.group_size=8",
                                                "sampler.rollout_batch=24", "optimizer.micro_batch=16", *sets])
     plan = plan_stages(cfg, "fp32", "nvfp4-emulated" if family == "sol_rl" else "fp32")
-    explore_copy = object() if plan.explore_precision != "fp32" else None
+    explore_copy = SimpleNamespace(precision=plan.explore_precision) if plan.explore_precision != "fp32" else None
     session = SimpleNamespace(config=cfg, plan=plan, world_size=1, engine=SimpleNamespace(explore_copy=explore_copy))
     got = warm_up_sizes(session)
     assert {k: got[k] for k in sizes} == sizes

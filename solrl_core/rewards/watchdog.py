@@ -66,8 +66,8 @@ def call_watched(name: str, score: Callable[[], T], timeout_s: float, retries: i
                 fix = exc.fix if own else \
                     "fix the reward (SOLRL_DEBUG=1 shows the traceback), then continue from the checkpoint saved: `solrl train --resume RUN`"
                 tries = f" ({retries + 1} tries)" if retries else ""
-                what = exc.message if isinstance(exc, SolrlError) else str(exc)
-                raise RewardFailure(name, f"reward '{name}' failed{tries}: {type(exc).__name__}: {what}", fix) from exc
+                what = exc.message if isinstance(exc, SolrlError) else f"{type(exc).__name__}: {exc}"  # ours say what they are
+                raise RewardFailure(name, f"reward '{name}' failed{tries}: {what}", fix) from exc
             if on_retry is not None:
                 on_retry(f"reward '{name}' raised {type(exc).__name__}: {exc}; trying again ({attempt + 1} of {retries})")
     raise AssertionError("unreachable")
