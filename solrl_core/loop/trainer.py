@@ -26,6 +26,7 @@ differs, each with its reason in docs/official-settings.md ("Where solrl differs
   per-tensor FP8 E5M2: explore.precision=fp8-e5m2-delayed)
 - LoRA on SANA: diffusers' split q/k/v, not the official fused projections
 - every random draw from (seed, iteration): a resume repeats an uninterrupted run exactly
+- Stage 1 on a quantized copy batched one prompt group a call: the same drafts on 1 or N processes
 - the gradient: the mean over every (sample, timestep) pair, whatever the micro-batch sizes
 - Stage-1 draft rewards kept and reported
 - explore.calibrate: Stage 1's preview steps (and precision) measured, not fixed at 6

@@ -82,15 +82,13 @@ def start_run(request: RunRequest) -> RunStart:
     return RunStart(request, cfg, several, "\n".join(n for n in notes if n))
 
 
-FULL_PRECISIONS = ("fp32", "bf16")
-
-
 def parting_note(cfg: Config) -> str | None:
     """Where several processes do not train one process's run seed for seed: Stage 1 on a quantized
     copy. Its batches never mix prompt groups (Sampler.generate), so the first iteration is the same;
     after a step the gradient all-reduce rounds otherwise than one process's sum, and re-quantizing
     the merged weights can move a weight lying on a rounding tie to the next code."""
     from solrl_core.config.families import family
+    from solrl_core.precision.hardware import FULL_PRECISIONS
 
     if not family(cfg.algorithm.family).low_precision or cfg.explore.precision in FULL_PRECISIONS:
         return None
