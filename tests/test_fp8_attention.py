@@ -170,3 +170,15 @@ def test_rank_check_reports_the_explore_arms_with_and_without_fp8_attention(tmp_
     assert data["arms"] == ["nvfp4-emulated+fp8-attention@1", "nvfp4-emulated+fp8-attention@2", "nvfp4-emulated@1",
                             "nvfp4-emulated@2", "fp32@1", "fp32@2"]
     assert set(data["overall"]) == set(data["arms"][:-1])
+
+
+def test_the_benchmark_row_times_fp8_attention_only_where_fa3_runs(monkeypatch):
+    from solrl_core.bench import explore
+
+    cpu = torch.device("cpu")
+    assert "has no full attention" in explore.skip_reason(explore.FP8_ATTENTION, cpu, True, "sana")
+    assert explore.skip_reason(explore.FP8_ATTENTION, cpu, True, "flux1").startswith("no GPU: FP8 FA3 needs")
+    with explore.attention(explore.FP8_ATTENTION, cpu):  # what its steps are timed under
+        assert F.scaled_dot_product_attention is fa.emulated_sdpa
+    with explore.attention("fp8", cpu):
+        assert F.scaled_dot_product_attention is SDPA
