@@ -148,17 +148,21 @@ def test_refused_on_a_gpu_that_cannot_run_fp8_fa3_naming_what_is_missing(monkeyp
     assert fa.backend((9, 0))[0] == "torchao-fa3"
 
 
-def test_the_doctor_names_the_attention_kernel_per_gpu():
+def test_the_doctor_names_the_attention_kernel_per_gpu(monkeypatch):
     from solrl_core.doctor.backends import backends_check, simulated_gpu
 
     cpu = backends_check(None, "scaled_mm").detail
     assert "fp8 attention -> emulation (torch, Q/K/V rounded to E4M3 then SDPA: numerics only, not fast), no speed figure on a CPU" in cpu
-    hopper = backends_check(simulated_gpu("9.0"), "scaled_mm", simulated=True).detail
-    missing = fa.fa3_missing((9, 0))
-    assert (f"fp8 attention: not here ({missing})" if missing else
-            "fp8 attention -> torchao-fa3 (torchao FP8 FA3, per-(batch, head) E4M3 Q/K/V), unmeasured on this GPU") in hopper
     blackwell = backends_check(simulated_gpu("10.0"), "scaled_mm", simulated=True).detail
     assert "fp8 attention: not here (compute capability 10.0 is not 9.x: torchao's FP8 FA3 runs on Hopper only)" in blackwell
+    real = fa.importlib.util.find_spec
+    monkeypatch.setattr(fa.importlib.util, "find_spec", lambda name: None if name == "flash_attn_interface" else real(name))
+    hopper = backends_check(simulated_gpu("9.0"), "scaled_mm", simulated=True).detail
+    assert "fp8 attention: not here (missing flash-attn's FA3 build (flash_attn_interface" in hopper
+    monkeypatch.setattr(fa.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(torch, "__version__", "2.11.0")
+    hopper = backends_check(simulated_gpu("9.0"), "scaled_mm", simulated=True).detail
+    assert "fp8 attention -> torchao-fa3 (torchao FP8 FA3, per-(batch, head) E4M3 Q/K/V), unmeasured on this GPU" in hopper
 
 
 def test_rank_check_reports_the_explore_arms_with_and_without_fp8_attention(tmp_path):
