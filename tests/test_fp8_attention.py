@@ -130,6 +130,10 @@ def test_refused_on_a_model_without_full_attention_and_beside_a_full_precision_c
     with pytest.raises(SolrlError, match="has none"):
         train(cfg, ev.EventBus(), stop=StopFlag())
     assert not (tmp_path / "run").exists()  # refused before anything is written
+    scaling = resolve_config("tiny_video", "naive_scaling", sets=["explore.fp8_attention=true", f"run.run_dir={tmp_path / 'run'}"])
+    with pytest.raises(SolrlError, match="the explore precision here is fp32") as refused:  # no explore copy to put it in
+        train(scaling, ev.EventBus(), stop=StopFlag())
+    assert "sol_rl, naive_quant" in refused.value.fix and not (tmp_path / "run").exists()
 
 
 def test_refused_on_a_gpu_that_cannot_run_fp8_fa3_naming_what_is_missing(monkeypatch):

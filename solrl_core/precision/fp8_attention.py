@@ -169,7 +169,8 @@ def require(precision: str, loader: str, device: Any) -> None:
     off = "or set explore.fp8_attention=false"
     if precision in FULL_PRECISION:
         raise SolrlError(f"explore.fp8_attention quantizes a low-precision explore copy's attention, and the explore "
-                         f"precision here is {precision}", f"name a low explore precision (fp8 on Hopper) {off}")
+                         f"precision here is {precision}", "use a family with a low-precision explore copy (sol_rl, "
+                         f"naive_quant) at a low explore precision (fp8 on Hopper), {off}")
     if loader not in FULL_ATTENTION:
         raise SolrlError(f"explore.fp8_attention is for models with full attention over the image tokens, and "
                          f"model.loader={loader} has none (SANA's self-attention is linear)",
