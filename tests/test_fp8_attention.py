@@ -51,6 +51,9 @@ def test_the_emulation_is_sdpa_on_the_e4m3_rounded_inputs_within_a_step_of_them(
     assert out.dtype == dtype
     assert torch.equal(out, SDPA(fa.fake_quantize(q), fa.fake_quantize(k), fa.fake_quantize(v)).to(dtype))
     assert not torch.equal(out, SDPA(q, k, v))
+    mask = torch.arange(16) < 11  # padded keys masked out, as Qwen-Image and Z-Image pass them
+    assert torch.equal(fa.emulated_sdpa(q, k, v, attn_mask=mask),
+                       SDPA(fa.fake_quantize(q), fa.fake_quantize(k), fa.fake_quantize(v), attn_mask=mask).to(dtype))
 
 
 def test_inputs_representable_in_e4m3_at_scale_1_give_sdpa_exactly():
@@ -149,6 +152,9 @@ def test_refused_on_a_gpu_that_cannot_run_fp8_fa3_naming_what_is_missing(monkeyp
     monkeypatch.setattr(fa.importlib.util, "find_spec", lambda name: object())
     monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
     fa.require("fp8", "wan", "cuda:0")  # everything there: no refusal
+    with pytest.raises(SolrlError, match="takes no attention mask, and model.loader=qwen_image masks"):
+        fa.require("fp8", "qwen_image", "cuda:0")
+    fa.require("nvfp4-emulated", "qwen_image", "cpu")  # the emulation takes the mask
     assert fa.backend((9, 0))[0] == "torchao-fa3"
 
 

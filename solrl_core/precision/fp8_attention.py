@@ -13,7 +13,8 @@ each group of query heads shares one scale.
   torchao's FP8 FA3 (`apply_low_precision_attention`), its SDPA replacement taken and the global
   pre-grad fusion pass it installs put back, so no other model's compiled graph is rewritten.
 
-Which models: full attention over the image (or video) tokens, the loaders below. SANA's
+Which models: full attention over the image (or video) tokens, the loaders below; on a GPU not
+Qwen-Image nor Z-Image, which mask their padded caption tokens (torchao's FA3 path takes no mask). SANA's
 self-attention is linear; its only SDPA is the cross-attention to ~300 text tokens, a small share
 of the step, so quantizing it would add rounding for little time and SANA is refused.
 Which copies: any quantized explore copy. On a GPU FA3 runs only on Hopper, where fp8 is the real
@@ -41,6 +42,7 @@ E4M3_MAX = 448.0
 EPS = 1e-12  # torchao's: a head whose amax is at most this keeps scale 1
 FULL_ATTENTION = ("flux1", "flux2", "sd3", "qwen_image", "zimage", "wan", "tiny_video")  # model.loader
 FULL_PRECISION = ("bf16", "fp32")
+MASKED = ("qwen_image", "zimage")  # pass a caption mask to attention, which torchao's FP8 FA3 refuses
 _SDPA = F.scaled_dot_product_attention  # the original, whatever is swapped in later
 
 
@@ -181,6 +183,9 @@ def require(precision: str, loader: str, device: Any) -> None:
         if missing:
             raise SolrlError(f"explore.fp8_attention cannot run on {device}: {missing}",
                              f"run on a Hopper GPU with those installed, {off}")
+        if loader in MASKED:
+            raise SolrlError(f"explore.fp8_attention on {device} is torchao's FP8 FA3, which takes no attention mask, and "
+                             f"model.loader={loader} masks its padded caption tokens", f"use it with FLUX.1, SD3 or Wan, {off}")
 
 
 def kernel_for(device: torch.device) -> Callable[..., Tensor]:
@@ -192,7 +197,7 @@ def kernel_for(device: torch.device) -> Callable[..., Tensor]:
     from torchao.prototype.attention.api import AttentionBackend, apply_low_precision_attention
 
     fusion = inductor_config.pre_grad_custom_pass
-    try:
+    try:  # a module without parameters: torchao's causal-mask probe does not run (a diffusion transformer is not causal)
         wrapper = apply_low_precision_attention(torch.nn.Identity(), backend=AttentionBackend.FP8_FA3)
     finally:
         inductor_config.pre_grad_custom_pass = fusion  # global: it would rewrite the trained model's graphs too
