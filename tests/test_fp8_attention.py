@@ -51,7 +51,7 @@ def test_the_emulation_is_sdpa_on_the_e4m3_rounded_inputs_within_a_step_of_them(
     assert out.dtype == dtype
     assert torch.equal(out, SDPA(fa.fake_quantize(q), fa.fake_quantize(k), fa.fake_quantize(v)).to(dtype))
     assert not torch.equal(out, SDPA(q, k, v))
-    mask = torch.arange(16) < 11  # padded keys masked out, as Qwen-Image and Z-Image pass them
+    mask = (torch.arange(16) < 11)[None, None, None, :]  # padded keys masked out, as Qwen-Image and Z-Image pass them
     assert torch.equal(fa.emulated_sdpa(q, k, v, attn_mask=mask),
                        SDPA(fa.fake_quantize(q), fa.fake_quantize(k), fa.fake_quantize(v), attn_mask=mask).to(dtype))
 
