@@ -16,6 +16,8 @@ by the tiny width over the real one, so the same layers are quantized):
                      layers as fp8 (explore.fp8_backend=torchao; needs torchao)
     nvfp4            real NVFP4 GEMMs: torchao's NVFP4Tensor over solrl's exact quantizer, torch._scaled_mm
                      on float4 (compute capability >= 10.0; needs torchao)
+    fp8+fp8-attention fp8 with torchao's FP8 FA3 attention (explore.fp8_attention): FLUX.1 and Wan on
+                     compute capability 9.x with flash-attn's FA3 build; elsewhere its reason instead of a time
 
 A backend this device cannot run is skipped with its reason (nvfp4 everywhere below Blackwell).
 `--list-backends` prints the backends, one a line, for a caller that runs them all (`--backends all`).

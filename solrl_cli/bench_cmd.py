@@ -27,7 +27,7 @@ Iterations = Annotated[Optional[int], typer.Option("--iterations", min=2, help="
 Warmup = Annotated[Optional[int], typer.Option("--warmup", min=0, help="First iterations (--explore: calls) left out of the figures. Default 1 (--explore: 3).")]
 JsonOut = Annotated[Optional[Path], typer.Option("--json", help="Write every figure to this JSON file.")]
 Explore = Annotated[bool, typer.Option("--explore", help="Time one denoising step per explore backend (bf16, fp8, fp8-e5m2-tensor, nvfp4-emulated), its error against bf16 and the refresh, instead of the families.")]
-Backends = Annotated[Optional[list[str]], typer.Option("--backend", help="--explore: a backend to time (repeatable; fp8-torchao, nvfp4 and fp8-e5m2-delayed too). Default: bf16, fp8, fp8-e5m2-tensor, nvfp4-emulated.")]
+Backends = Annotated[Optional[list[str]], typer.Option("--backend", help="--explore: a backend to time (repeatable; fp8-torchao, nvfp4, fp8-e5m2-delayed and fp8+fp8-attention too). Default: bf16, fp8, fp8-e5m2-tensor, nvfp4-emulated.")]
 Compile = Annotated[bool, typer.Option("--compile/--no-compile", help="--explore: also time each backend torch.compile'd block by block.")]
 NumericsOnly = Annotated[bool, typer.Option("--numerics-only", help="--explore on a CPU: run fp8 through torch's CPU reference kernel (exact numerics, no speed-up) instead of skipping it.")]
 CompileModes = Annotated[Optional[list[str]], typer.Option("--compile-mode", help="torch.compile mode of the compiled copies (run.compile_mode; repeatable: each mode timed in turn, e.g. --compile-mode default --compile-mode max-autotune-no-cudagraphs). Default: the config's, max-autotune-no-cudagraphs.")]

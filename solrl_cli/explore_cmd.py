@@ -32,6 +32,8 @@ Candidates = Annotated[bool, typer.Option("--candidates", help="Instead of the f
                                           "seconds, and the settings explore.calibrate=steps and =steps+precision would pick.")]
 MinRecall = Annotated[Optional[float], typer.Option("--min-recall", min=0.0, max=1.0, help="With --candidates: the recall a "
                                                     "candidate must reach. Default: explore.min_recall (0: the fixed setting's less its s.e.).")]
+Fp8Attention = Annotated[bool, typer.Option("--fp8-attention", help="Run the explore copy with FP8 attention "
+                                            "(explore.fp8_attention) and report its arms with and without it: six arms.")]
 HitK = Annotated[Optional[list[int]], typer.Option("--hit-k", min=1, help="K of the top/bottom-K hit rates (repeatable). Default: 4 and 8.")]
 
 
@@ -78,13 +80,15 @@ def rank_check(
     full_steps: Full = None, hit_k: HitK = None, explore_precision: opt.ExplorePrecision = None,
     checkpoint: opt.Checkpoint = None, out: opt.Out = None, set_: opt.Sets = None, device: opt.Device = None,
     candidates: Candidates = False, min_recall: MinRecall = None, trust_run_config: opt.TrustRunConfig = False,
+    fp8_attention: Fp8Attention = False,
 ) -> None:
     """Measure whether the cheap Stage-1 rollout ranks seeds like the full one: four arms, rho, tau, hit rates
     (--candidates: recall and seconds of every precision x preview step count, and what explore.calibrate would pick)."""
     from solrl_core.errors import SolrlError
 
     with user_errors():
-        flags = {"explore": {"steps": preview_steps, "precision": explore_precision, "min_recall": min_recall},
+        flags = {"explore": {"steps": preview_steps, "precision": explore_precision, "min_recall": min_recall,
+                             "fp8_attention": True if fp8_attention else None},
                  "sampler": {"steps": full_steps},
                  "run": {"device": device}}
         cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, flags=flags, trust=trust_run_config)

@@ -43,11 +43,13 @@ def test_one_command_lists_and_runs_every_backend_on_wan_too(explore_step, tmp_p
     pytest.importorskip("torchao")
     out = tmp_path / "wan.json"
     explore_step.main(["--size", "tiny", "--device", "cpu", "--models", "wan", "--backends", "fp8-torchao", "nvfp4",
-                       "--batch", "2", "--warmup", "0", "--repeats", "1", "--json", str(out)])
+                       "fp8+fp8-attention", "--batch", "2", "--warmup", "0", "--repeats", "1", "--json", str(out)])
     rows = {r["backend"]: r for r in json.loads(out.read_text())["rows"] if "refresh_seconds" not in r}
-    assert {r["model"] for r in rows.values()} == {"wan"} and set(rows) == {"fp8-torchao", "nvfp4"}
+    assert {r["model"] for r in rows.values()} == {"wan"} and set(rows) == {"fp8-torchao", "nvfp4", "fp8+fp8-attention"}
     assert 0.0 < rows["fp8-torchao"]["rel_error"] < 0.05 and "(torchao)" in rows["fp8-torchao"]["layers"]
     assert rows["nvfp4"]["skipped"].startswith("no GPU: NVFP4 GEMMs need") and "seconds" not in rows["nvfp4"]
+    attention = rows["fp8+fp8-attention"]  # FP8 FA3 only: the CPU emulation is no time worth a row
+    assert attention["skipped"].startswith("no GPU: FP8 FA3 needs") and "seconds" not in attention
 
 
 def test_real_sizes_on_a_cpu_are_refused(explore_step):

@@ -10,6 +10,8 @@ min-dim is scaled by the tiny width over the real one at tiny size, so the same 
     fp8              solrl's fp8 explore copy: e4m3 GEMMs through torch._scaled_mm, row-wise scales
     fp8-e5m2-tensor  per-tensor FP8 E5M2, each tensor at its own amax, emulated (no speed-up)
     fp8-e5m2-delayed the official explore copy's recipe, TE's delayed-scaled E5M2, emulated (only when asked)
+    fp8+fp8-attention fp8's GEMMs and torchao's FP8 FA3 attention (explore.fp8_attention): full-attention
+                     models on compute capability 9.x with flash-attn FA3 only (only when asked)
     nvfp4-emulated   the exact NVFP4 emulation (numerics only: slower than bf16 by design)
     fp8-torchao      fp8 through torchao's Float8Tensor (PerRow dynamic activation + weight), the same layers
                      as fp8 (explore.fp8_backend=torchao; only when asked and torchao imports)
@@ -47,10 +49,11 @@ from solrl_core.bench.video import VIDEO_REAL
 from solrl_core.errors import SolrlError
 from solrl_core.telemetry.peaks import device_label
 
-BACKENDS = ("bf16", "fp8", "fp8-e5m2-tensor", "nvfp4-emulated", "fp8-torchao", "nvfp4", "fp8-e5m2-delayed")
+FP8_ATTENTION = "fp8+fp8-attention"  # fp8's GEMMs and torchao's FP8 FA3 attention (explore.fp8_attention)
+BACKENDS = ("bf16", "fp8", "fp8-e5m2-tensor", "nvfp4-emulated", "fp8-torchao", "nvfp4", "fp8-e5m2-delayed", FP8_ATTENTION)
 DEFAULT_BACKENDS = BACKENDS[:4]  # the library backends (torchao) only when asked
 # backend -> (explore precision, its kernel: precision/backends.py); all but bf16 are the explore copy's wrappers
-PRECISION_OF = {"fp8-torchao": ("fp8", "torchao"), "nvfp4": ("nvfp4", "torchao")}
+PRECISION_OF = {"fp8-torchao": ("fp8", "torchao"), "nvfp4": ("nvfp4", "torchao"), FP8_ATTENTION: ("fp8", "scaled_mm")}
 REFRESHED = ("fp8", "fp8-e5m2-tensor", "nvfp4-emulated", "fp8-torchao", "nvfp4", "fp8-e5m2-delayed")
 WIDTH = 26  # the label column of the progress lines
 
@@ -164,7 +167,7 @@ def measure_model(preset: str, options: ExploreOptions, device: torch.device, bu
     m.say(f"\n{preset}: {count} parameters, batch {options.batch}, {options.size} config, on {device_label(device)}")
     rows: list[dict[str, Any]] = []
     for backend in options.backends:
-        skip = skip_reason(backend, device, options.numerics_only)
+        skip = skip_reason(backend, device, options.numerics_only, cfg.model.loader)
         if skip:
             rows.append(dict(model=preset, backend=backend, skipped=skip))
             m.say(f"  {backend:<{WIDTH}} skipped: {skip}")
@@ -194,10 +197,11 @@ def _steps(m: _Model, backend: str, what: str) -> list[dict[str, Any]]:
     for compiled in ((False, True) if m.options.compile else (False,)):
         # as the explore copy compiles: block by block, in run.compile_mode's default (the official mode),
         # an fp8 copy's GEMMs untuned (regions.NO_GEMM_AUTOTUNE)
-        fn = CompiledBlocks(m.net, RunConfig().compile_mode, active=False, gemm_autotune=backend not in ("fp8", "fp8-torchao")) if compiled else m.net
+        untuned = backend in ("fp8", "fp8-torchao", FP8_ATTENTION)
+        fn = CompiledBlocks(m.net, RunConfig().compile_mode, active=False, gemm_autotune=not untuned) if compiled else m.net
         label = backend + (" +compile" if compiled else "")
         try:
-            with torch.no_grad():
+            with torch.no_grad(), attention(backend, m.device):
                 seconds = time_call(lambda fn=fn: fn(**m.inputs), m.device, m.options.warmup, m.options.repeats)
                 error = relative_error(fn(**m.inputs)[0], m.reference)
         except Exception as exc:  # noqa: BLE001
@@ -207,6 +211,15 @@ def _steps(m: _Model, backend: str, what: str) -> list[dict[str, Any]]:
         rows.append(dict(model=m.preset, backend=backend, compiled=compiled, seconds=seconds, rel_error=error, layers=what))
         m.say(f"  {label:<{WIDTH}} {seconds * 1e3:9.2f} ms/step   error vs bf16 {100 * error:6.2f}%   ({what})")
     return rows
+
+
+def attention(backend: str, device: torch.device) -> Any:
+    """The attention swap `backend` times its steps under (fp8_attention.swapped), else nothing."""
+    import contextlib
+
+    from solrl_core.precision import fp8_attention
+
+    return fp8_attention.swapped(fp8_attention.kernel_for(device)) if backend == FP8_ATTENTION else contextlib.nullcontext()
 
 
 def _refresh(m: _Model, backend: str) -> dict[str, Any]:
@@ -241,10 +254,19 @@ def summary_lines(rows: list[dict[str, Any]], options: ExploreOptions, steps: in
     return lines
 
 
-def skip_reason(backend: str, device: torch.device, numerics_only: bool) -> str:
-    """Why `backend` does not run on `device` ('' when it does)."""
+def skip_reason(backend: str, device: torch.device, numerics_only: bool, loader: str = "") -> str:
+    """Why `backend` does not run on `device` for a model of `loader` ('' when it does). FP8 attention is
+    timed only where its real kernel runs: the CPU emulation would time nothing worth a row."""
     from solrl_core.plan.resolve import gpu_of
-    from solrl_core.precision import hardware
+    from solrl_core.precision import fp8_attention, hardware
+
+    if backend == FP8_ATTENTION:
+        if loader not in fp8_attention.FULL_ATTENTION:
+            return f"model.loader={loader} has no full attention (SANA's self-attention is linear)"
+        gpu = gpu_of(device)
+        missing = fp8_attention.fa3_missing(gpu.capability if gpu is not None else None)
+        if missing:
+            return missing
 
     precision = PRECISION_OF.get(backend, (backend, ""))[0]
     if backend in PRECISION_OF and importlib.util.find_spec("torchao") is None:

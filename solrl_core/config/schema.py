@@ -75,10 +75,8 @@ class ModelConfig:
          "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0"),
         "Module-name suffixes that get LoRA adapters.",
     )
-    quant_skip: tuple[str, ...] = _f(
-        ("patch_embed", "time_embed", "caption_projection", "caption_norm", "proj_out", "norm_out"),
-        "Module-name substrings never quantized in the explore copy (embedders, final layer).",
-    )
+    quant_skip: tuple[str, ...] = _f(("patch_embed", "time_embed", "caption_projection", "caption_norm", "proj_out", "norm_out"),
+                                     "Module-name substrings never quantized in the explore copy (embedders, final layer).")
     quant_min_dim: int = _f(0, "Layers with max(in, out) <= this stay in high precision in the explore copy (the official "
                                "nvfp4_min_dim: SANA 2240, SD3.5-L 2432, FLUX.1 1000); 0 = no size rule.")
     quant_fused: tuple[str, ...] = _f((), "Groups of sibling projections the official model holds as one fused layer, as "
@@ -132,6 +130,8 @@ class ExploreConfig:
                                 "each tensor's own amax), fp8-e5m2-delayed (the official recipe: TE's delayed-scaled E5M2), bf16, fp32.")
     fp8_backend: str = _f("scaled_mm", "The kernel of explore.precision=fp8: scaled_mm (solrl's torch._scaled_mm wrapper, timed "
                                        "on an H100) or torchao (Float8 dynamic activation + weight, PerRow; unmeasured).")
+    fp8_attention: bool = _f(False, "FP8 attention in the explore copy of a full-attention model (E4M3 Q/K/V, one scale per batch and head): "
+                                    "torchao's FP8 FA3 on Hopper, emulated on a CPU. Off by default: unmeasured; solrl rank-check reports it on and off.")
     compile: str = _f("auto", "torch.compile the explore copy (auto: on CUDA; true; false): fuses the fp8 / emulated-NVFP4 "
                               "input quantization into the neighbouring kernels; compiles once at start and keeps the graph "
                               "across refreshes. An fp8 copy on CUDA is compiled even at false: eager fp8 is slower than "

@@ -1,12 +1,13 @@
 """The doctor's "explore backends" row: the kernel each explore precision would run on this machine's
 GPU (or a simulated one: `solrl doctor --gpu-capability 10.0`), and whether a speed figure exists for
-it there (precision/backends.py). Information only: nothing here decides whether a run can start."""
+it there (precision/backends.py), and the kernel of explore.fp8_attention (precision/fp8_attention.py).
+Information only: nothing here decides whether a run can start."""
 
 from __future__ import annotations
 
 from solrl_core.doctor.check import PASS, Check
-from solrl_core.precision import hardware
-from solrl_core.precision.backends import backend_of
+from solrl_core.precision import fp8_attention, hardware
+from solrl_core.precision.backends import Backend, backend_of
 from solrl_core.precision.hardware import GpuInfo
 
 
@@ -30,4 +31,14 @@ def backends_check(gpu: GpuInfo | None, fp8_backend: str, simulated: bool = Fals
     parts = []
     for precision, (ok, why) in hardware.explore_precisions(gpu).items():
         parts.append(backend_of(precision, gpu, fp8_backend).describe() if ok else f"{precision}: not here ({why})")
+    parts.append(attention_line(gpu))
     return Check("explore backends", PASS, f"on {where}: " + "; ".join(parts), "", False)
+
+
+def attention_line(gpu: GpuInfo | None) -> str:
+    """explore.fp8_attention's kernel on `gpu` (None: the CPU), from this machine's packages; no speed
+    figure exists for it anywhere yet."""
+    name, what = fp8_attention.backend(gpu.capability if gpu is not None else None)
+    if not name:
+        return f"fp8 attention: not here ({what})"
+    return Backend("fp8 attention", name, what, "", gpu is not None).describe()

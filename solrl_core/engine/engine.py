@@ -272,6 +272,7 @@ def open_engine(cfg: Config, *, device: torch.device | None = None, explore: Cop
     ranks, or restored). `machine`: the run's machine plan, whose gradient checkpointing and memory
     modes (the copies or the VAE parked on the CPU: offload.py) the engine takes; `memory`: those
     modes without a plan (tests)."""
+    from solrl_core.precision import fp8_attention
     from solrl_core.precision.hardware import require_explore_precision
 
     if device is None:  # a side tool: it resolves the device, and sets the torch threads, itself (threads.py)
@@ -292,6 +293,8 @@ def open_engine(cfg: Config, *, device: torch.device | None = None, explore: Cop
         explore = CopySpec(machine.explore_precision)
         if not numerics_only:
             require_explore_precision(explore.precision, device)
+        if cfg.explore.fp8_attention:
+            fp8_attention.require(explore.precision, cfg.model.loader, device)
     model = load_model(cfg.model, device, dtype)
     explore_copy = _copy(cfg, model, explore) if explore else None
     rollout_copy = _copy(cfg, model, rollout) if rollout else None
@@ -342,7 +345,8 @@ def _copy(cfg: Config, model: DiffusionModel, spec: CopySpec, source: nn.Module 
     else:
         module = copy.deepcopy(model.transformer)
     made = RolloutCopy(module, spec.precision, LayerRule.of(cfg.model), compile=spec.compiled,
-                       compile_mode=cfg.run.compile_mode, sharded=spec.sharded, fp8_backend=cfg.explore.fp8_backend)
+                       compile_mode=cfg.run.compile_mode, sharded=spec.sharded, fp8_backend=cfg.explore.fp8_backend,
+                       fp8_attention=cfg.explore.fp8_attention and lean)  # explore copies only: never full precision
     if not spec.from_shards and made.on_meta:
         base = model.transformer if source is None else source
         made.materialize(next(base.parameters()).device)

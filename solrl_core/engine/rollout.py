@@ -8,6 +8,7 @@ on the policy with its `old` adapter active, so a large model is held once.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, replace
 from typing import Iterator
 
@@ -15,6 +16,7 @@ import torch
 from torch import nn
 
 from solrl_core.engine.regions import CompiledBlocks
+from solrl_core.precision import fp8_attention as fp8_attn
 from solrl_core.precision.hardware import IMPLEMENTED_EXPLORE
 from solrl_core.precision.backends import QUANTIZED, wrappers_for
 from solrl_core.precision.quantize import LayerRule, QuantizedGemm, QuantReport, load_tensor, quantize_model, requantize
@@ -64,10 +66,12 @@ class RolloutCopy:
     """A merged, frozen copy of the base transformer at a rollout precision."""
 
     def __init__(self, module: nn.Module, precision: str, rule: LayerRule, compile: bool = False,
-                 compile_mode: str = "default", sharded: bool = False, fp8_backend: str = "scaled_mm") -> None:
+                 compile_mode: str = "default", sharded: bool = False, fp8_backend: str = "scaled_mm",
+                 fp8_attention: bool = False) -> None:
         """Takes ownership of `module` (a copy of the base transformer, without adapters). `sharded`: a
         skeleton to be sharded like the policy when first filled (sharded_copy.shard_copy). `fp8_backend`:
-        fp8's kernel (explore.fp8_backend, precision/backends.py)."""
+        fp8's kernel (explore.fp8_backend, precision/backends.py). `fp8_attention`: its forward runs
+        with FP8 attention (explore.fp8_attention, precision/fp8_attention.py)."""
         if precision not in IMPLEMENTED_EXPLORE:
             raise ValueError(f"no rollout backend for precision {precision!r} (hardware.require_explore_precision says why)")
         self.precision = precision
@@ -85,6 +89,16 @@ class RolloutCopy:
         self.compiled = (CompiledBlocks(self.module, compile_mode, gemm_autotune=precision != "fp8")
                          if compile and not self.on_meta else None)
         self.forward: nn.Module = self.module
+        self.attention = fp8_attn.Swap(self.module) if fp8_attention else None
+
+    @property
+    def fp8_attention(self) -> bool:
+        """Whether the forward runs with FP8 attention (explore.fp8_attention)."""
+        return self.attention is not None
+
+    def without_fp8_attention(self) -> contextlib.AbstractContextManager:
+        """The forward with the model's own attention inside (the rank check's arms without it)."""
+        return self.attention.off() if self.attention is not None else contextlib.nullcontext()
 
     def take_over(self, other: "RolloutCopy") -> None:
         """Become `other` (its module, precision, quantization and compiled blocks), this copy's own

@@ -20,7 +20,7 @@ reference selects (the largest possible). The training signal is that contrast.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -103,6 +103,9 @@ def summarize(rows: list[dict]) -> dict:
     return m
 
 
+WITHOUT_FP8_ATTENTION = "explore-without-fp8-attention"  # an arm's network: the explore copy, its own attention
+
+
 @dataclass(frozen=True)
 class Arm:
     name: str
@@ -169,16 +172,28 @@ def group_correlation(draft: torch.Tensor, final: torch.Tensor) -> tuple[float |
 def check(engine: Engine, prompts: list[str], per_prompt: int, *, seed_base: int, preview_steps: int, full_steps: int,
           hit_k: list[int], keep: int, progress: Callable[[str, float], None] | None = None) -> RankCheck:
     """The four arms on `engine`'s explore network (its explore copy) and its full-precision rollout
-    network (as training's Stage 2), seeds seed_base + i*S ... for prompt i, scored with its rewards."""
+    network (as training's Stage 2), seeds seed_base + i*S ... for prompt i, scored with its rewards;
+    six when the copy runs FP8 attention: its two arms with it, then the four without it."""
     if engine.explore_copy is None or engine.rewards is None:
         raise ValueError("rank-check needs an engine opened with its explore copy and rewards (open_engine(explore=True, rewards=...))")
     flat = [p for p in prompts for _ in range(per_prompt)]
     seeds = seed_base + torch.arange(len(prompts) * per_prompt, dtype=torch.long)
-    low, full = engine.explore_copy.precision, engine.dtype_name
+    copy_, full = engine.explore_copy, engine.dtype_name
+    low = copy_.precision
     arms = [Arm(f"{low}@{preview_steps}", "explore", preview_steps), Arm(f"{low}@{full_steps}", "explore", full_steps),
             Arm(f"{full}@{preview_steps}", "rollout", preview_steps), Arm(f"{full}@{full_steps}", "rollout", full_steps)]
-    return run_arms(arms, lambda on, steps: engine.images(flat, seeds, steps, on), lambda x: engine.rewards(x, flat).total,
-                    prompts, seeds.view(len(prompts), per_prompt), hit_k, keep, progress)
+    if copy_.fp8_attention:  # both with and without it, on the same copy: attention's own share of the rank cost
+        arms = [Arm(f"{low}+fp8-attention@{steps}", "explore", steps) for steps in (preview_steps, full_steps)] + [
+            replace(arm, network=WITHOUT_FP8_ATTENTION) if arm.network == "explore" else arm for arm in arms]
+
+    def images(on: str, steps: int) -> torch.Tensor:
+        if on != WITHOUT_FP8_ATTENTION:
+            return engine.images(flat, seeds, steps, on)
+        with copy_.without_fp8_attention():
+            return engine.images(flat, seeds, steps, "explore")
+
+    return run_arms(arms, images, lambda x: engine.rewards(x, flat).total, prompts, seeds.view(len(prompts), per_prompt),
+                    hit_k, keep, progress)
 
 
 def check_to_folder(engine: Engine, prompts: list[str], out_dir: Path, *, per_prompt: int, seed_base: int,

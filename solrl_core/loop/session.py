@@ -40,6 +40,7 @@ from solrl_core.loop.loop_state import LoopState, evaluation_pending
 from solrl_core.plan.memory_modes import too_small
 from solrl_core.plan.plan import MachinePlan, RunPlan
 from solrl_core.plan.resolve import gpu_of, resolve_plan
+from solrl_core.precision import fp8_attention
 from solrl_core.precision.hardware import require_explore_precision
 from solrl_core.rewards import RewardSet
 from solrl_core.rewards.health import RewardHealth
@@ -125,6 +126,8 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
                          "name a low one (explore.precision=nvfp4-emulated runs anywhere), or use explore.calibrate=steps")
     if plan.explores_low:  # before anything is written: a refused precision leaves no run dir
         require_explore_precision(plan.explore_precision, device)
+    if cfg.explore.fp8_attention:
+        fp8_attention.require(plan.explore_precision, cfg.model.loader, device)
     run_dir, checkpoint, lock, notes = _claim_run_dir(cfg, resume, from_checkpoint)  # the lock is dropped with it on an error below
     if checkpoint is not None:  # a remote: server now serving another reward than the run trained against
         try:

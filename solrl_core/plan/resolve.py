@@ -36,6 +36,7 @@ from solrl_core.plan.footprint import FIT_SHARE, estimate_memory
 from solrl_core.plan.fsdp import fsdp_machine, resolve_strategy, shard_count
 from solrl_core.plan.memory_modes import choose_modes
 from solrl_core.plan.plan import COMPILED_ANYWAY, MachinePlan, RunPlan, plan_stages
+from solrl_core.precision import fp8_attention
 from solrl_core.precision.backends import speed_note
 from solrl_core.precision.hardware import FP8_CC, NVFP4_CC, GpuInfo, explore_precisions, gpus
 from solrl_core.runtime.tf32 import describe_tf32
@@ -82,6 +83,9 @@ def resolve_machine(cfg: Config, device: torch.device, dtype_name: str, gpu: Gpu
         precision, why = cfg.explore.precision, "as configured"
     note = speed_note(precision, gpu, cfg.explore.fp8_backend)
     why += f"; {note}" if note else ""
+    if cfg.explore.fp8_attention:  # a kernel nobody has timed: said so, as the speed note above
+        name, what = fp8_attention.backend(gpu.capability if gpu is not None else None)
+        why += f"; fp8 attention: {name or 'not here'} ({what}){', unmeasured on this GPU' if name and gpu else ''}"
     explore_compile, update_compile = _switch(cfg.explore.compile, cuda), _switch(cfg.optimizer.compile, cuda)
     if cuda and precision == "fp8" and not explore_compile:
         explore_compile = True
