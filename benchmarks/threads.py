@@ -8,7 +8,9 @@ for every run, since libgomp reads its wait policy once, when torch loads it. Se
     old    what run.threads=0 gave before `auto`: torch's default (one thread per core in this
            process's affinity) with libgomp's default wait (idle threads spin about 300,000 turns:
            GOMP_SPINCOUNT=300000, which is that default written out)
-    auto   the default now (solrl_core/runtime/threads.py): one thread per usable core, OMP_WAIT_POLICY=PASSIVE
+    auto   the default now (solrl_core/runtime/threads.py): one thread per usable core, OMP_WAIT_POLICY=PASSIVE,
+           and CPU lanes (runtime/lanes.py): independent batches and micro-steps side by side, one thread each
+    no-lanes  auto with run.lanes=false: every op split over all the threads, as before lanes
     1      run.threads=1: one thread, nothing to spin
 
 Each runs alone, then beside --burners busy processes (each a pure-Python spin loop: one core each,
@@ -17,7 +19,8 @@ ours: other jobs on the machine keep running, so the 1-minute load average at th
 is printed beside it. With --nproc-per-node N ..., `auto` is also timed alone with N processes
 (torchrun, as `solrl train --nproc-per-node N` starts them), to show what N above the core count costs.
 
-    python benchmarks/threads.py                                  # old, auto and 1; one burner
+    python benchmarks/threads.py                                  # old, auto, no-lanes and 1; one burner
+    python benchmarks/threads.py --settings auto no-lanes --iterations 4   # what lanes buy, phase by phase
     python benchmarks/threads.py --burners 2 --iterations 5 --json /tmp/threads.json
     python benchmarks/threads.py --settings auto --nproc-per-node 2 4
 """
@@ -35,7 +38,7 @@ from pathlib import Path
 
 from solrl_core.runtime.threads import usable_cores
 
-SETTINGS = ("old", "auto", "1")
+SETTINGS = ("old", "auto", "no-lanes", "1")
 WORKLOAD = ("run.prompts_per_iteration=4", "run.eval_prompts=", "run.checkpoint_every=1000")
 OWN_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THREADS")  # the settings decide these
 
@@ -64,6 +67,8 @@ def setting_env(setting: str, cores: int) -> tuple[list[str], dict[str, str]]:
         return [f"run.threads={cores}"], {**env, "GOMP_SPINCOUNT": "300000"}
     if setting == "auto":
         return ["run.threads=0"], env
+    if setting == "no-lanes":
+        return ["run.threads=0", "run.lanes=false"], env
     return [f"run.threads={setting}"], env
 
 
@@ -89,9 +94,11 @@ def time_run(setting: str, burners: int, args: argparse.Namespace, root: Path, n
         raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
     seconds = [e["seconds"]["total"] for e in events if e.get("event") == "iteration"]
+    phases = {k: sum(e["seconds"][k] for e in events if e.get("event") == "iteration") / max(1, len(seconds))
+              for k in ("explore", "regenerate", "train")}
     threads = next((line[line.index("torch threads"):].strip() for line in done.stdout.splitlines() if "torch threads" in line), "")
     return {"setting": setting, "burners": burners, "nproc": nproc, "iterations": seconds, "seconds": sum(seconds),
-            "wall_s": wall, "load_at_start": load, "threads": threads}
+            "wall_s": wall, "load_at_start": load, "threads": threads, "phases": phases}
 
 
 def summary(runs: list[dict], burners: int) -> list[str]:
@@ -119,7 +126,8 @@ def main(argv: list[str] | None = None) -> None:
                 runs.append(time_run(setting, burners, args, Path(tmp)))
                 r = runs[-1]
                 print(f"  {setting:>4} {'alone' if not burners else f'beside {burners} burner(s)'}: {r['seconds']:.1f} s "
-                      f"({', '.join(f'{s:.1f}' for s in r['iterations'])}; load {r['load_at_start']:.1f}) {r['threads']}", flush=True)
+                      f"({', '.join(f'{s:.1f}' for s in r['iterations'])}; load {r['load_at_start']:.1f}; an iteration's "
+                      f"{', '.join(f'{k} {v:.2f}s' for k, v in r['phases'].items())}) {r['threads']}", flush=True)
         for nproc in args.nprocs:
             runs.append(time_run("auto", 0, args, Path(tmp), nproc))
             print(f"  auto alone, --nproc-per-node {nproc}: {runs[-1]['seconds']:.1f} s "

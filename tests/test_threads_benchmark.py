@@ -25,6 +25,7 @@ def test_settings_reproduce_the_old_default_and_leave_auto_alone(bench, monkeypa
     sets, env = bench.setting_env("auto", 2)
     assert sets == ["run.threads=0"] and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS"} & set(env)
     assert bench.setting_env("1", 16)[0] == ["run.threads=1"]
+    assert bench.setting_env("no-lanes", 2)[0] == ["run.threads=0", "run.lanes=false"]  # auto as it was before CPU lanes
 
 
 def test_bad_counts_are_refused(bench):
@@ -54,6 +55,7 @@ def test_a_tiny_run_is_timed_alone_and_beside_a_burner(bench, tmp_path, capsys):
     assert [(r["setting"], r["burners"]) for r in runs] == [("auto", 0), ("auto", 1)]
     for r in runs:
         assert len(r["iterations"]) == 1 and r["seconds"] > 0
+        assert set(r["phases"]) == {"explore", "regenerate", "train"} and all(v > 0 for v in r["phases"].values())
         assert r["threads"].startswith("torch threads ") and "(auto: " in r["threads"]
     text = capsys.readouterr().out
     assert "| setting | threads | alone s | beside 1 burner(s) s | busy/alone |" in text and "\n| auto | torch threads " in text

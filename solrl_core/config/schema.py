@@ -235,9 +235,10 @@ class RunConfig:
                           "filesystem without flock (some NFS); then nothing stops two writers.")
     device: str = _f("auto", "cpu, cuda, cuda:N or auto.")
     dtype: str = _f("auto", "Full-precision dtype: auto (bf16 on CUDA, fp32 on CPU), bf16, fp32.")
-    threads: int = _f(0, "CPU threads for torch in each process. 0 = auto: one per core this process may use (CPU affinity, "
-                         "cgroup quota) divided among this node's processes, at least 1; idle threads sleep (OMP_WAIT_POLICY=PASSIVE). "
-                         "docs/speed-and-memory.md")
+    threads: int = _f(0, "CPU threads for torch in each process. 0 = auto: one per core this process may use (CPU affinity, cgroup "
+                         "quota) divided among this node's processes, at least 1; idle threads sleep (OMP_WAIT_POLICY=PASSIVE).")
+    lanes: bool = _f(True, "On a CPU: independent batches and micro-steps side by side, one torch thread each "
+                           "(docs/speed-and-memory.md). false: every op split over all threads.")
     stop_on_sigterm: str = _f("phase", "What a first SIGTERM stops at: phase (the next phase boundary: an iteration whose "
                                        "update has not begun is abandoned and redone on resume; fits a cluster's grace period) "
                                        "or iteration (finish it, as Ctrl-C does). A second signal stops at once.")

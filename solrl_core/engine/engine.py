@@ -40,6 +40,7 @@ from solrl_core.plan.plan import MachinePlan, MemoryModes
 from solrl_core.precision.backends import QUANTIZED
 from solrl_core.precision.quantize import LayerRule, load_tensor
 from solrl_core.rewards import RewardSet
+from solrl_core.runtime.lanes import map_in_lanes
 from solrl_core.runtime.stopping import GenerationStopped
 
 NETWORKS = ("explore", "rollout", "base", "trained", "ema")
@@ -108,6 +109,7 @@ class Engine:
     checkpoint: Path | None = None  # the checkpoint its adapters came from (None: untrained, or a training run's own)
     parking: Parking | None = None  # the copies and the VAE on the CPU between phases (memory modes: offload.py)
     machine: MachinePlan | None = None  # what the plan chose on this machine: how a new explore copy is built
+    lanes: int = 1  # on a CPU, the torch threads: a rollout's batches run side by side, one each (runtime/lanes.py)
 
     @property
     def compiled_update(self) -> bool:
@@ -202,31 +204,49 @@ class Engine:
         rollouts): generated, then decoded together and left on the device for the rewards; `groups`
         (each row's group, consecutive) keeps every batch within one group (Sampler.generate)."""
         t0 = time.perf_counter()
+        sampler = replace(self.sampler, lanes=self.lanes_for(on))
         with self.network(on) as (net, dtype), charged_to("rollout"), self.vae_in():
             sizes = None if groups is None else torch.unique_consecutive(groups, return_counts=True)[1].tolist()
             if not to_cpu:
-                latents = self.sampler.generate(self.model, net, cond, seeds, steps, dtype, sizes)
+                latents = sampler.generate(self.model, net, cond, seeds, steps, dtype, sizes)
                 images = self.model.decode(latents)
                 if images.is_cuda:  # wait for queued GPU work so a phase's time is its own
                     torch.cuda.synchronize(images.device)
             else:
-                latents, images = self._in_batches(net, dtype, cond, seeds, steps, progress, stop, sizes)
+                latents, images = self._in_batches(net, dtype, cond, seeds, steps, progress, stop, sizes, sampler=sampler)
         return Generated(latents, images, self.sampler.sigmas(steps), time.perf_counter() - t0)
+
+    def lanes_for(self, on: str) -> int:
+        """How many of a rollout's batches on the network `on` run side by side: `lanes` on a CPU, one
+        where that network is compiled (a compiled graph is not shared across threads here)."""
+        if self.device.type != "cpu" or self.lanes <= 1:
+            return 1
+        if on in ("explore", "rollout"):
+            copy_ = self.explore_copy if on == "explore" and self.explore_copy is not None else self.rollout_copy
+            compiled = copy_.compiled is not None if copy_ is not None else self.policy_rollout_compile
+            return 1 if compiled else self.lanes
+        return self.lanes
 
     def _in_batches(self, net: nn.Module, dtype: torch.dtype, cond: Conditioning, seeds: torch.Tensor, steps: int,
                     progress: Progress | None, stop: Callable[[], bool] | None,
-                    sizes: list[int] | None) -> tuple[torch.Tensor, torch.Tensor]:
+                    sizes: list[int] | None, *, sampler: Sampler) -> tuple[torch.Tensor, torch.Tensor]:
         total = seeds.numel()
-        parts = batch_slices(total, self.sampler.batch_size, sizes)
+        parts = batch_slices(total, sampler.batch_size, sizes)
         every = -(-len(parts) // PROGRESS_REPORTS)  # ceil: at most PROGRESS_REPORTS reports
         latents, images = [], []
-        for i, part in enumerate(parts):
+        lanes = max(1, sampler.lanes)
+        for i in range(0, len(parts), lanes):  # `lanes` batches at a time side by side, then decoded in order
+            window = parts[i:i + lanes]
             if stop is not None and stop():
-                raise GenerationStopped(part.start, total)
-            latents.append(self.sampler.generate(self.model, net, cond[part], seeds[part], steps, dtype))
-            images.append(self.decode(latents[-1]))
-            if progress is not None and ((i + 1) % every == 0 or i + 1 == len(parts)):
-                progress(part.stop, total)
+                raise GenerationStopped(window[0].start, total)
+            inner = replace(sampler, lanes=1)  # each batch whole, in its lane
+            made = map_in_lanes(lambda part: inner.generate(self.model, net, cond[part], seeds[part], steps, dtype),
+                                window, lanes)
+            for j, part in enumerate(window, start=i):
+                latents.append(made[j - i])
+                images.append(self.decode(latents[-1]))
+                if progress is not None and ((j + 1) % every == 0 or j + 1 == len(parts)):
+                    progress(part.stop, total)
         return torch.cat(latents), torch.cat(images)
 
     @torch.no_grad()
@@ -311,7 +331,7 @@ def open_engine(cfg: Config, *, device: torch.device | None = None, explore: Cop
                     sampler=Sampler.of(cfg.sampler), conditioning=TextCache(model), rewards=rewards,
                     explore_copy=explore_copy, rollout_copy=rollout_copy, policy_forward=policy.transformer,
                     checkpoint=checkpoint, parking=_parking(memory, device, model, [explore_copy, rollout_copy]),
-                    machine=machine)
+                    machine=machine, lanes=torch.get_num_threads() if device.type == "cpu" and cfg.run.lanes else 1)
     if refresh:
         engine.refresh_copies()
     return engine

@@ -21,6 +21,7 @@ from torch import nn
 
 from solrl_core.config.schema import SamplerConfig
 from solrl_core.models.base import Conditioning, DiffusionModel
+from solrl_core.runtime.lanes import map_in_lanes
 
 VelocityCall = Callable[[torch.Tensor, torch.Tensor, Conditioning], torch.Tensor]
 
@@ -146,6 +147,7 @@ class Sampler:
     grid_dtype: str = "fp32"
     state_dtype: str = "fp32"
     integer_timesteps: bool = False
+    lanes: int = 1  # batches run side by side on a CPU, one torch thread each (runtime/lanes.py)
 
     @classmethod
     def of(cls, cfg: SamplerConfig) -> "Sampler":
@@ -165,16 +167,22 @@ class Sampler:
         of two groups, so a row's result does not depend on which other groups share the call. That
         matters where a call's numerics depend on the whole batch (a quantized explore copy scales its
         activations per call): the same group gives the same images whatever the number of processes
-        its iteration is split over, and whatever the groups beside it."""
+        its iteration is split over, and whatever the groups beside it. Without `groups`, rows that
+        would make fewer batches than `lanes` are cut into one batch a lane (a full-precision row's
+        values do not depend on its batch: tests/test_lanes.py)."""
         device = next(network.parameters()).device
         sigmas = self.sigmas(steps)
-        out = []
-        for chunk in batch_slices(seeds.numel(), self.batch_size, groups):
+
+        def one(chunk: slice) -> torch.Tensor:
             noise = noise_for_seeds(seeds[chunk], model.latent_shape, device, dtype)
-            part = cond[chunk].to(device)
-            out.append(sample(self.model_call(model, network), noise, part, sigmas, self.solver,
-                              self.state_dtype == "run").float())
-        return torch.cat(out)
+            return sample(self.model_call(model, network), noise, cond[chunk].to(device), sigmas, self.solver,
+                          self.state_dtype == "run").float()
+
+        total = seeds.numel()
+        chunks = batch_slices(total, self.batch_size, groups)
+        if groups is None and len(chunks) < self.lanes:  # fewer batches than lanes: smaller ones, a lane each
+            chunks = batch_slices(total, -(-total // self.lanes))
+        return torch.cat(map_in_lanes(one, chunks, self.lanes))
 
     def model_call(self, model: DiffusionModel, network: nn.Module) -> VelocityCall:
         """The velocity the solver calls. `integer_timesteps`: the model sees trunc(sigma x 1000) / 1000,

@@ -17,6 +17,7 @@ from solrl_core.loop.nft import nft_loss
 from solrl_core.loop.session import Run
 from solrl_core.models.base import Conditioning
 from solrl_core.runtime import distributed
+from solrl_core.runtime.lanes import map_in_lanes
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,14 @@ def update(run: Run, batch: RolloutBatch, advantages: torch.Tensor, rng: np.rand
         # sharded, every rank runs as many forwards and backwards (each gathers weights from all): as the
         # rank with most (samples with a non-finite reward are dropped per rank)
         backwards = int(distributed.all_reduce(torch.tensor([mine]), "max").item()) if run.sharded else mine
-        for j in range(per_sample):
+        lanes = _lanes(run)
+        if lanes > 1:  # the same micro-steps, side by side on a CPU's cores
+            steps = [(slice(start, min(start + micro, n)), j) for j in range(per_sample) for start in range(0, n, micro)]
+            eps = [torch.stack([torch.randn(batch.latents.shape[1:], generator=g) for g in gens[c]]) for c, _ in steps]
+            sums += _micro_steps_in_lanes(run, [(batch.latents[c], grid[picks[c, j]], e, cond[c], advantages[c], (c.stop - c.start) / pairs)
+                                                for (c, j), e in zip(steps, eps)], lanes)
+            backwards = 0
+        for j in range(per_sample if lanes <= 1 else 0):
             for start in range(0, n, micro):
                 backwards -= 1
                 sync_gradients(policy.transformer, backwards == 0)  # fsdp: reduced over the ranks once, at the last
@@ -118,6 +126,63 @@ def _micro_step(run: Run, x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tens
         return torch.tensor([0.0, 0.0, 0.0, x0.shape[0]], dtype=torch.float64)
     return torch.tensor([float(terms.loss.detach()) * weight, float(terms.policy) * weight, float(terms.kl) * weight,
                          terms.nonfinite], dtype=torch.float64)
+
+
+def _lanes(run: Run) -> int:
+    """How many micro-steps run side by side (runtime/lanes.py): the engine's CPU lanes, for an eager
+    update in one process whose v_old comes from the rollout copy (the old adapter, like the reference
+    forward, is the policy's state, switched for all lanes at once below)."""
+    engine = run.engine
+    if run.world_size > 1 or run.sharded or engine.compiled_update or engine.rollout_copy is None:
+        return 1
+    return engine.lanes_for("trained")
+
+
+MicroStep = tuple[torch.Tensor, torch.Tensor, torch.Tensor, Conditioning, torch.Tensor, float]  # x0, sigma, eps, cond, adv, weight
+
+
+def _micro_steps_in_lanes(run: Run, steps: list[MicroStep], lanes: int) -> torch.Tensor:
+    """`_micro_step` of each of `steps` in order, `lanes` at a time: v_old of all (the rollout copy),
+    then v_ref of all (the policy with no adapter), then each loss's gradient, summed into the
+    parameters' gradients in the order the micro-steps have, as their backwards would accumulate."""
+    alg, engine = run.config.algorithm, run.engine
+    model, dtype = engine.model, engine.dtype
+    staged = []
+    for x0, sigma, eps, cond, adv, weight in steps:
+        sigma, xt = loss_inputs(x0, sigma, eps, alg.loss_dtype)
+        staged.append((x0, sigma, xt, xt.to(dtype), cond, adv, weight))
+
+    @torch.no_grad()
+    def old(step: tuple) -> torch.Tensor:
+        return old_velocity(run, step[3], step[1], step[4])
+
+    v_olds = map_in_lanes(old, staged, lanes)
+    v_refs: list[torch.Tensor | None] = [None] * len(staged)
+    if alg.kl_beta != 0:
+        with engine.autocast(), engine.policy.use(None):
+            v_refs = map_in_lanes(torch.no_grad()(lambda step: model.velocity(engine.policy_forward, step[3], step[1], step[4]).float()),
+                                  staged, lanes)
+    params = [p for p in engine.policy.trainable_parameters()]
+
+    def trained(k: int) -> tuple[torch.Tensor, tuple[torch.Tensor | None, ...] | None]:
+        x0, sigma, xt, x_in, cond, adv, weight = staged[k]
+        with engine.autocast():
+            v = model.velocity(engine.policy_forward, x_in, sigma, cond).float()
+        terms = nft_loss(v, v_olds[k], v_refs[k], xt, x0, sigma, adv, nft_beta=alg.nft_beta, kl_beta=alg.kl_beta,
+                         adv_clip_max=alg.adv_clip_max)
+        if not bool(torch.isfinite(terms.loss)):
+            return torch.tensor([0.0, 0.0, 0.0, x0.shape[0]], dtype=torch.float64), None
+        grads = torch.autograd.grad(terms.loss * weight, params, allow_unused=True)
+        return torch.tensor([float(terms.loss.detach()) * weight, float(terms.policy) * weight, float(terms.kl) * weight,
+                             terms.nonfinite], dtype=torch.float64), grads
+
+    sums = torch.zeros(4, dtype=torch.float64)
+    for part, grads in map_in_lanes(trained, range(len(staged)), lanes):
+        sums += part
+        for p, g in zip(params, grads or ()):
+            if g is not None:
+                p.grad = g if p.grad is None else p.grad.add_(g)
+    return sums
 
 
 def loss_inputs(x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tensor, dtype: str = "fp32") -> tuple[torch.Tensor, torch.Tensor]:

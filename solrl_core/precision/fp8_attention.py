@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -91,7 +92,10 @@ def swapped(kernel: Callable[..., Tensor]) -> Iterator[None]:
     (also after an error); torchao's FA3 kernel also has flash attention's FA3 implementation active."""
     flash = getattr(kernel, "flash_impl", "")
     if flash:
-        from torch.nn.attention import activate_flash_attention_impl, restore_flash_attention_impl
+        from torch.nn.attention import (
+            activate_flash_attention_impl,
+            restore_flash_attention_impl,
+        )
 
         activate_flash_attention_impl(flash)
     original = F.scaled_dot_product_attention
@@ -113,20 +117,43 @@ class Swap:
         self.enabled = True
         self._kernels: dict[str, Callable[..., Tensor]] = {}
         self._active: contextlib.ExitStack | None = None
+        # forwards in flight: CPU lanes (runtime/lanes.py) run several at once, and the kernel stays
+        # swapped in until the last of them ends, not the first
+        self._inside = 0
+        self._lock = threading.Lock()
+        self._counted = threading.local()  # .depth: this thread's forwards of the module in flight
         module.register_forward_pre_hook(self._enter, with_kwargs=True)
         module.register_forward_hook(self._exit, always_call=True)
 
     def _enter(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
-        if not self.enabled or self._active is not None:
+        if not self.enabled:
+            return
+        depth = getattr(self._counted, "depth", 0)
+        self._counted.depth = depth + 1
+        if depth:  # a forward of this thread already counted
             return
         device = next(t.device for t in (*args, *kwargs.values()) if isinstance(t, Tensor))
-        if device.type not in self._kernels:
-            self._kernels[device.type] = kernel_for(device)
-        self._active = contextlib.ExitStack()
-        self._active.enter_context(swapped(self._kernels[device.type]))
+        with self._lock:
+            self._inside += 1
+            if self._active is None:
+                if device.type not in self._kernels:
+                    self._kernels[device.type] = kernel_for(device)
+                stack = contextlib.ExitStack()
+                stack.enter_context(swapped(self._kernels[device.type]))
+                self._active = stack
 
     def _exit(self, module: torch.nn.Module, args: tuple, output: Any) -> None:
-        active, self._active = self._active, None
+        depth = getattr(self._counted, "depth", 0)
+        if depth == 0:
+            return
+        self._counted.depth = depth - 1
+        if depth > 1:
+            return
+        with self._lock:
+            self._inside -= 1
+            active = self._active if self._inside == 0 else None
+            if active is not None:
+                self._active = None
         if active is not None:
             active.close()
 
@@ -194,7 +221,10 @@ def kernel_for(device: torch.device) -> Callable[..., Tensor]:
     if device.type != "cuda":
         return emulated_sdpa
     import torch._inductor.config as inductor_config
-    from torchao.prototype.attention.api import AttentionBackend, apply_low_precision_attention
+    from torchao.prototype.attention.api import (
+        AttentionBackend,
+        apply_low_precision_attention,
+    )
 
     fusion = inductor_config.pre_grad_custom_pass
     try:  # a module without parameters: torchao's causal-mask probe does not run (a diffusion transformer is not causal)
