@@ -137,6 +137,11 @@ class TerminalDisplay:
             self.gif_said = True
             self.console.print(Text(f"  {GIF_NOTE}"))  # Text: its "[video]" is not markup
 
+    def on_sample_grid(self, e: ev.SampleGrid) -> None:  # written for the trackers (run.image_every): only the hint here
+        if e.video.endswith(".gif") and not self.gif_said:
+            self.gif_said = True
+            self.console.print(Text(f"  sample grid clips ({e.video}): {GIF_NOTE}"))
+
     def on_checkpoint(self, e: ev.CheckpointSaved) -> None:
         self.console.print(f"  checkpoint {e.path} ({e.seconds:.2f}s)")
 

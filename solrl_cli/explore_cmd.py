@@ -8,11 +8,13 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich.text import Text
 
 from solrl_cli import options as opt
 from solrl_cli.common import console, output_folder, prompt_texts, reward_set, tool_config
 from solrl_cli.errors import user_errors
 from solrl_cli.tables import Column, print_fitted
+from solrl_cli.tui.words import GIF_NOTE
 from solrl_core.text import plural
 
 ExploreRun = Annotated[Optional[Path], typer.Argument(help="A run folder: explore with its checkpoint's rollout (old) adapter. Omit for a base model.")]
@@ -48,7 +50,9 @@ def explore(
         flags = {"explore": {"group_size": n, "steps": steps, "precision": explore_precision},
                  "selection": {"group_size": k}, "run": {"device": device}}
         cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, flags=flags, trust=trust_run_config)
-        from solrl_core.engine.engine import open_engine  # torch: only once the config is accepted
+        from solrl_core.engine.engine import (
+            open_engine,  # torch: only once the config is accepted
+        )
         from solrl_core.tools.explore import explore_to_folder
 
         texts, out_dir, rewards = prompt_texts(prompt, prompts, cfg.run.prompts), output_folder(out, run, "explore"), reward_set(cfg)
@@ -61,6 +65,8 @@ def explore(
         _print_selection(result, cfg.selection.group_size)
         clips = f"   the grid's clips: {out_dir / 'clips'}" if result.clips else ""
         console.print(f"every seed: {out_dir / 'seeds.jsonl'}   grid of best and worst: {out_dir / 'grid.png'}{clips}")
+        if result.clips and any((out_dir / "clips").glob("*.gif")):
+            console.print(Text(f"  {GIF_NOTE}"))  # Text: its "[video]" is not markup
 
 
 def _print_selection(result, keep: int) -> None:  # type: ignore[no-untyped-def]
@@ -92,7 +98,9 @@ def rank_check(
                  "sampler": {"steps": full_steps},
                  "run": {"device": device}}
         cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, flags=flags, trust=trust_run_config)
-        from solrl_core.engine.engine import open_engine  # torch: only once the config is accepted
+        from solrl_core.engine.engine import (
+            open_engine,  # torch: only once the config is accepted
+        )
         from solrl_core.loop.rankcheck import check_to_folder
 
         ks = sorted(set(hit_k or [4, 8]))

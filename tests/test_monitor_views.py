@@ -231,3 +231,26 @@ def test_infer_on_tiny_video_says_clips_and_once_that_mp4_needs_the_video_extra(
     for weights in ("base", "ema"):  # infer on a run: two weight sets, the hint once
         display(ev.ImagesWritten(weights=weights, count=2, seconds=1.0, folder=weights, clips="gif"))
     assert console.file.getvalue().count('MP4 needs the video extra (pip install "solrl[video]"') == 1
+
+
+def test_explore_on_tiny_video_and_a_runs_gif_sample_grid_say_once_that_mp4_needs_the_video_extra(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from solrl_cli.app import app
+    from solrl_cli.display import TerminalDisplay
+    from solrl_core.io import video_output
+
+    monkeypatch.setattr(video_output, "mp4_available", lambda: False)  # a machine without imageio
+    result = CliRunner().invoke(app, ["explore", "--model", "tiny_video", "--prompt", "a red circle growing", "--n", "2",
+                                      "--k", "2", "--steps", "2", "--out", str(tmp_path / "explore"), "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert any((tmp_path / "explore" / "clips").glob("*.gif"))
+    assert result.output.count('MP4 needs the video extra (pip install "solrl[video]"') == 1
+
+    console = Console(file=io.StringIO(), width=300)
+    display = TerminalDisplay(console)
+    for iteration in (10, 20):  # run.image_every=10: the hint once, with the clip it is about
+        display(ev.SampleGrid(iteration=iteration, prompt="a red circle growing", rewards=[1.0], path=f"iter_{iteration}.png",
+                              seconds=0.1, seeds=[0], video=f"samples/iter_{iteration:06d}.gif"))
+    out = console.file.getvalue()
+    assert out.count("MP4 needs the video extra") == 1 and "samples/iter_000010.gif" in out
