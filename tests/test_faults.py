@@ -181,7 +181,8 @@ def _oom_above(limit, calls):
 def test_an_oom_in_the_rollout_halves_its_batch_and_equals_a_run_at_that_size(quick, monkeypatch):
     import solrl_core.engine.sampler as rollout
 
-    straight, _ = _train(quick("run.iterations=1", "sampler.rollout_batch=4", run_dir="straight"))
+    # one batch at a time (run.lanes=false): in a CPU's lanes a second batch is in flight when the first fails
+    straight, _ = _train(quick("run.iterations=1", "sampler.rollout_batch=4", "run.lanes=false", run_dir="straight"))
     calls, real_sample = [], rollout.sample
     check = _oom_above(4, calls)  # the "GPU" holds 4 samples per forward batch
 
@@ -191,7 +192,7 @@ def test_an_oom_in_the_rollout_halves_its_batch_and_equals_a_run_at_that_size(qu
 
     monkeypatch.setattr(rollout, "sample", sample)
     # 8: one prompt group of explore.group_size=8 per Stage-1 batch (batches never mix two groups)
-    session, seen = _train(quick("run.iterations=1", "sampler.rollout_batch=8", run_dir="r"))
+    session, seen = _train(quick("run.iterations=1", "sampler.rollout_batch=8", "run.lanes=false", run_dir="r"))
     backoffs = _of(seen, ev.OutOfMemoryBackoff)
     assert [(b.iteration, b.phase, b.setting, b.old, b.new) for b in backoffs] == [(1, "rollout", "sampler.rollout_batch", 8, 4)]
     assert calls[0] == 8 and max(calls[1:]) == 4  # one failure, then every batch fit

@@ -313,9 +313,9 @@ class _StopInEval:
 
 
 def test_a_stop_during_the_last_evaluation_saves_the_iteration_and_a_resume_evaluates_as_an_uninterrupted_run(fast_sets):
-    # 32 evaluation images in 2 batches: the stop lands after the first
-    straight, straight_seen = _run(fast_sets("run.eval_seeds=8", "sampler.eval_steps=2", "run.iterations=1", run_dir="a"))
-    sets = fast_sets("run.eval_seeds=8", "sampler.eval_steps=2", "run.iterations=1", run_dir="b")
+    # 64 evaluation images in 4 batches, run 2 at a time on the CPU's lanes: the stop lands after the first 2
+    straight, straight_seen = _run(fast_sets("run.eval_seeds=16", "sampler.eval_steps=2", "run.iterations=1", run_dir="a"))
+    sets = fast_sets("run.eval_seeds=16", "sampler.eval_steps=2", "run.iterations=1", run_dir="b")
     flag = StopFlag()
     stopped, seen = _run(sets, stop=flag, watch=_StopInEval(flag, "ema"))
     assert stopped.state.iteration == 1 and not stopped.state.finished(1)  # `solrl train` exits 130: not done

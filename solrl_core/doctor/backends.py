@@ -26,11 +26,11 @@ def simulated_gpu(capability: str) -> GpuInfo:
 def backends_check(gpu: GpuInfo | None, fp8_backend: str, simulated: bool = False) -> Check:
     """One line per explore precision: its backend and whether it is measured on `gpu`, or why it
     does not run there."""
-    where = ("the CPU" if gpu is None else f"{gpu.name}" if simulated else
+    where = ("the CPU (no speed figure on a CPU)" if gpu is None else f"{gpu.name}" if simulated else
              f"cuda:{gpu.index} (compute capability {gpu.capability[0]}.{gpu.capability[1]})")
     parts = []
-    for precision, (ok, why) in hardware.explore_precisions(gpu).items():
-        parts.append(backend_of(precision, gpu, fp8_backend).describe() if ok else f"{precision}: not here ({why})")
+    for precision, (ok, why) in hardware.explore_precisions(gpu).items():  # on the CPU the speed is said once, above
+        parts.append(backend_of(precision, gpu, fp8_backend).describe(gpu is not None) if ok else f"{precision}: not here ({why})")
     parts.append(attention_line(gpu))
     return Check("explore backends", PASS, f"on {where}: " + "; ".join(parts), "", False)
 
@@ -41,4 +41,4 @@ def attention_line(gpu: GpuInfo | None) -> str:
     name, what = fp8_attention.backend(gpu.capability if gpu is not None else None)
     if not name:
         return f"fp8 attention: not here ({what})"
-    return Backend("fp8 attention", name, what, "", gpu is not None).describe()
+    return Backend("fp8 attention", name, what, "", gpu is not None).describe(gpu is not None)

@@ -167,9 +167,8 @@ class Sampler:
         of two groups, so a row's result does not depend on which other groups share the call. That
         matters where a call's numerics depend on the whole batch (a quantized explore copy scales its
         activations per call): the same group gives the same images whatever the number of processes
-        its iteration is split over, and whatever the groups beside it. Without `groups`, rows that
-        would make fewer batches than `lanes` are cut into one batch a lane (a full-precision row's
-        values do not depend on its batch: tests/test_lanes.py)."""
+        its iteration is split over, and whatever the groups beside it. On a CPU the batches run in
+        `lanes` (runtime/lanes.py)."""
         device = next(network.parameters()).device
         sigmas = self.sigmas(steps)
 
@@ -178,11 +177,7 @@ class Sampler:
             return sample(self.model_call(model, network), noise, cond[chunk].to(device), sigmas, self.solver,
                           self.state_dtype == "run").float()
 
-        total = seeds.numel()
-        chunks = batch_slices(total, self.batch_size, groups)
-        if groups is None and len(chunks) < self.lanes:  # fewer batches than lanes: smaller ones, a lane each
-            chunks = batch_slices(total, -(-total // self.lanes))
-        return torch.cat(map_in_lanes(one, chunks, self.lanes))
+        return torch.cat(map_in_lanes(one, batch_slices(seeds.numel(), self.batch_size, groups), self.lanes))
 
     def model_call(self, model: DiffusionModel, network: nn.Module) -> VelocityCall:
         """The velocity the solver calls. `integer_timesteps`: the model sees trunc(sigma x 1000) / 1000,

@@ -62,9 +62,10 @@ class Backend:
     measured: str  # where the figure is; '' when none exists for this device
     on_gpu: bool = True
 
-    def describe(self) -> str:
-        speed = f"measured, {self.measured}" if self.measured else "unmeasured on this GPU" if self.on_gpu else "no speed figure on a CPU"
-        return f"{self.precision} -> {self.name} ({self.kernel}), {speed}"
+    def describe(self, speed: bool = True) -> str:
+        """'PRECISION -> NAME (KERNEL), SPEED'; without the speed where the caller says it once for all."""
+        said = f"measured, {self.measured}" if self.measured else "unmeasured on this GPU" if self.on_gpu else "no speed figure on a CPU"
+        return f"{self.precision} -> {self.name} ({self.kernel})" + (f", {said}" if speed else "")
 
 
 def backend_of(precision: str, gpu: GpuInfo | None, fp8_backend: str = DEFAULT_FP8_BACKEND) -> Backend:
