@@ -61,7 +61,7 @@ def _run(fast_sets, name: str, *extra: str):
 
 
 @pytest.mark.parametrize("on,batch", [("explore", 4), ("rollout", 4), ("ema", 4)])
-def test_rollouts_in_lanes_equal_one_lane_bit_for_bit(fast_sets, on, batch):
+def test_rollouts_in_lanes_equal_one_lane_bit_for_bit(fast_sets, on, batch, monkeypatch):
     """Several batches, a lane each."""
     run = _run(fast_sets, f"{on}{batch}", f"sampler.rollout_batch={batch}")
     engine = replace(run.engine, lanes=2)
@@ -75,7 +75,11 @@ def test_rollouts_in_lanes_equal_one_lane_bit_for_bit(fast_sets, on, batch):
         one = replace(engine, lanes=1).generate(cond, seeds, 3, on, to_cpu=on == "ema", groups=groups)
     finally:
         torch.set_num_threads(threads)
+    names: set[str] = set()
+    velocity = engine.model.velocity
+    monkeypatch.setattr(engine.model, "velocity", lambda *a: names.add(threading.current_thread().name) or velocity(*a))
     two = engine.generate(cond, seeds, 3, on, to_cpu=on == "ema", groups=groups)
+    assert names and all(n.startswith("solrl-lane") for n in names)  # every batch ran in a lane
     assert torch.equal(one.latents, two.latents) and torch.equal(one.images, two.images)
 
 

@@ -181,7 +181,7 @@ class Engine:
         """The network `on` names (module docstring) and the dtype its noise is drawn in."""
         if on not in NETWORKS:
             raise ValueError(f"unknown network {on!r}: one of {', '.join(NETWORKS)}")
-        copy_ = self.explore_copy if on == "explore" and self.explore_copy is not None else self.rollout_copy
+        copy_ = self._copy_for(on)
         if on in ("explore", "rollout") and copy_ is not None:
             with self.copy_in(copy_):
                 yield copy_.forward, copy_.dtype
@@ -222,10 +222,15 @@ class Engine:
         if self.device.type != "cpu" or self.lanes <= 1:
             return 1
         if on in ("explore", "rollout"):
-            copy_ = self.explore_copy if on == "explore" and self.explore_copy is not None else self.rollout_copy
+            copy_ = self._copy_for(on)
             compiled = copy_.compiled is not None if copy_ is not None else self.policy_rollout_compile
             return 1 if compiled else self.lanes
         return self.lanes
+
+    def _copy_for(self, on: str) -> RolloutCopy | None:
+        """The copy the network `on` runs on: the explore copy for explore where there is one, else the
+        rollout copy (None: the policy itself)."""
+        return self.explore_copy if on == "explore" and self.explore_copy is not None else self.rollout_copy
 
     def _in_batches(self, net: nn.Module, dtype: torch.dtype, cond: Conditioning, seeds: torch.Tensor, steps: int,
                     progress: Progress | None, stop: Callable[[], bool] | None,
@@ -235,11 +240,11 @@ class Engine:
         every = -(-len(parts) // PROGRESS_REPORTS)  # ceil: at most PROGRESS_REPORTS reports
         latents, images = [], []
         lanes = max(1, sampler.lanes)
+        inner = replace(sampler, lanes=1)  # each batch whole, in its lane
         for i in range(0, len(parts), lanes):  # `lanes` batches at a time side by side, then decoded in order
             window = parts[i:i + lanes]
             if stop is not None and stop():
                 raise GenerationStopped(window[0].start, total)
-            inner = replace(sampler, lanes=1)  # each batch whole, in its lane
             made = map_in_lanes(lambda part: inner.generate(self.model, net, cond[part], seeds[part], steps, dtype),
                                 window, lanes)
             for j, part in enumerate(window, start=i):

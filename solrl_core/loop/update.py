@@ -13,7 +13,7 @@ from solrl_core.engine.policy import OLD
 from solrl_core.engine.rollout import RolloutBatch
 from solrl_core.engine.sharding import sync_gradients
 from solrl_core.faults.phase import charged_to
-from solrl_core.loop.nft import nft_loss
+from solrl_core.loop.nft import LossTerms, nft_loss
 from solrl_core.loop.session import Run
 from solrl_core.models.base import Conditioning
 from solrl_core.runtime import distributed
@@ -68,17 +68,16 @@ def update(run: Run, batch: RolloutBatch, advantages: torch.Tensor, rng: np.rand
         # rank with most (samples with a non-finite reward are dropped per rank)
         backwards = int(distributed.all_reduce(torch.tensor([mine]), "max").item()) if run.sharded else mine
         lanes = _lanes(run)
-        if lanes > 1:  # the same micro-steps, side by side on a CPU's cores
-            steps = [(slice(start, min(start + micro, n)), j) for j in range(per_sample) for start in range(0, n, micro)]
+        steps = [(slice(start, min(start + micro, n)), j) for j in range(per_sample) for start in range(0, n, micro)]
+        if lanes > 1:  # the same micro-steps, side by side on a CPU's cores (one process: no collectives)
             eps = [torch.stack([torch.randn(batch.latents.shape[1:], generator=g) for g in gens[c]]) for c, _ in steps]
             sums += _micro_steps_in_lanes(run, [(batch.latents[c], grid[picks[c, j]], e, cond[c], advantages[c], (c.stop - c.start) / pairs)
                                                 for (c, j), e in zip(steps, eps)], lanes)
             backwards = 0
-        for j in range(per_sample if lanes <= 1 else 0):
-            for start in range(0, n, micro):
+        else:
+            for chunk, j in steps:
                 backwards -= 1
                 sync_gradients(policy.transformer, backwards == 0)  # fsdp: reduced over the ranks once, at the last
-                chunk = slice(start, min(start + micro, n))
                 eps = torch.stack([torch.randn(batch.latents.shape[1:], generator=g) for g in gens[chunk]])
                 sums += _micro_step(run, batch.latents[chunk], grid[picks[chunk, j]], eps, cond[chunk], advantages[chunk],
                                     (chunk.stop - chunk.start) / pairs)
@@ -102,7 +101,7 @@ def _micro_step(run: Run, x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tens
                 weight: float) -> torch.Tensor:
     """Forward and backward of one micro-batch at one train timestep per sample, its loss weighted by
     its share of the pairs. Returns (loss, policy, kl) x weight and the non-finite terms."""
-    alg, model, device = run.config.algorithm, run.engine.model, run.device
+    alg, device = run.config.algorithm, run.device
     x0, sigma, eps, cond, adv = x0.to(device), sigma.to(device), eps.to(device), cond.to(device), adv.to(device)
     sigma, xt = loss_inputs(x0, sigma, eps, alg.loss_dtype)
     # The three forwards get one input, xt in the run dtype, and the same fp32 timesteps, as the
@@ -112,20 +111,38 @@ def _micro_step(run: Run, x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tens
         v_old = old_velocity(run, x_in, sigma, cond)
         v_ref = None
         if alg.kl_beta != 0:  # the reference only enters the loss through kl_beta: no forward for nothing
-            with run.engine.autocast(), run.engine.policy.use(None):
-                v_ref = model.velocity(run.engine.policy_forward, x_in, sigma, cond).float()
-    with run.engine.autocast():
-        v = model.velocity(run.engine.policy_forward, x_in, sigma, cond).float()
-    terms = nft_loss(v, v_old, v_ref, xt, x0, sigma, adv, nft_beta=alg.nft_beta, kl_beta=alg.kl_beta,
-                     adv_clip_max=alg.adv_clip_max)
+            with run.engine.policy.use(None):
+                v_ref = _policy_velocity(run, x_in, sigma, cond)
+    terms = _loss(run, _policy_velocity(run, x_in, sigma, cond), v_old, v_ref, xt, x0, sigma, adv)
     finite = bool(torch.isfinite(terms.loss))
     if not finite and not run.sharded:
-        return torch.tensor([0.0, 0.0, 0.0, x0.shape[0]], dtype=torch.float64)
+        return _skipped(x0)
     (terms.loss * weight).backward()  # sharded: every rank joins every backward; a non-finite one skips the step
-    if not finite:
-        return torch.tensor([0.0, 0.0, 0.0, x0.shape[0]], dtype=torch.float64)
+    return _sums(terms, weight) if finite else _skipped(x0)
+
+
+def _policy_velocity(run: Run, x_in: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+    """The policy's velocity (with whichever adapter is on), in fp32."""
+    with run.engine.autocast():
+        return run.engine.model.velocity(run.engine.policy_forward, x_in, sigma, cond).float()
+
+
+def _loss(run: Run, v: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | None, xt: torch.Tensor, x0: torch.Tensor,
+          sigma: torch.Tensor, adv: torch.Tensor) -> LossTerms:
+    """The DiffusionNFT loss terms of one micro-step, with the run's algorithm settings."""
+    alg = run.config.algorithm
+    return nft_loss(v, v_old, v_ref, xt, x0, sigma, adv, nft_beta=alg.nft_beta, kl_beta=alg.kl_beta, adv_clip_max=alg.adv_clip_max)
+
+
+def _sums(terms: LossTerms, weight: float) -> torch.Tensor:
+    """(loss, policy, kl) x weight and the non-finite terms of one micro-step."""
     return torch.tensor([float(terms.loss.detach()) * weight, float(terms.policy) * weight, float(terms.kl) * weight,
                          terms.nonfinite], dtype=torch.float64)
+
+
+def _skipped(x0: torch.Tensor) -> torch.Tensor:
+    """A micro-step whose loss was not finite: nothing added, its samples counted as non-finite."""
+    return torch.tensor([0.0, 0.0, 0.0, x0.shape[0]], dtype=torch.float64)
 
 
 def _lanes(run: Run) -> int:
@@ -146,35 +163,23 @@ def _micro_steps_in_lanes(run: Run, steps: list[MicroStep], lanes: int) -> torch
     then v_ref of all (the policy with no adapter), then each loss's gradient, summed into the
     parameters' gradients in the order the micro-steps have, as their backwards would accumulate."""
     alg, engine = run.config.algorithm, run.engine
-    model, dtype = engine.model, engine.dtype
     staged = []
     for x0, sigma, eps, cond, adv, weight in steps:
         sigma, xt = loss_inputs(x0, sigma, eps, alg.loss_dtype)
-        staged.append((x0, sigma, xt, xt.to(dtype), cond, adv, weight))
-
-    @torch.no_grad()
-    def old(step: tuple) -> torch.Tensor:
-        return old_velocity(run, step[3], step[1], step[4])
-
-    v_olds = map_in_lanes(old, staged, lanes)
+        staged.append((x0, sigma, xt, xt.to(engine.dtype), cond, adv, weight))
+    v_olds = map_in_lanes(torch.no_grad()(lambda step: old_velocity(run, step[3], step[1], step[4])), staged, lanes)
     v_refs: list[torch.Tensor | None] = [None] * len(staged)
     if alg.kl_beta != 0:
-        with engine.autocast(), engine.policy.use(None):
-            v_refs = map_in_lanes(torch.no_grad()(lambda step: model.velocity(engine.policy_forward, step[3], step[1], step[4]).float()),
-                                  staged, lanes)
-    params = [p for p in engine.policy.trainable_parameters()]
+        with engine.policy.use(None):
+            v_refs = map_in_lanes(torch.no_grad()(lambda step: _policy_velocity(run, step[3], step[1], step[4])), staged, lanes)
+    params = list(engine.policy.trainable_parameters())
 
     def trained(k: int) -> tuple[torch.Tensor, tuple[torch.Tensor | None, ...] | None]:
         x0, sigma, xt, x_in, cond, adv, weight = staged[k]
-        with engine.autocast():
-            v = model.velocity(engine.policy_forward, x_in, sigma, cond).float()
-        terms = nft_loss(v, v_olds[k], v_refs[k], xt, x0, sigma, adv, nft_beta=alg.nft_beta, kl_beta=alg.kl_beta,
-                         adv_clip_max=alg.adv_clip_max)
+        terms = _loss(run, _policy_velocity(run, x_in, sigma, cond), v_olds[k], v_refs[k], xt, x0, sigma, adv)
         if not bool(torch.isfinite(terms.loss)):
-            return torch.tensor([0.0, 0.0, 0.0, x0.shape[0]], dtype=torch.float64), None
-        grads = torch.autograd.grad(terms.loss * weight, params, allow_unused=True)
-        return torch.tensor([float(terms.loss.detach()) * weight, float(terms.policy) * weight, float(terms.kl) * weight,
-                             terms.nonfinite], dtype=torch.float64), grads
+            return _skipped(x0), None
+        return _sums(terms, weight), torch.autograd.grad(terms.loss * weight, params, allow_unused=True)
 
     sums = torch.zeros(4, dtype=torch.float64)
     for part, grads in map_in_lanes(trained, range(len(staged)), lanes):
