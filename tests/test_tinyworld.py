@@ -18,6 +18,24 @@ def test_shipped_prompt_sets_match_the_generator(split):
     assert load_prompts(f"tinyworld_{split}") == w.prompt_set(split, 64)
 
 
+def test_the_default_run_trains_on_count_most_and_never_on_a_heldout_pair():
+    """The tiny preset's training prompts are the generator's: half count captions, a quarter each of
+    binding and position (tinyworld_train's own), no object caption, no held-out pair."""
+    from collections import Counter
+
+    from solrl_core.config.presets import resolve_config
+
+    run = resolve_config("tiny").run
+    prompts = load_prompts(run.prompts)
+    assert run.prompts == "tinyworld_rl" and prompts == w.rl_prompts() and len(set(prompts)) == 64
+    specs = [w.parse(p) for p in prompts]
+    assert Counter(s.kind for s in specs) == {"count": 32, "binding": 16, "position": 16} == w.RL_MIX
+    two = [p for p, s in zip(prompts, specs) if len(s.objects) == 2]
+    assert set(two) <= set(load_prompts("tinyworld_train"))
+    heldout = {_pairs(w.parse(p)) for p in w.every_heldout_prompt() if len(w.parse(p).objects) == 2}
+    assert not {_pairs(w.parse(p)) for p in two} & heldout
+
+
 def test_captions_parse_back_to_their_spec():
     rng = np.random.default_rng(0)
     for _ in range(500):
@@ -73,7 +91,7 @@ def test_the_validation_set_holds_no_heldout_pair_and_no_training_caption_of_two
     heldout = {_pairs(w.parse(p)) for p in load_prompts("tinyworld_heldout_all") if len(w.parse(p).objects) == 2}
     two = [p for p, s in zip(prompts, specs) if len(s.objects) == 2]
     assert not {_pairs(w.parse(p)) for p in two} & heldout
-    assert not set(two) & set(load_prompts("tinyworld_train"))
+    assert not set(two) & (set(load_prompts("tinyworld_train")) | set(load_prompts("tinyworld_rl")))
 
 
 def test_the_default_evaluation_scores_every_heldout_caption_with_the_images_each_kind_needs_in_fewer_images():
@@ -89,8 +107,8 @@ def test_the_default_evaluation_scores_every_heldout_caption_with_the_images_eac
     assert run.eval_prompts == "tinyworld_eval" and prompts == w.evaluation_prompts()
     every = w.every_heldout_prompt()
     assert {p for p in every if w.parse(p).kind != "position"} <= set(prompts) <= set(every)
-    positions = [p for p in prompts if w.parse(p).kind == "position"]  # one horizontal, one vertical relation a pair
-    assert Counter(w.parse(p).relation for p in positions) == {"left of": 38, "above": 38}
+    positions = [p for p in prompts if w.parse(p).kind == "position"]  # every relation of every pair, once
+    assert Counter(w.parse(p).relation for p in positions) == {"left of": 38, "right of": 38, "above": 38, "below": 38}
     images = {kind: n * run.eval_seeds for kind, n in Counter(w.parse(p).kind for p in prompts).items()}
-    assert images == {"object": 54, "count": 864, "binding": 228, "position": 228}
+    assert images == {"object": 54, "count": 432, "binding": 342, "position": 456}
     assert sum(images.values()) < 244 * 8 * 0.75
