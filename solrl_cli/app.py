@@ -16,13 +16,13 @@ from solrl_cli.eval_cmd import eval_
 from solrl_cli.explore_cmd import explore, rank_check
 from solrl_cli.infer_cmd import export, infer
 from solrl_cli.monitor_cmd import monitor
-from solrl_cli.options import plain_labels
+from solrl_cli.options import Command, Group, plain_labels
 from solrl_cli.presets_cmd import config_help, presets
 from solrl_cli.reward_server_cmd import reward_server
 from solrl_cli.train_cmd import train
 from solrl_core.runtime.threads import prepare_openmp
 
-app = typer.Typer(name="solrl", no_args_is_help=False, add_completion=False, pretty_exceptions_enable=False,
+app = typer.Typer(name="solrl", cls=Group, no_args_is_help=False, add_completion=False, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Sol-RL post-training for text-to-image flow models: FP4 explore, full-precision train.")
 
@@ -30,7 +30,7 @@ for name, command in (("train", train), ("eval", eval_), ("infer", infer), ("exp
                       ("rank-check", rank_check), ("doctor", doctor), ("monitor", monitor), ("compare", compare),
                       ("presets", presets), ("config-help", config_help), ("reward-server", reward_server),
                       ("bench", bench)):
-    app.command(name)(plain_labels(command))
+    app.command(name, cls=Command)(plain_labels(command))
 
 
 def _version(value: bool) -> None:
@@ -45,7 +45,7 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True, metavar="",
                                                 help="Print solrl's version and exit.")] = False) -> None:
     """Sol-RL post-training for text-to-image flow models: FP4 explore, full-precision train."""
 

@@ -33,6 +33,40 @@ TrustRunConfig = Annotated[bool, typer.Option("--trust-run-config", help="Use th
                                               "--reward (a folder is data: docs/reliability.md, Threats).")]
 
 
+class _UnlabelledHelp:
+    """Typer labels its own --help flag `<bool>` (a flag takes no value, so it gets no label here)."""
+
+    def get_help_option(self, ctx):  # type: ignore[no-untyped-def]
+        option = super().get_help_option(ctx)  # type: ignore[misc]
+        if option is not None and option.metavar is None:
+            option.metavar = ""
+        return option
+
+
+class _NamedArgument(typer.core.TyperArgument):
+    """An argument shown by its name (RUN, RUNS), which says what to type, without Typer's type
+    label (`<path>`, `<list[Path]>`), which says Python."""
+
+    def display_type_rich(self, ctx):  # type: ignore[no-untyped-def]
+        return None
+
+
+class Command(_UnlabelledHelp, typer.core.TyperCommand):
+    """A command whose --help is unlabelled and whose arguments go by their upper-case names."""
+
+    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(*args, **kwargs)
+        for param in self.params:
+            if type(param) is typer.core.TyperArgument:
+                param.__class__ = _NamedArgument
+                if param.metavar is None:
+                    param.metavar = param.name.upper()
+
+
+class Group(_UnlabelledHelp, typer.core.TyperGroup):
+    """The app, its --help unlabelled."""
+
+
 def plain_labels(command):  # type: ignore[no-untyped-def]
     """`command` with a plain value label on each of its options that names none (TEXT, N, PATH; none on a
     flag), instead of Typer's type labels (`<list[str]>`, `<bool>`), which say Python, not what to type.

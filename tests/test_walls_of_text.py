@@ -11,19 +11,22 @@ from typer.testing import CliRunner
 from solrl_cli.app import app
 
 runner = CliRunner()
-TYPE_LABEL = re.compile(r"<(?:str|int|float|bool|path|list\[[^\]]*\]|[a-z]+ range)>")
+TYPE_LABEL = re.compile(r"<(?:str|int|float|bool|path|Path|file|dir|list\[[^\]]*\]|[a-z]+ range)>")
 
 
-@pytest.mark.parametrize("command", [name for name, *_ in [(c.name,) for c in app.registered_commands]])
+@pytest.mark.parametrize("command", [name for name, *_ in [(c.name,) for c in app.registered_commands]] + [None])
 def test_help_shows_no_python_type_labels(command):
-    result = runner.invoke(app, [command, "--help"], env={"COLUMNS": "200"})
+    """Every option and argument, Typer's own --help and the app's --version included: no `<bool>`,
+    `<path>` or `<list[Path]>`; arguments go by their upper-case names."""
+    result = runner.invoke(app, [command, "--help"] if command else ["--help"], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
-    # Typer labels its own --help `<bool>` and an argument's type whatever its metavar (no public setting
-    # changes either): every option of ours is checked
-    ours = [line for line in result.output.splitlines() if re.match(r"│ +-", line) and "Show this message and exit" not in line]
-    assert not [line for line in ours if TYPE_LABEL.search(line)], result.output
+    rows = [line for line in result.output.splitlines() if re.match(r"│ +(\* +)?[-A-Za-z]", line)]
+    assert rows and not [line for line in rows if TYPE_LABEL.search(line)], result.output
+    assert re.search(r"--help\s+-h\s+Show this message and exit", result.output), result.output
     if command == "train":
         assert re.search(r"--set\s+-s\s+TEXT\s", result.output) and re.search(r"--tui\s+Watch", result.output)
+    if command == "compare":
+        assert re.search(r"│ +\* +RUNS +Run folders", result.output) and "{RUNS}..." in result.output
 
 
 def _bench_row(family: str) -> dict:
