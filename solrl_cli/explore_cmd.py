@@ -50,9 +50,7 @@ def explore(
         flags = {"explore": {"group_size": n, "steps": steps, "precision": explore_precision},
                  "selection": {"group_size": k}, "run": {"device": device}}
         cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, flags=flags, trust=trust_run_config)
-        from solrl_core.engine.engine import (
-            open_engine,  # torch: only once the config is accepted
-        )
+        from solrl_core.engine.engine import open_engine  # torch: only once the config is accepted
         from solrl_core.tools.explore import explore_to_folder
 
         texts, out_dir, rewards = prompt_texts(prompt, prompts, cfg.run.prompts), output_folder(out, run, "explore"), reward_set(cfg)
@@ -98,9 +96,7 @@ def rank_check(
                  "sampler": {"steps": full_steps},
                  "run": {"device": device}}
         cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, flags=flags, trust=trust_run_config)
-        from solrl_core.engine.engine import (
-            open_engine,  # torch: only once the config is accepted
-        )
+        from solrl_core.engine.engine import open_engine  # torch: only once the config is accepted
         from solrl_core.loop.rankcheck import check_to_folder
 
         ks = sorted(set(hit_k or [4, 8]))

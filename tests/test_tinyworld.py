@@ -96,7 +96,8 @@ def test_the_validation_set_holds_no_heldout_pair_and_no_training_caption_of_two
 
 def test_the_default_evaluation_scores_every_heldout_caption_with_the_images_each_kind_needs_in_fewer_images():
     """The tiny preset's evaluation set is the generator's: every held-out caption, each kind with the
-    images its change needs (count most, object at its ceiling least; docs/BENCHMARKS.md), and under
+    images its change needs (position, the widest spread, most; object at its ceiling least;
+    docs/BENCHMARKS.md), and under
     three quarters of the 244 x 8 images it scored before."""
     from collections import Counter
 

@@ -47,6 +47,7 @@ differs, each with its reason in docs/official-settings.md ("Where solrl differs
 - model.prompt_instruction and model.max_sequence_length: the pipelines' own prompt handling, off
 - distributed.strategy = fsdp: the policy sharded, where the official code replicates it
 - memory modes for one tight GPU; AdamW's moments stay fp32
+- CPU lanes: on a CPU, rollout batches and update micro-steps side by side, one thread each (run.lanes)
 """
 
 from __future__ import annotations

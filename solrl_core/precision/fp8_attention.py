@@ -92,10 +92,7 @@ def swapped(kernel: Callable[..., Tensor]) -> Iterator[None]:
     (also after an error); torchao's FA3 kernel also has flash attention's FA3 implementation active."""
     flash = getattr(kernel, "flash_impl", "")
     if flash:
-        from torch.nn.attention import (
-            activate_flash_attention_impl,
-            restore_flash_attention_impl,
-        )
+        from torch.nn.attention import activate_flash_attention_impl, restore_flash_attention_impl
 
         activate_flash_attention_impl(flash)
     original = F.scaled_dot_product_attention
@@ -129,10 +126,11 @@ class Swap:
         if not self.enabled:
             return
         depth = getattr(self._counted, "depth", 0)
-        self._counted.depth = depth + 1
         if depth:  # a forward of this thread already counted
+            self._counted.depth = depth + 1
             return
         device = next(t.device for t in (*args, *kwargs.values()) if isinstance(t, Tensor))
+        self._counted.depth = 1
         with self._lock:
             self._inside += 1
             if self._active is None:
@@ -221,10 +219,7 @@ def kernel_for(device: torch.device) -> Callable[..., Tensor]:
     if device.type != "cuda":
         return emulated_sdpa
     import torch._inductor.config as inductor_config
-    from torchao.prototype.attention.api import (
-        AttentionBackend,
-        apply_low_precision_attention,
-    )
+    from torchao.prototype.attention.api import AttentionBackend, apply_low_precision_attention
 
     fusion = inductor_config.pre_grad_custom_pass
     try:  # a module without parameters: torchao's causal-mask probe does not run (a diffusion transformer is not causal)
