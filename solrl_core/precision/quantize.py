@@ -47,6 +47,7 @@ class _QuantizedGemm(nn.Module):
     PRECISION = ""  # the explore precision this wrapper implements
     LAYER_KIND = ""  # "linear" | "conv1x1"
     CACHES: tuple[str, ...] = ()  # the buffers `requantize` fills
+    K_MULTIPLE = BLOCK  # the reduction dim (in features, in channels) must be a multiple of this; else high precision
     weight: nn.Parameter
     bias: nn.Parameter | None
 
@@ -331,7 +332,8 @@ def _fused_width(name: str, layers: dict[str, nn.Module], fused: Sequence[str]) 
     return None
 
 
-def _skip(name: str, module: nn.Linear | nn.Conv2d, rule: LayerRule, layers: dict[str, nn.Module]) -> tuple[str, str]:
+def _skip(name: str, module: nn.Linear | nn.Conv2d, rule: LayerRule, layers: dict[str, nn.Module],
+          k_multiple: int = BLOCK) -> tuple[str, str]:
     """(rule, reason) this layer stays in high precision for, or ("", "") when it is quantized.
     The official order: name patterns, then the size rule; then what our GEMMs cannot take."""
     for pattern in rule.skip:
@@ -358,17 +360,20 @@ def _skip(name: str, module: nn.Linear | nn.Conv2d, rule: LayerRule, layers: dic
             return "kernel", "conv padding"
     if out_dim % BLOCK or in_dim % BLOCK:
         return "kernel", f"shape not divisible by {BLOCK}"
+    if in_dim % k_multiple:
+        return "kernel", f"in {in_dim} not a multiple of {k_multiple} (the real NVFP4 GEMM's reduction dim)"
     return "", ""
 
 
-def plan_layers(model: nn.Module, rule: LayerRule) -> list[LayerEntry]:
+def plan_layers(model: nn.Module, rule: LayerRule, k_multiple: int = BLOCK) -> list[LayerEntry]:
     """What `quantize_model` would do with each Linear / Conv2d of `model`, changing nothing (works
-    on the meta device, so a real-size model's layer set can be checked without its weights)."""
+    on the meta device, so a real-size model's layer set can be checked without its weights).
+    `k_multiple`: what the reduction dim must be a multiple of (the wrappers' K_MULTIPLE)."""
     layers = {name: (m.wrapped if isinstance(m, _QuantizedGemm) else m) for name, m in model.named_modules()
               if isinstance(m, (_QuantizedGemm, nn.Linear, nn.Conv2d))}
     entries = []
     for name, layer in layers.items():
-        which, reason = _skip(name, layer, rule, layers)
+        which, reason = _skip(name, layer, rule, layers, k_multiple)
         entries.append(LayerEntry(name, _kind(layer), tuple(layer.weight.shape), not which, reason, which))
     return entries
 
@@ -390,7 +395,7 @@ def quantize_model(model: nn.Module, skip: Sequence[str] | LayerRule, precision:
         raise ValueError(f"no quantized layers for precision {precision!r}; known: {', '.join(WRAPPERS)}")
     rule = skip if isinstance(skip, LayerRule) else LayerRule(skip=(skip,) if isinstance(skip, str) else tuple(skip))
     linear_cls, conv_cls = wrappers or WRAPPERS[precision]
-    entries = plan_layers(model, rule)
+    entries = plan_layers(model, rule, max(linear_cls.K_MULTIPLE, conv_cls.K_MULTIPLE))
     for entry in entries:
         current = model.get_submodule(entry.name) if entry.name else model
         original = current.wrapped if isinstance(current, _QuantizedGemm) else current
