@@ -49,6 +49,7 @@ import sys
 from pathlib import Path
 
 import torch
+from _common import add_device_arg, resolved_device  # benchmarks/ is on sys.path when a script runs
 
 from solrl_core import events as ev
 from solrl_core.bench.explore import BACKENDS, ExploreOptions, run_explore
@@ -64,7 +65,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--backends", nargs="+", default=["all"], choices=("all", *BACKENDS), help="default: all")
     p.add_argument("--list-backends", action="store_true", help="print every backend, one a line, and exit")
     p.add_argument("--size", default="real", choices=("real", "tiny"), help="published configs, or tiny ones for a smoke run")
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_device_arg(p)
     p.add_argument("--batch", type=int, default=24, help="rollout batch (official: 24)")
     p.add_argument("--preview-steps", type=int, default=6, help="explore steps, for the refresh share (default: 6)")
     p.add_argument("--group", type=int, default=96, help="N, seeds per prompt, for the refresh share (default: 96)")
@@ -77,6 +78,7 @@ def main(argv: list[str] | None = None) -> None:
         print("\n".join(BACKENDS))
         return
     backends = BACKENDS if "all" in args.backends else tuple(dict.fromkeys(args.backends))
+    args.device = resolved_device(args.device)
     device = torch.device(args.device)
     if device.type == "cpu" and args.size == "real":
         sys.exit("real sizes need a GPU (SANA-1.6B and FLUX-12B in bf16); use --size tiny on a CPU")

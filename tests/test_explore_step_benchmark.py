@@ -55,3 +55,27 @@ def test_one_command_lists_and_runs_every_backend_on_wan_too(explore_step, tmp_p
 def test_real_sizes_on_a_cpu_are_refused(explore_step):
     with pytest.raises(SystemExit, match="real sizes need a GPU"):
         explore_step.main(["--device", "cpu"])
+
+
+def test_device_auto_resolves_instead_of_reaching_torch_device(explore_step, tmp_path):
+    """lease.py passes --device auto to every script; torch.device("auto") raised at once."""
+    import torch
+
+    out = tmp_path / "step.json"
+    explore_step.main(["--size", "tiny", "--device", "auto", "--models", "sana", "--backends", "bf16", "--batch", "2",
+                       "--warmup", "0", "--repeats", "1", "--json", str(out)])
+    data = json.loads(out.read_text())
+    assert data["args"]["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert any(r["backend"] == "bf16" and r["seconds"] > 0 for r in data["rows"])
+
+
+def test_every_benchmark_that_picks_a_device_takes_auto():
+    """One --device option for every script (benchmarks/_common.py's, auto included and resolved as run.device is)."""
+    import re
+
+    from tests.conftest import BENCHMARKS
+
+    own = {p.name for p in BENCHMARKS.glob("*.py") if re.search(r"add_argument\(\s*['\"]--device['\"]", p.read_text())}
+    assert own == {"_common.py"}
+    takes = {p.name for p in BENCHMARKS.glob("*.py") if re.search(r"add_device_arg\(|add_common_args\(", p.read_text())}
+    assert {"explore_step.py", "gpu_iteration.py", "lease.py", "families.py", "convergence.py"} <= takes
