@@ -24,7 +24,6 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import torch
 from _common import add_common_args, resolved_device  # benchmarks/ is on sys.path when a script runs
 
 from solrl_core import events as ev

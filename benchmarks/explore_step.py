@@ -53,6 +53,7 @@ from _common import add_device_arg, resolved_device  # benchmarks/ is on sys.pat
 
 from solrl_core import events as ev
 from solrl_core.bench.explore import BACKENDS, ExploreOptions, run_explore
+from solrl_core.config.schema import COMPILE_MODES
 from solrl_core.telemetry.peaks import device_label
 
 PRESET = {"sana": "sana", "flux": "flux1", "wan": "wan21_t2v_1_3b"}  # this script's model names -> the model presets
@@ -72,6 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--compile", action="store_true", help="also time each backend torch.compile'd")
+    p.add_argument("--compile-mode", choices=COMPILE_MODES, help="with --compile: run.compile_mode (default: the config's, "
+                   "max-autotune-no-cudagraphs; a lease uses default: autotuning a GEMM shape took 44-66 s on the H100)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write every timing here")
     args = p.parse_args(argv)
     if args.list_backends:
@@ -85,7 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"torch {torch.__version__}; device {device_label(device)}")
     options = ExploreOptions(models=tuple(PRESET[m] for m in args.models), backends=backends, size=args.size,
                              device=args.device, batch=args.batch, group=args.group, steps=args.preview_steps,
-                             warmup=args.warmup, repeats=args.repeats, compile=args.compile, numerics_only=True)
+                             warmup=args.warmup, repeats=args.repeats, compile=args.compile, compile_mode=args.compile_mode,
+                             numerics_only=True)
     bus = ev.EventBus()
     bus.subscribe(lambda e: print(e.message, flush=True) if isinstance(e, ev.BenchProgress) else None)
     result = run_explore(options, bus)

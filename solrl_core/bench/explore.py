@@ -72,6 +72,7 @@ class ExploreOptions:
     warmup: int = 3
     repeats: int = 10
     compile: bool = True
+    compile_mode: str | None = None  # None: run.compile_mode's default (the official mode)
     numerics_only: bool = False  # fp8 on a CPU through torch's reference kernel (as rank_fidelity.py --numerics-only)
 
     def check(self, device: torch.device) -> None:
@@ -195,10 +196,11 @@ def _steps(m: _Model, backend: str, what: str) -> list[dict[str, Any]]:
 
     rows = []
     for compiled in ((False, True) if m.options.compile else (False,)):
-        # as the explore copy compiles: block by block, in run.compile_mode's default (the official mode),
+        # as the explore copy compiles: block by block, in run.compile_mode (its default: the official mode),
         # an fp8 copy's GEMMs untuned (regions.NO_GEMM_AUTOTUNE)
         untuned = backend in ("fp8", "fp8-torchao", FP8_ATTENTION)
-        fn = CompiledBlocks(m.net, RunConfig().compile_mode, active=False, gemm_autotune=not untuned) if compiled else m.net
+        mode = m.options.compile_mode or RunConfig().compile_mode
+        fn = CompiledBlocks(m.net, mode, active=False, gemm_autotune=not untuned) if compiled else m.net
         label = backend + (" +compile" if compiled else "")
         try:
             with torch.no_grad(), attention(backend, m.device):
