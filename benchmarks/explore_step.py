@@ -47,6 +47,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import torch
 from _common import add_device_arg, resolved_device  # benchmarks/ is on sys.path when a script runs
@@ -92,11 +93,18 @@ def main(argv: list[str] | None = None) -> None:
                              numerics_only=True)
     bus = ev.EventBus()
     bus.subscribe(lambda e: print(e.message, flush=True) if isinstance(e, ev.BenchProgress) else None)
-    result = run_explore(options, bus)
-    rows = [{**r, "model": LABEL[r["model"]]} for r in result.rows]
+    # the JSON after each backend: a run cut off (a lease's time limit) leaves what it measured
+    result = run_explore(options, bus, on_backend=(lambda so_far: _write(args, so_far)) if args.json else None)
     if args.json:
-        args.json.write_text(json.dumps(dict(device=result.device, torch=result.torch, args=vars(args) | {"json": str(args.json)},
-                                             rows=rows), indent=2))
+        _write(args, result)
+
+
+def _write(args: argparse.Namespace, result: Any) -> None:
+    from solrl_core.io.atomic import write_atomic
+
+    rows = [{**r, "model": LABEL[r["model"]]} for r in result.rows]
+    write_atomic(args.json, json.dumps(dict(device=result.device, torch=result.torch, args=vars(args) | {"json": str(args.json)},
+                                            rows=rows), indent=2))
 
 
 if __name__ == "__main__":

@@ -96,3 +96,24 @@ def test_compile_mode_reaches_the_compiled_blocks(explore_step, tmp_path, monkey
     explore_step.main(["--size", "tiny", "--device", "cpu", "--models", "sana", "--backends", "bf16", "--batch", "2", "--warmup",
                        "0", "--repeats", "1", "--compile", "--compile-mode", "default", "--json", str(out)])
     assert modes == ["default"] and json.loads(out.read_text())["args"]["compile_mode"] == "default"
+
+
+def test_the_json_is_written_after_each_backend(explore_step, tmp_path, monkeypatch):
+    """A lease's time limit that stops the script in its second backend leaves the first one's step."""
+    from solrl_core.bench import explore
+
+    real, calls = explore._steps, []
+
+    def stopped_at_the_second(m, backend, what):
+        calls.append(backend)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # what a kill looks like from here: nothing after it runs
+        return real(m, backend, what)
+
+    monkeypatch.setattr(explore, "_steps", stopped_at_the_second)
+    out = tmp_path / "step.json"
+    with pytest.raises(KeyboardInterrupt):
+        explore_step.main(["--size", "tiny", "--device", "cpu", "--models", "sana", "--backends", "bf16", "nvfp4-emulated",
+                           "--batch", "2", "--warmup", "0", "--repeats", "1", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["backend"] for r in rows] == ["bf16"] and rows[0]["seconds"] > 0

@@ -118,15 +118,22 @@ class ExploreResult:
         return dataclasses.asdict(self)
 
 
-def run_explore(options: ExploreOptions, bus: ev.EventBus) -> ExploreResult:
-    """Time every backend of `options` on each model; each line is said on `bus` as it is measured."""
+def run_explore(options: ExploreOptions, bus: ev.EventBus,
+                on_backend: Callable[[ExploreResult], None] | None = None) -> ExploreResult:
+    """Time every backend of `options` on each model; each line is said on `bus` as it is measured.
+    `on_backend`: called after each backend with the result so far (a lease writes it as it goes)."""
     from solrl_core.runtime.device import resolve_device
 
     device = resolve_device(options.device)
     options.check(device)
     rows: list[dict[str, Any]] = []
+
+    def so_far(model_rows: list[dict[str, Any]]) -> None:
+        if on_backend is not None:
+            on_backend(ExploreResult(device_label(device), torch.__version__, dataclasses.asdict(options), rows + model_rows))
+
     for preset in options.models:
-        rows += measure_model(preset, options, device, bus)
+        rows += measure_model(preset, options, device, bus, so_far)
         if device.type == "cuda":  # the model is gone: its memory goes back before the next one
             torch.cuda.empty_cache()
     return ExploreResult(device_label(device), torch.__version__, dataclasses.asdict(options), rows)
@@ -149,8 +156,10 @@ class _Model:
         self.bus.emit(ev.BenchProgress(stage="explore", message=line))
 
 
-def measure_model(preset: str, options: ExploreOptions, device: torch.device, bus: ev.EventBus) -> list[dict[str, Any]]:
-    """One model, re-wrapped in place per backend (two copies of FLUX-12B would not fit)."""
+def measure_model(preset: str, options: ExploreOptions, device: torch.device, bus: ev.EventBus,
+                  so_far: Callable[[list[dict[str, Any]]], None] = lambda rows: None) -> list[dict[str, Any]]:
+    """One model, re-wrapped in place per backend (two copies of FLUX-12B would not fit); `so_far`
+    gets this model's rows after each backend."""
     from solrl_core.config.presets import resolve_config
     from solrl_core.precision.quantize import unwrap_model
 
@@ -185,6 +194,7 @@ def measure_model(preset: str, options: ExploreOptions, device: torch.device, bu
         rows += _steps(m, backend, what)
         if backend in REFRESHED:
             rows.append(_refresh(m, backend))
+        so_far(rows)
     for line in summary_lines(rows, options, options.steps or cfg.explore.steps, device_label(device)):
         m.say(line)
     return rows
