@@ -40,7 +40,9 @@ CODE_ERRORS = ("NameError", "AttributeError", "TypeError", "SyntaxError", "Unbou
 
 
 def _rel_error(got: Any, want: Any) -> float:
-    return float((got.float() - want.float()).norm() / want.float().norm().clamp(min=1e-12))
+    from solrl_core.bench.explore import relative_error
+
+    return relative_error(got, want.float())
 
 
 def e5m2_x_e5m2(device: Any) -> dict[str, Any]:
