@@ -7,10 +7,25 @@ import argparse
 from pathlib import Path
 
 
+DEVICE_HELP = "auto, cpu, cuda or cuda:N (default: auto: cuda when torch sees a GPU, else cpu)"
+
+
+def add_device_arg(p: argparse.ArgumentParser) -> None:
+    """--device, as every benchmark that picks a device takes it (auto included: lease.py passes it on)."""
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)
+
+
+def resolved_device(name: str) -> str:
+    """`name` with auto resolved as solrl resolves run.device (cuda when torch sees a GPU, else cpu)."""
+    from solrl_core.runtime.device import resolve_device
+
+    return str(resolve_device(name))
+
+
 def add_common_args(p: argparse.ArgumentParser, json_help: str) -> None:
     """The options every benchmark shares: model preset, device, threads, overrides, JSON output."""
     p.add_argument("--model", default="tiny", help="model preset (default: tiny, the pre-trained tiny world)")
-    p.add_argument("--device", default="auto", help="run.device: auto, cpu, cuda, cuda:N (default: auto)")
+    add_device_arg(p)
     p.add_argument("--threads", type=int, default=0, help="run.threads, CPU threads for torch (0 = auto: one per usable core)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="extra config override, as solrl train --set (repeatable)")

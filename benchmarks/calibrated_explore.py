@@ -24,8 +24,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import torch
-from _common import add_common_args  # benchmarks/ is on sys.path when a script runs
+from _common import add_common_args, resolved_device  # benchmarks/ is on sys.path when a script runs
 
 from solrl_core import events as ev
 from solrl_core.config.presets import resolve_config
@@ -126,8 +125,7 @@ def main(argv: list[str] | None = None) -> None:
                     args.json.write_text(json.dumps({"rows": rows}, indent=2))
                 print(f"{arm} seed {seed}: gain {rows[-1]['gain']:+.4f}, Stage 1 {rows[-1]['stage1_seconds']:.3f} s/it, "
                       f"steps {sorted(set(rows[-1]['explore_steps']))}", flush=True)
-    where = device_label(torch.device("cpu" if args.device == "auto" and not torch.cuda.is_available() else
-                                      args.device if args.device != "auto" else "cuda"))
+    where = device_label(resolved_device(args.device))
     modes = ", ".join(f"{a}: {ARMS[a][0] if ARMS[a] else 'explore.calibrate=off'}" for a in args.arms)
     print(f"\n{' against '.join(args.arms)} ({modes}) on {where}")
     for line in summary(rows):

@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 import torch
+from _common import add_device_arg, resolved_device  # benchmarks/ is on sys.path when a script runs
 
 from solrl_core import events as ev
 from solrl_core.bench.run import BenchOptions, run_bench
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--models", nargs="+", default=["sana", "flux"], choices=tuple(PRESET))
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     p.add_argument("--size", default="real", choices=("real", "tiny"))
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add_device_arg(p)
     p.add_argument("--n", type=int, default=96, help="N, seeds explored per prompt (official 96)")
     p.add_argument("--k", type=int, default=24, help="K, seeds kept per prompt (official 24)")
     p.add_argument("--rollout-batch", type=int, default=24, help="samples per rollout forward (official 24)")
@@ -124,6 +125,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = p.parse_args(argv)
     if args.iterations <= args.warmup:
         p.error("--iterations must exceed --warmup")
+    args.device = resolved_device(args.device)
     device = device_label(args.device)
     print(f"torch {torch.__version__}; device {device}")
     try:

@@ -80,15 +80,23 @@ def bench(
                 with console.status(f"solrl bench: starting{f' (compile mode {mode})' if mode else ''}") as status:
                     bus = ev.EventBus()
                     bus.subscribe(lambda e: _progress(e, status))
-                    result = run_bench(options, bus)
+                    # the JSON after each family: a run cut off later still leaves what it measured
+                    done = list(results)
+                    result = run_bench(options, bus, on_family=(lambda r: _write_json(json_out, [*done, r.to_dict()])) if json_out else None)
                 if mode is not None:
                     console.print(f"\n[bold]compile mode {mode}[/bold] (the compiled explore and rollout copies)")
                 _report(result.to_dict())
                 results.append(result.to_dict())
         if json_out:
-            data = results if not explore and len(results) > 1 else result.to_dict()
-            json_out.write_text(json.dumps(data, indent=2))
+            _write_json(json_out, results if not explore else [result.to_dict()])
             console.print(f"json: {json_out}")
+
+
+def _write_json(path: Path, results: list[dict[str, Any]]) -> None:
+    """One result as itself, several (one a compile mode) as a list; written whole or not at all."""
+    from solrl_core.io.atomic import write_atomic
+
+    write_atomic(path, json.dumps(results[0] if len(results) == 1 else results, indent=2))
 
 
 def _progress(event: Any, status: Any) -> None:

@@ -190,3 +190,53 @@ def test_each_precision_names_its_backend_and_whether_it_is_measured_there():
     assert not backends.backend_of("nvfp4", B200).measured
     assert "unmeasured on this GPU" in backends.backend_of("nvfp4", B200).describe()
 
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_nvfp4_emulation_in_torchaos_order_equals_the_real_kernel_bit_for_bit(fp4_kernel, dtype):
+    """explore.nvfp4_emulation=torchao: torchao's NVFP4Tensor GEMM (nvfp4_tensor.py:561-576, 0.18) returns
+    the fp32 accumulation in the input's dtype times the per-tensor scale product rounded to that dtype,
+    then adds the bias; the emulation in that order equals it bit for bit, where the exact emulation
+    (each value dequantized first) does not on bf16."""
+    torch.manual_seed(3)
+    linear, conv = nn.Linear(96, 48).to(dtype), nn.Conv2d(64, 32, 1).to(dtype)
+    x, image = (3 * torch.randn(4, 9, 96)).to(dtype), torch.randn(2, 64, 5, 3).to(dtype)
+    kernel_order = backends.wrappers_for("nvfp4-emulated", nvfp4_emulation="torchao")
+    assert kernel_order == (backends.KernelOrderNvfp4Linear, backends.KernelOrderNvfp4Conv1x1)
+    for layer, inp, real_cls, emulated_cls, exact_cls in (
+            (linear, x, backends.Nvfp4Linear, kernel_order[0], EmulatedNVFP4Linear),
+            (conv, image, backends.Nvfp4Conv1x1, kernel_order[1], EmulatedNVFP4Conv1x1)):
+        with torch.no_grad():
+            real, emulated = real_cls(copy.deepcopy(layer))(inp), emulated_cls(copy.deepcopy(layer))(inp)
+            exact = exact_cls(copy.deepcopy(layer))(inp)
+        assert emulated.dtype == real.dtype == dtype
+        assert torch.equal(emulated, real)
+        if dtype == torch.bfloat16:
+            assert not torch.equal(exact, real)
+    assert fp4_kernel  # the real layers went through torchao's dispatch to the (stand-in) float4 GEMM
+
+
+def test_the_nvfp4_emulation_setting_reaches_the_explore_copy():
+    cfg = resolve_config("tiny", "sol_rl", "tinyworld_geneval", sets=["explore.nvfp4_emulation=torchao"])
+    assert cfg.explore.nvfp4_emulation == "torchao"
+    with pytest.raises(SolrlError, match="nvfp4_emulation"):
+        resolve_config("tiny", "sol_rl", "tinyworld_geneval", sets=["explore.nvfp4_emulation=bf16"])
+    made = RolloutCopy(_Block(), "nvfp4-emulated", ("embed", "out"), nvfp4_emulation="torchao")
+    assert isinstance(made.module.proj, backends.KernelOrderNvfp4Linear)
+    assert isinstance(made.module.ff, backends.KernelOrderNvfp4Conv1x1)
+
+
+def test_real_nvfp4_keeps_a_layer_whose_k_is_not_a_multiple_of_32_in_high_precision(tmp_path):
+    """Two FP4 codes a byte halve K, and torch._scaled_mm wants the packed operands' dims multiples of 16:
+    K % 32 == 16 cannot run on the kernel. Such a layer stays in high precision with its reason in the
+    report (quantization_report.json's content); the emulation, which has no packing, quantizes it."""
+    import json
+
+    model = nn.Sequential(nn.Linear(48, 64), nn.Linear(64, 32), nn.Conv2d(80, 32, 1))
+    real = quantize_model(copy.deepcopy(model), (), "nvfp4", backends.wrappers_for("nvfp4"))
+    report = json.loads(json.dumps(real.to_dict()))
+    layers = {e["name"]: e for e in report["entries"]}
+    assert [layers[n]["quantized"] for n in ("0", "1", "2")] == [False, True, False]
+    assert "multiple of 32" in layers["0"]["reason"] and "multiple of 32" in layers["2"]["reason"]
+    emulated = quantize_model(copy.deepcopy(model), (), "nvfp4-emulated")
+    assert all(e.quantized for e in emulated.entries)

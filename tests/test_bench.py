@@ -250,3 +250,21 @@ def test_each_compile_mode_is_benched_in_turn(tmp_path):
     assert "compile mode default" in result.output and "compile mode max-autotune-no-cudagraphs" in result.output
     runs = json.loads(out.read_text())
     assert [r["rows"][0]["compile_mode"] for r in runs] == ["default", "max-autotune-no-cudagraphs"]
+
+
+def test_the_json_is_written_after_each_family_so_a_later_failure_keeps_the_first(tmp_path, monkeypatch):
+    """A lease cut short in its second family still returns the first family's figures."""
+    out = tmp_path / "bench.json"
+    real = bench_run._run_family
+
+    def second_fails(options, family, *args, **kwargs):
+        if family == "naive_scaling":
+            raise SolrlError("naive_scaling stopped (the test's stand-in for a time limit)", "none")
+        return real(options, family, *args, **kwargs)
+
+    monkeypatch.setattr(bench_run, "_run_family", second_fails)
+    result = runner.invoke(app, ["bench", "--size", "tiny", "--device", "cpu", "--family", "sol_rl", "--family", "naive_scaling",
+                                 "--n", "4", "--k", "2", "--rollout-batch", "4", "--iterations", "2", "--json", str(out)])
+    assert result.exit_code != 0 and "naive_scaling stopped" in result.output
+    data = json.loads(out.read_text())
+    assert [r["family"] for r in data["rows"]] == ["sol_rl"] and data["rows"][0]["seconds"]["total"] > 0

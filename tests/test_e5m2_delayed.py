@@ -162,3 +162,18 @@ def test_the_real_fp8_gemm_path_computes_what_the_emulation_does():
     assert torch.allclose(gemm(x_q, w_q, 1.0 / sx, 1.0 / sw, real=True), emulated, rtol=1e-5, atol=1e-5)
     assert torch.allclose(emulated, _e5m2(x, sx) @ _e5m2(w, sw).T / (sx * sw), rtol=1e-5, atol=1e-5)
     assert not real_gemm(torch.device("cpu"))  # a reference kernel is no faster than the fp32 product
+
+
+@pytest.mark.parametrize("error", [ValueError, RuntimeError])
+def test_the_e5m2_probe_takes_either_refusal_torch_raises_as_no(monkeypatch, error):
+    """Current torch refuses an E5M2 x E5M2 `_scaled_mm` with a ValueError (TORCH_CHECK_VALUE), older
+    releases with a RuntimeError: the probe must answer "no" to both, not crash the first CUDA forward."""
+    from solrl_core.precision import e5m2_delayed
+
+    def refuses(*args, **kwargs):
+        raise error("Multiplication of two Float8_e5m2 matrices is not supported")
+
+    monkeypatch.setattr(torch, "_scaled_mm", refuses)
+    assert e5m2_delayed.e5m2_gemm_runs(torch.device("cpu")) is False
+    monkeypatch.setattr(torch, "_scaled_mm", lambda a, b, **kw: a.float() @ b.float())
+    assert e5m2_delayed.e5m2_gemm_runs(torch.device("cpu")) is True

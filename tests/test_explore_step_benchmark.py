@@ -55,3 +55,65 @@ def test_one_command_lists_and_runs_every_backend_on_wan_too(explore_step, tmp_p
 def test_real_sizes_on_a_cpu_are_refused(explore_step):
     with pytest.raises(SystemExit, match="real sizes need a GPU"):
         explore_step.main(["--device", "cpu"])
+
+
+def test_device_auto_resolves_instead_of_reaching_torch_device(explore_step, tmp_path):
+    """lease.py passes --device auto to every script; torch.device("auto") raised at once."""
+    import torch
+
+    out = tmp_path / "step.json"
+    explore_step.main(["--size", "tiny", "--device", "auto", "--models", "sana", "--backends", "bf16", "--batch", "2",
+                       "--warmup", "0", "--repeats", "1", "--json", str(out)])
+    data = json.loads(out.read_text())
+    assert data["args"]["device"] == ("cuda" if torch.cuda.is_available() else "cpu")
+    assert any(r["backend"] == "bf16" and r["seconds"] > 0 for r in data["rows"])
+
+
+def test_every_benchmark_that_picks_a_device_takes_auto():
+    """One --device option for every script (benchmarks/_common.py's, auto included and resolved as run.device is)."""
+    import re
+
+    from tests.conftest import BENCHMARKS
+
+    own = {p.name for p in BENCHMARKS.glob("*.py") if re.search(r"add_argument\(\s*['\"]--device['\"]", p.read_text())}
+    assert own == {"_common.py"}
+    takes = {p.name for p in BENCHMARKS.glob("*.py") if re.search(r"add_device_arg\(|add_common_args\(", p.read_text())}
+    assert {"explore_step.py", "gpu_iteration.py", "lease.py", "families.py", "convergence.py"} <= takes
+
+
+def test_compile_mode_reaches_the_compiled_blocks(explore_step, tmp_path, monkeypatch):
+    """A lease compiles in mode `default`: max-autotune tuned each GEMM shape for 44-66 s on the H100."""
+    from solrl_core.engine import regions
+
+    modes = []
+
+    def blocks(net, mode, **kwargs):  # the net as it is: this test is about the mode, not Inductor
+        modes.append(mode)
+        return net
+
+    monkeypatch.setattr(regions, "CompiledBlocks", blocks)
+    out = tmp_path / "step.json"
+    explore_step.main(["--size", "tiny", "--device", "cpu", "--models", "sana", "--backends", "bf16", "--batch", "2", "--warmup",
+                       "0", "--repeats", "1", "--compile", "--compile-mode", "default", "--json", str(out)])
+    assert modes == ["default"] and json.loads(out.read_text())["args"]["compile_mode"] == "default"
+
+
+def test_the_json_is_written_after_each_backend(explore_step, tmp_path, monkeypatch):
+    """A lease's time limit that stops the script in its second backend leaves the first one's step."""
+    from solrl_core.bench import explore
+
+    real, calls = explore._steps, []
+
+    def stopped_at_the_second(m, backend, what):
+        calls.append(backend)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # what a kill looks like from here: nothing after it runs
+        return real(m, backend, what)
+
+    monkeypatch.setattr(explore, "_steps", stopped_at_the_second)
+    out = tmp_path / "step.json"
+    with pytest.raises(KeyboardInterrupt):
+        explore_step.main(["--size", "tiny", "--device", "cpu", "--models", "sana", "--backends", "bf16", "nvfp4-emulated",
+                           "--batch", "2", "--warmup", "0", "--repeats", "1", "--json", str(out)])
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["backend"] for r in rows] == ["bf16"] and rows[0]["seconds"] > 0

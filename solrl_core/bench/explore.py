@@ -72,6 +72,7 @@ class ExploreOptions:
     warmup: int = 3
     repeats: int = 10
     compile: bool = True
+    compile_mode: str | None = None  # None: run.compile_mode's default (the official mode)
     numerics_only: bool = False  # fp8 on a CPU through torch's reference kernel (as rank_fidelity.py --numerics-only)
 
     def check(self, device: torch.device) -> None:
@@ -117,15 +118,22 @@ class ExploreResult:
         return dataclasses.asdict(self)
 
 
-def run_explore(options: ExploreOptions, bus: ev.EventBus) -> ExploreResult:
-    """Time every backend of `options` on each model; each line is said on `bus` as it is measured."""
+def run_explore(options: ExploreOptions, bus: ev.EventBus,
+                on_backend: Callable[[ExploreResult], None] | None = None) -> ExploreResult:
+    """Time every backend of `options` on each model; each line is said on `bus` as it is measured.
+    `on_backend`: called after each backend with the result so far (a lease writes it as it goes)."""
     from solrl_core.runtime.device import resolve_device
 
     device = resolve_device(options.device)
     options.check(device)
     rows: list[dict[str, Any]] = []
+
+    def so_far(model_rows: list[dict[str, Any]]) -> None:
+        if on_backend is not None:
+            on_backend(ExploreResult(device_label(device), torch.__version__, dataclasses.asdict(options), rows + model_rows))
+
     for preset in options.models:
-        rows += measure_model(preset, options, device, bus)
+        rows += measure_model(preset, options, device, bus, so_far)
         if device.type == "cuda":  # the model is gone: its memory goes back before the next one
             torch.cuda.empty_cache()
     return ExploreResult(device_label(device), torch.__version__, dataclasses.asdict(options), rows)
@@ -148,8 +156,10 @@ class _Model:
         self.bus.emit(ev.BenchProgress(stage="explore", message=line))
 
 
-def measure_model(preset: str, options: ExploreOptions, device: torch.device, bus: ev.EventBus) -> list[dict[str, Any]]:
-    """One model, re-wrapped in place per backend (two copies of FLUX-12B would not fit)."""
+def measure_model(preset: str, options: ExploreOptions, device: torch.device, bus: ev.EventBus,
+                  so_far: Callable[[list[dict[str, Any]]], None] = lambda rows: None) -> list[dict[str, Any]]:
+    """One model, re-wrapped in place per backend (two copies of FLUX-12B would not fit); `so_far`
+    gets this model's rows after each backend."""
     from solrl_core.config.presets import resolve_config
     from solrl_core.precision.quantize import unwrap_model
 
@@ -184,6 +194,7 @@ def measure_model(preset: str, options: ExploreOptions, device: torch.device, bu
         rows += _steps(m, backend, what)
         if backend in REFRESHED:
             rows.append(_refresh(m, backend))
+        so_far(rows)
     for line in summary_lines(rows, options, options.steps or cfg.explore.steps, device_label(device)):
         m.say(line)
     return rows
@@ -195,10 +206,11 @@ def _steps(m: _Model, backend: str, what: str) -> list[dict[str, Any]]:
 
     rows = []
     for compiled in ((False, True) if m.options.compile else (False,)):
-        # as the explore copy compiles: block by block, in run.compile_mode's default (the official mode),
+        # as the explore copy compiles: block by block, in run.compile_mode (its default: the official mode),
         # an fp8 copy's GEMMs untuned (regions.NO_GEMM_AUTOTUNE)
         untuned = backend in ("fp8", "fp8-torchao", FP8_ATTENTION)
-        fn = CompiledBlocks(m.net, RunConfig().compile_mode, active=False, gemm_autotune=not untuned) if compiled else m.net
+        mode = m.options.compile_mode or RunConfig().compile_mode
+        fn = CompiledBlocks(m.net, mode, active=False, gemm_autotune=not untuned) if compiled else m.net
         label = backend + (" +compile" if compiled else "")
         try:
             with torch.no_grad(), attention(backend, m.device):

@@ -17,7 +17,7 @@ import statistics
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -92,8 +92,11 @@ class BenchResult:
         return dataclasses.asdict(self)
 
 
-def run_bench(options: BenchOptions, bus: ev.EventBus, workdir: Path | None = None) -> BenchResult:
-    """Build the model once, train each family on it, and measure; events on `bus` say what runs."""
+def run_bench(options: BenchOptions, bus: ev.EventBus, workdir: Path | None = None,
+              on_family: Callable[[BenchResult], None] | None = None) -> BenchResult:
+    """Build the model once, train each family on it, and measure; events on `bus` say what runs.
+    `on_family`: called after each family with the result so far (its figures, ratios once `compile`
+    is in), so a caller can write what is measured before a later family runs out of time."""
     from solrl_core.config.presets import resolve_config
     from solrl_core.runtime.device import resolve_device
 
@@ -128,8 +131,18 @@ def run_bench(options: BenchOptions, bus: ev.EventBus, workdir: Path | None = No
         bus.emit(ev.BenchProgress(stage="flops", message=(
             f"model FLOPs per sample ({how}): forward {format_flops(per_sample.forward)}, "
             f"forward + backward {format_flops(per_sample.forward_backward)}")))
-        rows = [_run_family(options, family, folder, model.resolution, per_sample, bus, root) for family in options.families]
-    cache: dict[tuple[str, str], pk.Peak | None] = {}
+        rows: list[dict[str, Any]] = []
+        cache: dict[tuple[str, str], pk.Peak | None] = {}
+        for family in options.families:
+            rows.append(_run_family(options, family, folder, model.resolution, per_sample, bus, root))
+            if on_family is not None:
+                on_family(_result(options, device, model, count, tokens, per_sample, rows, cache=cache, bus=bus))
+    return _result(options, device, model, count, tokens, per_sample, rows, cache=cache, bus=bus)
+
+
+def _result(options: BenchOptions, device: torch.device, model: Any, count: int, tokens: int, per_sample: SampleFlops,
+            rows: list[dict[str, Any]], *, cache: dict, bus: ev.EventBus) -> BenchResult:
+    """The result of the families run so far: peaks (measured once per precision, into `cache`), MFU, ratios."""
     for row in rows:
         _add_peaks(row, device, cache, bus)
     add_utilisation(rows)

@@ -2,9 +2,8 @@
 
 A config is built in layers, each overriding the last: dataclass defaults (the official Sol-RL
 defaults for an 8-GPU node) < model preset < family preset < reward preset < `--config FILE` <
-`--set section.key=value` < explicit CLI flags. `resolve_config` in presets.py does the layering;
-this module holds the schema and the cross-field rules (`validate`); config_io.py the (de)serialisation.
-Each field's `help` metadata is the documentation shown by `solrl config-help`.
+`--set section.key=value` < explicit CLI flags. `resolve_config` (presets.py) layers; here the schema, whose
+`help` metadata `solrl config-help` shows, and the cross-field rules (`validate`); config_io.py (de)serialises.
 """
 
 from __future__ import annotations
@@ -15,7 +14,7 @@ from typing import Any
 from solrl_core.config.bounds import check_hacking, check_ranges
 from solrl_core.config.families import FAMILIES
 from solrl_core.errors import SolrlError, close_matches
-from solrl_core.precision.hardware import FP8_BACKENDS
+from solrl_core.precision.hardware import FP8_BACKENDS, NVFP4_EMULATIONS
 from solrl_core.rewards.endpoints import check_settings
 from solrl_core.rewards.names import FRAME_REDUCTIONS, check_media, check_names
 from solrl_core.rewards.timeouts import parse_timeout
@@ -130,6 +129,8 @@ class ExploreConfig:
                                 "each tensor's own amax), fp8-e5m2-delayed (the official recipe: TE's delayed-scaled E5M2), bf16, fp32.")
     fp8_backend: str = _f("scaled_mm", "The kernel of explore.precision=fp8: scaled_mm (solrl's torch._scaled_mm wrapper, timed "
                                        "on an H100) or torchao (Float8 dynamic activation + weight, PerRow; unmeasured).")
+    nvfp4_emulation: str = _f("exact", "nvfp4-emulated's GEMM: exact (each value dequantized, then the GEMM) or torchao (the real nvfp4 "
+                                       "kernel's order: output in the run dtype times the per-tensor scale product rounded to it; bit for bit).")
     fp8_attention: bool = _f(False, "FP8 attention in the explore copy of a full-attention model (E4M3 Q/K/V, one scale per batch and head): "
                                     "torchao's FP8 FA3 on Hopper, emulated on a CPU. Off by default: unmeasured; solrl rank-check reports it on and off.")
     compile: str = _f("auto", "torch.compile the explore copy (auto: on CUDA; true; false): fuses the fp8 / emulated-NVFP4 "
@@ -337,8 +338,8 @@ class Config:
         family = self.algorithm.family
         _choice("algorithm.family", family, tuple(FAMILIES))
         _choice("selection.mode", self.selection.mode, SELECTION_MODES)
-        _choice("explore.precision", self.explore.precision, EXPLORE_PRECISIONS)
-        _choice("explore.fp8_backend", self.explore.fp8_backend, FP8_BACKENDS)
+        for key, allowed in (("precision", EXPLORE_PRECISIONS), ("fp8_backend", FP8_BACKENDS), ("nvfp4_emulation", NVFP4_EMULATIONS)):
+            _choice(f"explore.{key}", getattr(self.explore, key), allowed)
         _choice("run.dtype", self.run.dtype, DTYPES)
         _choice("sampler.solver", self.sampler.solver, SOLVERS)
         _choice("sampler.sigma_grid", self.sampler.sigma_grid, SIGMA_GRIDS)
@@ -407,8 +408,6 @@ class Config:
 
 
 T5_LOADERS = ("flux1", "sd3")  # the loaders that read model.max_sequence_length
-
-
 VIDEO_LOADERS = ("wan", "tiny_video")  # the loaders whose samples are clips of model.frames frames
 TINY_LOADERS = ("tiny", "tiny_video")  # built offline from model.weights or a random init: no hub id, no model.path
 

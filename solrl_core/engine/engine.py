@@ -371,7 +371,8 @@ def _copy(cfg: Config, model: DiffusionModel, spec: CopySpec, source: nn.Module 
         module = copy.deepcopy(model.transformer)
     made = RolloutCopy(module, spec.precision, LayerRule.of(cfg.model), compile=spec.compiled,
                        compile_mode=cfg.run.compile_mode, sharded=spec.sharded, fp8_backend=cfg.explore.fp8_backend,
-                       fp8_attention=cfg.explore.fp8_attention and lean)  # explore copies only: never full precision
+                       fp8_attention=cfg.explore.fp8_attention and lean,  # explore copies only: never full precision
+                       nvfp4_emulation=cfg.explore.nvfp4_emulation)
     if not spec.from_shards and made.on_meta:
         base = model.transformer if source is None else source
         made.materialize(next(base.parameters()).device)

@@ -67,11 +67,12 @@ class RolloutCopy:
 
     def __init__(self, module: nn.Module, precision: str, rule: LayerRule, compile: bool = False,
                  compile_mode: str = "default", sharded: bool = False, fp8_backend: str = "scaled_mm",
-                 fp8_attention: bool = False) -> None:
+                 fp8_attention: bool = False, *, nvfp4_emulation: str = "exact") -> None:
         """Takes ownership of `module` (a copy of the base transformer, without adapters). `sharded`: a
         skeleton to be sharded like the policy when first filled (sharded_copy.shard_copy). `fp8_backend`:
         fp8's kernel (explore.fp8_backend, precision/backends.py). `fp8_attention`: its forward runs
-        with FP8 attention (explore.fp8_attention, precision/fp8_attention.py)."""
+        with FP8 attention (explore.fp8_attention, precision/fp8_attention.py). `nvfp4_emulation`:
+        nvfp4-emulated's GEMM order (explore.nvfp4_emulation)."""
         if precision not in IMPLEMENTED_EXPLORE:
             raise ValueError(f"no rollout backend for precision {precision!r} (hardware.require_explore_precision says why)")
         self.precision = precision
@@ -82,7 +83,7 @@ class RolloutCopy:
         self.dtype = next(self.module.parameters()).dtype  # nvfp4-emulated and fp8 compute in the base dtype
         self.report: QuantReport | None = None
         if precision in QUANTIZED:
-            self.report = quantize_model(self.module, rule, precision, wrappers_for(precision, fp8_backend))
+            self.report = quantize_model(self.module, rule, precision, wrappers_for(precision, fp8_backend, nvfp4_emulation))
         # compiled in place, block by block (regions.py): `forward` is the module either way. A copy
         # still on the meta device (sharded_copy.py) compiles once it is on its device (`materialize`).
         self.compile_mode = compile_mode if compile else None

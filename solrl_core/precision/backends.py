@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from solrl_core.precision import nvfp4_gemm
+from solrl_core.precision.nvfp4 import quantize_2d
 from solrl_core.precision.hardware import FP8_BACKENDS, GpuInfo
 from solrl_core.precision.quantize import WRAPPERS, QuantizedGemm
 
@@ -91,6 +92,11 @@ class _Nvfp4(QuantizedGemm):
 
     PRECISION = "nvfp4"
     CACHES = ("weight_packed", "weight_block_scale", "weight_s_enc")
+    # K % 32: two E2M1 codes a byte halve the reduction dim (torchao 0.18 prototype/mx_formats/kernels.py:159-164,
+    # pack_uint4), and torch._scaled_mm wants the packed operands' dims multiples of 16 (torch 2.14
+    # _meta_registrations.py:7168-7175; torchao's own check, inference_workflow.py:248, asks only 16).
+    # A layer with K % 32 == 16 stays in high precision, its reason in quantization_report.json.
+    K_MULTIPLE = 32
     weight_packed: Tensor
     weight_block_scale: Tensor
     weight_s_enc: Tensor
@@ -102,6 +108,40 @@ class _Nvfp4(QuantizedGemm):
 
     def gemm(self, x: Tensor) -> Tensor:
         return nvfp4_gemm.linear(x, self.weight_packed, self.weight_block_scale, self.weight_s_enc, self.bias)
+
+
+class _KernelOrderNvfp4(QuantizedGemm):
+    """`nvfp4-emulated` with explore.nvfp4_emulation=torchao: solrl's exact quantizer, the GEMM in the real
+    `nvfp4` kernel's order (nvfp4_gemm.kernel_order_linear: output in the input's dtype, times the two
+    per-tensor decode scales' product rounded to it), so emulation and kernel agree bit for bit."""
+
+    PRECISION = "nvfp4-emulated"
+    CACHES = ("weight_codes", "weight_block_scale", "weight_s_enc")
+    weight_codes: Tensor
+    weight_block_scale: Tensor
+    weight_s_enc: Tensor
+
+    @torch.no_grad()
+    def quantized(self, weight: Tensor) -> dict[str, Tensor]:
+        codes, scales, s_enc = quantize_2d(weight.detach().reshape(weight.shape[0], -1))
+        return {"weight_codes": codes, "weight_block_scale": scales, "weight_s_enc": s_enc.reshape(1)}
+
+    def gemm(self, x: Tensor) -> Tensor:
+        return nvfp4_gemm.kernel_order_linear(x, self.weight_codes, self.weight_block_scale, self.weight_s_enc, self.bias)
+
+
+class KernelOrderNvfp4Linear(_KernelOrderNvfp4):
+    LAYER_KIND = "linear"
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.gemm(x)
+
+
+class KernelOrderNvfp4Conv1x1(_KernelOrderNvfp4):
+    LAYER_KIND = "conv1x1"
+
+    def forward(self, x: Tensor) -> Tensor:
+        return _channels_as_tokens(self.gemm, x)
 
 
 class _TorchaoFp8(QuantizedGemm):
@@ -204,10 +244,13 @@ class TorchaoFp8Conv1x1(_TorchaoFp8):
 QUANTIZED = (*WRAPPERS, "nvfp4")  # the explore precisions whose copy wraps its GEMM layers
 
 
-def wrappers_for(precision: str, fp8_backend: str = DEFAULT_FP8_BACKEND) -> tuple[type, type]:
-    """(Linear wrapper, 1x1-conv wrapper) of `precision` with `fp8_backend` for fp8 (quantize.quantize_model's `wrappers`)."""
+def wrappers_for(precision: str, fp8_backend: str = DEFAULT_FP8_BACKEND, nvfp4_emulation: str = "exact") -> tuple[type, type]:
+    """(Linear wrapper, 1x1-conv wrapper) of `precision` with `fp8_backend` for fp8 and `nvfp4_emulation`
+    for nvfp4-emulated (quantize.quantize_model's `wrappers`)."""
     if precision == "nvfp4":
         return Nvfp4Linear, Nvfp4Conv1x1
+    if precision == "nvfp4-emulated" and nvfp4_emulation == "torchao":
+        return KernelOrderNvfp4Linear, KernelOrderNvfp4Conv1x1
     if precision == "fp8" and fp8_backend == "torchao":
         return TorchaoFp8Linear, TorchaoFp8Conv1x1
     return WRAPPERS[precision]

@@ -127,11 +127,18 @@ def gemm(x_q: Tensor, w_q: Tensor, inv_x: Tensor, inv_w: Tensor, real: bool) -> 
 
 @functools.cache
 def _cuda_has_e5m2_gemm(index: int) -> bool:
-    a = torch.zeros(16, 16, device=torch.device("cuda", index)).to(torch.float8_e5m2)
-    one = torch.ones(1, 1, device=a.device)
+    return e5m2_gemm_runs(torch.device("cuda", index))
+
+
+def e5m2_gemm_runs(device: torch.device) -> bool:
+    """Whether `torch._scaled_mm` takes two E5M2 operands on `device` (one 16x16 call). torch refuses
+    with "Multiplication of two Float8_e5m2 matrices is not supported": a ValueError from current
+    releases (TORCH_CHECK_VALUE), a RuntimeError from older ones; either means no."""
+    a = torch.zeros(16, 16, device=device).to(torch.float8_e5m2)
+    one = torch.ones(1, 1, device=device)
     try:
         torch._scaled_mm(a, a.t(), scale_a=one, scale_b=one, out_dtype=torch.float32)
-    except RuntimeError:  # torch: "Multiplication of two Float8_e5m2 matrices is not supported"
+    except (ValueError, RuntimeError):
         return False
     return True
 

@@ -45,6 +45,7 @@ FP8_CC = (8, 9)
 BF16_CC = (8, 0)
 TE_INSTALL = "pip install transformer-engine[pytorch] on a CUDA machine"
 FP8_BACKENDS = ("scaled_mm", "torchao")  # explore.fp8_backend: the kernel of fp8 (precision/backends.py)
+NVFP4_EMULATIONS = ("exact", "torchao")  # explore.nvfp4_emulation: nvfp4-emulated's GEMM order (precision/backends.py)
 
 
 @dataclass(frozen=True)

@@ -102,3 +102,26 @@ def linear(x: Tensor, packed: Tensor, scale: Tensor, s_enc: Tensor, bias: Tensor
     x_q = _nvfp4_tensor(a["packed"], a["scale"], a["s_enc"], (x2.shape[0], k), x.dtype, weight=False)
     w_q = _nvfp4_tensor(packed, scale, s_enc, (out, k), x.dtype, weight=True)
     return F.linear(x_q, w_q, bias).reshape(*lead, out)
+
+
+def kernel_order_linear(x: Tensor, codes: Tensor, scales: Tensor, s_enc: Tensor, bias: Tensor | None) -> Tensor:
+    """F.linear as `linear` computes it on the kernel, in plain torch (any device): the weight's E2M1
+    values `codes` [out, in] and block scales [out, in / 16] from `nvfp4.quantize_2d`, the input
+    quantized here in 1x16 blocks. torchao 0.18's NVFP4Tensor GEMM (prototype/mx_formats/nvfp4_tensor.py,
+    `_addmm_nvfp4_dispatch`) runs `torch._scaled_mm` on codes x block scales with fp32 accumulation and
+    the output in the input's dtype (:561-569), then multiplies it by the product of the two per-tensor
+    decode scales, 1 / S_enc each (our `_nvfp4_tensor`), taken in fp32 (:523-525) and rounded to that
+    dtype (:571-572), and adds the bias after (:575-576). The exact emulation (`nvfp4.fake_quantize_*`)
+    instead dequantizes each value as ``code * scale / S_enc`` before a GEMM in the input's dtype: with
+    bf16 inputs the two differ by up to about 2^-8 relative. This order matches the kernel's epilogue;
+    the fp32 accumulation order of a GPU GEMM is the GEMM's own."""
+    lead, k = x.shape[:-1], x.shape[-1]
+    x2 = x.reshape(-1, k)
+    q_x, s_x, s_enc_x = quantize_1d(x2)
+    a = (q_x.reshape(x2.shape[0], -1, BLOCK) * s_x.unsqueeze(-1)).reshape(x2.shape)  # exact: 2 x 4 mantissa bits
+    b = (codes.reshape(codes.shape[0], -1, BLOCK) * scales.unsqueeze(-1)).reshape(codes.shape)
+    y = torch.nn.functional.linear(a, b).to(x.dtype)
+    y = y * (s_enc_x.reciprocal() * s_enc.reciprocal()).to(x.dtype)
+    if bias is not None:
+        y = y + bias.to(x.dtype)
+    return y.reshape(*lead, codes.shape[0])

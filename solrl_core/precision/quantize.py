@@ -13,16 +13,14 @@ swap would leave its MLP in high precision), is wrapped for one explore precisio
 Which layers stay in high precision is the official explore model's rule (NVlabs/Sana
 train_scripts/sol_rl/train_utils.py, `replace_linear_with_te`): a name containing one of the model's
 skip substrings (`nvfp4_skip_modules`: embedders, the final layer, SANA's self-attention qkv), then any
-layer with max(in_features, out_features) <= the model's `nvfp4_min_dim`, then (ours) a layer the
-low-precision GEMM cannot take (a conv that is not 1x1, dims not multiples of 16). diffusers splits
-projections the official SANA fuses (`cross_attn.kv_linear` is `attn2.to_k` + `attn2.to_v`): the
-size rule is applied to the fused shape, so the split layers get the fused layer's verdict. Every
-decision is reported with the rule that made it.
+layer with max(in_features, out_features) <= the model's `nvfp4_min_dim`, then (ours) a layer the GEMM
+cannot take (a conv that is not 1x1, dims not multiples of 16, K not of the wrapper's K_MULTIPLE: 32 for
+real NVFP4). The size rule sees the fused shape of projections diffusers splits (`cross_attn.kv_linear` is
+`attn2.to_k` + `attn2.to_v`): split layers get the fused layer's verdict. Each decision names its rule.
 
-The wrappers register the wrapped layer's own Parameter objects under the same names, so
-`state_dict()` keys are unchanged and weights can be loaded into the copy as before; call
-`requantize` afterwards (and after a dtype change) to refresh the cached quantized weights.
-The wrappers are for sampling: the cached weight carries no gradient.
+The wrappers register the wrapped layer's own Parameters under the same names (`state_dict()` keys
+unchanged, weights load as before); `requantize` afterwards, and after a dtype change, refreshes the
+cached quantized weights. For sampling: the cached weight carries no gradient.
 """
 
 from __future__ import annotations
@@ -47,6 +45,7 @@ class _QuantizedGemm(nn.Module):
     PRECISION = ""  # the explore precision this wrapper implements
     LAYER_KIND = ""  # "linear" | "conv1x1"
     CACHES: tuple[str, ...] = ()  # the buffers `requantize` fills
+    K_MULTIPLE = BLOCK  # the reduction dim (in features, in channels) must be a multiple of this; else high precision
     weight: nn.Parameter
     bias: nn.Parameter | None
 
@@ -308,9 +307,7 @@ def _kind(module: nn.Module) -> str:
         return module.LAYER_KIND
     if isinstance(module, nn.Linear):
         return "linear"
-    if tuple(module.kernel_size) == (1, 1):
-        return "conv1x1"
-    return "conv2d"
+    return "conv1x1" if tuple(module.kernel_size) == (1, 1) else "conv2d"
 
 
 def _dims(module: nn.Module) -> tuple[int, int]:
@@ -331,7 +328,7 @@ def _fused_width(name: str, layers: dict[str, nn.Module], fused: Sequence[str]) 
     return None
 
 
-def _skip(name: str, module: nn.Linear | nn.Conv2d, rule: LayerRule, layers: dict[str, nn.Module]) -> tuple[str, str]:
+def _skip(name: str, module: nn.Linear | nn.Conv2d, rule: LayerRule, layers: dict[str, nn.Module], k_multiple: int = BLOCK) -> tuple[str, str]:
     """(rule, reason) this layer stays in high precision for, or ("", "") when it is quantized.
     The official order: name patterns, then the size rule; then what our GEMMs cannot take."""
     for pattern in rule.skip:
@@ -358,17 +355,19 @@ def _skip(name: str, module: nn.Linear | nn.Conv2d, rule: LayerRule, layers: dic
             return "kernel", "conv padding"
     if out_dim % BLOCK or in_dim % BLOCK:
         return "kernel", f"shape not divisible by {BLOCK}"
+    if in_dim % k_multiple:
+        return "kernel", f"in {in_dim} not a multiple of {k_multiple} (the real NVFP4 GEMM's reduction dim)"
     return "", ""
 
 
-def plan_layers(model: nn.Module, rule: LayerRule) -> list[LayerEntry]:
+def plan_layers(model: nn.Module, rule: LayerRule, k_multiple: int = BLOCK) -> list[LayerEntry]:
     """What `quantize_model` would do with each Linear / Conv2d of `model`, changing nothing (works
-    on the meta device, so a real-size model's layer set can be checked without its weights)."""
+    on the meta device, so a real-size model's layer set can be checked without its weights); `k_multiple`: the wrappers' K_MULTIPLE."""
     layers = {name: (m.wrapped if isinstance(m, _QuantizedGemm) else m) for name, m in model.named_modules()
               if isinstance(m, (_QuantizedGemm, nn.Linear, nn.Conv2d))}
     entries = []
     for name, layer in layers.items():
-        which, reason = _skip(name, layer, rule, layers)
+        which, reason = _skip(name, layer, rule, layers, k_multiple)
         entries.append(LayerEntry(name, _kind(layer), tuple(layer.weight.shape), not which, reason, which))
     return entries
 
@@ -390,7 +389,7 @@ def quantize_model(model: nn.Module, skip: Sequence[str] | LayerRule, precision:
         raise ValueError(f"no quantized layers for precision {precision!r}; known: {', '.join(WRAPPERS)}")
     rule = skip if isinstance(skip, LayerRule) else LayerRule(skip=(skip,) if isinstance(skip, str) else tuple(skip))
     linear_cls, conv_cls = wrappers or WRAPPERS[precision]
-    entries = plan_layers(model, rule)
+    entries = plan_layers(model, rule, max(linear_cls.K_MULTIPLE, conv_cls.K_MULTIPLE))
     for entry in entries:
         current = model.get_submodule(entry.name) if entry.name else model
         original = current.wrapped if isinstance(current, _QuantizedGemm) else current
