@@ -107,6 +107,13 @@ class TerminalDisplay:
             self.console.print(f"  {text}")
         self.eval_quarter = max(self.eval_quarter, quarter)
 
+    def on_images_progress(self, e: ev.ImagesProgress) -> None:
+        """`solrl infer`: a line at each quarter of a weight set's images."""
+        quarter = 4 * e.done // max(1, e.total)
+        if e.done == 0 or quarter > self.eval_quarter and e.done < e.total:
+            self.console.print(f"  {e.weights} weights: {e.done}/{e.total} images ({100 * e.done // max(1, e.total)}%)")
+        self.eval_quarter = 0 if e.done >= e.total else max(self.eval_quarter, quarter)
+
     def on_eval(self, e: ev.EvalFinished) -> None:
         if self.task is not None:  # the evaluation is over: the bar no longer says it runs
             self.progress.update(self.task, description=self.label)

@@ -45,7 +45,7 @@ def config_help(
     from solrl_core.config.presets import resolve_config
 
     with user_errors():
-        cfg = resolve_config(model or "tiny", family or "sol_rl", reward, preset=preset, sets=set_ or ())
+        cfg = resolve_config(model, family, reward, preset=preset, sets=set_ or ())
         rows = help_table(cfg, match)
     width = max(40, console.width)
 

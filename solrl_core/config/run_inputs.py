@@ -61,9 +61,10 @@ def check_saved_paths(run_dir: Path, cfg: Config) -> None:
 def check_inputs(cfg: Config, resumed_from: Path | None = None) -> None:
     """The run's inputs, in seconds: saved paths on resume, prompt files (a hub dataset or a set still
     to download is left to the doctor: it may need the network), the device, the rewards' judgement
-    of the prompts, and remote reward servers. Raises the first SolrlError."""
+    of the prompts, a reward of weight 0, and remote reward servers. Raises the first SolrlError."""
     if resumed_from is not None:
         check_saved_paths(resumed_from, cfg)
+    _check_weights(cfg)
     prompts = local_prompts(cfg.run.prompts, FLAGS["run.prompts"])
     prompts += local_prompts(cfg.run.eval_prompts, FLAGS["run.eval_prompts"]) if cfg.run.eval_prompts else []
     if cfg.run.device != "auto":
@@ -83,6 +84,16 @@ def local_prompts(spec: str, origin: str) -> list[str]:
     if parsed.hub or (not Path(parsed.source).exists() and parsed.source in download_sets()):
         return []
     return load_prompts(spec, origin)
+
+
+def _check_weights(cfg: Config) -> None:
+    """A trained reward of weight 0 is scored and thrown away: the run would learn nothing from it.
+    (explore may weight a reward 0 to see its scores beside the ranking.)"""
+    zero = [name for name, weight in cfg.reward.weights.items() if weight == 0]
+    if zero:
+        raise SolrlError(f"reward {zero[0]} has weight 0: training would score it and learn nothing from it",
+                         f"drop it from the rewards, give it a weight ({zero[0]}=1.0), or score it without training on it: "
+                         f"run.eval_rewards={zero[0]}")
 
 
 def _check_vocabulary(cfg: Config, prompts: list[str]) -> None:
