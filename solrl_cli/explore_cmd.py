@@ -97,7 +97,7 @@ def rank_check(
                  "run": {"device": device}}
         cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, flags=flags, trust=trust_run_config)
         from solrl_core.engine.engine import open_engine  # torch: only once the config is accepted
-        from solrl_core.loop.rankcheck import check_to_folder
+        from solrl_core.loop.rankcheck import check_to_folder, verdict
 
         ks = sorted(set(hit_k or [4, 8]))
         if seeds < 2 * max(ks) and not candidates:
@@ -122,6 +122,7 @@ def rank_check(
         result = check_to_folder(engine, texts, out_dir, per_prompt=seeds, seed_base=seed, hit_k=ks, keep=keep, progress=told)
         _print_arms(result, ks, keep, engine.device)
         console.print(f"json: {out_dir / 'rank_check.json'}   plot: {out_dir / 'rank_check.png'}")
+        console.print(f"verdict: {verdict(result)}")
 
 
 def _print_arms(result, ks: list[int], keep: int, where: object) -> None:  # type: ignore[no-untyped-def]

@@ -55,11 +55,13 @@ def train(
             return _print_config(resolve(request))
         start = start_run(request)  # the input checks and the preflight, as solrl.train() runs them
         if start.torchrun:  # torch.distributed's own launcher re-runs this command per process
-            from solrl_cli.launch import endpoint, launch
+            from solrl_cli.launch import endpoint, launch, torchrun_args
 
-            if start.note:  # more processes than cores on a CPU
+            node0 = endpoint(rdzv_endpoint, master_addr, master_port)
+            torchrun_args(nproc_per_node, nnodes, node_rank, node0)  # the launcher's flags checked before a long note
+            if start.note:  # more processes than cores on a CPU; seed-for-seed parting
                 console.print(start.note, soft_wrap=True)
-            raise typer.Exit(launch(nproc_per_node, nnodes, node_rank, endpoint(rdzv_endpoint, master_addr, master_port),
+            raise typer.Exit(launch(nproc_per_node, nnodes, node_rank, node0,
                                     sys.argv[1:], prompts_per_iteration=start.config.run.prompts_per_iteration,
                                     run_dir=str(resume or start.config.run.run_dir)))
         session = _run(start, tui, verbose)

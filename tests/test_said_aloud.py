@@ -58,3 +58,34 @@ def test_infer_without_a_prompt_says_how_many_images_and_how_far_it_got(tmp_path
     images = 2 * len(load_prompts(str(EVAL_SMALL)))
     assert f"weights base: {images} images" in out and f"prompts: {EVAL_SMALL} (no --prompt given" in out, out
     assert f"  base weights: {images // 4}/{images} images (25%)" in out, out  # a line at each quarter, as it goes
+
+
+def test_a_long_launch_note_waits_until_the_launcher_flags_are_checked(tmp_path):
+    proc = solrl(tmp_path, "train", "--nnodes", "2")
+    assert proc.returncode == 2 and "note:" not in proc.stdout, proc.stdout
+    assert (proc.stdout + proc.stderr).lstrip().startswith("error: --nnodes 2 needs --rdzv-endpoint")
+
+
+def _rank_check(seconds: dict[str, float], ranked: str):
+    """Four arms over 3 prompts x 8 seeds; `ranked` orders its seeds as the reference does, the other reversed."""
+    import numpy as np
+
+    from solrl_core.loop.rankcheck import Arm, compare_arms
+
+    arms = [Arm("nvfp4-emulated@6", "explore", 6), Arm("nvfp4-emulated@10", "explore", 10), Arm("fp32@6", "rollout", 6),
+            Arm("fp32@10", "rollout", 10)]
+    reference = np.tile(np.linspace(0, 1, 8), (3, 1))
+    rewards = {a.name: reference if a.name in (ranked, "fp32@10") else reference[:, ::-1].copy() for a in arms}
+    return compare_arms(arms, rewards, seconds, ["a", "b", "c"], np.arange(24).reshape(3, 8), [2], 4)
+
+
+def test_rank_check_ends_with_a_verdict_for_this_machine():
+    from solrl_core.loop.rankcheck import verdict
+
+    slow_emulation = {"nvfp4-emulated@6": 91.0, "nvfp4-emulated@10": 120.0, "fp32@6": 66.5, "fp32@10": 90.0}
+    said = verdict(_rank_check(slow_emulation, "fp32@6"))
+    assert said.startswith("use --explore-precision fp32 on this machine: it ranks as well or better in less time")
+    assert "91.0s vs 66.5s" in said
+    fast_low = {"nvfp4-emulated@6": 10.0, "nvfp4-emulated@10": 15.0, "fp32@6": 20.0, "fp32@10": 30.0}
+    assert verdict(_rank_check(fast_low, "nvfp4-emulated@6")).startswith("keep nvfp4-emulated: it ranks as well or better")
+    assert verdict(_rank_check(fast_low, "fp32@6")).startswith("keep nvfp4-emulated for speed (10.0s vs 20.0s)")
