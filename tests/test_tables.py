@@ -75,7 +75,7 @@ def test_config_help_cuts_no_value_when_piped():
     from solrl_core.config.convert import help_table
     from solrl_core.config.presets import resolve_config
 
-    out = CliRunner().invoke(app, ["config-help"], env={"COLUMNS": "80"}).output
+    out = CliRunner().invoke(app, ["config-help", "--all"], env={"COLUMNS": "80"}).output
     assert "…" not in out and all(len(line) <= 80 for line in out.splitlines())
     flat = re.sub(r"\s+", " ", out)
     rows = help_table(resolve_config("tiny", "sol_rl"))

@@ -19,8 +19,9 @@ from solrl_core.config.schema import Config
 from solrl_core.data.prompts import absolute_spec, load_prompts, missing_path
 from solrl_core.errors import SolrlError
 
-# config key -> the flag that sets it, for errors about a fresh run's inputs
+# config key -> the flag that sets it, for errors about a fresh run's inputs; API_ARGS: solrl.train()'s keyword
 FLAGS = {"run.prompts": "--prompts", "run.eval_prompts": "--set run.eval_prompts=...", "model.path": "--model-path"}
+API_ARGS = {"run.prompts": "prompts=", "run.eval_prompts": "eval_prompts=", "model.path": "sets=['model.path=...']"}
 
 
 def absolute_paths(cfg: Config) -> Config:
@@ -58,15 +59,17 @@ def check_saved_paths(run_dir: Path, cfg: Config) -> None:
                              f"put it back, or tell the run where it is now: solrl train --resume {run_dir} --set {key}=PATH")
 
 
-def check_inputs(cfg: Config, resumed_from: Path | None = None) -> None:
+def check_inputs(cfg: Config, resumed_from: Path | None = None, api: bool = False) -> None:
     """The run's inputs, in seconds: saved paths on resume, prompt files (a hub dataset or a set still
     to download is left to the doctor: it may need the network), the device, the rewards' judgement
-    of the prompts, a reward of weight 0, and remote reward servers. Raises the first SolrlError."""
+    of the prompts, a reward of weight 0, and remote reward servers (`api`: errors name solrl.train()'s
+    arguments). Raises the first SolrlError."""
     if resumed_from is not None:
         check_saved_paths(resumed_from, cfg)
     _check_weights(cfg)
-    prompts = local_prompts(cfg.run.prompts, FLAGS["run.prompts"])
-    prompts += local_prompts(cfg.run.eval_prompts, FLAGS["run.eval_prompts"]) if cfg.run.eval_prompts else []
+    named = API_ARGS if api else FLAGS  # the caller's words: solrl.train()'s arguments, or the command line's flags
+    prompts = local_prompts(cfg.run.prompts, named["run.prompts"])
+    prompts += local_prompts(cfg.run.eval_prompts, named["run.eval_prompts"]) if cfg.run.eval_prompts else []
     if cfg.run.device != "auto":
         from solrl_core.runtime.device import resolve_device
 

@@ -75,7 +75,7 @@ def start_run(request: RunRequest) -> RunStart:
     from solrl_core.runtime.threads import launch_note
 
     cfg = resolve(request)
-    check_inputs(cfg, resumed_from=request.resume)  # seconds: before the doctor's imports and any model load
+    check_inputs(cfg, resumed_from=request.resume, api=request.api)  # seconds: before the doctor's imports and any model load
     preflight(cfg, request.processes)
     several = request.processes > 1 or request.nodes > 1
     notes = [launch_note(request.processes, cfg.run.device, cfg.run.threads), parting_note(cfg)] if several else []
