@@ -45,7 +45,7 @@ def infer(
         cfg, texts = engine.config, req.prompts
         count = len(texts) * seeds * len(req.weights)
         console.print(f"solrl infer  {ckpt or cfg.model.name + ' (base)'}  {plural(len(texts), 'prompt')} x {plural(seeds, 'seed')}  "
-                      f"steps {req.steps}  weights {', '.join(req.weights)}: {plural(count, 'image')}")
+                      f"steps {req.steps}  weights {', '.join(req.weights)}: {plural(count, 'clip' if engine.model.media == 'video' else 'image')}")
         if not prompt:  # the user named no prompt: say where these come from, and how to ask for fewer
             console.print(f"  prompts: {prompts or cfg.run.eval_prompts or cfg.run.prompts} (no --prompt given; "
                           "--prompt TEXT for your own, --seeds N for fewer a prompt)")

@@ -92,6 +92,9 @@ def local_prompts(spec: str, origin: str) -> list[str]:
 def _check_weights(cfg: Config) -> None:
     """A trained reward of weight 0 is scored and thrown away: the run would learn nothing from it.
     (explore may weight a reward 0 to see its scores beside the ranking.)"""
+    if not any(cfg.reward.weights.values()):  # every sample would score 0: nothing to rank, nothing to learn
+        raise SolrlError(f"every reward has weight 0 ({', '.join(f'{n}=0' for n in cfg.reward.weights)}): "
+                         "no sample would score above another", "give a reward a weight, e.g. --reward NAME=1.0")
     zero = [name for name, weight in cfg.reward.weights.items() if weight == 0]
     if zero:
         raise SolrlError(f"reward {zero[0]} has weight 0: training would score it and learn nothing from it",

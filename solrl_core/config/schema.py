@@ -393,9 +393,6 @@ class Config:
                              "Sol-RL trains and samples without CFG: keep sampler.guidance=1.0")
         if not self.reward.weights:
             raise SolrlError("no reward configured", "pass --reward NAME or --reward NAME=W,NAME=W")
-        if not any(self.reward.weights.values()):  # every sample would score 0: nothing to rank, nothing to learn
-            raise SolrlError(f"every reward has weight 0 ({', '.join(f'{n}=0' for n in self.reward.weights)}): "
-                             "no sample would score above another", "give a reward a weight, e.g. --reward NAME=1.0")
         parse_timeout(self.reward.timeout_s)
         check_names(self.reward.weights, {k: v for k, v in self.reward.paths.items() if k not in self.run.eval_rewards})
         check_names(dict.fromkeys(self.run.eval_rewards, 1.0), {})  # a typo in an eval reward: named now, not at the first evaluation
