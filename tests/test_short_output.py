@@ -114,3 +114,21 @@ def test_explore_prints_a_few_prompts_and_names_the_file_with_the_rest(monkeypat
     assert "a red circle 7" in text and "a red circle 8" not in text
     assert f"... and 56 more prompts: every seed of every prompt is in {tmp_path / 'seeds.jsonl'}" in text.replace("\n", "")
     assert len(text.splitlines()) <= 30
+
+
+def test_the_tui_header_puts_the_eta_beside_the_count_and_says_why_an_explore_is_slow():
+    from dataclasses import replace
+
+    from solrl_cli.tui.state import RunState
+    from solrl_core.config.convert import to_dict
+    from solrl_core.config.presets import resolve_config
+
+    state = RunState()
+    config = to_dict(resolve_config("tiny", "sol_rl"))
+    state.apply(replace(_started(), config=config, explore_seeds=16, explore_steps=6, keep=8, regenerate=True, full_steps=10))
+    slow_explore = {"explore": 12.0, "regenerate": 1.0, "reward": 0.3, "train": 2.0, "total": 15.3}
+    state.apply(replace(_iteration(), seconds=slow_explore))
+    text = state.progress_text()
+    assert text.startswith("iteration 1/30  eta ~") and text.index("eta") < text.index("reward"), text  # cut at the end, not the eta
+    speed = " ".join(state.explore_speed())
+    assert "below 1x: nvfp4-emulated is an emulation in torch, slower than full precision on this device" in speed, speed
