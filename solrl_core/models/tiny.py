@@ -21,7 +21,6 @@ import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 

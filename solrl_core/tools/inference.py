@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from solrl_core import events as ev
-from solrl_core.errors import SolrlError
+from solrl_core.data.words import check_words
 from solrl_core.io.images import grid_rows, make_grid, save_png
 from solrl_core.models.base import DiffusionModel
-from solrl_core.data.words import check_words
 
 if TYPE_CHECKING:
     from solrl_core.engine.engine import Engine
