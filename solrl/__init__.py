@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from solrl.results import EvalReport, EvalResult, InferResult, Metric, Progress, RunResult
+from solrl_cli.quiet import quiet_third_party
 from solrl_core.runtime.threads import prepare_openmp
 
 __all__ = ["EvalReport", "EvalResult", "InferResult", "Metric", "RunResult", "eval", "evaluate", "infer", "train"]
@@ -34,7 +35,8 @@ prepare_openmp()  # imported before torch, idle OpenMP threads sleep (solrl_core
 
 
 def train(model: str | None = None, family: str | None = None, reward: str | None = None, *, preset: str | None = None,
-          config: str | Path | None = None, sets: Iterable[str] = (), run_dir: str | Path | None = None,
+          config: str | Path | None = None, sets: Iterable[str] = (), prompts: str | Path | None = None,
+          eval_prompts: str | Path | None = None, run_dir: str | Path | None = None,
           iterations: int | None = None, seed: int | None = None, device: str | None = None,
           resume: str | Path | None = None, checkpoint: str | None = None, trust_run_config: bool = False,
           quiet: bool = False, on_event: Callable[[Any], None] | None = None,
@@ -45,13 +47,18 @@ def train(model: str | None = None, family: str | None = None, reward: str | Non
     `model` and `family` default to tiny and sol_rl. `resume`: a run folder to continue with the
     config saved there (`sets`, `iterations`, `device` and `reward` may still change what a resume may
     change). A reward plugin or URL reward that folder's config names is refused unless `reward` names
-    it again or `trust_run_config=True` (a run folder is data: docs/reliability.md, Threats)."""
+    it again or `trust_run_config=True` (a run folder is data: docs/reliability.md, Threats).
+    `prompts` and `eval_prompts`: a prompt file or set (as `solrl train --prompts`; '' for `eval_prompts`
+    evaluates nothing). `sets`: a list of 'section.key=value' strings."""
+    quiet_third_party()  # the CLI's filters: torch's _pytree deprecations and the backends' probes are not shown
     from solrl.results import run_report, warning_text
     from solrl_core.tools.start import RunRequest, start_run
 
-    flags = {"run": {"iterations": iterations, "seed": seed, "device": device,
-                     "run_dir": str(run_dir) if run_dir else None}}
-    start = start_run(RunRequest(model, family, reward, preset, config, tuple(sets), flags,
+    sets = _sets(sets)
+    flags = {"run": {"iterations": iterations, "seed": seed, "device": device, "run_dir": str(run_dir) if run_dir else None,
+                     "prompts": str(prompts) if prompts is not None else None,
+                     "eval_prompts": str(eval_prompts) if eval_prompts is not None else None}}
+    start = start_run(RunRequest(model, family, reward, preset, config, sets, flags,
                                  Path(resume) if resume is not None else None, checkpoint, trust_run_config, api=True))
     bus, seen = _bus(quiet, on_event, on_progress)
     session = start.train(bus)
@@ -70,13 +77,14 @@ def evaluate(run: str | Path | None = None, *, model: str | None = None, prompts
     (default RUN/eval/<time>) and returns its summary and each tuned weight set's report."""
     import json
 
+    quiet_third_party()
     from solrl.results import summary_reports
     from solrl_cli.eval_cmd import eval_request
     from solrl_core.loop.evaluation import evaluate_weights
 
     req = eval_request(Path(run) if run is not None else None, model=model, reward=reward, prompts=prompts, seeds=seeds,
                        steps=steps, weights=weights, checkpoint=checkpoint, out=Path(out) if out is not None else None,
-                       save_images=save_images, sets=list(sets), device=device, rewards=rewards, trust_run_config=trust_run_config)
+                       save_images=save_images, sets=list(_sets(sets)), device=device, rewards=rewards, trust_run_config=trust_run_config)
     evaluate_weights(req, _bus(quiet, on_event, on_progress)[0])
     summary = json.loads((req.out_dir / "summary.json").read_text(encoding="utf-8"))
     return EvalResult(req.out_dir.absolute(), summary, summary_reports(summary, req.prompt_set))
@@ -91,15 +99,26 @@ def infer(run: str | Path | None = None, *, prompt: str | Iterable[str] | None =
           device: str | None = None, quiet: bool = False, on_event: Callable[[Any], None] | None = None) -> InferResult:
     """`solrl infer`: images from seeds SEED..SEED+seeds-1 per prompt with the base model and a run's tuned
     weights, from the same noise; writes OUT (default RUN/infer/<time>) with a grid of them side by side."""
+    quiet_third_party()
     from solrl_cli.infer_cmd import infer_request
     from solrl_core.tools.inference import infer as run_infer
 
     texts = [prompt] if isinstance(prompt, str) else list(prompt) if prompt is not None else None
     engine, req, _ = infer_request(Path(run) if run is not None else None, prompt=texts, prompts=prompts, model=model,
                                    seeds=seeds, seed=seed, steps=steps, weights=weights, checkpoint=checkpoint,
-                                   out=Path(out) if out is not None else None, grid=grid, sets=list(sets), device=device)
+                                   out=Path(out) if out is not None else None, grid=grid, sets=list(_sets(sets)), device=device)
     index = run_infer(engine, req, _bus(quiet, on_event, None)[0])
     return InferResult(req.out_dir.absolute(), index.absolute(), (req.out_dir / "grid.png").absolute() if grid else None)
+
+
+def _sets(sets: Iterable[str]) -> tuple[str, ...]:
+    """`sets=` as a tuple of assignments; one string is refused (iterating it would give its characters)."""
+    if isinstance(sets, (str, bytes)):
+        from solrl_core.errors import SolrlError
+
+        raise SolrlError(f"sets= takes a list of 'section.key=value' strings, not one string ({sets!r})",
+                         f"write sets=[{sets!r}]")
+    return tuple(sets)
 
 
 def _bus(quiet: bool, on_event: Callable[[Any], None] | None, on_progress: Progress | None) -> tuple[Any, list[Any]]:

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import logging
-import os
-import warnings
 from typing import Annotated
 
 import typer
@@ -18,6 +15,7 @@ from solrl_cli.infer_cmd import export, infer
 from solrl_cli.monitor_cmd import monitor
 from solrl_cli.options import Command, Group, plain_labels
 from solrl_cli.presets_cmd import config_help, presets
+from solrl_cli.quiet import quiet_third_party
 from solrl_cli.reward_server_cmd import reward_server
 from solrl_cli.train_cmd import train
 from solrl_core.runtime.threads import prepare_openmp
@@ -50,22 +48,9 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
     """Sol-RL post-training for text-to-image flow models: FP4 explore, full-precision train."""
 
 
-def _quiet_third_party() -> None:
-    """Library chatter (optional-backend probes, deprecations) is not the user's business."""
-    if os.environ.get("SOLRL_DEBUG", "") in ("", "0"):
-        # diffusers and transformers reset their loggers' level on import: their own variables win.
-        os.environ.setdefault("DIFFUSERS_VERBOSITY", "error")
-        os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-        warnings.filterwarnings("ignore", category=UserWarning)
-        warnings.filterwarnings("ignore", category=FutureWarning)
-        warnings.filterwarnings("ignore", category=DeprecationWarning)
-        for logger in ("torchao", "diffusers", "transformers", "torch.utils._pytree", "peft"):
-            logging.getLogger(logger).setLevel(logging.ERROR)
-
-
 def main() -> None:
     prepare_openmp()  # before anything imports torch: libgomp reads its wait policy once, when it loads
-    _quiet_third_party()
+    quiet_third_party()
     app()
 
 

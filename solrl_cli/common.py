@@ -55,7 +55,7 @@ def tool_config(run: Optional[Path], model: Optional[str], model_path: Optional[
         return used, None
     if trust is not None:  # before torch loads: a refusal costs a second
         check_trusted(run, used, overlay(Config(), sets or (), flags), trust)
-    from solrl_core.engine.checkpoint import list_checkpoints  # torch: a run folder's checkpoints are read with it
+    from solrl_core.io.rundir import list_checkpoints  # torch-free: a wrong --checkpoint is said in a second
 
     return used, _pick_checkpoint(run, list_checkpoints(run), checkpoint)
 
@@ -86,18 +86,18 @@ def prompt_texts(prompt: Optional[list[str]], prompts: Optional[str], default: s
     if prompt and prompts:
         raise SolrlError("both --prompt and --prompts given", "use one: --prompt TEXT (repeatable) or --prompts FILE_OR_SET")
     if prompt and not all(p.strip() for p in prompt):
-        raise SolrlError("--prompt is empty", f"give the text of the image, e.g. --prompt '{_example(default)}'")
+        raise SolrlError("--prompt is empty", f"give the text of the image, e.g. --prompt '{example_prompt(default)}'")
     return list(prompt or []) or load_prompts(prompts or default)
 
 
-def _example(spec: str) -> str:
+def example_prompt(spec: str) -> str:
     """A prompt the model accepts: the first of its own prompt set where that is on this machine (the
     tiny models know only their world's words), else a plain one."""
     from solrl_core.config.run_inputs import local_prompts
     from solrl_core.errors import SolrlError
 
     try:
-        return next(iter(local_prompts(spec, "--prompts")), "a red cube left of a blue sphere")
+        return next(iter(local_prompts(spec, "--prompts") if spec else ()), "a red cube left of a blue sphere")
     except SolrlError:  # its prompt file is gone: the error at hand is still the empty --prompt
         return "a red cube left of a blue sphere"
 
@@ -117,9 +117,9 @@ def reward_set(cfg: Any) -> Any:
 
 
 def _pick_checkpoint(run: Path, found: list[Path], name: Optional[str]) -> Path:
-    from solrl_core.engine.checkpoint import pick_checkpoint
     from solrl_core.errors import SolrlError
     from solrl_core.faults.manifest import verify
+    from solrl_core.io.rundir import pick_checkpoint
 
     if not found:
         raise SolrlError(f"{run} holds no complete checkpoint", "train it for at least one checkpoint interval first")

@@ -6,6 +6,7 @@ import math
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Column
 from rich.text import Text
 
 from solrl_cli.run_summary import end_summary, eval_rewards_text, fmt
@@ -25,12 +26,29 @@ def memory_text(e: ev.IterationFinished) -> str:
     return f"  peak {peaks[phase]:.2f} GiB ({phase}, {e.memory_source})"
 
 
+def emulation_note(e: ev.RunStarted) -> str:
+    """On a CPU, a low-precision explore is an emulation in torch: Stage 1 keeps its numerics but runs
+    slower than full precision would (`solrl rank-check RUN` measures both and says which to use)."""
+    from solrl_core.precision.hardware import FULL_PRECISIONS
+
+    if not str(e.device).startswith("cpu") or e.explore_precision in FULL_PRECISIONS:
+        return ""
+    return f" (an emulation on a CPU: slower than {e.dtype}; rank-check says which to use)"
+
+
 class TerminalDisplay:
-    def __init__(self, console: Console | None = None) -> None:
+    """Short by default: a start header of a few lines and one 80-column line an iteration (the rest of
+    each is in events.jsonl); `verbose` (`solrl train --verbose`): the machine's plan, the model's FLOPs,
+    the explore copy and each iteration's phase times, memory and MFU in full."""
+
+    def __init__(self, console: Console | None = None, verbose: bool = False) -> None:
         self.console = console or Console(highlight=False, markup=False)  # event texts are shown as written
-        self.progress = Progress(TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                                 TextColumn("eta"), TimeRemainingColumn(), TextColumn("{task.description}"),
-                                 console=self.console, transient=True)
+        self.verbose = verbose
+        # count, elapsed and ETA keep their width; the bar and then the label give way on a narrow terminal
+        self.progress = Progress(TextColumn("[bold]train"), BarColumn(bar_width=None, table_column=Column(ratio=1, min_width=5)),
+                                 MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
+                                 TextColumn("{task.description}", table_column=Column(ratio=2, no_wrap=True, overflow="ellipsis")),
+                                 console=self.console, transient=True, expand=True)
         self.task: int | None = None
         self.label = ""  # the bar's label between evaluations: the last iteration's reward
         self.flops: ev.ModelFlops | None = None  # the run's model FLOPs and peaks: each iteration's MFU
@@ -51,23 +69,26 @@ class TerminalDisplay:
         verb = f"resuming at iteration {e.start_iteration}" if e.resumed else "starting"
         scored = f", reward {', '.join(e.rewards)}" if e.rewards else ""  # the code or URL scored: a preset's name may say otherwise
         c.print(Text.assemble(("solrl", "bold"), f" {verb}: preset ", (e.preset, "cyan"), f", {plural(e.iterations, 'iteration')}{scored}"))
-        c.print(f"  device {e.device}, full precision {e.dtype}, explore precision {e.explore_precision}")
+        c.print(f"  device {e.device}, full precision {e.dtype}, explore precision {e.explore_precision}{emulation_note(e)}")
         c.print(f"  {e.plan}")
-        if e.machine:
+        if e.machine and self.verbose:
             c.print(f"  this machine: {e.machine}")
-        c.print(Text.assemble("  run dir ", (str(e.run_dir), "cyan"), "  (config.toml, events.jsonl, checkpoints/)"))
+        c.print(Text.assemble("  run dir ", (str(e.run_dir), "cyan")))
         for line in e.tracking:
             c.print(f"  {line}")
+        if not self.verbose:
+            c.print("  (the machine's plan, FLOPs, phase times, memory: events.jsonl, or train --verbose)")
         self.progress.start()
         self.task = self.progress.add_task("", total=e.iterations, completed=e.start_iteration)
 
     def on_model_flops(self, e: ev.ModelFlops) -> None:
         self.flops = e
-        for line in describe(e):
+        for line in describe(e) if self.verbose else ():
             self.console.print(f"  {line}")
 
     def on_quantization_report(self, e: ev.QuantizationReport) -> None:
-        self.console.print(f"  explore copy: {e.summary} (details: {e.path})")
+        if self.verbose:
+            self.console.print(f"  explore copy: {e.summary} (details: {e.path})")
 
     def on_iteration(self, e: ev.IterationFinished) -> None:
         s = e.seconds
@@ -76,9 +97,11 @@ class TerminalDisplay:
         warn = f" ({plural(e.nonfinite_losses, 'non-finite loss', 'non-finite losses')} zeroed)" if e.nonfinite_losses else ""
         kl = e.loss["kl"]  # NaN with a finite loss: algorithm.kl_beta = 0, the reference is not run
         kl_text = f"{kl:.3g}" if math.isfinite(kl) or not math.isfinite(e.loss["loss"]) else "off"
-        self.console.print(f"iter {e.iteration:>4}/{e.iterations}  reward {fmt(e.final.mean)}{draft}  "
-                           f"loss {e.loss['loss']:.4f} kl {kl_text}  |  {' '.join(parts)}  total {s['total']:.2f}s"
-                           f"{memory_text(e)}{mfu_text(self.flops, s)}{warn}")
+        head = f"iter {e.iteration:>4}/{e.iterations}  reward {fmt(e.final.mean)}{draft}  loss {e.loss['loss']:.4f} kl {kl_text}"
+        if self.verbose:
+            self.console.print(f"{head}  |  {' '.join(parts)}  total {s['total']:.2f}s{memory_text(e)}{mfu_text(self.flops, s)}{warn}")
+        else:  # one 80-column line: the phases, memory and MFU are in events.jsonl
+            self.console.print(f"{head}  {s['total']:.1f}s{warn}")
         self.label = f"reward {fmt(e.final.mean)}"
         if self.task is not None:
             self.progress.update(self.task, completed=e.iteration, description=self.label)
@@ -106,6 +129,13 @@ class TerminalDisplay:
         if quarter > self.eval_quarter and e.done < e.total:
             self.console.print(f"  {text}")
         self.eval_quarter = max(self.eval_quarter, quarter)
+
+    def on_images_progress(self, e: ev.ImagesProgress) -> None:
+        """`solrl infer`: a line at each quarter of a weight set's images."""
+        quarter = 4 * e.done // max(1, e.total)
+        if e.done == 0 or quarter > self.eval_quarter and e.done < e.total:
+            self.console.print(f"  {e.weights} weights: {e.done}/{e.total} images ({100 * e.done // max(1, e.total)}%)")
+        self.eval_quarter = 0 if e.done >= e.total else max(self.eval_quarter, quarter)
 
     def on_eval(self, e: ev.EvalFinished) -> None:
         if self.task is not None:  # the evaluation is over: the bar no longer says it runs

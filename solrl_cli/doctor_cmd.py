@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
@@ -35,6 +36,8 @@ def doctor(
     json_file: Annotated[Optional[Path], typer.Option("--json-out", help="With --selftest: also write the rows as JSON "
                                                       "to this file, rewritten after each row.")] = None,
     device: opt.Device = None,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Every check's detail and fix in full (the default: a line a "
+                                                            "check, a warning or failure in full).")] = False,
     memory_modes: Annotated[bool, typer.Option("--memory-modes", help="Also show the memory mode every model preset needs "
                                                                       "on each GPU size (by the estimate).")] = False,
     gpu_capability: Annotated[Optional[str], typer.Option(
@@ -61,7 +64,7 @@ def doctor(
         if json_out:
             print(json.dumps([c.to_dict() for c in checks], indent=2))
         else:
-            _print_table(cfg.preset, checks)
+            _print_table(cfg.preset, checks, verbose)
         if failed_for_run(checks):
             raise typer.Exit(1)
 
@@ -75,16 +78,30 @@ def _check_selftest_options(selftest: bool, json_out: bool, only: Optional[str],
         raise SolrlError(f"{'--only' if only else '--json-out'} is for the self-test", "add --selftest")
 
 
-def _print_table(preset: str, checks) -> None:  # type: ignore[no-untyped-def]
+def _print_table(preset: str, checks, verbose: bool = False) -> None:  # type: ignore[no-untyped-def]
+    """A line a check (its detail cut to the width: `--verbose` or `--json` for all of it); a warning or a
+    failure in full with its fix, under its line. The fix column only where a check has a fix."""
     console = Console(highlight=False, markup=False)  # built here, so it follows the terminal the command runs in
-    table = Table(title=f"solrl doctor: {preset}  (* = the run depends on it)")
-    for col in ("check", "status", "detail", "fix"):
-        table.add_column(col, overflow="fold")
+    table = Table(title=f"solrl doctor: {preset}  (* = the run depends on it)", box=box.SIMPLE_HEAD, title_justify="left",
+                  show_edge=False, pad_edge=False)
+    fixes = verbose and any(c.fix for c in checks)
+    name_w = min(28, max(len(c.name) + 2 for c in checks))
+    table.add_column("check", overflow="fold" if verbose else "ellipsis", no_wrap=not verbose, width=None if verbose else name_w)
+    table.add_column("status", no_wrap=True, width=6)
+    table.add_column("detail", overflow="fold" if verbose else "ellipsis", no_wrap=not verbose,
+                     width=None if verbose else max(20, console.width - name_w - 6 - 4))
+    if fixes:
+        table.add_column("fix", overflow="fold")
     for c in checks:
-        table.add_row(c.name + (" *" if c.needed_by_run else ""), Text(c.status, style=STYLE[c.status]), Text(c.detail), Text(c.fix))
+        full = verbose or c.status != "pass"
+        detail = Text(c.detail + (f"\nfix: {c.fix}" if c.fix and not fixes else ""), no_wrap=not full,
+                      overflow="fold" if full else "ellipsis")
+        table.add_row(c.name + (" *" if c.needed_by_run else ""), Text(c.status, style=STYLE[c.status]), detail,
+                      *([Text(c.fix)] if fixes else []))
     console.print(table)
     counts = {s: sum(c.status == s for c in checks) for s in STYLE}
     blocking = sum(c.status == "fail" and c.needed_by_run for c in checks)
     console.print(f"{counts['pass']} pass, {counts['warn']} warn, {counts['fail']} fail"
                   + (f" ({blocking} the run depends on: fix them first)" if blocking else
-                     " (nothing blocks this run)" if not counts["fail"] else " (none that this run depends on)"))
+                     " (nothing blocks this run)" if not counts["fail"] else " (none that this run depends on)")
+                  + ("" if verbose else "; in full: --verbose"))

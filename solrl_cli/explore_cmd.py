@@ -60,22 +60,28 @@ def explore(
                       f"{plural(cfg.explore.group_size, 'seed')} at {engine.explore_copy.precision}, {cfg.explore.steps} steps  -> keep "
                       f"{cfg.selection.group_size} ({cfg.selection.mode})  on {engine.device}")
         result = explore_to_folder(engine, texts, seed, out_dir)
-        _print_selection(result, cfg.selection.group_size)
+        _print_selection(result, cfg.selection.group_size, out_dir)
         clips = f"   the grid's clips: {out_dir / 'clips'}" if result.clips else ""
         console.print(f"every seed: {out_dir / 'seeds.jsonl'}   grid of best and worst: {out_dir / 'grid.png'}{clips}")
         if result.clips and any((out_dir / "clips").glob("*.gif")):
             console.print(Text(f"  {GIF_NOTE}"))  # Text: its "[video]" is not markup
 
 
-def _print_selection(result, keep: int) -> None:  # type: ignore[no-untyped-def]
+SHOWN = 8  # prompts whose selection is printed; every seed of every prompt is in seeds.jsonl
+
+
+def _print_selection(result, keep: int, out_dir: Path) -> None:  # type: ignore[no-untyped-def]
     half = keep // 2
     rows = []
-    for i, text in enumerate(result.prompts):
+    for i, text in enumerate(result.prompts[:SHOWN]):
         sel = result.selected[i].tolist()
         fmt = lambda idx: ", ".join(f"{int(result.seeds[i, j])} ({float(result.rewards[i, j]):.3f})" for j in idx)  # noqa: E731
         rows.append((text, fmt(sel[:half]), fmt(sel[half:])))
     print_fitted(console, [Column(c, "text") for c in ("prompt", "best seeds (reward)", "worst seeds (reward)")], rows,
                  title=f"selected seeds ({result.seconds:.1f}s for {result.seeds.numel()} rollouts + rewards, measured)")
+    if len(result.prompts) > SHOWN:
+        console.print(f"... and {plural(len(result.prompts) - SHOWN, 'more prompt')}: every seed of every prompt is in "
+                      f"{out_dir / 'seeds.jsonl'}")
 
 
 def rank_check(
@@ -97,7 +103,7 @@ def rank_check(
                  "run": {"device": device}}
         cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, flags=flags, trust=trust_run_config)
         from solrl_core.engine.engine import open_engine  # torch: only once the config is accepted
-        from solrl_core.loop.rankcheck import check_to_folder
+        from solrl_core.loop.rankcheck import check_to_folder, verdict
 
         ks = sorted(set(hit_k or [4, 8]))
         if seeds < 2 * max(ks) and not candidates:
@@ -122,6 +128,7 @@ def rank_check(
         result = check_to_folder(engine, texts, out_dir, per_prompt=seeds, seed_base=seed, hit_k=ks, keep=keep, progress=told)
         _print_arms(result, ks, keep, engine.device)
         console.print(f"json: {out_dir / 'rank_check.json'}   plot: {out_dir / 'rank_check.png'}")
+        console.print(f"verdict: {verdict(result)}")
 
 
 def _print_arms(result, ks: list[int], keep: int, where: object) -> None:  # type: ignore[no-untyped-def]

@@ -43,8 +43,12 @@ def infer(
         from solrl_core.tools.inference import infer as run_infer
 
         cfg, texts = engine.config, req.prompts
+        count = len(texts) * seeds * len(req.weights)
         console.print(f"solrl infer  {ckpt or cfg.model.name + ' (base)'}  {plural(len(texts), 'prompt')} x {plural(seeds, 'seed')}  "
-                      f"steps {req.steps}  weights {', '.join(req.weights)}")
+                      f"steps {req.steps}  weights {', '.join(req.weights)}: {plural(count, 'clip' if engine.model.media == 'video' else 'image')}")
+        if not prompt:  # the user named no prompt: say where these come from, and how to ask for fewer
+            console.print(f"  prompts: {prompts or cfg.run.eval_prompts or cfg.run.prompts} (no --prompt given; "
+                          "--prompt TEXT for your own, --seeds N for fewer a prompt)")
         bus = events.EventBus()
         bus.subscribe(TerminalDisplay(console))
         rows = run_infer(engine, req, bus)
@@ -59,14 +63,17 @@ def infer_request(run: Optional[Path], *, prompt: Optional[list[str]] = None, pr
                   device: Optional[str] = None):  # noqa: ANN201
     """What `solrl infer` (and `solrl.infer`) draws, from its options: the engine of RUN's checkpoint (or
     of a base model), the request (prompts checked against the model's words) and the checkpoint."""
+    from solrl_core.data.words import check_words, known_words
+
     tuned = weight_sets(weights)
     cfg, ckpt = tool_config(run, model, model_path, checkpoint, sets=sets, flags={"run": {"device": device}})
     texts = prompt_texts(prompt, prompts, cfg.run.eval_prompts or cfg.run.prompts)
+    check_words(known_words(cfg.model.loader, cfg.model.weights), texts)  # a tiny model's words, from its folder: in a second
     from solrl_core.engine.engine import open_engine  # torch: only once the inputs are checked
     from solrl_core.tools.inference import InferRequest, check_vocabulary
 
     engine = open_engine(cfg, checkpoint=ckpt)
-    check_vocabulary(engine.model, texts)  # before anything is written
+    check_vocabulary(engine.model, texts)  # a vocabulary known only once loaded: before anything is written
     req = InferRequest(prompts=texts, seeds=list(range(seed, seed + seeds)), weights=("base", *tuned) if ckpt else ("base",),
                        steps=steps or cfg.sampler.eval_steps, out_dir=output_folder(out, run, "infer"), grid=grid)
     return engine, req, ckpt
@@ -79,7 +86,7 @@ def export(
 ) -> None:
     """Export a run's tuned weights with a model card: the LoRA for diffusers and peft, or (--merge) a merged transformer."""
     from solrl_core.errors import SolrlError
-    from solrl_core.tools.export_card import check_export_folder
+    from solrl_core.tools.export_card import check_export_folder, default_folder
 
     with user_errors():
         sets = weight_sets(weights)
@@ -95,10 +102,13 @@ def export(
             check_export_folder(out, overwrite)
         checkpoint, why = pick_best(run, checkpoint, best)
         cfg, ckpt = tool_config(run, None, model_path, checkpoint)
-        from solrl_core.tools.export import default_folder, export_weights  # torch: only once the inputs are checked
+        folder = out or default_folder(run, ckpt, sets[0], merge)
+        if out is None:
+            check_export_folder(folder, overwrite)  # an earlier export there: said before the model loads
+        from solrl_core.tools.export import export_weights  # torch: only once the inputs are checked
 
-        exported = export_weights(cfg, ckpt, sets[0], out or default_folder(run, ckpt, sets[0], merge), merge, push_to_hub,
-                                  overwrite, chosen=f"chosen by --best: {why}" if why else "")
+        exported = export_weights(cfg, ckpt, sets[0], folder, merge, push_to_hub, overwrite,
+                                  chosen=f"chosen by --best: {why}" if why else "")
         console.print(f"{exported.what} ({sets[0]} weights of {ckpt.name}) -> {exported.path}  (model card {exported.card.name}; "
                       f"load with {exported.how})")
         if push_to_hub:

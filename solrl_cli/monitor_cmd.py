@@ -16,10 +16,10 @@ def monitor(run_dir: Annotated[Path, typer.Argument(help="A run folder (it holds
     from solrl_cli.tui import no_terminal
     from solrl_core.errors import SolrlError
     from solrl_core.faults.links import check_path
-    from solrl_core.io.rundir import EVENTS_FILE
+    from solrl_core.io.rundir import EVENTS_FILE, check_run_folder
 
     with user_errors():
-        run_dir = Path(run_dir)
+        run_dir = check_run_folder(run_dir)
         if not check_path(run_dir, EVENTS_FILE).is_file():  # a planted link or fifo: refused, not followed
             what = "does not exist" if not run_dir.exists() else f"has no {EVENTS_FILE}"
             raise SolrlError(f"{run_dir} {what}", "pass a run folder written by `solrl train` (it holds config.toml and "

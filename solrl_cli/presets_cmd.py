@@ -35,8 +35,11 @@ def config_help(
     match: Annotated[str, typer.Argument(help="Show only the settings whose key holds this: a section (explore) or a word (lr).")] = "",
     model: opt.Model = None, family: opt.Family = None, reward: opt.Reward = None, preset: opt.Preset = None,
     set_: opt.Sets = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every setting with its value and meaning (without MATCH the "
+                                                    "default is a summary: each section's keys).")] = False,
 ) -> None:
-    """Every setting `--set section.key=value` accepts, with its value for the chosen presets and its meaning."""
+    """The settings `--set section.key=value` accepts: each section's keys; with MATCH (or --all) each one's value
+    for the chosen presets and its meaning."""
     import textwrap
 
     from rich.text import Text
@@ -45,7 +48,7 @@ def config_help(
     from solrl_core.config.presets import resolve_config
 
     with user_errors():
-        cfg = resolve_config(model or "tiny", family or "sol_rl", reward, preset=preset, sets=set_ or ())
+        cfg = resolve_config(model, family, reward, preset=preset, sets=set_ or ())
         rows = help_table(cfg, match)
     width = max(40, console.width)
 
@@ -53,6 +56,16 @@ def config_help(
         console.print(Text(textwrap.fill(text, width, initial_indent=first, subsequent_indent=rest, break_long_words=False,
                                          break_on_hyphens=False)), soft_wrap=True)
 
+    if not match and not all_:  # a summary: the keys by section, and how to see a section whole
+        para(f"settings of {cfg.preset}, by section (`--set section.key=value` sets one):", rest="")
+        sections: dict[str, list[str]] = {}
+        for key, _, _ in rows:
+            sections.setdefault(key.partition(".")[0], []).append(key.partition(".")[2])
+        for section, keys in sections.items():
+            para(f"{section}: {', '.join(keys)}", "  ", "      ")
+        para("values and meanings: solrl config-help SECTION_OR_WORD (e.g. solrl config-help explore); every setting: "
+             "solrl config-help --all", rest="    ")
+        return
     para(f"settings of {cfg.preset}, as `solrl train` with these options runs ({PRECEDENCE})", rest="")
     for key, value, meaning in rows:
         console.print()

@@ -4,6 +4,8 @@ plain display, `--tui` (once its app has closed) and a resumed run say the same.
 
 from __future__ import annotations
 
+import shlex
+
 from solrl_core import events as ev
 from solrl_core.text import plural
 
@@ -30,9 +32,27 @@ def eval_rewards_text(e: ev.EvalFinished) -> str:
 
 
 def end_summary(e: ev.RunFinished) -> list[str]:
-    """'mean Stage-2 reward: ...' and 'eval on SET: base A -> ema B (...)'; [] for a failed run."""
+    """'mean Stage-2 reward: ...', 'eval on SET: base A -> ema B (...)', the picture and the next
+    commands (`next_steps`); [] for a failed run."""
     if e.reason == "failed":
         return []
+    return _changes(e) + next_steps(e)
+
+
+def next_steps(e: ev.RunFinished) -> list[str]:
+    """A finished run's next commands, its folder filled in: score, draw and export its newest checkpoint."""
+    if e.reason != "completed" or not e.checkpoint or not e.run_dir:
+        return []
+    from solrl_cli.common import example_prompt
+
+    record = ev.decode(dict(e.last_eval or e.base_eval)) if (e.last_eval or e.base_eval) else None
+    prompt = example_prompt(record.prompts if isinstance(record, ev.EvalFinished) else "")
+    run = shlex.quote(e.run_dir)
+    return ["  next:", f"    solrl eval {run}", f"    solrl infer {run} --prompt {shlex.quote(prompt)}",
+            f"    solrl export {run}"]
+
+
+def _changes(e: ev.RunFinished) -> list[str]:
     lines = []
     if e.first_reward is not None and e.last3_reward is not None:
         # the iterations last3_reward averages: the run says (never the first); a log older than that field, the last 3

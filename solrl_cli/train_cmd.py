@@ -26,6 +26,8 @@ MasterAddr = Annotated[Optional[str], typer.Option("--master-addr", help="torchr
 MasterPort = Annotated[Optional[int], typer.Option("--master-port", help="torchrun's name for node 0's port (default 29500), with --master-addr.")]
 NoEval = Annotated[bool, typer.Option("--no-eval", help="Skip the evaluations (the same as --set run.eval_prompts=): "
                                        "faster, but no held-out scores, warnings of reward hacking or pictures.")]
+Verbose = Annotated[bool, typer.Option("--verbose", help="Print the machine's plan, the model's FLOPs and each iteration's "
+                                       "phase times, memory and MFU in full (always in RUN/events.jsonl).")]
 DumpConfig = Annotated[bool, typer.Option("--dump-config", help="Print the resolved config as TOML and exit.")]
 
 
@@ -37,6 +39,7 @@ def train(
     log: Log = None, tui: Tui = False, nproc_per_node: Nproc = 1, nnodes: Nnodes = 1, node_rank: NodeRank = 0,
     rdzv_endpoint: Rdzv = None, master_addr: MasterAddr = None, master_port: MasterPort = None,
     no_eval: NoEval = False, dump_config: DumpConfig = False, trust_run_config: opt.TrustRunConfig = False,
+    verbose: Verbose = False,
 ) -> None:
     """Train with Sol-RL (or another family). With no arguments: the built-in tiny model on this machine."""
     from solrl_core.tools.start import RunRequest, resolve, start_run
@@ -52,19 +55,21 @@ def train(
             return _print_config(resolve(request))
         start = start_run(request)  # the input checks and the preflight, as solrl.train() runs them
         if start.torchrun:  # torch.distributed's own launcher re-runs this command per process
-            from solrl_cli.launch import endpoint, launch
+            from solrl_cli.launch import endpoint, launch, torchrun_args
 
-            if start.note:  # more processes than cores on a CPU
+            node0 = endpoint(rdzv_endpoint, master_addr, master_port)
+            torchrun_args(nproc_per_node, nnodes, node_rank, node0)  # the launcher's flags checked before a long note
+            if start.note:  # more processes than cores on a CPU; seed-for-seed parting
                 console.print(start.note, soft_wrap=True)
-            raise typer.Exit(launch(nproc_per_node, nnodes, node_rank, endpoint(rdzv_endpoint, master_addr, master_port),
+            raise typer.Exit(launch(nproc_per_node, nnodes, node_rank, node0,
                                     sys.argv[1:], prompts_per_iteration=start.config.run.prompts_per_iteration,
                                     run_dir=str(resume or start.config.run.run_dir)))
-        session = _run(start, tui)
+        session = _run(start, tui, verbose)
         if not session.state.finished(session.run.config.run.iterations):
             raise typer.Exit(130)  # stopped by a signal: saved, but not finished (its last evaluation may be due)
 
 
-def _run(start, tui: bool):  # type: ignore[no-untyped-def]
+def _run(start, tui: bool, verbose: bool = False):  # type: ignore[no-untyped-def]
     """Train in the terminal UI, or with the plain terminal display (also when --tui has no terminal,
     or in a torchrun process other than rank 0: solrl_cli/tui/__init__.py decides)."""
     if tui:
@@ -82,7 +87,7 @@ def _run(start, tui: bool):  # type: ignore[no-untyped-def]
     from solrl_core import events
 
     bus = events.EventBus()
-    bus.subscribe(TerminalDisplay(console))
+    bus.subscribe(TerminalDisplay(console, verbose))
     return start.train(bus)
 
 

@@ -286,6 +286,16 @@ class ImagesWritten(Event):
 
 
 @dataclass(frozen=True)
+class ImagesProgress(Event):
+    """`solrl infer` moves on: images (or clips) of one weight set generated so far, of `total`."""
+
+    kind: ClassVar[str] = "images_progress"
+    weights: str
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
 class SampleGrid(Event):
     """One prompt's Stage-2 samples, best reward first, written as one PNG (every run.image_every
     iterations while a tracker is configured); a video model's clips also as one video, side by side."""

@@ -167,6 +167,9 @@ def test_a_run_draws_each_evaluation_and_eval_reads_its_kept_base_back_unless_th
     assert Path("r/pictures/eval_000000.png").is_file() and Path("r/pictures/eval_000001.png").is_file()
     summary_at = trained.output.index("done: 1 iteration")
     assert "picture: r/pictures/eval_000001.png (base beside ema, same seeds)" in trained.output[summary_at:]
+    next_at = trained.output.index("  next:", summary_at)  # the next commands, the run folder filled in
+    assert trained.output[next_at:].splitlines()[1:4] == ["    solrl eval r", "    solrl infer r --prompt 'a red circle'",
+                                                          "    solrl export r"], trained.output[next_at:]
     kept = json.loads(Path("r/eval_base.json").read_text())
     same = runner.invoke(app, ["eval", "r", "--out", "ev"])  # the run's own prompts, seeds, steps and rewards
     assert same.exit_code == 0, same.output

@@ -58,7 +58,7 @@ def _by_name(entries):
 def test_tiny_model_passes_on_this_machine():
     result = _invoke()
     assert result.exit_code == 0, result.output
-    rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
+    rows = result.stdout.splitlines()  # a line a check
     assert any("python" in r and "Python 3." in r and "pass" in r for r in rows)
     assert any("torch" in r and "torch 2." in r for r in rows)
     assert "nothing blocks this run" in result.stdout

@@ -148,9 +148,9 @@ def recorded(monkeypatch, tmp_path):
     calls: list = []
     check_inputs = run_inputs.check_inputs
 
-    def inputs(cfg, resumed_from=None):  # type: ignore[no-untyped-def]
+    def inputs(cfg, resumed_from=None, api=False):  # type: ignore[no-untyped-def]
         calls.append(("inputs", to_dict(cfg), resumed_from and Path(resumed_from)))
-        check_inputs(cfg, resumed_from)
+        check_inputs(cfg, resumed_from, api)
 
     def checks(cfg, nproc, only_needed=False):  # type: ignore[no-untyped-def]
         calls.append(("doctor", to_dict(cfg), nproc, only_needed))

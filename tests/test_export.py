@@ -146,7 +146,10 @@ def test_a_tiny_card_loads_with_its_own_code_and_shows_the_eval_rewards(evaluate
     from solrl_core.engine.engine import open_engine
 
     out = tmp_path / "lora"
-    assert runner.invoke(app, ["export", str(evaluated_run), "--out", str(out)]).exit_code == 0
+    exported = runner.invoke(app, ["export", str(evaluated_run), "--out", str(out)])
+    assert exported.exit_code == 0, exported.output
+    # the terminal shows the same loading code as the card: the tiny model has no pipeline to call load_lora_weights on
+    assert "load_lora_weights" not in exported.output and f'PeftModel.from_pretrained(model.transformer, "{out}")' in exported.output
     card = ModelCard.load(out / "README.md").text
     assert "SanaPipeline" not in card and "load_lora_weights" not in card
     code = card.split("```python\n", 1)[1].split("```", 1)[0].replace("path/to/this/folder", str(out))

@@ -80,7 +80,7 @@ def tiny_run(tmp_path_factory):
     seen: list[ev.Event] = []
     bus = ev.EventBus()
     bus.subscribe(seen.append)
-    bus.subscribe(TerminalDisplay(console))
+    bus.subscribe(TerminalDisplay(console, verbose=True))  # the phases' MFU: train --verbose
     session = train(cfg, bus)
     return session, seen, console.file.getvalue(), run_dir
 

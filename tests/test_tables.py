@@ -75,7 +75,7 @@ def test_config_help_cuts_no_value_when_piped():
     from solrl_core.config.convert import help_table
     from solrl_core.config.presets import resolve_config
 
-    out = CliRunner().invoke(app, ["config-help"], env={"COLUMNS": "80"}).output
+    out = CliRunner().invoke(app, ["config-help", "--all"], env={"COLUMNS": "80"}).output
     assert "…" not in out and all(len(line) <= 80 for line in out.splitlines())
     flat = re.sub(r"\s+", " ", out)
     rows = help_table(resolve_config("tiny", "sol_rl"))
@@ -107,10 +107,12 @@ def test_eval_table_fits_80_columns(monkeypatch, tmp_path):
         assert all(h in text for h in ("weights", "mean", "std", "delta", "s.e."))
 
 
-def test_grid_label_keeps_the_seed_of_a_long_prompt():
-    from solrl_core.io.images import LABEL_CHARS, grid_rows
+def test_grid_label_keeps_the_whole_prompt_and_its_seed():
+    from solrl_core.io.images import font, grid_rows, wrap
 
     long = "a photo of three red cubes to the left of two small blue spheres on a wooden table"
     labels = grid_rows([long, "a cat"], [12345, 7])
-    assert labels[0].endswith(" / seed 12345") and len(labels[0]) <= LABEL_CHARS
-    assert labels[1] == "a cat / seed 7"
+    assert labels[0] == f"{long} / seed 12345" and labels[1] == "a cat / seed 7"
+    lines = wrap(labels[0], font(), 200)
+    assert len(lines) > 1 and " ".join(lines) == labels[0]  # wrapped, not cut: every word drawn
+    assert all(font().getlength(line) <= 200 for line in lines)

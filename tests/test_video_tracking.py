@@ -51,11 +51,12 @@ def test_a_video_sample_grid_is_contact_sheets_and_one_video_for_the_trackers(gr
     assert event.seeds == [8, 9, 7] and event.rewards == pytest.approx([0.3, 0.2, 0.1])  # best first
     assert event.video == str(run_dir / "samples" / ("iter_000003.mp4" if mp4 else "iter_000003.gif"))
     clip = video_output.read_clip(event.video)
-    assert clip.shape == (5, 3, 32, 3 * 32)  # five frames, the three clips side by side
+    assert clip.shape == (5, 3, 128, 3 * 128)  # five frames, the three clips side by side, enlarged to 128 px a side
     best = engine.decode(batch.latents[1:2])[0]  # seed 8, leftmost
-    assert (clip[:, :, :, :32] - best).abs().mean() < 0.05  # lossy codecs: close, not equal
+    shrunk = torch.nn.functional.avg_pool2d(clip[:, :, :, :128], 4)  # each pixel written as a 4x4 block
+    assert (shrunk - best).abs().mean() < 0.05  # lossy codecs: close, not equal
     with Image.open(event.path) as sheet:  # three cells, each a clip's five frames in a row, a caption line under them
-        assert sheet.width > 3 * 5 * 32 and 32 + 12 < sheet.height <= 2 * 32
+        assert sheet.width > 3 * 5 * 128 and 128 + 12 < sheet.height <= 2 * 128
 
     tb = TensorBoardLog(run_dir, {"run": {}}, resumed=False, start_iteration=0)
     tb(event)
@@ -66,9 +67,9 @@ def test_a_video_sample_grid_is_contact_sheets_and_one_video_for_the_trackers(gr
     acc.Reload()
     assert {"samples", "samples/video"} <= set(acc.Tags()["images"])
     (played,) = acc.Images("samples/video")
-    assert played.step == 3 and (played.width, played.height) == (96, 32)
+    assert played.step == 3 and (played.width, played.height) == (384, 128)  # as written: 128 px a side at least
     with Image.open(io.BytesIO(played.encoded_image_string)) as gif:
-        assert gif.format == "GIF" and gif.n_frames == 5 and gif.size == (96, 32)
+        assert gif.format == "GIF" and gif.n_frames == 5 and gif.size == (384, 128)
 
     logged = []
     wb = WandbLog.__new__(WandbLog)  # W&B's own media classes on a stand-in run (no W&B process, no network)

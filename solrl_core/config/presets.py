@@ -92,8 +92,9 @@ def split_preset_name(name: str) -> tuple[str, str, str]:
             if rest.startswith(family + "_") and rest[len(family) + 1:] in names("rewards"):
                 return model, family, rest[len(family) + 1:]
     every = [f"{m}_{f}_{r}" for m in names("models") for f in names("families") for r in names("rewards")]
-    near = difflib.get_close_matches(name, every, n=12, cutoff=0.5)  # the closest names only: there are hundreds
-    near = [n for n in near if _resolves(n)][:3]  # a combination the config refuses (a video model, an image reward) is no help
+    begun = sorted((n for n in every if n.startswith(name)), key=len)[:12]  # a name cut short: tiny_sol_rl_jpeg
+    near = begun + difflib.get_close_matches(name, every, n=12, cutoff=0.5)  # the closest names only: there are hundreds
+    near = [n for n in dict.fromkeys(near) if _resolves(n)][:3]  # a combination the config refuses (a video model, an image reward) is no help
     guess = f"did you mean {' or '.join(map(repr, near))}? " if near else ""
     raise SolrlError(f"unknown preset '{name}'", f"{guess}names are <model>_<family>_<reward>, e.g. tiny_sol_rl_tinyworld_geneval; "
                                                  "`solrl presets` lists each part")
@@ -144,17 +145,24 @@ def _load_yaml(path: Path, text: str) -> Any:
 
 
 def resolve_config(
-    model: str = "tiny",
-    family: str = "sol_rl",
+    model: str | None = None,  # None: tiny
+    family: str | None = None,  # None: sol_rl
     reward: str | None = None,
     preset: str | None = None,
     config_file: str | Path | None = None,
     sets: Iterable[str] = (),
     flags: dict[str, dict[str, Any]] | None = None,
 ) -> Config:
-    """Build and validate a run config from presets, a file, --set overrides and explicit flags."""
+    """Build and validate a run config from presets, a file, --set overrides and explicit flags. With
+    `preset`, a model, family or reward also given must be the preset's own (None: not given)."""
     if preset:
-        model, family, reward = split_preset_name(preset)
+        named = split_preset_name(preset)
+        for what, given, own in zip(("model", "family", "reward"), (model, family, reward), named):
+            if given is not None and given != own:
+                raise SolrlError(f"preset {preset} names {what} {own}, and {what} {given} was given too",
+                                 f"give the preset alone, or the {what} without the preset (with the other two parts)")
+        model, family, reward = named
+    model, family = model or "tiny", family or "sol_rl"
     parts = [get_preset("models", model), get_preset("families", family)]
     weights = None
     if reward and is_weight_list(reward):

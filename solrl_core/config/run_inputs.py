@@ -19,8 +19,9 @@ from solrl_core.config.schema import Config
 from solrl_core.data.prompts import absolute_spec, load_prompts, missing_path
 from solrl_core.errors import SolrlError
 
-# config key -> the flag that sets it, for errors about a fresh run's inputs
+# config key -> the flag that sets it, for errors about a fresh run's inputs; API_ARGS: solrl.train()'s keyword
 FLAGS = {"run.prompts": "--prompts", "run.eval_prompts": "--set run.eval_prompts=...", "model.path": "--model-path"}
+API_ARGS = {"run.prompts": "prompts=", "run.eval_prompts": "eval_prompts=", "model.path": "sets=['model.path=...']"}
 
 
 def absolute_paths(cfg: Config) -> Config:
@@ -58,14 +59,17 @@ def check_saved_paths(run_dir: Path, cfg: Config) -> None:
                              f"put it back, or tell the run where it is now: solrl train --resume {run_dir} --set {key}=PATH")
 
 
-def check_inputs(cfg: Config, resumed_from: Path | None = None) -> None:
+def check_inputs(cfg: Config, resumed_from: Path | None = None, api: bool = False) -> None:
     """The run's inputs, in seconds: saved paths on resume, prompt files (a hub dataset or a set still
     to download is left to the doctor: it may need the network), the device, the rewards' judgement
-    of the prompts, and remote reward servers. Raises the first SolrlError."""
+    of the prompts, a reward of weight 0, and remote reward servers (`api`: errors name solrl.train()'s
+    arguments). Raises the first SolrlError."""
     if resumed_from is not None:
         check_saved_paths(resumed_from, cfg)
-    prompts = local_prompts(cfg.run.prompts, FLAGS["run.prompts"])
-    prompts += local_prompts(cfg.run.eval_prompts, FLAGS["run.eval_prompts"]) if cfg.run.eval_prompts else []
+    _check_weights(cfg)
+    named = API_ARGS if api else FLAGS  # the caller's words: solrl.train()'s arguments, or the command line's flags
+    prompts = local_prompts(cfg.run.prompts, named["run.prompts"])
+    prompts += local_prompts(cfg.run.eval_prompts, named["run.eval_prompts"]) if cfg.run.eval_prompts else []
     if cfg.run.device != "auto":
         from solrl_core.runtime.device import resolve_device
 
@@ -83,6 +87,19 @@ def local_prompts(spec: str, origin: str) -> list[str]:
     if parsed.hub or (not Path(parsed.source).exists() and parsed.source in download_sets()):
         return []
     return load_prompts(spec, origin)
+
+
+def _check_weights(cfg: Config) -> None:
+    """A trained reward of weight 0 is scored and thrown away: the run would learn nothing from it.
+    (explore may weight a reward 0 to see its scores beside the ranking.)"""
+    if not any(cfg.reward.weights.values()):  # every sample would score 0: nothing to rank, nothing to learn
+        raise SolrlError(f"every reward has weight 0 ({', '.join(f'{n}=0' for n in cfg.reward.weights)}): "
+                         "no sample would score above another", "give a reward a weight, e.g. --reward NAME=1.0")
+    zero = [name for name, weight in cfg.reward.weights.items() if weight == 0]
+    if zero:
+        raise SolrlError(f"reward {zero[0]} has weight 0: training would score it and learn nothing from it",
+                         f"drop it from the rewards, give it a weight ({zero[0]}=1.0), or score it without training on it: "
+                         f"run.eval_rewards={zero[0]}")
 
 
 def _check_vocabulary(cfg: Config, prompts: list[str]) -> None:

@@ -39,7 +39,7 @@ from solrl_core.errors import SolrlError
 from solrl_core.faults import disk
 from solrl_core.faults.manifest import verify, write_manifest
 from solrl_core.faults.state_files import has_state, load_legacy, load_state, save_state
-from solrl_core.io.rundir import checkpoint_dir, list_checkpoints
+from solrl_core.io.rundir import checkpoint_dir, list_checkpoints, pick_checkpoint
 
 TMP_PREFIX = ".tmp-"  # a checkpoint being written: checkpoints/.tmp-iter_NNNNNN-<pid>-<ns>
 
@@ -126,16 +126,6 @@ def checkpoint_to_resume(run_dir: Path, name: str | None = None) -> Path:
            else "no intact checkpoint is left: start the run again")
     raise SolrlError(f"checkpoint {chosen.name} is torn or corrupt ({problem}); newest intact: "
                      f"{intact.name if intact else 'none'}", fix)
-
-
-def pick_checkpoint(run_dir: Path, found: list[Path], name: str | None) -> Path:
-    """`name` among `found` (folder name or path); the newest when `name` is None."""
-    if name is None:
-        return found[-1]
-    for path in found:
-        if name in (path.name, str(path)) or Path(name).resolve() == path.resolve():
-            return path
-    raise SolrlError(f"no checkpoint '{name}' in {run_dir}", "choose one of: " + ", ".join(p.name for p in found))
 
 
 def set_aside_newer(run_dir: Path, chosen: Path) -> list[Path]:

@@ -31,15 +31,42 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.is_dir() and not p.is_symlink() and CHECKPOINT_NAME.match(p.name))
 
 
+def pick_checkpoint(run_dir: Path, found: list[Path], name: str | None) -> Path:
+    """`name` among `found` (folder name or path); the newest when `name` is None."""
+    if name is None:
+        return found[-1]
+    for path in found:
+        if name in (path.name, str(path)) or Path(name).resolve() == path.resolve():
+            return path
+    raise SolrlError(f"no checkpoint '{name}' in {run_dir}", "choose one of: " + ", ".join(p.name for p in found))
+
+
 def restarts(run_dir: str | Path) -> bool:
     """Whether `run_dir` holds a run that never saved a checkpoint (stopped or killed before its first):
     a resume or a new run there starts it again from iteration 0, losing nothing."""
     return (Path(run_dir) / CONFIG_FILE).exists() and not list_checkpoints(Path(run_dir))
 
 
+RUN_FOLDER_FIX = "pass the folder a previous `solrl train` wrote (runs/<time>-<preset>)"
+
+
+def check_run_folder(run_dir: str | Path) -> Path:
+    """A folder named as a run's (train --resume, eval, infer, export, monitor, compare): there, and a
+    folder rather than a file. Every command checks this first, before any model or run file is read."""
+    path = Path(run_dir)
+    if path.exists() and not path.is_dir():
+        raise SolrlError(f"{path} is a file, not a run folder", RUN_FOLDER_FIX)
+    if not path.exists():
+        raise SolrlError(f"run directory {path} does not exist", RUN_FOLDER_FIX)
+    return path
+
+
 def check_new_run_dir(run_dir: str | Path) -> None:
-    """A --run-dir given for a new run must not hold one already, unless that run never saved a
-    checkpoint (checked again under the lock)."""
+    """A --run-dir given for a new run is not a file and does not hold a run already, unless that run
+    never saved a checkpoint (checked again under the lock)."""
+    if run_dir and Path(run_dir).exists() and not Path(run_dir).is_dir():
+        raise SolrlError(f"{run_dir} is a file, not a run folder", "give --run-dir a folder that does not exist yet "
+                                                                   "(or omit it: runs/<time>-<preset>)")
     if run_dir and (Path(run_dir) / CONFIG_FILE).exists() and not restarts(run_dir):
         raise SolrlError(f"{run_dir} already holds a run",
                          f"continue it with `solrl train --resume {run_dir}` or pick another --run-dir")

@@ -2,7 +2,8 @@
 contact sheet every grid and PNG of a clip shows), and written as a video file: MP4 (H.264) where
 the `video` extra is installed (imageio with imageio-ffmpeg's bundled ffmpeg, imported only here and
 only when a clip is written), else an animated GIF through PIL. Images [3, H, W] pass through
-unchanged, so the grids and PNG writers take either."""
+unchanged, so the grids and PNG writers take either. A video file's frames are enlarged to at least
+128 pixels a side (MIN_SIDE)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,15 @@ def frame_rate(frames: int, fps: float = GIF_FPS) -> float:
     """Frames a second to play a clip at: `fps`, slowed so that one pass lasts at least MIN_LOOP_SECONDS
     (4 frames: 4 a second, 250 ms each; Wan's 81 frames keep 16 a second)."""
     return min(float(fps), max(frames, 1) / MIN_LOOP_SECONDS)
+
+
+MIN_SIDE = 128  # pixels: a smaller clip (the tiny video model's 16) is written enlarged to at least this a side
+
+
+def enlargement(h: int, w: int, min_side: int = MIN_SIDE) -> int:
+    """The whole factor that brings an image's shorter side to at least `min_side` pixels (nearest:
+    every pixel a square block, nothing blurred); 1 for an image as large already."""
+    return max(1, -(-min_side // max(1, min(h, w))))
 
 
 def still(item: torch.Tensor) -> torch.Tensor:
@@ -96,4 +106,8 @@ def read_clip(path: Path) -> torch.Tensor:
 
 
 def _uint8(image: torch.Tensor):  # noqa: ANN202 - numpy array [H, W, 3]
-    return (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+    """A frame as it is written to a video file: enlarged to MIN_SIDE pixels a side (a 16 px clip is a
+    blur a player scales up, or a speck it does not)."""
+    frame = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).permute(1, 2, 0).cpu().numpy()
+    k = enlargement(*frame.shape[:2])
+    return frame.repeat(k, axis=0).repeat(k, axis=1) if k > 1 else frame

@@ -1,6 +1,7 @@
 """The picture each evaluation of a training run leaves in its folder: the base model's images beside
 the evaluated weights' on a few fixed (prompt, seed) pairs of the evaluation set, from the same noise,
-each captioned with its reward (a video model's clips as contact sheets of their frames).
+each captioned with its reward ('reward 0.5 -> 1.0': the base image's, then the tuned one's; a video
+model's clips as contact sheets of their frames).
 
 The images are the evaluation's own: nothing is generated for a picture, but the base column of a
 resumed run, whose base evaluation ran in an earlier process (a handful of images, regenerated from
@@ -23,6 +24,14 @@ def shown(n_prompts: int, per_prompt: int, rows: int = ROWS) -> list[int]:
     """The evaluation images a picture shows: the first seed of `rows` prompts spread evenly over the set."""
     count = min(rows, n_prompts)
     return [(i * n_prompts // count) * per_prompt for i in range(count)]
+
+
+def reward_captions(rewards: list[float], base: list[float]) -> list[str]:
+    """Each tuned image's caption: 'reward 0.5 -> 1.0' from its base image's reward where that is known
+    (a resumed run's regenerated base column has none), else 'reward 1.0'."""
+    if not base:
+        return [f"reward {r:.3g}" for r in rewards]
+    return [f"reward {b:.3g} -> {r:.3g}" for b, r in zip(base, rewards)]
 
 
 class EvalPictures:
@@ -50,9 +59,9 @@ class EvalPictures:
         elif self.base is None:  # resumed: the base evaluation's images are not in this process
             self.base = (engine.images(self.prompts, torch.tensor(seeds_shown), engine.config.sampler.eval_steps, "base"), [])
         columns = {"base": self.base[0]} if weights == "base" else {"base": self.base[0], f"{weights}, iteration {iteration}": images}
-        captions = {"base": [f"{r:.3g}" for r in self.base[1]]} if self.base[1] else {}
+        captions = {"base": [f"reward {r:.3g}" for r in self.base[1]]} if self.base[1] else {}
         if weights != "base":
-            captions[f"{weights}, iteration {iteration}"] = [f"{r:.3g}" for r in picked]
+            captions[f"{weights}, iteration {iteration}"] = reward_captions(picked, self.base[1])
         if not self.write:
             return ""
         self.folder.mkdir(parents=True, exist_ok=True)

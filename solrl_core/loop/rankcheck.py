@@ -196,6 +196,33 @@ def check(engine: Engine, prompts: list[str], per_prompt: int, *, seed_base: int
                     hit_k, keep, progress)
 
 
+def verdict(result: RankCheck) -> str:
+    """One line: which Stage-1 arm to use on this machine and why, from what was measured. The default
+    arm (the explore precision at the preview steps, the first) against full precision at the same steps:
+    the better ranking (the reference-reward gap between the best and worst it selects; rho beside it)
+    and the shorter time decide; a split is said as the trade it is."""
+    arms = [a for a in result.arms[:-1] if a in result.overall]
+    low, steps = arms[0], arms[0].rpartition("@")[2]
+    full = next((a for a in arms if a.endswith(f"@{steps}") and a.startswith(result.arms[-1].partition("@")[0])), None)
+    if full is None:
+        return f"keep {low}: no full-precision arm at {steps} steps to weigh it against"
+    g_low, g_full = result.overall[low]["gap_draft"], result.overall[full]["gap_draft"]
+    s_low, s_full = result.seconds[low], result.seconds[full]
+    r_low, r_full = (result.overall[a]["rho"] for a in (low, full))
+    rho = f"rho {'-' if r_low is None else f'{r_low:.2f}'} vs {'-' if r_full is None else f'{r_full:.2f}'}"
+    facts = f"{low} vs {full}: gap {g_low:.3f} vs {g_full:.3f}, {rho}, {s_low:.1f}s vs {s_full:.1f}s"
+    precision = full.partition("@")[0]
+    if g_full >= g_low and s_full <= s_low:
+        return f"use --explore-precision {precision} on this machine: it ranks as well or better in less time ({facts})"
+    if g_low >= g_full and s_low <= s_full:
+        return f"keep {low.partition('@')[0]}: it ranks as well or better in less time than {precision} ({facts})"
+    if s_low < s_full:
+        return (f"keep {low.partition('@')[0]} for speed ({s_low:.1f}s vs {s_full:.1f}s); --explore-precision {precision} "
+                f"ranks better here ({facts})")
+    return (f"use --explore-precision {precision} for speed ({s_full:.1f}s vs {s_low:.1f}s); {low.partition('@')[0]} ranks "
+            f"better here ({facts})")
+
+
 def check_to_folder(engine: Engine, prompts: list[str], out_dir: Path, *, per_prompt: int, seed_base: int,
                     hit_k: list[int], keep: int, progress: Callable[[str, float], None] | None = None) -> RankCheck:
     """`check` at the config's preview and full step counts, written to `out_dir`: rank_check.json

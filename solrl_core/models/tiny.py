@@ -21,7 +21,6 @@ import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -33,8 +32,8 @@ from transformers import Gemma2Config, Gemma2Model, PreTrainedTokenizerFast
 from solrl_core.config.schema import ModelConfig
 from solrl_core.errors import SolrlError
 from solrl_core.models.base import Conditioning, DiffusionModel, sana_velocity
+from solrl_core.data.words import ARCH_FILE, WEIGHTS_FILE, weights_folder
 
-WEIGHTS_FILE, ARCH_FILE = "model.safetensors", "config.json"
 A = TypeVar("A")
 DEFAULT_VOCAB = tuple((
     "a an the one two three four and of on in with left right above below top bottom small large big "
@@ -192,18 +191,6 @@ def build_tiny(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Di
                           velocity=SANA.velocity, latent_shape=(3, latent, latent),
                           description=f"tiny SANA {arch.layers}x{arch.heads * arch.head_dim}, {latent}px latent, {parts.origin}",
                           vocabulary=arch.vocab)
-
-
-def weights_folder(spec: str) -> Path:
-    """A weights folder by path, or by name among those shipped in solrl_core/models/."""
-    path = Path(spec)
-    if path.is_dir():
-        return path
-    shipped = Path(str(resources.files("solrl_core.models"))) / spec
-    if shipped.is_dir():
-        return shipped
-    raise SolrlError(f"tiny model weights '{spec}' not found (neither a folder nor a shipped weights name)",
-                     "give a folder holding config.json and model.safetensors in model.weights, or leave it empty")
 
 
 def read_arch(folder: Path, cls: type[A], script: str) -> A:

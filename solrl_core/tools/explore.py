@@ -84,7 +84,7 @@ def explore_to_folder(engine: Engine, prompts: list[str], seed_base: int, out_di
     picked = [order[:, r] for r in range(half)] + [order[:, n - half + r] for r in range(half)]
     names = [f"best {r + 1}" for r in range(half)] + [f"worst {half - r}" for r in range(half)]
     columns = {name: result.images[range(len(prompts)), col] for name, col in zip(names, picked)}
-    captions = {name: [f"seed {int(result.seeds[i, j])}  {float(result.rewards[i, j]):.3g}" for i, j in enumerate(col.tolist())]
+    captions = {name: [f"seed {int(result.seeds[i, j])}, reward {float(result.rewards[i, j]):.3g}" for i, j in enumerate(col.tolist())]
                 for name, col in zip(names, picked)}
     make_grid(columns, rows=grid_rows(prompts), captions=captions).save(out_dir / "grid.png")
     videos = _write_clips(result, picked, out_dir) if result.clips else {}

@@ -41,11 +41,6 @@ class Exported:
     card: Path  # the model card, README.md
 
 
-def default_folder(run_dir: Path, checkpoint: Path, weights: str, merge: bool) -> Path:
-    """Where an export goes without --out: RUN/export/<checkpoint>-<weights>[-merged]."""
-    return run_dir / "export" / f"{checkpoint.name}-{weights}{'-merged' if merge else ''}"
-
-
 def export_merged(engine: Engine, weights: str, out_dir: Path) -> Path:
     """The transformer with the `weights` adapter merged into its base weights, saved with
     diffusers' `save_pretrained` into out_dir/transformer (loadable with the transformer class's
@@ -166,7 +161,7 @@ def _write_export(cfg: Config, checkpoint: Path, weights: str, tmp: Path, out_di
     import shutil
 
     from solrl_core.faults import disk
-    from solrl_core.tools.export_card import CardFacts, write_card
+    from solrl_core.tools.export_card import CardFacts, builtin_code, write_card
 
     run_dir = checkpoint.parent.parent
     if merge:
@@ -184,6 +179,9 @@ def _write_export(cfg: Config, checkpoint: Path, weights: str, tmp: Path, out_di
             write_peft_adapter(tmp / LORA_FILE, cfg, tmp)
         cls, what = "", "LoRA"
         how = f"pipe.load_lora_weights('{out_dir}'), or peft's PeftModel.from_pretrained(transformer, '{out_dir}')"
+    facts = CardFacts.of(cfg, run_dir, checkpoint, weights, merge, repo_id, cls, chosen=chosen)
+    if facts.builtin:  # the tiny models: solrl's own loader, as the card shows it
+        how = "solrl's own loader (no diffusers pipeline):\n" + "\n".join(f"    {line}" for line in builtin_code(facts, str(out_dir)))
     with disk.writing(out_dir, "README.md"):
-        card = write_card(tmp, CardFacts.of(cfg, run_dir, checkpoint, weights, merge, repo_id, cls, chosen=chosen))
+        card = write_card(tmp, facts)
     return what, how, card

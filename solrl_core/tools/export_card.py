@@ -165,18 +165,19 @@ def _builtin_usage(facts: CardFacts, where: str) -> list[str]:
     """A built-in model (tiny, tiny_video) has no diffusers pipeline: solrl builds it from its config."""
     head = ["solrl builds the base model (no diffusers pipeline loads it); "
             + ("the transformer here has the LoRA merged in:" if facts.merged else "peft puts the LoRA on its transformer:"),
-            "", "```python", "import torch"]
-    if facts.merged:
-        head.append(f"from diffusers import {facts.transformer_class}")
-    else:
-        head.append("from peft import PeftModel")
-    code = [*head, "", "from solrl_core.config.presets import resolve_config", "from solrl_core.models import load_model", "",
+            "", "```python"]
+    return [*head, *builtin_code(facts, where), "```", "", "`solrl infer RUN` draws images with the run's weights beside the base model's."]
+
+
+def builtin_code(facts: CardFacts, where: str) -> list[str]:
+    """The Python that loads a built-in model with the export at `where` (the card shows it, and `solrl
+    export` prints it: `pipe.load_lora_weights` has no pipeline to call here)."""
+    code = ["import torch", f"from diffusers import {facts.transformer_class}" if facts.merged else "from peft import PeftModel",
+            "from solrl_core.config.presets import resolve_config", "from solrl_core.models import load_model",
             f"model = load_model(resolve_config({facts.builtin}).model, torch.device('cpu'), torch.float32)"]
     if facts.merged:
-        code.append(f'model.transformer = {facts.transformer_class}.from_pretrained("{where}", subfolder="transformer")')
-    else:
-        code.append(f'model.transformer = PeftModel.from_pretrained(model.transformer, "{where}")')
-    return [*code, "```", "", "`solrl infer RUN` draws images with the run's weights beside the base model's."]
+        return [*code, f'model.transformer = {facts.transformer_class}.from_pretrained("{where}", subfolder="transformer")']
+    return [*code, f'model.transformer = PeftModel.from_pretrained(model.transformer, "{where}")']
 
 
 def _usage(facts: CardFacts) -> list[str]:
@@ -238,6 +239,11 @@ def is_export(folder: Path) -> bool:
         return False
     head = card.read_text(encoding="utf-8", errors="replace")[:4000].split("\n---", 1)[0]
     return head.startswith("---") and "\n- solrl\n" in head
+
+
+def default_folder(run_dir: Path, checkpoint: Path, weights: str, merge: bool) -> Path:
+    """Where an export goes without --out: RUN/export/<checkpoint>-<weights>[-merged]."""
+    return run_dir / "export" / f"{checkpoint.name}-{weights}{'-merged' if merge else ''}"
 
 
 def check_export_folder(out_dir: Path, overwrite: bool = False) -> None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from solrl_core import events as ev
-from solrl_core.errors import SolrlError
+from solrl_core.data.words import check_words
 from solrl_core.io.images import grid_rows, make_grid, save_png
 from solrl_core.models.base import DiffusionModel
 
@@ -26,19 +26,8 @@ if TYPE_CHECKING:
 
 
 def check_vocabulary(model: DiffusionModel, prompts: list[str]) -> None:
-    """A model with a fixed vocabulary (the tiny one) would silently drop the words it does not know:
-    name them instead, with the words it does know."""
-    import re
-
-    if not model.vocabulary:
-        return
-    known = set(model.vocabulary)
-    unknown = list(dict.fromkeys(w for p in prompts for w in re.findall(r"\w+", p.lower()) if w not in known))
-    if unknown:
-        raise SolrlError(f"the model does not know the word{'s' if len(unknown) > 1 else ''} "
-                         f"{', '.join(repr(w) for w in unknown)}: its text encoder would drop "
-                         f"{'them' if len(unknown) > 1 else 'it'}",
-                         f"write prompts from its vocabulary: {' '.join(sorted(known))} (e.g. 'a red circle left of a blue square')")
+    """The prompts against a loaded model's vocabulary (data/words.py: check_words)."""
+    check_words(model.vocabulary, prompts)
 
 
 @dataclass(frozen=True)
@@ -66,7 +55,8 @@ def infer(engine: Engine, req: InferRequest, bus: ev.EventBus) -> Path:
     with open(rows_path, "w", encoding="utf-8") as rows:
         for weights in req.weights:
             t0 = time.perf_counter()
-            images = engine.images(flat, seeds, req.steps, weights)
+            images = engine.images(flat, seeds, req.steps, weights, progress=lambda done, total, w=weights: bus.emit(
+                ev.ImagesProgress(weights=w, done=done, total=total)))
             columns[weights] = images
             for i, prompt in enumerate(flat):
                 path = req.out_dir / weights / f"{i // per:03d}_seed{int(seeds[i])}.png"

@@ -75,7 +75,7 @@ def start_run(request: RunRequest) -> RunStart:
     from solrl_core.runtime.threads import launch_note
 
     cfg = resolve(request)
-    check_inputs(cfg, resumed_from=request.resume)  # seconds: before the doctor's imports and any model load
+    check_inputs(cfg, resumed_from=request.resume, api=request.api)  # seconds: before the doctor's imports and any model load
     preflight(cfg, request.processes)
     several = request.processes > 1 or request.nodes > 1
     notes = [launch_note(request.processes, cfg.run.device, cfg.run.threads), parting_note(cfg)] if several else []
@@ -106,7 +106,7 @@ def resolve(request: RunRequest) -> Config:
 
     if request.resume is not None:
         return _resumed(request)
-    cfg = resolve_config(request.model or "tiny", request.family or "sol_rl", request.reward, request.preset,
+    cfg = resolve_config(request.model, request.family, request.reward, request.preset,
                          request.config, request.sets, request.flags)
     check_new_run_dir(cfg.run.run_dir)
     return cfg
@@ -127,6 +127,10 @@ def _resumed(request: RunRequest) -> Config:
                          "may be given with --resume")
     flags = {section: dict(values) for section, values in request.flags.items()}
     flags["run"] = {**flags.get("run", {}), "run_dir": str(request.resume)}
+    if request.checkpoint is not None:  # a name the run does not hold: said before torch loads
+        from solrl_core.io.rundir import check_run_folder, list_checkpoints, pick_checkpoint
+
+        pick_checkpoint(request.resume, list_checkpoints(check_run_folder(request.resume)), request.checkpoint)
     return resumed_config(request.resume, request.sets, flags, reward=request.reward, trust=request.trust_run_config,
                           api=request.api)
 

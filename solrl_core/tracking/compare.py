@@ -19,7 +19,7 @@ from solrl_core.errors import SolrlError
 from solrl_core.event_bus import TooDeep, parse_line
 from solrl_core.events import PHASES
 from solrl_core.faults.links import check_path
-from solrl_core.io.rundir import EVENTS_FILE
+from solrl_core.io.rundir import EVENTS_FILE, check_run_folder
 
 # events outside an iteration whose seconds count as training time
 _TIMED = (ev.EvalFinished, ev.CheckpointSaved, ev.RankCheckResult)
@@ -66,7 +66,7 @@ def load_run(run_dir: str | Path) -> RunRecord:
     line with no newline after it, or the line just before a resumed run's run_started) is skipped
     with a warning in `warnings`; any other line that is not JSON, or whose fields do not fit its
     kind, raises SolrlError naming the line."""
-    path = check_path(run_dir, EVENTS_FILE)  # a link or fifo there is refused, not read
+    path = check_path(check_run_folder(run_dir), EVENTS_FILE)  # a link or fifo there is refused, not read
     if not path.is_file():
         raise SolrlError(f"{run_dir} has no {EVENTS_FILE}", "pass run folders written by `solrl train`")
     record = RunRecord(name=Path(run_dir).name)
