@@ -7,7 +7,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Any, Optional
 
-from rich.console import Console
+from solrl_cli.safe_console import SafeConsole as Console
 
 # markup=False: run names, prompts and preset texts hold brackets ("solrl[rewards]", "FLUX.2 [klein]") that
 # rich would take for style tags; a styled part is given as Text or style=, never as markup in a string.

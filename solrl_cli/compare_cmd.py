@@ -19,7 +19,7 @@ def compare(
     """Plot and tabulate several runs: Stage-2 reward and evaluation against iteration and time, time per phase."""
     import csv
 
-    from rich.console import Console
+    from solrl_cli.safe_console import SafeConsole as Console
     from rich.table import Table
 
     from solrl_core.tracking.compare import figure, load_run, table

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from rich.console import Console
+from solrl_cli.safe_console import SafeConsole as Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.text import Text
 

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from rich.console import Console
+from solrl_cli.safe_console import SafeConsole as Console
 from rich.table import Table
 from rich.text import Text
 
