@@ -73,7 +73,9 @@ def pick_best(run: Optional[Path], checkpoint: Optional[str], best: bool) -> tup
                          "drop --checkpoint" if checkpoint else "pass the run folder as the first argument")
     from solrl_core.loop.hacking import best_checkpoint  # torch: a run folder's checkpoints are read with it
 
-    path, why = best_checkpoint(run)
+    path, why, mismatched = best_checkpoint(run)
+    for line in mismatched:
+        console.print(f"warning: {line}")
     console.print(f"--best: {why}")
     return path.name, why
 

@@ -70,10 +70,10 @@ class CardFacts:
 
 def _verdict(checkpoint: Path) -> str:
     """A flagged checkpoint says so on its card (loop/hacking.py); a clean or unevaluated one says nothing."""
-    from solrl_core.loop.hacking import checkpoint_verdict
+    from solrl_core.loop.hacking import Verdicts
 
-    verdict = checkpoint_verdict(checkpoint) if (checkpoint / "trainer_state.json").is_file() else None
-    if verdict is None or not verdict["flagged"]:
+    verdict = Verdicts(checkpoint.parent.parent).of(checkpoint)[0] if (checkpoint / "trainer_state.json").is_file() else None
+    if verdict is None or not verdict["flagged"]:  # a verdict the run's events do not bear out is not repeated
         return ""
     return (f"{checkpoint.name}, whose evaluation the reward-hacking rule flagged ({', '.join(verdict['flagged'])} fell "
             f"while the trained reward rose): `solrl export RUN --best` picks the best checkpoint it passed")
