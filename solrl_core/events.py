@@ -145,9 +145,10 @@ class EvalFinished(Event):
     eval_rewards: dict[str, float] = field(default_factory=dict)
     eval_changes: dict[str, float] = field(default_factory=dict)  # each one's change since the base; empty without a base
     eval_se: dict[str, float] = field(default_factory=dict)  # the paired standard error of each of those changes
-    reused: str = ""  # the file these scores were read back from (a run's kept base evaluation); '' when scored now
+    reused: str = ""  # the file these scores were read back from, when written, and its digest checked; '' when scored now
     picture: str = ""  # a training run's picture of it: base beside these weights on a few of its images (eval_pictures.py)
     eval_floors: dict[str, float] = field(default_factory=dict)  # each one's hacking floor (loop/hacking.py); empty without one
+    kept: str = ""  # a training run's base: the SHA-256 of the scores it kept in eval_base.json, checked before `solrl eval` reuses them
 
 
 @dataclass(frozen=True)

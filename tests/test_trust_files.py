@@ -171,7 +171,7 @@ def test_an_optimizer_moment_of_the_wrong_shape_is_refused_before_an_iteration(i
     save_state(optimizer, folder, "optimizer")
     write_manifest(folder)
     _resume_in_process(run, f'optimizer.json is not a state solrl wrote: "state"[0].exp_avg is a torch.float32 tensor of '
-                            f"shape [3], a float tensor of shape {shape} expected")
+                            f"shape [3], a torch.float32 tensor of shape {shape} expected")
 
 
 # The CLI in a process that reports how much its peak memory grew past its imports (the checkpoint's

@@ -7,7 +7,7 @@ against that writer (they rewrite it to match). So, before the loop runs:
   number, the steps and streaks at most that many), one finite reward per iteration, finite seconds,
   each evaluation's verdict an iteration up to it with two finite numbers and a list of names;
 - the optimizer state: its groups and parameters those of the optimizer it loads into, each moment
-  a floating tensor of its parameter's shape, each step count one finite number >= 0;
+  a tensor of its parameter's dtype and shape, each step count one finite number >= 0;
 - the RNG states: the sizes the generators use (a numpy array's dtype is checked where it is
   decoded, before it is allocated: faults/state_files.py);
 - and no file of the checkpoint larger than its adapters could make it (a sparse file claiming
@@ -155,14 +155,14 @@ def check_optimizer(checkpoint: Path, saved: Any, optimizer: torch.optim.Optimiz
     for index, entry in saved["state"].items():
         _check(where, '"state" key', index, lambda v: _int(v, 0, len(params) - 1), f"a parameter index 0 ... {len(params) - 1}")
         _check(where, f'"state"[{index}]', _Said(f"a {type(entry).__name__}"), lambda _: isinstance(entry, dict), "an object")
-        shape = tuple(params[index].shape)
+        shape, dtype = tuple(params[index].shape), params[index].dtype
         for key, value in entry.items():
             if key == "step":
                 ok = torch.is_tensor(value) and value.numel() == 1 and bool(torch.isfinite(value).all()) and float(value) >= 0
                 _check(where, f'"state"[{index}].step', _tensor(value), lambda _: ok, "one finite number >= 0")
             else:
-                ok = (key in _MOMENTS and torch.is_tensor(value) and value.is_floating_point() and tuple(value.shape) == shape)
-                _check(where, f'"state"[{index}].{key}', _tensor(value), lambda _: ok, f"a float tensor of shape {list(shape)}")
+                ok = (key in _MOMENTS and torch.is_tensor(value) and value.dtype == dtype and tuple(value.shape) == shape)
+                _check(where, f'"state"[{index}].{key}', _tensor(value), lambda _: ok, f"a {dtype} tensor of shape {list(shape)}")
 
 
 def _tensor(value: Any) -> Any:
