@@ -116,8 +116,8 @@ GAIN_TOLERANCE = 1e-5  # a verdict's gain against its events' means: float32 mea
 class Verdicts:
     """The verdicts of a run's checkpoints that its events.jsonl bears out: a checkpoint's verdict is used
     only when the iteration is one the run's schedule evaluates (every run.eval_every, and each session's
-    last) and events.jsonl holds a tuned evaluation there whose mean less a base evaluation's is the
-    verdict's gain. trainer_state.json is data anyone who can write the folder can rewrite (manifest
+    last) and events.jsonl holds an evaluation there whose mean less a base evaluation's is the
+    verdict's gain (the base's own verdict, at iteration 0, gains 0). trainer_state.json is data anyone who can write the folder can rewrite (manifest
     and all): a verdict nothing else records is not believed. The one function --best (`best_checkpoint`),
     the model card and any other rule over the verdicts read them through."""
 
@@ -132,7 +132,7 @@ class Verdicts:
             record, self.problem = None, f"its events.jsonl cannot be read ({exc.message})"
         evals = [t.event for t in record.evals] if record else []
         self.bases = [e.mean for e in evals if e.weights == "base"]
-        self.tuned = [(e.iteration, e.mean) for e in evals if e.weights != "base"]
+        self.scored = [(e.iteration, e.mean) for e in evals]  # the base's own too: its verdict (iteration 0) gains 0
         self.every, self.ends = (record.eval_every, record.ends) if record else (0, set())
 
     def scheduled(self, iteration: int) -> bool:
@@ -149,7 +149,7 @@ class Verdicts:
             why = self.problem
         elif not self.scheduled(it):
             why = f"iteration {it} is not one the run evaluates (every {self.every or '?'} and each session's last)"
-        elif not any(i == it and abs(mean - base - gain) <= GAIN_TOLERANCE for i, mean in self.tuned for base in self.bases):
+        elif not any(i == it and abs(mean - base - gain) <= GAIN_TOLERANCE for i, mean in self.scored for base in self.bases):
             why = f"events.jsonl records no evaluation at iteration {it} with a gain of {gain:+.4f} since the base"
         else:
             return v, ""
