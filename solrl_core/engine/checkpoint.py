@@ -76,14 +76,14 @@ def save_checkpoint(run_dir: Path, iteration: int, policy: Policy, optimizer: to
     folder = checkpoint_dir(run_dir)
     final = f"iter_{iteration:06d}"
     tmp = f"{TMP_PREFIX}{final}-{os.getpid()}-{time.monotonic_ns()}"
-    made = None
+    made = False  # the temporary folder exists: a failure removes it
     try:
         with disk.writing(folder, f"checkpoint {final}", f"free space there (or lower run.keep_checkpoints), "
                                                           f"then `solrl train --resume {run_dir}`"):
             with pinned.opened() as fd:
                 os.mkdir(tmp, dir_fd=fd)
-                made = fd_path = _through(fd, folder)
-                _write(fd_path / tmp, policy, optimizer, state, gathered)
+                made = True
+                _write(_through(fd, folder) / tmp, policy, optimizer, state, gathered)
             with pinned.opened() as fd:  # checked again: a folder swapped during the write gets no rename
                 if final in os.listdir(fd):  # the same iteration saved again after a resume: swap, never half-replace
                     stale = f".old-{final}-{time.monotonic_ns()}"
@@ -117,9 +117,9 @@ def _through(fd: int, folder: Path) -> Path:
     return proc if proc.is_dir() else folder
 
 
-def _remove_tmp(pinned: CheckpointFolder, tmp: str, made: Path | None) -> None:
+def _remove_tmp(pinned: CheckpointFolder, tmp: str, made: bool) -> None:
     """The half-written save removed from the run's own folder (never through a swapped path)."""
-    if made is None:
+    if not made:
         return
     with contextlib.suppress(SolrlError, OSError), pinned.opened() as fd:
         shutil.rmtree(tmp, dir_fd=fd, ignore_errors=True)

@@ -13,7 +13,7 @@ writes none), in one line naming it, before anything in the folder is truncated,
   atomically): any link there, even one planted after the check, is refused by the kernel (O_NOFOLLOW),
   and so is a hard link (a link count above 1, which O_NOFOLLOW does not see): it is one file with a
   name outside the folder, and writing it writes there;
-- `FolderPin` for the folders a run writes into and deletes from (the run folder, `checkpoints/`): their
+- `FolderPin` for the folder a run saves into and prunes (`checkpoints/`, engine/checkpoint.py): its
   identity is taken once, and each save, rename and delete goes through a handle checked against it,
   so a folder swapped for a link or another folder mid-run is refused, never followed.
 

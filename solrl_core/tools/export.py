@@ -121,10 +121,11 @@ def _files(folder: Path) -> list[str]:
 def remove_partials(out_dir: Path) -> list[str]:
     """The temporary folders earlier exports of `out_dir` left beside it when killed (`.NAME.<rand>.partial`,
     `.NAME.<rand>.old`), removed; a line for each."""
+    import glob
     import shutil
 
     gone = []
-    for path in sorted(out_dir.parent.glob(f".{out_dir.name}.*")) if out_dir.parent.is_dir() else []:
+    for path in sorted(out_dir.parent.glob(f".{glob.escape(out_dir.name)}.*")) if out_dir.parent.is_dir() else []:
         if path.suffix in (".partial", ".old") and path.is_dir() and not path.is_symlink():
             shutil.rmtree(path, ignore_errors=True)
             gone.append(f"removed {path}, left by an export of {out_dir} that was killed before it finished")
@@ -135,7 +136,9 @@ def _swap_in(tmp: Path, out_dir: Path) -> list[str]:
     """`tmp`'s files put at `out_dir`: a new or empty `out_dir` is `tmp` renamed; into an earlier export,
     each file is renamed over its old self and the files the earlier export wrote that this one did not
     are deleted, nothing else (export_card.check_export_folder checked that no file of this export would
-    replace one it did not write). Returns the files replaced."""
+    replace one it did not write). Returns the files of the earlier export, each replaced or removed."""
+    import shutil
+
     from solrl_core.tools.export_card import recorded_files
 
     if not out_dir.exists() or not any(out_dir.iterdir()):
@@ -150,10 +153,8 @@ def _swap_in(tmp: Path, out_dir: Path) -> list[str]:
     for name in sorted({str(Path(n).parent) for n in old - set(new)}, key=len, reverse=True):
         if name != "." and (out_dir / name).is_dir() and not any((out_dir / name).iterdir()):
             (out_dir / name).rmdir()
-    import shutil
-
     shutil.rmtree(tmp, ignore_errors=True)
-    return sorted(old & set(new) | old - set(new))
+    return sorted(old)
 
 
 def export_weights(cfg: Config, checkpoint: Path, weights: str, out_dir: Path, merge: bool,
