@@ -14,8 +14,8 @@ from solrl_core.text import has_control, printable
 
 
 def _clean(obj: Any) -> Any:
-    if isinstance(obj, Text) and has_control(obj.plain):
-        return Text(printable(obj.plain, lines=True), style=obj.style)  # rare: its spans go with the controls
+    if isinstance(obj, Text) and has_control(obj.plain):  # rare: its spans go with the controls (rich dropped a BEL
+        return Text(printable(obj.plain, lines=True), style=obj.style)  # already: an OSC's text may stay, harmless)
     return obj
 
 

@@ -14,10 +14,12 @@ def plural(n: int, one: str, many: str = "") -> str:
 # What a terminal acts on rather than shows: escape sequences (CSI `ESC [ ... final`, OSC `ESC ] ... BEL or
 # ESC \`, DCS/APC/PM/SOS up to ESC \, and two-character ones), their 8-bit forms (C1: U+0080-U+009F),
 # the other C0 controls (BEL, backspace, carriage return, ...) and DEL.
+# An OSC (or DCS...) string goes to its terminator; one without (a BEL already dropped) loses only its
+# introducer, so the text after it stays readable.
 _SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]?"  # CSI
-                       r"|[\x1b][\]PX^_].*?(?:\x07|\x1b\\|$)"  # OSC, DCS, SOS, PM, APC
-                       r"|[\x9b][0-?]*[ -/]*[@-~]?|[\x9d\x90\x98\x9e\x9f].*?(?:\x07|\x9c|$)"  # their 8-bit forms
-                       r"|\x1b[ -~]?", re.DOTALL)
+                       r"|\x1b[\]PX^_][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)"  # OSC, DCS, SOS, PM, APC, terminated
+                       r"|\x9b[0-?]*[ -/]*[@-~]?|[\x9d\x90\x98\x9e\x9f][^\x07\x1b\x9c]*(?:\x07|\x9c)"  # their 8-bit forms
+                       r"|\x1b[ -~]?")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 

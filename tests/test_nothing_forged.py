@@ -222,6 +222,10 @@ def test_no_terminal_control_in_a_run_folder_reaches_the_terminal(in_tmp, evalua
         assert done.returncode == 0 and "Traceback" not in out, f"{what}: {out[-3000:]}"
         assert not any(c in out for c in "\x1b\x07\x9b"), f"{what} printed a terminal control: {out[-2000:]!r}"
     assert "look here now" in said["monitor"]  # the sequences gone, what they enclosed too
+    (in_tmp / f"e{HOSTILE}").mkdir()  # --best's error line names the folder
+    refused = _solrl(in_tmp, "export", f"e{HOSTILE}", "--best")
+    assert refused.returncode == 2 and "--best found no checkpoint of e that an evaluation passed" in _out(refused), _out(refused)
+    assert not any(c in _out(refused) for c in "\x1b\x07\x9b"), repr(_out(refused))
 
 
 def test_the_tui_shows_a_run_folders_strings_without_their_controls(tmp_path):
