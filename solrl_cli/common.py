@@ -7,7 +7,7 @@ import datetime as dt
 from pathlib import Path
 from typing import Any, Optional
 
-from rich.console import Console
+from solrl_cli.safe_console import SafeConsole as Console
 
 # markup=False: run names, prompts and preset texts hold brackets ("solrl[rewards]", "FLUX.2 [klein]") that
 # rich would take for style tags; a styled part is given as Text or style=, never as markup in a string.
@@ -73,7 +73,9 @@ def pick_best(run: Optional[Path], checkpoint: Optional[str], best: bool) -> tup
                          "drop --checkpoint" if checkpoint else "pass the run folder as the first argument")
     from solrl_core.loop.hacking import best_checkpoint  # torch: a run folder's checkpoints are read with it
 
-    path, why = best_checkpoint(run)
+    path, why, mismatched = best_checkpoint(run)
+    for line in mismatched:
+        console.print(f"warning: {line}")
     console.print(f"--best: {why}")
     return path.name, why
 

@@ -19,13 +19,14 @@ def compare(
     """Plot and tabulate several runs: Stage-2 reward and evaluation against iteration and time, time per phase."""
     import csv
 
-    from rich.console import Console
     from rich.table import Table
+
+    from solrl_cli.safe_console import SafeConsole as Console
 
     from solrl_core.tracking.compare import figure, load_run, table
 
     with user_errors():
-        records = [load_run(run) for run in runs]
+        records = [load_run(run, skip_damaged=True) for run in runs]  # one damaged line: a warning, not the whole run
         for warning in (w for r in records for w in r.warnings):
             err_console.print(Text.assemble(("warning:", "yellow"), f" {warning}"), soft_wrap=True)
         out_dir = output_folder(out, None, "compare")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from rich.console import Console
+from solrl_cli.safe_console import SafeConsole as Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Column
 from rich.text import Text
@@ -141,7 +141,7 @@ class TerminalDisplay:
         if self.task is not None:  # the evaluation is over: the bar no longer says it runs
             self.progress.update(self.task, description=self.label)
         extras = "".join(f"  {k.split('.')[-1]} {v:.3f}" for k, v in e.extras.items())
-        took = f"base: from {e.reused}, not scored again" if e.reused else f"{e.seconds:.1f}s"
+        took = f"base from {e.reused}" if e.reused else f"{e.seconds:.1f}s"
         self.console.print(f"  eval ({e.weights} weights, {e.prompts}, {plural(e.samples, 'image')}): reward {fmt(e.mean)}{extras}  ({took})")
         if e.eval_rewards:
             self.console.print(f"  eval rewards (not trained on): {eval_rewards_text(e)}")

@@ -8,11 +8,12 @@ import os
 from typing import Iterator
 
 import typer
-from rich.console import Console
+from solrl_cli.safe_console import SafeConsole as Console
 from rich.text import Text
 
 from solrl_core.errors import SolrlError
 from solrl_core.faults import disk
+from solrl_core.text import printable
 
 err_console = Console(stderr=True, highlight=False, markup=False)  # messages quote user text: no markup
 
@@ -37,7 +38,7 @@ def user_errors() -> Iterator[None]:
             _user_error(disk.explain(exc, None, "a file") or SolrlError(str(exc)))
         if debug():
             raise
-        err_console.print(Text.assemble(("internal error:", "bold red"), f" {type(exc).__name__}: {exc}"))
+        err_console.print(Text.assemble(("internal error:", "bold red"), f" {type(exc).__name__}: {printable(str(exc), lines=True)}"))
         err_console.print(Text.assemble("  ", ("fix:", "bold"), " rerun with SOLRL_DEBUG=1 for the traceback, and report it"))
         raise typer.Exit(1) from None
 
@@ -45,7 +46,7 @@ def user_errors() -> Iterator[None]:
 def _user_error(exc: SolrlError) -> None:
     if debug():
         raise exc
-    err_console.print(Text.assemble(("error:", "bold red"), f" {exc.message}"), soft_wrap=True)
-    if exc.fix:
-        err_console.print(Text.assemble("  ", ("fix:", "bold"), f" {exc.fix}"), soft_wrap=True)
+    err_console.print(Text.assemble(("error:", "bold red"), f" {printable(exc.message, lines=True)}"), soft_wrap=True)
+    if exc.fix:  # printable before rich's Text, which drops a BEL and would leave an OSC unterminated
+        err_console.print(Text.assemble("  ", ("fix:", "bold"), f" {printable(exc.fix, lines=True)}"), soft_wrap=True)
     raise typer.Exit(2) from None

@@ -23,7 +23,7 @@ PushToHub = Annotated[Optional[str], typer.Option(
     "--push-to-hub", metavar="REPO", help="Also upload the export to this Hugging Face Hub model repo (OWNER/NAME, created if "
                                           "missing; HF_ENDPOINT is honoured). Token: HF_TOKEN, else `hf auth login`'s.")]
 Private = Annotated[bool, typer.Option("--private", help="With --push-to-hub: create the repo private.")]
-Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace the folder when it holds an earlier export (never a folder of other files).")]
+Overwrite = Annotated[bool, typer.Option("--overwrite", help="Replace the files an earlier export in the folder wrote (its solrl_export.json lists them); every other file stays.")]
 Merge = Annotated[bool, typer.Option("--merge", help="Write the full transformer with the LoRA merged in, instead of the LoRA alone.")]
 
 
@@ -109,8 +109,13 @@ def export(
 
         exported = export_weights(cfg, ckpt, sets[0], folder, merge, push_to_hub, overwrite,
                                   chosen=f"chosen by --best: {why}" if why else "")
+        for note in exported.notes:
+            console.print(f"note: {note}")
         console.print(f"{exported.what} ({sets[0]} weights of {ckpt.name}) -> {exported.path}  (model card {exported.card.name}; "
                       f"load with {exported.how})")
+        if exported.replaced:
+            console.print(f"--overwrite replaced the earlier export's {plural(len(exported.replaced), 'file')} "
+                          f"({', '.join(exported.replaced)}); every other file in {exported.path} is as it was")
         if push_to_hub:
             from solrl_core.tools.hub import push_folder
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from rich.console import Console
+from solrl_cli.safe_console import SafeConsole as Console
 from rich.text import Text
 
 STYLE = {"pass": "green", "skipped": "yellow", "fail": "bold red"}

@@ -65,8 +65,12 @@ def train(
                                     sys.argv[1:], prompts_per_iteration=start.config.run.prompts_per_iteration,
                                     run_dir=str(resume or start.config.run.run_dir)))
         session = _run(start, tui, verbose)
-        if not session.state.finished(session.run.config.run.iterations):
-            raise typer.Exit(130)  # stopped by a signal: saved, but not finished (its last evaluation may be due)
+        if not session.state.finished(session.run.config.run.iterations):  # saved, but not finished
+            # the run's own rule stopped it (on_hacking), else a signal did (its last evaluation may be due)
+            raise typer.Exit(STOPPED_BY_RULE if session.state.stopped_by_rule else 130)
+
+
+STOPPED_BY_RULE = 3  # exit code: the reward-hacking rule stopped the run (on_hacking=stop, or its last rollback)
 
 
 def _run(start, tui: bool, verbose: bool = False):  # type: ignore[no-untyped-def]

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from solrl_core.event_bus import EventBus, JsonlLog, Subscriber  # noqa: F401  (re-exported: ev.EventBus, ev.JsonlLog)
+from solrl_core.text import printable_data
 
 PHASES = ("explore", "selection", "regenerate", "reward", "train", "sync", "total")
 
@@ -144,9 +145,10 @@ class EvalFinished(Event):
     eval_rewards: dict[str, float] = field(default_factory=dict)
     eval_changes: dict[str, float] = field(default_factory=dict)  # each one's change since the base; empty without a base
     eval_se: dict[str, float] = field(default_factory=dict)  # the paired standard error of each of those changes
-    reused: str = ""  # the file these scores were read back from (a run's kept base evaluation); '' when scored now
+    reused: str = ""  # the file these scores were read back from, when written, and its digest checked; '' when scored now
     picture: str = ""  # a training run's picture of it: base beside these weights on a few of its images (eval_pictures.py)
     eval_floors: dict[str, float] = field(default_factory=dict)  # each one's hacking floor (loop/hacking.py); empty without one
+    kept: str = ""  # a training run's base: the SHA-256 of the scores it kept in eval_base.json, checked before `solrl eval` reuses them
 
 
 @dataclass(frozen=True)
@@ -393,6 +395,11 @@ def event_types() -> dict[str, type[Event]]:
     return found
 
 
+def _shown(value: Any) -> str:
+    """repr(value) for a message: cut to 80 characters, a huge integer by its size (repr refuses past 4300 digits)."""
+    return f"an integer of {value.bit_length()} bits" if isinstance(value, int) and value.bit_length() > 64 else repr(value)[:80]
+
+
 def decode(record: dict[str, Any]) -> Event:
     """The typed event of one `events.jsonl` record (what `Event.to_dict` wrote), keyed by its "event".
 
@@ -442,5 +449,12 @@ def _value(annotation: str, value: Any, kind: str, name: str) -> Any:
     if base not in _JSON_TYPES:  # a new event field of a type this reader cannot check: the round-trip test says so
         raise EventDecodeError(f"event {kind!r} field {name!r} has a type the decoder does not know: {annotation}", kind)
     if not isinstance(value, _JSON_TYPES[base]) or (isinstance(value, bool) and base != "bool"):
-        raise EventDecodeError(f"event {kind!r} field {name!r} should be {annotation}, not {value!r}", kind)
-    return float(value) if base == "float" else value
+        raise EventDecodeError(f"event {kind!r} field {name!r} should be {annotation}, not {_shown(value)}", kind)
+    if base == "float":
+        if isinstance(value, int) and abs(value) > 2**1023:  # float() would overflow
+            raise EventDecodeError(f"event {kind!r} field {name!r} is {_shown(value)}, beyond a float", kind)
+        return float(value)
+    try:
+        return printable_data(value)  # a record comes from a run folder: no terminal control reaches a screen
+    except OverflowError as exc:
+        raise EventDecodeError(f"event {kind!r} field {name!r}: {exc}", kind) from None

@@ -173,7 +173,8 @@ def test_a_run_draws_each_evaluation_and_eval_reads_its_kept_base_back_unless_th
     kept = json.loads(Path("r/eval_base.json").read_text())
     same = runner.invoke(app, ["eval", "r", "--out", "ev"])  # the run's own prompts, seeds, steps and rewards
     assert same.exit_code == 0, same.output
-    assert "base: from r/eval_base.json" in same.output and "evaluating the base weights" not in same.output
+    assert "base from r/eval_base.json, written " in same.output and "digest ok" in same.output
+    assert "evaluating the base weights" not in same.output
     summary = json.loads(Path("ev/summary.json").read_text())
     assert summary["base"]["rewards"]["total"]["mean"] == pytest.approx(sum(kept["total"]) / len(kept["total"]))
     assert "tinyworld_fidelity" in summary["ema"]["eval_rewards"]  # the eval reward's base came back too
@@ -181,7 +182,7 @@ def test_a_run_draws_each_evaluation_and_eval_reads_its_kept_base_back_unless_th
     assert [r["reward"] for r in rows if r["weights"] == "base"] == pytest.approx(kept["total"])
     other = runner.invoke(app, ["eval", "r", "--seeds", "2", "--out", "ev2"])  # other seeds: scored again
     assert other.exit_code == 0, other.output
-    assert "base: from" not in other.output and "evaluating the base weights" in other.output
+    assert "base from" not in other.output and "evaluating the base weights" in other.output
 
 
 def test_eval_errors_are_one_line(in_tmp):

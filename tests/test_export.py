@@ -70,7 +70,8 @@ def test_export_without_out_writes_under_the_run_with_peft_files_a_card_and_read
     folder = Path("run/export/iter_000001-ema")
     assert str(folder) in result.output.replace("\n", "")
     names = {p.name for p in folder.iterdir()}
-    assert names == {"pytorch_lora_weights.safetensors", "adapter_model.safetensors", "adapter_config.json", "README.md"}
+    assert names == {"pytorch_lora_weights.safetensors", "adapter_model.safetensors", "adapter_config.json", "README.md",
+                     "solrl_export.json"}  # the record of what it wrote: all --overwrite replaces
     modes = _modes(folder)
     assert modes.pop(".") == 0o755 and set(modes.values()) == {0o644}, modes
     again = runner.invoke(app, ["export", "run"])

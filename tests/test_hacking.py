@@ -162,15 +162,17 @@ def _solrl(*args, cwd):
     return subprocess.run([sys.executable, "-m", "solrl_cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
-def _verdict(checkpoint, gain, flagged_rewards):
-    """Rewrite a checkpoint's own evaluation verdict (and its manifest, so it stays intact)."""
+def _flag(checkpoint, flagged_rewards):
+    """Rewrite which eval rewards a checkpoint's own evaluation verdict flagged (and its manifest, so it
+    stays intact); its gain stays the one the run's events record (hacking.Verdicts believes no other)."""
     path = checkpoint / "trainer_state.json"
     state = json.loads(path.read_text())
-    state["evaluations"] = [e for e in state.get("evaluations", []) if e["iteration"] != state["iteration"]]
-    state["evaluations"].append({"iteration": state["iteration"], "gain": gain, "se": 0.01, "flagged": flagged_rewards})
+    own = next(e for e in state["evaluations"] if e["iteration"] == state["iteration"])
+    own["flagged"] = flagged_rewards
     path.write_text(json.dumps(state))
     (checkpoint / "manifest.json").unlink()
     write_manifest(checkpoint)
+    return own["gain"]
 
 
 def test_best_picks_the_highest_gain_no_rule_flagged_and_the_card_says_why(rolled):
@@ -178,15 +180,15 @@ def test_best_picks_the_highest_gain_no_rule_flagged_and_the_card_says_why(rolle
     run = tmp / "a"
     found = sorted((run / "checkpoints").glob("iter_*"))
     assert len(found) >= 2 and found[-1].name == "iter_000004"
-    for i, path in enumerate(found[:-1]):
-        _verdict(path, 0.1 + 0.1 * i, [])
-    _verdict(found[-1], 0.9, ["tinyworld_fidelity"])  # the last and highest gain, flagged
-    best = found[-2].name
+    gains = {path.name: _flag(path, []) for path in found[:-1]}
+    _flag(found[-1], ["tinyworld_fidelity"])  # the last, flagged
+    best = max(gains, key=lambda name: (gains[name], name))
     done = _solrl("export", str(run), "--best", "--out", str(tmp / "x"), cwd=tmp)
     assert done.returncode == 0, done.stderr
     assert f"--best: {best}: the highest trained-reward gain" in done.stdout and "flagged: iter_000004 (tinyworld_fidelity)" in done.stdout
+    assert "warning:" not in done.stdout  # every verdict is the one the run's events record
     card = (tmp / "x" / "README.md").read_text()
-    assert f"| checkpoint | chosen by --best: {best}: the highest trained-reward gain since the base (+" in card
+    assert f"| checkpoint | chosen by --best: {best}: the highest trained-reward gain since the base ({gains[best]:+.4f}" in card
     scored = _solrl("eval", str(run), "--best", "--prompts", str(tmp / "ev.txt"), "--seeds", "1", "--steps", "2", "--rewards", "",
                     "--out", str(tmp / "e"), cwd=tmp)
     assert scored.returncode == 0, scored.stderr
@@ -194,6 +196,6 @@ def test_best_picks_the_highest_gain_no_rule_flagged_and_the_card_says_why(rolle
     both = _solrl("export", str(run), "--best", "--checkpoint", "iter_000004", cwd=tmp)
     assert both.returncode == 2 and "drop --checkpoint" in both.stderr
     for path in found[:-1]:
-        _verdict(path, 0.1, ["tinyworld_fidelity"])
+        _flag(path, ["tinyworld_fidelity"])
     none = _solrl("export", str(run), "--best", cwd=tmp)
     assert none.returncode == 2 and "--best found no checkpoint" in none.stderr and "Traceback" not in none.stdout + none.stderr

@@ -155,9 +155,24 @@ def test_five_2048_pngs_in_an_80_kb_request_are_refused_before_a_pixel_is_decode
     body = json.dumps({"prompts": ["a red circle"] * 5, "images": [item] * 5}).encode()
     assert len(body) < 100 * 1024  # 240 MiB of float32 pixels once decoded
     (status, answer), grown_mib = peak_growth_mib(plain.proc.pid, lambda: post(plain.url + "/score", body, timeout=120))
-    assert status == 413, answer
-    assert answer["detail"] == "5 images of 2048x2048 decode to 251658240 bytes; the server takes at most 134217728 per request"
+    assert status == 422, answer  # tinyworld_geneval declares the largest side it judges: 256 (limits.reward_side)
+    assert answer["detail"] == "image 0: 2048x2048 is larger than the server's 256 pixels per side"
     assert grown_mib < 300, f"the server's peak memory grew by {grown_mib:.0f} MiB"  # before: scored, +1.5 GB
+
+
+def test_the_rewards_own_work_is_bounded_two_2048_pngs_within_the_decode_budget_add_no_gigabyte(plain):
+    """Two 2048x2048 PNGs (41 KB on the wire, 96 MiB decoded: within the decode budget) raised a
+    tinyworld_geneval server's peak by 0.99 GB as the reward judged every pixel; now the reward's
+    declared side refuses them before decoding, and the largest images it takes are scored in a few MiB."""
+    two = json.dumps({"prompts": ["a red circle"] * 2, "images": [png_item(png(2048))] * 2}).encode()
+    assert len(two) < 64 * 1024
+    (status, answer), grown_mib = peak_growth_mib(plain.proc.pid, lambda: post(plain.url + "/score", two, timeout=300))
+    assert status == 422 and "2048x2048 is larger than the server's 256 pixels per side" in answer["detail"], answer
+    assert grown_mib < 64, f"the server's peak memory grew by {grown_mib:.0f} MiB"
+    largest = json.dumps({"prompts": ["a red circle"] * 2, "images": [png_item(png(256))] * 2}).encode()
+    (status, answer), grown_mib = peak_growth_mib(plain.proc.pid, lambda: post(plain.url + "/score", largest, timeout=300))
+    assert status == 200 and len(answer["total"]) == 2, answer
+    assert grown_mib < 64, f"scoring two 256x256 images grew the server's peak by {grown_mib:.0f} MiB"
 
 
 def test_requests_in_flight_share_one_decoded_budget(tmp_path):

@@ -171,7 +171,7 @@ def test_an_optimizer_moment_of_the_wrong_shape_is_refused_before_an_iteration(i
     save_state(optimizer, folder, "optimizer")
     write_manifest(folder)
     _resume_in_process(run, f'optimizer.json is not a state solrl wrote: "state"[0].exp_avg is a torch.float32 tensor of '
-                            f"shape [3], a float tensor of shape {shape} expected")
+                            f"shape [3], a torch.float32 tensor of shape {shape} expected")
 
 
 # The CLI in a process that reports how much its peak memory grew past its imports (the checkpoint's
@@ -223,7 +223,11 @@ def test_compare_names_a_line_nested_a_million_deep(tmp_path):
     _record(tmp_path / "r", "sol_rl", [0.5, 0.6], seconds=1.0)
     lines = (tmp_path / "r" / "events.jsonl").read_text().splitlines()
     (tmp_path / "r" / "events.jsonl").write_text("\n".join([*lines[:2], DEEP, *lines[2:]]) + "\n")
-    _refused(_solrl(tmp_path, "compare", "r", "--out", "cmp"), "r/events.jsonl line 3 is damaged: nested too deep to be a record solrl wrote", "sed -i '3d'")
+    done = _solrl(tmp_path, "compare", "r", "--out", "cmp")  # the line is skipped, named once; the run is still compared
+    out = done.stdout + done.stderr
+    assert done.returncode == 0 and "Traceback" not in out and out.count("warning:") == 1, out[-3000:]
+    assert "r/events.jsonl line 3 skipped: damaged (nested too deep to be a record solrl wrote)" in out and "sed -i '3d'" in out
+    assert (tmp_path / "cmp" / "compare.csv").is_file()
 
 
 def test_the_monitor_names_a_line_nested_a_million_deep(tmp_path):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
 import math
 import queue
 import statistics
@@ -164,8 +165,9 @@ class RunState:
         self.version = 0  # bumped per event: the view redraws only when it moved
 
     def apply(self, e: ev.Event | dict[str, Any]) -> None:
-        if isinstance(e, dict):
-            e = ev.decode(e)
+        if not isinstance(e, dict):  # a live run's event holds strings of its config and folder: read as a logged one
+            e = json.loads(json.dumps(e.to_dict()))
+        e = ev.decode(e)  # every string printable (text.printable): the view shows it, never a terminal control
         self.version += 1
         self.last_time = e.time
         if isinstance(e, ev.RunStarted):

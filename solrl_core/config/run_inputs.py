@@ -117,16 +117,16 @@ def _check_vocabulary(cfg: Config, prompts: list[str]) -> None:
 
 def _check_servers(cfg: Config) -> None:
     """A remote: or vlm: reward's server answers its health request (the request the doctor makes),
-    within reward.timeout_s where that is shorter than the doctor's limit."""
+    within reward.timeout_s when that is set (a number above 0), else the doctor's limit (10 s)."""
     from solrl_core.rewards.endpoints import is_endpoint
     from solrl_core.rewards.probe import PROBE_TIMEOUT_S, probe_endpoint
     from solrl_core.rewards.timeouts import parse_timeout
     from solrl_core.rewards.transport import Unreachable
 
-    limit = parse_timeout(cfg.reward.timeout_s) or PROBE_TIMEOUT_S
+    limit = parse_timeout(cfg.reward.timeout_s) or PROBE_TIMEOUT_S  # auto or 0 (no watchdog): the doctor's limit
     for name in filter(is_endpoint, cfg.reward.weights):
         try:
-            probe_endpoint(name, cfg.reward.remote, min(limit, PROBE_TIMEOUT_S), video=cfg.model.frames > 0)
+            probe_endpoint(name, cfg.reward.remote, limit, video=cfg.model.frames > 0)
         except Unreachable as exc:  # nothing has started: the same command (a resume included) is the next step
             raise SolrlError(f"reward endpoint {name}: {exc.message}", f"{Unreachable.START}, then run the same command again") from exc
         except SolrlError as exc:

@@ -20,13 +20,15 @@ and noise.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import shutil
+import stat
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ContextManager
 
 import numpy as np
 import torch
@@ -37,47 +39,90 @@ from solrl_core.engine.sharding import Gathered, load_optimizer_state
 from solrl_core.engine.state_schema import check_optimizer, check_rng, check_sizes, read_trainer_state
 from solrl_core.errors import SolrlError
 from solrl_core.faults import disk
+from solrl_core.faults.links import FolderPin
 from solrl_core.faults.manifest import verify, write_manifest
 from solrl_core.faults.state_files import has_state, load_legacy, load_state, save_state
-from solrl_core.io.rundir import checkpoint_dir, list_checkpoints, pick_checkpoint
+from solrl_core.io.rundir import CHECKPOINT_NAME, checkpoint_dir, list_checkpoints, pick_checkpoint
 
 TMP_PREFIX = ".tmp-"  # a checkpoint being written: checkpoints/.tmp-iter_NNNNNN-<pid>-<ns>
 
 
+class CheckpointFolder:
+    """A run's `checkpoints/`, pinned (faults/links.py FolderPin) when the run opens it, or when its
+    first save creates it: every save, rename and delete of the run goes through a handle checked
+    against that folder, never through a path that may lead elsewhere by then."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = checkpoint_dir(run_dir)
+        self.pin = FolderPin(self.path, "the run's checkpoints") if self.path.exists() or self.path.is_symlink() else None
+
+    def opened(self) -> ContextManager[int]:
+        if self.pin is None:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self.pin = FolderPin(self.path, "the run's checkpoints")
+        return self.pin.opened()
+
+
 def save_checkpoint(run_dir: Path, iteration: int, policy: Policy, optimizer: torch.optim.Optimizer,
-                    state: dict[str, Any], keep: int, *, gathered: Gathered | None = None, spare: set[str] = frozenset()) -> Path:
+                    state: dict[str, Any], keep: int, *, gathered: Gathered | None = None, spare: set[str] = frozenset(),
+                    folder_pin: CheckpointFolder | None = None) -> Path:
     """Write checkpoint `iteration` atomically and prune all but the newest `keep` and those named in
     `spare` (the run's last good and best ones: loop/hacking.py). `gathered`: the adapters and
-    optimizer state of a sharded policy, gathered whole by every rank (sharding.py)."""
+    optimizer state of a sharded policy, gathered whole by every rank (sharding.py). `folder_pin`: the
+    run's checkpoints folder as the run opened it (one pinned now without it): the files are written
+    through its handle (/proc/self/fd where Linux has it), and the rename and the pruning are made
+    relative to it, each after checking the folder is still that one."""
+    pinned = folder_pin or CheckpointFolder(run_dir)
     folder = checkpoint_dir(run_dir)
-    final = folder / f"iter_{iteration:06d}"
-    tmp = folder / f"{TMP_PREFIX}{final.name}-{os.getpid()}-{time.monotonic_ns()}"
+    final = f"iter_{iteration:06d}"
+    tmp = f"{TMP_PREFIX}{final}-{os.getpid()}-{time.monotonic_ns()}"
+    made = False  # the temporary folder exists: a failure removes it
     try:
-        with disk.writing(folder, f"checkpoint {final.name}", f"free space there (or lower run.keep_checkpoints), "
-                                                               f"then `solrl train --resume {run_dir}`"):
-            folder.mkdir(parents=True, exist_ok=True)
-            tmp.mkdir()
-            _write(tmp, policy, optimizer, state, gathered)
-            if final.exists():  # the same iteration saved again after a resume: swap, never half-replace
-                stale = folder / f".old-{final.name}-{time.monotonic_ns()}"
-                final.rename(stale)
-                tmp.rename(final)
-                shutil.rmtree(stale, ignore_errors=True)
-            else:
-                tmp.rename(final)
+        with disk.writing(folder, f"checkpoint {final}", f"free space there (or lower run.keep_checkpoints), "
+                                                          f"then `solrl train --resume {run_dir}`"):
+            with pinned.opened() as fd:
+                os.mkdir(tmp, dir_fd=fd)
+                made = True
+                _write(_through(fd, folder) / tmp, policy, optimizer, state, gathered)
+            with pinned.opened() as fd:  # checked again: a folder swapped during the write gets no rename
+                if final in os.listdir(fd):  # the same iteration saved again after a resume: swap, never half-replace
+                    stale = f".old-{final}-{time.monotonic_ns()}"
+                    os.rename(final, stale, src_dir_fd=fd, dst_dir_fd=fd)
+                    os.rename(tmp, final, src_dir_fd=fd, dst_dir_fd=fd)
+                    shutil.rmtree(stale, dir_fd=fd, ignore_errors=True)
+                else:
+                    os.rename(tmp, final, src_dir_fd=fd, dst_dir_fd=fd)
             disk.fsync_dir(folder)  # the rename itself survives a power loss
     except SolrlError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_tmp(pinned, tmp, made)
         previous = list_checkpoints(run_dir)
         kept = f"the previous checkpoint {previous[-1].name} is intact" if previous else "no earlier checkpoint exists"
         raise SolrlError(f"{exc.message}; {kept}", exc.fix) from exc.__cause__
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _remove_tmp(pinned, tmp, made)
         raise
-    for old in list_checkpoints(run_dir)[:-keep]:
-        if old.name not in spare:
-            shutil.rmtree(old, ignore_errors=True)
-    return final
+    with pinned.opened() as fd:  # pruning deletes only in the run's own folder, through its handle
+        names = sorted(n for n in os.listdir(fd) if CHECKPOINT_NAME.match(n)
+                       and stat.S_ISDIR(os.stat(n, dir_fd=fd, follow_symlinks=False).st_mode))
+        for old in names[:-keep]:
+            if old not in spare:
+                shutil.rmtree(old, dir_fd=fd, ignore_errors=True)
+    return folder / final
+
+
+def _through(fd: int, folder: Path) -> Path:
+    """A path that reaches the folder open as `fd` whatever its name leads to now (Linux's /proc/self/fd),
+    or its name where there is no /proc."""
+    proc = Path(f"/proc/self/fd/{fd}")
+    return proc if proc.is_dir() else folder
+
+
+def _remove_tmp(pinned: CheckpointFolder, tmp: str, made: bool) -> None:
+    """The half-written save removed from the run's own folder (never through a swapped path)."""
+    if not made:
+        return
+    with contextlib.suppress(SolrlError, OSError), pinned.opened() as fd:
+        shutil.rmtree(tmp, dir_fd=fd, ignore_errors=True)
 
 
 def _write(tmp: Path, policy: Policy, optimizer: torch.optim.Optimizer, state: dict[str, Any],

@@ -7,7 +7,7 @@ against that writer (they rewrite it to match). So, before the loop runs:
   number, the steps and streaks at most that many), one finite reward per iteration, finite seconds,
   each evaluation's verdict an iteration up to it with two finite numbers and a list of names;
 - the optimizer state: its groups and parameters those of the optimizer it loads into, each moment
-  a floating tensor of its parameter's shape, each step count one finite number >= 0;
+  a tensor of its parameter's dtype and shape, each step count one finite number >= 0;
 - the RNG states: the sizes the generators use (a numpy array's dtype is checked where it is
   decoded, before it is allocated: faults/state_files.py);
 - and no file of the checkpoint larger than its adapters could make it (a sparse file claiming
@@ -36,6 +36,7 @@ FIX = "resume from an earlier checkpoint with `--checkpoint iter_N`, or start th
 _NUMBER = re.compile(r"^iter_(\d+)$")
 MAX_STEPS = 10_000  # Stage 1's preview steps: far above any sampler's (calibration.py chooses <= sampler.steps)
 _MOMENTS = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"}  # AdamW's per-parameter tensors beside "step"
+BOUND = 1e6  # a stored reward, gain or standard error: rewards are scores of order 1, never near this
 _VERDICT = {"iteration", "gain", "se", "flagged"}  # an evaluation's verdict (loop/hacking.py)
 SLACK = 64 << 20  # bytes any checkpoint file may hold beyond what its adapters need (trainer_state's history)
 
@@ -52,6 +53,16 @@ def _show(value: Any) -> str:
         return f"an integer of {len(str(abs(value)))} digits"  # not the digits themselves: one line
     text = repr(value)
     return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _finite(value: Any, bound: float = BOUND, low: float | None = None) -> bool:
+    """A JSON number (not a bool) within +-`bound` (and >= `low`): finite, and never an integer too large
+    for a float (math.isfinite and float() raise OverflowError on 10**4000)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    if isinstance(value, int) and value.bit_length() > 64:
+        return False
+    return math.isfinite(value) and abs(value) <= bound and (low is None or value >= low)
 
 
 def _int(value: Any, low: int, high: int) -> bool:
@@ -81,9 +92,9 @@ def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
     history = saved.get("history")
     _check(path, '"history"', history, lambda v: isinstance(v, list) and len(v) == it, f"a list of {it} rewards")
     for i, reward in enumerate(history):
-        _check(path, f'"history"[{i}]', reward, lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number")
-    _check(path, '"seconds"', saved.get("seconds", 0.0),
-           lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0, "a number >= 0")
+        _check(path, f'"history"[{i}]', reward, lambda v: isinstance(v, float) and not math.isfinite(v) or _finite(v),
+               f"a number within +-{BOUND:g} (or NaN)")  # NaN: no finite reward that iteration
+    _check(path, '"seconds"', saved.get("seconds", 0.0), lambda v: _finite(v, 10.0**12, 0), "a finite number >= 0")
     faults = saved.get("faults") or {}
     _check(path, '"faults"', faults, lambda v: isinstance(v, dict), "an object")
     for field, streaks in (('"reward_streaks"', saved.get("reward_streaks", {})),
@@ -97,9 +108,10 @@ def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
     _check(path, '"evaluations"', evaluations, lambda v: isinstance(v, list) and len(v) <= it + 1, f"a list of at most {it + 1}")
     for i, e in enumerate(evaluations):
         _check(path, f'"evaluations"[{i}]', e, lambda v: isinstance(v, dict) and set(v) == _VERDICT and _int(v["iteration"], 0, it)
-               and all(isinstance(v[k], (int, float)) and not isinstance(v[k], bool) and math.isfinite(v[k]) for k in ("gain", "se"))
+               and _finite(v["gain"]) and _finite(v["se"], low=0)
                and isinstance(v["flagged"], list) and all(isinstance(n, str) for n in v["flagged"]),
-               f"an object of {', '.join(sorted(_VERDICT))} (an iteration 0 ... {it}, two numbers, a list of names)")
+               f"an object of {', '.join(sorted(_VERDICT))} (an iteration 0 ... {it}, a gain and an s.e. within +-{BOUND:g}, "
+               "a list of names)")
     precisions = [p for p in EXPLORE_PRECISIONS if p != "auto"]
     _check(path, '"explore_precision"', saved.get("explore_precision", precisions[0]), lambda v: v in precisions,
            "one of " + ", ".join(precisions))
@@ -143,14 +155,14 @@ def check_optimizer(checkpoint: Path, saved: Any, optimizer: torch.optim.Optimiz
     for index, entry in saved["state"].items():
         _check(where, '"state" key', index, lambda v: _int(v, 0, len(params) - 1), f"a parameter index 0 ... {len(params) - 1}")
         _check(where, f'"state"[{index}]', _Said(f"a {type(entry).__name__}"), lambda _: isinstance(entry, dict), "an object")
-        shape = tuple(params[index].shape)
+        shape, dtype = tuple(params[index].shape), params[index].dtype
         for key, value in entry.items():
             if key == "step":
                 ok = torch.is_tensor(value) and value.numel() == 1 and bool(torch.isfinite(value).all()) and float(value) >= 0
                 _check(where, f'"state"[{index}].step', _tensor(value), lambda _: ok, "one finite number >= 0")
             else:
-                ok = (key in _MOMENTS and torch.is_tensor(value) and value.is_floating_point() and tuple(value.shape) == shape)
-                _check(where, f'"state"[{index}].{key}', _tensor(value), lambda _: ok, f"a float tensor of shape {list(shape)}")
+                ok = (key in _MOMENTS and torch.is_tensor(value) and value.dtype == dtype and tuple(value.shape) == shape)
+                _check(where, f'"state"[{index}].{key}', _tensor(value), lambda _: ok, f"a {dtype} tensor of shape {list(shape)}")
 
 
 def _tensor(value: Any) -> Any:
@@ -162,7 +174,7 @@ def _same_kind(value: Any, mine: Any) -> bool:
     if mine is None or isinstance(mine, bool):  # foreach, fused, amsgrad, maximize ...
         return value is None or isinstance(value, bool)
     if isinstance(mine, (int, float)):  # lr, eps, weight_decay
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+        return _finite(value, 10.0**12, 0)
     if isinstance(mine, (tuple, list)):  # betas
         return isinstance(value, (tuple, list)) and len(value) == len(mine) and all(_same_kind(v, m) for v, m in zip(value, mine))
     return isinstance(value, type(mine))

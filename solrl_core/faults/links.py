@@ -10,7 +10,12 @@ writes none), in one line naming it, before anything in the folder is truncated,
   rank-check), before it reads or writes anything in it; `find_link(checkpoint)` in the manifest check;
 - `check_path(root, *parts)` for one file a command reads (events.jsonl for compare and monitor);
 - `open_nofollow` for the files a run opens to write (the lock, the events log, a file written
-  atomically): any link there, even one planted after the check, is refused by the kernel (O_NOFOLLOW).
+  atomically): any link there, even one planted after the check, is refused by the kernel (O_NOFOLLOW),
+  and so is a hard link (a link count above 1, which O_NOFOLLOW does not see): it is one file with a
+  name outside the folder, and writing it writes there;
+- `FolderPin` for the folder a run saves into and prunes (`checkpoints/`, engine/checkpoint.py): its
+  identity is taken once, and each save, rename and delete goes through a handle checked against it,
+  so a folder swapped for a link or another folder mid-run is refused, never followed.
 
 A link that stays inside the folder is left alone, and the folder itself may be a link: the user
 named it on the command line. W&B's own folder (`wandb/`) is not looked into: solrl never reads it,
@@ -19,10 +24,12 @@ and W&B itself links its logs there to its cache outside the run folder. Torch-f
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
 from pathlib import Path
+from typing import Iterator
 
 from solrl_core.errors import SolrlError
 
@@ -105,10 +112,54 @@ def open_nofollow(path: Path, flags: int, mode: int = 0o644, what: str = "the ru
             raise refused(Path(path), what) from exc
         raise
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise refused(Path(path), what)
+        if info.st_nlink > 1:  # another name for a file elsewhere: writing here would write there too
+            raise SolrlError(f"{path} is a hard link ({info.st_nlink} names for one file): solrl does not write through it "
+                             f"to a file outside {what} (a run folder is data, whoever wrote it)",
+                             "replace it with a copy of its own (cp FILE FILE.new && mv FILE.new FILE), or delete it, "
+                             "then run the command again")
         os.set_blocking(fd, True)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+class FolderPin:
+    """A folder a run writes into and deletes from, its identity (device, inode) taken once; `opened()`
+    gives a directory handle to it checked against that identity, for the writes, renames and deletes
+    made through it (`dir_fd`), so a folder swapped since, for a link or for another folder renamed into
+    its place, is refused in one line: nothing is written to or deleted from the other folder."""
+
+    def __init__(self, path: Path, what: str = "the run folder") -> None:
+        self.path, self.what = Path(path), what
+        fd = self._open()
+        try:
+            info = os.fstat(fd)
+            self.identity = (info.st_dev, info.st_ino)
+        finally:
+            os.close(fd)
+
+    def _open(self) -> int:
+        try:
+            return os.open(self.path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a link or a file where the folder was
+                raise refused(self.path, self.what) from exc
+            raise
+
+    @contextlib.contextmanager
+    def opened(self) -> Iterator[int]:
+        """A handle to the folder, after checking it is still the one pinned."""
+        fd = self._open()
+        try:
+            info = os.fstat(fd)
+            if (info.st_dev, info.st_ino) != self.identity:
+                raise SolrlError(f"{self.path} is no longer the folder this run opened (another folder was put in its place "
+                                 "while the run went on): solrl writes and deletes nothing in it",
+                                 "put the run's own folder back, then `solrl train --resume RUN`")
+            yield fd
+        finally:
+            os.close(fd)

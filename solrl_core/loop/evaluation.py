@@ -28,6 +28,7 @@ import torch
 from solrl_core import events as ev
 from solrl_core.config.schema import Config
 from solrl_core.engine.engine import Engine, Progress
+from solrl_core.errors import SolrlError
 from solrl_core.loop.eval_pictures import EvalPictures
 from solrl_core.loop.eval_rewards import HeldOut, held_out_rewards
 from solrl_core.loop.session import Run
@@ -163,7 +164,9 @@ def _evaluate_sets(req: EvalRequest, bus: ev.EventBus, engine: Engine, held_out:
     from solrl_core.io.atomic import write_atomic
 
     flat = [p for p in req.prompts for _ in range(req.per_prompt)]
-    kept = kept_base(req) if "base" in req.weights else None
+    kept, origin = kept_base(req) if "base" in req.weights else (None, "")
+    if kept is None and origin:
+        bus.emit(ev.RunWarning(message=origin))
     req.out_dir.mkdir(parents=True, exist_ok=True)
     with open(req.out_dir / "samples.jsonl", "w", encoding="utf-8") as rows:
         for weights in req.weights:
@@ -188,30 +191,48 @@ def _evaluate_sets(req: EvalRequest, bus: ev.EventBus, engine: Engine, held_out:
                                      mean=result.mean, components={k: float(v.mean()) for k, v in result.scores.components.items()},
                                      extras=result.extras, seconds=result.seconds, delta_se=_delta_se(results[0], result),
                                      eval_rewards=_means(result.held_out),
-                                     **_changes(results[0], result), reused=str(req.base_from / BASE_FILE) if images is None else ""))
+                                     **_changes(results[0], result), reused=origin if images is None else ""))
     write_atomic(req.out_dir / "summary.json", json.dumps(summary(results), indent=2))
     return results
 
 
-def kept_base(req: EvalRequest) -> Evaluation | None:
+def kept_base(req: EvalRequest) -> tuple[Evaluation | None, str]:
     """The base evaluation the training run in `req.base_from` kept (BASE_FILE), when it scored the
     images `req` asks for: the same prompts, seeds, steps and rewards (RunEvals' key), every eval
-    reward asked, and the model, sampler, device and dtype of the run's saved config. None otherwise,
-    or when the images themselves are asked for (`save_images`): the base is scored again."""
+    reward asked, and the model, sampler, device and dtype of the run's saved config; and when the
+    file's digest is the one the run's events.jsonl recorded as it wrote it (a base evaluation event's
+    `kept`). With it, where it came from ("RUN/eval_base.json, written DATE, digest ok"); without, why
+    not when that is worth a warning (a digest that does not match), else ''. None when the images
+    themselves are asked for (`save_images`): the base is scored again."""
+    import datetime as dt
+
     from solrl_core.config.convert import load_run_config
+    from solrl_core.tracking.compare import load_run
 
     cfg = req.config
-    if req.base_from is None or req.save_images or not (req.base_from / BASE_FILE).is_file():
-        return None
+    path = req.base_from / BASE_FILE if req.base_from is not None else None
+    if path is None or req.save_images or not path.is_file():
+        return None, ""
     run = load_run_config(req.base_from)
     if (run.model, run.sampler, run.run.device, run.run.dtype, run.run.tf32) != (
             cfg.model, cfg.sampler, cfg.run.device, cfg.run.dtype, cfg.run.tf32):
-        return None
+        return None, ""
     evals = RunEvals(req.base_from, {"prompts": req.prompts, "per_prompt": req.per_prompt, "steps": cfg.sampler.eval_steps,
                                      "rewards": dict(cfg.reward.weights)}, write=False)
     if evals.restore(req.eval_rewards) or evals.base is None:  # a reason it cannot serve
-        return None
-    return replace(evals.base, held_out={k: v for k, v in evals.base.held_out.items() if k in req.eval_rewards})
+        return None, ""
+    try:
+        written = [t.event for t in load_run(req.base_from).evals if t.event.weights == "base" and t.event.kept]
+        found = digest(json.loads(path.read_text(encoding="utf-8")))
+    except (SolrlError, ValueError, RecursionError, AttributeError):
+        written, found = [], ""
+    match = next((e for e in reversed(written) if e.kept == found), None)
+    if match is None:
+        return None, (f"{path} is not the base evaluation {req.base_from}'s events.jsonl recorded writing (its digest "
+                      f"{'differs' if written else 'was never recorded'}): the base is scored again")
+    when = dt.datetime.fromtimestamp(match.time, dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return (replace(evals.base, held_out={k: v for k, v in evals.base.held_out.items() if k in req.eval_rewards}),
+            f"{path}, written {when}, digest ok")
 
 
 def paired_se(values: torch.Tensor, ref: torch.Tensor) -> float:
@@ -322,11 +343,14 @@ class RunEvals:
             return
         self.base, self.base_event = result, event
         if self.write:
-            record = {**self.key, "total": result.scores.total.tolist(),
-                      "components": {k: v.tolist() for k, v in result.scores.components.items()},
-                      "extras": result.extras, "seconds": result.seconds, "groups": result.groups, "event": event.to_dict(),
-                      "eval_rewards": {k: v.tolist() for k, v in result.held_out.items()}}
-            write_atomic(self.path, json.dumps(record))
+            write_atomic(self.path, json.dumps({**self.record(result), "event": event.to_dict()}))
+
+    def record(self, result: Evaluation) -> dict[str, Any]:
+        """What BASE_FILE keeps of a base evaluation, besides its event (whose `kept` is this record's `digest`)."""
+        return {**self.key, "total": result.scores.total.tolist(),
+                "components": {k: v.tolist() for k, v in result.scores.components.items()},
+                "extras": result.extras, "seconds": result.seconds, "groups": result.groups,
+                "eval_rewards": {k: v.tolist() for k, v in result.held_out.items()}}
 
     def restore(self, eval_rewards: tuple[str, ...] = ()) -> str:
         """Read the base evaluation back from the run folder. Returns '' or why it cannot serve (missing,
@@ -356,6 +380,13 @@ class RunEvals:
         last = self.last_event if self.base_event is not None else None
         return {"base_eval": self.base_event.to_dict() if self.base_event else None,
                 "last_eval": last.to_dict() if last else None}
+
+
+def digest(record: dict[str, Any]) -> str:
+    """The SHA-256 of a kept base evaluation's scores (its record less its event), as the base's event records it."""
+    import hashlib
+
+    return hashlib.sha256(json.dumps({k: v for k, v in record.items() if k != "event"}, sort_keys=True).encode()).hexdigest()
 
 
 def _from_record(saved: dict[str, Any]) -> tuple[Evaluation, ev.EvalFinished]:

@@ -101,27 +101,81 @@ def rollback_target(run_dir: Path, evaluations: list[dict[str, Any]], before: in
 
 
 def checkpoint_verdict(path: Path) -> dict[str, Any] | None:
-    """The verdict of the evaluation made at checkpoint `path`'s own iteration; None if none was made."""
+    """The verdict of the evaluation made at checkpoint `path`'s own iteration, as its trainer_state.json
+    holds it (every value checked against its schema); None if none was made. Not yet checked against
+    the run's events: `Verdicts` is what --best and the model card read."""
     from solrl_core.engine.state_schema import read_trainer_state
 
     state = read_trainer_state(path)  # every value checked against its schema: a folder is data
     return next((e for e in state.get("evaluations", []) if e["iteration"] == state["iteration"]), None)
 
 
-def best_checkpoint(run_dir: Path) -> tuple[Path, str]:
+GAIN_TOLERANCE = 1e-5  # a verdict's gain against its events' means: float32 means, differenced in float64
+
+
+class Verdicts:
+    """The verdicts of a run's checkpoints that its events.jsonl bears out: a checkpoint's verdict is used
+    only when the iteration is one the run's schedule evaluates (every run.eval_every, and each session's
+    last) and events.jsonl holds an evaluation there whose mean less a base evaluation's is the
+    verdict's gain (the base's own verdict, at iteration 0, gains 0). trainer_state.json is data anyone who can write the folder can rewrite (manifest
+    and all): a verdict nothing else records is not believed. The one function --best (`best_checkpoint`),
+    the model card and any other rule over the verdicts read them through."""
+
+    def __init__(self, run_dir: Path) -> None:
+        from solrl_core.tracking.compare import load_run
+
+        self.run_dir = run_dir
+        try:
+            record = load_run(run_dir)
+            self.problem = ""
+        except SolrlError as exc:
+            record, self.problem = None, f"its events.jsonl cannot be read ({exc.message})"
+        evals = [t.event for t in record.evals] if record else []
+        self.bases = [e.mean for e in evals if e.weights == "base"]
+        self.scored = [(e.iteration, e.mean) for e in evals]  # the base's own too: its verdict (iteration 0) gains 0
+        self.every, self.ends = (record.eval_every, record.ends) if record else (0, set())
+
+    def scheduled(self, iteration: int) -> bool:
+        return iteration in self.ends or (self.every > 0 and iteration % self.every == 0)
+
+    def of(self, checkpoint: Path) -> tuple[dict[str, Any] | None, str]:
+        """The checkpoint's verdict (None when it was not evaluated or is not borne out) and, when one is
+        stored but not borne out, the one line that says so, naming the checkpoint ('' otherwise)."""
+        v = checkpoint_verdict(checkpoint)
+        if v is None:
+            return None, ""
+        it, gain = v["iteration"], v["gain"]
+        if self.problem:
+            why = self.problem
+        elif not self.scheduled(it):
+            why = f"iteration {it} is not one the run evaluates (every {self.every or '?'} and each session's last)"
+        elif not any(i == it and abs(mean - base - gain) <= GAIN_TOLERANCE for i, mean in self.scored for base in self.bases):
+            why = f"events.jsonl records no evaluation at iteration {it} with a gain of {gain:+.4f} since the base"
+        else:
+            return v, ""
+        return None, (f"{checkpoint.name}'s trainer_state.json holds a verdict ({gain:+.4f}) that the run's events do not "
+                      f"bear out: {why}; not used")
+
+
+def best_checkpoint(run_dir: Path) -> tuple[Path, str, list[str]]:
     """The checkpoint with the highest trained-reward gain among those whose evaluation no rule flagged
-    (the newest on a tie), and why, in a sentence (the model card's)."""
-    rated = [(path, checkpoint_verdict(path)) for path in list_checkpoints(run_dir)]
-    good = [(p, v) for p, v in rated if v is not None and not v["flagged"]]
-    bad = [f"{p.name} ({', '.join(v['flagged'])})" for p, v in rated if v is not None and v["flagged"]]
+    (the newest on a tie), why in a sentence (the model card's), and a line for each checkpoint whose
+    stored verdict the run's events do not bear out (`Verdicts`), left out."""
+    verdicts = Verdicts(run_dir)
+    checked = [(path, *verdicts.of(path)) for path in list_checkpoints(run_dir)]
+    rated = [(p, v) for p, v, _ in checked if v is not None]
+    mismatched = [line for _, _, line in checked if line]
+    good = [(p, v) for p, v in rated if not v["flagged"]]
+    bad = [f"{p.name} ({', '.join(v['flagged'])})" for p, v in rated if v["flagged"]]
     if not good:
         why = f"its evaluated checkpoints were all flagged: {'; '.join(bad)}" if bad else "none of its checkpoints was evaluated"
+        why += f" ({'; '.join(mismatched)})" if mismatched else ""
         raise SolrlError(f"--best found no checkpoint of {run_dir} that an evaluation passed: {why}",
                          "choose one with --checkpoint iter_N, or train with run.eval_prompts set (each evaluation saves a checkpoint)")
     path, v = max(good, key=lambda pv: (pv[1]["gain"], pv[1]["iteration"]))
     why = (f"{path.name}: the highest trained-reward gain since the base ({v['gain']:+.4f} +- {v['se']:.4f} s.e.) among the "
            f"{len(good)} evaluated checkpoint{'s' * (len(good) > 1)} no hacking rule flagged")
-    return path, why + (f"; flagged: {'; '.join(bad)}" if bad else "")
+    return path, why + (f"; flagged: {'; '.join(bad)}" if bad else ""), mismatched
 
 
 def deprecation(cfg: Config) -> str:

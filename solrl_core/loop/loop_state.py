@@ -35,6 +35,7 @@ class LoopState:
     evaluation_pending: bool = False  # the evaluation due after `iteration` was dropped or skipped by a stop (run_eval.py)
     evaluations: list[dict[str, Any]] = field(default_factory=list)  # each evaluation's verdict (hacking.verdict), in order
     rollbacks: int = 0  # run.on_hacking=rollback: rollbacks made so far (rollback.py)
+    stopped_by_rule: str = ""  # this session: the hacking rule stopped it ("on_hacking=stop", "the last rollback"); not saved
 
     def start_clock(self) -> None:
         self.session_start = time.perf_counter()

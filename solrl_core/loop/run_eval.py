@@ -15,7 +15,7 @@ from typing import Callable
 
 from solrl_core import events as ev
 from solrl_core.faults.phase import charged_to
-from solrl_core.loop.evaluation import Evaluation, RunEvals, evaluate, progress_events
+from solrl_core.loop.evaluation import Evaluation, RunEvals, digest, evaluate, progress_events
 from solrl_core.loop.hacking import SIGNIFICANCE, flagged, floors, verdict
 from solrl_core.loop.loop_state import LoopState
 from solrl_core.loop.session import Run
@@ -65,7 +65,8 @@ def _score(run: Run, state: LoopState, bus: ev.EventBus, weights: str, evals: Ru
                             components={k: float(v.mean()) for k, v in result.scores.components.items()},
                             extras=result.extras, seconds=result.seconds, delta_se=evals.delta_se(result),
                             eval_rewards={k: float(v.mean()) for k, v in result.held_out.items()},
-                            **evals.changes(result), picture=picture, eval_floors=floors(run.config, evals.base or result))
+                            **evals.changes(result), picture=picture, eval_floors=floors(run.config, evals.base or result),
+                            kept=digest(evals.record(result)) if weights == "base" and evals.write else "")
     bus.emit(event)
     _warn_of_hacking(run, state, bus, evals, result)
     evals.finished(result, event)

@@ -23,7 +23,7 @@ from solrl_core.config.convert import save_run_config
 from solrl_core.config.run_inputs import absolute_paths
 from solrl_core.config.schema import Config
 from solrl_core.data.prompts import check_split, load_prompts
-from solrl_core.engine.checkpoint import checkpoint_to_resume, list_checkpoints, load_checkpoint, remove_orphans, set_aside_newer
+from solrl_core.engine.checkpoint import CheckpointFolder, checkpoint_to_resume, list_checkpoints, load_checkpoint, remove_orphans, set_aside_newer
 from solrl_core.engine.engine import CopySpec, Engine, open_engine, resolve_runtime
 from solrl_core.engine.policy import OLD, TRAINED
 from solrl_core.engine.regions import UPDATE_COMPILE_MODE, CompiledBlocks
@@ -69,6 +69,7 @@ class Run:
     layout: Layout = Layout("replicate", "default")  # the strategy the plan chose and its mesh (sharding.py)
     notes: tuple[str, ...] = ()  # what opening the run folder did (orphaned saves removed, checkpoints set aside): warnings
     held_out: HeldOut | None = None  # run.eval_rewards, loaded when the run evaluates (eval_rewards.py)
+    checkpoints: CheckpointFolder | None = None  # rank 0's checkpoints/, pinned when opened: saves never follow a swap
 
     @property
     def sharded(self) -> bool:
@@ -168,7 +169,7 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     engine = replace(engine.with_config(cfg), policy_forward=forward, policy_rollout_compile=machine.policy_rollout_compile)
     run = Run(config=cfg, run_dir=run_dir, engine=engine, plan=plan, optimizer=optimizer,
               prompts=prompts, eval_prompts=eval_prompts, rank=rank, world_size=world, lock=lock, layout=layout,
-              notes=tuple(notes), held_out=held_out)
+              notes=tuple(notes), held_out=held_out, checkpoints=CheckpointFolder(run_dir) if rank == 0 else None)
     engine.refresh_copies()
     distributed.barrier()  # the run directory exists before any rank goes on
     return Session(run, state)

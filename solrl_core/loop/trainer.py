@@ -194,10 +194,13 @@ def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, base: Ru
             if hacked and action == "rollback" and (ended := roll_back(run, state, bus, base)) is not None:
                 saved = state.iteration  # the checkpoint rolled back to
                 if ended:
+                    state.stopped_by_rule = "the last rollback"
                     break
                 continue
             # dropped by a stop, or on_hacking stop (or a rollback with nowhere to go): every rank stops here, with a checkpoint
             stopping = state.evaluation_pending or (hacked and action != "warn")
+            if hacked and action != "warn" and not state.evaluation_pending:
+                state.stopped_by_rule = f"run.on_hacking={action}"
         failure = state.health.failure() or guard.failure(  # from gathered rewards: the same on every rank
             state.faults, cfg.reward.health_patience, cfg.optimizer.max_nonfinite_steps)
         # every evaluated iteration is saved: --best and a rollback choose among them by their verdicts
@@ -355,6 +358,7 @@ def _checkpoint(run: Run, state: LoopState, bus: ev.EventBus) -> None:
     if run.rank == 0:
         t0 = time.perf_counter()
         path = save_checkpoint(run.run_dir, state.iteration, run.engine.policy, run.optimizer, state.to_dict(),
-                               run.config.run.keep_checkpoints, gathered=gathered, spare=spared(state.evaluations))
+                               run.config.run.keep_checkpoints, gathered=gathered, spare=spared(state.evaluations),
+                               folder_pin=run.checkpoints)
         bus.emit(ev.CheckpointSaved(iteration=state.iteration, path=str(path), seconds=time.perf_counter() - t0))
     distributed.barrier()

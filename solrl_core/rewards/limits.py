@@ -3,7 +3,10 @@
 Image size. The server scores what a run's model generates: the largest shipped model preset
 generates 1024x1024 (SANA, SD3), so `DEFAULT_MAX_SIDE` is twice that, 2048 pixels per side. A
 reward that resizes its input to S pixels (CLIP-family rewards: 224) never needs more than a few
-times S; the limit is the larger of the two, `SIDE_FACTOR` x S or 2048 (`--max-side` sets it).
+times S; the limit is the larger of the two, `SIDE_FACTOR` x S or 2048 (`--max-side` sets it). A reward
+whose own work grows with every pixel it is sent (the world rewards judge each pixel: two 2048x2048
+images cost tinyworld_geneval 1 GB) declares the largest side it scores, `max_side`, and the server
+refuses a larger image before decoding it (`reward_side`).
 
 Decoded bytes, per request and in flight. Every image becomes float32 [H, W, 3] on the server:
 12 MiB at 1024x1024. `DEFAULT_DECODED_MB` = 128 MiB holds 10 such images (a batch a model reward
@@ -98,6 +101,16 @@ def input_side(reward: Any) -> int:
     return 0
 
 
+def reward_side(reward: Any) -> int:
+    """The largest side a reward is sent: the `max_side` it declares (the bound of its own work: a reward
+    that judges every pixel, as the world rewards do, costs memory with the image's area), else
+    SIDE_FACTOR x its input side or DEFAULT_MAX_SIDE, the larger."""
+    declared = getattr(reward, "max_side", None)
+    if isinstance(declared, int) and not isinstance(declared, bool) and declared > 0:
+        return declared
+    return max(DEFAULT_MAX_SIDE, SIDE_FACTOR * input_side(reward))
+
+
 def request_bytes(max_decoded_bytes: int, max_images: int) -> int:
     """The largest legitimate body: the decoded limit in float32 as base64, plus prompts and JSON."""
     return math.ceil(max_decoded_bytes * 4 / 3) + max_images * PROMPT_BYTES + SLACK_BYTES
@@ -112,7 +125,7 @@ def descriptors() -> int:
 def derive(rewards: Iterable[Any], *, max_images: int, max_side: int = 0, max_decoded_mb: float = 0.0,
            max_request_mb: float = 0.0, header_timeout_s: float = 0.0, max_connections: int = 0) -> Limits:
     """The limits for `rewards`: each setting as given, or derived when 0."""
-    side = max_side or max([DEFAULT_MAX_SIDE, *(SIDE_FACTOR * input_side(r) for r in rewards)])
+    side = max_side or max([reward_side(r) for r in rewards], default=DEFAULT_MAX_SIDE)
     decoded = int((max_decoded_mb or DEFAULT_DECODED_MB) * 2**20)
     body = int(max_request_mb * 2**20) if max_request_mb else request_bytes(decoded, max_images)
     files = descriptors()

@@ -25,11 +25,20 @@ def strict_accuracy(scores: torch.Tensor) -> float:
     return float((scores == 1.0).float().mean()) if scores.numel() else 0.0
 
 
+MAX_SIDE_FACTOR = 8  # a world reward scores images up to 8x its world's side (256 for the tiny world's 32)
+
+
 class WorldReward(ABC):
     """`judge(parse(prompt), pixels)` per image or clip of `world`, as a solrl reward."""
 
     name: str
     world: World
+
+    @property
+    def max_side(self) -> int:
+        """The largest image side this reward scores (limits.reward_side): MAX_SIDE_FACTOR x its world's, so
+        the server bounds the per-pixel work of judging (two 2048x2048 images cost 1 GB; 256x256, a few MB)."""
+        return MAX_SIDE_FACTOR * self.world.size
 
     @abstractmethod
     def judge(self, spec: Any, pixels: np.ndarray) -> float:

@@ -8,9 +8,11 @@ needed). Both get a model card (`README.md`, export_card.py) and permissions oth
 LoRA files are written 0600 by safetensors, so every file and folder is set as a new one would be
 under this process's umask (0644 and 0755 under the usual 022). Everything is written into a
 temporary folder beside the output folder and renamed into place once whole: a failed export (a full
-disk) leaves nothing behind, and running it again works. `overwrite` replaces a folder that holds an
-earlier export (never one holding anything else): the new export is written whole first, then
-swapped in, so a failure keeps the earlier one.
+disk) leaves nothing behind, and running it again works; a killed one's temporary folder is removed by
+the next export of the same folder. Each export records the files it wrote (`solrl_export.json`), and
+`overwrite` replaces those and only those: the new export is written whole first, then each file is
+renamed over its old self, and a file or folder the earlier export did not write (a git clone's
+`.git/`, your notes) stays as it was.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 
 from solrl_core.config.schema import Config
 from solrl_core.engine.policy import LORA_FILE, TRAINED
+from solrl_core.tools.export_card import RECORD  # the files an export wrote: all --overwrite replaces
 
 if TYPE_CHECKING:
     from solrl_core.engine.engine import Engine
@@ -39,6 +42,8 @@ class Exported:
     path: Path  # the folder written
     how: str  # how plain diffusers loads it
     card: Path  # the model card, README.md
+    replaced: tuple[str, ...] = ()  # the files of an earlier export --overwrite replaced or removed (relative paths)
+    notes: tuple[str, ...] = ()  # what else it did: a killed export's temporary folder removed
 
 
 def export_merged(engine: Engine, weights: str, out_dir: Path) -> Path:
@@ -104,24 +109,47 @@ def make_readable(folder: Path) -> None:
         path.chmod((0o777 if path.is_dir() else 0o666) & ~mask)
 
 
-def _swap_in(tmp: Path, out_dir: Path) -> None:
-    """`tmp` renamed to `out_dir`; an earlier export there is set aside first and deleted once the new
-    one is in place (put back should the rename fail)."""
+def _files(folder: Path) -> list[str]:
+    return sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file() and not p.is_symlink())
+
+
+def remove_partials(out_dir: Path) -> list[str]:
+    """The temporary folders earlier exports of `out_dir` left beside it when killed (`.NAME.<rand>.partial`,
+    `.NAME.<rand>.old`), removed; a line for each."""
+    import glob
     import shutil
-    import tempfile
+
+    gone = []
+    for path in sorted(out_dir.parent.glob(f".{glob.escape(out_dir.name)}.*")) if out_dir.parent.is_dir() else []:
+        if path.suffix in (".partial", ".old") and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
+            gone.append(f"removed {path}, left by an export of {out_dir} that was killed before it finished")
+    return gone
+
+
+def _swap_in(tmp: Path, out_dir: Path) -> list[str]:
+    """`tmp`'s files put at `out_dir`: a new or empty `out_dir` is `tmp` renamed; into an earlier export,
+    each file is renamed over its old self and the files the earlier export wrote that this one did not
+    are deleted, nothing else (export_card.check_export_folder checked that no file of this export would
+    replace one it did not write). Returns the files of the earlier export, each replaced or removed."""
+    import shutil
+
+    from solrl_core.tools.export_card import recorded_files
 
     if not out_dir.exists() or not any(out_dir.iterdir()):
         os.rename(tmp, out_dir)  # an empty out_dir is replaced
-        return
-    old = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".old", dir=out_dir.parent))
-    os.rename(out_dir, old / out_dir.name)
-    try:
-        os.rename(tmp, out_dir)
-    except BaseException:
-        os.rename(old / out_dir.name, out_dir)
-        raise
-    finally:
-        shutil.rmtree(old, ignore_errors=True)
+        return []
+    old, new = set(recorded_files(out_dir)), _files(tmp)
+    for name in new:
+        (out_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(tmp / name, out_dir / name)
+    for name in sorted(old - set(new)):
+        (out_dir / name).unlink(missing_ok=True)
+    for name in sorted({str(Path(n).parent) for n in old - set(new)}, key=len, reverse=True):
+        if name != "." and (out_dir / name).is_dir() and not any((out_dir / name).iterdir()):
+            (out_dir / name).rmdir()
+    shutil.rmtree(tmp, ignore_errors=True)
+    return sorted(old)
 
 
 def export_weights(cfg: Config, checkpoint: Path, weights: str, out_dir: Path, merge: bool,
@@ -140,18 +168,21 @@ def export_weights(cfg: Config, checkpoint: Path, weights: str, out_dir: Path, m
     from solrl_core.tools.export_card import check_export_folder
 
     check_export_folder(out_dir, overwrite)
+    notes = remove_partials(out_dir)
     with disk.writing(out_dir.parent, f"the export folder {out_dir.name}"):
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".partial", dir=out_dir.parent))
     try:
         what, how, card = _write_export(cfg, checkpoint, weights, tmp, out_dir, merge, repo_id, chosen=chosen)
+        (tmp / RECORD).write_text(json.dumps({"files": [*_files(tmp), RECORD]}, indent=1) + "\n")
         make_readable(tmp)
+        check_export_folder(out_dir, overwrite, _files(tmp))  # again, now that the export's own files are known
         with disk.writing(out_dir.parent, f"the export folder {out_dir.name}"):
-            _swap_in(tmp, out_dir)  # whole or not at all
+            replaced = _swap_in(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return Exported(what, out_dir, how, out_dir / card.name)
+    return Exported(what, out_dir, how, out_dir / card.name, tuple(replaced), tuple(notes))
 
 
 def _write_export(cfg: Config, checkpoint: Path, weights: str, tmp: Path, out_dir: Path, merge: bool,

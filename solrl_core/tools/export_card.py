@@ -70,10 +70,10 @@ class CardFacts:
 
 def _verdict(checkpoint: Path) -> str:
     """A flagged checkpoint says so on its card (loop/hacking.py); a clean or unevaluated one says nothing."""
-    from solrl_core.loop.hacking import checkpoint_verdict
+    from solrl_core.loop.hacking import Verdicts
 
-    verdict = checkpoint_verdict(checkpoint) if (checkpoint / "trainer_state.json").is_file() else None
-    if verdict is None or not verdict["flagged"]:
+    verdict = Verdicts(checkpoint.parent.parent).of(checkpoint)[0] if (checkpoint / "trainer_state.json").is_file() else None
+    if verdict is None or not verdict["flagged"]:  # a verdict the run's events do not bear out is not repeated
         return ""
     return (f"{checkpoint.name}, whose evaluation the reward-hacking rule flagged ({', '.join(verdict['flagged'])} fell "
             f"while the trained reward rose): `solrl export RUN --best` picks the best checkpoint it passed")
@@ -246,14 +246,49 @@ def default_folder(run_dir: Path, checkpoint: Path, weights: str, merge: bool) -
     return run_dir / "export" / f"{checkpoint.name}-{weights}{'-merged' if merge else ''}"
 
 
-def check_export_folder(out_dir: Path, overwrite: bool = False) -> None:
-    """An export's folder is new or empty, or (`overwrite`) holds an earlier export, the only thing
-    --overwrite replaces: a folder of other files is never deleted by an export."""
+RECORD = "solrl_export.json"  # written by export.py: the files an export wrote, all --overwrite replaces
+
+
+def recorded_files(folder: Path) -> list[str]:
+    """The files an earlier export at `folder` recorded writing (relative paths inside it), checked: a
+    record that is not a list of plain relative paths, or that names a link, is refused in one line."""
+    import json
+    import posixpath
+
+    from solrl_core.faults.links import check_path
+
+    path = check_path(folder, RECORD, what="the export folder")
+    try:
+        files = json.loads(path.read_text(encoding="utf-8"))["files"] if path.stat().st_size < 1 << 20 else None
+    except (OSError, ValueError, RecursionError, KeyError, TypeError):
+        files = None
+    if not isinstance(files, list) or not all(isinstance(f, str) and f and not f.startswith("/") and
+                                              posixpath.normpath(f) == f and not f.startswith("..") for f in files):
+        raise SolrlError(f"{path} is not a record solrl wrote (a list of the export's files)",
+                         "choose a new --out folder, or delete the earlier export's files by hand")
+    for name in files:
+        check_path(folder, *name.split("/"), what="the export folder")  # a link there is refused, never followed
+    return files
+
+
+def check_export_folder(out_dir: Path, overwrite: bool = False, writes: list[str] | None = None) -> None:
+    """An export's folder is new or empty, or (`overwrite`) holds an earlier export whose record
+    (solrl_export.json) names the files it wrote: --overwrite replaces those alone, and refuses when a
+    file of the new export (`writes`, once known) would replace one the earlier export did not write."""
     from solrl_core.io.rundir import check_empty_folder
 
     if out_dir.is_dir() and not out_dir.is_symlink() and is_export(out_dir):
         if not overwrite:
             raise SolrlError(f"{out_dir} already holds an export", "add --overwrite to replace it, or choose a new --out folder")
+        if not (out_dir / RECORD).exists():
+            raise SolrlError(f"{out_dir} holds an export without {RECORD} (the record of the files an export wrote, "
+                             "kept since this version): --overwrite cannot tell its files from yours",
+                             "choose a new --out folder, or delete the earlier export's files there by hand")
+        ours = set(recorded_files(out_dir))
+        foreign = sorted(n for n in writes or [] if n not in ours and (out_dir / n).exists())
+        if foreign:
+            raise SolrlError(f"{out_dir / foreign[0]} was not written by an earlier export: --overwrite would replace it",
+                             "move it away, or choose a new --out folder")
         return
     check_empty_folder(out_dir)
 

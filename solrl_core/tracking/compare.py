@@ -20,6 +20,7 @@ from solrl_core.event_bus import TooDeep, parse_line
 from solrl_core.events import PHASES
 from solrl_core.faults.links import check_path
 from solrl_core.io.rundir import EVENTS_FILE, check_run_folder
+from solrl_core.text import printable
 
 # events outside an iteration whose seconds count as training time
 _TIMED = (ev.EvalFinished, ev.CheckpointSaved, ev.RankCheckResult)
@@ -44,7 +45,9 @@ class RunRecord:
     iterations: list[Timed] = field(default_factory=list)  # IterationFinished events
     evals: list[Timed] = field(default_factory=list)  # EvalFinished events
     skipped: dict[str, int] = field(default_factory=dict)  # events of kinds this version does not know, by kind
-    warnings: list[str] = field(default_factory=list)  # lines torn by a kill mid-write, skipped
+    warnings: list[str] = field(default_factory=list)  # lines torn by a kill mid-write (or damaged, skip_damaged), skipped
+    eval_every: int = 0  # run.eval_every as the run's last run_started says (0: not said)
+    ends: set[int] = field(default_factory=set)  # the iteration counts the run's sessions planned (each evaluates there)
 
     def series(self, key: str) -> tuple[list[int], list[float], list[float]]:
         """(iterations, training seconds, Stage-2 `key`) of every iteration."""
@@ -60,12 +63,13 @@ class RunRecord:
         return out
 
 
-def load_run(run_dir: str | Path) -> RunRecord:
+def load_run(run_dir: str | Path, skip_damaged: bool = False) -> RunRecord:
     """One run's events.jsonl, decoded by `events.decode`. A kind this version does not know is
     skipped and counted in `skipped`. A line torn by a kill mid-write (not JSON, and either the last
     line with no newline after it, or the line just before a resumed run's run_started) is skipped
     with a warning in `warnings`; any other line that is not JSON, or whose fields do not fit its
-    kind, raises SolrlError naming the line."""
+    kind, raises SolrlError naming the line, or with `skip_damaged` (`solrl compare`) is skipped with a
+    warning naming it and how to drop it."""
     path = check_path(check_run_folder(run_dir), EVENTS_FILE)  # a link or fifo there is refused, not read
     if not path.is_file():
         raise SolrlError(f"{run_dir} has no {EVENTS_FILE}", "pass run folders written by `solrl train`")
@@ -84,13 +88,19 @@ def load_run(run_dir: str | Path) -> RunRecord:
         except ev.UnknownEventKind as exc:  # written by a newer solrl: skipped, counted in `skipped`
             record.skipped[str(exc.kind)] = record.skipped.get(str(exc.kind), 0) + 1
             continue
-        except (ev.EventDecodeError, TooDeep) as exc:
-            raise SolrlError(f"{path} line {number} is damaged: {exc}", _drop_line(path, number, run_dir)) from exc
-        except ValueError as exc:
-            raise SolrlError(f"{path} line {number} is damaged: not JSON ({line[:40]!r})", _drop_line(path, number, run_dir)) from exc
+        except (ev.EventDecodeError, TooDeep, ValueError) as exc:
+            what = str(exc) if isinstance(exc, (ev.EventDecodeError, TooDeep)) else f"not JSON ({printable(line[:40])!r})"
+            if not skip_damaged:
+                raise SolrlError(f"{path} line {number} is damaged: {what}", _drop_line(path, number, run_dir)) from exc
+            record.warnings.append(f"{path} line {number} skipped: damaged ({what}); {_drop_line(path, number, run_dir)}")
+            continue
         if isinstance(e, ev.RunStarted):
             record.family = e.config.get("algorithm", {}).get("family", "?")
             record.device, record.total = e.device, e.iterations
+            record.ends.add(e.iterations)
+            settings = e.config.get("run")
+            every = settings.get("eval_every", 0) if isinstance(settings, dict) else 0
+            record.eval_every = every if isinstance(every, int) and not isinstance(every, bool) and 0 < every <= 10**9 else 0
             record.iterations = [it for it in record.iterations if it.event.iteration <= e.start_iteration]
             record.evals = [x for x in record.evals if x.event.iteration <= e.start_iteration]
             elapsed = max([it.elapsed for it in record.iterations] + [x.elapsed for x in record.evals] + [0.0])
