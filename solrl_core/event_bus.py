@@ -97,7 +97,6 @@ class JsonlLog:
                 raise
 
 
-
 class TooDeep(ValueError):
     """A JSONL line nested deeper than the JSON parser recurses: damaged, not a record solrl wrote."""
 
@@ -109,3 +108,26 @@ def parse_line(line: str | bytes) -> Any:
         return json.loads(line)
     except RecursionError:
         raise TooDeep("nested too deep to be a record solrl wrote") from None
+
+
+class EventDecodeError(ValueError):
+    """A record of a known kind whose fields do not fit that kind (a damaged or foreign file), or no
+    event record at all. Readers stop and name the line: such a line is never dropped in silence."""
+
+    def __init__(self, message: str, kind: object) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+class UnknownEventKind(EventDecodeError):
+    """A record whose kind this version does not know: a newer solrl wrote it. Readers skip it and say so."""
+
+
+def shown(value: Any) -> str:
+    """repr(value) for a message: cut to 80 characters, a huge integer by its size (repr refuses past 4300 digits)."""
+    return f"an integer of {value.bit_length()} bits" if isinstance(value, int) and value.bit_length() > 64 else repr(value)[:80]
+
+
+# the JSON types each annotation (its text before any "[") accepts; bool is an int to Python, not here
+JSON_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,),
+                                            "dict": (dict,), "list": (list,)}

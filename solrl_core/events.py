@@ -11,7 +11,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from solrl_core.event_bus import EventBus, JsonlLog, Subscriber  # noqa: F401  (re-exported: ev.EventBus, ev.JsonlLog)
+from solrl_core.event_bus import (  # noqa: F401  (re-exported: ev.EventBus, ev.JsonlLog, ev.EventDecodeError, ...)
+    JSON_TYPES, EventBus, EventDecodeError, JsonlLog, Subscriber, UnknownEventKind, shown)
 from solrl_core.text import printable_data
 
 PHASES = ("explore", "selection", "regenerate", "reward", "train", "sync", "total")
@@ -371,19 +372,6 @@ class ModelFlops(Event):
     note: str = ""
 
 
-class EventDecodeError(ValueError):
-    """A record of a known kind whose fields do not fit that kind (a damaged or foreign file), or no
-    event record at all. Readers stop and name the line: such a line is never dropped in silence."""
-
-    def __init__(self, message: str, kind: object) -> None:
-        super().__init__(message)
-        self.kind = kind
-
-
-class UnknownEventKind(EventDecodeError):
-    """A record whose kind this version does not know: a newer solrl wrote it. Readers skip it and say so."""
-
-
 def event_types() -> dict[str, type[Event]]:
     """Every event class, by the kind it writes as "event"."""
     found: dict[str, type[Event]] = {}
@@ -393,11 +381,6 @@ def event_types() -> dict[str, type[Event]]:
             found[sub.kind] = sub
             todo.append(sub)
     return found
-
-
-def _shown(value: Any) -> str:
-    """repr(value) for a message: cut to 80 characters, a huge integer by its size (repr refuses past 4300 digits)."""
-    return f"an integer of {value.bit_length()} bits" if isinstance(value, int) and value.bit_length() > 64 else repr(value)[:80]
 
 
 def decode(record: dict[str, Any]) -> Event:
@@ -432,11 +415,6 @@ def _build(cls: type, values: dict[str, Any], kind: str) -> Any:
         raise EventDecodeError(f"event {kind!r} does not fit its fields: {exc}", kind) from exc
 
 
-# the JSON types each annotation (its text before any "[") accepts; bool is an int to Python, not here
-_JSON_TYPES: dict[str, tuple[type, ...]] = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,),
-                                            "dict": (dict,), "list": (list,)}
-
-
 def _value(annotation: str, value: Any, kind: str, name: str) -> Any:
     optional = annotation.endswith(" | None")
     base = annotation.removesuffix(" | None").split("[")[0]
@@ -446,13 +424,13 @@ def _value(annotation: str, value: Any, kind: str, name: str) -> Any:
         if not isinstance(value, dict):
             raise EventDecodeError(f"event {kind!r} field {name!r} is {value!r}, not reward statistics", kind)
         return _build(RewardStats, dict(value), kind)
-    if base not in _JSON_TYPES:  # a new event field of a type this reader cannot check: the round-trip test says so
+    if base not in JSON_TYPES:  # a new event field of a type this reader cannot check: the round-trip test says so
         raise EventDecodeError(f"event {kind!r} field {name!r} has a type the decoder does not know: {annotation}", kind)
-    if not isinstance(value, _JSON_TYPES[base]) or (isinstance(value, bool) and base != "bool"):
-        raise EventDecodeError(f"event {kind!r} field {name!r} should be {annotation}, not {_shown(value)}", kind)
+    if not isinstance(value, JSON_TYPES[base]) or (isinstance(value, bool) and base != "bool"):
+        raise EventDecodeError(f"event {kind!r} field {name!r} should be {annotation}, not {shown(value)}", kind)
     if base == "float":
         if isinstance(value, int) and abs(value) > 2**1023:  # float() would overflow
-            raise EventDecodeError(f"event {kind!r} field {name!r} is {_shown(value)}, beyond a float", kind)
+            raise EventDecodeError(f"event {kind!r} field {name!r} is {shown(value)}, beyond a float", kind)
         return float(value)
     try:
         return printable_data(value)  # a record comes from a run folder: no terminal control reaches a screen
