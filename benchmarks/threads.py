@@ -76,7 +76,7 @@ def time_run(setting: str, burners: int, args: argparse.Namespace, root: Path, n
     """Train once under `setting` beside `burners` spin loops; the iterations' seconds and the threads line."""
     sets, env = setting_env(setting, usable_cores())
     run_dir = root / f"{setting}-{burners}-{nproc}"
-    cmd = [sys.executable, "-m", "solrl_cli", "train", "--run-dir", str(run_dir), "--iterations", str(args.iterations),
+    cmd = [sys.executable, "-m", "solrl_cli", "train", "--verbose", "--run-dir", str(run_dir), "--iterations", str(args.iterations),
            "--device", "cpu", *(x for s in (*WORKLOAD, *sets, *args.sets) for x in ("--set", s))]
     if nproc > 1:
         cmd += ["--nproc-per-node", str(nproc)]

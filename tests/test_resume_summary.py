@@ -43,6 +43,11 @@ def _pictures(lines):
     return [line for line in lines if line.startswith("  picture:")]
 
 
+def _next(lines):
+    """The end's next commands ('  next:' and the commands under it, the run folder filled in)."""
+    return [line for line in lines if line == "  next:" or line.startswith("    solrl ")]
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("summary")
@@ -92,5 +97,6 @@ def test_the_tui_leaves_the_same_end_summary_on_the_terminal(runs):
         state.apply(ev.decode(event.to_dict()))  # as the app receives them, through the JSON form
     left = outcome(state).splitlines()
     assert left[0].startswith("solrl: done: 4 iterations")
-    assert [line for line in left[1:] if line not in _pictures(left)] == _summary(straight)
+    assert [line for line in left[1:] if line not in _pictures(left) + _next(left)] == _summary(straight)
+    assert len(_next(left)) == 4 and _next(left) == _next(straight.splitlines())  # the same next commands
     assert _pictures(left) == _pictures(straight.splitlines())[-1:]  # the last evaluation's picture, as the plain summary ends

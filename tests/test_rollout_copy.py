@@ -146,7 +146,10 @@ def test_the_update_loss_and_gradient_are_unchanged(fast_sets, extra, aot_eager)
         assert getattr(results[0], key) == pytest.approx(getattr(results[1], key), rel=1e-5, abs=1e-9), key
     grads = [torch.cat([p.grad.flatten() for p in s.engine.policy.trainable_parameters()]) for s in (base, other)]
     assert grads[0].abs().max() > 0
-    assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-7), (grads[0] - grads[1]).abs().max()
+    # to float rounding at the gradient's own scale: a sum's rounding follows its largest terms, so an element
+    # near zero may differ by 1e-4 of the largest (5.1e-7 of 7e-3 on an AMD EPYC)
+    scale = grads[0].abs().max()
+    assert torch.allclose(grads[0], grads[1], rtol=1e-4, atol=1e-4 * float(scale)), (grads[0] - grads[1]).abs().max()
 
 
 def test_each_iteration_reports_peak_memory_per_phase(fast_sets):

@@ -111,7 +111,7 @@ def test_the_choice_reaches_torch_and_libgomp_in_a_fresh_process():
 def test_solrl_train_reports_the_threads_torch_got(tmp_path, fast_sets):
     sets = [x for s in fast_sets("run.iterations=1", "run.eval_prompts=", "run.threads=0") for x in ("--set", s)]
     env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS")}
-    done = subprocess.run([sys.executable, "-m", "solrl_cli", "train", "--device", "cpu", *sets],
+    done = subprocess.run([sys.executable, "-m", "solrl_cli", "train", "--verbose", "--device", "cpu", *sets],
                           env={**env, "OMP_DISPLAY_ENV": "TRUE", "COLUMNS": "400"}, capture_output=True, text=True,
                           timeout=600, preexec_fn=lambda: os.sched_setaffinity(0, {0}))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]

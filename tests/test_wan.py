@@ -182,10 +182,10 @@ def test_infer_writes_each_clip_as_a_video_and_a_contact_sheet(mp4, folder, tmp_
         if mp4:
             import imageio.v3 as iio
 
-            assert iio.imread(video).shape == (5, 32, 32, 3)  # five frames read back
+            assert iio.imread(video).shape == (5, 128, 128, 3)  # five frames read back, 32 px enlarged to 128 (MIN_SIDE)
         else:
             with Image.open(video) as gif:
-                assert gif.n_frames == 5 and gif.size == (32, 32)
+                assert gif.n_frames == 5 and gif.size == (128, 128)
         with Image.open(tmp_path / "clips" / row["path"]) as sheet:
             assert sheet.size == (5 * 32, 32)  # the five frames in a row
     with Image.open(tmp_path / "clips" / "grid.png") as grid:
