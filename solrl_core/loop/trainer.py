@@ -40,6 +40,8 @@ differs, each with its reason in docs/official-settings.md ("Where solrl differs
 - fp32 timesteps into SANA's and SD3's transformers, rollouts included (official SD3 rollouts: sampler.integer_timesteps)
 - fp32 where the official code rounds to bf16: SANA's sigma grid (sampler.grid_dtype=bf16 gives it), the
   DPM state between steps (sampler.state_dtype=run), SANA's and FLUX.1's loss inputs (algorithm.loss_dtype=bf16)
+- the Euler step: fp32 from the run-dtype state, rounded once, as the official run_sampling; sampler.euler_step=run
+  keeps solrl's earlier arithmetic (product and sum each in the run dtype)
 - selection: ties broken by position; K = N keeps each seed once where the official can repeat one
 - family defaults: the official configs' rollout copies and compile
 - training precision: each official regime in its preset; autocast (fp32 adapters) elsewhere
