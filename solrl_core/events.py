@@ -147,6 +147,10 @@ class EvalFinished(Event):
     reused: str = ""  # the file these scores were read back from (a run's kept base evaluation); '' when scored now
     picture: str = ""  # a training run's picture of it: base beside these weights on a few of its images (eval_pictures.py)
     eval_floors: dict[str, float] = field(default_factory=dict)  # each one's hacking floor (loop/hacking.py); empty without one
+    # the trained-reward gain since evaluation `trade_since` per unit of each eval reward lost since then (loop/frontier.py);
+    # a reward that lost nothing beyond its noise is left out; trade_since -1: not measured (the base, or no earlier verdict)
+    trade: dict[str, float] = field(default_factory=dict)
+    trade_since: int = -1
 
 
 @dataclass(frozen=True)

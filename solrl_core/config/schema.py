@@ -279,6 +279,11 @@ class RunConfig:
     hacking_floors: dict[str, float] = _f({}, "Per eval reward, the smallest fall that counts as hacking, in the reward's units, "
                                               "instead of the floor it declares (rewards/registry.py; docs/rewards.md), e.g. "
                                               "--set run.hacking_floors.tinyworld_fidelity=0.1.")
+    min_trade: float = _f(0.0, "The early stop on the trade (loop/frontier.py): at each evaluation, the trained-reward gain "
+                               "since the previous one per unit of each eval reward lost since then (a fall past two "
+                               "paired standard errors); below this the run stops, with a checkpoint of the iteration "
+                               "just evaluated, and --best's frontier walk stops where a step bought less. 0 = off "
+                               "(--best takes the highest gain). docs/rewards.md.")
     stop_on_hacking: bool = _f(False, "Deprecated: run.on_hacking=stop (true still stops, with a deprecation warning).")
     log: tuple[str, ...] = _f((), "Experiment trackers fed from rank 0: tensorboard, wandb (pip install -e '.[tracking]').")
     image_every: int = _f(10, "Send the trackers a grid of one prompt's Stage-2 samples every this many iterations (0 = never).")

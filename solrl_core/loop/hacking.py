@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from solrl_core.config.convert import load_run_config
 from solrl_core.config.schema import Config
 from solrl_core.engine.checkpoint import list_checkpoints
 from solrl_core.errors import SolrlError
 from solrl_core.loop.evaluation import Evaluation, paired_se
+from solrl_core.loop.frontier import frontier_choice
 from solrl_core.rewards.endpoints import is_endpoint
 from solrl_core.rewards.registry import PLUGIN_FLOOR, Floor, lookup
 
@@ -71,10 +73,12 @@ def flagged(base: Evaluation, now: Evaluation, floor: dict[str, float]) -> list[
 
 
 def verdict(iteration: int, base: Evaluation, now: Evaluation, fell: list[Fall]) -> dict[str, Any]:
-    """What the loop state keeps of an evaluation (trainer_state.json "evaluations")."""
+    """What the loop state keeps of an evaluation (trainer_state.json "evaluations"); "changes": each
+    eval reward's change since the base, which the frontier rule reads (frontier.py)."""
     return {"iteration": iteration, "gain": float(now.scores.total.mean() - base.scores.total.mean()),
             "se": paired_se(now.scores.total, base.scores.total) if now is not base else 0.0,
-            "flagged": [f.reward for f in fell]}
+            "flagged": [f.reward for f in fell],
+            "changes": {k: float(v.mean() - base.held_out[k].mean()) for k, v in now.held_out.items() if k in base.held_out}}
 
 
 def clean(evaluations: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -109,8 +113,9 @@ def checkpoint_verdict(path: Path) -> dict[str, Any] | None:
 
 
 def best_checkpoint(run_dir: Path) -> tuple[Path, str]:
-    """The checkpoint with the highest trained-reward gain among those whose evaluation no rule flagged
-    (the newest on a tie), and why, in a sentence (the model card's)."""
+    """Among the checkpoints whose evaluation no rule flagged, the one the frontier walk names
+    (frontier.frontier_choice at the run's run.min_trade: with 0, the highest trained-reward gain, the
+    least eval-reward damage on a tie, then the newest), and why, in a sentence (the model card's)."""
     rated = [(path, checkpoint_verdict(path)) for path in list_checkpoints(run_dir)]
     good = [(p, v) for p, v in rated if v is not None and not v["flagged"]]
     bad = [f"{p.name} ({', '.join(v['flagged'])})" for p, v in rated if v is not None and v["flagged"]]
@@ -118,9 +123,11 @@ def best_checkpoint(run_dir: Path) -> tuple[Path, str]:
         why = f"its evaluated checkpoints were all flagged: {'; '.join(bad)}" if bad else "none of its checkpoints was evaluated"
         raise SolrlError(f"--best found no checkpoint of {run_dir} that an evaluation passed: {why}",
                          "choose one with --checkpoint iter_N, or train with run.eval_prompts set (each evaluation saves a checkpoint)")
-    path, v = max(good, key=lambda pv: (pv[1]["gain"], pv[1]["iteration"]))
-    why = (f"{path.name}: the highest trained-reward gain since the base ({v['gain']:+.4f} +- {v['se']:.4f} s.e.) among the "
-           f"{len(good)} evaluated checkpoint{'s' * (len(good) > 1)} no hacking rule flagged")
+    v, stopped = frontier_choice([v for _, v in good], load_run_config(run_dir).run.min_trade)
+    path = next(p for p, w in good if w is v)
+    why = (f"{path.name}: " + (f"{stopped} (gain since the base {v['gain']:+.4f} +- {v['se']:.4f} s.e.)" if stopped else
+           f"the highest trained-reward gain since the base ({v['gain']:+.4f} +- {v['se']:.4f} s.e.)")
+           + f" among the {len(good)} evaluated checkpoint{'s' * (len(good) > 1)} no hacking rule flagged")
     return path, why + (f"; flagged: {'; '.join(bad)}" if bad else "")
 
 

@@ -198,8 +198,9 @@ def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, base: Ru
                 if ended:
                     break
                 continue
-            # dropped by a stop, or on_hacking stop (or a rollback with nowhere to go): every rank stops here, with a checkpoint
-            stopping = state.evaluation_pending or (hacked and action != "warn")
+            # dropped by a stop, on_hacking stop (or a rollback with nowhere to go), or the early stop on the trade
+            # (run.min_trade): every rank stops here, with a checkpoint
+            stopping = state.evaluation_pending or (hacked and action != "warn") or distributed.any_true(bool(base.short))
         failure = state.health.failure() or guard.failure(  # from gathered rewards: the same on every rank
             state.faults, cfg.reward.health_patience, cfg.optimizer.max_nonfinite_steps)
         # every evaluated iteration is saved: --best and a rollback choose among them by their verdicts
