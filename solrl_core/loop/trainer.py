@@ -37,6 +37,8 @@ differs, each with its reason in docs/official-settings.md ("Where solrl differs
 - stopping: SIGTERM at the next phase boundary; a stop drops an evaluation in progress
 - evaluation: run.eval_rewards scored at every evaluation; reward hacking (a significant fall past a
   per-reward floor) warns, stops or rolls back (run.on_hacking); every evaluated iteration is saved
+- the trade: each evaluation's gain per unit of eval reward lost since the last; run.min_trade stops a run
+  where it falls short (off by default); --best takes the checkpoint the frontier walk names (frontier.py)
 - fp32 timesteps into SANA's and SD3's transformers, rollouts included (official SD3 rollouts: sampler.integer_timesteps)
 - fp32 where the official code rounds to bf16: SANA's sigma grid (sampler.grid_dtype=bf16 gives it), the
   DPM state between steps (sampler.state_dtype=run), SANA's and FLUX.1's loss inputs (algorithm.loss_dtype=bf16)
