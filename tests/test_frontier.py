@@ -94,6 +94,9 @@ def test_min_trade_stops_the_run_at_the_evaluation_whose_stretch_bought_too_litt
     assert sorted(evals) == [0, 1, 2] and evals[2].trade == {F: 0.01} and evals[2].trade_since == 1
     assert evals[0].trade_since == -1 and evals[1].trade_since == 0
     assert any(isinstance(e, ev.RunWarning) and "below run.min_trade 0.5" in e.message for e in seen)
+    from solrl_core.tracking.metrics import scalars
+
+    assert scalars(evals[2])[1][f"eval_reward/{F}/trade"] == 0.01  # TensorBoard and W&B
     state = json.loads((session.run.run_dir / "checkpoints" / "iter_000002" / "trainer_state.json").read_text())
     assert [(v["iteration"], sorted(v["changes"])) for v in state["evaluations"]] == [(0, [F]), (1, [F]), (2, [F])]
     assert state["evaluations"][0]["changes"] == {F: 0.0}
