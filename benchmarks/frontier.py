@@ -214,6 +214,11 @@ def train_point(args: argparse.Namespace) -> Trainer:
         def collect(e: ev.Event) -> None:
             if isinstance(e, ev.EvalFinished):
                 evals[e.iteration] = e
+                trade = "".join(f", {t:.3g} gain per unit of {n} lost since {e.trade_since}" for n, t in e.trade.items())
+                print(f"  evaluation at iteration {e.iteration}: held-out {e.mean:.4f}, "
+                      + ", ".join(f"{n} {v:.4f}" for n, v in e.eval_rewards.items()) + trade, flush=True)
+            elif isinstance(e, ev.RunWarning):
+                print(f"  warning: {e.message}", flush=True)
             elif isinstance(e, ev.IterationFinished):
                 train_s[0] += e.seconds["total"]
 
