@@ -43,7 +43,9 @@ from typing import Any, Callable
 REWARD = "tinyworld_geneval"
 FIDELITY = "tinyworld_fidelity"
 KINDS = ("object", "count", "binding", "position")
-CEILING = 0.999  # a kind whose base mean is at least this cannot rise (tune_tiny.py's)
+# A kind whose base mean is at least this is at its ceiling (object: 0.9907 on tinyworld_eval, one image in a
+# hundred short of all): it must not fall; every other kind must rise
+CEILING = 0.99
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
 # name -> overrides: one lever each from the tiny preset's default
@@ -145,7 +147,8 @@ def summarise(data: dict[str, Any], points: list[tuple[str, list[str]]], seeds: 
                "gain": _mean_sd([r["gain"] for r in runs]), "fidelity_change": _mean_sd([r["fidelity_change"] for r in runs]),
                "train_s": _mean_sd([r["train_s"] for r in runs]), "iteration": sorted({r["iteration"] for r in runs}),
                "kinds": {k: _mean_sd([r["kinds"][k] for r in runs]) for k in KINDS if all(k in r["kinds"] for r in runs)},
-               "every_kind_up": all(all(g > 0 for k, g in r["kinds"].items() if r["base_kinds"][k] < CEILING) for r in runs),
+               "every_kind_up": all(all(g >= 0 if r["base_kinds"][k] >= CEILING else g > 0 for k, g in r["kinds"].items())
+                                    for r in runs),
                "flagged": sum(bool(r.get("flagged")) for r in runs), "devices": sorted({r["device"] for r in runs})}
         out.append(row)
     return out

@@ -52,7 +52,8 @@ def test_a_sweep_runs_what_is_missing_resumes_and_summarises_over_seeds(frontier
     assert default["gain"][0] == pytest.approx(0.05) and default["gain"][1] == pytest.approx(0.01)  # 0.04, 0.05, 0.06
     assert default["fidelity_change"] == (pytest.approx(-0.07), pytest.approx(0.01))
     assert default["kinds"]["count"][0] == pytest.approx(0.06) and math.isclose(default["kinds"]["object"][1], 0.0)
-    assert default["every_kind_up"] is False  # position fell on seed 2; object sits at its ceiling and does not count
+    assert default["every_kind_up"] is False  # position fell on seed 2 (object, at its ceiling, only must not fall)
+    assert frontier.summarise(frontier.load_results(results), [("default", [])], [0, 1], ["run.iterations=10"])[0]["every_kind_up"]
     assert rows[1]["gain"][0] == pytest.approx(0.03)
     text = (tmp_path / "t.md").read_text()
     assert "device: cpu (stub)" in text and "load (uptime, now):" in text and "command: " in text
