@@ -285,7 +285,7 @@ def main(argv: list[str] | None = None, trainer: Trainer | None = None) -> list[
     print(text)
     if args.table:
         args.table.write_text(text + "\n", encoding="utf-8")
-    figure(rows, args.figure, f"tiny world: held-out gain vs {FIDELITY} fall, mean +- sd over seeds ({'; '.join(devices)})")
+    figure(rows, args.figure, f"tiny world: held-out gain vs {FIDELITY} fall, mean +- sd over seeds\n{'; '.join(devices)}")
     print(f"figure: {args.figure}")
     return rows
 
