@@ -150,6 +150,10 @@ class EvalFinished(Event):
     picture: str = ""  # a training run's picture of it: base beside these weights on a few of its images (eval_pictures.py)
     eval_floors: dict[str, float] = field(default_factory=dict)  # each one's hacking floor (loop/hacking.py); empty without one
     kept: str = ""  # a training run's base: the SHA-256 of the scores it kept in eval_base.json, checked before `solrl eval` reuses them
+    # the trained-reward gain since evaluation `trade_since` per unit of each eval reward lost since then (loop/frontier.py);
+    # a reward that lost nothing beyond its noise is left out; trade_since -1: not measured (the base, or no earlier verdict)
+    trade: dict[str, float] = field(default_factory=dict)
+    trade_since: int = -1
 
 
 @dataclass(frozen=True)

@@ -87,7 +87,14 @@ def test_a_tiny_run_shows_its_second_score_base_to_now_with_standard_errors(fold
     se = last.eval_se["tinyworld_fidelity"]
     floor = last.eval_floors["tinyworld_fidelity"]
     assert floor == 0.1  # the floor the registry declares for it
-    assert f"tinyworld_fidelity base {base:.4g} -> ema {now:.4g} ({now - base:+.4f} +- {se:.4f} s.e.; floor {floor:.4g})" in line
+    # the gain bought per unit of it lost since the last evaluation (the base here: loop/frontier.py)
+    assert last.trade_since == 0
+    traded = (f"{last.trade['tinyworld_fidelity']:.3g} gain per unit lost" if "tinyworld_fidelity" in last.trade
+              else "none lost beyond noise")
+    assert (f"tinyworld_fidelity base {base:.4g} -> ema {now:.4g} ({now - base:+.4f} +- {se:.4f} s.e.; floor {floor:.4g}; "
+            f"since the base: {traded})") in line
+    if "tinyworld_fidelity" in last.trade:
+        assert last.trade["tinyworld_fidelity"] == pytest.approx((last.mean - evals[0].mean) / (base - now))
     assert json.loads((folder / "plain" / BASE_FILE).read_text())["eval_rewards"]["tinyworld_fidelity"]
     state = RunState()  # the TUI's evaluations panel
     for e in seen:

@@ -162,6 +162,18 @@ def _solrl(*args, cwd):
     return subprocess.run([sys.executable, "-m", "solrl_cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
 
 
+def _verdict(checkpoint, gain, flagged_rewards, changes=None):
+    """Rewrite a checkpoint's own evaluation verdict (and its manifest, so it stays intact)."""
+    path = checkpoint / "trainer_state.json"
+    state = json.loads(path.read_text())
+    state["evaluations"] = [e for e in state.get("evaluations", []) if e["iteration"] != state["iteration"]]
+    state["evaluations"].append({"iteration": state["iteration"], "gain": gain, "se": 0.01, "flagged": flagged_rewards,
+                                 **({"changes": changes} if changes is not None else {})})
+    path.write_text(json.dumps(state))
+    (checkpoint / "manifest.json").unlink()
+    write_manifest(checkpoint)
+
+
 def _flag(checkpoint, flagged_rewards):
     """Rewrite which eval rewards a checkpoint's own evaluation verdict flagged (and its manifest, so it
     stays intact); its gain stays the one the run's events record (hacking.Verdicts believes no other)."""
@@ -199,3 +211,29 @@ def test_best_picks_the_highest_gain_no_rule_flagged_and_the_card_says_why(rolle
         _flag(path, ["tinyworld_fidelity"])
     none = _solrl("export", str(run), "--best", cwd=tmp)
     assert none.returncode == 2 and "--best found no checkpoint" in none.stderr and "Traceback" not in none.stdout + none.stderr
+
+
+def test_best_walks_the_frontier_at_the_runs_min_trade(rolled, monkeypatch):
+    """--best with run.min_trade set: among unflagged checkpoints, the frontier walk stops before a step
+    whose gain cost too much of an eval reward (loop/frontier.py), and the sentence says so. The verdicts
+    written here are taken as borne out (checking them against events.jsonl is test_nothing_forged's)."""
+    import tomli_w
+    import tomllib
+
+    from solrl_core.loop import hacking
+    from solrl_core.loop.hacking import best_checkpoint
+
+    monkeypatch.setattr(hacking.Verdicts, "of", lambda self, checkpoint: (hacking.checkpoint_verdict(checkpoint), ""))
+
+    tmp, _, _, _ = rolled
+    run = tmp / "a"
+    found = sorted((run / "checkpoints").glob("iter_*"))
+    assert len(found) >= 2
+    for i, path in enumerate(found):  # gains rising, fidelity falling faster and faster
+        _verdict(path, 0.03 + 0.01 * i, [], changes={"tinyworld_fidelity": -0.01 - 0.05 * i * i})
+    assert best_checkpoint(run)[0] == found[-1]  # min_trade 0: the highest gain
+    config = tomllib.loads((run / "config.toml").read_text())
+    config["run"]["min_trade"] = 0.5
+    (run / "config.toml").write_text(tomli_w.dumps(config))
+    path, why, _ = best_checkpoint(run)
+    assert path == found[0] and f"the frontier walk stopped before iteration {int(found[1].name[5:])}" in why

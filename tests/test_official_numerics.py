@@ -99,3 +99,26 @@ def test_integer_timesteps_reach_the_model_in_rollouts_only_as_whole_numbers():
     plain = Sampler.of(SamplerConfig(solver="dpm2", sigma_grid="scheduler", shift=3.0))
     sample(plain.model_call(Model(), torch.nn.Identity()), noise, COND, plain.sigmas(10), "dpm2")
     assert seen[1][0].item() == pytest.approx(960.129, abs=1e-3)  # the default: the grid's own timesteps
+
+
+def test_the_euler_step_is_fp32_from_the_bf16_state_rounded_once_as_the_official():
+    """The official run_sampling hands flow_grpo_step pred.float() and z.float() (deterministic: z + dt * pred
+    in fp32), then z.to(bf16): one rounding a step. sampler.euler_step=run rounds the product and the sum."""
+    sigmas = Sampler.of(SamplerConfig(grid_dtype="bf16")).sigmas(10)
+    noise = torch.randn(2, 4, 3, 3, generator=torch.Generator().manual_seed(0))
+    bf16 = noise.to(torch.bfloat16)
+    official, twice = bf16, bf16
+    for i in range(len(sigmas) - 1):
+        dt = float(sigmas[i + 1]) - float(sigmas[i])
+        pred = _velocity(official, torch.full((2,), float(sigmas[i])), COND)
+        official = (official.float() + dt * pred.float()).to(torch.bfloat16)
+        twice = twice + dt * _velocity(twice, torch.full((2,), float(sigmas[i])), COND)
+    got, run = sample(_velocity, bf16, COND, sigmas), sample(_velocity, bf16, COND, sigmas, euler_step="run")
+    assert torch.equal(got, official) and torch.equal(run, twice)
+    assert (got.float() - run.float()).abs().max().item() > 0  # bf16: the two roundings part
+    assert torch.equal(sample(_velocity, noise, COND, sigmas), sample(_velocity, noise, COND, sigmas, euler_step="run"))
+    assert Sampler.of(resolve_config("tiny", "sol_rl", sets=["sampler.euler_step=run"]).sampler).euler_step == "run"
+    assert Sampler.of(SamplerConfig()).euler_step == "fp32"
+    with pytest.raises(SolrlError) as err:
+        resolve_config("tiny", "sol_rl", sets=["sampler.euler_step=bf16"])
+    assert "sampler.euler_step" in err.value.message

@@ -239,9 +239,11 @@ OFFICIAL_COMMON = {
     "algorithm.old_decay_rate": 0.001, "algorithm.old_decay_max": 0.5, "algorithm.ema_max_decay": 0.9,
     "run.prompts": "pickscore_train", "run.eval_prompts": "pickscore_test", "run.eval_every": 20, "run.eval_seeds": 1,
     "run.tf32": True, "run.compile_mode": "max-autotune-no-cudagraphs", "run.checkpoint_every": 5, "run.seed": 42,
+    "run.min_trade": 0.0,  # no early stop on the trade: the official code trains every iteration it is given
 }
 OFFICIAL = {
     "sana": {"model.resolution": 1024, "sampler.eval_steps": 40, "sampler.solver": "euler", "sampler.shift": 1.0,
+             "sampler.euler_step": "fp32",  # run_sampling: flow_grpo_step(pred.float(), z.float()), then z.to(dtype)
              "algorithm.timestep_fraction": 0.6, "optimizer.grad_clip": 1.0, "optimizer.micro_batch": 16,
              "model.train_precision": "bf16", "model.quant_min_dim": 2240, "model.prompt_instruction": False,
              # attn.qkv, attn.proj, cross_attn.q_linear/kv_linear/proj, as diffusers splits them

@@ -21,7 +21,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     **dict.fromkeys(("explore.rank_check_every", "model.quant_min_dim", "run.image_every", "run.threads",
                      "reward.health_patience", "reward.health_min_std", "optimizer.max_nonfinite_steps", "reward.retries",
                      "optimizer.weight_decay", "optimizer.grad_clip", "algorithm.kl_beta", "algorithm.old_decay_rate",
-                     "run.seed", "model.init_seed", "model.max_sequence_length", "explore.recalibrate_every"), _AT_LEAST_0),
+                     "run.seed", "run.min_trade", "model.init_seed", "model.max_sequence_length", "explore.recalibrate_every"), _AT_LEAST_0),
     **dict.fromkeys(("optimizer.lr", "optimizer.eps", "algorithm.nft_beta", "algorithm.adv_clip_max", "sampler.shift",
                      "model.lora_alpha"), _POSITIVE),
     **dict.fromkeys(("optimizer.beta1", "optimizer.beta2", "algorithm.ema_max_decay"), _FRACTION),

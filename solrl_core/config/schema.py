@@ -13,10 +13,11 @@ from typing import Any
 
 from solrl_core.config.bounds import check_hacking, check_ranges
 from solrl_core.config.families import FAMILIES
+from solrl_core.config.loaders import T5_LOADERS, TINY_LOADERS, VIDEO_LOADERS, check_frames, check_model_path
 from solrl_core.errors import SolrlError, close_matches
 from solrl_core.precision.hardware import FP8_BACKENDS, NVFP4_EMULATIONS
 from solrl_core.rewards.endpoints import check_settings
-from solrl_core.rewards.names import FRAME_REDUCTIONS, check_media, check_names
+from solrl_core.rewards.names import check_names
 from solrl_core.rewards.timeouts import parse_timeout
 
 SELECTION_MODES = ("best_worst", "random", "mean_deviation", "extremes_random")
@@ -104,6 +105,10 @@ class SamplerConfig:
     state_dtype: str = _f("fp32", "dpm2's latent state between steps: fp32, or run (rounded to the run dtype after every "
                                   "step, as diffusers' scheduler in the official SD3/FLUX rollouts). Euler keeps the state "
                                   "in the run dtype either way, as the official SANA sampler.")
+    euler_step: str = _f("fp32", "How an Euler step x + dt * v is computed in a bf16 run: fp32 (from the bf16 state and "
+                                 "velocity, rounded once to bf16: the official run_sampling, which hands flow_grpo_step "
+                                 "pred.float() and z.float()) or run (the product and the sum each rounded to bf16: solrl "
+                                 "before this setting). The same in an fp32 run (a CPU's default).")
     integer_timesteps: bool = _f(False, "Rollouts hand the model whole-number timesteps, trunc(sigma x 1000), as the official "
                                         "SD3 pipeline (dtype=torch.long); the solver steps and training keep the grid's.")
     guidance: float = _f(1.0, "Classifier-free guidance scale; 1.0 = CFG off (the official setting).")
@@ -275,6 +280,11 @@ class RunConfig:
     hacking_floors: dict[str, float] = _f({}, "Per eval reward, the smallest fall that counts as hacking, in the reward's units, "
                                               "instead of the floor it declares (rewards/registry.py; docs/rewards.md), e.g. "
                                               "--set run.hacking_floors.tinyworld_fidelity=0.1.")
+    min_trade: float = _f(0.0, "The early stop on the trade (loop/frontier.py): at each evaluation, the trained-reward gain "
+                               "since the previous one per unit of each eval reward lost since then (a fall past two "
+                               "paired standard errors); below this the run stops, with a checkpoint of the iteration "
+                               "just evaluated, and --best's frontier walk stops where a step bought less. 0 = off "
+                               "(--best takes the highest gain). docs/rewards.md.")
     stop_on_hacking: bool = _f(False, "Deprecated: run.on_hacking=stop (true still stops, with a deprecation warning).")
     log: tuple[str, ...] = _f((), "Experiment trackers fed from rank 0: tensorboard, wandb (pip install -e '.[tracking]').")
     image_every: int = _f(10, "Send the trackers a grid of one prompt's Stage-2 samples every this many iterations (0 = never).")
@@ -345,6 +355,7 @@ class Config:
         _choice("sampler.sigma_grid", self.sampler.sigma_grid, SIGMA_GRIDS)
         _choice("sampler.grid_dtype", self.sampler.grid_dtype, GRID_DTYPES)
         _choice("sampler.state_dtype", self.sampler.state_dtype, STATE_DTYPES)
+        _choice("sampler.euler_step", self.sampler.euler_step, STATE_DTYPES)
         _choice("algorithm.loss_dtype", self.algorithm.loss_dtype, GRID_DTYPES)
         _choice("reward.aggregation", self.reward.aggregation, AGGREGATIONS)
         _choice("run.compile_mode", self.run.compile_mode, COMPILE_MODES)
@@ -398,47 +409,13 @@ class Config:
         check_names(self.reward.weights, {k: v for k, v in self.reward.paths.items() if k not in self.run.eval_rewards})
         check_names(dict.fromkeys(self.run.eval_rewards, 1.0), {})  # a typo in an eval reward: named now, not at the first evaluation
         check_settings(self.reward.remote)
-        _check_model_path(self.model)
-        _check_frames(self)
+        check_model_path(self.model)
+        check_frames(self)
         if self.model.max_sequence_length and self.model.loader not in T5_LOADERS:
             raise SolrlError(f"model.max_sequence_length={self.model.max_sequence_length} applies to the T5-encoded models "
                              f"({', '.join(T5_LOADERS)}), not to loader {self.model.loader}",
                              "drop the setting (this model's encoder length is fixed by its pipeline)")
         return self
-
-
-T5_LOADERS = ("flux1", "sd3")  # the loaders that read model.max_sequence_length
-VIDEO_LOADERS = ("wan", "tiny_video")  # the loaders whose samples are clips of model.frames frames
-TINY_LOADERS = ("tiny", "tiny_video")  # built offline from model.weights or a random init: no hub id, no model.path
-
-
-def _check_frames(cfg: "Config") -> None:
-    """A video model has frames, an image model none, and each reward judges what the model makes."""
-    video = cfg.model.loader in VIDEO_LOADERS
-    if video and cfg.model.frames < 1:
-        raise SolrlError(f"model.frames={cfg.model.frames}: the {cfg.model.loader} loader makes videos",
-                         "set the clip length, e.g. --set model.frames=5 (a Wan preset sets it)")
-    if not video and cfg.model.frames:
-        raise SolrlError(f"model.frames={cfg.model.frames} applies to the video loaders ({', '.join(VIDEO_LOADERS)}), "
-                         f"not to loader {cfg.model.loader}", "drop the setting")
-    _choice("reward.frame_reduce", cfg.reward.frame_reduce, FRAME_REDUCTIONS)
-    check_media(list(cfg.reward.weights), video)
-    check_media(list(cfg.run.eval_rewards), video, knob="run.eval_rewards")
-
-
-def _check_model_path(model: ModelConfig) -> None:
-    """--model-path names a folder that exists, for a model that reads one."""
-    if not model.path:
-        return
-    if model.loader in TINY_LOADERS:
-        raise SolrlError(f"the tiny model takes no --model-path (model.path={model.path}): it is built from model.weights "
-                         "or a random init", "drop --model-path; for tiny weights use --set model.weights=FOLDER")
-    import os
-
-    if not os.path.isdir(os.path.expanduser(model.path)):
-        raise SolrlError(f"model.path {model.path} does not exist" if not os.path.exists(os.path.expanduser(model.path))
-                         else f"model.path {model.path} is not a folder",
-                         "pass --model-path a local folder in the hub's diffusers layout, or drop it to use model.hub_id")
 
 
 def _choice(name: str, value: str, choices: tuple[str, ...]) -> None:

@@ -4,7 +4,8 @@ The noise of a sample is a pure function of its integer seed (a CPU generator, s
 on every device), which is what lets Stage 2 regenerate exactly the seeds Stage 1 ranked.
 Convention: x_sigma = (1 - sigma) * x0 + sigma * noise, velocity v = noise - x0, sigma from 1 to 0.
 
-Solvers: `euler` (the official SANA sampler) and `dpm2`, the deterministic 2nd-order multistep
+Solvers: `euler` (the official SANA sampler; its step in fp32 from the run-dtype state, rounded once,
+as the official `run_sampling` hands `flow_grpo_step` `pred.float()` and `z.float()`) and `dpm2`, the deterministic 2nd-order multistep
 DPM-Solver++(2M) in data-prediction form (the official SD3/FLUX sampler), written for flow matching
 as diffusers' DPMSolverMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction",
 solver_order=2, final_sigmas_type="zero") steps it; its first order is exactly Euler.
@@ -77,19 +78,27 @@ def sigma_grid(steps: int, shift: float = 1.0, kind: str = "linspace") -> torch.
 
 @torch.no_grad()
 def sample(velocity: VelocityCall, noise: torch.Tensor, cond: Conditioning, sigmas: torch.Tensor,
-           solver: str = "euler", round_state: bool = False) -> torch.Tensor:
+           solver: str = "euler", round_state: bool = False, euler_step: str = "fp32") -> torch.Tensor:
     """Integrate the ODE from `noise` (sigma = 1) to sigma = 0 and return the clean latents.
-    `round_state`: dpm2's fp32 state rounded to `noise`'s dtype after every step (the official rollouts)."""
+    `round_state`: dpm2's fp32 state rounded to `noise`'s dtype after every step (the official rollouts).
+    `euler_step`: fp32 (each Euler step x + dt * v computed in fp32 from the state and the velocity, then
+    rounded once to `noise`'s dtype: the official flow step) or run (the product and the sum each in
+    `noise`'s dtype, rounded twice). The same in an fp32 run."""
     if solver == "dpm2":
         return _dpm2(velocity, noise, cond, sigmas, round_state)
     if solver != "euler":
         raise ValueError(f"unknown solver {solver}")
+    if euler_step not in ("fp32", "run"):
+        raise ValueError(f"unknown euler_step {euler_step!r}")
     x = noise
     batch = x.shape[0]
     for i in range(len(sigmas) - 1):
         s, s_next = float(sigmas[i]), float(sigmas[i + 1])
         v = velocity(x, torch.full((batch,), s, device=x.device), cond)
-        x = x + (s_next - s) * v.to(x.dtype)
+        if euler_step == "fp32":
+            x = (x.float() + (s_next - s) * v.float()).to(x.dtype)
+        else:
+            x = x + (s_next - s) * v.to(x.dtype)
     return x
 
 
@@ -146,13 +155,15 @@ class Sampler:
     batch_size: int = 24
     grid_dtype: str = "fp32"
     state_dtype: str = "fp32"
+    euler_step: str = "fp32"
     integer_timesteps: bool = False
     lanes: int = 1  # batches run side by side on a CPU, one torch thread each (runtime/lanes.py)
 
     @classmethod
     def of(cls, cfg: SamplerConfig) -> "Sampler":
         return cls(solver=cfg.solver, shift=cfg.shift, grid=cfg.sigma_grid, batch_size=cfg.rollout_batch,
-                   grid_dtype=cfg.grid_dtype, state_dtype=cfg.state_dtype, integer_timesteps=cfg.integer_timesteps)
+                   grid_dtype=cfg.grid_dtype, state_dtype=cfg.state_dtype, integer_timesteps=cfg.integer_timesteps,
+                   euler_step=cfg.euler_step)
 
     def sigmas(self, steps: int) -> torch.Tensor:
         grid = sigma_grid(steps, self.shift, self.grid)
@@ -175,7 +186,7 @@ class Sampler:
         def one(chunk: slice) -> torch.Tensor:
             noise = noise_for_seeds(seeds[chunk], model.latent_shape, device, dtype)
             return sample(self.model_call(model, network), noise, cond[chunk].to(device), sigmas, self.solver,
-                          self.state_dtype == "run").float()
+                          self.state_dtype == "run", self.euler_step).float()
 
         return torch.cat(map_in_lanes(one, batch_slices(seeds.numel(), self.batch_size, groups), self.lanes))
 

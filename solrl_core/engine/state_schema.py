@@ -107,15 +107,21 @@ def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
     evaluations = saved.get("evaluations", [])
     _check(path, '"evaluations"', evaluations, lambda v: isinstance(v, list) and len(v) <= it + 1, f"a list of at most {it + 1}")
     for i, e in enumerate(evaluations):
-        _check(path, f'"evaluations"[{i}]', e, lambda v: isinstance(v, dict) and set(v) == _VERDICT and _int(v["iteration"], 0, it)
+        _check(path, f'"evaluations"[{i}]', e, lambda v: isinstance(v, dict) and set(v) - {"changes"} == _VERDICT and _int(v["iteration"], 0, it)
                and _finite(v["gain"]) and _finite(v["se"], low=0)
-               and isinstance(v["flagged"], list) and all(isinstance(n, str) for n in v["flagged"]),
+               and isinstance(v["flagged"], list) and all(isinstance(n, str) for n in v["flagged"])
+               and _changes_ok(v.get("changes", {})),
                f"an object of {', '.join(sorted(_VERDICT))} (an iteration 0 ... {it}, a gain and an s.e. within +-{BOUND:g}, "
-               "a list of names)")
+               "a list of names, optional changes: names with numbers within the same bound)")
     precisions = [p for p in EXPLORE_PRECISIONS if p != "auto"]
     _check(path, '"explore_precision"', saved.get("explore_precision", precisions[0]), lambda v: v in precisions,
            "one of " + ", ".join(precisions))
     return saved
+
+
+def _changes_ok(changes: Any) -> bool:
+    """A verdict's "changes": eval reward names with finite numbers (frontier.py reads them)."""
+    return isinstance(changes, dict) and all(isinstance(k, str) and _finite(x) for k, x in changes.items())
 
 
 def _check(path: Path, field: str, value: Any, ok: Any, expected: str) -> None:

@@ -316,6 +316,7 @@ class RunEvals:
         self.base_event: ev.EvalFinished | None = None
         self.last_event: ev.EvalFinished | None = None
         self.hacked = False  # the latest evaluation warned of reward hacking (run_eval._warn_of_hacking)
+        self.short: list[str] = []  # the eval rewards whose loss the latest evaluation found too dear (run.min_trade)
         self.events: dict[int, ev.EvalFinished] = {}  # this session's evaluations by iteration (a rollback's end shows its own)
 
     @classmethod

@@ -20,10 +20,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from solrl_core.config.convert import load_run_config
 from solrl_core.config.schema import Config
 from solrl_core.engine.checkpoint import list_checkpoints
 from solrl_core.errors import SolrlError
 from solrl_core.loop.evaluation import Evaluation, paired_se
+from solrl_core.loop.frontier import frontier_choice
 from solrl_core.rewards.endpoints import is_endpoint
 from solrl_core.rewards.registry import PLUGIN_FLOOR, Floor, lookup
 
@@ -71,10 +73,12 @@ def flagged(base: Evaluation, now: Evaluation, floor: dict[str, float]) -> list[
 
 
 def verdict(iteration: int, base: Evaluation, now: Evaluation, fell: list[Fall]) -> dict[str, Any]:
-    """What the loop state keeps of an evaluation (trainer_state.json "evaluations")."""
+    """What the loop state keeps of an evaluation (trainer_state.json "evaluations"); "changes": each
+    eval reward's change since the base, which the frontier rule reads (frontier.py)."""
     return {"iteration": iteration, "gain": float(now.scores.total.mean() - base.scores.total.mean()),
             "se": paired_se(now.scores.total, base.scores.total) if now is not base else 0.0,
-            "flagged": [f.reward for f in fell]}
+            "flagged": [f.reward for f in fell],
+            "changes": {k: float(v.mean() - base.held_out[k].mean()) for k, v in now.held_out.items() if k in base.held_out}}
 
 
 def clean(evaluations: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -132,7 +136,8 @@ class Verdicts:
             record, self.problem = None, f"its events.jsonl cannot be read ({exc.message})"
         evals = [t.event for t in record.evals] if record else []
         self.bases = [e.mean for e in evals if e.weights == "base"]
-        self.scored = [(e.iteration, e.mean) for e in evals]  # the base's own too: its verdict (iteration 0) gains 0
+        # the base's own too: its verdict (iteration 0) gains 0; with each eval reward's change, which the frontier walk reads
+        self.scored = [(e.iteration, e.mean, e.eval_changes) for e in evals]
         self.every, self.ends = (record.eval_every, record.ends) if record else (0, set())
 
     def scheduled(self, iteration: int) -> bool:
@@ -149,18 +154,26 @@ class Verdicts:
             why = self.problem
         elif not self.scheduled(it):
             why = f"iteration {it} is not one the run evaluates (every {self.every or '?'} and each session's last)"
-        elif not any(i == it and abs(mean - base - gain) <= GAIN_TOLERANCE for i, mean in self.scored for base in self.bases):
-            why = f"events.jsonl records no evaluation at iteration {it} with a gain of {gain:+.4f} since the base"
+        elif not any(i == it and abs(mean - base - gain) <= GAIN_TOLERANCE and _same(v.get("changes", {}), changes)
+                     for i, mean, changes in self.scored for base in self.bases):
+            why = (f"events.jsonl records no evaluation at iteration {it} with a gain of {gain:+.4f} since the base"
+                   + (" and these eval rewards' changes" if v.get("changes") else ""))
         else:
             return v, ""
         return None, (f"{checkpoint.name}'s trainer_state.json holds a verdict ({gain:+.4f}) that the run's events do not "
                       f"bear out: {why}; not used")
 
 
+def _same(stored: dict[str, Any], recorded: dict[str, float]) -> bool:
+    """A verdict's eval-reward changes are those its evaluation event recorded (each within GAIN_TOLERANCE)."""
+    return all(k in recorded and abs(x - recorded[k]) <= GAIN_TOLERANCE for k, x in stored.items())
+
+
 def best_checkpoint(run_dir: Path) -> tuple[Path, str, list[str]]:
-    """The checkpoint with the highest trained-reward gain among those whose evaluation no rule flagged
-    (the newest on a tie), why in a sentence (the model card's), and a line for each checkpoint whose
-    stored verdict the run's events do not bear out (`Verdicts`), left out."""
+    """Among the checkpoints whose evaluation no rule flagged, the one the frontier walk names
+    (frontier.frontier_choice at the run's run.min_trade: with 0, the highest trained-reward gain, the
+    least eval-reward damage on a tie, then the newest), why in a sentence (the model card's), and a line
+    for each checkpoint whose stored verdict the run's events do not bear out (`Verdicts`), left out."""
     verdicts = Verdicts(run_dir)
     checked = [(path, *verdicts.of(path)) for path in list_checkpoints(run_dir)]
     rated = [(p, v) for p, v, _ in checked if v is not None]
@@ -172,9 +185,11 @@ def best_checkpoint(run_dir: Path) -> tuple[Path, str, list[str]]:
         why += f" ({'; '.join(mismatched)})" if mismatched else ""
         raise SolrlError(f"--best found no checkpoint of {run_dir} that an evaluation passed: {why}",
                          "choose one with --checkpoint iter_N, or train with run.eval_prompts set (each evaluation saves a checkpoint)")
-    path, v = max(good, key=lambda pv: (pv[1]["gain"], pv[1]["iteration"]))
-    why = (f"{path.name}: the highest trained-reward gain since the base ({v['gain']:+.4f} +- {v['se']:.4f} s.e.) among the "
-           f"{len(good)} evaluated checkpoint{'s' * (len(good) > 1)} no hacking rule flagged")
+    v, stopped = frontier_choice([v for _, v in good], load_run_config(run_dir).run.min_trade)
+    path = next(p for p, w in good if w is v)
+    why = (f"{path.name}: " + (f"{stopped} (gain since the base {v['gain']:+.4f} +- {v['se']:.4f} s.e.)" if stopped else
+           f"the highest trained-reward gain since the base ({v['gain']:+.4f} +- {v['se']:.4f} s.e.)")
+           + f" among the {len(good)} evaluated checkpoint{'s' * (len(good) > 1)} no hacking rule flagged")
     return path, why + (f"; flagged: {'; '.join(bad)}" if bad else ""), mismatched
 
 

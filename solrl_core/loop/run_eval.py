@@ -16,6 +16,7 @@ from typing import Callable
 from solrl_core import events as ev
 from solrl_core.faults.phase import charged_to
 from solrl_core.loop.evaluation import Evaluation, RunEvals, digest, evaluate, progress_events
+from solrl_core.loop.frontier import previous, too_little, trade
 from solrl_core.loop.hacking import SIGNIFICANCE, flagged, floors, verdict
 from solrl_core.loop.loop_state import LoopState
 from solrl_core.loop.session import Run
@@ -36,7 +37,7 @@ def evaluate_now(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, e
     what = "the base evaluation" if weights == "base" else f"the evaluation of iteration {state.iteration}"
     # sharded, every rank generates: all must drop it at the same batch
     stop = (lambda: distributed.any_true(flag.requested)) if run.sharded else (lambda: flag.requested)
-    evals.hacked, dropped = False, ""  # an evaluation a stop drops warns of nothing
+    evals.hacked, evals.short, dropped = False, [], ""  # an evaluation a stop drops warns of nothing
     if run.rank == 0 or run.sharded:
         flag.phase = EVALUATION
         try:
@@ -60,16 +61,35 @@ def _score(run: Run, state: LoopState, bus: ev.EventBus, weights: str, evals: Ru
                           keep=pictures.index if pictures is not None else None)
         picture = (pictures.draw(run.engine, state.iteration, weights, result.shown, result.scores.total, result.seeds)
                    if pictures is not None and result.shown is not None else "")
+    changes = evals.changes(result)
+    before = previous(state.evaluations, state.iteration)
+    traded = (trade(before, result.mean - evals.base.mean, changes["eval_changes"], changes["eval_se"], SIGNIFICANCE)
+              if evals.base is not None and weights != "base" else None)
     event = ev.EvalFinished(iteration=state.iteration, weights=weights, prompts=run.config.run.eval_prompts,
                             samples=len(result.seeds), mean=result.mean,
                             components={k: float(v.mean()) for k, v in result.scores.components.items()},
                             extras=result.extras, seconds=result.seconds, delta_se=evals.delta_se(result),
                             eval_rewards={k: float(v.mean()) for k, v in result.held_out.items()},
-                            **evals.changes(result), picture=picture, eval_floors=floors(run.config, evals.base or result),
+                            **changes, picture=picture, eval_floors=floors(run.config, evals.base or result),
+                            trade=traded or {}, trade_since=-1 if traded is None else before["iteration"] if before else 0,
                             kept=digest(evals.record(result)) if weights == "base" and evals.write else "")
     bus.emit(event)
     _warn_of_hacking(run, state, bus, evals, result)
+    _stop_on_trade(run, bus, evals, event)
     evals.finished(result, event)
+
+
+def _stop_on_trade(run: Run, bus: ev.EventBus, evals: RunEvals, event: ev.EvalFinished) -> None:
+    """The early stop (run.min_trade): `evals.short` names the eval rewards whose loss since the last
+    evaluation bought less gain per unit than run.min_trade; the loop stops on it, with a checkpoint."""
+    min_trade = run.config.run.min_trade
+    evals.short = too_little(event.trade, min_trade)
+    if evals.short:
+        name = evals.short[0]
+        bus.emit(ev.RunWarning(message=f"iteration {event.iteration}: since iteration {event.trade_since} the trained reward "
+                                       f"gained {event.trade[name]:.3g} per unit of {name} lost, below run.min_trade "
+                                       f"{min_trade:g}: the run stops here (the early stop; --best walks the frontier, "
+                                       "docs/rewards.md)"))
 
 
 def _warn_of_hacking(run: Run, state: LoopState, bus: ev.EventBus, evals: RunEvals, result: Evaluation) -> None:

@@ -37,9 +37,13 @@ differs, each with its reason in docs/official-settings.md ("Where solrl differs
 - stopping: SIGTERM at the next phase boundary; a stop drops an evaluation in progress
 - evaluation: run.eval_rewards scored at every evaluation; reward hacking (a significant fall past a
   per-reward floor) warns, stops or rolls back (run.on_hacking); every evaluated iteration is saved
+- the trade: each evaluation's gain per unit of eval reward lost since the last; run.min_trade stops a run
+  where it falls short (off by default); --best takes the checkpoint the frontier walk names (frontier.py)
 - fp32 timesteps into SANA's and SD3's transformers, rollouts included (official SD3 rollouts: sampler.integer_timesteps)
 - fp32 where the official code rounds to bf16: SANA's sigma grid (sampler.grid_dtype=bf16 gives it), the
   DPM state between steps (sampler.state_dtype=run), SANA's and FLUX.1's loss inputs (algorithm.loss_dtype=bf16)
+- the Euler step: fp32 from the run-dtype state, rounded once, as the official run_sampling; sampler.euler_step=run
+  keeps solrl's earlier arithmetic (product and sum each in the run dtype)
 - selection: ties broken by position; K = N keeps each seed once where the official can repeat one
 - family defaults: the official configs' rollout copies and compile
 - training precision: each official regime in its preset; autocast (fp32 adapters) elsewhere
@@ -197,10 +201,12 @@ def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, base: Ru
                     state.stopped_by_rule = "the last rollback"
                     break
                 continue
-            # dropped by a stop, or on_hacking stop (or a rollback with nowhere to go): every rank stops here, with a checkpoint
-            stopping = state.evaluation_pending or (hacked and action != "warn")
-            if hacked and action != "warn" and not state.evaluation_pending:
-                state.stopped_by_rule = f"run.on_hacking={action}"
+            # dropped by a stop, on_hacking stop (or a rollback with nowhere to go), or the early stop on the trade
+            # (run.min_trade): every rank stops here, with a checkpoint
+            short = distributed.any_true(bool(base.short))
+            stopping = state.evaluation_pending or (hacked and action != "warn") or short
+            if (hacked and action != "warn" or short) and not state.evaluation_pending:
+                state.stopped_by_rule = f"run.on_hacking={action}" if hacked and action != "warn" else "run.min_trade"
         failure = state.health.failure() or guard.failure(  # from gathered rewards: the same on every rank
             state.faults, cfg.reward.health_patience, cfg.optimizer.max_nonfinite_steps)
         # every evaluated iteration is saved: --best and a rollback choose among them by their verdicts

@@ -75,6 +75,8 @@ def scalars(event: ev.Event) -> tuple[int, dict[str, float]] | None:
                 out[f"eval_reward/{name}/change_se"] = float(event.eval_se[name])
             if name in event.eval_floors:  # plotted as -floor beside the change: a change below it is a hacking fall
                 out[f"eval_reward/{name}/floor"] = -float(event.eval_floors[name])
+            if name in event.trade:  # the gain bought per unit of it lost since the last evaluation (loop/frontier.py)
+                out[f"eval_reward/{name}/trade"] = float(event.trade[name])
         return event.iteration, out
     if isinstance(event, ev.RewardHacking):
         out[f"hacking/{event.reward}"] = 1.0
