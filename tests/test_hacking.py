@@ -213,6 +213,22 @@ def test_best_picks_the_highest_gain_no_rule_flagged_and_the_card_says_why(rolle
     assert none.returncode == 2 and "--best found no checkpoint" in none.stderr and "Traceback" not in none.stdout + none.stderr
 
 
+def test_a_verdict_whose_eval_reward_changes_its_event_does_not_record_is_not_used(rolled, tmp_path):
+    """The frontier walk reads each verdict's eval-reward changes: a changed one (in trainer_state.json,
+    manifest and all) is not borne out by events.jsonl, so --best leaves it out, naming the checkpoint."""
+    import shutil
+
+    from solrl_core.loop.hacking import Verdicts, checkpoint_verdict
+
+    run = shutil.copytree(rolled[0] / "a", tmp_path / "a")
+    path = sorted((run / "checkpoints").glob("iter_*"))[-1]
+    v = checkpoint_verdict(path)
+    assert v is not None and v["changes"] and Verdicts(run).of(path) == (v, "")  # borne out as written
+    _verdict(path, v["gain"], v["flagged"], changes={k: x + 0.5 for k, x in v["changes"].items()})
+    got, line = Verdicts(run).of(path)
+    assert got is None and line.startswith(f"{path.name}'s trainer_state.json") and "eval rewards' changes" in line
+
+
 def test_best_walks_the_frontier_at_the_runs_min_trade(rolled, monkeypatch):
     """--best with run.min_trade set: among unflagged checkpoints, the frontier walk stops before a step
     whose gain cost too much of an eval reward (loop/frontier.py), and the sentence says so. The verdicts

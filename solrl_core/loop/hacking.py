@@ -165,8 +165,9 @@ class Verdicts:
 
 
 def _same(stored: dict[str, Any], recorded: dict[str, float]) -> bool:
-    """A verdict's eval-reward changes are those its evaluation event recorded (each within GAIN_TOLERANCE)."""
-    return all(k in recorded and abs(x - recorded[k]) <= GAIN_TOLERANCE for k, x in stored.items())
+    """A verdict's eval-reward changes are those its evaluation event recorded (each within GAIN_TOLERANCE;
+    one the event does not record is 0, as the base's own verdict holds it)."""
+    return all(abs(x - recorded.get(k, 0.0)) <= GAIN_TOLERANCE for k, x in stored.items())
 
 
 def best_checkpoint(run_dir: Path) -> tuple[Path, str, list[str]]:
