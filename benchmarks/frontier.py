@@ -40,6 +40,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from _common import add_device_arg  # benchmarks/ is on sys.path when a script runs
+
 REWARD = "tinyworld_geneval"
 FIDELITY = "tinyworld_fidelity"
 KINDS = ("object", "count", "binding", "position")
@@ -248,7 +250,7 @@ def train_point(args: argparse.Namespace) -> Trainer:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny", help="model preset (default: tiny, the pre-trained tiny world)")
-    p.add_argument("--device", default="auto", help="run.device (default: auto)")
+    add_device_arg(p)  # run.device: auto resolved by the run, as solrl train resolves it
     p.add_argument("--threads", type=int, default=0, help="run.threads (0 = auto: one per usable core)")
     p.add_argument("--points", nargs="+", type=parse_point, metavar="NAME", help=f"built-in points (default: all: {' '.join(POINTS)})")
     p.add_argument("--point", dest="extra", action="append", default=[], type=parse_point, metavar="NAME=OVERRIDES",
