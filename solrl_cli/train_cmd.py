@@ -70,7 +70,7 @@ def train(
             raise typer.Exit(STOPPED_BY_RULE if session.state.stopped_by_rule else 130)
 
 
-STOPPED_BY_RULE = 3  # exit code: the reward-hacking rule stopped the run (on_hacking=stop, or its last rollback)
+STOPPED_BY_RULE = 3  # exit code: the run's own rule stopped it (on_hacking=stop, its last rollback, run.min_trade)
 
 
 def _run(start, tui: bool, verbose: bool = False):  # type: ignore[no-untyped-def]

@@ -90,6 +90,7 @@ def test_min_trade_stops_the_run_at_the_evaluation_whose_stretch_bought_too_litt
                                                            "run.min_trade=0.5"))
     session = train(cfg, bus)
     assert session.state.iteration == 2  # stopped at the second evaluation, not run to 4
+    assert session.state.stopped_by_rule == "run.min_trade"  # an automatic stop: `solrl train` exits 3, not Ctrl-C's 130
     evals = {e.iteration: e for e in seen if isinstance(e, ev.EvalFinished)}
     assert sorted(evals) == [0, 1, 2] and evals[2].trade == {F: 0.01} and evals[2].trade_since == 1
     assert evals[0].trade_since == -1 and evals[1].trade_since == 0
