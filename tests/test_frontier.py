@@ -74,6 +74,16 @@ def test_a_verdict_keeps_its_changes_and_the_state_schema_checks_them(tmp_path):
     assert "run.min_trade" in err.value.message
 
 
+def test_pruning_spares_the_checkpoint_the_frontier_walk_names():
+    """keep_checkpoints prunes older checkpoints but spares --best's: at run.min_trade > 0 that is the
+    frontier walk's choice, which need be neither the newest nor the highest gain."""
+    from solrl_core.loop.hacking import spared
+
+    runs = [_v(0, 0.0, 0.0), _v(3, 0.037, -0.027), _v(10, 0.040, -0.050), _v(30, 0.046, -0.087)]
+    assert spared(runs) == {"iter_000030"}  # off: the newest is the highest gain
+    assert spared(runs, 0.5) == {"iter_000030", "iter_000003"}  # the walk stops at 3 (3 -> 10: 0.13 per unit)
+
+
 def test_min_trade_stops_the_run_at_the_evaluation_whose_stretch_bought_too_little(fast_sets, monkeypatch):
     """The early stop, constructed: the evaluation of iteration 2 reports a dear trade; the run stops there
     with a checkpoint, the event carries the trade and the verdicts their changes."""

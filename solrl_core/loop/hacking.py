@@ -85,14 +85,16 @@ def clean(evaluations: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [e for e in evaluations if not e["flagged"]]
 
 
-def spared(evaluations: list[dict[str, Any]]) -> set[str]:
+def spared(evaluations: list[dict[str, Any]], min_trade: float = 0.0) -> set[str]:
     """The checkpoints pruning keeps beyond the newest run.keep_checkpoints: the newest one whose
-    evaluation no rule flagged (a rollback's target) and the one with the highest gain among those (--best)."""
+    evaluation no rule flagged (a rollback's target), the one with the highest gain among those, and the
+    one the frontier walk at run.min_trade names (--best's, frontier.py; the same one at 0)."""
     good = clean(evaluations)
     if not good:
         return set()
     newest, best = max(good, key=lambda e: e["iteration"]), max(good, key=lambda e: (e["gain"], e["iteration"]))
-    return {f"iter_{e['iteration']:06d}" for e in (newest, best)}
+    walked, _ = frontier_choice(good, min_trade)
+    return {f"iter_{e['iteration']:06d}" for e in (newest, best, walked)}
 
 
 def rollback_target(run_dir: Path, evaluations: list[dict[str, Any]], before: int) -> Path | None:

@@ -364,7 +364,7 @@ def _checkpoint(run: Run, state: LoopState, bus: ev.EventBus) -> None:
     if run.rank == 0:
         t0 = time.perf_counter()
         path = save_checkpoint(run.run_dir, state.iteration, run.engine.policy, run.optimizer, state.to_dict(),
-                               run.config.run.keep_checkpoints, gathered=gathered, spare=spared(state.evaluations),
-                               folder_pin=run.checkpoints)
+                               run.config.run.keep_checkpoints, gathered=gathered,
+                               spare=spared(state.evaluations, run.config.run.min_trade), folder_pin=run.checkpoints)
         bus.emit(ev.CheckpointSaved(iteration=state.iteration, path=str(path), seconds=time.perf_counter() - t0))
     distributed.barrier()
