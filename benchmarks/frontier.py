@@ -8,10 +8,12 @@ the pre-trained base and evaluates on the preset's evaluation set (tinyworld_eva
 caption) with tinyworld_fidelity scored on the same images, never trained on. A run's figures are those
 of the evaluation `--best` names (frontier.frontier_choice at the run's run.min_trade over the verdicts
 no rule flagged; with one evaluation after the base, the last): the held-out gain since the base, each
-kind's gain, the fidelity change, the seconds its iterations took (evaluations apart) and the load.
+kind's gain, the fidelity change, the grain its EMA weights add to the dark background at that checkpoint
+(benchmarks/grain.py, on one seed of every tinyworld_eval caption: EMA over base, 1.0 adds none), the seconds its
+iterations took (evaluations apart) and the load.
 
-Resumable: each finished run is written at once to --results (a JSON file keyed by point, overrides and
-seed), and a run already there is not run again, so a sweep can stop and go on later, or on another
+Resumable: each finished run is written at once to --results (a JSON file keyed by point, the digest of
+the config it trained with and seed), and a run already there is not run again, so a sweep can stop and go on later, or on another
 machine with the file copied over (each run keeps its own device and load; CPUs round differently and
 RL's selection amplifies it, so the device is part of the figure).
 
@@ -41,6 +43,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from _common import add_device_arg  # benchmarks/ is on sys.path when a script runs
+from grain import measure as measure_grain
 
 REWARD = "tinyworld_geneval"
 FIDELITY = "tinyworld_fidelity"
@@ -50,11 +53,11 @@ KINDS = ("object", "count", "binding", "position")
 CEILING = 0.99
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 
-# name -> overrides: one lever each from the tiny preset's default
+# name -> overrides: one lever each from the tiny preset's default (algorithm.kl_beta 0.1 since the pilot below)
 POINTS: dict[str, list[str]] = {
     "default": [],
     "kl_0.01": ["algorithm.kl_beta=0.01"],
-    "kl_0.1": ["algorithm.kl_beta=0.1"],
+    "kl_1e-4": ["algorithm.kl_beta=1e-4"],  # the official value, the tiny preset's before the pilot
     "lr_1e-4": ["optimizer.lr=1e-4"],
     "it_3": ["run.iterations=3"],
     "it_10": ["run.iterations=10"],
@@ -65,9 +68,16 @@ POINTS: dict[str, list[str]] = {
     # the early stop on the trade, and --best's walk: 0.2 is the floors' ratio (tinyworld_geneval 0.02 / fidelity 0.1)
     "min_trade_0.2": ["run.eval_every=5", "run.min_trade=0.2"],
     "min_trade_0.5": ["run.eval_every=5", "run.min_trade=0.5"],
+    # the pilot's points, measured at the official kl_beta before the preset moved to 0.1 (docs/BENCHMARKS.md)
+    "kl_1e-4_it_3": ["algorithm.kl_beta=1e-4", "run.iterations=3"],
+    "kl_1e-4_it_10": ["algorithm.kl_beta=1e-4", "run.iterations=10"],
+    "kl_1e-4_min_trade_0.5": ["algorithm.kl_beta=1e-4", "run.eval_every=5", "run.min_trade=0.5"],
 }
+# What a run's config digest leaves out: where and how it ran, and the seed (a part of the key of its own)
+NOT_DIGESTED = ("seed", "run_dir", "device", "threads")
 
 Trainer = Callable[[list[str], int], dict[str, Any]]
+Digest = Callable[[list[str]], str]
 
 
 def parse_point(text: str) -> tuple[str, list[str]]:
@@ -86,10 +96,22 @@ def parse_point(text: str) -> tuple[str, list[str]]:
     return name, overrides
 
 
-def run_key(name: str, sets: list[str], seed: int) -> str:
-    """The results file's key of one run: the point's name, a hash of every override it ran with, the seed."""
-    digest = hashlib.sha256(json.dumps(sets).encode()).hexdigest()[:10]
+def run_key(name: str, digest: str, seed: int) -> str:
+    """The results file's key of one run: the point's name, the digest of the config it trains with, the seed."""
     return f"{name}|{digest}|seed={seed}"
+
+
+def config_digest(model: str) -> Digest:
+    """The digest of the whole config a point trains with (`model`'s presets, then its overrides), so a
+    run measured before a preset changed is not taken for the changed preset's."""
+    def digest(sets: list[str]) -> str:
+        from solrl_core.config.convert import to_dict
+        from solrl_core.config.presets import resolve_config
+
+        config = to_dict(resolve_config(model, "sol_rl", sets=sets))
+        config["run"] = {k: v for k, v in config["run"].items() if k not in NOT_DIGESTED}
+        return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    return digest
 
 
 def load_results(path: Path) -> dict[str, Any]:
@@ -109,19 +131,20 @@ def save_results(path: Path, data: dict[str, Any]) -> None:
 
 
 def sweep(points: list[tuple[str, list[str]]], seeds: list[int], common: list[str], results: Path,
-          trainer: Trainer, say: Callable[[str], None] = print) -> dict[str, Any]:
+          trainer: Trainer, digest: Digest, say: Callable[[str], None] = print) -> dict[str, Any]:
     """Run every (point, seed) not yet in `results`, one at a time, each written as it finishes."""
     data = load_results(results)
     for name, own in points:
         sets = [*common, *own]  # the point's own overrides win
+        config = digest(sets)
         for seed in seeds:
-            key = run_key(name, sets, seed)
+            key = run_key(name, config, seed)
             if key in data["runs"]:
                 say(f"{name} seed {seed}: kept from {results}")
                 continue
             say(f"{name} seed {seed}: training ({' '.join(sets) or 'the preset as it is'})")
             record = trainer(sets, seed)
-            data["runs"][key] = {"point": name, "sets": sets, "seed": seed, **record}
+            data["runs"][key] = {"point": name, "sets": sets, "seed": seed, "config": config, **record}
             save_results(results, data)
             say(f"{name} seed {seed}: gain {record['gain']:+.4f}, fidelity {record['fidelity_change']:+.4f} "
                 f"(iteration {record['iteration']}), {record['train_s']:.0f} s of iterations, load {record['load']}")
@@ -135,19 +158,21 @@ def _mean_sd(values: list[float]) -> tuple[float, float]:
     return m, sd
 
 
-def summarise(data: dict[str, Any], points: list[tuple[str, list[str]]], seeds: list[int], common: list[str]) -> list[dict]:
+def summarise(data: dict[str, Any], points: list[tuple[str, list[str]]], seeds: list[int], common: list[str],
+              digest: Digest) -> list[dict]:
     """Per point (in order), over the seeds found: the mean and standard deviation of the gain, the fidelity
     change, each kind's gain and the iterations' seconds; whether every kind below the ceiling rose on
     every seed; the devices. Points with no finished run are left out."""
     out = []
     for name, own in points:
-        sets = [*common, *own]
-        runs = [data["runs"][k] for s in seeds if (k := run_key(name, sets, s)) in data["runs"]]
+        config = digest([*common, *own])
+        runs = [data["runs"][k] for s in seeds if (k := run_key(name, config, s)) in data["runs"]]
         if not runs:
             continue
         row = {"point": name, "sets": own, "n": len(runs), "seeds": [r["seed"] for r in runs],
                "gain": _mean_sd([r["gain"] for r in runs]), "fidelity_change": _mean_sd([r["fidelity_change"] for r in runs]),
-               "train_s": _mean_sd([r["train_s"] for r in runs]), "iteration": sorted({r["iteration"] for r in runs}),
+               "train_s": _mean_sd([r["train_s"] for r in runs]),
+               "grain": _mean_sd([r["grain"] for r in runs]) if all("grain" in r for r in runs) else None, "iteration": sorted({r["iteration"] for r in runs}),
                "kinds": {k: _mean_sd([r["kinds"][k] for r in runs]) for k in KINDS if all(k in r["kinds"] for r in runs)},
                "every_kind_up": all(all(g >= 0 if r["base_kinds"][k] >= CEILING else g > 0 for k, g in r["kinds"].items())
                                     for r in runs),
@@ -163,13 +188,14 @@ def _pm(ms: tuple[float, float], digits: int = 4) -> str:
 def table(rows: list[dict]) -> str:
     """The markdown table: one row per point, mean +- standard deviation over its seeds."""
     lines = ["| point | overrides | seeds | held-out gain | fidelity change | " + " | ".join(KINDS)
-             + " | every kind up | evaluation used | iterations' s |",
-             "|---|---|---|---|---|" + "---|" * len(KINDS) + "---|---|---|"]
+             + " | every kind up | grain | evaluation used | iterations' s |",
+             "|---|---|---|---|---|" + "---|" * len(KINDS) + "---|---|---|---|"]
     for r in rows:
         kinds = " | ".join(_pm(r["kinds"][k], 3) if k in r["kinds"] else "-" for k in KINDS)
         flagged = f" ({r['flagged']} flagged: the last used)" if r["flagged"] else ""
         lines.append(f"| {r['point']} | {'; '.join(r['sets']) or '(preset)'} | {r['n']} | {_pm(r['gain'])} | "
                      f"{_pm(r['fidelity_change'])} | {kinds} | {'yes' if r['every_kind_up'] else 'no'} | "
+                     f"{f'{g[0]:.2f} +- {g[1]:.2f}' if (g := r['grain']) else '-'} | "
                      f"{', '.join(map(str, r['iteration']))}{flagged} | {r['train_s'][0]:.0f} +- {r['train_s'][1]:.0f} |")
     return "\n".join(lines)
 
@@ -234,14 +260,15 @@ def train_point(args: argparse.Namespace) -> Trainer:
             cfg = resolve_config(args.model, "sol_rl", sets=[*sets, f"run.seed={seed}", f"run.run_dir={tmp}/run",
                                                             f"run.device={args.device}", f"run.threads={args.threads}"])
             session = train(cfg, bus)
-        good = [v for v in session.state.evaluations if not v["flagged"] and v["iteration"] > 0]
-        chosen = frontier_choice(good, cfg.run.min_trade)[0]["iteration"] if good else session.state.iteration
+            good = [v for v in session.state.evaluations if not v["flagged"] and v["iteration"] > 0]
+            chosen = frontier_choice(good, cfg.run.min_trade)[0]["iteration"] if good else session.state.iteration
+            grain = measure_grain(Path(tmp) / "run", cfg.run.eval_prompts or cfg.run.prompts, 1, f"iter_{chosen:06d}")
         base, now = evals[0], evals[chosen]
         return {"gain": now.mean - base.mean, "fidelity_change": now.eval_changes[FIDELITY], "iteration": chosen,
                 "last_iteration": session.state.iteration, "flagged": not good,
                 "kinds": {k: now.extras[f"{REWARD}.{k}"] - base.extras[f"{REWARD}.{k}"] for k in KINDS if f"{REWARD}.{k}" in now.extras},
                 "base_kinds": {k: base.extras[f"{REWARD}.{k}"] for k in KINDS if f"{REWARD}.{k}" in base.extras},
-                "gain_se": now.delta_se.get("mean", 0.0), "train_s": train_s[0], "wall_s": time.perf_counter() - t0,
+                "grain": grain["ratio"], "gain_se": now.delta_se.get("mean", 0.0), "train_s": train_s[0], "wall_s": time.perf_counter() - t0,
                 "device": device_label(session.run.device), "load": f"{load_before} -> {load_text()}",
                 "command": shlex.join([sys.executable, *sys.argv])}
     return run
@@ -270,13 +297,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None, trainer: Trainer | None = None) -> list[dict]:
+def main(argv: list[str] | None = None, trainer: Trainer | None = None, digest: Digest | None = None) -> list[dict]:
     args = parse_args(argv)
+    digest = digest or config_digest(args.model)
     if args.report_only:
         data = load_results(args.results)
     else:
-        data = sweep(args.points, args.seeds, args.common, args.results, trainer or train_point(args))
-    rows = summarise(data, args.points, args.seeds, args.common)
+        data = sweep(args.points, args.seeds, args.common, args.results, trainer or train_point(args), digest)
+    rows = summarise(data, args.points, args.seeds, args.common, digest)
     if not rows:
         print(f"no finished run of these points and seeds in {args.results}")
         return rows
