@@ -2,7 +2,7 @@
 that names a solrl function (a function of the same module, one imported by name from a solrl
 module, or `module.function` through an imported solrl module), depth first, each function once.
 
-    python benchmarks/code_walk.py [--root DIR]
+    python benchmarks/code_walk.py [--root DIR] [--start MODULE:FUNCTION ...]
 
 Prints the files the walk enters, its moves (calls into another file) and, of those, its moves back
 (calls into a file the walk entered before: the reader returns to a file already read). Calls through objects (`run.engine.generate(...)`) are not followed: a static reading
@@ -105,16 +105,31 @@ def walk(root: Path, start_module: str, start: str = "run_iteration") -> tuple[l
     return files, moves, back
 
 
-def main() -> None:
+# Where a reader starts: the training loop's iteration, and the front doors of a training run (the core
+# function both doors call, then the CLI command above it)
+STARTS = ("solrl_core.loop.trainer:run_iteration", "solrl_core.tools.start:start_run", "solrl_cli.train_cmd:train")
+
+
+def main(argv: list[str] | None = None) -> list[tuple[str, int, int, int]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", type=Path, default=Path(__file__).resolve().parents[1])
-    args = parser.parse_args()
-    known = modules(args.root)
-    start = next(m for m in ("solrl_core.loop.trainer", "solrl_core.trainer") if m in known)
-    files, moves, back = walk(args.root, start)
-    print(f"from {start}.run_iteration: {len(files)} files, {moves} moves, {back} back to a file read before  (root {args.root})")
-    for path in files:
-        print(f"  {path}")
+    parser.add_argument("--start", nargs="+", default=list(STARTS), metavar="MODULE:FUNCTION",
+                        help=f"where each walk starts (default: {' '.join(STARTS)})")
+    parser.add_argument("--files", action="store_true", help="list the files each walk enters")
+    args = parser.parse_args(argv)
+    known, out = modules(args.root), []
+    print(f"root {args.root}")
+    for start in args.start:
+        module, _, function = start.partition(":")
+        if module not in known:
+            print(f"from {start}: no module {module} under {args.root}")
+            continue
+        files, moves, back = walk(args.root, module, function)
+        out.append((start, len(files), moves, back))
+        print(f"from {start}: {len(files)} files, {moves} moves, {back} back to a file read before")
+        for path in files if args.files else []:
+            print(f"  {path}")
+    return out
 
 
 if __name__ == "__main__":
