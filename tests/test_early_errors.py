@@ -123,7 +123,7 @@ def test_the_api_runs_the_preflight_and_stops_on_a_failed_check_before_the_model
     from solrl_core.doctor.check import FAIL, Check
     from solrl_core.errors import SolrlError
 
-    def failing(cfg, nproc, only_needed=False):  # type: ignore[no-untyped-def]
+    def failing(cfg, nproc, only_needed=False, **given):  # type: ignore[no-untyped-def]
         heavy.append("doctor")
         return [Check("model weights", FAIL, "tiny model weights 'x' lack config.json", "leave model.weights empty", True)]
 
@@ -150,13 +150,13 @@ def recorded(monkeypatch, tmp_path):
 
     def inputs(cfg, resumed_from=None, api=False):  # type: ignore[no-untyped-def]
         calls.append(("inputs", to_dict(cfg), resumed_from and Path(resumed_from)))
-        check_inputs(cfg, resumed_from, api)
+        return check_inputs(cfg, resumed_from, api)
 
-    def checks(cfg, nproc, only_needed=False):  # type: ignore[no-untyped-def]
+    def checks(cfg, nproc, only_needed=False, plan=None, prompts=None):  # type: ignore[no-untyped-def]
         calls.append(("doctor", to_dict(cfg), nproc, only_needed))
         return []
 
-    def train(cfg, bus, resume=False, stop=None, checkpoint=None):  # type: ignore[no-untyped-def]
+    def train(cfg, bus, resume=False, stop=None, checkpoint=None, checked=None):  # type: ignore[no-untyped-def]
         calls.append(("train", to_dict(cfg), resume, checkpoint))
         state = SimpleNamespace(iteration=cfg.run.iterations, finished=lambda n: True)
         return SimpleNamespace(run=SimpleNamespace(run_dir=cfg.run.run_dir, config=cfg), state=state)

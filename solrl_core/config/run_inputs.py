@@ -59,23 +59,25 @@ def check_saved_paths(run_dir: Path, cfg: Config) -> None:
                              f"put it back, or tell the run where it is now: solrl train --resume {run_dir} --set {key}=PATH")
 
 
-def check_inputs(cfg: Config, resumed_from: Path | None = None, api: bool = False) -> None:
+def check_inputs(cfg: Config, resumed_from: Path | None = None, api: bool = False) -> dict[str, list[str]]:
     """The run's inputs, in seconds: saved paths on resume, prompt files (a hub dataset or a set still
     to download is left to the doctor: it may need the network), the device, the rewards' judgement
     of the prompts, a reward of weight 0, and remote reward servers (`api`: errors name solrl.train()'s
-    arguments). Raises the first SolrlError."""
+    arguments). Raises the first SolrlError. Returns the prompts it read, by their spec (run.prompts,
+    run.eval_prompts), so the doctor and the session read no prompt file again."""
     if resumed_from is not None:
         check_saved_paths(resumed_from, cfg)
     _check_weights(cfg)
     named = API_ARGS if api else FLAGS  # the caller's words: solrl.train()'s arguments, or the command line's flags
-    prompts = local_prompts(cfg.run.prompts, named["run.prompts"])
-    prompts += local_prompts(cfg.run.eval_prompts, named["run.eval_prompts"]) if cfg.run.eval_prompts else []
+    read = {spec: local_prompts(spec, named[key]) for key, spec in
+            (("run.prompts", cfg.run.prompts), ("run.eval_prompts", cfg.run.eval_prompts)) if spec}
     if cfg.run.device != "auto":
         from solrl_core.runtime.device import resolve_device
 
         resolve_device(cfg.run.device)
-    _check_vocabulary(cfg, prompts)
+    _check_vocabulary(cfg, [p for texts in read.values() for p in texts])
     _check_servers(cfg)
+    return {spec: texts for spec, texts in read.items() if texts}  # [] : a hub dataset or a set still to download
 
 
 def local_prompts(spec: str, origin: str) -> list[str]:

@@ -41,6 +41,7 @@ from solrl_core.doctor.software import (
 )
 from solrl_core.doctor.strategy import backend_check, strategy_check
 from solrl_core.doctor.weights import _disk, _hub_mode, _hub_token, _model_weights, _reward_weights, hub_reachable
+from solrl_core.plan.plan import RunPlan
 from solrl_core.precision.hardware import GpuInfo
 from solrl_core.rewards.registry import torchvision_rewards
 
@@ -48,13 +49,16 @@ __all__ = ["Check", "failed_for_run", "matching_torchvision", "run_checks"]
 
 
 def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None = None,
-               only_needed: bool = False, memory_modes: bool = False, gpu_capability: str | None = None) -> list[Check]:
+               only_needed: bool = False, memory_modes: bool = False, gpu_capability: str | None = None, *,
+               plan: RunPlan | None = None, prompts: dict[str, list[str]] | None = None) -> list[Check]:
     """Every check for running `cfg` with `nproc` processes (cfg None: the machine alone).
     `explore_precision` overrides cfg.explore.precision and may also be 'nvfp4' or 'fp8'.
     `only_needed` (a run's own preflight) skips importing the reward backends and torchvision the run
     does not use: the doctor shows them, a run need not pay their import (about 12 s on a 2-core CPU).
     `memory_modes`: the memory-mode table for every model preset, not only the run's (doctor/modes.py).
-    `gpu_capability` ('10.0'): the explore-backends row answers for a simulated GPU of it."""
+    `gpu_capability` ('10.0'): the explore-backends row answers for a simulated GPU of it.
+    `plan` and `prompts` (a run's own preflight, tools/start.py): the plan the run resolved and the
+    prompts it read, by spec; the checks read them rather than planning again or reading the files."""
     m = machine()
     rewards = set(cfg.reward.weights) if cfg is not None else set()
     requested = explore_precision or (cfg.explore.precision if cfg is not None else None)
@@ -67,7 +71,7 @@ def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None
         gpu = m.gpus[0]
     checks += _gpus(m, gpu)
     # Transformer Engine matters to the run only when its Stage 1 runs at the explore precision.
-    low = requested if cfg is not None and planned(cfg, gpu, requested).low_precision else None
+    low = requested if cfg is not None and (plan or planned(cfg, gpu, requested)).low_precision else None
     checks.append(_transformer_engine(m, gpu, low))
     checks += [_library(name) for name in ("diffusers", "transformers", "peft")]
     checks += _combinations(rewards)
@@ -83,16 +87,20 @@ def run_checks(cfg: Config | None, nproc: int = 1, explore_precision: str | None
     reward_checks, reward_download = _reward_weights(cfg, m)
     checks += reward_checks
     checks += _remote_rewards(cfg)
-    checks += prompt_checks(cfg, m)
+    checks += prompt_checks(cfg, m, read=prompts or {})
     checks.append(_disk(m, model_download, reward_download, cfg))
     reach = hub_reachable(m, model_download + reward_download)
     if reach is not None:
         checks.append(reach)
     checks.append(_processes(nproc, m, gpu))
-    checks.append(_memory(cfg, gpu, requested) if gpu is not None else _memory_without_gpu(cfg, requested))
-    checks += [c for c in (strategy_check(cfg, gpu, nproc), backend_check(nproc, gpu)) if c is not None]
-    checks += [c for c in (modes_check(cfg, memory_modes),) if c is not None]
-    checks.append(_explore(cfg, gpu, requested))
+    if plan is None:  # the doctor's own: estimates for other GPUs and strategies besides the run's
+        checks.append(_memory(cfg, gpu, requested) if gpu is not None else _memory_without_gpu(cfg, requested))
+        checks += [c for c in (strategy_check(cfg, gpu, nproc), backend_check(nproc, gpu)) if c is not None]
+        checks += [c for c in (modes_check(cfg, memory_modes),) if c is not None]
+    else:  # a run's preflight: its own plan's estimate (never blocking), and what it needs to launch
+        checks.append(_memory(cfg, gpu, requested, plan))
+        checks += [c for c in (strategy_check(cfg, gpu, nproc, plan), backend_check(nproc, gpu)) if c is not None]
+    checks.append(_explore(cfg, gpu, requested, plan))
     checks.append(backends_check(simulated_gpu(gpu_capability) if gpu_capability else gpu, cfg.explore.fp8_backend,
                                  simulated=bool(gpu_capability)))
     return checks

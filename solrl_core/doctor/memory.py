@@ -73,10 +73,11 @@ def _memory_without_gpu(cfg: Config, requested: str | None) -> Check:
     return dataclasses.replace(check, detail=detail)
 
 
-def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
+def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None, plan: RunPlan | None = None) -> Check:
+    """`plan`: the run's own (its preflight), else the one a run of `cfg` would make on `gpu`."""
     if gpu is None:
         return Check("memory estimate", PASS, "skipped: no GPU (the run uses the CPU's memory)", "", False)
-    plan = planned(cfg, gpu, requested or "auto")
+    plan = plan or planned(cfg, gpu, requested or "auto")
     machine, dtype_name = plan.machine, plan.full_precision
     est = estimate_memory(cfg, machine.explore_precision, dtype_name, machine.checkpointing, machine.rollout_copy,
                           machine.update_compile)
@@ -99,13 +100,14 @@ def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
     return Check("memory estimate", PASS, detail, "", True)
 
 
-def _explore(cfg: Config, gpu: GpuInfo | None, requested: str | None) -> Check:
+def _explore(cfg: Config, gpu: GpuInfo | None, requested: str | None, plan: RunPlan | None = None) -> Check:
+    """`plan`: the run's own (its preflight), else the one a run of `cfg` would make on `gpu` at `requested`."""
     requested = requested or cfg.explore.precision
     known = list(dict.fromkeys((*EXPLORE_PRECISIONS, *hardware.PRECISIONS)))
     if requested not in known:
         return Check("explore precision", FAIL, f"unknown explore precision '{requested}'", f"choose one of: {', '.join(known)}",
                      True)
-    plan = planned(cfg, gpu, requested)
+    plan = plan or planned(cfg, gpu, requested)
     family, uses, resolved = plan.family, plan.low_precision, plan.machine.explore_precision
     auto_why = plan.machine.explore_why if requested == "auto" else ""
     precisions = hardware.explore_precisions(gpu)

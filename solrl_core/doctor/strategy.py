@@ -9,6 +9,7 @@ from solrl_core.doctor.check import FAIL, PASS, WARN, Check
 from solrl_core.doctor.memory import ASSUMED_GPU, planned
 from solrl_core.plan.footprint import FIT_SHARE, estimate_memory, model_size
 from solrl_core.plan.fsdp import fitting_layout, layout_peaks, resolve_strategy
+from solrl_core.plan.plan import RunPlan
 from solrl_core.precision.hardware import GpuInfo
 
 SHARD_COUNTS = (2, 4, 8)  # processes per node shown besides the run's own
@@ -28,10 +29,11 @@ def strategy_estimates(cfg: Config, explore_precision: str, dtype_name: str, npr
     return out
 
 
-def strategy_check(cfg: Config, gpu: GpuInfo | None, nproc: int) -> Check:
+def strategy_check(cfg: Config, gpu: GpuInfo | None, nproc: int, plan: RunPlan | None = None) -> Check:
+    """`plan`: the run's own (its preflight), else the one a run of `cfg` would make here."""
     if cfg.model.loader in TINY_LOADERS:
         return Check("strategy", PASS, f"distributed.strategy={cfg.distributed.strategy}; the tiny model fits anywhere")
-    plan = planned(cfg, gpu if gpu is not None else ASSUMED_GPU)  # no GPU here: a GPU run's, as the memory check's
+    plan = plan or planned(cfg, gpu if gpu is not None else ASSUMED_GPU)  # no GPU here: a GPU run's, as the memory check's
     dtype_name, precision = plan.full_precision, plan.machine.explore_precision
     budget = gpu.memory_gib * FIT_SHARE if gpu is not None else None
     est = strategy_estimates(cfg, precision, dtype_name, nproc, budget)

@@ -3,7 +3,9 @@
 `open_session` checks every input first (config, prompts, rewards, resume folder, model weights)
 and only then creates the run directory, so bad input never leaves a half-written run behind.
 It returns a `Session`: the `Run`, fixed for the run (config, device, model, policy, copies,
-optimizer, rewards, prompts), and the `LoopState` the loop advances and a checkpoint saves.
+optimizer, rewards, prompts), and the `LoopState` the loop advances and a checkpoint saves. A run
+started by the front door (solrl_core/tools/start.py) comes with its `Checked` inputs: the config
+validated, the prompts read and the plan resolved there are taken as they are, not made again.
 
 Under torchrun every rank opens its own session (a full model replica, or its shards of the model
 with distributed.strategy=fsdp: sharding.py); rank 0 alone chooses the run directory and the
@@ -101,21 +103,41 @@ class Session:
     state: LoopState
 
 
-def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None = None) -> Session:
+@dataclass(frozen=True)
+class Checked:
+    """What the front door (tools/start.py) made of a run before any model loads, for the session to
+    take as it is: its config was validated there, these prompt files read, this plan resolved."""
+
+    plan: RunPlan  # for the real world size, resolved by `plan_run`
+    prompts: dict[str, list[str]]  # the prompts read, by spec (run.prompts, run.eval_prompts); a spec not here is read here
+
+
+def plan_run(cfg: Config, world: int) -> RunPlan:
+    """The run's plan on this machine for `world` processes: the device and dtype `cfg` resolves to,
+    and the torch threads it sets (run.threads, shared by this node's processes: threads.py)."""
+    device, dtype_name, _ = resolve_runtime(cfg)
+    threads = apply_threads(cfg.run.threads)  # auto: one per usable core, shared by this node's processes (threads.py)
+    return resolve_plan(cfg, device, dtype_name, world=world, threads=threads.describe())  # fsdp: the copies it keeps
+
+
+def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None = None,
+                 checked: Checked | None = None) -> Session:
     """Validate inputs, load the model, create (or reopen) the run directory, restore a checkpoint
-    (`from_checkpoint`: its name, e.g. iter_000020; default the newest, verified against its manifest)."""
-    cfg.validate()
+    (`from_checkpoint`: its name, e.g. iter_000020; default the newest, verified against its manifest).
+    `checked`: what the front door already validated, read and planned (None: all of it is done here)."""
+    if checked is None:
+        cfg.validate()
     rank, world = distributed.rank(), distributed.world_size()
     check_split(cfg.run.prompts_per_iteration, world)
-    prompts = load_prompts(cfg.run.prompts)
-    eval_prompts = load_prompts(cfg.run.eval_prompts) if cfg.run.eval_prompts else []
+    read = checked.prompts if checked is not None else {}
+    prompts = read.get(cfg.run.prompts) or load_prompts(cfg.run.prompts)
+    eval_prompts = (read.get(cfg.run.eval_prompts) or load_prompts(cfg.run.eval_prompts)) if cfg.run.eval_prompts else []
     device, dtype_name, dtype = resolve_runtime(cfg)
     rewards = RewardSet.from_config(cfg.reward, device)
     rewards.check_prompts(prompts + eval_prompts)
     rewards.probe_plugins(prompts[:2], cfg.model.resolution, device)  # a plugin's wrong output: said before the model loads
     held_out = held_out_rewards(cfg, cfg.run.eval_rewards, device) if eval_prompts else None
-    threads = apply_threads(cfg.run.threads)  # auto: one per usable core, shared by this node's processes (threads.py)
-    plan = resolve_plan(cfg, device, dtype_name, world=world, threads=threads.describe())  # fsdp: the copies it keeps
+    plan = checked.plan if checked is not None else plan_run(cfg, world)
     machine = plan.machine
     if not machine.memory_fits and machine.strategy == "replicate":  # before any weights load
         gpu = gpu_of(device)

@@ -79,7 +79,7 @@ from solrl_core.loop.hacking import deprecation, spared
 from solrl_core.loop.phases import PhaseRecorder
 from solrl_core.loop.rollback import roll_back
 from solrl_core.loop.run_eval import EVALUATION, evaluate_now
-from solrl_core.loop.session import Run, Session, open_session
+from solrl_core.loop.session import Checked, Run, Session, open_session
 from solrl_core.loop.stages import (
     Scored,
     after_step,
@@ -109,7 +109,7 @@ from solrl_core.tracking import samples
 
 
 def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag | None = None,
-          checkpoint: str | None = None) -> Session:
+          checkpoint: str | None = None, checked: Checked | None = None) -> Session:
     """Run (or continue) training to config.run.iterations; returns the run and its final loop state.
     `checkpoint` (with resume) names the checkpoint to continue from; default the newest.
 
@@ -117,7 +117,7 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
     distributed.init_from_env()
     tracking.require(config.run.log)  # a tracker that is not installed is named before anything loads
     again = bool(config.run.run_dir) and restarts(Path(config.run.run_dir))
-    session = open_session(config, resume=resume, from_checkpoint=checkpoint)
+    session = open_session(config, resume=resume, from_checkpoint=checkpoint, checked=checked)  # checked: the front door's
     run, state = session.run, session.state
     if state.explore_precision:  # resumed after a steps+precision calibration: Stage 1 at its choice
         use_explore_precision(run, state.explore_precision)

@@ -7,6 +7,9 @@ it came through, and a mistake is said in one line before any model loads:
               few overrides a resume may make (config/presets.py: resumed_config)
     check     the run's own inputs, in seconds (config/run_inputs.py), then the trackers it logs to
               and the doctor's checks it depends on (doctor/), before anything big loads
+    plan      the run's plan for its real world size (loop/session.py: plan_run), once: the doctor's
+              checks read it, and the session takes it with the validated config and the prompts read
+              here (`Checked`), so a start validates, reads each prompt file and plans once
     launch    one process: `RunStart.train`, here; several (--nproc-per-node, --nnodes): the CLI
               starts them through torchrun (solrl_cli/launch.py), and each comes in again by this door
 
@@ -17,10 +20,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from solrl_core.config.schema import Config
 from solrl_core.errors import SolrlError
+
+if TYPE_CHECKING:
+    from solrl_core.loop.session import Checked
+    from solrl_core.plan.plan import RunPlan
 
 # What a resume may change besides --set and --reward: the rest is fixed by the run's checkpoints
 # (config/convert.py: check_resume_overrides) or names the run (its folder, its presets).
@@ -55,6 +62,7 @@ class RunStart:
     config: Config
     torchrun: bool  # several processes: the caller starts them through torchrun
     note: str  # to say before they start ('' for none): more processes than this CPU has cores
+    checked: Checked | None = None  # loop/session.py: the plan resolved and the prompts read here, for the session
 
     def train(self, bus: Any, stop: Any = None) -> Any:
         """Train (or continue) the run in this process, emitting on `bus`; `stop`: a StopFlag the
@@ -65,35 +73,46 @@ class RunStart:
         from solrl_core.loop.trainer import train
 
         return train(self.config, bus, resume=self.request.resume is not None, stop=stop,
-                     checkpoint=self.request.checkpoint)
+                     checkpoint=self.request.checkpoint, checked=self.checked)
 
 
 def start_run(request: RunRequest) -> RunStart:
-    """Everything before the first model loads: resolve the run, check its inputs and this machine,
-    and decide how it launches. Raises the first SolrlError."""
+    """Everything before the first model loads: resolve the run, check its inputs, plan it and check
+    this machine, and decide how it launches. Raises the first SolrlError."""
     from solrl_core.config.run_inputs import check_inputs
     from solrl_core.runtime.threads import launch_note
 
-    cfg = resolve(request)
-    check_inputs(cfg, resumed_from=request.resume, api=request.api)  # seconds: before the doctor's imports and any model load
-    preflight(cfg, request.processes)
+    cfg = resolve(request)  # validated, once
+    prompts = check_inputs(cfg, resumed_from=request.resume, api=request.api)  # seconds: before the doctor's imports
+    from solrl_core.loop.session import Checked, plan_run  # torch: only once the inputs are accepted
+
+    checked = Checked(plan_run(cfg, world_size(request)), prompts)
+    preflight(cfg, request.processes, checked)
     several = request.processes > 1 or request.nodes > 1
-    notes = [launch_note(request.processes, cfg.run.device, cfg.run.threads), parting_note(cfg)] if several else []
-    return RunStart(request, cfg, several, "\n".join(n for n in notes if n))
+    notes = [launch_note(request.processes, cfg.run.device, cfg.run.threads), parting_note(checked.plan)] if several else []
+    return RunStart(request, cfg, several, "\n".join(n for n in notes if n), checked)
 
 
-def parting_note(cfg: Config) -> str | None:
+def world_size(request: RunRequest) -> int:
+    """The processes the run trains in: those this request starts through torchrun, or, in a process
+    torchrun started (which comes in by this door again), torchrun's WORLD_SIZE."""
+    import os
+
+    return max(request.processes * request.nodes, int(os.environ.get("WORLD_SIZE", "1") or 1))
+
+
+def parting_note(plan: RunPlan) -> str | None:
     """Where several processes do not train one process's run seed for seed: Stage 1 on a quantized
-    copy. Its batches never mix prompt groups (Sampler.generate), so the first iteration is the same;
-    after a step the gradient all-reduce rounds otherwise than one process's sum, and re-quantizing
-    the merged weights can move a weight lying on a rounding tie to the next code."""
-    from solrl_core.config.families import family
+    copy, as the run's plan (plan/plan.py RunPlan) runs it. Its batches never mix prompt groups
+    (Sampler.generate), so the first iteration is the same; after a step the gradient all-reduce rounds
+    otherwise than one process's sum, and re-quantizing the merged weights can move a weight lying on a
+    rounding tie to the next code."""
     from solrl_core.precision.hardware import FULL_PRECISIONS
 
-    if not family(cfg.algorithm.family).low_precision or cfg.explore.precision in FULL_PRECISIONS:
+    if not plan.low_precision or plan.explore_precision in FULL_PRECISIONS:  # e.g. auto below cc 8.9: bf16
         return None
     return (f"note: several processes train what one process does in iteration 1; after it, the explore copy at "
-            f"{cfg.explore.precision} can part them by a draft now and then (the gradient all-reduce rounds "
+            f"{plan.explore_precision} can part them by a draft now and then (the gradient all-reduce rounds "
             "differently, and re-quantized weights on a rounding tie take the next code): the same statistics, "
             "not the same seeds (at --explore-precision bf16 or fp32 the runs stay within float rounding of each other)")
 
@@ -135,14 +154,16 @@ def _resumed(request: RunRequest) -> Config:
                           api=request.api)
 
 
-def preflight(cfg: Config, processes: int) -> None:
+def preflight(cfg: Config, processes: int, checked: Checked) -> None:
     """The trackers the run logs to, and the doctor's checks it depends on, before anything big
-    loads. The memory figure is an estimate, so it never blocks a run (`solrl doctor` shows it)."""
+    loads, on the run's own plan and the prompts it read (`checked`). The memory figure is an
+    estimate, so it never blocks a run (`solrl doctor` shows it)."""
     from solrl_core.doctor import failed_for_run, run_checks
     from solrl_core.tracking import require
 
     require(cfg.run.log)
-    failed = [c for c in failed_for_run(run_checks(cfg, processes, only_needed=True)) if c.name != "memory estimate"]
+    checks = run_checks(cfg, processes, only_needed=True, plan=checked.plan, prompts=checked.prompts)
+    failed = [c for c in failed_for_run(checks) if c.name != "memory estimate"]
     failed.sort(key=lambda c: c.name != "explore precision")  # the root cause when TE rows fail with it
     if failed:
         first = failed[0]
