@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from solrl.results import EvalReport, EvalResult, InferResult, Metric, Progress, RunResult
-from solrl_cli.quiet import quiet_third_party
+from solrl_core.runtime.quiet import quiet_third_party
 from solrl_core.runtime.threads import prepare_openmp
 
 __all__ = ["EvalReport", "EvalResult", "InferResult", "Metric", "RunResult", "eval", "evaluate", "infer", "train"]
@@ -50,7 +50,7 @@ def train(model: str | None = None, family: str | None = None, reward: str | Non
     it again or `trust_run_config=True` (a run folder is data: docs/reliability.md, Threats).
     `prompts` and `eval_prompts`: a prompt file or set (as `solrl train --prompts`; '' for `eval_prompts`
     evaluates nothing). `sets`: a list of 'section.key=value' strings."""
-    quiet_third_party()  # the CLI's filters: torch's _pytree deprecations and the backends' probes are not shown
+    quiet_third_party()  # the CLI's filters too: torch's _pytree deprecations and the backends' probes are not shown
     from solrl.results import run_report, warning_text
     from solrl_core.tools.start import RunRequest, start_run
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from solrl_core import events as ev
+from solrl_core.fault_text import FAULT_EVENTS, fault_message
 
 
 @dataclass(frozen=True)
@@ -109,8 +110,6 @@ def summary_reports(summary: dict[str, Any], prompts: str) -> dict[str, EvalRepo
 
 def warning_text(event: Any) -> str | None:
     """The line a warning event prints as (the terminal's and the TUI's text); None for other events."""
-    from solrl_cli.tui.state import FAULT_EVENTS, fault_message
-
     if isinstance(event, ev.RunWarning):
         return event.message
     return fault_message(event) if isinstance(event, FAULT_EVENTS) else None

@@ -15,7 +15,7 @@ from solrl_cli.infer_cmd import export, infer
 from solrl_cli.monitor_cmd import monitor
 from solrl_cli.options import Command, Group, plain_labels
 from solrl_cli.presets_cmd import config_help, presets
-from solrl_cli.quiet import quiet_third_party
+from solrl_core.runtime.quiet import quiet_third_party
 from solrl_cli.reward_server_cmd import reward_server
 from solrl_cli.train_cmd import train
 from solrl_core.runtime.threads import prepare_openmp

@@ -11,8 +11,9 @@ from rich.text import Text
 
 from solrl_cli.run_summary import end_summary, eval_rewards_text, fmt
 from solrl_cli.stop_text import finished_message, stop_message
-from solrl_cli.tui.words import FAULT_EVENTS, GIF_NOTE, eval_started_text, fault_message, mfu_text, written
+from solrl_cli.tui.words import GIF_NOTE, eval_started_text, mfu_text, written
 from solrl_core import events as ev
+from solrl_core.fault_text import FAULT_EVENTS, fault_message
 from solrl_core.telemetry.mfu import describe
 from solrl_core.text import plural
 

@@ -28,8 +28,25 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+def _named_import(node: ast.AST) -> str | None:
+    """The module an `importlib.import_module("solrl...")` call names (an f-string: its constant head,
+    e.g. f"solrl_core.rewards.{name}" names solrl_core.rewards at least); None for any other node."""
+    if not (isinstance(node, ast.Call) and node.args and (
+            isinstance(node.func, ast.Attribute) and node.func.attr == "import_module"
+            or isinstance(node.func, ast.Name) and node.func.id == "import_module")):
+        return None
+    arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        text = arg.value
+    elif isinstance(arg, ast.JoinedStr) and arg.values and isinstance(arg.values[0], ast.Constant):
+        text = str(arg.values[0].value).rstrip(".")
+    else:
+        return None
+    return text if text.split(".")[0] in PACKAGES else None
+
+
 def _imports(name: str, path: Path) -> set[str]:
-    """The solrl modules `name` imports, anywhere in its file."""
+    """The solrl modules `name` imports, anywhere in its file (an import_module string naming one too)."""
     is_package = path.name == "__init__.py"
     out = set()
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -41,6 +58,8 @@ def _imports(name: str, path: Path) -> set[str]:
                 here = name.split(".") if is_package else name.split(".")[:-1]
                 base = ".".join(here[:len(here) - node.level + 1] + ([base] if base else []))
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in MODULES else base for a in node.names]
+        elif (named := _named_import(node)) is not None:
+            targets = [named]
         else:
             continue
         for target in targets:
@@ -87,11 +106,11 @@ def test_no_import_cycle():
 
 
 def _folder(name: str) -> str:
-    """The node `name` belongs to at folder level: a sub-package of solrl_core as a whole (with the
-    packages inside it), any other module as itself."""
+    """The node `name` belongs to at folder level: a sub-package of solrl_core or solrl_cli (its tui/)
+    as a whole (with the packages inside it), any other module as itself."""
     parts = name.split(".")
     package = ".".join(parts[:2])
-    if parts[0] == "solrl_core" and len(parts) > 1 and MODULES.get(package, ROOT).name == "__init__.py":
+    if parts[0] in ("solrl_core", "solrl_cli") and len(parts) > 1 and MODULES.get(package, ROOT).name == "__init__.py":
         return package
     return name
 
@@ -119,6 +138,14 @@ def test_the_folder_graph_finds_a_cycle_the_module_graph_does_not():
     assert why[("solrl_core.faults", "solrl_core.loop")] == ["solrl_core.faults.oom imports solrl_core.loop.session"]
     assert _folder("solrl_core.models.tinyworld.net") == "solrl_core.models"  # a package inside one is part of it
     assert _folder("solrl_core.errors") == "solrl_core.errors" and _folder("solrl_cli.app") == "solrl_cli.app"
+    assert _folder("solrl_cli.tui.state") == "solrl_cli.tui"  # the CLI's rooms too: a module and a folder in a cycle
+
+
+def test_the_folder_graph_finds_a_module_and_a_folder_importing_each_other():
+    planted = {"solrl_cli.display": {"solrl_cli.tui.words"}, "solrl_cli.tui.words": set(),
+               "solrl_cli.tui.app": {"solrl_cli.display"}}
+    assert _cycle(planted) is None
+    assert _cycle(_folder_graph(planted)[0]) == ["solrl_cli.display", "solrl_cli.tui", "solrl_cli.display"]
 
 
 def test_no_import_cycle_between_folders():
@@ -134,7 +161,7 @@ def test_no_import_cycle_between_folders():
 LAYERS = (
     ("errors", "text"),  # the error type and plain-text helpers
     ("faults",),  # what goes wrong where: full disks, links, locks, manifests, non-finite values
-    ("events", "event_bus"),  # what the engine says, and the bus and JSONL log that carry it
+    ("events", "event_bus", "fault_text"),  # what the engine says, the bus and JSONL log that carry it, its warnings' words
     ("runtime", "telemetry"),  # the process: device, threads, TF32, torch.distributed, stops; FLOPs and MFU
     ("io",),  # files: the run folder, atomic writes, bounded JSON, pictures, clips
     ("data",),  # prompts and the tiny worlds
@@ -147,21 +174,30 @@ LAYERS = (
     ("tracking",),  # trackers and the reading of runs side by side
     ("loop",),  # the training loop, its stages, evaluations, calibration
     ("bench", "doctor"),  # side tools that run the core
-    ("tools",),  # the commands' work on a run: start, explore, infer, export
+    ("tools",),  # each command's one core function: start, evaluate, infer, explore, rank-check, export
 )
 LAYER_OF = {f"solrl_core.{unit}": depth for depth, units in enumerate(LAYERS) for unit in units}
+# Above the core: the command line and the Python API, thin siblings over tools/ (solrl_core never imports them).
+FRONTS = ("solrl_cli", "solrl")
+LAYER_OF.update({front: len(LAYERS) for front in FRONTS})
 MAX_LOOSE = 8  # modules at solrl_core's top, beside its folders
+
+
+def _layer(node: str) -> int | None:
+    """The layer of a folder-graph node: a unit of solrl_core's, or the front package it lies in."""
+    return LAYER_OF.get(node, LAYER_OF.get(node.split(".")[0]) if node.split(".")[0] in FRONTS else None)
 
 
 def _upward(folders: dict[str, set[str]], why: dict[tuple[str, str], list[str]]) -> list[str]:
     """Each import of a higher layer by a lower one, with the module imports that make it."""
     return [f"{a} -> {b} ({'; '.join(why[(a, b)])})" for a, targets in sorted(folders.items()) for b in sorted(targets)
-            if a in LAYER_OF and b in LAYER_OF and LAYER_OF[b] > LAYER_OF[a]]
+            if _layer(a) is not None and _layer(b) is not None and _layer(b) > _layer(a)]
 
 
 def test_every_folder_and_top_module_has_a_layer():
     units = {_folder(name) for name in MODULES if name.startswith("solrl_core.")}
-    assert units == set(LAYER_OF), sorted(units ^ set(LAYER_OF))
+    core = {unit for unit in LAYER_OF if unit.startswith("solrl_core.")}
+    assert units == core, sorted(units ^ core)
 
 
 def test_no_layer_imports_a_layer_above_it():
@@ -175,6 +211,30 @@ def test_the_layer_check_finds_a_planted_upward_import():
     graph["solrl_core.engine.sampler"] = graph["solrl_core.engine.sampler"] | {"solrl_core.loop.trainer"}
     folders, why = _folder_graph(graph)
     assert _upward(folders, why) == ["solrl_core.engine -> solrl_core.loop (solrl_core.engine.sampler imports solrl_core.loop.trainer)"]
+
+
+def _planted(module: str, source: str) -> set[str]:
+    """What `module` would import with `source` added to its file."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / MODULES[module].name
+        path.write_text(MODULES[module].read_text(encoding="utf-8") + "\n" + source + "\n", encoding="utf-8")
+        return _imports(module, path)
+
+
+def test_the_layer_check_finds_a_planted_import_of_the_cli_or_the_api():
+    """The core never imports the command line or the Python API: a planted `import solrl_cli` (or an
+    import_module string naming one of their modules) in a core module fails the layer check."""
+    graph = {name: _imports(name, path) for name, path in MODULES.items()}
+    for source, target in (("import solrl_cli.display", "solrl_cli.display"),
+                           ("importlib.import_module('solrl.results')", "solrl.results"),
+                           ("import_module(f'solrl_cli.tui.{name}')", "solrl_cli.tui")):
+        planted = {**graph, "solrl_core.tools.start": _planted("solrl_core.tools.start", source)}
+        assert target in planted["solrl_core.tools.start"], source
+        folders, why = _folder_graph(planted)
+        wrong = _upward(folders, why)
+        assert len(wrong) == 1 and wrong[0].startswith(f"solrl_core.tools -> {_folder(target)} "), (source, wrong)
 
 
 def test_few_modules_stand_loose_at_the_top():

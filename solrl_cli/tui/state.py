@@ -19,13 +19,14 @@ from typing import Any, TypedDict
 
 from solrl_cli.run_summary import fmt
 from solrl_cli.stop_text import finished_message, stop_message
-from solrl_cli.tui.words import FAULT_EVENTS, eval_line, fault_message, iteration_line, log_line
+from solrl_cli.tui.words import eval_line, iteration_line, log_line
 from solrl_core import events as ev
 from solrl_core.config.convert import from_dict
 from solrl_core.config.schema import Config
 from solrl_core.errors import SolrlError
 from solrl_core.event_bus import TooDeep, parse_line
 from solrl_core.events import PHASES
+from solrl_core.fault_text import FAULT_EVENTS, fault_message
 from solrl_core.faults.links import check_path
 from solrl_core.telemetry.mfu import describe, percent, phase_mfu
 from solrl_core.text import plural

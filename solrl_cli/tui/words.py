@@ -1,6 +1,7 @@
-"""What every view of a run says about its events, in words: the log's lines, the warnings a run
-survived, an evaluation starting, an iteration's MFU. The plain display, the TUI and the monitor's
-snapshot all take their words from here. No Textual, no rich, no torch."""
+"""What every view of a run says about its events, in words: the log's lines, an evaluation
+starting, an iteration's MFU (the warnings a run survived are the core's: solrl_core/fault_text.py).
+The plain display, the TUI and the monitor's snapshot all take their words from here. No Textual,
+no rich, no torch."""
 
 from __future__ import annotations
 
@@ -10,8 +11,6 @@ from solrl_core import events as ev
 from solrl_core.telemetry.mfu import percent, phase_mfu
 from solrl_core.text import plural
 
-FAULT_EVENTS = (ev.OutOfMemoryBackoff, ev.SamplesDropped, ev.StepSkipped, ev.RewardHacking, ev.RolledBack)  # each view: warnings
-
 
 def mfu_text(flops: ev.ModelFlops | None, seconds: dict[str, float]) -> str:
     """'  MFU 3.4% (explore 5.1%, regenerate 4.9%, train 2.6%)': an iteration's model FLOPs utilisation,
@@ -20,40 +19,6 @@ def mfu_text(flops: ev.ModelFlops | None, seconds: dict[str, float]) -> str:
     if not mfu:
         return ""
     return f"  MFU {percent(mfu['total'])} (" + ", ".join(f"{p} {percent(v)}" for p, v in mfu.items() if p != "total") + ")"
-
-
-HACKING_THEN = {"warn": "images may be degrading; --set run.on_hacking=stop (or rollback) acts on it",
-                "stop": "the run stops here with a checkpoint (run.on_hacking=stop)",
-                "rollback": "the run rolls back to its last good checkpoint (run.on_hacking=rollback)"}
-
-
-def fault_message(e: ev.OutOfMemoryBackoff | ev.SamplesDropped | ev.StepSkipped | ev.RewardHacking | ev.RolledBack) -> str:
-    """One line for a fault the run survived (solrl_core/faults), a reward-hacking alarm or a rollback, shown as a warning by every view."""
-    if isinstance(e, ev.RewardHacking):
-        then = HACKING_THEN[e.action or ("stop" if e.stopping else "warn")]  # no action: an older log
-        floor = f" and its floor {e.floor:.4g}" if e.floor else ""
-        return (f"reward hacking? iteration {e.iteration}: the trained reward {e.trained} rose {e.trained_change:+.4f} "
-                f"(+- {e.trained_se:.4f} s.e.) since the base while eval reward {e.reward} fell {e.change:+.4f} "
-                f"(+- {e.se:.4f} s.e., more than {e.threshold:g} s.e.{floor}): {then}")
-    if isinstance(e, ev.RolledBack):
-        aside = f"; set aside: {', '.join(e.set_aside)}" if e.set_aside else ""
-        then = (f"training goes on from there at lr {e.lr:g} (run.rollback_then=lower_lr)" if e.then == "lower_lr" else
-                "the run stops there (run.rollback_then=stop): resume it with a change (a lower optimizer.lr), "
-                "or the same fall follows")
-        return (f"rolled back after iteration {e.iteration} to iteration {e.to} ({e.checkpoint}), the newest checkpoint "
-                f"evaluated clean (rollback {e.rollbacks}){aside}: {then}")
-    if isinstance(e, ev.OutOfMemoryBackoff):
-        return (f"out of GPU memory in the {e.phase} (iteration {e.iteration}): {e.setting} {e.old} -> {e.new}, "
-                "iteration redone")
-    if isinstance(e, ev.SamplesDropped):
-        named = ", ".join(f"'{name}' {count}" for name, count in e.rewards.items())
-        explore = e.stage == "explore"
-        where = "not selected" if explore else "left out of the update"
-        lost = "had no finite draft" if explore else "skipped"
-        groups = f"; {e.groups_skipped} of {e.groups} prompt groups {lost}" if e.groups_skipped else ""
-        return f"non-finite rewards in iteration {e.iteration} ({e.stage}): {named}; {e.dropped} of {e.samples} samples {where}{groups}"
-    limit = f" (the run stops at {e.limit})" if e.limit else ""
-    return f"optimizer step of iteration {e.iteration} skipped: {e.reason}, {e.in_a_row} in a row{limit}"
 
 
 def eval_started_text(e: ev.EvalStarted) -> str:
