@@ -7,8 +7,8 @@
     scores = solrl.eval(result.run_dir)     # base (read back from the run) vs EMA, paired s.e. (`solrl eval`)
     images = solrl.infer(result.run_dir, prompt=["a red circle"])   # base beside EMA (`solrl infer`)
 
-`train` starts the run as `solrl train` does (solrl_core/tools/start.py); `evaluate` (also `solrl.eval`) and `infer` call
-the functions `solrl eval` and `solrl infer` call (solrl_core/loop/evaluation.py, solrl_core/tools/inference.py).
+`train`, `evaluate` (also `solrl.eval`) and `infer` each call the one core function their command calls
+(solrl_core/tools/: start.py, evaluate.py, inference.py); the API and the CLI are siblings over them.
 Settings layer as on the command line (defaults < model preset < family preset < reward preset <
 `config` file < `sets` < the keyword arguments). Each prints the command's plain lines as it goes
 (no progress bar); `quiet=True` prints nothing, and `on_event` (every event of solrl_core/events.py)
@@ -79,7 +79,7 @@ def evaluate(run: str | Path | None = None, *, model: str | None = None, prompts
 
     quiet_third_party()
     from solrl.results import summary_reports
-    from solrl_cli.eval_cmd import eval_request
+    from solrl_core.tools.evaluate import eval_request
     from solrl_core.loop.evaluation import evaluate_weights
 
     req = eval_request(Path(run) if run is not None else None, model=model, reward=reward, prompts=prompts, seeds=seeds,
@@ -100,8 +100,8 @@ def infer(run: str | Path | None = None, *, prompt: str | Iterable[str] | None =
     """`solrl infer`: images from seeds SEED..SEED+seeds-1 per prompt with the base model and a run's tuned
     weights, from the same noise; writes OUT (default RUN/infer/<time>) with a grid of them side by side."""
     quiet_third_party()
-    from solrl_cli.infer_cmd import infer_request
     from solrl_core.tools.inference import infer as run_infer
+    from solrl_core.tools.inference import infer_request
 
     texts = [prompt] if isinstance(prompt, str) else list(prompt) if prompt is not None else None
     engine, req, _ = infer_request(Path(run) if run is not None else None, prompt=texts, prompts=prompts, model=model,

@@ -8,8 +8,8 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from solrl_cli.common import output_folder
 from solrl_cli.errors import err_console, user_errors
+from solrl_core.tools.sources import output_folder
 
 
 def compare(

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from solrl_cli import options as opt
-from solrl_cli.common import console, output_folder, pick_best, tool_config, weight_sets
+from solrl_cli.common import console
 from solrl_cli.errors import user_errors
 from solrl_cli.tables import Column, print_fitted
 from solrl_core.text import plural
@@ -29,9 +29,11 @@ def eval_(
 ) -> None:
     """Score the base model, or a run's checkpoint against its base, with one or more rewards."""
     with user_errors():
+        from solrl_core.tools.evaluate import eval_request
+
         req = eval_request(run, model=model, model_path=model_path, reward=reward, prompts=prompts, seeds=seeds, steps=steps,
                            weights=weights, checkpoint=checkpoint, out=out, save_images=save_images, sets=set_, device=device,
-                           rewards=rewards, trust_run_config=trust_run_config, best=best)
+                           rewards=rewards, trust_run_config=trust_run_config, best=best, say=console.print)
         from solrl_cli.display import TerminalDisplay
         from solrl_core import events  # torch: only once the config is accepted
         from solrl_core.loop.evaluation import EvalStopped, evaluate_weights
@@ -48,30 +50,6 @@ def eval_(
             console.print(stop.message, soft_wrap=True)
             raise typer.Exit(130) from None
         _print_table(results, req)
-
-
-def eval_request(run: Optional[Path], *, model: Optional[str] = None, model_path: Optional[Path] = None,
-                 reward: Optional[str] = None, prompts: Optional[str] = None, seeds: Optional[int] = None,
-                 steps: Optional[int] = None, weights: str = "ema", checkpoint: Optional[str] = None,
-                 out: Optional[Path] = None, save_images: bool = False, sets: Optional[list[str]] = None,
-                 device: Optional[str] = None, rewards: Optional[str] = None, trust_run_config: bool = False,
-                 best: bool = False):  # noqa: ANN201
-    """What `solrl eval` (and `solrl.evaluate`) scores, from its options: the config of RUN (or of a
-    base model preset) with the overrides, its prompts, seeds, weight sets and output folder. `best`:
-    the checkpoint --best picks (the highest trained-reward gain no hacking rule flagged)."""
-    tuned = weight_sets(weights)
-    extra = None if rewards is None else tuple(n.strip() for n in rewards.split(",") if n.strip())
-    checkpoint, _ = pick_best(run, checkpoint, best)
-    cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=sets, trust=trust_run_config,
-                            flags={"run": {"device": device, "eval_rewards": extra}, "sampler": {"eval_steps": steps}})
-    spec = prompts or cfg.run.eval_prompts or cfg.run.prompts
-    from solrl_core.data.prompts import load_prompts
-    from solrl_core.loop.evaluation import EvalRequest
-
-    return EvalRequest(config=cfg, prompts=load_prompts(spec), per_prompt=seeds or cfg.run.eval_seeds,
-                       weights=("base", *tuned) if ckpt is not None else ("base",), checkpoint=ckpt,
-                       out_dir=output_folder(out, run, "eval"), save_images=save_images, prompt_set=spec,
-                       eval_rewards=cfg.run.eval_rewards, base_from=run)
 
 
 def _print_table(results, req) -> None:  # type: ignore[no-untyped-def]

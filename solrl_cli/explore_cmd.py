@@ -1,6 +1,7 @@
 """`solrl explore` (Stage 1 alone) and `solrl rank-check` (does the cheap rollout rank seeds like the
-full one?): each loads the model with its explore copy and calls one core function that writes its
-files; the command prints the result."""
+full one?): each calls its core function (solrl_core/tools/explore.py, rank_check.py), which checks
+the options and loads the model with its explore copy, then the one that writes its files; the
+command prints the result."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import typer
 from rich.text import Text
 
 from solrl_cli import options as opt
-from solrl_cli.common import console, output_folder, prompt_texts, reward_set, tool_config
+from solrl_cli.common import console
 from solrl_cli.errors import user_errors
 from solrl_cli.tables import Column, print_fitted
 from solrl_cli.tui.words import GIF_NOTE
@@ -47,20 +48,18 @@ def explore(
 ) -> None:
     """Stage 1 alone: N seeds per prompt at the explore precision and preview steps, scored, ranked, K selected."""
     with user_errors():
-        flags = {"explore": {"group_size": n, "steps": steps, "precision": explore_precision},
-                 "selection": {"group_size": k}, "run": {"device": device}}
-        cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, flags=flags, trust=trust_run_config)
-        from solrl_core.engine.engine import open_engine  # torch: only once the config is accepted
-        from solrl_core.tools.explore import explore_to_folder
+        from solrl_core.tools.explore import explore_request, explore_to_folder, stage_one
 
-        texts, out_dir, rewards = prompt_texts(prompt, prompts, cfg.run.prompts), output_folder(out, run, "explore"), reward_set(cfg)
-        rewards.check_prompts(texts)
-        engine = open_engine(cfg, checkpoint=ckpt, explore=True, rewards=rewards)
+        engine, texts, out_dir, ckpt = explore_request(
+            run, prompt=prompt, prompts=prompts, model=model, model_path=model_path, reward=reward, n=n, k=k, steps=steps,
+            explore_precision=explore_precision, checkpoint=checkpoint, out=out, sets=set_, device=device,
+            trust_run_config=trust_run_config)
+        cfg, plan = engine.config, stage_one(engine)
         console.print(f"solrl explore  {ckpt or cfg.model.name + ' (base)'}  {plural(len(texts), 'prompt')} x "
-                      f"{plural(cfg.explore.group_size, 'seed')} at {engine.explore_copy.precision}, {cfg.explore.steps} steps  -> keep "
-                      f"{cfg.selection.group_size} ({cfg.selection.mode})  on {engine.device}")
+                      f"{plural(plan.explore_seeds, 'seed')} at {engine.explore_copy.precision}, {plan.explore_steps} steps  -> keep "
+                      f"{plan.keep} ({cfg.selection.mode})  on {engine.device}")
         result = explore_to_folder(engine, texts, seed, out_dir)
-        _print_selection(result, cfg.selection.group_size, out_dir)
+        _print_selection(result, plan.keep, out_dir)
         clips = f"   the grid's clips: {out_dir / 'clips'}" if result.clips else ""
         console.print(f"every seed: {out_dir / 'seeds.jsonl'}   grid of best and worst: {out_dir / 'grid.png'}{clips}")
         if result.clips and any((out_dir / "clips").glob("*.gif")):
@@ -94,39 +93,25 @@ def rank_check(
 ) -> None:
     """Measure whether the cheap Stage-1 rollout ranks seeds like the full one: four arms, rho, tau, hit rates
     (--candidates: recall and seconds of every precision x preview step count, and what explore.calibrate would pick)."""
-    from solrl_core.errors import SolrlError
-
     with user_errors():
-        flags = {"explore": {"steps": preview_steps, "precision": explore_precision, "min_recall": min_recall,
-                             "fp8_attention": True if fp8_attention else None},
-                 "sampler": {"steps": full_steps},
-                 "run": {"device": device}}
-        cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=set_, flags=flags, trust=trust_run_config)
-        from solrl_core.engine.engine import open_engine  # torch: only once the config is accepted
-        from solrl_core.loop.rankcheck import check_to_folder, verdict
+        from solrl_core.tools.rank_check import check_arms, check_candidates, rank_check_request, verdict
 
-        ks = sorted(set(hit_k or [4, 8]))
-        if seeds < 2 * max(ks) and not candidates:
-            raise SolrlError(f"--seeds {seeds} is too few for top/bottom-{max(ks)} hit rates", f"use --seeds {2 * max(ks)} or more")
-        keep = min(cfg.selection.group_size, seeds - seeds % 2)
-        texts, out_dir = prompt_texts(None, prompts, cfg.run.prompts)[:count], output_folder(out, run, "rank_check")
-        rewards = reward_set(cfg)
-        rewards.check_prompts(texts)
-        engine = open_engine(cfg, checkpoint=ckpt, explore=True, rewards=rewards)
-        console.print(f"solrl rank-check  {ckpt or cfg.model.name + ' (base)'}  {plural(len(texts), 'prompt')} x {plural(seeds, 'seed')}  "
-                      f"on {engine.device}  rewards {', '.join(cfg.reward.weights)}")
+        check = rank_check_request(run, prompts=prompts, model=model, model_path=model_path, reward=reward, count=count,
+                                   seeds=seeds, seed=seed, preview_steps=preview_steps, full_steps=full_steps, hit_k=hit_k,
+                                   explore_precision=explore_precision, checkpoint=checkpoint, out=out, sets=set_,
+                                   device=device, candidates=candidates, min_recall=min_recall,
+                                   trust_run_config=trust_run_config, fp8_attention=fp8_attention)
+        engine, texts, out_dir = check.engine, check.prompts, check.out_dir
+        cfg = engine.config
+        console.print(f"solrl rank-check  {check.checkpoint or cfg.model.name + ' (base)'}  {plural(len(texts), 'prompt')} x "
+                      f"{plural(seeds, 'seed')}  on {engine.device}  rewards {', '.join(cfg.reward.weights)}")
         told = lambda arm, s: console.print(f"  {arm}: {plural(len(texts) * seeds, 'rollout')} scored in {s:.1f}s")  # noqa: E731
         if candidates:
-            from solrl_core.loop.calibration import calibrate_to_folder
-            from solrl_core.precision.hardware import runnable_low_precisions
-
-            _print_candidates(*calibrate_to_folder(engine, texts, out_dir, per_prompt=seeds, seed_base=seed, keep=keep,
-                                                   precisions=runnable_low_precisions(engine.device), progress=told),
-                              keep, engine.device)
+            _print_candidates(*check_candidates(check, told), check.keep, engine.device)
             console.print(f"json: {out_dir / 'calibration.json'}")
             return
-        result = check_to_folder(engine, texts, out_dir, per_prompt=seeds, seed_base=seed, hit_k=ks, keep=keep, progress=told)
-        _print_arms(result, ks, keep, engine.device)
+        result = check_arms(check, told)
+        _print_arms(result, check.hit_k, check.keep, engine.device)
         console.print(f"json: {out_dir / 'rank_check.json'}   plot: {out_dir / 'rank_check.png'}")
         console.print(f"verdict: {verdict(result)}")
 

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from solrl_cli import options as opt
-from solrl_cli.common import console, output_folder, pick_best, prompt_texts, tool_config, weight_sets
+from solrl_cli.common import console
 from solrl_cli.errors import user_errors
 from solrl_core.text import plural
 
@@ -35,6 +35,8 @@ def infer(
 ) -> None:
     """Generate images from fixed seeds with the base model and a run's tuned weights, side by side."""
     with user_errors():
+        from solrl_core.tools.inference import infer_request
+
         engine, req, ckpt = infer_request(run, prompt=prompt, prompts=prompts, model=model, model_path=model_path, seeds=seeds,
                                           seed=seed, steps=steps, weights=weights, checkpoint=checkpoint, out=out, grid=grid,
                                           sets=set_, device=device)
@@ -56,59 +58,22 @@ def infer(
         console.print(f"{what}: {req.out_dir}   index: {rows}" + (f"   grid: {req.out_dir / 'grid.png'}" if grid else ""))
 
 
-def infer_request(run: Optional[Path], *, prompt: Optional[list[str]] = None, prompts: Optional[str] = None,
-                  model: Optional[str] = None, model_path: Optional[Path] = None, seeds: int = 2, seed: int = 0,
-                  steps: Optional[int] = None, weights: str = "ema", checkpoint: Optional[str] = None,
-                  out: Optional[Path] = None, grid: bool = True, sets: Optional[list[str]] = None,
-                  device: Optional[str] = None):  # noqa: ANN201
-    """What `solrl infer` (and `solrl.infer`) draws, from its options: the engine of RUN's checkpoint (or
-    of a base model), the request (prompts checked against the model's words) and the checkpoint."""
-    from solrl_core.data.words import check_words, known_words
-
-    tuned = weight_sets(weights)
-    cfg, ckpt = tool_config(run, model, model_path, checkpoint, sets=sets, flags={"run": {"device": device}})
-    texts = prompt_texts(prompt, prompts, cfg.run.eval_prompts or cfg.run.prompts)
-    check_words(known_words(cfg.model.loader, cfg.model.weights), texts)  # a tiny model's words, from its folder: in a second
-    from solrl_core.engine.engine import open_engine  # torch: only once the inputs are checked
-    from solrl_core.tools.inference import InferRequest, check_vocabulary
-
-    engine = open_engine(cfg, checkpoint=ckpt)
-    check_vocabulary(engine.model, texts)  # a vocabulary known only once loaded: before anything is written
-    req = InferRequest(prompts=texts, seeds=list(range(seed, seed + seeds)), weights=("base", *tuned) if ckpt else ("base",),
-                       steps=steps or cfg.sampler.eval_steps, out_dir=output_folder(out, run, "infer"), grid=grid)
-    return engine, req, ckpt
-
-
 def export(
     run: ExportRun, out: ExportOut = None, weights: Annotated[str, typer.Option("--weights", help="ema or trained.")] = "ema",
     checkpoint: opt.Checkpoint = None, merge: Merge = False, model_path: opt.ModelPath = None,
     push_to_hub: PushToHub = None, private: Private = False, overwrite: Overwrite = False, best: opt.Best = False,
 ) -> None:
     """Export a run's tuned weights with a model card: the LoRA for diffusers and peft, or (--merge) a merged transformer."""
-    from solrl_core.errors import SolrlError
-    from solrl_core.tools.export_card import check_export_folder, default_folder
-
     with user_errors():
-        sets = weight_sets(weights)
-        if len(sets) != 1:
-            raise SolrlError("--weights takes one weight set for export", "--weights ema or --weights trained")
-        if private and not push_to_hub:
-            raise SolrlError("--private is for --push-to-hub", "add --push-to-hub OWNER/NAME, or drop --private")
-        if push_to_hub:
-            from solrl_core.tools.hub import check_push
+        from solrl_core.tools.export_request import export_request
 
-            check_push(push_to_hub)  # a bad id or no token: said before anything is written
-        if out is not None:
-            check_export_folder(out, overwrite)
-        checkpoint, why = pick_best(run, checkpoint, best)
-        cfg, ckpt = tool_config(run, None, model_path, checkpoint)
-        folder = out or default_folder(run, ckpt, sets[0], merge)
-        if out is None:
-            check_export_folder(folder, overwrite)  # an earlier export there: said before the model loads
+        req = export_request(run, out=out, weights=weights, checkpoint=checkpoint, merge=merge, model_path=model_path,
+                             push_to_hub=push_to_hub, private=private, overwrite=overwrite, best=best, say=console.print)
         from solrl_core.tools.export import export_weights  # torch: only once the inputs are checked
 
-        exported = export_weights(cfg, ckpt, sets[0], folder, merge, push_to_hub, overwrite,
-                                  chosen=f"chosen by --best: {why}" if why else "")
+        exported = export_weights(req.config, req.checkpoint, req.weights, req.folder, merge, push_to_hub, overwrite,
+                                  chosen=req.chosen)
+        sets, ckpt = (req.weights,), req.checkpoint
         for note in exported.notes:
             console.print(f"note: {note}")
         console.print(f"{exported.what} ({sets[0]} weights of {ckpt.name}) -> {exported.path}  (model card {exported.card.name}; "

@@ -52,7 +52,7 @@ def next_steps(e: ev.RunFinished) -> list[str]:
     """A finished run's next commands, its folder filled in: score, draw and export its newest checkpoint."""
     if e.reason != "completed" or not e.checkpoint or not e.run_dir:
         return []
-    from solrl_cli.common import example_prompt
+    from solrl_core.tools.sources import example_prompt
 
     record = ev.decode(dict(e.last_eval or e.base_eval)) if (e.last_eval or e.base_eval) else None
     prompt = example_prompt(record.prompts if isinstance(record, ev.EvalFinished) else "")

@@ -1,4 +1,5 @@
-"""Stage 1 alone (`solrl explore`): N seeds per prompt through the explore copy at the preview step
+"""Stage 1 alone (`solrl explore`, through its one core function `explore_request`, which checks the
+options, opens the engine with its explore copy and plans Stage 1 as a run would): N seeds per prompt through the explore copy at the preview step
 count, scored, ranked, and the K seeds Stage 2 would regenerate selected, exactly as a training
 iteration does: generated on the engine's `explore` network (engine.py), screened for non-finite
 scores and selected by the training's own `stages.keep_seeds` (ranked by the advantage the update
@@ -11,14 +12,15 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Optional
 
-import numpy as np
-import torch
+from solrl_core.tools.sources import output_folder, prompt_texts, reward_set, tool_config
 
-from solrl_core.data.prompts import text_keys
-from solrl_core.engine.engine import Engine
-from solrl_core.faults import guard
-from solrl_core.loop.stages import GlobalScores, Scored, draft_ranking, keep_seeds
+if TYPE_CHECKING:  # torch: loaded only once the options are checked (explore_request)
+    import torch
+
+    from solrl_core.engine.engine import Engine
+    from solrl_core.plan.plan import RunPlan
 
 
 @dataclass(frozen=True)
@@ -40,10 +42,23 @@ class ExploreResult:
         return self.images.dim() == 6
 
 
-@torch.no_grad()
 def explore_only(engine: Engine, prompts: list[str], n: int, keep: int, mode: str, seed_base: int, steps: int) -> ExploreResult:
     """Seeds seed_base + i*N ... seed_base + i*N + N-1 for prompt i (so a result names its seeds),
     scored with the engine's rewards; a random selection mode draws from default_rng(seed_base)."""
+    import torch
+
+    with torch.no_grad():
+        return _explore_only(engine, prompts, n, keep, mode, seed_base, steps)
+
+
+def _explore_only(engine: Engine, prompts: list[str], n: int, keep: int, mode: str, seed_base: int, steps: int) -> ExploreResult:
+    import numpy as np
+    import torch
+
+    from solrl_core.data.prompts import text_keys
+    from solrl_core.faults import guard
+    from solrl_core.loop.stages import GlobalScores, Scored, draft_ranking, keep_seeds
+
     if engine.explore_copy is None or engine.rewards is None:
         raise ValueError("explore needs an engine opened with its explore copy and rewards (open_engine(explore=True, rewards=...))")
     t0 = time.perf_counter()
@@ -67,17 +82,46 @@ def explore_only(engine: Engine, prompts: list[str], n: int, keep: int, mode: st
                          made.images.view(*shape, *made.images.shape[1:]), time.perf_counter() - t0, engine.explore_copy.precision, steps)
 
 
+def stage_one(engine: Engine) -> RunPlan:
+    """The plan of Stage 1 a run of the engine's config makes with its explore copy: N seeds per
+    prompt (`explore_seeds`), K kept (`keep`) and the preview steps (`explore_steps`)."""
+    from solrl_core.plan.plan import plan_stages
+
+    return plan_stages(engine.config, engine.dtype_name, engine.explore_copy.precision, engine.machine)
+
+
+def explore_request(run: Optional[Path], *, prompt: Optional[list[str]] = None, prompts: Optional[str] = None,
+                    model: Optional[str] = None, model_path: Optional[Path] = None, reward: Optional[str] = None,
+                    n: Optional[int] = None, k: Optional[int] = None, steps: Optional[int] = None,
+                    explore_precision: Optional[str] = None, checkpoint: Optional[str] = None,
+                    out: Optional[Path] = None, sets: Optional[list[str]] = None, device: Optional[str] = None,
+                    trust_run_config: bool = False) -> tuple[Engine, list[str], Path, Optional[Path]]:
+    """What `solrl explore` runs, from its options: the engine of RUN's checkpoint (or of a base model)
+    with its explore copy and rewards, the prompts (checked by the rewards), the output folder and the
+    checkpoint. `n`, `k`, `steps` override explore.group_size, selection.group_size and explore.steps."""
+    flags = {"explore": {"group_size": n, "steps": steps, "precision": explore_precision},
+             "selection": {"group_size": k}, "run": {"device": device}}
+    cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=sets, flags=flags, trust=trust_run_config)
+    from solrl_core.engine.engine import open_engine  # torch: only once the config is accepted
+
+    texts, out_dir, rewards = prompt_texts(prompt, prompts, cfg.run.prompts), output_folder(out, run, "explore"), reward_set(cfg)
+    rewards.check_prompts(texts)
+    return open_engine(cfg, checkpoint=ckpt, explore=True, rewards=rewards), texts, out_dir, ckpt
+
+
 def explore_to_folder(engine: Engine, prompts: list[str], seed_base: int, out_dir: Path) -> ExploreResult:
-    """`explore_only` with the config's N, K, selection mode and preview steps, written to `out_dir`:
-    seeds.jsonl (every seed of every prompt: reward, each component, rank, selected) and grid.png
+    """`explore_only` with the plan's N, K and preview steps (`stage_one`) and the config's selection
+    mode, written to `out_dir`: seeds.jsonl (every seed of every prompt: reward, each component, rank, selected) and grid.png
     (each prompt's K/2 best and K/2 worst images, captioned with seed and reward). A video model's
     clips show in the grid as their frames in a row, and the grid's clips are also written as videos
     (clips/PPP_seedS.mp4, or .gif without the video extra), named in their seeds.jsonl rows (`video`)."""
+    import torch
+
     from solrl_core.io.images import grid_rows, make_grid
 
-    cfg = engine.config
-    n, k = cfg.explore.group_size, cfg.selection.group_size
-    result = explore_only(engine, prompts, n, k, cfg.selection.mode, seed_base, cfg.explore.steps)
+    plan = stage_one(engine)
+    n, k = plan.explore_seeds, plan.keep
+    result = explore_only(engine, prompts, n, k, engine.config.selection.mode, seed_base, plan.explore_steps)
     out_dir.mkdir(parents=True, exist_ok=True)
     half = k // 2
     order = torch.argsort(result.ranks, dim=1)  # best first, by the ranking the selection used

@@ -1,4 +1,6 @@
-"""Using a trained run: images from fixed seeds (`solrl infer`); `solrl export` is export.py.
+"""Using a trained run: images from fixed seeds (`solrl infer` and `solrl.infer`, through the one
+core function both call, `infer_request`, which checks the options and opens the engine); `solrl
+export` is export.py.
 
 The engine (engine.py) loads the base model once and, for a run, its checkpoint's adapters; any
 weight set (base, trained, ema) is then a switch on the same transformer (`Policy.weights`). Images
@@ -12,17 +14,15 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
-import torch
-
-from solrl_core import events as ev
 from solrl_core.data.words import check_words
-from solrl_core.io.images import grid_rows, make_grid, save_png
-from solrl_core.models.base import DiffusionModel
+from solrl_core.tools.sources import output_folder, prompt_texts, tool_config, weight_sets
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torch: loaded only once the inputs are checked (infer_request)
+    from solrl_core import events as ev
     from solrl_core.engine.engine import Engine
+    from solrl_core.models.base import DiffusionModel
 
 
 def check_vocabulary(model: DiffusionModel, prompts: list[str]) -> None:
@@ -45,6 +45,11 @@ def infer(engine: Engine, req: InferRequest, bus: ev.EventBus) -> Path:
     (one row per (prompt, seed), one column per weight set). A video model's clip is written as MP4
     (an animated GIF without the video extra: the row's `video`) and as a PNG contact sheet of its frames in a row (`path`), and
     the grid shows the contact sheets. Returns the JSONL path."""
+    import torch
+
+    from solrl_core import events as ev
+    from solrl_core.io.images import grid_rows, make_grid, save_png
+
     req.out_dir.mkdir(parents=True, exist_ok=True)
     per = len(req.seeds)
     flat = [p for p in req.prompts for _ in range(per)]
@@ -75,3 +80,25 @@ def infer(engine: Engine, req: InferRequest, bus: ev.EventBus) -> Path:
         grid = make_grid(columns, rows=grid_rows(flat, [int(x) for x in seeds]))
         grid.save(req.out_dir / "grid.png")
     return rows_path
+
+
+def infer_request(run: Optional[Path], *, prompt: Optional[list[str]] = None, prompts: Optional[str] = None,
+                  model: Optional[str] = None, model_path: Optional[Path] = None, seeds: int = 2, seed: int = 0,
+                  steps: Optional[int] = None, weights: str = "ema", checkpoint: Optional[str] = None,
+                  out: Optional[Path] = None, grid: bool = True, sets: Optional[list[str]] = None,
+                  device: Optional[str] = None) -> tuple[Engine, InferRequest, Optional[Path]]:
+    """What `solrl infer` (and `solrl.infer`) draws, from its options: the engine of RUN's checkpoint (or
+    of a base model), the request (prompts checked against the model's words) and the checkpoint."""
+    from solrl_core.data.words import known_words
+
+    tuned = weight_sets(weights)
+    cfg, ckpt = tool_config(run, model, model_path, checkpoint, sets=sets, flags={"run": {"device": device}})
+    texts = prompt_texts(prompt, prompts, cfg.run.eval_prompts or cfg.run.prompts)
+    check_words(known_words(cfg.model.loader, cfg.model.weights), texts)  # a tiny model's words, from its folder: in a second
+    from solrl_core.engine.engine import open_engine  # torch: only once the inputs are checked
+
+    engine = open_engine(cfg, checkpoint=ckpt)
+    check_vocabulary(engine.model, texts)  # a vocabulary known only once loaded: before anything is written
+    req = InferRequest(prompts=texts, seeds=list(range(seed, seed + seeds)), weights=("base", *tuned) if ckpt else ("base",),
+                       steps=steps or cfg.sampler.eval_steps, out_dir=output_folder(out, run, "infer"), grid=grid)
+    return engine, req, ckpt
