@@ -58,3 +58,70 @@ def test_the_parting_note_reads_the_plan_not_the_raw_config():
     assert parting_note(plan_stages(cfg, "bf16", "bf16")) is None
     note = parting_note(plan_stages(cfg, "bf16", "nvfp4-emulated"))
     assert note is not None and "explore copy at nvfp4-emulated" in note
+
+
+DOORS = {  # command line -> (the core module, its one function)
+    ("eval",): ("solrl_core.tools.evaluate", "eval_request"),
+    ("infer", "--prompt", "a red circle"): ("solrl_core.tools.inference", "infer_request"),
+    ("explore",): ("solrl_core.tools.explore", "explore_request"),
+    ("rank-check",): ("solrl_core.tools.rank_check", "rank_check_request"),
+    ("export", "somewhere"): ("solrl_core.tools.export_request", "export_request"),
+}
+
+
+def _refusing(monkeypatch, module: str, name: str) -> list:
+    """Replace the core function by one that records its call and refuses with a SolrlError."""
+    import importlib
+
+    from solrl_core.errors import SolrlError
+
+    called: list = []
+
+    def door(*args, **kwargs):  # type: ignore[no-untyped-def]
+        called.append((args, kwargs))
+        raise SolrlError("refused at the door", "nothing to fix")
+
+    monkeypatch.setattr(importlib.import_module(module), name, door)
+    return called
+
+
+def test_each_command_comes_in_by_its_core_function(monkeypatch, tmp_path):
+    """`solrl eval/infer/explore/rank-check/export` each call their one function in solrl_core/tools/
+    and only render its answer: a refusal there is the command's one-line error and exit code."""
+    from typer.testing import CliRunner
+
+    from solrl_cli.app import app
+
+    monkeypatch.chdir(tmp_path)
+    for args, (module, name) in DOORS.items():
+        called = _refusing(monkeypatch, module, name)
+        done = CliRunner().invoke(app, list(args))
+        assert len(called) == 1 and done.exit_code != 0 and "refused at the door" in done.output, (args, done.output)
+
+
+def test_the_api_comes_in_by_the_same_functions(monkeypatch):
+    """`solrl.evaluate` and `solrl.infer` call the functions `solrl eval` and `solrl infer` call."""
+    import pytest
+
+    import solrl
+    from solrl_core.errors import SolrlError
+
+    for call, (module, name) in ((lambda: solrl.evaluate(quiet=True), DOORS[("eval",)]),
+                                 (lambda: solrl.infer(prompt="a red circle", quiet=True),
+                                  DOORS[("infer", "--prompt", "a red circle")])):
+        called = _refusing(monkeypatch, module, name)
+        with pytest.raises(SolrlError, match="refused at the door"):
+            call()
+        assert len(called) == 1
+
+
+def test_the_api_stands_beside_the_cli_not_on_it():
+    """solrl/ takes nothing of solrl_cli but the plain display it prints with (the same lines as
+    `solrl train`): no command module, no TUI, no CLI helper."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1] / "solrl"
+    taken = {node.module for path in root.glob("*.py") for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("solrl_cli")}
+    assert taken == {"solrl_cli.display"}, taken
