@@ -51,13 +51,13 @@ def explore(
         from solrl_core.tools.explore import explore_request, explore_to_folder, stage_one
 
         engine, texts, out_dir, ckpt = explore_request(
-            run, prompt=prompt, prompts=prompts, model=model, model_path=model_path, reward=reward, n=n, k=k, steps=steps,
-            explore_precision=explore_precision, checkpoint=checkpoint, out=out, sets=set_, device=device,
+            run, prompt=prompt, prompts=prompts, model=model, model_path=model_path, reward=reward, n=n, k=k,
+            steps=steps, explore_precision=explore_precision, checkpoint=checkpoint, out=out, sets=set_, device=device,
             trust_run_config=trust_run_config)
         cfg, plan = engine.config, stage_one(engine)
         console.print(f"solrl explore  {ckpt or cfg.model.name + ' (base)'}  {plural(len(texts), 'prompt')} x "
-                      f"{plural(plan.explore_seeds, 'seed')} at {engine.explore_copy.precision}, {plan.explore_steps} steps  -> keep "
-                      f"{plan.keep} ({cfg.selection.mode})  on {engine.device}")
+                      f"{plural(plan.explore_seeds, 'seed')} at {engine.explore_copy.precision}, "
+                      f"{plan.explore_steps} steps  -> keep {plan.keep} ({cfg.selection.mode})  on {engine.device}")
         result = explore_to_folder(engine, texts, seed, out_dir)
         _print_selection(result, plan.keep, out_dir)
         clips = f"   the grid's clips: {out_dir / 'clips'}" if result.clips else ""
@@ -96,15 +96,17 @@ def rank_check(
     with user_errors():
         from solrl_core.tools.rank_check import check_arms, check_candidates, rank_check_request, verdict
 
-        check = rank_check_request(run, prompts=prompts, model=model, model_path=model_path, reward=reward, count=count,
-                                   seeds=seeds, seed=seed, preview_steps=preview_steps, full_steps=full_steps, hit_k=hit_k,
-                                   explore_precision=explore_precision, checkpoint=checkpoint, out=out, sets=set_,
-                                   device=device, candidates=candidates, min_recall=min_recall,
-                                   trust_run_config=trust_run_config, fp8_attention=fp8_attention)
+        check = rank_check_request(run, prompts=prompts, model=model, model_path=model_path, reward=reward,
+                                   count=count, seeds=seeds, seed=seed, preview_steps=preview_steps,
+                                   full_steps=full_steps, hit_k=hit_k, explore_precision=explore_precision,
+                                   checkpoint=checkpoint, out=out, sets=set_, device=device, candidates=candidates,
+                                   min_recall=min_recall, trust_run_config=trust_run_config,
+                                   fp8_attention=fp8_attention)
         engine, texts, out_dir = check.engine, check.prompts, check.out_dir
         cfg = engine.config
-        console.print(f"solrl rank-check  {check.checkpoint or cfg.model.name + ' (base)'}  {plural(len(texts), 'prompt')} x "
-                      f"{plural(seeds, 'seed')}  on {engine.device}  rewards {', '.join(cfg.reward.weights)}")
+        what = check.checkpoint or cfg.model.name + " (base)"
+        console.print(f"solrl rank-check  {what}  {plural(len(texts), 'prompt')} x {plural(seeds, 'seed')}  "
+                      f"on {engine.device}  rewards {', '.join(cfg.reward.weights)}")
         told = lambda arm, s: console.print(f"  {arm}: {plural(len(texts) * seeds, 'rollout')} scored in {s:.1f}s")  # noqa: E731
         if candidates:
             _print_candidates(*check_candidates(check, told), check.keep, engine.device)

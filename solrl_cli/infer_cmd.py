@@ -67,8 +67,9 @@ def export(
     with user_errors():
         from solrl_core.tools.export_request import export_request
 
-        req = export_request(run, out=out, weights=weights, checkpoint=checkpoint, merge=merge, model_path=model_path,
-                             push_to_hub=push_to_hub, private=private, overwrite=overwrite, best=best, say=console.print)
+        req = export_request(run, out=out, weights=weights, checkpoint=checkpoint, merge=merge,
+                             model_path=model_path, push_to_hub=push_to_hub, private=private, overwrite=overwrite,
+                             best=best, say=console.print)
         from solrl_core.tools.export import export_weights  # torch: only once the inputs are checked
 
         exported = export_weights(req.config, req.checkpoint, req.weights, req.folder, merge, push_to_hub, overwrite,

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from solrl_core import events as ev
 
-FAULT_EVENTS = (ev.OutOfMemoryBackoff, ev.SamplesDropped, ev.StepSkipped, ev.RewardHacking, ev.RolledBack)  # each view: warnings
+# the events each view shows as warnings
+FAULT_EVENTS = (ev.OutOfMemoryBackoff, ev.SamplesDropped, ev.StepSkipped, ev.RewardHacking, ev.RolledBack)
 
 
 HACKING_THEN = {"warn": "images may be degrading; --set run.on_hacking=stop (or rollback) acts on it",
@@ -14,8 +15,10 @@ HACKING_THEN = {"warn": "images may be degrading; --set run.on_hacking=stop (or 
                 "rollback": "the run rolls back to its last good checkpoint (run.on_hacking=rollback)"}
 
 
-def fault_message(e: ev.OutOfMemoryBackoff | ev.SamplesDropped | ev.StepSkipped | ev.RewardHacking | ev.RolledBack) -> str:
-    """One line for a fault the run survived (solrl_core/faults), a reward-hacking alarm or a rollback, shown as a warning by every view."""
+def fault_message(e: ev.OutOfMemoryBackoff | ev.SamplesDropped | ev.StepSkipped | ev.RewardHacking
+                  | ev.RolledBack) -> str:
+    """One line for a fault the run survived (solrl_core/faults), a reward-hacking alarm or a rollback,
+    shown as a warning by every view."""
     if isinstance(e, ev.RewardHacking):
         then = HACKING_THEN[e.action or ("stop" if e.stopping else "warn")]  # no action: an older log
         floor = f" and its floor {e.floor:.4g}" if e.floor else ""
@@ -27,8 +30,8 @@ def fault_message(e: ev.OutOfMemoryBackoff | ev.SamplesDropped | ev.StepSkipped 
         then = (f"training goes on from there at lr {e.lr:g} (run.rollback_then=lower_lr)" if e.then == "lower_lr" else
                 "the run stops there (run.rollback_then=stop): resume it with a change (a lower optimizer.lr), "
                 "or the same fall follows")
-        return (f"rolled back after iteration {e.iteration} to iteration {e.to} ({e.checkpoint}), the newest checkpoint "
-                f"evaluated clean (rollback {e.rollbacks}){aside}: {then}")
+        return (f"rolled back after iteration {e.iteration} to iteration {e.to} ({e.checkpoint}), "
+                f"the newest checkpoint evaluated clean (rollback {e.rollbacks}){aside}: {then}")
     if isinstance(e, ev.OutOfMemoryBackoff):
         return (f"out of GPU memory in the {e.phase} (iteration {e.iteration}): {e.setting} {e.old} -> {e.new}, "
                 "iteration redone")
@@ -38,6 +41,7 @@ def fault_message(e: ev.OutOfMemoryBackoff | ev.SamplesDropped | ev.StepSkipped 
         where = "not selected" if explore else "left out of the update"
         lost = "had no finite draft" if explore else "skipped"
         groups = f"; {e.groups_skipped} of {e.groups} prompt groups {lost}" if e.groups_skipped else ""
-        return f"non-finite rewards in iteration {e.iteration} ({e.stage}): {named}; {e.dropped} of {e.samples} samples {where}{groups}"
+        return (f"non-finite rewards in iteration {e.iteration} ({e.stage}): {named}; "
+                f"{e.dropped} of {e.samples} samples {where}{groups}")
     limit = f" (the run stops at {e.limit})" if e.limit else ""
     return f"optimizer step of iteration {e.iteration} skipped: {e.reason}, {e.in_a_row} in a row{limit}"

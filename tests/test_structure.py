@@ -161,7 +161,7 @@ def test_no_import_cycle_between_folders():
 LAYERS = (
     ("errors", "text"),  # the error type and plain-text helpers
     ("faults",),  # what goes wrong where: full disks, links, locks, manifests, non-finite values
-    ("events", "event_bus", "fault_text"),  # what the engine says, the bus and JSONL log that carry it, its warnings' words
+    ("events", "event_bus", "fault_text"),  # what the engine says, the bus and log that carry it, its warnings' words
     ("runtime", "telemetry"),  # the process: device, threads, TF32, torch.distributed, stops; FLOPs and MFU
     ("io",),  # files: the run folder, atomic writes, bounded JSON, pictures, clips
     ("data",),  # prompts and the tiny worlds

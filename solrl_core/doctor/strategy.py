@@ -33,7 +33,7 @@ def strategy_check(cfg: Config, gpu: GpuInfo | None, nproc: int, plan: RunPlan |
     """`plan`: the run's own (its preflight), else the one a run of `cfg` would make here."""
     if cfg.model.loader in TINY_LOADERS:
         return Check("strategy", PASS, f"distributed.strategy={cfg.distributed.strategy}; the tiny model fits anywhere")
-    plan = plan or planned(cfg, gpu if gpu is not None else ASSUMED_GPU)  # no GPU here: a GPU run's, as the memory check's
+    plan = plan or planned(cfg, gpu if gpu is not None else ASSUMED_GPU)  # no GPU: a GPU run's, as the memory check's
     dtype_name, precision = plan.full_precision, plan.machine.explore_precision
     budget = gpu.memory_gib * FIT_SHARE if gpu is not None else None
     est = strategy_estimates(cfg, precision, dtype_name, nproc, budget)

@@ -109,7 +109,7 @@ class Checked:
     take as it is: its config was validated there, these prompt files read, this plan resolved."""
 
     plan: RunPlan  # for the real world size, resolved by `plan_run`
-    prompts: dict[str, list[str]]  # the prompts read, by spec (run.prompts, run.eval_prompts); a spec not here is read here
+    prompts: dict[str, list[str]]  # the prompts read, by spec (run.prompts, run.eval_prompts); others: read here
 
 
 def plan_run(cfg: Config, world: int) -> RunPlan:
@@ -131,7 +131,8 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     check_split(cfg.run.prompts_per_iteration, world)
     read = checked.prompts if checked is not None else {}
     prompts = read.get(cfg.run.prompts) or load_prompts(cfg.run.prompts)
-    eval_prompts = (read.get(cfg.run.eval_prompts) or load_prompts(cfg.run.eval_prompts)) if cfg.run.eval_prompts else []
+    eval_spec = cfg.run.eval_prompts
+    eval_prompts = (read.get(eval_spec) or load_prompts(eval_spec)) if eval_spec else []
     device, dtype_name, dtype = resolve_runtime(cfg)
     rewards = RewardSet.from_config(cfg.reward, device)
     rewards.check_prompts(prompts + eval_prompts)

@@ -117,7 +117,7 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
     distributed.init_from_env()
     tracking.require(config.run.log)  # a tracker that is not installed is named before anything loads
     again = bool(config.run.run_dir) and restarts(Path(config.run.run_dir))
-    session = open_session(config, resume=resume, from_checkpoint=checkpoint, checked=checked)  # checked: the front door's
+    session = open_session(config, resume=resume, from_checkpoint=checkpoint, checked=checked)
     run, state = session.run, session.state
     if state.explore_precision:  # resumed after a steps+precision calibration: Stage 1 at its choice
         use_explore_precision(run, state.explore_precision)

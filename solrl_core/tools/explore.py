@@ -1,10 +1,11 @@
 """Stage 1 alone (`solrl explore`, through its one core function `explore_request`, which checks the
-options, opens the engine with its explore copy and plans Stage 1 as a run would): N seeds per prompt through the explore copy at the preview step
-count, scored, ranked, and the K seeds Stage 2 would regenerate selected, exactly as a training
-iteration does: generated on the engine's `explore` network (engine.py), screened for non-finite
-scores and selected by the training's own `stages.keep_seeds` (ranked by the advantage the update
-sees, so several rewards under `reward.aggregation = advantage` rank as in training; the same
-selection function, the same stable tie order)."""
+options and opens the engine with its explore copy; Stage 1 planned as a run plans it: `stage_one`):
+N seeds per prompt through the explore copy at the preview step count, scored, ranked, and the K
+seeds Stage 2 would regenerate selected, exactly as a training iteration does: generated on the
+engine's `explore` network (engine.py), screened for non-finite scores and selected by the
+training's own `stages.keep_seeds` (ranked by the advantage the update sees, so several rewards
+under `reward.aggregation = advantage` rank as in training; the same selection function, the same
+stable tie order)."""
 
 from __future__ import annotations
 
@@ -51,7 +52,8 @@ def explore_only(engine: Engine, prompts: list[str], n: int, keep: int, mode: st
         return _explore_only(engine, prompts, n, keep, mode, seed_base, steps)
 
 
-def _explore_only(engine: Engine, prompts: list[str], n: int, keep: int, mode: str, seed_base: int, steps: int) -> ExploreResult:
+def _explore_only(engine: Engine, prompts: list[str], n: int, keep: int, mode: str, seed_base: int,
+                  steps: int) -> ExploreResult:
     import numpy as np
     import torch
 
@@ -101,20 +103,23 @@ def explore_request(run: Optional[Path], *, prompt: Optional[list[str]] = None, 
     checkpoint. `n`, `k`, `steps` override explore.group_size, selection.group_size and explore.steps."""
     flags = {"explore": {"group_size": n, "steps": steps, "precision": explore_precision},
              "selection": {"group_size": k}, "run": {"device": device}}
-    cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=sets, flags=flags, trust=trust_run_config)
+    cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=sets, flags=flags,
+                            trust=trust_run_config)
     from solrl_core.engine.engine import open_engine  # torch: only once the config is accepted
 
-    texts, out_dir, rewards = prompt_texts(prompt, prompts, cfg.run.prompts), output_folder(out, run, "explore"), reward_set(cfg)
+    texts, out_dir = prompt_texts(prompt, prompts, cfg.run.prompts), output_folder(out, run, "explore")
+    rewards = reward_set(cfg)
     rewards.check_prompts(texts)
     return open_engine(cfg, checkpoint=ckpt, explore=True, rewards=rewards), texts, out_dir, ckpt
 
 
 def explore_to_folder(engine: Engine, prompts: list[str], seed_base: int, out_dir: Path) -> ExploreResult:
     """`explore_only` with the plan's N, K and preview steps (`stage_one`) and the config's selection
-    mode, written to `out_dir`: seeds.jsonl (every seed of every prompt: reward, each component, rank, selected) and grid.png
-    (each prompt's K/2 best and K/2 worst images, captioned with seed and reward). A video model's
-    clips show in the grid as their frames in a row, and the grid's clips are also written as videos
-    (clips/PPP_seedS.mp4, or .gif without the video extra), named in their seeds.jsonl rows (`video`)."""
+    mode, written to `out_dir`: seeds.jsonl (every seed of every prompt: reward, each component, rank,
+    selected) and grid.png (each prompt's K/2 best and K/2 worst images, captioned with seed and
+    reward). A video model's clips show in the grid as their frames in a row, and the grid's clips are
+    also written as videos (clips/PPP_seedS.mp4, or .gif without the video extra), named in their
+    seeds.jsonl rows (`video`)."""
     import torch
 
     from solrl_core.io.images import grid_rows, make_grid

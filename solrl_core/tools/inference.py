@@ -94,11 +94,12 @@ def infer_request(run: Optional[Path], *, prompt: Optional[list[str]] = None, pr
     tuned = weight_sets(weights)
     cfg, ckpt = tool_config(run, model, model_path, checkpoint, sets=sets, flags={"run": {"device": device}})
     texts = prompt_texts(prompt, prompts, cfg.run.eval_prompts or cfg.run.prompts)
-    check_words(known_words(cfg.model.loader, cfg.model.weights), texts)  # a tiny model's words, from its folder: in a second
+    check_words(known_words(cfg.model.loader, cfg.model.weights), texts)  # a tiny model's words, from its folder
     from solrl_core.engine.engine import open_engine  # torch: only once the inputs are checked
 
     engine = open_engine(cfg, checkpoint=ckpt)
     check_vocabulary(engine.model, texts)  # a vocabulary known only once loaded: before anything is written
-    req = InferRequest(prompts=texts, seeds=list(range(seed, seed + seeds)), weights=("base", *tuned) if ckpt else ("base",),
-                       steps=steps or cfg.sampler.eval_steps, out_dir=output_folder(out, run, "infer"), grid=grid)
+    req = InferRequest(prompts=texts, seeds=list(range(seed, seed + seeds)),
+                       weights=("base", *tuned) if ckpt else ("base",), steps=steps or cfg.sampler.eval_steps,
+                       out_dir=output_folder(out, run, "infer"), grid=grid)
     return engine, req, ckpt

@@ -34,10 +34,11 @@ class RankCheck:
 
 
 def rank_check_request(run: Optional[Path], *, prompts: Optional[str] = None, model: Optional[str] = None,
-                       model_path: Optional[Path] = None, reward: Optional[str] = None, count: int = 16, seeds: int = 32,
-                       seed: int = 0, preview_steps: Optional[int] = None, full_steps: Optional[int] = None,
-                       hit_k: Optional[list[int]] = None, explore_precision: Optional[str] = None,
-                       checkpoint: Optional[str] = None, out: Optional[Path] = None, sets: Optional[list[str]] = None,
+                       model_path: Optional[Path] = None, reward: Optional[str] = None, count: int = 16,
+                       seeds: int = 32, seed: int = 0, preview_steps: Optional[int] = None,
+                       full_steps: Optional[int] = None, hit_k: Optional[list[int]] = None,
+                       explore_precision: Optional[str] = None, checkpoint: Optional[str] = None,
+                       out: Optional[Path] = None, sets: Optional[list[str]] = None,
                        device: Optional[str] = None, candidates: bool = False, min_recall: Optional[float] = None,
                        trust_run_config: bool = False, fp8_attention: bool = False) -> RankCheck:
     """What `solrl rank-check` measures, from its options: the config of RUN (or of a base model) with
@@ -46,12 +47,14 @@ def rank_check_request(run: Optional[Path], *, prompts: Optional[str] = None, mo
                          "fp8_attention": True if fp8_attention else None},
              "sampler": {"steps": full_steps},
              "run": {"device": device}}
-    cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=sets, flags=flags, trust=trust_run_config)
+    cfg, ckpt = tool_config(run, model, model_path, checkpoint, reward=reward, sets=sets, flags=flags,
+                            trust=trust_run_config)
     from solrl_core.engine.engine import open_engine  # torch: only once the config is accepted
 
     ks = sorted(set(hit_k or [4, 8]))
     if seeds < 2 * max(ks) and not candidates:
-        raise SolrlError(f"--seeds {seeds} is too few for top/bottom-{max(ks)} hit rates", f"use --seeds {2 * max(ks)} or more")
+        raise SolrlError(f"--seeds {seeds} is too few for top/bottom-{max(ks)} hit rates",
+                         f"use --seeds {2 * max(ks)} or more")
     keep = min(cfg.selection.group_size, seeds - seeds % 2)
     texts, out_dir = prompt_texts(None, prompts, cfg.run.prompts)[:count], output_folder(out, run, "rank_check")
     rewards = reward_set(cfg)

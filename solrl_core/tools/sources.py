@@ -23,11 +23,12 @@ def weight_sets(text: str) -> tuple[str, ...]:
 
 def tool_config(run: Optional[Path], model: Optional[str], model_path: Optional[Path], checkpoint: Optional[str], *,
                 reward: Optional[str] = None, sets: Optional[list[str]] = None,
-                flags: Optional[dict[str, dict[str, Any]]] = None, trust: Optional[bool] = None) -> tuple[Any, Optional[Path]]:
+                flags: Optional[dict[str, dict[str, Any]]] = None,
+                trust: Optional[bool] = None) -> tuple[Any, Optional[Path]]:
     """The config and checkpoint of a run folder (or of a base model preset, with no checkpoint),
     with --reward, --set and the command's flags applied over it. A command that builds the rewards
     passes `trust` (--trust-run-config): a run folder's plugins and URL rewards are refused unless
-    given again or trusted (run_trust.py); None: the command builds none (infer, export)."""
+    given again or trusted (config/trust.py); None: the command builds none (infer, export)."""
     from solrl_core.config.convert import load_run_config
     from solrl_core.config.presets import apply_overrides, overlay, resolve_config, reward_flag
     from solrl_core.config.schema import Config
@@ -36,7 +37,8 @@ def tool_config(run: Optional[Path], model: Optional[str], model_path: Optional[
 
     if run is not None:
         if model:
-            raise SolrlError("--model is taken from the run's saved config", "drop --model, or omit RUN to use a base model")
+            raise SolrlError("--model is taken from the run's saved config",
+                             "drop --model, or omit RUN to use a base model")
         cfg = load_run_config(run)
     else:
         if checkpoint:
@@ -79,7 +81,8 @@ def prompt_texts(prompt: Optional[list[str]], prompts: Optional[str], default: s
     from solrl_core.errors import SolrlError
 
     if prompt and prompts:
-        raise SolrlError("both --prompt and --prompts given", "use one: --prompt TEXT (repeatable) or --prompts FILE_OR_SET")
+        raise SolrlError("both --prompt and --prompts given",
+                         "use one: --prompt TEXT (repeatable) or --prompts FILE_OR_SET")
     if prompt and not all(p.strip() for p in prompt):
         raise SolrlError("--prompt is empty", f"give the text of the image, e.g. --prompt '{example_prompt(default)}'")
     return list(prompt or []) or load_prompts(prompts or default)

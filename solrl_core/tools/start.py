@@ -89,7 +89,8 @@ def start_run(request: RunRequest) -> RunStart:
     checked = Checked(plan_run(cfg, world_size(request)), prompts)
     preflight(cfg, request.processes, checked)
     several = request.processes > 1 or request.nodes > 1
-    notes = [launch_note(request.processes, cfg.run.device, cfg.run.threads), parting_note(checked.plan)] if several else []
+    notes = ([launch_note(request.processes, cfg.run.device, cfg.run.threads), parting_note(checked.plan)]
+             if several else [])
     return RunStart(request, cfg, several, "\n".join(n for n in notes if n), checked)
 
 
