@@ -227,7 +227,7 @@ def test_the_layer_check_finds_a_planted_import_of_the_cli_or_the_api():
     """The core never imports the command line or the Python API: a planted `import solrl_cli` (or an
     import_module string naming one of their modules) in a core module fails the layer check."""
     graph = {name: _imports(name, path) for name, path in MODULES.items()}
-    for source, target in (("import solrl_cli.display", "solrl_cli.display"),
+    for source, target in (("import solrl_cli", "solrl_cli"), ("import solrl_cli.display", "solrl_cli.display"),
                            ("importlib.import_module('solrl.results')", "solrl.results"),
                            ("import_module(f'solrl_cli.tui.{name}')", "solrl_cli.tui")):
         planted = {**graph, "solrl_core.tools.start": _planted("solrl_core.tools.start", source)}
