@@ -16,6 +16,7 @@ before the checkpoint is read until the run ends.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -116,6 +117,8 @@ def plan_run(cfg: Config, world: int) -> RunPlan:
     """The run's plan on this machine for `world` processes: the device and dtype `cfg` resolves to,
     and the torch threads it sets (run.threads, shared by this node's processes: threads.py)."""
     device, dtype_name, _ = resolve_runtime(cfg)
+    if device.type == "cuda" and world > 1 and not distributed.is_initialized():  # before the process group is joined
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))  # the GPU init_from_env will give it
     threads = apply_threads(cfg.run.threads)  # auto: one per usable core, shared by this node's processes (threads.py)
     return resolve_plan(cfg, device, dtype_name, world=world, threads=threads.describe())  # fsdp: the copies it keeps
 
