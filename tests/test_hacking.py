@@ -16,6 +16,7 @@ from solrl_core import events as ev
 from solrl_core.config.presets import resolve_config
 from solrl_core.errors import SolrlError
 from solrl_core.faults.manifest import write_manifest
+from solrl_core.loop.decisions import AfterEval, Next, after_evaluation, checkpoint_due, evaluation_due
 from solrl_core.loop.evaluation import Evaluation, eval_seeds
 from solrl_core.loop.hacking import Fall, declared_floor, flagged, floors
 from solrl_core.loop.trainer import train
@@ -88,6 +89,29 @@ def test_on_hacking_replaces_stop_on_hacking_which_still_reads_as_stop():
         with pytest.raises(SolrlError) as err:
             resolve_config("tiny", "sol_rl", sets=bad)
         assert said in err.value.message + err.value.fix
+
+
+def test_after_an_evaluation_one_decision_goes_on_stops_or_rolls_back_with_the_rule_that_stopped_it():
+    class Found:  # what an evaluation leaves on the run's RunEvals
+        def __init__(self, hacked: bool, short: list[str]) -> None:
+            self.hacked, self.short = hacked, short
+
+    def after(on_hacking: str, hacked: bool, short: bool = False, dropped: bool = False) -> AfterEval:
+        run = resolve_config("tiny", "sol_rl", sets=[f"run.on_hacking={on_hacking}"]).run
+        return after_evaluation(run, Found(hacked, ["tinyworld_fidelity"] if short else []), dropped)
+
+    assert after("warn", hacked=False) == AfterEval(Next.GO_ON) and not AfterEval(Next.GO_ON).stops
+    assert after("warn", hacked=True) == AfterEval(Next.GO_ON)  # warned of, by the evaluation
+    assert after("stop", hacked=True) == AfterEval(Next.STOP, "run.on_hacking=stop")
+    assert after("rollback", hacked=True) == AfterEval(Next.ROLL_BACK, "run.on_hacking=rollback")  # nowhere to go: stops
+    assert after("rollback", hacked=True).stops and after("stop", hacked=True, short=True).rule == "run.on_hacking=stop"
+    assert after("warn", hacked=True, short=True) == AfterEval(Next.STOP, "run.min_trade")
+    assert after("stop", hacked=False, dropped=True) == AfterEval(Next.STOP)  # a stop request's: no rule, exit 130
+    run = resolve_config("tiny", "sol_rl", sets=["run.iterations=7", "run.eval_every=3", "run.checkpoint_every=2"]).run
+    assert [i for i in range(1, 8) if evaluation_due(run, i, True)] == [3, 6, 7]
+    assert not any(evaluation_due(run, i, False) for i in range(1, 8))
+    assert [i for i in range(1, 8) if checkpoint_due(run, i, False, False, False)] == [2, 4, 6, 7]
+    assert all(checkpoint_due(run, 1, *due) for due in ((True, False, False), (False, True, False), (False, False, True)))
 
 
 class FallAt:
