@@ -189,7 +189,7 @@ def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, base: Ru
                     state.stopped_by_rule = LAST_ROLLBACK
                     break
                 continue
-            stopping = decision.stops  # every rank stops here, with a checkpoint
+            stopping = decision.stops  # a rule, or a stop that dropped it: every rank stops here, with a checkpoint
             state.stopped_by_rule = decision.rule or state.stopped_by_rule
         failure = state.health.failure() or guard.failure(  # from gathered rewards: the same on every rank
             state.faults, cfg.reward.health_patience, cfg.optimizer.max_nonfinite_steps)
