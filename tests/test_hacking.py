@@ -16,6 +16,7 @@ from solrl_core import events as ev
 from solrl_core.config.presets import resolve_config
 from solrl_core.errors import SolrlError
 from solrl_core.faults.manifest import write_manifest
+from solrl_core.loop.decisions import AfterEval, Next, after_evaluation, checkpoint_due, evaluation_due
 from solrl_core.loop.evaluation import Evaluation, eval_seeds
 from solrl_core.loop.hacking import Fall, declared_floor, flagged, floors
 from solrl_core.loop.trainer import train
@@ -90,6 +91,29 @@ def test_on_hacking_replaces_stop_on_hacking_which_still_reads_as_stop():
         assert said in err.value.message + err.value.fix
 
 
+def test_after_an_evaluation_one_decision_goes_on_stops_or_rolls_back_with_the_rule_that_stopped_it():
+    class Found:  # what an evaluation leaves on the run's RunEvals
+        def __init__(self, hacked: bool, short: list[str]) -> None:
+            self.hacked, self.short = hacked, short
+
+    def after(on_hacking: str, hacked: bool, short: bool = False, dropped: bool = False) -> AfterEval:
+        run = resolve_config("tiny", "sol_rl", sets=[f"run.on_hacking={on_hacking}"]).run
+        return after_evaluation(run, Found(hacked, ["tinyworld_fidelity"] if short else []), dropped)
+
+    assert after("warn", hacked=False) == AfterEval(Next.GO_ON) and not AfterEval(Next.GO_ON).stops
+    assert after("warn", hacked=True) == AfterEval(Next.GO_ON)  # warned of, by the evaluation
+    assert after("stop", hacked=True) == AfterEval(Next.STOP, "run.on_hacking=stop")
+    assert after("rollback", hacked=True) == AfterEval(Next.ROLL_BACK, "run.on_hacking=rollback")  # nowhere to go: stops
+    assert after("rollback", hacked=True).stops and after("stop", hacked=True, short=True).rule == "run.on_hacking=stop"
+    assert after("warn", hacked=True, short=True) == AfterEval(Next.STOP, "run.min_trade")
+    assert after("stop", hacked=False, dropped=True) == AfterEval(Next.STOP)  # a stop request's: no rule, exit 130
+    run = resolve_config("tiny", "sol_rl", sets=["run.iterations=7", "run.eval_every=3", "run.checkpoint_every=2"]).run
+    assert [i for i in range(1, 8) if evaluation_due(run, i, True)] == [3, 6, 7]
+    assert not any(evaluation_due(run, i, False) for i in range(1, 8))
+    assert [i for i in range(1, 8) if checkpoint_due(run, i, False, False, False)] == [2, 4, 6, 7]
+    assert all(checkpoint_due(run, 1, *due) for due in ((True, False, False), (False, True, False), (False, False, True)))
+
+
 class FallAt:
     """The rule, constructed: the evaluation of iteration `at` falls, until the run has rolled back once."""
 
@@ -134,6 +158,7 @@ def rolled(tmp_path_factory):
     return tmp, sets, session, seen
 
 
+@pytest.mark.slow  # three runs of six iterations and four evaluations
 def test_rollback_returns_to_the_last_checkpoint_evaluated_clean_and_resumes_exactly(rolled):
     tmp, sets, straight, seen = rolled
     hacking = [e for e in seen if isinstance(e, ev.RewardHacking)]
@@ -187,6 +212,7 @@ def _flag(checkpoint, flagged_rewards):
     return own["gain"]
 
 
+@pytest.mark.slow  # four solrl processes, one of them an evaluation
 def test_best_picks_the_highest_gain_no_rule_flagged_and_the_card_says_why(rolled):
     tmp, _, _, _ = rolled
     run = tmp / "a"
@@ -213,14 +239,26 @@ def test_best_picks_the_highest_gain_no_rule_flagged_and_the_card_says_why(rolle
     assert none.returncode == 2 and "--best found no checkpoint" in none.stderr and "Traceback" not in none.stdout + none.stderr
 
 
-def test_a_verdict_whose_eval_reward_changes_its_event_does_not_record_is_not_used(rolled, tmp_path):
+@pytest.fixture(scope="module")
+def evaluated(tmp_path_factory):
+    """A run evaluated at each of its two iterations: checkpoints holding their verdicts, and the events
+    that bear them out."""
+    tmp = tmp_path_factory.mktemp("evaluated")
+    (tmp / "ev.txt").write_text(CAPTIONS)
+    sets = [*FAST, f"run.eval_prompts={tmp / 'ev.txt'}", "run.iterations=2", "run.eval_every=1",
+            "run.checkpoint_every=1", "sampler.eval_steps=2", f"run.run_dir={tmp / 'a'}"]
+    train(resolve_config("tiny", "sol_rl", sets=sets), ev.EventBus())
+    return tmp / "a"
+
+
+def test_a_verdict_whose_eval_reward_changes_its_event_does_not_record_is_not_used(evaluated, tmp_path):
     """The frontier walk reads each verdict's eval-reward changes: a changed one (in trainer_state.json,
     manifest and all) is not borne out by events.jsonl, so --best leaves it out, naming the checkpoint."""
     import shutil
 
     from solrl_core.loop.hacking import Verdicts, checkpoint_verdict
 
-    run = shutil.copytree(rolled[0] / "a", tmp_path / "a")
+    run = shutil.copytree(evaluated, tmp_path / "a")
     path = sorted((run / "checkpoints").glob("iter_*"))[-1]
     v = checkpoint_verdict(path)
     assert v is not None and v["changes"] and Verdicts(run).of(path) == (v, "")  # borne out as written
@@ -229,7 +267,7 @@ def test_a_verdict_whose_eval_reward_changes_its_event_does_not_record_is_not_us
     assert got is None and line.startswith(f"{path.name}'s trainer_state.json") and "eval rewards' changes" in line
 
 
-def test_best_walks_the_frontier_at_the_runs_min_trade(rolled, monkeypatch):
+def test_best_walks_the_frontier_at_the_runs_min_trade(evaluated, monkeypatch):
     """--best with run.min_trade set: among unflagged checkpoints, the frontier walk stops before a step
     whose gain cost too much of an eval reward (loop/frontier.py), and the sentence says so. The verdicts
     written here are taken as borne out (checking them against events.jsonl is test_nothing_forged's)."""
@@ -241,8 +279,7 @@ def test_best_walks_the_frontier_at_the_runs_min_trade(rolled, monkeypatch):
 
     monkeypatch.setattr(hacking.Verdicts, "of", lambda self, checkpoint: (hacking.checkpoint_verdict(checkpoint), ""))
 
-    tmp, _, _, _ = rolled
-    run = tmp / "a"
+    run = evaluated
     found = sorted((run / "checkpoints").glob("iter_*"))
     assert len(found) >= 2
     for i, path in enumerate(found):  # gains rising, fidelity falling faster and faster

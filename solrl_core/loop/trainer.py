@@ -73,6 +73,7 @@ from solrl_core.engine.sharding import gather
 from solrl_core.faults import guard
 from solrl_core.io.rundir import EVENTS_FILE, restarts
 from solrl_core.loop import backoff
+from solrl_core.loop.decisions import LAST_ROLLBACK, Next, after_evaluation, checkpoint_due, evaluation_due
 from solrl_core.loop.evaluation import RunEvals
 from solrl_core.loop.loop_state import LoopState
 from solrl_core.loop.hacking import deprecation, spared
@@ -161,10 +162,53 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
 
 
 def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, base: RunEvals) -> Run:
-    """Iterations to the end, a stop or a failure; evaluations and checkpoints on their schedule. A
-    stop drops an evaluation in progress or skips one that was due (pending: a resume does it first),
-    and always leaves the last finished iteration saved. Returns the run as it ended (an
-    out-of-memory back-off may have lowered its batch sizes)."""
+    """Iterations to the end, a stop or a failure; evaluations and checkpoints on their schedule, and
+    after each evaluation what decisions.after_evaluation says. A stop drops an evaluation in progress
+    or skips one that was due (pending: a resume does it first), and always leaves the last finished
+    iteration saved. Returns the run as it ended (an out-of-memory back-off may have lowered its batch sizes)."""
+    cfg = run.config
+    run, saved = _evaluate_pending(run, state, bus, flag, base)  # saved: the iteration of the newest checkpoint
+    while state.iteration < cfg.run.iterations and not distributed.any_true(flag.requested):
+        streaks, flag.iteration = state.streaks(), state.iteration + 1
+        try:
+            run = _with_backoff(run, state, bus, lambda r: run_iteration(r, state, bus, flag))
+        except StopAtBoundary as stop:  # before the update: the run's weights and counters are the last finished iteration's
+            state.set_streaks(streaks)
+            if isinstance(stop, ScoringAbandoned):
+                bus.emit(ev.RunWarning(message=f"{stop.message}: iteration {flag.iteration} abandoned (redone exactly on resume)"))
+            break
+        stopping = distributed.any_true(flag.requested)
+        state.evaluation_pending = evaluation_due(cfg.run, state.iteration, bool(run.eval_prompts))
+        evaluated = state.evaluation_pending and not stopping  # a stop skips it: still pending
+        if evaluated:
+            run = _with_backoff(run, state, bus, lambda r: evaluate_now(r, state, bus, flag, base))
+            decision = after_evaluation(cfg.run, base, state.evaluation_pending)
+            if decision.next is Next.ROLL_BACK and (ended := roll_back(run, state, bus, base)) is not None:
+                saved = state.iteration  # the checkpoint rolled back to
+                if ended:
+                    state.stopped_by_rule = LAST_ROLLBACK
+                    break
+                continue
+            stopping = decision.stops  # a rule, or a stop that dropped it: every rank stops here, with a checkpoint
+            state.stopped_by_rule = decision.rule or state.stopped_by_rule
+        failure = state.health.failure() or guard.failure(  # from gathered rewards: the same on every rank
+            state.faults, cfg.reward.health_patience, cfg.optimizer.max_nonfinite_steps)
+        if checkpoint_due(cfg.run, state.iteration, evaluated, stopping, bool(failure)):
+            _checkpoint(run, state, bus)
+            saved = state.iteration
+        if failure:
+            raise failure
+        if stopping:
+            break
+    if state.iteration > saved:  # stopped between an iteration and its save, or at a phase boundary
+        _checkpoint(run, state, bus)
+    return run
+
+
+def _evaluate_pending(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, base: RunEvals) -> tuple[Run, int]:
+    """Before the first iteration of a session: the base evaluation (a new run), or the one a stop dropped
+    before the checkpoint resumed from was saved; a resumed run's base evaluation read back from its folder.
+    Returns the run to go on with and the iteration whose checkpoint is up to date."""
     cfg = run.config
     saved = state.iteration  # the iteration of the newest checkpoint (0: none, or the one resumed from)
     if run.eval_prompts and state.iteration > 0 and run.rank == 0:  # resumed: the base evaluation the run folder kept
@@ -178,48 +222,8 @@ def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, base: Ru
         if state.iteration == 0 and not state.evaluation_pending and cfg.run.hacking_action == "rollback":
             _checkpoint(run, state, bus)  # iteration 0, evaluated: where a fall at the first evaluation rolls back to
     if pending and not state.evaluation_pending:
-        saved = state.iteration - 1  # its checkpoint still says pending: saved again below, unless a later one is
-    while state.iteration < cfg.run.iterations and not distributed.any_true(flag.requested):
-        streaks, flag.iteration = state.streaks(), state.iteration + 1
-        try:
-            run = _with_backoff(run, state, bus, lambda r: run_iteration(r, state, bus, flag))
-        except StopAtBoundary as stop:  # before the update: the run's weights and counters are the last finished iteration's
-            state.set_streaks(streaks)
-            if isinstance(stop, ScoringAbandoned):
-                bus.emit(ev.RunWarning(message=f"{stop.message}: iteration {flag.iteration} abandoned (redone exactly on resume)"))
-            break
-        last = state.iteration == cfg.run.iterations
-        stopping = distributed.any_true(flag.requested)
-        state.evaluation_pending = bool(run.eval_prompts) and (last or state.iteration % cfg.run.eval_every == 0)
-        evaluated = state.evaluation_pending and not stopping  # a stop skips it: still pending
-        if evaluated:
-            run = _with_backoff(run, state, bus, lambda r: evaluate_now(r, state, bus, flag, base))
-            hacked, action = distributed.any_true(base.hacked), cfg.run.hacking_action
-            if hacked and action == "rollback" and (ended := roll_back(run, state, bus, base)) is not None:
-                saved = state.iteration  # the checkpoint rolled back to
-                if ended:
-                    state.stopped_by_rule = "the last rollback"
-                    break
-                continue
-            # dropped by a stop, on_hacking stop (or a rollback with nowhere to go), or the early stop on the trade
-            # (run.min_trade): every rank stops here, with a checkpoint
-            short = distributed.any_true(bool(base.short))
-            stopping = state.evaluation_pending or (hacked and action != "warn") or short
-            if (hacked and action != "warn" or short) and not state.evaluation_pending:
-                state.stopped_by_rule = f"run.on_hacking={action}" if hacked and action != "warn" else "run.min_trade"
-        failure = state.health.failure() or guard.failure(  # from gathered rewards: the same on every rank
-            state.faults, cfg.reward.health_patience, cfg.optimizer.max_nonfinite_steps)
-        # every evaluated iteration is saved: --best and a rollback choose among them by their verdicts
-        if failure or stopping or last or evaluated or state.iteration % cfg.run.checkpoint_every == 0:
-            _checkpoint(run, state, bus)
-            saved = state.iteration
-        if failure:
-            raise failure
-        if stopping:
-            break
-    if state.iteration > saved:  # stopped between an iteration and its save, or at a phase boundary
-        _checkpoint(run, state, bus)
-    return run
+        saved = state.iteration - 1  # its checkpoint still says pending: saved again at the end, unless a later one is
+    return run, saved
 
 
 def run_iteration(run: Run, state: LoopState, bus: ev.EventBus, stop: StopFlag | None = None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -63,29 +64,17 @@ def update(run: Run, batch: RolloutBatch, advantages: torch.Tensor, rng: np.rand
     run.optimizer.zero_grad(set_to_none=True)
     sums = torch.zeros(4, dtype=torch.float64)  # loss, policy, kl, non-finite terms
     with charged_to("update"), run.engine.update_scope():
-        mine = per_sample * math.ceil(n / micro)
-        # sharded, every rank runs as many forwards and backwards (each gathers weights from all): as the
-        # rank with most (samples with a non-finite reward are dropped per rank)
-        backwards = int(distributed.all_reduce(torch.tensor([mine]), "max").item()) if run.sharded else mine
-        lanes = _lanes(run)
         steps = [(slice(start, min(start + micro, n)), j) for j in range(per_sample) for start in range(0, n, micro)]
-        if lanes > 1:  # the same micro-steps, side by side on a CPU's cores (one process: no collectives)
-            eps = [torch.stack([torch.randn(batch.latents.shape[1:], generator=g) for g in gens[c]]) for c, _ in steps]
-            sums += _micro_steps_in_lanes(run, [(batch.latents[c], grid[picks[c, j]], e, cond[c], advantages[c], (c.stop - c.start) / pairs)
-                                                for (c, j), e in zip(steps, eps)], lanes)
-            backwards = 0
+
+        def inputs(chunk: slice, j: int) -> _Inputs:  # a sample's noise for its steps in their order, however run
+            eps = torch.stack([torch.randn(batch.latents.shape[1:], generator=g) for g in gens[chunk]])
+            return _inputs(run, batch.latents[chunk], grid[picks[chunk, j]], eps, cond[chunk], advantages[chunk],
+                           (chunk.stop - chunk.start) / pairs)
+
+        if run.sharded:
+            sums += _sharded_steps(run, (inputs(c, j) for c, j in steps), len(steps), grid)
         else:
-            for chunk, j in steps:
-                backwards -= 1
-                sync_gradients(policy.transformer, backwards == 0)  # fsdp: reduced over the ranks once, at the last
-                eps = torch.stack([torch.randn(batch.latents.shape[1:], generator=g) for g in gens[chunk]])
-                sums += _micro_step(run, batch.latents[chunk], grid[picks[chunk, j]], eps, cond[chunk], advantages[chunk],
-                                    (chunk.stop - chunk.start) / pairs)
-        while backwards > 0:
-            backwards -= 1
-            sync_gradients(policy.transformer, backwards == 0)
-            _idle_step(run, grid)
-        if not run.sharded:  # sharded, FSDP averaged them in the last backward
+            sums += _micro_steps(run, steps, inputs, _lanes(run))
             distributed.all_reduce_mean_grads(params)  # every rank now holds the same gradient, so takes the same step
         clip = cfg.optimizer.grad_clip
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
@@ -97,28 +86,63 @@ def update(run: Run, batch: RolloutBatch, advantages: torch.Tensor, rng: np.rand
     return UpdateResult(float(sums[0]), float(sums[1]), float(sums[2]), int(sums[3]), float(grad_norm), stepped)
 
 
-def _micro_step(run: Run, x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tensor, cond: Conditioning, adv: torch.Tensor,
-                weight: float) -> torch.Tensor:
-    """Forward and backward of one micro-batch at one train timestep per sample, its loss weighted by
-    its share of the pairs. Returns (loss, policy, kl) x weight and the non-finite terms."""
-    alg, device = run.config.algorithm, run.device
+@dataclass(frozen=True)
+class _Inputs:
+    """One micro-step on the run's device: a micro-batch at one train timestep per sample, its loss
+    weighted by its share of the pairs. The three forwards get one input, xt in the run dtype (`x_in`),
+    and the same fp32 timesteps, as the official code feeds its one bf16 xt and sigma to old, trained
+    and reference (train_sana.py:878-889)."""
+
+    x0: torch.Tensor
+    sigma: torch.Tensor
+    xt: torch.Tensor
+    x_in: torch.Tensor
+    cond: Conditioning
+    adv: torch.Tensor
+    weight: float
+
+
+def _inputs(run: Run, x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tensor, cond: Conditioning, adv: torch.Tensor,
+            weight: float) -> _Inputs:
+    device = run.device
     x0, sigma, eps, cond, adv = x0.to(device), sigma.to(device), eps.to(device), cond.to(device), adv.to(device)
-    sigma, xt = loss_inputs(x0, sigma, eps, alg.loss_dtype)
-    # The three forwards get one input, xt in the run dtype, and the same fp32 timesteps, as the
-    # official code feeds its one bf16 xt and sigma to old, trained and reference (train_sana.py:878-889).
-    x_in = xt.to(run.engine.dtype)
-    with torch.no_grad():
-        v_old = old_velocity(run, x_in, sigma, cond)
-        v_ref = None
-        if alg.kl_beta != 0:  # the reference only enters the loss through kl_beta: no forward for nothing
-            with run.engine.policy.use(None):
-                v_ref = _policy_velocity(run, x_in, sigma, cond)
-    terms = _loss(run, _policy_velocity(run, x_in, sigma, cond), v_old, v_ref, xt, x0, sigma, adv)
+    sigma, xt = loss_inputs(x0, sigma, eps, run.config.algorithm.loss_dtype)
+    return _Inputs(x0, sigma, xt, xt.to(run.engine.dtype), cond, adv, weight)
+
+
+Targets = tuple[torch.Tensor, torch.Tensor | None]  # v_old, v_ref (None at kl_beta 0)
+Grads = tuple[torch.Tensor | None, ...]
+
+
+def _targets(run: Run, steps: list[_Inputs], lanes: int) -> list[Targets]:
+    """The forwards without gradients of each of `steps`, `lanes` at a time: v_old of all, then v_ref
+    of all (the policy with no adapter, switched once for all of them)."""
+    old = torch.no_grad()(lambda s: old_velocity(run, s.x_in, s.sigma, s.cond))
+    ref = torch.no_grad()(lambda s: _policy_velocity(run, s.x_in, s.sigma, s.cond))
+    v_olds = map_in_lanes(old, steps, lanes)
+    v_refs: list[torch.Tensor | None] = [None] * len(steps)
+    if run.config.algorithm.kl_beta != 0:  # the reference only enters the loss through kl_beta: no forward for nothing
+        with run.engine.policy.use(None):
+            v_refs = map_in_lanes(ref, steps, lanes)
+    return list(zip(v_olds, v_refs))
+
+
+def _micro_step(run: Run, step: _Inputs, targets: Targets,
+                params: list[torch.nn.Parameter]) -> tuple[torch.Tensor, Grads | None]:
+    """The trained forward of one micro-step, its loss and the loss's gradient of each of `params` (None:
+    the loss was not finite). Returns (loss, policy, kl) x weight and the non-finite terms, and the
+    gradient, which the caller sums into the parameters' in micro-step order, as backward() accumulates.
+    Sharded, backward() itself: FSDP reduces the gradient over the ranks in hooks on it (autograd.grad
+    would pass them by), and every rank joins every backward, a non-finite one too (it skips the step)."""
+    v_old, v_ref = targets
+    v = _policy_velocity(run, step.x_in, step.sigma, step.cond)
+    terms = _loss(run, v, v_old, v_ref, step.xt, step.x0, step.sigma, step.adv)
     finite = bool(torch.isfinite(terms.loss))
-    if not finite and not run.sharded:
-        return _skipped(x0)
-    (terms.loss * weight).backward()  # sharded: every rank joins every backward; a non-finite one skips the step
-    return _sums(terms, weight) if finite else _skipped(x0)
+    sums = _sums(terms, step.weight) if finite else _skipped(step.x0)
+    if run.sharded:
+        (terms.loss * step.weight).backward()
+        return sums, None
+    return sums, torch.autograd.grad(terms.loss * step.weight, params, allow_unused=True) if finite else None
 
 
 def _policy_velocity(run: Run, x_in: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
@@ -148,45 +172,50 @@ def _skipped(x0: torch.Tensor) -> torch.Tensor:
 def _lanes(run: Run) -> int:
     """How many micro-steps run side by side (runtime/lanes.py): the engine's CPU lanes, for an eager
     update in one process whose v_old comes from the rollout copy (the old adapter, like the reference
-    forward, is the policy's state, switched for all lanes at once below)."""
+    forward, is the policy's state, switched for all lanes at once: `_targets`)."""
     engine = run.engine
     if run.world_size > 1 or run.sharded or engine.compiled_update or engine.rollout_copy is None:
         return 1
     return engine.lanes_for("trained")
 
 
-MicroStep = tuple[torch.Tensor, torch.Tensor, torch.Tensor, Conditioning, torch.Tensor, float]  # x0, sigma, eps, cond, adv, weight
-
-
-def _micro_steps_in_lanes(run: Run, steps: list[MicroStep], lanes: int) -> torch.Tensor:
-    """`_micro_step` of each of `steps` in order, `lanes` at a time: v_old of all (the rollout copy),
-    then v_ref of all (the policy with no adapter), then each loss's gradient, summed into the
-    parameters' gradients in the order the micro-steps have, as their backwards would accumulate."""
-    alg, engine = run.config.algorithm, run.engine
-    staged = []
-    for x0, sigma, eps, cond, adv, weight in steps:
-        sigma, xt = loss_inputs(x0, sigma, eps, alg.loss_dtype)
-        staged.append((x0, sigma, xt, xt.to(engine.dtype), cond, adv, weight))
-    v_olds = map_in_lanes(torch.no_grad()(lambda step: old_velocity(run, step[3], step[1], step[4])), staged, lanes)
-    v_refs: list[torch.Tensor | None] = [None] * len(staged)
-    if alg.kl_beta != 0:
-        with engine.policy.use(None):
-            v_refs = map_in_lanes(torch.no_grad()(lambda step: _policy_velocity(run, step[3], step[1], step[4])), staged, lanes)
-    params = list(engine.policy.trainable_parameters())
-
-    def trained(k: int) -> tuple[torch.Tensor, tuple[torch.Tensor | None, ...] | None]:
-        x0, sigma, xt, x_in, cond, adv, weight = staged[k]
-        terms = _loss(run, _policy_velocity(run, x_in, sigma, cond), v_olds[k], v_refs[k], xt, x0, sigma, adv)
-        if not bool(torch.isfinite(terms.loss)):
-            return _skipped(x0), None
-        return _sums(terms, weight), torch.autograd.grad(terms.loss * weight, params, allow_unused=True)
-
+def _micro_steps(run: Run, steps: list[tuple[slice, int]], inputs: Callable[[slice, int], _Inputs],
+                 lanes: int) -> torch.Tensor:
+    """`_micro_step` of each of `steps` (a micro-batch's samples, the index of its train timestep), in
+    order, `lanes` side by side: with one lane, one micro-step at a time (its inputs, forwards and
+    gradient held alone); with several (a CPU's), all together. Each gradient is summed into the
+    parameters' in the order of `steps`, the same sums in the same order with any number of lanes."""
+    params = list(run.engine.policy.trainable_parameters())
     sums = torch.zeros(4, dtype=torch.float64)
-    for part, grads in map_in_lanes(trained, range(len(staged)), lanes):
-        sums += part
-        for p, g in zip(params, grads or ()):
-            if g is not None:
-                p.grad = g if p.grad is None else p.grad.add_(g)
+    window = len(steps) if lanes > 1 else 1
+    for start in range(0, len(steps), window):
+        part = [inputs(chunk, j) for chunk, j in steps[start:start + window]]
+        targets = _targets(run, part, lanes)
+        done = map_in_lanes(lambda k: _micro_step(run, part[k], targets[k], params), range(len(part)), lanes)
+        for step_sums, grads in done:
+            sums += step_sums
+            for p, g in zip(params, grads or ()):
+                if g is not None:
+                    p.grad = g if p.grad is None else p.grad.add_(g)
+    return sums
+
+
+def _sharded_steps(run: Run, steps: Iterator[_Inputs], count: int, grid: torch.Tensor) -> torch.Tensor:
+    """FSDP: `_micro_step` of each of this rank's `count` steps with backward(), the gradients reduced
+    over the ranks once, at the last. Every rank runs as many forwards and backwards (each gathers
+    weights from all) as the rank with most (samples with a non-finite reward are dropped per rank):
+    a rank with fewer adds idle ones."""
+    backwards = int(distributed.all_reduce(torch.tensor([count]), "max").item())
+    transformer = run.engine.policy.transformer
+    sums = torch.zeros(4, dtype=torch.float64)
+    for step in steps:
+        backwards -= 1
+        sync_gradients(transformer, backwards == 0)
+        sums += _micro_step(run, step, _targets(run, [step], 1)[0], [])[0]
+    while backwards > 0:
+        backwards -= 1
+        sync_gradients(transformer, backwards == 0)
+        _idle_step(run, grid)
     return sums
 
 
@@ -205,7 +234,9 @@ def _idle_step(run: Run, grid: torch.Tensor) -> None:
     """A micro-step that adds nothing to the gradient (weight 0, zero input): the collectives a
     sharded rank with fewer samples must join."""
     x0 = torch.zeros(1, *run.engine.model.latent_shape)
-    _micro_step(run, x0, grid[:1], torch.zeros_like(x0), run.engine.conditioning(run.prompts[:1]), torch.zeros(1), 0.0)
+    cond = run.engine.conditioning(run.prompts[:1])
+    step = _inputs(run, x0, grid[:1], torch.zeros_like(x0), cond, torch.zeros(1), 0.0)
+    _micro_step(run, step, _targets(run, [step], 1)[0], [])
 
 
 def old_velocity(run: Run, xt: torch.Tensor, sigma: torch.Tensor, cond: Conditioning) -> torch.Tensor:
