@@ -7,7 +7,7 @@ reference: what Stage 2 would give) and at every candidate preview setting (the 
 2 ... sampler.steps steps; with steps+precision, on an explore copy at each low precision this
 machine runs as well: hardware.runnable_low_precisions), and measures, per candidate, how well its
 best_worst selection recovers the reference's: the recall |kept by the candidate & kept by the
-reference| / K (the mean of rankcheck's top-K/2 and bottom-K/2 hit rates), Spearman rho and Kendall
+reference| / K (the mean of fidelity's top-K/2 and bottom-K/2 hit rates), Spearman rho and Kendall
 tau. It picks the cheapest (precision, steps) candidate, by the seconds measured here, whose recall
 reaches `explore.min_recall` (auto: the fixed setting's own recall, the run's explore precision at
 explore.steps, less its standard error over the calibration prompts). Within one precision a
@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from solrl_core.data.prompts import prompts_for_iteration
-from solrl_core.loop.rankcheck import Arm, RankCheck, compare_arms, roll_arm
+from solrl_core.loop.fidelity import Arm, RankCheck, compare_arms, roll_arm
 
 if TYPE_CHECKING:
     from solrl_core.engine.engine import Engine

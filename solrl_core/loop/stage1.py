@@ -9,8 +9,9 @@ top of each iteration (`plan_iteration`, which calibrates first where due) and h
 regenerate and the rank check; a session's start and a rollback's restore put the explore copy at
 the held precision and take their setting from `hold_calibration`.
 
-Dependencies run one way: this module uses calibration.py (which measures with rankcheck.py's arms
-and statistics) and stages.roll_out; neither of them reads the loop state's choice."""
+Dependencies run one way: this module uses calibration.py and fidelity.py (the arms and rank
+measures the calibration shares with `solrl rank-check`'s rankcheck.py) and stages.roll_out; none
+of them reads the loop state's choice, nor imports this module."""
 
 from __future__ import annotations
 
@@ -126,7 +127,7 @@ def rank_check(run: Run, state: LoopState, bus: ev.EventBus, drafts: RolloutBatc
     log rho, tau. Where this iteration's calibration rolled out that prompt at those seeds (its
     reference, before Stage 1 and the update, on the same weights), its rewards are used instead of
     regenerating them. Uses no random draw, so it does not change the run it observes."""
-    from solrl_core.loop.rankcheck import group_correlation
+    from solrl_core.loop.fidelity import group_correlation
 
     t0 = time.perf_counter()
     group = drafts.subset(torch.nonzero(drafts.groups == drafts.groups[0]).flatten())
@@ -135,6 +136,6 @@ def rank_check(run: Run, state: LoopState, bus: ev.EventBus, drafts: RolloutBatc
     if full is None:
         full = roll_out(run, group.draws, setting.full_steps, explore=False).rewards
     rho, tau = group_correlation(group.rewards, full)
-    bus.emit(ev.RankCheckResult(iteration=state.iteration + 1, prompt=group.prompts[0], seeds=len(group.prompts), rho=rho,
-                                tau=tau, draft_mean=float(group.rewards.mean()), full_mean=float(full.float().mean()),
-                                seconds=time.perf_counter() - t0, reused=reused))
+    bus.emit(ev.RankCheckResult(iteration=state.iteration + 1, prompt=group.prompts[0], seeds=len(group.prompts),
+                                rho=rho, tau=tau, draft_mean=float(group.rewards.mean()),
+                                full_mean=float(full.float().mean()), seconds=time.perf_counter() - t0, reused=reused))
