@@ -45,7 +45,7 @@ class RunStarted(Event):
     environment: dict[str, Any] = field(default_factory=dict)  # what the run started on: environment.describe()
     tracking: list[str] = field(default_factory=list)  # where each tracker writes, and how to look at it
     rewards: list[str] = field(default_factory=list)  # what is trained on: each reward as the code or URL it runs, weighted
-    # the plan's stages as this session starts (a resumed calibration's choice held: stages.at_explore_steps);
+    # the plan's stages as this session starts (a resumed calibration's choice held: stage1.hold_calibration);
     # a later CalibrationDone changes Stage 1's steps and precision. 0: a log written before these fields
     explore_seeds: int = 0  # seeds per prompt in Stage 1
     explore_steps: int = 0

@@ -15,7 +15,7 @@ from solrl_core import events as ev
 from solrl_core.config.presets import resolve_config
 from solrl_core.errors import SolrlError
 from solrl_core.loop.calibration import candidate_arms, choose, measure
-from solrl_core.loop.rankcheck import Arm, run_arms
+from solrl_core.loop.fidelity import Arm, run_arms
 from solrl_core.loop.trainer import StopFlag, train
 
 # The reference ranks seeds 0..7 by their index; each candidate's rewards by steps, per prompt:

@@ -97,7 +97,7 @@ def test_the_cheapest_precision_and_steps_that_reach_the_floor_is_chosen(monkeyp
     # a training run stops measuring OTHER once a step count reached the floor: @4 could not be chosen
     assert measured == ["reference", f"{LOW}@2", f"{LOW}@3", f"{LOW}@4", f"{OTHER}@2", f"{OTHER}@3"]
     assert found.copy is not None and found.copy.precision == OTHER  # kept for the run to explore on
-    assert engine.explore_copy.precision == LOW  # the run's copy is replaced by stages.calibrate, not here
+    assert engine.explore_copy.precision == LOW  # the run's copy is replaced by stage1.calibrate, not here
 
 
 def test_a_slower_precision_is_measured_freed_and_not_chosen(monkeypatch):

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from solrl_cli.app import app
 from solrl_core import events as ev
 from solrl_core.config.presets import resolve_config
-from solrl_core.loop.rankcheck import average_ranks, compare, kendall_tau_b, spearman
+from solrl_core.loop.fidelity import average_ranks, compare, kendall_tau_b, spearman
 from solrl_core.loop.trainer import StopFlag, train
 
 runner = CliRunner()

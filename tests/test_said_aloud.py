@@ -70,7 +70,7 @@ def _rank_check(seconds: dict[str, float], ranked: str):
     """Four arms over 3 prompts x 8 seeds; `ranked` orders its seeds as the reference does, the other reversed."""
     import numpy as np
 
-    from solrl_core.loop.rankcheck import Arm, compare_arms
+    from solrl_core.loop.fidelity import Arm, compare_arms
 
     arms = [Arm("nvfp4-emulated@6", "explore", 6), Arm("nvfp4-emulated@10", "explore", 10), Arm("fp32@6", "rollout", 6),
             Arm("fp32@10", "rollout", 10)]

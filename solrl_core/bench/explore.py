@@ -60,7 +60,7 @@ WIDTH = 26  # the label column of the progress lines
 
 @dataclass(frozen=True)
 class ExploreOptions:
-    """What to time. `steps` None: the model preset's explore.steps (the sol_rl family's)."""
+    """What to time. `steps` None: Stage 1's preview steps in the model preset's sol_rl plan (RunPlan.explore_steps)."""
 
     models: tuple[str, ...] = ("sana",)
     backends: tuple[str, ...] = DEFAULT_BACKENDS
@@ -161,6 +161,7 @@ def measure_model(preset: str, options: ExploreOptions, device: torch.device, bu
     """One model, re-wrapped in place per backend (two copies of FLUX-12B would not fit); `so_far`
     gets this model's rows after each backend."""
     from solrl_core.config.presets import resolve_config
+    from solrl_core.plan.plan import plan_stages
     from solrl_core.precision.quantize import unwrap_model
 
     cfg = resolve_config(preset, "sol_rl")
@@ -195,7 +196,8 @@ def measure_model(preset: str, options: ExploreOptions, device: torch.device, bu
         if backend in REFRESHED:
             rows.append(_refresh(m, backend))
         so_far(rows)
-    for line in summary_lines(rows, options, options.steps or cfg.explore.steps, device_label(device)):
+    preview = options.steps or plan_stages(cfg, "bf16", "bf16").explore_steps  # the precisions do not change the steps
+    for line in summary_lines(rows, options, preview, device_label(device)):
         m.say(line)
     return rows
 

@@ -7,7 +7,7 @@ reference: what Stage 2 would give) and at every candidate preview setting (the 
 2 ... sampler.steps steps; with steps+precision, on an explore copy at each low precision this
 machine runs as well: hardware.runnable_low_precisions), and measures, per candidate, how well its
 best_worst selection recovers the reference's: the recall |kept by the candidate & kept by the
-reference| / K (the mean of rankcheck's top-K/2 and bottom-K/2 hit rates), Spearman rho and Kendall
+reference| / K (the mean of fidelity's top-K/2 and bottom-K/2 hit rates), Spearman rho and Kendall
 tau. It picks the cheapest (precision, steps) candidate, by the seconds measured here, whose recall
 reaches `explore.min_recall` (auto: the fixed setting's own recall, the run's explore precision at
 explore.steps, less its standard error over the calibration prompts). Within one precision a
@@ -18,7 +18,7 @@ noise that must not change the choice.
 A precision other than the run's is measured on an explore copy built for the calibration alone
 (Engine.explore_copy_at: as the run's own is built), one at a time, and freed after its candidates
 are measured unless it holds the cheapest candidate so far; the chosen one replaces the run's explore
-copy (stages.calibrate). In a training run such a precision is measured upward from 2 steps only
+copy (stage1.calibrate). In a training run such a precision is measured upward from 2 steps only
 until a candidate reaches the floor or costs more than the cheapest that has: a step count above
 either could not be chosen. (`solrl rank-check --candidates` measures the whole curve.)
 
@@ -28,7 +28,7 @@ iterations, on rank 0 (its choice broadcast to every rank), on the iteration's f
 makes, from an identical generator): it consumes none of the iteration's draws, a resumed run
 recalibrates where an uninterrupted one does, with the same weights and draws, and its reference
 rollouts of the first group are the ones the in-run rank check (explore.rank_check_every) would
-regenerate, which it then reuses (stages.rank_check). In between, the choice is kept in the
+regenerate, which it then reuses (stage1.rank_check). In between, the choice is kept in the
 checkpoint (LoopState).
 """
 
@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from solrl_core.data.prompts import prompts_for_iteration
-from solrl_core.loop.rankcheck import Arm, RankCheck, compare_arms, roll_arm
+from solrl_core.loop.fidelity import Arm, RankCheck, compare_arms, roll_arm
 
 if TYPE_CHECKING:
     from solrl_core.engine.engine import Engine
@@ -228,15 +228,6 @@ def calibration_inputs(run: Run, iteration: int) -> tuple[list[str], torch.Tenso
     n = run.plan.explore_seeds
     seeds = rng.integers(0, 2**31 - 1, size=cfg.run.prompts_per_iteration * n)[:count * n]  # stages.explore's draw
     return drawn[:count], torch.as_tensor(seeds, dtype=torch.long).view(count, n)
-
-
-def due(run: Run, iteration: int, chosen_steps: int) -> bool:
-    """Before this iteration's Stage 1 (`iteration` finished so far): at the start of a run, when no
-    choice is held yet (a resume from before the first), and every explore.recalibrate_every."""
-    if not run.plan.calibrated:
-        return False
-    every = run.config.explore.recalibrate_every
-    return chosen_steps == 0 or bool(every and iteration % every == 0)
 
 
 def steps_only(found: Calibration, min_recall: float) -> Measured:

@@ -27,7 +27,7 @@ from solrl_core.loop.evaluation import RunEvals
 from solrl_core.loop.hacking import rollback_target
 from solrl_core.loop.loop_state import LoopState
 from solrl_core.loop.session import Run
-from solrl_core.loop.stages import use_explore_precision
+from solrl_core.loop.stage1 import hold_calibration
 from solrl_core.runtime import distributed
 
 MAX_ROLLBACKS = 3  # rollbacks that train on (rollback_then=lower_lr); the next one stops
@@ -55,8 +55,7 @@ def roll_back(run: Run, state: LoopState, bus: ev.EventBus, evals: RunEvals) -> 
         lr = run.config.optimizer.lr * LR_FACTOR ** count
         for group in run.optimizer.param_groups:
             group["lr"] = lr
-    if state.explore_precision:  # a calibration's choice, as the checkpoint recorded it
-        use_explore_precision(run, state.explore_precision)
+    hold_calibration(run, state)  # Stage 1 at the checkpoint's calibration's choice, as a resume would
     run.engine.refresh_copies()
     moved = set_aside_newer(run.run_dir, Path(target)) if run.rank == 0 else []
     distributed.barrier()

@@ -1,5 +1,6 @@
 """The stages of one iteration, each a function of the run, its inputs and its outputs (trainer.py
-calls them in order): explore, score, select, regenerate, train, sync, and the rank check.
+calls them in order): explore, score, select, regenerate, train and sync. What Stage 1 runs at, the
+calibration that chooses it and the in-run rank check are stage1.py's.
 
 Many GPUs: each rank rolls out its own prompt groups; the rewards are all-gathered (`GlobalScores`)
 before advantages, selection, reward health and logged stats, so every rank decides as one process
@@ -9,8 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -18,18 +18,15 @@ import torch
 from solrl_core import events as ev
 from solrl_core.config.schema import RewardConfig
 from solrl_core.data.prompts import prompts_for_iteration, shard, text_keys
-from solrl_core.engine.rollout import Draws, RolloutBatch, RolloutCopy
+from solrl_core.engine.rollout import Draws, RolloutBatch
 from solrl_core.faults import guard
 from solrl_core.loop.loop_state import LoopState
 from solrl_core.loop.nft import combined_advantages
 from solrl_core.loop.selection import ranking_values, select
 from solrl_core.loop.session import Run
 from solrl_core.loop.update import UpdateResult, update
+from solrl_core.plan.plan import IterationPlan
 from solrl_core.runtime import distributed
-
-if TYPE_CHECKING:
-    from solrl_core.loop.calibration import Calibration
-    from solrl_core.loop.phases import PhaseRecorder
 
 
 @dataclass(frozen=True)
@@ -83,87 +80,28 @@ def iteration_prompts(run: Run, rng: np.random.Generator) -> list[str]:
     return shard(drawn, run.rank, run.world_size)
 
 
-def explore(run: Run, prompts: list[str], rng: np.random.Generator, steps: int | None = None) -> RolloutBatch:
-    """Stage 1: every prompt's N seeds at the explore precision and `steps` preview steps (None: the
-    plan's; the loop passes `explore_steps`, the calibration's choice where one was made), scored.
+def explore(run: Run, prompts: list[str], rng: np.random.Generator,
+            setting: IterationPlan | None = None) -> RolloutBatch:
+    """Stage 1: every prompt's N seeds at the explore precision and preview steps of `setting` (the
+    iteration's plan, stage1.iteration_plan: a calibration's choice where one was made; None: the
+    plan's fixed setting), scored.
 
     `prompts` are this rank's groups. Seeds are drawn for every rank's groups and this rank takes its
     slice, so a prompt group gets the same seeds whatever the number of processes; group indices are
     global (rank r's first group is r * len(prompts))."""
-    n = run.plan.explore_seeds
+    setting = setting or run.plan.at()
+    n = setting.seeds
     mine = slice(run.rank * len(prompts) * n, (run.rank + 1) * len(prompts) * n)
     seeds = torch.as_tensor(rng.integers(0, 2**31 - 1, size=len(prompts) * n * run.world_size)[mine], dtype=torch.long)
     groups = run.rank * len(prompts) + torch.arange(len(prompts)).repeat_interleave(n)
     flat = [p for p in prompts for _ in range(n)]
-    return roll_out(run, Draws(flat, groups, seeds), steps or run.plan.explore_steps, explore=True)
+    return roll_out(run, Draws(flat, groups, seeds), setting.steps, explore=True)
 
 
-def explore_steps(run: Run, state: LoopState) -> int:
-    """Stage 1's preview steps this iteration (`at_explore_steps`)."""
-    return at_explore_steps(run, state).plan.explore_steps
-
-
-def calibrate_if_due(run: Run, state: LoopState, bus: ev.EventBus, phases: PhaseRecorder) -> Calibration | None:
-    """The calibration where due before this iteration's Stage 1 (calibration.due), as its own phase."""
-    from solrl_core.loop.calibration import due
-
-    if not due(run, state.iteration, state.explore_steps):
-        return None
-    with phases.phase("calibrate", memory=False):
-        return calibrate(run, state, bus)
-
-
-def calibrate(run: Run, state: LoopState, bus: ev.EventBus) -> Calibration | None:
-    """Choose Stage 1's preview steps (with explore.calibrate=steps+precision, its precision too) from
-    measured rank fidelity (calibration.py): on rank 0, its choice broadcast, so every rank explores
-    alike; emits CalibrationDone and the live MFU's counts at the chosen setting (a calibrating run
-    announces none before). Returns rank 0's calibration (its reference rollouts the rank check reuses)."""
-    from solrl_core.loop.calibration import calibrate_engine, calibration_inputs
-    from solrl_core.precision.hardware import runnable_low_precisions
-    from solrl_core.telemetry.model_flops import model_flops
-
-    weighs = run.plan.calibrated_precision
-    precisions = runnable_low_precisions(run.device) if weighs else []
-    found = None
-    if run.rank == 0:
-        prompts, seeds = calibration_inputs(run, state.iteration)
-        found = calibrate_engine(run.engine, prompts, seeds, keep=run.plan.keep, fixed_steps=run.plan.explore_steps,
-                                 min_recall=run.config.explore.min_recall, precisions=precisions, whole_curve=False)
-    steps, precision = distributed.broadcast_object((found.chosen.steps, found.chosen.precision) if found is not None else None)
-    state.explore_steps = int(steps)
-    if weighs:
-        use_explore_precision(run, precision, found.copy if found is not None else None)
-        state.explore_precision = precision
-    if found is None:
-        return None
-    bus.emit(ev.CalibrationDone(iteration=state.iteration + 1, prompts=found.prompts, seeds=found.seeds,
-                                reference=found.reference, candidates=found.to_dict(), chosen=found.chosen.name,
-                                steps=found.chosen.steps, precision=found.chosen.precision, min_recall=found.min_recall,
-                                why=found.why, fixed_steps=run.plan.explore_steps, seconds=found.seconds,
-                                precisions=sorted({c.precision for c in found.candidates}) if weighs else [],
-                                fixed=found.fixed))
-    bus.emit(model_flops(at_explore_steps(run, state)))
-    return found
-
-
-def use_explore_precision(run: Run, precision: str, built: RolloutCopy | None = None) -> None:
-    """Stage 1 at `precision` from now on: the engine's explore copy becomes `built` (the calibration's
-    copy of it) or one built now (the other ranks; a resumed run), unless it is at that precision already."""
-    current = run.engine.explore_copy
-    if current is not None and current.precision != precision:
-        current.take_over(built if built is not None else run.engine.explore_copy_at(precision))
-
-
-def at_explore_steps(run: Run, state: LoopState) -> Run:
-    """The run with its plan at this iteration's Stage 1: the last calibration's preview steps and
-    precision, else the plan's (RunPlan.calibrated_to). What Stage 1 rolls out at, the start event
-    reports and the live MFU's counts (telemetry/model_flops.py) are made for."""
-    return replace(run, plan=run.plan.calibrated_to(state.explore_steps, state.explore_precision))
-
-
-def regenerate(run: Run, kept: RolloutBatch) -> RolloutBatch:
-    """Stage 2: the kept seeds again, same noise (same seeds), full precision and full steps."""
-    return roll_out(run, kept.draws, run.plan.full_steps, explore=False)
+def regenerate(run: Run, kept: RolloutBatch, setting: IterationPlan | None = None) -> RolloutBatch:
+    """Stage 2: the kept seeds again, same noise (same seeds), full precision and full steps (`setting`'s;
+    None: the plan's)."""
+    return roll_out(run, kept.draws, (setting or run.plan.at()).full_steps, explore=False)
 
 
 def roll_out(run: Run, draws: Draws, steps: int, explore: bool) -> RolloutBatch:
@@ -311,30 +249,3 @@ def advantages(run: Run, scores: GlobalScores, clip: float) -> torch.Tensor:
     Within one group this shifts every sample alike, so the K-of-N ranking is unchanged."""
     reward = run.config.reward
     return combined_advantages(scores.rewards, scores.components, reward.weights, scores.texts, reward.aggregation, clip)
-
-
-def rank_check_due(run: Run, state: LoopState) -> bool:
-    every = run.config.explore.rank_check_every
-    # the first group is rank 0's; sharded, every rank regenerates its own first group (each forward
-    # gathers the weights from all), and rank 0's result alone is heard
-    return bool(every) and run.plan.regenerate and state.iteration % every == 0 and (run.rank == 0 or run.sharded)
-
-
-def rank_check(run: Run, state: LoopState, bus: ev.EventBus, drafts: RolloutBatch,
-               calibrated: Calibration | None = None) -> None:
-    """Regenerate every Stage-1 seed of the first prompt at full precision and steps; log rho, tau.
-    Where this iteration's calibration rolled out that prompt at those seeds (its reference, before
-    Stage 1 and the update, on the same weights), its rewards are used instead of regenerating them.
-    Uses no random draw, so it does not change the run it observes."""
-    from solrl_core.loop.rankcheck import group_correlation
-
-    t0 = time.perf_counter()
-    group = drafts.subset(torch.nonzero(drafts.groups == drafts.groups[0]).flatten())
-    full = calibrated.reference_of(group.prompts[0], group.seeds) if calibrated is not None else None
-    reused = full is not None
-    if full is None:
-        full = roll_out(run, group.draws, run.plan.full_steps, explore=False).rewards
-    rho, tau = group_correlation(group.rewards, full)
-    bus.emit(ev.RankCheckResult(iteration=state.iteration + 1, prompt=group.prompts[0], seeds=len(group.prompts), rho=rho, tau=tau,
-                                draft_mean=float(group.rewards.mean()), full_mean=float(full.float().mean()),
-                                seconds=time.perf_counter() - t0, reused=reused))

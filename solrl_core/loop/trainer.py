@@ -81,26 +81,14 @@ from solrl_core.loop.phases import PhaseRecorder
 from solrl_core.loop.rollback import roll_back
 from solrl_core.loop.run_eval import EVALUATION, evaluate_now
 from solrl_core.loop.session import Checked, Run, Session, open_session
-from solrl_core.loop.stages import (
-    Scored,
-    after_step,
-    at_explore_steps,
-    calibrate_if_due,
-    explore,
-    explore_steps,
-    iteration_prompts,
-    rank_check,
-    rank_check_due,
-    regenerate,
-    score_drafts,
-    score_finals,
-    select_seeds,
-    use_explore_precision,
-)
+from solrl_core.loop.stage1 import at_setting, hold_calibration, plan_iteration, rank_check
+from solrl_core.loop.stages import (Scored, after_step, explore, iteration_prompts, regenerate, score_drafts,
+                                    score_finals, select_seeds)
 from solrl_core.loop.stages import train as train_step
 from solrl_core.loop.update import UpdateResult
 from solrl_core.loop.warmup import warm_up_compiled
 from solrl_core.plan import environment
+from solrl_core.plan.plan import IterationPlan
 from solrl_core.rewards.health import raise_if_diverged
 from solrl_core.rewards.watchdog import RewardFailure
 from solrl_core.runtime import distributed
@@ -120,8 +108,7 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
     again = bool(config.run.run_dir) and restarts(Path(config.run.run_dir))
     session = open_session(config, resume=resume, from_checkpoint=checkpoint, checked=checked)
     run, state = session.run, session.state
-    if state.explore_precision:  # resumed after a steps+precision calibration: Stage 1 at its choice
-        use_explore_precision(run, state.explore_precision)
+    stage1 = hold_calibration(run, state)  # resumed after a steps+precision calibration: Stage 1 at its choice
     reason, resumable = "completed", True
     with contextlib.ExitStack() as stack:
         bus = _subscribe_outputs(stack, run, state, bus)
@@ -133,7 +120,7 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
                 if scorer is not None:  # the eval rewards too: they score every evaluation image at once
                     scorer.stop = lambda: flag.requested
                     stack.callback(setattr, scorer, "stop", None)
-        _announce(run, state, bus)
+        _announce(run, state, bus, stage1)
         if again:
             bus.emit(ev.RunWarning(message=f"{run.run_dir} held a run with no checkpoint (it stopped before its first): "
                                            f"starting it again from iteration 0{' with its saved config' if resume else ''}"))
@@ -232,18 +219,18 @@ def run_iteration(run: Run, state: LoopState, bus: ev.EventBus, stop: StopFlag |
     phases = PhaseRecorder(run.device, stop.entering if stop is not None else None)
     rng = np.random.default_rng([run.config.run.seed, state.iteration])
     prompts = iteration_prompts(run, rng)
-    calibrated = calibrate_if_due(run, state, bus, phases)  # its draws on an identical generator: rng is untouched
+    stage1, calibrated = plan_iteration(run, state, bus, phases)  # a calibration's draws: an identical generator's
     with phases.phase("explore"):
-        drafted = explore(run, prompts, rng, explore_steps(run, state))
+        drafted = explore(run, prompts, rng, stage1)
         raise_if_diverged(drafted.latents, state.step, run.config.optimizer.lr)  # NaN outputs: blame the update, not the reward
         drafts = score_drafts(run, state, bus, drafted)
     with phases.phase("selection", memory=False):
         kept = drafts.batch.subset(select_seeds(run, drafts, rng))
-    if rank_check_due(run, state):
-        rank_check(run, state, bus, drafts.batch, calibrated)
-    if run.plan.regenerate:
+    if stage1.rank_check:
+        rank_check(run, state, bus, drafts.batch, stage1, calibrated)
+    if stage1.regenerate:
         with phases.phase("regenerate"):
-            kept = regenerate(run, kept)
+            kept = regenerate(run, kept, stage1)
     with phases.phase("train"):
         finals = score_finals(run, state, bus, kept)
         result = train_step(run, finals, rng)
@@ -301,15 +288,17 @@ def _stop_requested(run: Run, state: LoopState, flag: StopFlag) -> ev.StopReques
                             run_dir=str(run.run_dir), checkpoint=str(newest[-1]) if newest else None)
 
 
-def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
-    cfg, plan, now = run.config, run.plan, at_explore_steps(run, state).plan  # now: Stage 1 as this session starts it
+def _announce(run: Run, state: LoopState, bus: ev.EventBus, stage1: IterationPlan) -> None:
+    """The start event, and what the run says before its first iteration. `stage1`: Stage 1 as this session
+    starts it (stage1.hold_calibration: a resumed calibration's choice held)."""
+    cfg, plan, now = run.config, run.plan, stage1.applied_to(run.plan)
     described = plan.describe()
     if run.world_size > 1:
         described += f"; {(p := cfg.run.prompts_per_iteration)} prompt groups over {run.world_size} processes, {p // run.world_size} each"
     if run.world_size > 1 or run.layout.strategy != "replicate":
         described += f"; weights: {run.layout.describe()}"
-    if plan.calibrated and state.explore_steps:
-        at = f"{state.explore_precision}@{state.explore_steps}" if state.explore_precision else f"{state.explore_steps} preview steps"
+    if plan.calibrated and stage1.steps_calibrated:
+        at = f"{stage1.precision}@{stage1.steps}" if stage1.precision_calibrated else f"{stage1.steps} preview steps"
         described += f"; Stage 1 continues at the last calibration's {at} (from the checkpoint)"
     bus.emit(ev.RunStarted(run_dir=str(run.run_dir), preset=cfg.preset, device=str(run.device),
                            dtype=run.engine.dtype_name, explore_precision=now.explore_precision, plan=described,
@@ -319,8 +308,8 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus) -> None:
                            config=to_dict(cfg), machine=run.machine.describe(), tracking=tracking.where(cfg.run.log, run.run_dir),
                            copy_layout=run.machine.explore_layout, rewards=run_trust.scored(cfg),
                            environment=environment.describe(cfg, run.device, run.engine.dtype_name, plan.explore_precision, run.machine)))
-    if run.rank == 0 and not (plan.calibrated and not state.explore_steps):  # else the calibration's (stages.calibrate)
-        bus.emit(model_flops(at_explore_steps(run, state)))  # the live MFU's counts; the other ranks speak to no one
+    if run.rank == 0 and not (plan.calibrated and not stage1.steps_calibrated):  # else stage1.calibrate's
+        bus.emit(model_flops(at_setting(run, stage1)))  # the live MFU's counts; the other ranks speak to no one
     copy_ = run.engine.explore_copy
     if copy_ is not None and copy_.report is not None:
         bus.emit(ev.QuantizationReport(summary=copy_.report.summary(), path=str(run.run_dir / "quantization_report.json")))

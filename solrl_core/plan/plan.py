@@ -110,10 +110,12 @@ class RunPlan:
         """Stage 1 runs on its own low-precision explore copy."""
         return self.explore_precision != self.full_precision
 
-    def calibrated_to(self, steps: int = 0, precision: str = "") -> RunPlan:
-        """This plan with Stage 1 at a calibration's choice (`steps`, `precision`: the loop state's; 0 and
-        "" where none was made), else at the plan's own: what Stage 1 runs this iteration."""
-        return replace(self, explore_steps=steps or self.explore_steps, explore_precision=precision or self.explore_precision)
+    def at(self, steps: int = 0, precision: str = "", rank_check: bool = False) -> IterationPlan:
+        """Stage 1 at a calibration's choice (`steps`, `precision`: the loop state's; 0 and "" where none
+        was made), else at this plan's own fixed setting (loop/stage1.py iteration_plan says which)."""
+        return IterationPlan(self.explore_seeds, self.keep, steps or self.explore_steps,
+                             precision or self.explore_precision, self.full_steps, self.regenerate,
+                             steps_calibrated=bool(steps), precision_calibrated=bool(precision), rank_check=rank_check)
 
     def describe(self) -> str:
         on = (" on the compiled rollout copy" if self.rollout_compiled else " on the rollout copy") if self.rollout_copy else ""
@@ -130,6 +132,27 @@ class RunPlan:
         stage2 = (f" -> Stage 2: regenerate the kept {self.keep} at {self.full_precision}{on}, {self.full_steps} steps -> train"
                   if self.regenerate else f" -> train directly on the kept {self.keep}")
         return stage1 + f" -> keep {self.keep}" + stage2
+
+
+@dataclass(frozen=True)
+class IterationPlan:
+    """What Stage 1 runs at in one iteration: the run's plan (RunPlan.at) with the last calibration's
+    choice, held in the loop state, in place of its fixed setting. Made once at the top of each
+    iteration (loop/stage1.py iteration_plan) and handed to explore, regenerate and the rank check."""
+
+    seeds: int  # N: seeds rolled out per prompt in Stage 1
+    keep: int  # K: seeds kept per prompt
+    steps: int  # Stage 1's preview steps
+    precision: str  # Stage 1's precision
+    full_steps: int  # Stage 2's steps, and the rank check's reference
+    regenerate: bool  # Stage 2 regenerates the kept seeds at full precision
+    steps_calibrated: bool = False  # `steps` is a calibration's choice (else the plan's explore_steps)
+    precision_calibrated: bool = False  # `precision` is a steps+precision calibration's choice
+    rank_check: bool = False  # the in-run rank check runs after Stage 1 (explore.rank_check_every)
+
+    def applied_to(self, plan: RunPlan) -> RunPlan:
+        """`plan` with Stage 1 at this setting: what the live MFU's counts are made for (model_flops)."""
+        return replace(plan, explore_steps=self.steps, explore_precision=self.precision)
 
 
 def plan_stages(cfg: Config, full_precision: str, explore_precision: str, machine: MachinePlan | None = None) -> RunPlan:
