@@ -16,8 +16,9 @@ import torch
 
 from solrl_core.config.presets import resolve_config
 from tests.helpers import (assert_adapters_close as _close, copy_tensors as _caches,
-                           copy_tensors_equal as _caches_equal, explore_config as _config, logged_events as _events, mesh_equals_one_process, same_iterations,
-                           saved_adapters as _adapters, spawn as _spawn, train_recording_kept as _train_recording_kept)
+                           copy_tensors_equal as _caches_equal, explore_config as _config, logged_events as _events,
+                           mesh_equals_one_process, same_iterations, saved_adapters as _adapters, spawn as _spawn,
+                           train_recording_kept as _train_recording_kept)
 
 PRECISIONS = ("nvfp4-emulated", "fp8-e5m2-tensor")
 # (family, explore precision) of the 2-rank runs: sol_rl at both, and naive_quant, which trains on its drafts
