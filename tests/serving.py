@@ -1,4 +1,5 @@
-"""Real servers for the tests: started as subprocesses on free loopback ports, waited for, killed after."""
+"""Real servers for the tests: started as subprocesses on free loopback ports, waited for, killed after;
+and hostile ones in a thread, that answer as no honest server would."""
 
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import resource
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 
@@ -86,3 +88,49 @@ def reward_server(tmp_path: Path, *args: str, headers: dict[str, str] | None = N
                   port: int = 0, open_files: int = 0) -> contextlib.AbstractContextManager[Served]:
     return serve(["-m", "solrl_cli", "reward-server", *args], "/health", tmp_path, headers=headers, env=env, port=port,
                  open_files=open_files)
+
+
+HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+
+
+@contextlib.contextmanager
+def hostile(answer: Callable[[socket.socket, threading.Event], None]) -> Iterator[str]:
+    """A server on 127.0.0.1 that reads each request's first bytes, then answers with `answer(conn, stop)`."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    stop = threading.Event()
+
+    def handle(conn: socket.socket) -> None:
+        with conn:
+            try:
+                conn.recv(65536)
+                answer(conn, stop)
+            except OSError:  # the client hung up: what these servers are there to see
+                pass
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join(timeout=5)
+        listener.close()
+
+
+def trickle(conn: socket.socket, stop: threading.Event) -> None:
+    """Headers that never end, one byte every 0.5 s (for at most 120 s): each read waits far less than
+    any socket timeout."""
+    for byte in HEAD + b"X-Pad: " + b"a" * 240:
+        if stop.is_set():
+            return
+        conn.sendall(bytes([byte]))
+        time.sleep(0.5)

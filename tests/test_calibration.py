@@ -17,6 +17,7 @@ from solrl_core.errors import SolrlError
 from solrl_core.loop.calibration import candidate_arms, choose, measure
 from solrl_core.loop.fidelity import Arm, run_arms
 from solrl_core.loop.trainer import StopFlag, train
+from tests.helpers import train_recording as _run
 
 # The reference ranks seeds 0..7 by their index; each candidate's rewards by steps, per prompt:
 REFERENCE = torch.arange(8.0)
@@ -79,15 +80,6 @@ def test_no_candidate_reaching_an_explicit_floor_keeps_the_fixed_setting():
     worse = [dataclasses.replace(m, recall=0.5) for m in measured]
     chosen, _, why = choose(worse, 0.9, worse[2])
     assert chosen is worse[2] and "no candidate reached" in why
-
-
-def _run(sets, resume=False, stop_after=None):  # type: ignore[no-untyped-def]
-    bus, seen, flag = ev.EventBus(), [], StopFlag()
-    bus.subscribe(seen.append)
-    if stop_after is not None:
-        bus.subscribe(lambda e: setattr(flag, "requested", True)
-                      if isinstance(e, ev.IterationFinished) and e.iteration == stop_after else None)
-    return train(resolve_config("tiny", "sol_rl", sets=sets), bus, resume=resume, stop=flag), seen
 
 
 CALIBRATING = ("explore.steps=4", "explore.calibrate=steps", "explore.recalibrate_every=3", "run.iterations=4",
@@ -164,14 +156,14 @@ def _calibrating_worker(rank: int, world: int, port: int, root: Path) -> None:
 
 
 def _two_process_sets(root: Path, run: str) -> list[str]:
-    from tests.test_distributed import SETS  # batches of 4: one rank and two batch alike
+    from tests.helpers import DISTRIBUTED_SETS as SETS
 
     return [*SETS, f"run.run_dir={root / run}", *CALIBRATING[:3], "run.iterations=1", "run.eval_prompts="]
 
 
 @pytest.mark.slow
 def test_one_and_two_processes_choose_the_same_preview_steps(tmp_path):
-    from tests.test_distributed import _events, _spawn
+    from tests.helpers import logged_events as _events, spawn as _spawn
 
     _spawn(2, tmp_path, worker=_calibrating_worker)
     train(resolve_config("tiny", "sol_rl", sets=_two_process_sets(tmp_path, "one")), ev.EventBus(), stop=StopFlag())

@@ -20,7 +20,7 @@ from solrl_core.config.presets import resolve_config
 from solrl_core.errors import SolrlError
 from solrl_core.loop import calibration
 from solrl_core.loop.calibration import calibrate_engine
-from solrl_core.loop.trainer import StopFlag, train
+from tests.helpers import train_recording as _run
 
 REFERENCE = torch.arange(8.0)
 LOW, OTHER = "nvfp4-emulated", "fp8-e5m2-tensor"
@@ -125,15 +125,6 @@ def test_refused_in_one_line_where_there_is_no_low_precision_to_choose():
         resolve_config("tiny", "naive_quant", sets=["explore.calibrate=steps+precision"]).validate()
     with pytest.raises(SolrlError, match="did you mean .steps\+precision"):
         resolve_config("tiny", "sol_rl", sets=["explore.calibrate=precision"]).validate()
-
-
-def _run(sets, resume=False, stop_after=None):  # type: ignore[no-untyped-def]
-    bus, seen, flag = ev.EventBus(), [], StopFlag()
-    bus.subscribe(seen.append)
-    if stop_after is not None:
-        bus.subscribe(lambda e: setattr(flag, "requested", True)
-                      if isinstance(e, ev.IterationFinished) and e.iteration == stop_after else None)
-    return train(resolve_config("tiny", "sol_rl", sets=sets), bus, resume=resume, stop=flag), seen
 
 
 # OTHER's steps a tenth of LOW's: any OTHER step count reaching the (explicit, low) floor is the cheapest

@@ -9,30 +9,7 @@ from solrl_cli.app import app
 from solrl_core import events as ev
 from solrl_core.errors import SolrlError
 from solrl_core.tracking.compare import load_run
-
-
-def _record(run_dir, family, rewards, seconds, resume_at=None):
-    """A run's events: start, base eval, one iteration per reward, a final eval; optionally a stop
-    after iteration `resume_at`'s checkpoint, one more iteration logged, and a resume."""
-    log = ev.JsonlLog(run_dir / "events.jsonl")
-    start = dict(run_dir=str(run_dir), preset=f"tiny_{family}", device="cpu", dtype="fp32", explore_precision="fp32", plan="",
-                 iterations=len(rewards), config={"algorithm": {"family": family}})
-    log(ev.RunStarted(start_iteration=0, resumed=False, **start))
-    log(ev.EvalFinished(iteration=0, weights="base", prompts="p", samples=4, mean=0.5, components={}, extras={}, seconds=2.0))
-
-    def iteration(i, reward):
-        stats = ev.RewardStats(mean=reward, std=0.1, best=reward + 0.2, worst=reward - 0.2, components={})
-        log(ev.IterationFinished(iteration=i, iterations=len(rewards), seconds={**dict.fromkeys(ev.PHASES, 0.0), "explore": seconds / 2,
-                                 "train": seconds / 2, "total": seconds}, draft=None, final=stats,
-                                 loss={"loss": 1.0, "policy": 1.0, "kl": 0.0}, nonfinite_losses=0, grad_norm=0.1, old_decay=0.0))
-
-    for i, reward in enumerate(rewards, 1):
-        iteration(i, reward)
-        if i == resume_at:
-            iteration(i + 1, 99.0)  # logged, then lost to a crash before its checkpoint
-            log(ev.RunStarted(start_iteration=i, resumed=True, **start))
-    log(ev.EvalFinished(iteration=len(rewards), weights="ema", prompts="p", samples=4, mean=0.7, components={}, extras={}, seconds=2.0))
-    log.close()
+from tests.helpers import record_events as _record
 
 
 def test_load_run_drops_what_a_resume_repeats_and_sums_measured_seconds(tmp_path):

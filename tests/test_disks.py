@@ -6,8 +6,6 @@ the unit tests below raise the exception types the libraries really raise."""
 
 import errno
 import json
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,26 +21,9 @@ from solrl_core.faults import lock as lock_module
 from solrl_core.faults.lock import RunLock
 from solrl_core.tracking.compare import load_run
 from tests.conftest import FAST
-from tests.test_compare import _record
-from tests.test_faults import _of, _train
+from tests.helpers import in_tmpfs as _in_tmpfs, of_kind as _of, record_events as _record, train_or_error as _train
 
 ROOT = Path(__file__).resolve().parents[1]
-# A tiny run's checkpoint takes 2.2 MB (measured: tiny model, FAST settings): 3 MiB holds the run
-# folder and one checkpoint, not a second one (both exist until the older is pruned).
-TMPFS_SIZE = "3m"
-
-
-def _in_tmpfs(mount: Path, script: str, size: str = TMPFS_SIZE, timeout: int = 600) -> subprocess.CompletedProcess:
-    """`script` (sh) in a user namespace where `mount` is a fresh tmpfs of `size`; skips where not allowed."""
-    mount.mkdir(exist_ok=True)
-    if shutil.which("unshare") is None:
-        pytest.skip("no unshare: a real small filesystem cannot be mounted here")
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=1m tmpfs {mount}"], capture_output=True)
-    if probe.returncode != 0:
-        pytest.skip(f"unshare -rm + mount tmpfs refused here: {probe.stderr.decode().strip()[:120]}")
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "HOME": str(mount.parent), "COLUMNS": "400"}
-    return subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size={size} tmpfs {mount} && {script}"],
-                          capture_output=True, text=True, timeout=timeout, env=env, cwd=ROOT)
 
 
 def _train_cmd(run_dir: Path, *extra: str) -> str:

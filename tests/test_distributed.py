@@ -5,25 +5,19 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
-from safetensors.torch import load_file
 
 from solrl_core import events as ev
 from solrl_core.config.convert import from_dict, load_run_config
 from solrl_core.config.presets import resolve_config
 from solrl_core.errors import SolrlError
 from solrl_core.loop.trainer import StopFlag, train
-from tests.conftest import FAST
-
-# Rollout and micro-batches of 4: one rank (8 Stage-2 samples) and two (4 each) batch alike, so
-# only the gradient all-reduce's summation order can differ.
-SETS = (*FAST, "run.threads=1", "sampler.rollout_batch=4", "optimizer.micro_batch=4", "run.eval_seeds=1")
+from tests.helpers import (DISTRIBUTED_SETS as SETS, logged_events as _events, saved_adapters as _adapters,
+                           spawn as _spawn)
 
 
 def _sets(root: Path, run: str, *extra: str) -> list[str]:
@@ -46,34 +40,6 @@ def _worker(rank: int, world: int, port: int, root: Path) -> None:
     (root / "results" / f"rank{rank}.json").write_text(json.dumps(report))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(world: int, root: Path, limit: float = 240.0, worker=None) -> None:  # type: ignore[no-untyped-def]
-    """`worker(rank, world, port, root)` (default: this file's) on `world` processes; a run that does not
-    finish in `limit` seconds (a rank waiting in a collective another never joins) fails the test."""
-    ctx = mp.spawn(worker or _worker, args=(world, _free_port(), root), nprocs=world, join=False)
-    deadline = time.monotonic() + limit
-    while not ctx.join(timeout=2):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.terminate()
-            pytest.fail(f"the {world}-rank run did not finish in {limit:.0f}s")
-
-
-def _events(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-
-
-def _adapters(run_dir: Path, iteration: int) -> dict[str, torch.Tensor]:
-    ckpt = run_dir / "checkpoints" / f"iter_{iteration:06d}"
-    return {f"{sub}/{k}": v for sub in ("", "old", "ema")
-            for k, v in load_file(str(ckpt / sub / "pytorch_lora_weights.safetensors")).items()}
-
-
 def _resume(run_dir: Path, iterations: int) -> list[ev.Event]:
     seen: list[ev.Event] = []
     bus = ev.EventBus()
@@ -86,7 +52,7 @@ def _resume(run_dir: Path, iterations: int) -> list[ev.Event]:
 def test_two_ranks_equal_one_rank_and_resume_on_one(tmp_path):
     (tmp_path / "eval.txt").write_text("a red circle\n")
     (tmp_path / "results").mkdir()
-    _spawn(2, tmp_path)
+    _spawn(2, tmp_path, worker=_worker)
     train(resolve_config("tiny", "sol_rl", sets=_sets(tmp_path, "one", "run.iterations=2")), ev.EventBus(), stop=StopFlag())
     one, two = tmp_path / "one", tmp_path / "two"
 

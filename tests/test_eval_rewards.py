@@ -25,9 +25,9 @@ from solrl_core.data.tinyworld import example
 from solrl_core.loop.evaluation import BASE_FILE
 from solrl_core.loop.trainer import train
 from solrl_core.rewards.palette import PaletteFidelity
-from solrl_core.runtime.stopping import StopFlag
 from solrl_core.tracking.metrics import scalars
 from tests.conftest import FAST
+from tests.helpers import stop_flag_after
 
 CAPTIONS = "a red circle\ntwo blue squares\na green triangle left of a yellow circle\na red circle and a blue square\n"
 # lr 3e-3 brightens the tiny world's images within 2 iterations (its fidelity from about 0.9 to 0.5)
@@ -51,13 +51,11 @@ def test_fidelity_is_one_on_rendered_scenes_and_falls_as_they_degrade():
 
 def _train(sets, resume=False, stop_after=None, reward=None):
     """A tiny run through the plain display: its printed text and events."""
-    out, seen, flag = io.StringIO(), [], StopFlag()
+    out, seen = io.StringIO(), []
     bus = ev.EventBus()
     bus.subscribe(seen.append)
     bus.subscribe(TerminalDisplay(Console(file=out, width=400, highlight=False, markup=False)))
-    if stop_after is not None:
-        bus.subscribe(lambda e: setattr(flag, "requested", True)
-                      if isinstance(e, ev.IterationFinished) and e.iteration == stop_after else None)
+    flag = stop_flag_after(bus, stop_after)
     train(resolve_config("tiny", "sol_rl", reward=reward, sets=sets), bus, resume=resume, stop=flag)
     return out.getvalue(), seen
 

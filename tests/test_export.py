@@ -181,8 +181,7 @@ def test_a_real_sana_export_opens_in_peft_and_diffusers_and_equals_the_merged_we
     from solrl_core.engine.engine import open_engine
     from solrl_core.engine.policy import TRAINED
     from solrl_core.loop.trainer import StopFlag, train
-    from tests.test_real_models import FAST as REAL_FAST
-    from tests.test_real_models import _pipeline
+    from tests.helpers import diffusers_pipeline as _pipeline, REAL_FAST
     from tests.tiny_pipelines import save_tiny_pipeline
 
     base = save_tiny_pipeline("sana", tmp_path / "sana")

@@ -22,6 +22,7 @@ from solrl_core.errors import SolrlError
 from solrl_core.faults.manifest import MANIFEST, verify
 from solrl_core.loop.session import open_session
 from solrl_core.loop.trainer import StopFlag, train
+from tests.helpers import of_kind as _of, train_or_error as _train
 
 LORA = "pytorch_lora_weights.safetensors"
 
@@ -32,28 +33,11 @@ def quick(fast_sets):
     return lambda *extra, run_dir="run": fast_sets("run.eval_prompts=", *extra, run_dir=run_dir)
 
 
-def _train(sets, resume=False, checkpoint=None, stop_after=None):
-    """(session or the error raised, events seen)."""
-    bus, seen, flag = ev.EventBus(), [], StopFlag()
-    bus.subscribe(seen.append)
-    if stop_after is not None:
-        bus.subscribe(lambda e: setattr(flag, "requested", True)
-                      if isinstance(e, ev.IterationFinished) and e.iteration == stop_after else None)
-    try:
-        return train(resolve_config("tiny", "sol_rl", sets=sets), bus, resume=resume, stop=flag, checkpoint=checkpoint), seen
-    except SolrlError as exc:
-        return exc, seen
-
-
 def _same_run(a, b, atol=0.0):
     assert a.state.history == pytest.approx(b.state.history, abs=atol, rel=0)
     for which in ("default", "old", "ema"):
         x, y = a.run.engine.policy.state(which), b.run.engine.policy.state(which)
         assert all(torch.allclose(x[k], y[k], rtol=0, atol=atol) for k in x), which
-
-
-def _of(seen, kind):
-    return [e for e in seen if isinstance(e, kind)]
 
 
 # ---------------------------------------------------------------- checkpoints you can trust

@@ -22,13 +22,8 @@ from solrl_core.config.schema import Config
 from solrl_core.errors import SolrlError
 from solrl_core.faults.state_files import load_state
 from solrl_core.loop.trainer import StopFlag, train
-from tests.conftest import FAST
-from tests.test_distributed import _adapters, _events, _free_port, _spawn
-
-# As tests/test_distributed.py, with Stage 1 at the run dtype and no rollout copy: what fsdp runs
-# (sharding.py), so the 1-process replicated run computes the same iteration.
-SETS = (*FAST, "run.threads=1", "sampler.rollout_batch=4", "optimizer.micro_batch=4", "run.eval_seeds=1",
-        "explore.precision=fp32", "sampler.rollout_copy=false")
+from tests.helpers import (assert_adapters_close as _close, FSDP_SETS as SETS, logged_events as _events, run_two_nodes,
+                           saved_adapters as _adapters, spawn as _spawn)
 
 
 def _config(root: Path, run: str, strategy: str, iterations: int) -> Config:
@@ -49,19 +44,6 @@ def _worker(rank: int, world: int, port: int, root: Path) -> None:
     report = {"sharded": session.run.sharded, "plan": session.run.layout.describe()}
     _resume(root / "one_then_fsdp", "fsdp", 4)  # a 1-process replicated checkpoint, resumed sharded
     (root / "results" / f"rank{rank}.json").write_text(json.dumps(report))
-
-
-# Only the order of the gradient sum differs between the layouts (the rewards, selections and losses
-# are equal: each test compares them). Adam divides each gradient by its own running RMS, so the
-# rounding of a near-zero gradient element can move that element by a fair part of one step (lr):
-# 3.3e-5 was measured on a lora_B element after 3 iterations of the 2x2 mesh (torch 2.14.1, 2-core CPU).
-ADAM_ROUNDING = 0.25 * 3e-4  # a quarter of a step at optimizer.lr's default
-
-
-def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.allclose(a[k], b[k], atol=ADAM_ROUNDING), (k, (a[k] - b[k]).abs().max().item())
 
 
 def test_two_sharded_ranks_train_what_one_process_does_and_checkpoints_cross_both_ways(tmp_path):
@@ -105,8 +87,6 @@ def test_two_sharded_ranks_train_what_one_process_does_and_checkpoints_cross_bot
         assert other.keys() == moments[0].keys()
         for i in moments[0]:
             assert torch.allclose(other[i]["exp_avg_sq"], moments[0][i]["exp_avg_sq"], rtol=1e-3, atol=1e-12)
-
-
 
 
 def _uneven_worker(rank: int, world: int, port: int, root: Path) -> None:
@@ -306,27 +286,6 @@ def test_a_rank_killed_ends_the_run_within_a_minute_and_leaves_the_checkpoint_in
     saved = list_checkpoints(run_dir)
     assert saved and all(verify(p) is None for p in saved)  # every listed checkpoint matches its manifest
     assert checkpoint_to_resume(run_dir) == saved[-1]
-
-
-@pytest.mark.slow
-def run_two_nodes(run_dir: Path, sets: list[str], timeout: float) -> None:
-    """`solrl train` launched twice with --nnodes 2 on this machine, 2 processes each (a replicate 2 x
-    shard 2 mesh under fsdp), both launchers required to succeed."""
-    import subprocess
-    import sys
-
-    port = _free_port()
-    nodes = [subprocess.Popen([sys.executable, "-m", "solrl_cli", "train", "--nproc-per-node", "2", "--nnodes", "2",
-                               "--node-rank", str(node), "--master-addr", "127.0.0.1", "--master-port", str(port),
-                               "--run-dir", str(run_dir), *sets], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}) for node in (0, 1)]
-    try:
-        outputs = [n.communicate(timeout=timeout)[0] for n in nodes]
-    finally:
-        for n in nodes:
-            if n.poll() is None:
-                n.kill()
-    assert [n.returncode for n in nodes] == [0, 0], outputs
 
 
 def test_a_2x2_mesh_on_two_launched_nodes_trains_what_one_process_does(tmp_path):

@@ -14,47 +14,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from solrl_core import events as ev
 from solrl_core.config.presets import resolve_config
-from solrl_core.config.schema import Config
-from solrl_core.loop.trainer import StopFlag, train
-from tests.test_distributed import _adapters, _events, _spawn
-from tests.test_fsdp import SETS, _close
+from tests.helpers import (assert_adapters_close as _close, copy_tensors as _caches,
+                           copy_tensors_equal as _caches_equal, explore_config as _config, logged_events as _events,
+                           mesh_equals_one_process, same_iterations, saved_adapters as _adapters, spawn as _spawn,
+                           train_recording_kept as _train_recording_kept)
 
 PRECISIONS = ("nvfp4-emulated", "fp8-e5m2-tensor")
 # (family, explore precision) of the 2-rank runs: sol_rl at both, and naive_quant, which trains on its drafts
 RUNS = (*(("sol_rl", p) for p in PRECISIONS), ("naive_quant", "nvfp4-emulated"))
-
-
-def _sets(precision: str, *extra: str) -> list[str]:
-    """test_fsdp's settings (no rollout copy, as fsdp), exploring at `precision`, the rank check every
-    iteration, no evaluation."""
-    return [*(s for s in SETS if not s.startswith("explore.precision=")), f"explore.precision={precision}",
-            "run.iterations=2", "explore.rank_check_every=1", "run.eval_prompts=", *extra]
-
-
-def _config(root: Path, run: str, strategy: str, precision: str, *extra: str, family: str = "sol_rl") -> Config:
-    return resolve_config("tiny", family, sets=_sets(precision, *extra, f"run.run_dir={root / run}",
-                                                       f"distributed.strategy={strategy}"))
-
-
-def _train_recording_kept(cfg: Config, out: Path) -> None:
-    """Train `cfg`, writing the seeds each iteration kept (this rank's) to `out`."""
-    import solrl_core.loop.trainer as trainer
-
-    real, kept = trainer.select_seeds, []
-
-    def select(run, drafts, rng):  # type: ignore[no-untyped-def]
-        index = real(run, drafts, rng)
-        kept.append(drafts.batch.seeds[index].tolist())
-        return index
-
-    trainer.select_seeds = select
-    try:
-        train(cfg, ev.EventBus(), stop=StopFlag())
-    finally:
-        trainer.select_seeds = real
-    out.write_text(json.dumps(kept))
 
 
 def _worker(rank: int, world: int, port: int, root: Path) -> None:
@@ -123,14 +91,6 @@ def _copy_worker(rank: int, world: int, port: int, root: Path) -> None:
                 run.lock.release()
 
 
-def _caches(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Every tensor the copy computes with: its buffers (the quantized caches among them) and the
-    parameters it holds (not on the meta device)."""
-    out = {k: v.clone() for k, v in module.named_buffers()}
-    out.update({k: v.detach().clone() for k, v in module.named_parameters() if not v.is_meta})
-    return out
-
-
 def test_the_copy_built_from_the_shards_is_a_replicas_copy(tmp_path):
     from solrl_core.loop.session import open_session
 
@@ -149,13 +109,6 @@ def test_the_copy_built_from_the_shards_is_a_replicas_copy(tmp_path):
         finally:
             if run.lock is not None:
                 run.lock.release()
-
-
-def _caches_equal(sharded: dict[str, torch.Tensor], replica: dict[str, torch.Tensor]) -> bool:
-    """The sharded copy's tensors equal the replica copy's of the same name (the replica also holds
-    its quantized layers' high-precision weights, which the sharded one never has)."""
-    assert set(sharded) <= set(replica), set(sharded) - set(replica)
-    return all(torch.equal(v, replica[k]) for k, v in sharded.items())
 
 
 @pytest.mark.parametrize("precision", ["nvfp4-emulated", "fp8-e5m2-tensor", "fp8-e5m2-delayed", "fp8"])
@@ -193,41 +146,6 @@ def test_a_copy_without_its_high_precision_weights_holds_the_bytes_the_estimate_
     assert per_weight(lean.module, cache) == copy_bytes(precision, 4.0)
     assert per_weight(replica.module, f"weight {cache}") == 4.0 + copy_bytes(precision, 4.0)  # a deep copy's: weights too
     assert per_weight(lean.module, "weight_scale") < 0.25  # fp8's row scales: one fp32 per output row, left out
-
-
-@pytest.mark.slow
-def same_iterations(one: Path, two: Path) -> list[tuple[dict, dict]]:
-    """The two iterations of run `two` against run `one`'s: equal draft mean and best, final mean and
-    loss. Returns the pairs of iteration events for further checks."""
-    its = [[e for e in _events(d) if e["event"] == "iteration"] for d in (one, two)]
-    assert len(its[1]) == 2
-    for a, b in zip(*its):
-        assert b["draft"]["mean"] == pytest.approx(a["draft"]["mean"], abs=1e-6)
-        assert b["draft"]["best"] == pytest.approx(a["draft"]["best"], abs=1e-6)
-        assert b["final"]["mean"] == pytest.approx(a["final"]["mean"], abs=1e-6)
-        assert b["loss"]["loss"] == pytest.approx(a["loss"]["loss"], rel=1e-4)
-    return list(zip(*its))
-
-
-def mesh_equals_one_process(tmp_path, precision: str, *extra: str) -> dict:
-    """Two launcher invocations with --nnodes 2 on this machine, 2 processes each (a replicate 2 x
-    shard 2 mesh), exploring at `precision` with the rank check on, against a 1-process run: equal
-    draft and final rewards, both rank checks, equal adapters. Returns the mesh run's first event."""
-    from tests.test_fsdp import run_two_nodes
-
-    train(_config(tmp_path, "one", "replicate", precision, "run.prompts_per_iteration=4"), ev.EventBus(), stop=StopFlag())
-    sets = [a for s in _sets(precision, "run.prompts_per_iteration=4", "distributed.strategy=fsdp", *extra) for a in ("--set", s)]
-    run_two_nodes(tmp_path / "mesh", sets, timeout=500)
-    started = _events(tmp_path / "mesh")[0]
-    assert "fsdp over 4 processes (mesh replicate 2 x shard 2" in started["plan"]
-    its = [[e for e in _events(d) if e["event"] == "iteration"] for d in (tmp_path / "one", tmp_path / "mesh")]
-    assert len(its[1]) == 2
-    for a, b in zip(*its):
-        assert b["draft"]["mean"] == pytest.approx(a["draft"]["mean"], abs=1e-6)
-        assert b["final"]["mean"] == pytest.approx(a["final"]["mean"], abs=1e-6)
-    assert len([e for e in _events(tmp_path / "mesh") if e["event"] == "rank_check"]) == 2
-    _close(_adapters(tmp_path / "one", 2), _adapters(tmp_path / "mesh", 2))
-    return started
 
 
 def test_a_2x2_mesh_on_two_launched_nodes_explores_at_nvfp4_as_one_process_does(tmp_path):

@@ -18,7 +18,7 @@ from solrl_core.engine.policy import OLD, TRAINED
 from solrl_core.loop.session import open_session
 from solrl_core.precision import fp8_attention
 from solrl_core.runtime.lanes import map_in_lanes
-from tests.test_rollout_copy import _kept, _perturb, update
+from tests.helpers import kept_rollouts as _kept, perturb as _perturb, update
 
 
 def test_lanes_run_side_by_side_in_order_single_threaded_and_restore_torch_threads():

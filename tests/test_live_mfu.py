@@ -113,7 +113,7 @@ def test_the_terminal_prints_each_iterations_mfu(tiny_run):
 def test_the_monitor_replays_the_same_mfu_from_the_log(tiny_run):
     """`solrl monitor` reads events.jsonl: its state gives the figure the live run printed."""
     from solrl_cli.tui.app import SolrlMonitor
-    from tests.test_tui import SIZE, screen_text
+    from tests.screens import screen_text, SIZE
 
     _, seen, printed, run_dir = tiny_run
     state = RunState()

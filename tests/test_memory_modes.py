@@ -17,7 +17,7 @@ from solrl_core.plan.footprint import BLOCK_SHARE, MemoryEstimate, estimate_memo
 from solrl_core.plan.memory_modes import GPU_SIZES, LADDER, choose_modes, rung_needed, smallest_gpu
 from solrl_core.plan.plan import MemoryModes
 from solrl_core.precision.hardware import GpuInfo
-from tests.test_tracking import _train as train_recording
+from tests.helpers import train_recording
 
 MODES = {"copies-whole": ("memory.copies=cpu-whole",), "copies-blocks": ("memory.copies=cpu-blocks",),
          "checkpointing": ("optimizer.checkpointing=true",), "vae": ("memory.vae_on_cpu=true",)}

@@ -26,8 +26,7 @@ from solrl_cli.tui.app import SolrlMonitor, outcome
 from solrl_cli.tui.panels import log_view
 from solrl_cli.tui.state import JsonlTail, RunState
 from solrl_core import events as ev
-from tests.test_tui import started
-from tests.test_tui_small import SMALL, text_of
+from tests.screens import SMALL, started, text_of
 
 ROOT = Path(__file__).resolve().parents[1]
 WARNING = "reward tinyworld_geneval is near-constant within every prompt group"

@@ -88,7 +88,7 @@ def test_a_run_that_failed_before_its_first_iteration_starts_again_with_the_same
 
 
 def test_compare_on_a_damaged_log_names_the_line_and_how_to_go_on(tmp_path):
-    from tests.test_compare import _record
+    from tests.helpers import record_events as _record
 
     run = tmp_path / "run"
     run.mkdir()

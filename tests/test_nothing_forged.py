@@ -21,8 +21,9 @@ from solrl_cli.app import app
 from solrl_core.faults.manifest import write_manifest
 from solrl_core.faults.state_files import load_state, save_state
 from tests.conftest import FAST
-from tests.test_trust import _copy, in_tmp  # noqa: F401  (fixture: each test in its own folder)
-from tests.test_trust_files import ENV, _refused, _rewrite_state, _solrl, _tree
+from tests.helpers import (assert_refused as _refused, copy_run as _copy, ENV, file_tree as _tree,
+                           rewrite_state as _rewrite_state, solrl_process as _solrl)
+from tests.helpers import in_tmp  # noqa: F401,F811  (fixtures, used by name)
 
 ITER = {n: ("checkpoints", f"iter_{n:06d}") for n in (1, 2, 3)}
 HOSTILE = "\x1b]0;owned\x07\x1b[2J\x9b31m"  # set the window title, clear the screen, an 8-bit CSI
@@ -256,7 +257,7 @@ def test_an_automatic_stop_exits_3_not_ctrl_cs_130(in_tmp):
 
 
 def test_reward_timeout_s_governs_start_up(tmp_path):
-    from tests.test_reward_client_limits import hostile, trickle
+    from tests.serving import hostile, trickle
 
     sets = [a for s in (*FAST, "run.eval_prompts=", "reward.timeout_s=13") for a in ("--set", s)]
     with hostile(trickle) as url:

@@ -14,7 +14,7 @@ import torch
 
 from solrl_core.config.presets import resolve_config
 from solrl_core.engine.sampler import batch_slices
-from tests.test_distributed import _adapters, _events
+from tests.helpers import logged_events as _events, saved_adapters as _adapters
 
 
 def test_batches_are_cut_within_groups_never_across():

@@ -21,6 +21,7 @@ from solrl_core.models import load_model
 from solrl_core.models.base import Conditioning
 from solrl_core.models.diffusers_models import select_files, weight_choice
 from tests.tiny_pipelines import BUILDERS, save_tiny_pipeline
+from tests.helpers import diffusers_pipeline as _pipeline, REAL_FAST as FAST
 
 # Model presets, each with a tiny pipeline of its architecture in tests/tiny_pipelines.py.
 LOADERS = ("sana", "flux1", "sd3", "sd35_medium", "qwen_image", "zimage", "flux2_klein")
@@ -28,11 +29,6 @@ CPU = torch.device("cpu")
 PACKED = ("flux1", "qwen_image")  # pipelines that take and return 2x2-packed latent tokens
 # At 32px: the tiny Qwen-Image VAE downsamples 4x, the others 2x; FLUX.2's latents are 2x2 patches.
 LATENT_SIDE = {"qwen_image": 8, "flux2_klein": 8}
-FAST = ("model.resolution=32", "model.lora_rank=4", "model.lora_alpha=8", "explore.group_size=4", "selection.group_size=2",
-        "explore.steps=1", "sampler.steps=2", "sampler.eval_steps=2", "run.prompts_per_iteration=1", "run.iterations=1",
-        "sampler.rollout_batch=4", "optimizer.micro_batch=2", "algorithm.timestep_fraction=0.5", "run.threads=2",
-        "run.device=cpu", "run.prompts=tiny",
-        "run.eval_prompts=")  # no evaluation: the presets' pickscore_test would need a download
 
 
 def _marked(slow: tuple[str, ...]) -> list:  # type: ignore[type-arg]
@@ -49,15 +45,6 @@ def folders(tmp_path_factory):
 
 def _model_config(name: str, folder, *extra: str):  # type: ignore[no-untyped-def]
     return resolve_config(name, "sol_rl", "jpeg_compressibility", sets=[*FAST, f"model.path={folder}", *extra]).model
-
-
-def _pipeline(name: str, folder):  # type: ignore[no-untyped-def]
-    """diffusers' own pipeline on the same folder, with a plain (unshifted) Euler flow scheduler."""
-    from diffusers import DiffusionPipeline, FlowMatchEulerDiscreteScheduler
-
-    pipe = DiffusionPipeline.from_pretrained(str(folder))
-    pipe.scheduler = FlowMatchEulerDiscreteScheduler()
-    return pipe
 
 
 @pytest.mark.parametrize("name", _marked(("zimage", "flux2_klein")))

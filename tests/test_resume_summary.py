@@ -15,20 +15,18 @@ from solrl_core import events as ev
 from solrl_core.config.presets import resolve_config
 from solrl_core.loop.evaluation import BASE_FILE
 from solrl_core.loop.trainer import train
-from solrl_core.runtime.stopping import StopFlag
+from tests.helpers import stop_flag_after
 
 CAPTIONS = "a red circle\ntwo blue squares\na green triangle left of a yellow circle\na red circle and a blue square\n"
 
 
 def _train(sets, resume=False, stop_after=None):
     """A tiny run through the plain display; its printed text and events."""
-    out, seen, flag = io.StringIO(), [], StopFlag()
+    out, seen = io.StringIO(), []
     bus = ev.EventBus()
     bus.subscribe(seen.append)
     bus.subscribe(TerminalDisplay(Console(file=out, width=400, highlight=False, markup=False)))
-    if stop_after is not None:
-        bus.subscribe(lambda e: setattr(flag, "requested", True)
-                      if isinstance(e, ev.IterationFinished) and e.iteration == stop_after else None)
+    flag = stop_flag_after(bus, stop_after)
     train(resolve_config("tiny", "sol_rl", sets=sets), bus, resume=resume, stop=flag)
     return out.getvalue(), seen
 

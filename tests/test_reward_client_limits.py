@@ -5,14 +5,13 @@ and one whose answer nests 100,000 deep is one line, not a RecursionError."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import socket
 import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Callable
 
 import pytest
 
@@ -21,52 +20,9 @@ from solrl_core.rewards.remote import RemoteReward
 from solrl_core.rewards.transport import MAX_ANSWER_BYTES
 from tests.conftest import FAST
 from tests.serving import ROOT
+from tests.serving import HEAD, hostile, trickle
 
-HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
 HUGE = 768 * 2**20
-
-
-@contextlib.contextmanager
-def hostile(answer: Callable[[socket.socket, threading.Event], None]) -> Iterator[str]:
-    """A server on 127.0.0.1 that reads each request's first bytes, then answers with `answer(conn, stop)`."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    listener.settimeout(0.2)
-    stop = threading.Event()
-
-    def handle(conn: socket.socket) -> None:
-        with conn:
-            try:
-                conn.recv(65536)
-                answer(conn, stop)
-            except OSError:  # the client hung up: what these servers are there to see
-                pass
-
-    def serve() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = listener.accept()
-            except (TimeoutError, OSError):
-                continue
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join(timeout=5)
-        listener.close()
-
-
-def trickle(conn: socket.socket, stop: threading.Event) -> None:
-    """Headers that never end, one byte every 0.5 s (for at most 120 s): each read waits far less than
-    any socket timeout."""
-    for byte in HEAD + b"X-Pad: " + b"a" * 240:
-        if stop.is_set():
-            return
-        conn.sendall(bytes([byte]))
-        time.sleep(0.5)
 
 
 def test_a_server_trickling_its_answer_cannot_hold_start_up_past_the_reward_timeout(tmp_path):

@@ -14,13 +14,8 @@ import torch
 import torch.nn.functional as F
 import transformers.models.clip
 from PIL import Image
-from tokenizers.pre_tokenizers import ByteLevel
 from transformers import (
-    CLIPConfig,
     CLIPImageProcessor,
-    CLIPModel,
-    CLIPProcessor,
-    CLIPTokenizer,
 )
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
@@ -31,6 +26,8 @@ from solrl_core.rewards import RewardContext, build_reward
 from solrl_core.rewards.clip_rewards import ClipScore, PickScore, processor_geometry
 from solrl_core.rewards.hpsv2 import CHECKPOINT, HPSv2
 from solrl_core.rewards.preprocess import resize_crop_normalize
+from tests.helpers import tiny_image_processor
+from tests.helpers import clip_dir  # noqa: F401,F811  (fixtures, used by name)
 
 # transformers 5's CLIPImageProcessor resizes with torchvision; its PIL pipeline is CLIPImageProcessorPil
 # (transformers 4 has only the PIL one, under the first name). Both are compared.
@@ -45,36 +42,6 @@ HPS_CONFIG = {"embed_dim": 32,
 IMAGE_EMB = torch.tensor([[3.0, 0.0, 0.0], [1.0, 1.0, 0.0]])
 TEXT_EMB = torch.tensor([[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]])
 DIAGONAL_COS = torch.tensor([1 / math.sqrt(2), 0.5])
-
-
-def tiny_tokenizer() -> CLIPTokenizer:
-    """Byte-level CLIP BPE with no merges: every byte, and every byte ending a word."""
-    vocab = {"<|startoftext|>": 0, "<|endoftext|>": 1}
-    for suffix in ("", "</w>"):
-        vocab.update({c + suffix: len(vocab) + i for i, c in enumerate(sorted(ByteLevel.alphabet()))})
-    return CLIPTokenizer(vocab=vocab, merges=[])
-
-
-def tiny_image_processor(cls: type = CLIPImageProcessor):
-    return cls(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32})
-
-
-@pytest.fixture(scope="module")
-def clip_dir(tmp_path_factory) -> Path:
-    """A random CLIPModel and its processor, saved as one folder (the layout reward.paths expects)."""
-    folder = tmp_path_factory.mktemp("clip")
-    tokenizer = tiny_tokenizer()
-    config = CLIPConfig(
-        text_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                         vocab_size=len(tokenizer), max_position_embeddings=77,
-                         bos_token_id=0, eos_token_id=1, pad_token_id=1),
-        vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
-                           image_size=32, patch_size=16),
-        projection_dim=16)
-    torch.manual_seed(0)
-    CLIPModel(config).save_pretrained(folder)
-    CLIPProcessor(image_processor=tiny_image_processor(), tokenizer=tokenizer).save_pretrained(folder)
-    return folder
 
 
 def hps_model() -> torch.nn.Module:

@@ -17,7 +17,6 @@ import torch
 from solrl_core import events as ev
 from solrl_core.config.convert import load_run_config
 from solrl_core.config.presets import resolve_config
-from solrl_core.data.tinyworld import example
 from solrl_core.errors import SolrlError
 from solrl_core.faults.manifest import verify
 from solrl_core.io.images import to_uint8
@@ -32,6 +31,7 @@ from solrl_core.rewards.transport import HttpError
 from solrl_core.rewards.watchdog import RewardFailure
 from solrl_core.rewards.wire import decode_images, encode_images
 from tests.serving import ROOT, request, reward_server
+from tests.helpers import noisy_world
 
 
 @pytest.fixture(scope="module")
@@ -39,14 +39,6 @@ def server(tmp_path_factory):
     with reward_server(tmp_path_factory.mktemp("server"), "--reward", "tinyworld_geneval", "--batch-size", "8",
                        "--max-images", "64") as served:
         yield served
-
-
-def noisy_world(count=24, seed=0):
-    """Tiny-world captions and their images, blurred by noise so that scores vary (not all 1.0)."""
-    pairs = [example(s) for s in range(count)]
-    images = torch.stack([torch.from_numpy(img).permute(2, 0, 1).float() / 255 for _, img in pairs])
-    noise = torch.randn(images.shape, generator=torch.Generator().manual_seed(seed))
-    return [p for p, _ in pairs], (images + 0.12 * noise).clamp(0, 1)
 
 
 def _post(url, body, headers=None):

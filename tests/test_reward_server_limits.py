@@ -29,7 +29,7 @@ from solrl_core.rewards.remote import RemoteReward
 from solrl_core.rewards.tinyworld import TinyWorldReward
 from solrl_core.rewards.wire import encode_images
 from tests.serving import ROOT, free_port, request, reward_server
-from tests.test_reward_server import noisy_world
+from tests.helpers import noisy_world
 
 T = TypeVar("T")
 TOKEN = "s3cret"

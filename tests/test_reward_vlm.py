@@ -15,7 +15,7 @@ from solrl_core.rewards.tinyworld import TinyWorldReward
 from solrl_core.rewards.vlm import VlmJudge
 from solrl_core.rewards.wire import png_bytes
 from tests.serving import request, serve
-from tests.test_reward_server import noisy_world
+from tests.helpers import noisy_world
 
 openai = pytest.importorskip("openai")
 MODEL = "tiny-judge"

@@ -25,36 +25,16 @@ from solrl_core.engine.rollout import Draws
 from solrl_core.errors import SolrlError
 from solrl_core.loop.loop_state import LoopState
 from solrl_core.loop.session import open_session
-from solrl_core.loop.stages import explore, regenerate, roll_out, score_drafts, score_finals, select_seeds, sync
-from solrl_core.loop.stages import train as update_on
+from solrl_core.loop.stages import roll_out, sync
 from solrl_core.loop.trainer import StopFlag, train
 from solrl_core.loop.warmup import warm_up_sizes
+from tests.helpers import kept_rollouts as _kept, perturb as _perturb, update
 
 
 def _session(fast_sets, *extra: str, run_dir: str = "run"):
     """An open run (its fixed part: the loop state is not needed here)."""
     cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("run.eval_prompts=", *extra, run_dir=run_dir))
     return open_session(cfg).run
-
-
-def _kept(run, prompts):
-    """Stage 2's rollouts of one iteration's kept seeds."""
-    rng = np.random.default_rng(0)
-    drafts = explore(run, prompts, rng)
-    return regenerate(run, drafts.subset(select_seeds(run, score_drafts(run, LoopState(), ev.EventBus(), drafts), rng)))
-
-
-def update(run, batch, rng):
-    """One update on `batch` as the loop makes it (scored, advantages over the batch)."""
-    return update_on(run, score_finals(run, LoopState(), ev.EventBus(), batch), rng)
-
-
-def _perturb(policy, seed: int) -> None:
-    """Give both adapters distinct non-zero weights, so v, v_old and v_ref all differ."""
-    g = torch.Generator().manual_seed(seed)
-    for name in (TRAINED, OLD):
-        state = {k: v + 0.02 * torch.randn(v.shape, generator=g) for k, v in policy.state(name).items()}
-        policy.load_state(name, state)
 
 
 def _full_latents(session, seeds):

@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.test_distributed import _adapters, _events, _spawn
-from tests.test_fsdp import _close
-from tests.test_fsdp_explore import _caches, _caches_equal, _config, _train_recording_kept, same_iterations
+from tests.helpers import (assert_adapters_close as _close, copy_tensors as _caches,
+                           copy_tensors_equal as _caches_equal, explore_config as _config, logged_events as _events,
+                           same_iterations, saved_adapters as _adapters, spawn as _spawn,
+                           train_recording_kept as _train_recording_kept)
 
 PRECISION = "nvfp4-emulated"
 SHARDED = "distributed.copy_layout=sharded"
@@ -246,6 +247,6 @@ def test_two_ranks_on_a_sharded_explore_copy_alone_train_what_one_process_does(t
 def test_a_2x2_mesh_on_two_launched_nodes_explores_on_a_sharded_copy_as_one_process_does(tmp_path):
     """Two launcher invocations with --nnodes 2 on this machine, 2 processes each (a replicate 2 x
     shard 2 mesh): the copy sharded within a node and replicated across nodes, as the policy is."""
-    from tests.test_fsdp_explore import mesh_equals_one_process
+    from tests.helpers import mesh_equals_one_process
 
     assert mesh_equals_one_process(tmp_path, PRECISION, SHARDED)["copy_layout"] == "sharded"

@@ -259,7 +259,7 @@ def test_no_function_takes_more_than_8_positional_parameters():
     for name, path in MODULES.items():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not _is_command(name, node):
-                params = [a.arg for a in node.args.posonlyargs + node.args.args if a.arg not in ("self", "cls")]
+                params = [a.arg for a in node.args.posonlyargs + node.args.args]  # self and cls count
                 if len(params) > MAX_POSITIONAL:
                     wide.append(f"{name}.{node.name} ({len(params)})")
     assert not wide, "take the rest by name or as a value: " + ", ".join(wide)
@@ -294,3 +294,31 @@ def test_the_walk_from_the_loop_stays_at_or_below_the_loop():
     assert {"solrl_core/loop/stages.py", "solrl_core/loop/update.py"} <= set(files) and back == moves - (len(files) - 1) >= 0
     layers = {path: LAYER_OF.get(_folder(".".join(Path(path).with_suffix("").parts)), -1) for path in files}
     assert all(0 <= depth <= LAYER_OF["solrl_core.loop"] for depth in layers.values()), layers
+
+
+def _test_modules_imported(source: str) -> set[str]:
+    """The test modules (test_*.py) that `source` imports, anywhere in it."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            names = [f"{node.module or ''}.{alias.name}" for alias in node.names] + [node.module or ""]
+        else:
+            continue
+        found |= {name for name in names if name.split(".")[-1].startswith("test_")}
+    return found
+
+
+def test_the_test_import_check_finds_a_planted_import():
+    planted = "def f():\n    from tests.test_tui import started\nimport tests.test_wan\nfrom tests import test_fsdp\n"
+    assert _test_modules_imported(planted) == {"tests.test_tui", "tests.test_wan", "tests.test_fsdp"}
+    assert not _test_modules_imported("from tests.helpers import started\nfrom tests.conftest import FAST\n")
+
+
+def test_no_test_module_imports_another():
+    """What tests share lives in tests/helpers.py (or conftest.py, serving.py): importing a test module
+    runs its module-level code and, with pytest, can collect its tests twice."""
+    found = {path.name: sorted(names) for path in sorted((ROOT / "tests").rglob("*.py"))
+             if (names := _test_modules_imported(path.read_text(encoding="utf-8")))}
+    assert not found, "move what they share to tests/helpers.py: " + str(found)

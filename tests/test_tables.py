@@ -2,35 +2,15 @@
 
 from __future__ import annotations
 
-import io
 import re
 import types
 from pathlib import Path
 
 import pytest
-from rich.console import Console
 from typer.testing import CliRunner
 
 from solrl_cli.app import app
-
-NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?(?:/\d+)?")
-
-
-def consoles() -> list[Console]:
-    """An 80-column terminal, and a pipe (not a terminal: rich's own width, COLUMNS unset)."""
-    return [Console(file=io.StringIO(), width=80, force_terminal=True, color_system=None, highlight=False, markup=False),
-            Console(file=io.StringIO(), highlight=False, markup=False)]
-
-
-def printed(console: Console) -> str:
-    text = console.file.getvalue()
-    assert all(len(line) <= 80 for line in text.splitlines()), text
-    assert "…" not in text, text
-    return text
-
-
-def tokens(text: str) -> list[str]:
-    return [m.group() for m in NUMBER.finditer(text)]
+from tests.screens import consoles, printed, tokens
 
 
 def rank_check_result(ks: list[int]) -> types.SimpleNamespace:

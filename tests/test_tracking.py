@@ -7,20 +7,9 @@ import json
 import pytest
 
 from solrl_core import events as ev
-from solrl_core.config.presets import resolve_config
 from solrl_core.errors import SolrlError
-from solrl_core.loop.trainer import StopFlag, train
 from solrl_core.tracking import metrics, require
-
-
-def _train(sets, resume=False, stop_after=None):
-    bus, seen, flag = ev.EventBus(), [], StopFlag()
-    bus.subscribe(seen.append)
-    if stop_after is not None:
-        bus.subscribe(lambda e: setattr(flag, "requested", True)
-                      if isinstance(e, ev.IterationFinished) and e.iteration == stop_after else None)
-    session = train(resolve_config("tiny", "sol_rl", sets=sets), bus, resume=resume, stop=flag)
-    return session, seen
+from tests.helpers import train_recording as _train
 
 
 def _scalars(run_dir):

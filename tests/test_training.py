@@ -13,19 +13,7 @@ from solrl_core.config.presets import resolve_config
 from solrl_core.loop.session import open_session
 from solrl_core.loop.stages import explore, regenerate, score_drafts, select_seeds
 from solrl_core.loop.trainer import StopFlag, train
-
-
-def _run(sets, family="sol_rl", resume=False, stop_after=None):
-    bus = ev.EventBus()
-    seen = []
-    bus.subscribe(seen.append)
-    flag = StopFlag()
-    if stop_after is not None:
-        bus.subscribe(lambda e: setattr(flag, "requested", True)
-                      if isinstance(e, ev.IterationFinished) and e.iteration == stop_after else None)
-    cfg = resolve_config("tiny", family, sets=sets)
-    session = train(cfg, bus, resume=resume, stop=flag)
-    return session, seen
+from tests.helpers import train_recording as _run
 
 
 @pytest.mark.parametrize("family", ["sol_rl", "naive_scaling", "naive_quant", "diffusionnft",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 
@@ -19,42 +18,10 @@ from typer.testing import CliRunner
 from solrl_cli.app import app
 from solrl_core.faults.manifest import MANIFEST, write_manifest
 from solrl_core.faults.state_files import load_legacy, load_state, save_state
-from tests.conftest import FAST
+from tests.helpers import CKPT, copy_run as _copy
+from tests.helpers import in_tmp, trained  # noqa: F401,F811  (fixtures, used by name)
 
 runner = CliRunner()
-CKPT = ("checkpoints", "iter_000001")
-
-
-@pytest.fixture(autouse=True)
-def in_tmp(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("SOLRL_DEBUG", raising=False)
-    return tmp_path
-
-
-def _train(*extra: str):  # type: ignore[no-untyped-def]
-    args = [a for s in (*FAST, "run.eval_prompts=") for a in ("--set", s)]  # no evaluation: a checkpoint is all we need
-    result = runner.invoke(app, ["train", *args, *extra])
-    assert result.exit_code == 0, result.output
-    return result
-
-
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):  # type: ignore[no-untyped-def]
-    """One trained run (lora rank 8, a checkpoint at iteration 1) that each test copies."""
-    home = tmp_path_factory.mktemp("trained")
-    cwd = os.getcwd()
-    os.chdir(home)
-    try:
-        _train("--iterations", "1", "--run-dir", "r", "--set", "model.lora_rank=8")
-    finally:
-        os.chdir(cwd)
-    return home / "r"
-
-
-def _copy(trained, to):  # type: ignore[no-untyped-def]
-    shutil.copytree(trained, to)
-    return to
 
 
 class _Planted:

@@ -4,10 +4,8 @@ state value in its checkpoints is checked before use, and a damaged events line 
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -21,29 +19,12 @@ from solrl_core.errors import SolrlError
 from solrl_core.faults.manifest import verify, write_manifest
 from solrl_core.faults.state_files import load_state, save_state
 from solrl_core.io.atomic import write_atomic
-from tests.test_compare import _record
-from tests.test_disks import _in_tmpfs
-from tests.test_trust import CKPT, _copy, in_tmp, trained  # noqa: F401  (fixtures: one tiny run for the module)
+from tests.helpers import (assert_refused as _refused, CKPT, copy_run as _copy, file_tree as _tree,
+                           in_tmpfs as _in_tmpfs, record_events as _record, rewrite_state as _rewrite_state,
+                           solrl_process as _solrl)
+from tests.helpers import in_tmp, trained  # noqa: F401,F811  (fixtures, used by name)
 
-ENV = {k: v for k, v in os.environ.items() if k != "SOLRL_DEBUG"}
 DEEP = "[" * 10**6 + "]" * 10**6  # a line nested 10^6 deep
-
-
-def _solrl(cwd: Path, *args: str, code: str | None = None) -> subprocess.CompletedProcess:
-    """A real `solrl` process (`code`: a -c script that runs the CLI itself)."""
-    head = ["-c", code] if code else ["-m", "solrl_cli"]
-    return subprocess.run([sys.executable, *head, *args], capture_output=True, text=True, timeout=300, env=ENV, cwd=cwd)
-
-
-def _refused(done: subprocess.CompletedProcess, *expected: str) -> None:
-    out = done.stdout + done.stderr
-    assert done.returncode == 2, out[-3000:]
-    assert "internal error" not in out and "Traceback" not in out, out[-3000:]
-    assert out.count("error:") == 1 and all(e in out for e in expected), out[-3000:]
-
-
-def _tree(folder: Path) -> dict[str, int]:
-    return {p.relative_to(folder).as_posix(): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 # ---------------------------------------------------------------- links out of the run folder
@@ -124,13 +105,6 @@ def test_a_link_that_stays_inside_the_run_folder_is_left_alone(tmp_path):
 
 
 # ---------------------------------------------------------------- hostile state values
-
-
-def _rewrite_state(folder: Path, **values) -> None:
-    """trainer_state.json with `values`, the manifest rewritten to match, as anyone who can write the folder can."""
-    state = json.loads((folder / "trainer_state.json").read_text())
-    (folder / "trainer_state.json").write_text(json.dumps({**state, **values}))
-    write_manifest(folder)
 
 
 def _no_iteration_ran(run: Path, events_before: str) -> None:

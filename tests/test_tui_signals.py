@@ -16,7 +16,7 @@ import pytest
 from solrl_cli.tui import app as tui
 from solrl_core.config.schema import Config
 from solrl_core.runtime import distributed
-from tests.test_tui import SIZE, iteration
+from tests.screens import iteration, SIZE
 
 
 def _trainer(flags: list, done=lambda stop: stop.requested) -> SimpleNamespace:  # type: ignore[no-untyped-def,type-arg]

@@ -4,14 +4,12 @@ chart with error bars on an honest y range, and the training process's CPU and m
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import os
 import re
 import socket
 import time
 
-from rich.console import Console
 
 from solrl_cli.tui.app import JsonlTail, SolrlMonitor
 from solrl_cli.tui.meter import ProcessMeter
@@ -19,16 +17,9 @@ from solrl_cli.tui.panels import eval_charts
 from solrl_cli.tui.screens import HelpScreen
 from solrl_cli.tui.state import PANELS, RunState
 from solrl_core import events as ev
-from tests.test_tui import iteration, started
+from tests.screens import iteration, SMALL, started, text_of
 
-SMALL = (80, 24)
 KINDS = {"tinyworld_geneval.strict_accuracy": 0.4751, "tinyworld_geneval.count": 0.8423, "tinyworld_geneval.position": 0.5741}
-
-
-def text_of(app: SolrlMonitor) -> str:
-    console = Console(width=SMALL[0], height=SMALL[1], file=io.StringIO(), record=True, force_terminal=True)
-    console.print(app.screen._compositor.render_update(full=True))
-    return console.export_text()
 
 
 def eval_log(path, evals: int = 6, change: float = 0.01, se: float = 0.02) -> None:

@@ -66,7 +66,7 @@ def test_a_longer_clip_costs_about_its_latent_frames_more():
 def test_a_wan_runs_own_count_is_the_derivation_at_its_latent(tmp_path):
     from solrl_core.models import load_model
     from solrl_core.telemetry.model_flops import count_velocity_flops
-    from tests.test_wan import FAST, NAME
+    from tests.helpers import WAN_FAST as FAST, WAN_NAME as NAME
     from tests.tiny_pipelines import save_tiny_pipeline
 
     folder = save_tiny_pipeline(NAME, tmp_path / NAME)

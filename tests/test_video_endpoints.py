@@ -16,8 +16,8 @@ from solrl_core.rewards.endpoints import check_media
 from solrl_core.rewards.names import judged_media
 from solrl_core.rewards.wire import decode_clips, encode_clips
 from tests.serving import request, reward_server, serve
-from tests.test_reward_clip import clip_dir  # noqa: F401 - the tiny CLIP folder fixture
-from tests.test_reward_server import noisy_world
+from tests.helpers import noisy_world
+from tests.helpers import clip_dir  # noqa: F401,F811  (fixtures, used by name)
 
 
 def random_clips(b=3, f=5, side=32, seed=0):

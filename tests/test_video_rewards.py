@@ -12,7 +12,7 @@ from solrl_core.errors import SolrlError
 from solrl_core.rewards import RewardSet
 from solrl_core.rewards.jpeg import JpegSize
 from solrl_core.rewards.video import frame_indices, score_frames
-from tests.test_reward_clip import clip_dir  # noqa: F401 - the tiny CLIP folder fixture
+from tests.helpers import clip_dir  # noqa: F401,F811  (fixtures, used by name)
 
 
 def clips(b: int = 2, f: int = 5, seed: int = 0) -> torch.Tensor:

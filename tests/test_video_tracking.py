@@ -13,7 +13,7 @@ import torch
 from solrl_core.config.presets import resolve_config
 from solrl_core.engine.rollout import RolloutBatch
 from solrl_core.tracking.samples import sample_grid
-from tests.test_wan import FAST, NAME
+from tests.helpers import WAN_FAST as FAST, WAN_NAME as NAME
 from tests.tiny_pipelines import save_tiny_pipeline
 
 

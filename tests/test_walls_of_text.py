@@ -44,7 +44,7 @@ def _bench_row(family: str) -> dict:
 def test_piped_bench_tables_cut_no_number_or_family(monkeypatch):
     """Piped, rich's width is 80 columns: 'naive_scal...' and '0.17-0...' were what a pipe got."""
     from solrl_cli import bench_cmd
-    from tests.test_tables import consoles, printed, tokens
+    from tests.screens import consoles, printed, tokens
 
     rows = [_bench_row("naive_scaling"), _bench_row("sol_rl")]
     result = {"model": {"preset": "sana", "size": "tiny", "parameters": 12_345_678, "frames": 0},

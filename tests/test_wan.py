@@ -20,14 +20,9 @@ from solrl_core.errors import SolrlError
 from solrl_core.loop.trainer import StopFlag, train
 from solrl_core.models import load_model
 from tests.tiny_pipelines import save_tiny_pipeline
+from tests.helpers import WAN_FAST as FAST, WAN_NAME as NAME
 
-NAME = "wan21_t2v_1_3b"
 CPU = torch.device("cpu")
-FAST = ("model.resolution=32", "model.lora_rank=4", "model.lora_alpha=8", "explore.group_size=4", "selection.group_size=2",
-        "explore.steps=1", "sampler.steps=2", "sampler.eval_steps=2", "run.prompts_per_iteration=1", "run.iterations=1",
-        "sampler.rollout_batch=4", "optimizer.micro_batch=2", "algorithm.timestep_fraction=0.5", "run.threads=2",
-        "run.device=cpu", "run.prompts=tiny", "run.eval_prompts=tiny", "run.eval_rewards=jpeg_incompressibility",
-        "model.quant_min_dim=0")
 
 
 @pytest.fixture(scope="module")

@@ -213,7 +213,8 @@ class Engine:
                 if images.is_cuda:  # wait for queued GPU work so a phase's time is its own
                     torch.cuda.synchronize(images.device)
             else:
-                latents, images = self._in_batches(net, dtype, cond, seeds, steps, progress, stop, sizes, sampler=sampler)
+                latents, images = self._in_batches(net, dtype, cond, seeds, steps, progress=progress, stop=stop,
+                                                   sizes=sizes, sampler=sampler)
         return Generated(latents, images, self.sampler.sigmas(steps), time.perf_counter() - t0)
 
     def lanes_for(self, on: str) -> int:
@@ -233,8 +234,8 @@ class Engine:
         return self.explore_copy if on == "explore" and self.explore_copy is not None else self.rollout_copy
 
     def _in_batches(self, net: nn.Module, dtype: torch.dtype, cond: Conditioning, seeds: torch.Tensor, steps: int,
-                    progress: Progress | None, stop: Callable[[], bool] | None,
-                    sizes: list[int] | None, *, sampler: Sampler) -> tuple[torch.Tensor, torch.Tensor]:
+                    *, progress: Progress | None, stop: Callable[[], bool] | None,
+                    sizes: list[int] | None, sampler: Sampler) -> tuple[torch.Tensor, torch.Tensor]:
         total = seeds.numel()
         parts = batch_slices(total, sampler.batch_size, sizes)
         every = -(-len(parts) // PROGRESS_REPORTS)  # ceil: at most PROGRESS_REPORTS reports

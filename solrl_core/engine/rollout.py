@@ -65,9 +65,9 @@ def cast(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:
 class RolloutCopy:
     """A merged, frozen copy of the base transformer at a rollout precision."""
 
-    def __init__(self, module: nn.Module, precision: str, rule: LayerRule, compile: bool = False,
+    def __init__(self, module: nn.Module, precision: str, rule: LayerRule, *, compile: bool = False,
                  compile_mode: str = "default", sharded: bool = False, fp8_backend: str = "scaled_mm",
-                 fp8_attention: bool = False, *, nvfp4_emulation: str = "exact") -> None:
+                 fp8_attention: bool = False, nvfp4_emulation: str = "exact") -> None:
         """Takes ownership of `module` (a copy of the base transformer, without adapters). `sharded`: a
         skeleton to be sharded like the policy when first filled (sharded_copy.shard_copy). `fp8_backend`:
         fp8's kernel (explore.fp8_backend, precision/backends.py). `fp8_attention`: its forward runs
