@@ -26,7 +26,8 @@ def add_common_args(p: argparse.ArgumentParser, json_help: str) -> None:
     """The options every benchmark shares: model preset, device, threads, overrides, JSON output."""
     p.add_argument("--model", default="tiny", help="model preset (default: tiny, the pre-trained tiny world)")
     add_device_arg(p)
-    p.add_argument("--threads", type=int, default=0, help="run.threads, CPU threads for torch (0 = auto: one per usable core)")
+    p.add_argument("--threads", type=int, default=0, help="run.threads, CPU threads for torch (0 = auto: one per "
+                                                          "usable core)")
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="extra config override, as solrl train --set (repeatable)")
     p.add_argument("--json", type=Path, metavar="PATH", help=json_help)

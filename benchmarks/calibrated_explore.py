@@ -35,18 +35,21 @@ ARMS = {"fixed": (), "auto": ("explore.calibrate=steps",), "auto-precision": ("e
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p, "write every run's figures here")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="run seeds (default: 0 1 2)")
     p.add_argument("--iterations", type=int, help="run.iterations (default: the model preset's)")
-    p.add_argument("--recalibrate-every", type=int, default=10, help="explore.recalibrate_every of the auto arms (default: 10)")
+    p.add_argument("--recalibrate-every", type=int, default=10, help="explore.recalibrate_every of the auto arms "
+                                                                     "(default: 10)")
     p.add_argument("--arms", nargs="+", choices=list(ARMS), default=["fixed", "auto"],
                    help="arms to run (default: fixed auto; auto-precision: explore.calibrate=steps+precision)")
     return p.parse_args(argv)
 
 
 def run_one(args: argparse.Namespace, arm: str, seed: int, root: Path) -> dict:
-    sets = [f"run.seed={seed}", f"run.device={args.device}", f"run.threads={args.threads}", f"run.run_dir={root / f'{arm}{seed}'}",
+    sets = [f"run.seed={seed}", f"run.device={args.device}", f"run.threads={args.threads}",
+            f"run.run_dir={root / f'{arm}{seed}'}",
             "run.image_every=0", *ARMS[arm], f"explore.recalibrate_every={args.recalibrate_every}", *args.sets]
     if args.iterations:
         sets.append(f"run.iterations={args.iterations}")
@@ -99,7 +102,8 @@ def summary(rows: list[dict]) -> list[str]:
         lines.append(f"{arm}: {len(mine)} run seeds, {mine[0]['iterations']} iterations each")
         lines.append(f"  preview steps by iteration (seed {mine[0]['seed']}): {mine[0]['explore_steps']}")
         if mine[0]["calibrations"]:
-            lines.append(f"  chosen at each calibration (seed {mine[0]['seed']}): {[c['chosen'] for c in mine[0]['calibrations']]}")
+            lines.append(f"  chosen at each calibration (seed {mine[0]['seed']}): "
+                         f"{[c['chosen'] for c in mine[0]['calibrations']]}")
         lines.append(f"  Stage 1: {np.mean([r['stage1_seconds'] for r in mine]):.3f} s/it, "
                      f"{np.mean([r['stage1_flops'] for r in mine]) / 1e9:.2f} GFLOP/it; calibration "
                      f"{np.mean([r['calibrate_seconds'] for r in mine]):.1f} s a run")
@@ -123,8 +127,8 @@ def main(argv: list[str] | None = None) -> None:
                 rows.append(run_one(args, arm, seed, Path(tmp)))
                 if args.json:  # after every run: a long benchmark stopped early keeps what it measured
                     args.json.write_text(json.dumps({"rows": rows}, indent=2))
-                print(f"{arm} seed {seed}: gain {rows[-1]['gain']:+.4f}, Stage 1 {rows[-1]['stage1_seconds']:.3f} s/it, "
-                      f"steps {sorted(set(rows[-1]['explore_steps']))}", flush=True)
+                print(f"{arm} seed {seed}: gain {rows[-1]['gain']:+.4f}, Stage 1 {rows[-1]['stage1_seconds']:.3f} "
+                      f"s/it, steps {sorted(set(rows[-1]['explore_steps']))}", flush=True)
     where = device_label(resolved_device(args.device))
     modes = ", ".join(f"{a}: {ARMS[a][0] if ARMS[a] else 'explore.calibrate=off'}" for a in args.arms)
     print(f"\n{' against '.join(args.arms)} ({modes}) on {where}")

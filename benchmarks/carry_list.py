@@ -35,7 +35,8 @@ MACHINE_HAS = ("torch", "transformers", "peft", "typer", "rich", "matplotlib")  
 WALKED = ("torch", "transformers", "peft", "matplotlib")  # the machine's packages whose requirements it has too
 LEASE_EXTRAS = ("lease",)
 # the machine's CPython 3.12 on Linux x86_64, for environment markers
-MARKERS = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux", "platform_system": "Linux",
+MARKERS = {"python_version": "3.12", "python_full_version": "3.12.3", "sys_platform": "linux",
+           "platform_system": "Linux",
            "platform_machine": "x86_64", "os_name": "posix", "implementation_name": "cpython",
            "platform_python_implementation": "CPython", "platform_release": "", "platform_version": "", "extra": ""}
 DOWNLOAD = "pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 -d wheels"
@@ -149,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
                    f"else the packages it named: {', '.join(MACHINE_HAS)})")
     args = p.parse_args(argv)
     has = machine_has(args.baseline)
-    print(f"# the machine has: {', '.join(has)} ({args.baseline if args.baseline.exists() else 'carry_list.MACHINE_HAS'})")
+    print(f"# the machine has: {', '.join(has)} "
+          f"({args.baseline if args.baseline.exists() else 'carry_list.MACHINE_HAS'})")
     print(command(carry_list(has)))
 
 

@@ -5,7 +5,8 @@ module, or `module.function` through an imported solrl module), depth first, eac
     python benchmarks/code_walk.py [--root DIR] [--start MODULE:FUNCTION ...]
 
 Prints the files the walk enters, its moves (calls into another file) and, of those, its moves back
-(calls into a file the walk entered before: the reader returns to a file already read). Calls through objects (`run.engine.generate(...)`) are not followed: a static reading
+(calls into a file the walk entered before: the reader returns to a file already read). Calls through objects
+(`run.engine.generate(...)`) are not followed: a static reading
 cannot tell their target, so the figures are a lower bound of what a reader meets. Used to compare
 the code's layout before and after a change (run it on two checkouts).
 """

@@ -40,11 +40,13 @@ NEVER = 10**9  # run.iterations: the budget, not the iteration count, ends a run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p, "write every family's series here")
     add_families_arg(p, DEFAULT_FAMILIES)
     p.add_argument("--budget-seconds", type=float, default=150.0, help="training seconds per family (default: 150)")
-    p.add_argument("--eval-every", type=int, default=5, help="run.eval_every: iterations between evaluations (default: 5)")
+    p.add_argument("--eval-every", type=int, default=5, help="run.eval_every: iterations between evaluations (default: "
+                                                             "5)")
     p.add_argument("--eval-seeds", type=int, default=2, help="run.eval_seeds: seeds per held-out prompt (default: 2)")
     p.add_argument("--target", type=float, help="held-out reward to reach (default: base + half the largest gain)")
     p.add_argument("--n", type=int, help="N, explore.group_size (default: the model preset's)")
@@ -63,18 +65,22 @@ def run_family(family: str, args: argparse.Namespace, root: Path) -> dict:
     sets = [f"run.iterations={NEVER}", f"run.checkpoint_every={NEVER}", f"run.eval_every={args.eval_every}",
             f"run.eval_seeds={args.eval_seeds}", f"run.seed={args.seed}", f"run.device={args.device}",
             f"run.threads={args.threads}", f"run.run_dir={root / family}"]
-    sets += [f"explore.group_size={args.n}"] * (args.n is not None) + [f"selection.group_size={args.k}"] * (args.k is not None)
+    sets += ([f"explore.group_size={args.n}"] * (args.n is not None) + [f"selection.group_size={args.k}"]
+             * (args.k is not None))
     cfg = resolve_config(model=args.model, family=family, sets=sets + args.sets)
     if not cfg.run.eval_prompts:
-        raise SystemExit(f"model preset {args.model} sets no run.eval_prompts: pass --set run.eval_prompts=<held-out set>")
+        raise SystemExit(f"model preset {args.model} sets no run.eval_prompts: pass --set run.eval_prompts=<held-out "
+                         f"set>")
     stop, clock = StopFlag(), {"train_s": 0.0, "iterations": 0}
     started: list[ev.RunStarted] = []
     points: list[dict] = []
 
     def point(iteration: int, mean: float, extras: dict[str, float]) -> None:
-        points.append({"iteration": iteration, "train_s": clock["train_s"], "reward": mean, "strict": extras.get(STRICT)})
+        points.append({"iteration": iteration, "train_s": clock["train_s"], "reward": mean,
+                       "strict": extras.get(STRICT)})
         strict = f" (strict {extras[STRICT]:.3f})" if STRICT in extras else ""
-        print(f"  {family} iter {iteration:>4}  train {clock['train_s']:>7.1f} s  held-out {mean:.4f}{strict}", flush=True)
+        print(f"  {family} iter {iteration:>4}  train {clock['train_s']:>7.1f} s  held-out {mean:.4f}{strict}",
+              flush=True)
 
     def collect(event: ev.Event) -> None:
         if isinstance(event, ev.RunStarted):
@@ -107,22 +113,25 @@ def time_to(points: list[dict], target: float) -> dict | None:
 
 def report(results: list[dict], args: argparse.Namespace) -> tuple[str, dict]:
     first = results[0]
-    lines = [f"device: {device_label(first['device'])} | torch {torch.__version__} | threads {torch.get_num_threads()} | dtype {first['dtype']}",
-             f"budget {args.budget_seconds:g} training seconds per family (iterations' seconds['total']; evaluations not counted) | "
-             f"seed {args.seed} | prompts/iter {first['prompts_per_iteration']} | eval: EMA weights, {first['eval_prompts']}, "
-             f"{first['eval_samples']} samples, every {args.eval_every} iterations"]
+    lines = [f"device: {device_label(first['device'])} | torch {torch.__version__} | threads {torch.get_num_threads()} "
+             f"| dtype {first['dtype']}",
+             f"budget {args.budget_seconds:g} training seconds per family (iterations' seconds['total']; evaluations "
+             f"not counted) | seed {args.seed} | prompts/iter {first['prompts_per_iteration']} | eval: EMA weights, "
+             f"{first['eval_prompts']}, {first['eval_samples']} samples, every {args.eval_every} iterations"]
     lines += [f"  {r['family']}: {r['plan']}" for r in results]
     bases = {r["family"]: r["points"][0]["reward"] for r in results}
     base = bases[first["family"]]
     lines += ["", "held-out reward by training seconds: train-s -> reward (strict accuracy)"]
     for r in results:
-        series = ", ".join(f"{p['train_s']:.1f} -> {p['reward']:.4f}" + (f" ({p['strict']:.3f})" if p["strict"] is not None else "")
+        series = ", ".join(f"{p['train_s']:.1f} -> {p['reward']:.4f}"
+                           + (f" ({p['strict']:.3f})" if p["strict"] is not None else "")
                            for p in r["points"])
         best = max(p["reward"] for p in r["points"])
         lines.append(f"{r['family']} ({r['iterations']} iterations, {r['train_s']:.1f} s trained, best {best:.4f}, "
                      f"gain {best - base:+.4f}): {series}")
     if len(set(bases.values())) > 1:
-        lines.append("note: the base evaluations differ between families: " + ", ".join(f"{f} {b:.4f}" for f, b in bases.items()))
+        lines.append("note: the base evaluations differ between families: "
+                     + ", ".join(f"{f} {b:.4f}" for f, b in bases.items()))
     gains = {r["family"]: max(p["reward"] for p in r["points"]) - base for r in results}
     top = max(gains, key=gains.get)
     summary: dict = {"base": base, "gains": gains}
@@ -131,13 +140,15 @@ def report(results: list[dict], args: argparse.Namespace) -> tuple[str, dict]:
         lines += ["", f"target held-out reward {target:.4f} (--target)"]
     elif gains[top] > 0:
         target = base + gains[top] / 2
-        lines += ["", f"target held-out reward {target:.4f} = base {base:.4f} + half of the largest gain {gains[top]:.4f} ({top})"]
+        lines += ["", f"target held-out reward {target:.4f} = base {base:.4f} + half of the largest gain "
+                      f"{gains[top]:.4f} ({top})"]
     else:
         lines += ["", "no family improved on the base held-out reward: no target, no time to target"]
         return "\n".join(lines), summary
     reached = {r["family"]: time_to(r["points"], target) for r in results}
     summary.update(target=target, time_to_target={f: (p["train_s"] if p else None) for f, p in reached.items()})
-    lines.append("time to target: " + " | ".join(f"{f} {p['train_s']:.1f} s (iteration {p['iteration']})" if p else f"{f} not reached"
+    lines.append("time to target: "
+                 + " | ".join(f"{f} {p['train_s']:.1f} s (iteration {p['iteration']})" if p else f"{f} not reached"
                                                  for f, p in reached.items()))
     ref = reached.get("sol_rl")
     if "sol_rl" in reached:
@@ -146,7 +157,11 @@ def report(results: list[dict], args: argparse.Namespace) -> tuple[str, dict]:
             if f == "sol_rl":
                 continue
             if ref and p:
-                parts.append(f"{f} / sol_rl {p['train_s'] / ref['train_s']:.2f}x" if ref["train_s"] > 0 else f"{f}: sol_rl reached it at 0 s")
+                parts.append(f"{f} / sol_rl {p['train_s'] / ref['train_s']:.2f}x" if ref["train_s"] > 0 else f"{f}: "
+                                                                                                             f"sol_rl "
+                                                                                                             f"reached "
+                                                                                                             f"it at 0 "
+                                                                                                             f"s")
             else:
                 parts.append(f"{f}: not computable ({'sol_rl' if not ref else f} did not reach the target)")
         lines.append("speed-up of sol_rl in time to target: " + " | ".join(parts))
@@ -163,8 +178,10 @@ def main(argv: list[str] | None = None) -> None:
     text, summary = report(results, args)
     print("\n" + text)
     if args.json:
-        meta = {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": device_label(results[0]["device"]),
-                "budget_seconds": args.budget_seconds, "eval_every": args.eval_every, "eval_seeds": args.eval_seeds, "seed": args.seed}
+        meta = {"torch": torch.__version__, "threads": torch.get_num_threads(),
+                "device": device_label(results[0]["device"]),
+                "budget_seconds": args.budget_seconds, "eval_every": args.eval_every, "eval_seeds": args.eval_seeds,
+                "seed": args.seed}
         args.json.write_text(json.dumps({"meta": meta, "summary": summary, "families": results}, indent=2) + "\n")
         print(f"\nseries written to {args.json}")
 

@@ -108,7 +108,8 @@ def torchao_nvfp4(device: Any) -> dict[str, Any] | str:
     import torch
 
     if device.type != "cuda" or torch.cuda.get_device_capability(device) < (10, 0):
-        return "real NVFP4 needs compute capability >= 10.0 (tests/test_backends.py checks it on a CPU with a stand-in kernel)"
+        return ("real NVFP4 needs compute capability >= 10.0 (tests/test_backends.py checks it on a CPU with a "
+                "stand-in kernel)")
     from solrl_core.precision.backends import Nvfp4Linear
 
     layer, x = _layer(device, torch.bfloat16)
@@ -130,7 +131,8 @@ def fa3_fp8_attention(device: Any) -> dict[str, Any] | str:
     want = F.scaled_dot_product_attention(q, k, v)
     with torch.no_grad(), fp8_attention.swapped(fp8_attention.kernel_for(device)):
         got = F.scaled_dot_product_attention(q, k, v)
-    return {"kernel": "torchao FP8 FA3" if capability else "the emulation (no GPU)", "rel_error_vs_bf16": _rel_error(got, want)}
+    return {"kernel": "torchao FP8 FA3" if capability else "the emulation (no GPU)",
+            "rel_error_vs_bf16": _rel_error(got, want)}
 
 
 def transformer_engine(device: Any) -> dict[str, Any]:
@@ -165,7 +167,8 @@ def run_all(device: str, budget_s: float, out: Path | None) -> list[dict[str, An
         else:
             start = time.monotonic()
             try:
-                done = subprocess.run([sys.executable, __file__, "--probe", name, "--device", device], capture_output=True,
+                done = subprocess.run([sys.executable, __file__, "--probe", name, "--device", device],
+                                      capture_output=True,
                                       text=True, timeout=limit)
                 last = done.stdout.strip().splitlines()[-1:] or [""]
                 record |= json.loads(last[0]) if last[0].startswith("{") else {
@@ -198,11 +201,13 @@ def failed(records: list[dict[str, Any]]) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     from _common import add_device_arg, resolved_device  # benchmarks/ is on sys.path when a script runs
 
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_device_arg(p)
     p.add_argument("--budget", type=float, default=70, help="seconds for all probes together (default 70)")
     p.add_argument("--json", type=Path, metavar="PATH", help="every probe's outcome, rewritten after each")
-    p.add_argument("--probe", choices=tuple(PROBES), help=argparse.SUPPRESS)  # one probe, in this process (run_all's child)
+    # one probe, in this process (run_all's child)
+    p.add_argument("--probe", choices=tuple(PROBES), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     device = resolved_device(args.device)
     if args.probe:

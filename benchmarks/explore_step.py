@@ -54,7 +54,7 @@ from _common import add_device_arg, resolved_device  # benchmarks/ is on sys.pat
 
 from solrl_core import events as ev
 from solrl_core.bench.explore import BACKENDS, ExploreOptions, run_explore
-from solrl_core.config.schema import COMPILE_MODES
+from solrl_core.config.choices import COMPILE_MODES
 from solrl_core.telemetry.peaks import device_label
 
 PRESET = {"sana": "sana", "flux": "flux1", "wan": "wan21_t2v_1_3b"}  # this script's model names -> the model presets
@@ -62,11 +62,13 @@ LABEL = {v: k for k, v in PRESET.items()}
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=list(PRESET), choices=tuple(PRESET))
     p.add_argument("--backends", nargs="+", default=["all"], choices=("all", *BACKENDS), help="default: all")
     p.add_argument("--list-backends", action="store_true", help="print every backend, one a line, and exit")
-    p.add_argument("--size", default="real", choices=("real", "tiny"), help="published configs, or tiny ones for a smoke run")
+    p.add_argument("--size", default="real", choices=("real", "tiny"), help="published configs, or tiny ones for a "
+                                                                            "smoke run")
     add_device_arg(p)
     p.add_argument("--batch", type=int, default=24, help="rollout batch (official: 24)")
     p.add_argument("--preview-steps", type=int, default=6, help="explore steps, for the refresh share (default: 6)")
@@ -74,8 +76,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--compile", action="store_true", help="also time each backend torch.compile'd")
-    p.add_argument("--compile-mode", choices=COMPILE_MODES, help="with --compile: run.compile_mode (default: the config's, "
-                   "max-autotune-no-cudagraphs; a lease uses default: autotuning a GEMM shape took 44-66 s on the H100)")
+    p.add_argument("--compile-mode", choices=COMPILE_MODES, help="with --compile: run.compile_mode (default: the "
+                   "config's, max-autotune-no-cudagraphs; a lease uses default: autotuning a GEMM shape took 44-66 s "
+                   "on the H100)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write every timing here")
     args = p.parse_args(argv)
     if args.list_backends:
@@ -89,7 +92,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"torch {torch.__version__}; device {device_label(device)}")
     options = ExploreOptions(models=tuple(PRESET[m] for m in args.models), backends=backends, size=args.size,
                              device=args.device, batch=args.batch, group=args.group, steps=args.preview_steps,
-                             warmup=args.warmup, repeats=args.repeats, compile=args.compile, compile_mode=args.compile_mode,
+                             warmup=args.warmup, repeats=args.repeats, compile=args.compile,
+                             compile_mode=args.compile_mode,
                              numerics_only=True)
     bus = ev.EventBus()
     bus.subscribe(lambda e: print(e.message, flush=True) if isinstance(e, ev.BenchProgress) else None)
@@ -103,7 +107,8 @@ def _write(args: argparse.Namespace, result: Any) -> None:
     from solrl_core.io.atomic import write_atomic
 
     rows = [{**r, "model": LABEL[r["model"]]} for r in result.rows]
-    write_atomic(args.json, json.dumps(dict(device=result.device, torch=result.torch, args=vars(args) | {"json": str(args.json)},
+    write_atomic(args.json,
+                 json.dumps(dict(device=result.device, torch=result.torch, args=vars(args) | {"json": str(args.json)},
                                             rows=rows), indent=2))
 
 

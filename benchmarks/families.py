@@ -35,11 +35,13 @@ DEFAULT_FAMILIES = ("sol_rl", "naive_scaling", "diffusionnft")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p, 'write the raw per-iteration timings here')
     add_families_arg(p, DEFAULT_FAMILIES)
     p.add_argument("--iterations", type=int, default=6, help="iterations per family, warm-up included (default: 6)")
-    p.add_argument("--warmup", type=int, default=1, help="leading iterations of each family left out of the means (default: 1)")
+    p.add_argument("--warmup", type=int, default=1, help="leading iterations of each family left out of the means "
+                                                         "(default: 1)")
     p.add_argument("--n", type=int, default=16, help="N: seeds explored per prompt, explore.group_size (default: 16)")
     p.add_argument("--k", type=int, default=8, help="K: seeds kept per prompt, selection.group_size (default: 8)")
     p.add_argument("--prompts-per-iteration", type=int, default=4, help="prompt groups per iteration (default: 4)")
@@ -67,9 +69,11 @@ def run_family(family: str, args: argparse.Namespace, root: Path) -> dict:
         elif isinstance(event, ev.ModelFlops):
             flops.update(event.phases)
         elif isinstance(event, ev.IterationFinished):
-            iterations.append({"iteration": event.iteration, "seconds": dict(event.seconds), "final_mean": event.final.mean,
+            iterations.append({"iteration": event.iteration, "seconds": dict(event.seconds),
+                               "final_mean": event.final.mean,
                                "draft_mean": event.draft.mean if event.draft else None})
-            print(f"  {family} iteration {event.iteration}/{event.iterations}: {event.seconds['total']:.2f} s", flush=True)
+            print(f"  {family} iteration {event.iteration}/{event.iterations}: {event.seconds['total']:.2f} s",
+                  flush=True)
 
     bus = ev.EventBus()  # one bus per run: train() subscribes its JSONL log to the bus it is given
     bus.subscribe(collect)
@@ -78,7 +82,8 @@ def run_family(family: str, args: argparse.Namespace, root: Path) -> dict:
     return {"family": family, "plan": started[0].plan, "explore_precision": started[0].explore_precision,
             "device": started[0].device, "dtype": started[0].dtype, "explore_steps": plan.explore_steps,
             "full_steps": plan.full_steps, "config_explore_steps": cfg.explore.steps,
-            "rollouts": {"explore": prompts * plan.explore_seeds, "regenerate": prompts * plan.keep if plan.regenerate else 0},
+            "rollouts": {"explore": prompts * plan.explore_seeds,
+                         "regenerate": prompts * plan.keep if plan.regenerate else 0},
             "trained": prompts * plan.keep, "flops": flops, "iterations": iterations}
 
 
@@ -92,21 +97,23 @@ def means(result: dict, warmup: int) -> dict[str, float]:
 def report(results: list[dict], args: argparse.Namespace) -> str:
     first = results[0]
     measured = args.iterations - args.warmup
-    lines = [f"device: {device_label(first['device'])} | torch {torch.__version__} | threads {torch.get_num_threads()} | "
-             f"dtype {first['dtype']}",
+    lines = [f"device: {device_label(first['device'])} | torch {torch.__version__} | threads {torch.get_num_threads()} "
+             f"| dtype {first['dtype']}",
              f"N={args.n} K={args.k} prompts/iter={args.prompts_per_iteration} | "
              f"explore steps {first['config_explore_steps']} | full steps {first['full_steps']} | "
              f"explore precision: " + ", ".join(f"{r['family']}={r['explore_precision']}" for r in results) +
              f" | iterations measured {measured} per family (of {args.iterations}, first {args.warmup} dropped)"]
     for r in results:
         lines.append(f"  {r['family']}: {r['plan']}")
-    head = f"{'family':<14} " + " ".join(f"{ph:>10}" for ph in ev.PHASES) + f" {'min/max total':>14} {'steps':>6} {'explore#':>9} {'regen#':>7}"
+    head = f"{'family':<14} " + " ".join(f"{ph:>10}"
+            for ph in ev.PHASES) + f" {'min/max total':>14} {'steps':>6} {'explore#':>9} {'regen#':>7}"
     lines += ["", "mean seconds per iteration", head, "-" * len(head)]
     table = {r["family"]: means(r, args.warmup) for r in results}
     for r in results:
         m, totals = table[r["family"]], [it["seconds"]["total"] for it in r["iterations"][args.warmup:]]
         lines.append(f"{r['family']:<14} " + " ".join(f"{m[ph]:>10.3f}" for ph in ev.PHASES) +
-                     f" {f'{min(totals):.2f}/{max(totals):.2f}':>14} {r['explore_steps']:>6} {r['rollouts']['explore']:>9} {r['rollouts']['regenerate']:>7}")
+                     f" {f'{min(totals):.2f}/{max(totals):.2f}':>14} {r['explore_steps']:>6} "
+                     f"{r['rollouts']['explore']:>9} {r['rollouts']['regenerate']:>7}")
     lines += ["", "model FLOPs per iteration (counted on the meta device as the run starts: telemetry/model_flops.py)",
               f"{'family':<14} {'Stage 1':>12} {'regenerate':>12} {'train':>12} {'total':>12}"]
     for r in results:

@@ -136,7 +136,8 @@ def generate(args: argparse.Namespace) -> tuple[list[str], np.ndarray, np.ndarra
     from solrl_core.engine.engine import open_engine
     from solrl_core.loop.evaluation import eval_seeds
 
-    cfg = apply_overrides(load_run_config(args.run), args.sets, {"run": {"device": args.device, "threads": args.threads}})
+    cfg = apply_overrides(load_run_config(args.run), args.sets,
+                          {"run": {"device": args.device, "threads": args.threads}})
     checkpoint = pick_checkpoint(args.run, list_checkpoints(args.run), args.checkpoint)
     engine = open_engine(cfg, checkpoint=checkpoint)
     prompts = load_prompts(args.prompts or cfg.run.eval_prompts)
@@ -157,8 +158,10 @@ def picture(path: Path, base: np.ndarray, tuned: np.ndarray, prompts: list[str],
         maps = [np.repeat((255 * (1 - fidelity(img)))[..., None], 3, -1) for img in (base[i], tuned[i])]
         cells.append(np.concatenate([base[i], maps[0], tuned[i], maps[1]], axis=1))
     grid = np.concatenate(cells, axis=0).round().clip(0, 255).astype(np.uint8)
-    Image.fromarray(grid).resize((grid.shape[1] * scale, grid.shape[0] * scale), Image.NEAREST).save(path, optimize=True)
-    print(f"picture: {path} (rows: {', '.join(repr(prompts[i]) for i in pick)}; columns: base, its loss, tuned, its loss)")
+    Image.fromarray(grid).resize((grid.shape[1] * scale, grid.shape[0] * scale), Image.NEAREST).save(path,
+                                                                                                     optimize=True)
+    print(f"picture: {path} (rows: {', '.join(repr(prompts[i]) for i in pick)}; columns: base, its loss, tuned, its "
+          f"loss)")
 
 
 def table(named: dict[str, dict[str, float]]) -> str:
@@ -170,7 +173,8 @@ def table(named: dict[str, dict[str, float]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p, "write the figures here")
     p.add_argument("run", type=Path, help="a run folder")
     p.add_argument("--checkpoint", help="its checkpoint (default: the newest)")
@@ -187,7 +191,8 @@ def main(argv: list[str] | None = None) -> None:
     ruler = {k: mean_breakdown(v) for k, v in damaged(base).items()}
     ruler = {k: {"fidelity change": v["fidelity"] - figures["base"]["fidelity"]} for k, v in ruler.items()}
     print("\ncontrolled damage to the base images:\n")
-    print("| damage | fidelity change |\n|---|---|\n" + "\n".join(f"| {k} | {v['fidelity change']:+.4f} |" for k, v in ruler.items()))
+    print("| damage | fidelity change |\n|---|---|\n"
+          + "\n".join(f"| {k} | {v['fidelity change']:+.4f} |" for k, v in ruler.items()))
     if args.picture:
         picture(args.picture, base, tuned, prompts, args.rows)
     if args.json:

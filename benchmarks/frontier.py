@@ -13,7 +13,8 @@ kind's gain, the fidelity change, the grain its EMA weights add to the dark back
 iterations took (evaluations apart) and the load.
 
 Resumable: each finished run is written at once to --results (a JSON file keyed by point, the digest of
-the config it trained with and seed), and a run already there is not run again, so a sweep can stop and go on later, or on another
+the config it trained with and seed), and a run already there is not run again, so a sweep can stop and go on later, or
+on another
 machine with the file copied over (each run keeps its own device and load; CPUs round differently and
 RL's selection amplifies it, so the device is part of the figure).
 
@@ -170,11 +171,15 @@ def summarise(data: dict[str, Any], points: list[tuple[str, list[str]]], seeds: 
         if not runs:
             continue
         row = {"point": name, "sets": own, "n": len(runs), "seeds": [r["seed"] for r in runs],
-               "gain": _mean_sd([r["gain"] for r in runs]), "fidelity_change": _mean_sd([r["fidelity_change"] for r in runs]),
+               "gain": _mean_sd([r["gain"] for r in runs]),
+               "fidelity_change": _mean_sd([r["fidelity_change"] for r in runs]),
                "train_s": _mean_sd([r["train_s"] for r in runs]),
-               "grain": _mean_sd([r["grain"] for r in runs]) if all("grain" in r for r in runs) else None, "iteration": sorted({r["iteration"] for r in runs}),
-               "kinds": {k: _mean_sd([r["kinds"][k] for r in runs]) for k in KINDS if all(k in r["kinds"] for r in runs)},
-               "every_kind_up": all(all(g >= 0 if r["base_kinds"][k] >= CEILING else g > 0 for k, g in r["kinds"].items())
+               "grain": _mean_sd([r["grain"] for r in runs]) if all("grain" in r for r in runs) else None,
+               "iteration": sorted({r["iteration"] for r in runs}),
+               "kinds": {k: _mean_sd([r["kinds"][k] for r in runs]) for k in KINDS
+                         if all(k in r["kinds"] for r in runs)},
+               "every_kind_up": all(all(g >= 0 if r["base_kinds"][k] >= CEILING else g > 0
+                                        for k, g in r["kinds"].items())
                                     for r in runs),
                "flagged": sum(bool(r.get("flagged")) for r in runs), "devices": sorted({r["device"] for r in runs})}
         out.append(row)
@@ -196,7 +201,8 @@ def table(rows: list[dict]) -> str:
         lines.append(f"| {r['point']} | {'; '.join(r['sets']) or '(preset)'} | {r['n']} | {_pm(r['gain'])} | "
                      f"{_pm(r['fidelity_change'])} | {kinds} | {'yes' if r['every_kind_up'] else 'no'} | "
                      f"{f'{g[0]:.2f} +- {g[1]:.2f}' if (g := r['grain']) else '-'} | "
-                     f"{', '.join(map(str, r['iteration']))}{flagged} | {r['train_s'][0]:.0f} +- {r['train_s'][1]:.0f} |")
+                     f"{', '.join(map(str, r['iteration']))}{flagged} | {r['train_s'][0]:.0f} +- {r['train_s'][1]:.0f} "
+                     f"|")
     return "\n".join(lines)
 
 
@@ -211,7 +217,8 @@ def figure(rows: list[dict], path: Path, title: str) -> None:
     for r in rows:
         fall, gain = (-r["fidelity_change"][0], r["fidelity_change"][1]), r["gain"]
         ax.errorbar(fall[0], gain[0], xerr=fall[1], yerr=gain[1], fmt="o", capsize=3)
-        ax.annotate(f"{r['point']} (n={r['n']})", (fall[0], gain[0]), textcoords="offset points", xytext=(5, 4), fontsize=8)
+        ax.annotate(f"{r['point']} (n={r['n']})", (fall[0], gain[0]), textcoords="offset points", xytext=(5, 4),
+                    fontsize=8)
     ax.set_xlabel(f"{FIDELITY} fall since the base (lower is better)")
     ax.set_ylabel(f"held-out {REWARD} gain since the base")
     ax.set_title(title, fontsize=9)
@@ -225,7 +232,8 @@ def figure(rows: list[dict], path: Path, title: str) -> None:
 def load_text() -> str:
     """`uptime`'s load averages (os.getloadavg where uptime is missing)."""
     try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip().split("load average")[-1].lstrip("s: ")
+        return subprocess.run(["uptime"], capture_output=True, text=True,
+                              timeout=5).stdout.strip().split("load average")[-1].lstrip("s: ")
     except (OSError, subprocess.SubprocessError):
         return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -245,7 +253,8 @@ def train_point(args: argparse.Namespace) -> Trainer:
         def collect(e: ev.Event) -> None:
             if isinstance(e, ev.EvalFinished):
                 evals[e.iteration] = e
-                trade = "".join(f", {t:.3g} gain per unit of {n} lost since {e.trade_since}" for n, t in e.trade.items())
+                trade = "".join(f", {t:.3g} gain per unit of {n} lost since {e.trade_since}"
+                                for n, t in e.trade.items())
                 print(f"  evaluation at iteration {e.iteration}: held-out {e.mean:.4f}, "
                       + ", ".join(f"{n} {v:.4f}" for n, v in e.eval_rewards.items()) + trade, flush=True)
             elif isinstance(e, ev.RunWarning):
@@ -266,20 +275,24 @@ def train_point(args: argparse.Namespace) -> Trainer:
         base, now = evals[0], evals[chosen]
         return {"gain": now.mean - base.mean, "fidelity_change": now.eval_changes[FIDELITY], "iteration": chosen,
                 "last_iteration": session.state.iteration, "flagged": not good,
-                "kinds": {k: now.extras[f"{REWARD}.{k}"] - base.extras[f"{REWARD}.{k}"] for k in KINDS if f"{REWARD}.{k}" in now.extras},
+                "kinds": {k: now.extras[f"{REWARD}.{k}"] - base.extras[f"{REWARD}.{k}"] for k in KINDS
+                          if f"{REWARD}.{k}" in now.extras},
                 "base_kinds": {k: base.extras[f"{REWARD}.{k}"] for k in KINDS if f"{REWARD}.{k}" in base.extras},
-                "grain": grain["ratio"], "gain_se": now.delta_se.get("mean", 0.0), "train_s": train_s[0], "wall_s": time.perf_counter() - t0,
+                "grain": grain["ratio"], "gain_se": now.delta_se.get("mean", 0.0), "train_s": train_s[0],
+                "wall_s": time.perf_counter() - t0,
                 "device": device_label(session.run.device), "load": f"{load_before} -> {load_text()}",
                 "command": shlex.join([sys.executable, *sys.argv])}
     return run
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="tiny", help="model preset (default: tiny, the pre-trained tiny world)")
     add_device_arg(p)  # run.device: auto resolved by the run, as solrl train resolves it
     p.add_argument("--threads", type=int, default=0, help="run.threads (0 = auto: one per usable core)")
-    p.add_argument("--points", nargs="+", type=parse_point, metavar="NAME", help=f"built-in points (default: all: {' '.join(POINTS)})")
+    p.add_argument("--points", nargs="+", type=parse_point, metavar="NAME", help=f"built-in points (default: all: "
+                                                                                 f"{' '.join(POINTS)})")
     p.add_argument("--point", dest="extra", action="append", default=[], type=parse_point, metavar="NAME=OVERRIDES",
                    help="a point of your own, overrides separated by ';' (repeatable)")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="run seeds of every point (default: 0 1 2)")
@@ -291,7 +304,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--figure", type=Path, default=DOCS / "frontier.png", help="the figure (default: docs/frontier.png)")
     p.add_argument("--report-only", action="store_true", help="train nothing: the table and figure from --results")
     args = p.parse_args(argv)
-    args.points = (args.points if args.points is not None else ([] if args.extra else [(n, list(s)) for n, s in POINTS.items()]))
+    args.points = (args.points if args.points is not None
+                   else ([] if args.extra else [(n, list(s)) for n, s in POINTS.items()]))
     args.points += args.extra
     args.common = [*([f"run.iterations={args.iterations}"] if args.iterations else []), *args.sets]
     return args
@@ -309,13 +323,15 @@ def main(argv: list[str] | None = None, trainer: Trainer | None = None, digest: 
         print(f"no finished run of these points and seeds in {args.results}")
         return rows
     devices = sorted({d for r in rows for d in r["devices"]})
-    head = (f"command: {shlex.join([sys.executable, *sys.argv])}\ndevice: {'; '.join(devices)}\nload (uptime, now): {load_text()}\n"
-            f"mean +- standard deviation over run seeds {' '.join(map(str, args.seeds))} (n per row); each run's load is in {args.results}")
+    head = (f"command: {shlex.join([sys.executable, *sys.argv])}\ndevice: {'; '.join(devices)}\nload (uptime, now): "
+            f"{load_text()}\nmean +- standard deviation over run seeds {' '.join(map(str, args.seeds))} (n per row); "
+            f"each run's load is in {args.results}")
     text = head + "\n\n" + table(rows)
     print(text)
     if args.table:
         args.table.write_text(text + "\n", encoding="utf-8")
-    figure(rows, args.figure, f"tiny world: held-out gain vs {FIDELITY} fall, mean +- sd over seeds\n{'; '.join(devices)}")
+    figure(rows, args.figure, f"tiny world: held-out gain vs {FIDELITY} fall, mean +- sd over "
+                              f"seeds\n{'; '.join(devices)}")
     print(f"figure: {args.figure}")
     return rows
 

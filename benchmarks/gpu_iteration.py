@@ -6,14 +6,16 @@ SANA-1.6B and FLUX.1-dev 12B configurations, with one-layer text encoders of the
 that gives the real latent (SANA 64 px -> 32x32x32; FLUX 128 px -> 64x64x16, 1024 image tokens), then
 trains each family for a few iterations at one prompt group of N=96 explored and K=24 kept, with a
 JPEG reward (cheap, on the CPU), and prints seconds per phase, peak memory per phase, the one-time
-compile times, the doctor's memory estimate for the same settings next to the measured peak, and each family's total and rollout (explore + regenerate) time over the `compile`
+compile times, the doctor's memory estimate for the same settings next to the measured peak, and each family's total and
+rollout (explore + regenerate) time over the `compile`
 family's, the strongest honest baseline (compiled bf16 rollouts, as the official baselines are).
 
     python benchmarks/gpu_iteration.py                                  # SANA and FLUX on the GPU
     python benchmarks/gpu_iteration.py --models sana --json /tmp/it.json
     python benchmarks/gpu_iteration.py --size tiny --device cpu --n 8 --k 4   # the same code on a CPU
     python benchmarks/gpu_iteration.py --models sana --compile-mode default max-autotune-no-cudagraphs
-    python benchmarks/gpu_iteration.py --models flux --real-vae --reward-model pickscore   # decoding and scoring at real cost
+    python benchmarks/gpu_iteration.py --models flux --real-vae --reward-model pickscore # decoding and scoring at real
+    cost
     python benchmarks/gpu_iteration.py --models wan       # Wan 2.1 T2V 1.3B (solrl bench's Wan pipeline: docs/bench.md)
 
 The first `--warmup` iterations of each family are dropped. Random weights: speed and memory only.
@@ -33,7 +35,7 @@ from _common import add_device_arg, resolved_device  # benchmarks/ is on sys.pat
 
 from solrl_core import events as ev
 from solrl_core.bench.run import BenchOptions, run_bench
-from solrl_core.config.schema import COMPILE_MODES
+from solrl_core.config.choices import COMPILE_MODES
 from solrl_core.errors import SolrlError
 from solrl_core.telemetry.peaks import device_label
 
@@ -60,8 +62,10 @@ def run_model(model: str, args: argparse.Namespace) -> list[dict]:
     rows: list[dict] = []
     for mode in args.compile_mode or [None]:
         label = model if mode is None else f"{model} [{mode}]"
-        options = BenchOptions(model=PRESET[model], families=tuple(args.families), size=args.size, device=args.device, n=args.n,
-                               k=args.k, rollout_batch=args.rollout_batch, iterations=args.iterations, warmup=args.warmup,
+        options = BenchOptions(model=PRESET[model], families=tuple(args.families), size=args.size, device=args.device,
+                               n=args.n,
+                               k=args.k, rollout_batch=args.rollout_batch, iterations=args.iterations,
+                               warmup=args.warmup,
                                sets=(*args.sets, *(() if mode is None else (f"run.compile_mode={mode}",))),
                                real_vae=args.real_vae, reward_model=args.reward_model)
         bus = ev.EventBus()
@@ -75,14 +79,17 @@ def report(rows: list[dict], device: str) -> None:
         mine = [r for r in rows if r["model"] == model]
         print(f"\n{model}: seconds per iteration (mean of {mine[0]['iterations_measured']} after warm-up), peak memory "
               f"({mine[0]['memory_source']}), on {device}")
-        print(f"  {'family':<14}" + "".join(f"{p:>11}" for p in PHASES) + f"{'peak GiB':>10}{'doctor est':>12}  compile (one time)")
+        print(f"  {'family':<14}" + "".join(f"{p:>11}" for p in PHASES) + f"{'peak GiB':>10}{'doctor est':>12}  "
+                                                                          f"compile (one time)")
         for r in mine:
             s, comp = r["seconds"], ", ".join(f"{k} {v:.1f}s" for k, v in r["compile_seconds"].items()) or "-"
             est = f"{r['estimate_gib']:12.2f}" if r.get("estimate_gib") is not None else f"{'-':>12}"
-            print(f"  {r['family']:<14}" + "".join(f"{s[p]:11.2f}" for p in PHASES) + f"{r['peak_gib']['total']:10.2f}{est}  {comp}")
+            print(f"  {r['family']:<14}" + "".join(f"{s[p]:11.2f}" for p in PHASES)
+                  + f"{r['peak_gib']['total']:10.2f}{est}  {comp}")
         for r in mine:
             if r.get("mfu"):
-                print(f"  {r['family']} MFU: " + ", ".join(f"{p} {100 * r['mfu'][p]:.1f}% {r['precision'].get(p, '')}".rstrip()
+                print(f"  {r['family']} MFU: "
+                      + ", ".join(f"{p} {100 * r['mfu'][p]:.1f}% {r['precision'].get(p, '')}".rstrip()
                                                          for p in ("explore", "regenerate", "train", "total")
                                                          if r["mfu"].get(p) is not None))
         for r in mine:
@@ -103,7 +110,8 @@ def report(rows: list[dict], device: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", nargs="+", default=["sana", "flux"], choices=tuple(PRESET))
     p.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
     p.add_argument("--size", default="real", choices=("real", "tiny"))
@@ -114,10 +122,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p.add_argument("--iterations", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    p.add_argument("--real-vae", action="store_true", help="the published VAE (random weights) at the preset's resolution "
-                   "instead of the two-block one: decoding costs what it does in a real run (flux1, sd3)")
+    p.add_argument("--real-vae", action="store_true", help="the published VAE (random weights) at the preset's "
+                   "resolution instead of the two-block one: decoding costs what it does in a real run (flux1, sd3)")
     p.add_argument("--reward-model", default="jpeg", choices=("jpeg", "pickscore"),
-                   help="jpeg: a cheap reward on the CPU; pickscore: a random-weight CLIP ViT-H/14 (PickScore_v1's size) on the device")
+                   help="jpeg: a cheap reward on the CPU; pickscore: a random-weight CLIP ViT-H/14 (PickScore_v1's "
+                        "size) on the device")
     p.add_argument("--json", type=Path, metavar="PATH")
     p.add_argument("--compile-mode", nargs="+", choices=COMPILE_MODES, metavar="MODE",
                    help="run.compile_mode of the compiled copies, each timed in turn (default: the config's, "
@@ -135,7 +144,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     report(rows, device)
     if args.json:
         args.json.write_text(json.dumps({"device": device, "torch": torch.__version__, "rows": rows,
-                                         "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}},
+                                         "args": {k: (str(v) if isinstance(v, Path) else v)
+                                                  for k, v in vars(args).items()}},
                                         indent=2))
     return rows
 

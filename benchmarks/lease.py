@@ -56,9 +56,11 @@ H100_SANA = "docs/BENCHMARKS.md, 'On an NVIDIA H100, 2026-11-24' (docs/gpu/2026-
 ESTIMATES: dict[str, dict[str, tuple[int, str]]] = {
     "flux1": {"small": (56 + 116 + 2 * 15 + 2 * 17 + 5, f"N=24 K=12: {H100_LOG}: build 56 s, compile 116 s, "
                         "sol_rl 15.4 s/it; compile 17.0 s/it derived from its step time"),
-              "big": (56 + 116 + 2 * 38 + 2 * 52 + 5, f"N=96 K=24, scaled from N=24 K=12: {H100_LOG}: build 56 s, compile "
+              "big": (56 + 116 + 2 * 38 + 2 * 52 + 5, f"N=96 K=24, scaled from N=24 K=12: {H100_LOG}: build 56 s, "
+                                                      f"compile "
                       "116 s, sol_rl 37.7 s/it, compile 52.2 s/it (derived)")},
-    "sana": {"any": (30 + 118 + 2 * 10 + 2 * 12 + 5, f"{H100_SANA}: compile 118 s, sol_rl 10.35 s/it, compile 11.50 s/it; "
+    "sana": {"any": (30 + 118 + 2 * 10 + 2 * 12 + 5, f"{H100_SANA}: compile 118 s, sol_rl 10.35 s/it, compile 11.50 "
+                                                     f"s/it; "
                      "build 30 s assumed")},
 }
 
@@ -79,7 +81,8 @@ def steps(size: str, device: str, out: Path, big_gpu: bool) -> list[Step]:
     at = ["--size", size, "--device", device]
     few = ["--n", "4", "--k", "2", "--rollout-batch", "4"] if tiny else []
     both = ["--family", "sol_rl"] + ([] if tiny else ["--family", "compile"])
-    flux_nk = [] if tiny else (["--n", "96", "--k", "24"] if big_gpu else ["--n", "24", "--k", "12", "--rollout-batch", "12"])
+    flux_nk = [] if tiny else (["--n", "96", "--k", "24"] if big_gpu
+                               else ["--n", "24", "--k", "12", "--rollout-batch", "12"])
     once = ["--iterations", "2", "--warmup", "1", "--compile-mode", "default"]  # one warm-up, one measured iteration
     gpu_tests = [str(p.relative_to(ROOT)) for p in sorted((ROOT / "tests").glob("test_*.py"))
                  if re.search(r"mark\.gpu\b", p.read_text())] if tiny else ["tests"]
@@ -91,18 +94,22 @@ def steps(size: str, device: str, out: Path, big_gpu: bool) -> list[Step]:
                        "--reward-model", "pickscore", "--json", str(out / "flux1.json")], 380, None, ["flux1.json"],
              "FLUX.1-12B sol_rl against compile, published VAE, PickScore-size reward"),
         Step("sana", [*SOLRL, "bench", "--model", "sana", *at, *both, *few, *once, "--set", "run.tf32=true",
-                      "--json", str(out / "sana.json")], 200, 200, ["sana.json"], "SANA-1.6B sol_rl against compile, TF32"),
+                      "--json", str(out / "sana.json")], 200, 200, ["sana.json"], "SANA-1.6B sol_rl against compile, "
+                                                                                  "TF32"),
         Step("selftest", [*SOLRL, "doctor", "--selftest", "--device", device, "--json-out", str(out / "selftest.json"),
                           "--explore-precision", "fp8-e5m2-delayed", "--set", "run.compile_mode=default",
                           *([] if tiny else ["--only", CUDA_ROWS])], 120, 60,
              ["selftest.json"],
              "every self-test row the device runs" if tiny else "the self-test's CUDA-only rows"),
-        Step("pytest_gpu", [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-o", "addopts=",
+        Step("pytest_gpu", [sys.executable, "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-o",
+                            "addopts=",
                             "-p", "no:xdist", *gpu_tests], 90, 45, [], "pytest -m gpu (every test module collected)"),
         Step("explore_step", [sys.executable, str(BENCH / "explore_step.py"), *at,
-                              *(["--models", "sana", "--backends", "bf16", "nvfp4-emulated", "--batch", "2", "--warmup", "1",
+                              *(["--models", "sana", "--backends", "bf16", "nvfp4-emulated", "--batch", "2", "--warmup",
+                                 "1",
                                  "--repeats", "1"] if tiny else
-                                ["--models", "flux", "--backends", "bf16", "fp8", "fp8-torchao", "--compile", "--compile-mode",
+                                ["--models", "flux", "--backends", "bf16", "fp8", "fp8-torchao", "--compile",
+                                 "--compile-mode",
                                  "default", "--warmup", "2", "--repeats", "5"]),
                               "--json", str(out / "explore_step.json")], 150, 60, ["explore_step.json"],
              "one FLUX.1 denoising step per explore backend, eager and compiled"),
@@ -127,7 +134,8 @@ def planned(chosen: list[Step], budget: int, estimates: dict[str, tuple[int, str
         expected = (min(estimate[0], limit) if estimate else limit) if starts else 0
         rows.append({"name": step.name, "limit_s": step.limit_s, "needs_s": step.needs_s, "expected_start_s": spent,
                      "expected_to_start": starts, "expected_s": expected, "estimated": estimate is not None,
-                     "basis": estimate[1] if estimate else "no recorded figure: the most it may take", "what": step.what})
+                     "basis": estimate[1] if estimate else "no recorded figure: the most it may take",
+                     "what": step.what})
         spent += expected
     return rows
 
@@ -139,7 +147,8 @@ def refuse_over_budget(chosen: list[Step], budget: int) -> str:
     if total <= budget:
         return ""
     parts = " + ".join(f"{s.name} {s.limit_s}" for s in reserved)
-    return f"the steps that always start need {parts} = {total} s, over --budget {budget} s: raise --budget or lower their limits"
+    return (f"the steps that always start need {parts} = {total} s, over --budget {budget} s: raise --budget or lower "
+            f"their limits")
 
 
 def estimates_for(gpu: str) -> dict[str, tuple[int, str] | None]:
@@ -150,7 +159,8 @@ def estimates_for(gpu: str) -> dict[str, tuple[int, str] | None]:
 def print_plan(chosen: list[Step], budget: int, gpu: str) -> None:
     rows = planned(chosen, budget, estimates_for(gpu))
     print(f"lease plan on an {GPUS[gpu]} (--gpu {gpu}), --budget {budget} s. A PLAN, not a measurement: expected times "
-          "are ESTIMATES from the H100 figures recorded in docs/BENCHMARKS.md (an H200 computes as an H100; no B200 figure).")
+          "are ESTIMATES from the H100 figures recorded in docs/BENCHMARKS.md (an H200 computes as an H100; no B200 "
+          "figure).")
     print(f"{'step':<13}{'limit':>7}  {'starts':<18}{'at':>7}  {'expected':<22}basis")
     for r in rows:
         starts = "always" if r["needs_s"] is None else f"if {r['needs_s']} s left"
@@ -181,20 +191,26 @@ def run_step(step: Step, out: Path, left_s: float) -> dict:
             os.killpg(proc.pid, 9)  # its own session: the step's children (torchrun's workers, probes) go with it
             rc, timed_out = proc.wait(), True
     return {**asdict(step), "limit_s": limit, "rc": rc, "timed_out": timed_out, "seconds": time.monotonic() - start,
-            "log": log.name, "written": [w for w in step.writes if (out / w).exists()], "passed": rc == 0 and not timed_out}
+            "log": log.name, "written": [w for w in step.writes if (out / w).exists()],
+            "passed": rc == 0 and not timed_out}
 
 
 def main(argv: list[str] | None = None) -> int:
     from _common import add_device_arg, resolved_device  # benchmarks/ is on sys.path when a script runs
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--size", default="real", choices=("real", "tiny"), help="real: published sizes (a GPU); tiny: any machine")
+    p.add_argument("--size", default="real", choices=("real", "tiny"), help="real: published sizes (a GPU); tiny: any "
+                                                                            "machine")
     add_device_arg(p)
-    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "lease-out"), help="output folder ($OUT if set)")
-    p.add_argument("--budget", type=int, default=540, help="seconds for all steps together (default 540: a cold machine's 9 minutes)")
+    p.add_argument("--out", type=Path, default=Path(os.environ.get("OUT") or "lease-out"), help="output folder ($OUT "
+                                                                                                "if set)")
+    p.add_argument("--budget", type=int, default=540, help="seconds for all steps together (default 540: a cold "
+                                                           "machine's 9 minutes)")
     p.add_argument("--only", nargs="+", metavar="STEP", help="run only these steps")
-    p.add_argument("--plan", action="store_true", help="print the steps, their limits, expected times and the total; run nothing")
-    p.add_argument("--gpu", choices=tuple(GPUS), help="--plan: the GPU to plan for (default: this machine's, else h200)")
+    p.add_argument("--plan", action="store_true", help="print the steps, their limits, expected times and the total; "
+                                                       "run nothing")
+    p.add_argument("--gpu", choices=tuple(GPUS),
+                   help="--plan: the GPU to plan for (default: this machine's, else h200)")
     args = p.parse_args(argv)
     device = "cpu" if args.plan and args.gpu else resolved_device(args.device)  # once: what this lease runs on
     gib = _gpu_memory_gib() if device.startswith("cuda") else 0.0
@@ -214,7 +230,8 @@ def main(argv: list[str] | None = None) -> int:
     for step in chosen:
         left = deadline - time.monotonic()
         if left < (step.needs_s if step.needs_s is not None else MIN_STEP_S):
-            report["steps"].append({**asdict(step), "rc": None, "passed": False, "skipped": f"{left:.0f} s left of the budget"})
+            report["steps"].append({**asdict(step), "rc": None, "passed": False, "skipped": f"{left:.0f} s left of the "
+                                                                                            f"budget"})
             print(f"lease: {step.name} skipped: {left:.0f} s left, it needs {step.needs_s or MIN_STEP_S} s", flush=True)
         else:
             print(f"lease: {step.name} (up to {int(min(step.limit_s, left))} s) ...", flush=True)
@@ -222,7 +239,8 @@ def main(argv: list[str] | None = None) -> int:
             report["steps"].append(done)
             report["ran"].append(step.name)
             report["passed"] += [step.name] if done["passed"] else []
-            print(f"lease: {step.name} exit {done['rc']}{' (timed out)' if done['timed_out'] else ''} in {done['seconds']:.0f} s",
+            print(f"lease: {step.name} exit {done['rc']}{' (timed out)' if done['timed_out'] else ''} in "
+                  f"{done['seconds']:.0f} s",
                   flush=True)
         (args.out / "lease.json").write_text(json.dumps(report, indent=2))
     return 0 if report["passed"] == [s.name for s in chosen] else 1

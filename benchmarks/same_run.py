@@ -51,7 +51,8 @@ def checkpoint_tensors(run: Path) -> dict[str, bytes]:
         for name, tensor in load_file(str(path)).items():
             if keep is not None and name not in keep:
                 continue
-            out[f"{path.relative_to(run)}:{name}"] = tensor.contiguous().view(-1).view(dtype=_bytes_dtype()).numpy().tobytes()
+            flat = tensor.contiguous().view(-1).view(dtype=_bytes_dtype())
+            out[f"{path.relative_to(run)}:{name}"] = flat.numpy().tobytes()
     return out
 
 
@@ -91,7 +92,8 @@ def differences(a: Path, b: Path) -> tuple[list[str], dict[str, int]]:
         if x != y:
             keys = [k for k in x if x.get(k) != y.get(k)]
             found.append(f"event {i} ({x['event']}, iteration {x.get('iteration')}): {', '.join(keys)} differ: "
-                         f"{json.dumps({k: x.get(k) for k in keys})[:300]} vs {json.dumps({k: y.get(k) for k in keys})[:300]}")
+                         f"{json.dumps({k: x.get(k) for k in keys})[:300]} vs "
+                         f"{json.dumps({k: y.get(k) for k in keys})[:300]}")
     ta, tb = checkpoint_tensors(a), checkpoint_tensors(b)
     if set(ta) != set(tb):
         found.append(f"checkpoint tensors differ in name: {sorted(set(ta) ^ set(tb))[:5]}")

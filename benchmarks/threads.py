@@ -44,7 +44,8 @@ OWN_ENV = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS", "MKL_NUM_THRE
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS, metavar="SETTING",
                    help=f"thread settings to time, in order (default: {' '.join(SETTINGS)})")
     p.add_argument("--burners", type=int, default=1, help="busy processes beside the busy runs (default: 1)")
@@ -76,7 +77,8 @@ def time_run(setting: str, burners: int, args: argparse.Namespace, root: Path, n
     """Train once under `setting` beside `burners` spin loops; the iterations' seconds and the threads line."""
     sets, env = setting_env(setting, usable_cores())
     run_dir = root / f"{setting}-{burners}-{nproc}"
-    cmd = [sys.executable, "-m", "solrl_cli", "train", "--verbose", "--run-dir", str(run_dir), "--iterations", str(args.iterations),
+    cmd = [sys.executable, "-m", "solrl_cli", "train", "--verbose", "--run-dir", str(run_dir), "--iterations",
+           str(args.iterations),
            "--device", "cpu", *(x for s in (*WORKLOAD, *sets, *args.sets) for x in ("--set", s))]
     if nproc > 1:
         cmd += ["--nproc-per-node", str(nproc)]
@@ -96,7 +98,8 @@ def time_run(setting: str, burners: int, args: argparse.Namespace, root: Path, n
     seconds = [e["seconds"]["total"] for e in events if e.get("event") == "iteration"]
     phases = {k: sum(e["seconds"][k] for e in events if e.get("event") == "iteration") / max(1, len(seconds))
               for k in ("explore", "regenerate", "train")}
-    threads = next((line[line.index("torch threads"):].strip() for line in done.stdout.splitlines() if "torch threads" in line), "")
+    threads = next((line[line.index("torch threads"):].strip() for line in done.stdout.splitlines()
+                    if "torch threads" in line), "")
     return {"setting": setting, "burners": burners, "nproc": nproc, "iterations": seconds, "seconds": sum(seconds),
             "wall_s": wall, "load_at_start": load, "threads": threads, "phases": phases}
 
@@ -107,8 +110,9 @@ def summary(runs: list[dict], burners: int) -> list[str]:
     for setting in dict.fromkeys(r["setting"] for r in runs if r["nproc"] == 1):
         alone = next(r for r in runs if r["setting"] == setting and r["burners"] == 0 and r["nproc"] == 1)
         busy = next(r for r in runs if r["setting"] == setting and r["burners"] == burners and r["nproc"] == 1)
-        lines.append(f"| {setting} | {alone['threads'] or '-'} | {alone['seconds']:.1f} (load {alone['load_at_start']:.1f}) | "
-                     f"{busy['seconds']:.1f} (load {busy['load_at_start']:.1f}) | {busy['seconds'] / alone['seconds']:.2f}x |")
+        lines.append(f"| {setting} | {alone['threads'] or '-'} | {alone['seconds']:.1f} (load "
+                     f"{alone['load_at_start']:.1f}) | {busy['seconds']:.1f} (load {busy['load_at_start']:.1f}) | "
+                     f"{busy['seconds'] / alone['seconds']:.2f}x |")
     return lines
 
 
@@ -125,17 +129,20 @@ def main(argv: list[str] | None = None) -> None:
             for burners in (0, args.burners):
                 runs.append(time_run(setting, burners, args, Path(tmp)))
                 r = runs[-1]
-                print(f"  {setting:>4} {'alone' if not burners else f'beside {burners} burner(s)'}: {r['seconds']:.1f} s "
-                      f"({', '.join(f'{s:.1f}' for s in r['iterations'])}; load {r['load_at_start']:.1f}; an iteration's "
-                      f"{', '.join(f'{k} {v:.2f}s' for k, v in r['phases'].items())}) {r['threads']}", flush=True)
+                print(f"  {setting:>4} {'alone' if not burners else f'beside {burners} burner(s)'}: {r['seconds']:.1f} "
+                      f"s ({', '.join(f'{s:.1f}' for s in r['iterations'])}; load {r['load_at_start']:.1f}; an "
+                      f"iteration's {', '.join(f'{k} {v:.2f}s' for k, v in r['phases'].items())}) "
+                      f"{r['threads']}", flush=True)
         for nproc in args.nprocs:
             runs.append(time_run("auto", 0, args, Path(tmp), nproc))
             print(f"  auto alone, --nproc-per-node {nproc}: {runs[-1]['seconds']:.1f} s "
-                  f"({', '.join(f'{s:.1f}' for s in runs[-1]['iterations'])}; load {runs[-1]['load_at_start']:.1f})", flush=True)
+                  f"({', '.join(f'{s:.1f}' for s in runs[-1]['iterations'])}; load {runs[-1]['load_at_start']:.1f})",
+                  flush=True)
     print(f"\n| setting | threads | alone s | beside {args.burners} burner(s) s | busy/alone |\n|---|---|---|---|---|")
     print("\n".join(summary(runs, args.burners)))
     if args.json:
-        args.json.write_text(json.dumps({"cores": cores, "args": vars(args) | {"json": str(args.json)}, "runs": runs}, indent=2))
+        args.json.write_text(json.dumps({"cores": cores, "args": vars(args) | {"json": str(args.json)}, "runs": runs},
+                                        indent=2))
 
 
 if __name__ == "__main__":

@@ -51,13 +51,15 @@ def parse_candidate(text: str) -> tuple[str, list[str]]:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_args(p, "write every candidate's result here")
     p.add_argument("--candidate", dest="candidates", action="append", type=parse_candidate, required=True,
                    metavar="NAME[=OVERRIDES]", help="a candidate setting (repeatable); overrides separated by ';'")
     p.add_argument("--eval-prompts", default="tinyworld_validation",
                    help="prompt set scored before and after (default: tinyworld_validation, no held-out pair)")
-    p.add_argument("--eval-seeds", type=int, default=8, help="fixed seeds per prompt in the two evaluations (default: 8)")
+    p.add_argument("--eval-seeds", type=int, default=8, help="fixed seeds per prompt in the two evaluations (default: "
+                                                             "8)")
     args = p.parse_args(argv)
     names = [n for n, _ in args.candidates]
     if len(set(names)) != len(names):
@@ -70,10 +72,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run_candidate(name: str, overrides: list[str], args: argparse.Namespace, root: Path) -> dict:
     """Train one candidate; return its settings, training seconds and per-kind base/EMA means."""
     sets = args.sets + overrides + [f"run.eval_prompts={args.eval_prompts}", f"run.eval_seeds={args.eval_seeds}",
-                                    f"run.run_dir={root / name}", f"run.device={args.device}", f"run.threads={args.threads}"]
+                                    f"run.run_dir={root / name}", f"run.device={args.device}",
+                                    f"run.threads={args.threads}"]
     iterations = resolve_config(model=args.model, sets=sets).run.iterations
     # evaluate only before the first iteration and after the last; one checkpoint, at the end
-    cfg = resolve_config(model=args.model, sets=sets + [f"run.eval_every={iterations}", f"run.checkpoint_every={iterations}"])
+    cfg = resolve_config(model=args.model,
+                         sets=sets + [f"run.eval_every={iterations}", f"run.checkpoint_every={iterations}"])
     clock = {"train_s": 0.0, "device": ""}
     evals: list[ev.EvalFinished] = []
 
@@ -99,14 +103,17 @@ def run_candidate(name: str, overrides: list[str], args: argparse.Namespace, roo
         return {k: e.extras[f"{REWARD}.{k}"] for k in KINDS if f"{REWARD}.{k}" in e.extras}
 
     return {"name": name, "overrides": overrides, "iterations": session.state.iteration, "train_s": clock["train_s"],
-            "wall_s": wall, "device": clock["device"], "samples": base.samples, "base": {"mean": base.mean, **kinds(base)},
+            "wall_s": wall, "device": clock["device"], "samples": base.samples,
+            "base": {"mean": base.mean, **kinds(base)},
             "ema": {"mean": last.mean, **kinds(last)},
             "se": {"mean": last.delta_se.get("mean"), **{k: last.delta_se.get(f"{REWARD}.{k}") for k in kinds(last)}},
-            "eval_rewards": {k: {"base": base.eval_rewards[k], "change": v, "se": last.eval_se[k]} for k, v in last.eval_changes.items()}}
+            "eval_rewards": {k: {"base": base.eval_rewards[k], "change": v, "se": last.eval_se[k]}
+                             for k, v in last.eval_changes.items()}}
 
 
 def worst_gain(r: dict) -> float:
-    """The smallest per-kind gain among kinds below the ceiling (a kind at the ceiling counts its change, if it fell)."""
+    """The smallest per-kind gain among kinds below the ceiling (a kind at the ceiling counts its change, if it
+    fell)."""
     gains = {k: r["ema"][k] - r["base"][k] for k in KINDS if k in r["base"]}
     below = [g for k, g in gains.items() if r["base"][k] < CEILING or g < 0]
     return min(below) if below else 0.0
@@ -114,16 +121,22 @@ def worst_gain(r: dict) -> float:
 
 def report(results: list[dict], args: argparse.Namespace) -> str:
     kinds = [k for k in KINDS if k in results[0]["base"]]
-    lines = [f"device: {device_label(results[0]['device'])} | torch {torch.__version__} | threads {torch.get_num_threads()} | "
-             f"model {args.model} | scored on {args.eval_prompts} x {args.eval_seeds} seeds ({results[0]['samples']} images), "
-             f"base weights before training, EMA weights after the last iteration",
-             "", "| candidate | overrides | iterations | train s | " + " | ".join(kinds) + " | all | worst kind gain | eval rewards |",
+    lines = [f"device: {device_label(results[0]['device'])} | torch {torch.__version__} | threads "
+             f"{torch.get_num_threads()} | model {args.model} | scored on {args.eval_prompts} x {args.eval_seeds} "
+             f"seeds ({results[0]['samples']} images), base weights before training, EMA weights after the last "
+             f"iteration",
+             "", "| candidate | overrides | iterations | train s | " + " | ".join(kinds) + " | all | worst kind gain | "
+                                                                                           "eval rewards |",
              "|---|---|---|---|" + "---|" * (len(kinds) + 3)]
     for r in results:
-        cells = [f"{r['base'][k]:.3f} -> {r['ema'][k]:.3f} ({r['ema'][k] - r['base'][k]:+.3f} +- {r['se'][k]:.3f})" for k in kinds]
-        lines.append(f"| {r['name']} | {'; '.join(r['overrides']) or '(preset)'} | {r['iterations']} | {r['train_s']:.1f} | "
-                     + " | ".join(cells) + f" | {r['base']['mean']:.4f} -> {r['ema']['mean']:.4f} | {worst_gain(r):+.3f} | "
-                     + "; ".join(f"{k} {v['change']:+.4f} +- {v['se']:.4f}" for k, v in r["eval_rewards"].items()) + " |")
+        cells = [f"{r['base'][k]:.3f} -> {r['ema'][k]:.3f} ({r['ema'][k] - r['base'][k]:+.3f} +- {r['se'][k]:.3f})"
+                 for k in kinds]
+        lines.append(f"| {r['name']} | {'; '.join(r['overrides']) or '(preset)'} | {r['iterations']} | "
+                     f"{r['train_s']:.1f} | "
+                     + " | ".join(cells) + f" | {r['base']['mean']:.4f} -> {r['ema']['mean']:.4f} | "
+                                           f"{worst_gain(r):+.3f} | "
+                     + "; ".join(f"{k} {v['change']:+.4f} +- {v['se']:.4f}" for k, v in r["eval_rewards"].items())
+                     + " |")
     return "\n".join(lines)
 
 
@@ -137,7 +150,8 @@ def main(argv: list[str] | None = None) -> None:
             r = results[-1]
             gains = "  ".join(f"{k} {r['ema'][k] - r['base'][k]:+.3f}" for k in KINDS if k in r["base"])
             held = "".join(f"; {k} {v['change']:+.4f}" for k, v in r["eval_rewards"].items())
-            print(f"  {name}: {r['iterations']} iterations, {r['train_s']:.1f} s trained; {gains}; worst kind gain {worst_gain(r):+.3f}{held}",
+            print(f"  {name}: {r['iterations']} iterations, {r['train_s']:.1f} s trained; {gains}; worst kind gain "
+                  f"{worst_gain(r):+.3f}{held}",
                   flush=True)
     print("\n" + report(results, args))
     if args.json:

@@ -35,8 +35,10 @@ def main() -> None:
     b, f, s, p, text_dim = args.batch, args.frames, args.side, args.patch, 64
     text, t = torch.randn(b, 12, text_dim), torch.rand(b) * 1000
     wan = WanTransformer3DModel(patch_size=(1, p, p), num_attention_heads=4, attention_head_dim=32, in_channels=3,
-                                out_channels=3, text_dim=text_dim, freq_dim=64, ffn_dim=256, num_layers=4, rope_max_seq_len=64)
-    sana = SanaTransformer2DModel(in_channels=3, out_channels=3, num_attention_heads=4, attention_head_dim=32, num_layers=4,
+                                out_channels=3, text_dim=text_dim, freq_dim=64, ffn_dim=256, num_layers=4,
+                                rope_max_seq_len=64)
+    sana = SanaTransformer2DModel(in_channels=3, out_channels=3, num_attention_heads=4, attention_head_dim=32,
+                                  num_layers=4,
                                   num_cross_attention_heads=4, cross_attention_head_dim=32, cross_attention_dim=128,
                                   caption_channels=text_dim, sample_size=s, patch_size=p)
     clips = torch.randn(b, 3, f, s, s)
@@ -51,9 +53,12 @@ def main() -> None:
 
     wan_train = seconds(wan_step)
     tokens = f * (s // p) ** 2
-    print(f"{b} clips of {f} frames {s}x{s}, patch {p} ({tokens} tokens a clip), {args.threads} thread(s), torch {torch.__version__}")
-    print(f"Wan  {sum(q.numel() for q in wan.parameters()) / 1e6:.2f}M parameters: forward {wan_fwd:.3f} s, forward + backward {wan_train:.3f} s")
-    print(f"SANA {sum(q.numel() for q in sana.parameters()) / 1e6:.2f}M parameters, frames as images: forward {sana_fwd:.3f} s")
+    print(f"{b} clips of {f} frames {s}x{s}, patch {p} ({tokens} tokens a clip), {args.threads} thread(s), torch "
+          f"{torch.__version__}")
+    print(f"Wan  {sum(q.numel() for q in wan.parameters()) / 1e6:.2f}M parameters: forward {wan_fwd:.3f} s, forward + "
+          f"backward {wan_train:.3f} s")
+    print(f"SANA {sum(q.numel() for q in sana.parameters()) / 1e6:.2f}M parameters, frames as images: forward "
+          f"{sana_fwd:.3f} s")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Pre-train a tiny world's base model: flow matching on its synthetic images or clips, on a CPU.
 
-    python scripts/pretrain_tiny.py --world image --steps 8000 --save-every 1000 --out /tmp/tinyworld  # shipped: step_08000
-    python scripts/pretrain_tiny.py --world video --steps 3000 --save-every 500 --out /tmp/tinyvideo   # see docs/BENCHMARKS.md
+    python scripts/pretrain_tiny.py --world image --steps 8000 --save-every 1000 --out /tmp/tinyworld # shipped:
+    step_08000
+    python scripts/pretrain_tiny.py --world video --steps 3000 --save-every 500 --out /tmp/tinyvideo # see
+    docs/BENCHMARKS.md
     python scripts/pretrain_tiny.py --world image --evaluate /tmp/tinyworld/step_*   # pick a snapshot
 
 `--world image` trains the tiny world's SANA on 32x32 scenes (`solrl_core.data.tinyworld`, loader
@@ -52,10 +54,12 @@ class Setup:
 
 
 SETUPS = {
-    "image": Setup(tinyworld.WORLD, SANA, TinyArch(heads=4, head_dim=32, layers=4, text_dim=64, text_layers=2, max_tokens=12,
+    "image": Setup(tinyworld.WORLD, SANA,
+                   TinyArch(heads=4, head_dim=32, layers=4, text_dim=64, text_layers=2, max_tokens=12,
                                                    vocab=tinyworld.VOCAB, patch_size=4, upscale=1),
                    "tiny", TinyWorldReward, steps=8000, batch=64, threads=2),
-    "video": Setup(tinyvideo.WORLD, VIDEO, VIDEO.default, "tiny_video", TinyVideoReward, steps=3000, batch=32, threads=1),
+    "video": Setup(tinyvideo.WORLD, VIDEO, VIDEO.default, "tiny_video", TinyVideoReward, steps=3000, batch=32,
+                   threads=1),
 }
 
 
@@ -66,7 +70,8 @@ def batch_of(world: World, seed: int, step: int, size: int) -> tuple[list[str], 
 
 
 @torch.no_grad()
-def evaluate_snapshot(setup: Setup, folder: str, split: str, per_prompt: int = 4, steps: int = 10) -> tuple[float, dict[str, float]]:
+def evaluate_snapshot(setup: Setup, folder: str, split: str, per_prompt: int = 4, steps: int = 10) -> tuple[float,
+        dict[str, float]]:
     """Mean reward and its summary (strict accuracy, per-kind means) on the world's built-in prompt
     set of `split`, with the same fixed seeds `solrl train` uses for its evaluations."""
     from solrl_core.config.schema import ModelConfig
@@ -115,7 +120,8 @@ def train(setup: Setup, args: argparse.Namespace) -> None:
         schedule.step()
         running = float(loss.detach()) if running is None else 0.98 * running + 0.02 * float(loss.detach())
         if step % 50 == 0:
-            print(f"step {step:>6}  loss {running:.4f}  lr {schedule.get_last_lr()[0]:.2e}  {time.perf_counter() - t0:7.0f}s", flush=True)
+            print(f"step {step:>6}  loss {running:.4f}  lr {schedule.get_last_lr()[0]:.2e}  "
+                  f"{time.perf_counter() - t0:7.0f}s", flush=True)
         if step % args.save_every == 0 or step == args.steps:
             save_tiny(f"{args.out}/step_{step:05d}", arch, transformer, text_encoder.eval())
             text_encoder.train()
@@ -123,7 +129,8 @@ def train(setup: Setup, args: argparse.Namespace) -> None:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--world", required=True, choices=sorted(SETUPS), help="image: the tiny world; video: the tiny moving world")
+    ap.add_argument("--world", required=True, choices=sorted(SETUPS), help="image: the tiny world; video: the tiny "
+                                                                           "moving world")
     ap.add_argument("--evaluate", nargs="+", metavar="FOLDER", help="score snapshot folders instead of training")
     ap.add_argument("--splits", nargs="+", default=["train", "heldout"], choices=["train", "heldout"],
                     help="the prompt sets --evaluate scores (default: both)")

@@ -31,7 +31,8 @@ from solrl_core.runtime.threads import prepare_openmp
 
 __all__ = ["EvalReport", "EvalResult", "InferResult", "Metric", "RunResult", "eval", "evaluate", "infer", "train"]
 
-prepare_openmp()  # imported before torch, idle OpenMP threads sleep (solrl_core/runtime/threads.py), as under `solrl train`
+# imported before torch, idle OpenMP threads sleep (solrl_core/runtime/threads.py), as under `solrl train`
+prepare_openmp()
 
 
 def train(model: str | None = None, family: str | None = None, reward: str | None = None, *, preset: str | None = None,
@@ -55,7 +56,8 @@ def train(model: str | None = None, family: str | None = None, reward: str | Non
     from solrl_core.tools.start import RunRequest, start_run
 
     sets = _sets(sets)
-    flags = {"run": {"iterations": iterations, "seed": seed, "device": device, "run_dir": str(run_dir) if run_dir else None,
+    flags = {"run": {"iterations": iterations, "seed": seed, "device": device,
+                     "run_dir": str(run_dir) if run_dir else None,
                      "prompts": str(prompts) if prompts is not None else None,
                      "eval_prompts": str(eval_prompts) if eval_prompts is not None else None}}
     start = start_run(RunRequest(model, family, reward, preset, config, sets, flags,
@@ -69,7 +71,8 @@ def train(model: str | None = None, family: str | None = None, reward: str | Non
 
 def evaluate(run: str | Path | None = None, *, model: str | None = None, prompts: str | None = None,
              seeds: int | None = None, steps: int | None = None, weights: str = "ema", checkpoint: str | None = None,
-             out: str | Path | None = None, rewards: str | None = None, reward: str | None = None, sets: Iterable[str] = (),
+             out: str | Path | None = None, rewards: str | None = None, reward: str | None = None,
+             sets: Iterable[str] = (),
              device: str | None = None, save_images: bool = False, trust_run_config: bool = False, quiet: bool = False,
              on_event: Callable[[Any], None] | None = None, on_progress: Progress | None = None) -> EvalResult:
     """`solrl eval`: the base model, or a run's checkpoint against its base (a run's kept base
@@ -84,7 +87,8 @@ def evaluate(run: str | Path | None = None, *, model: str | None = None, prompts
 
     req = eval_request(Path(run) if run is not None else None, model=model, reward=reward, prompts=prompts, seeds=seeds,
                        steps=steps, weights=weights, checkpoint=checkpoint, out=Path(out) if out is not None else None,
-                       save_images=save_images, sets=list(_sets(sets)), device=device, rewards=rewards, trust_run_config=trust_run_config)
+                       save_images=save_images, sets=list(_sets(sets)), device=device, rewards=rewards,
+                       trust_run_config=trust_run_config)
     evaluate_weights(req, _bus(quiet, on_event, on_progress)[0])
     summary = json.loads((req.out_dir / "summary.json").read_text(encoding="utf-8"))
     return EvalResult(req.out_dir.absolute(), summary, summary_reports(summary, req.prompt_set))
@@ -106,9 +110,11 @@ def infer(run: str | Path | None = None, *, prompt: str | Iterable[str] | None =
     texts = [prompt] if isinstance(prompt, str) else list(prompt) if prompt is not None else None
     engine, req, _ = infer_request(Path(run) if run is not None else None, prompt=texts, prompts=prompts, model=model,
                                    seeds=seeds, seed=seed, steps=steps, weights=weights, checkpoint=checkpoint,
-                                   out=Path(out) if out is not None else None, grid=grid, sets=list(_sets(sets)), device=device)
+                                   out=Path(out) if out is not None else None, grid=grid, sets=list(_sets(sets)),
+                                   device=device)
     index = run_infer(engine, req, _bus(quiet, on_event, None)[0])
-    return InferResult(req.out_dir.absolute(), index.absolute(), (req.out_dir / "grid.png").absolute() if grid else None)
+    return InferResult(req.out_dir.absolute(),
+                       index.absolute(), (req.out_dir / "grid.png").absolute() if grid else None)
 
 
 def _sets(sets: Iterable[str]) -> tuple[str, ...]:

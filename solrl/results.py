@@ -73,7 +73,8 @@ def report(base: ev.EvalFinished, last: ev.EvalFinished) -> EvalReport:
     if len(last.components) > 1:
         metrics.update({k: Metric(base.components[k], v, v - base.components[k]) for k, v in last.components.items()
                         if k in base.components})
-    metrics.update({k: Metric(base.extras[k], v, v - base.extras[k], se.get(k)) for k, v in last.extras.items() if k in base.extras})
+    metrics.update({k: Metric(base.extras[k], v, v - base.extras[k], se.get(k)) for k, v in last.extras.items()
+                    if k in base.extras})
     metrics.update({k: Metric(v - last.eval_changes[k], v, last.eval_changes[k], last.eval_se.get(k))
                     for k, v in last.eval_rewards.items() if k in last.eval_changes})
     return EvalReport(last.prompts, last.samples, last.weights, last.iteration, metrics,

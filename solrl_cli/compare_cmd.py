@@ -13,8 +13,10 @@ from solrl_core.tools.sources import output_folder
 
 
 def compare(
-    runs: Annotated[list[Path], typer.Argument(help="Run folders (each holds events.jsonl), e.g. a sol_rl run and a naive_scaling run.")],
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Output folder. Default: runs/compare-<time>.")] = None,
+    runs: Annotated[list[Path], typer.Argument(help="Run folders (each holds events.jsonl), e.g. a sol_rl run and a "
+                                                    "naive_scaling run.")],
+    out: Annotated[Optional[Path],
+                   typer.Option("--out", "-o", help="Output folder. Default: runs/compare-<time>.")] = None,
 ) -> None:
     """Plot and tabulate several runs: Stage-2 reward and evaluation against iteration and time, time per phase."""
     import csv

@@ -46,9 +46,11 @@ class TerminalDisplay:
         self.console = console or Console(highlight=False, markup=False)  # event texts are shown as written
         self.verbose = verbose
         # count, elapsed and ETA keep their width; the bar and then the label give way on a narrow terminal
-        self.progress = Progress(TextColumn("[bold]train"), BarColumn(bar_width=None, table_column=Column(ratio=1, min_width=5)),
+        self.progress = Progress(TextColumn("[bold]train"),
+                                 BarColumn(bar_width=None, table_column=Column(ratio=1, min_width=5)),
                                  MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(),
-                                 TextColumn("{task.description}", table_column=Column(ratio=2, no_wrap=True, overflow="ellipsis")),
+                                 TextColumn("{task.description}",
+                                            table_column=Column(ratio=2, no_wrap=True, overflow="ellipsis")),
                                  console=self.console, transient=True, expand=True)
         self.task: int | None = None
         self.label = ""  # the bar's label between evaluations: the last iteration's reward
@@ -68,9 +70,12 @@ class TerminalDisplay:
     def on_run_started(self, e: ev.RunStarted) -> None:
         c = self.console
         verb = f"resuming at iteration {e.start_iteration}" if e.resumed else "starting"
-        scored = f", reward {', '.join(e.rewards)}" if e.rewards else ""  # the code or URL scored: a preset's name may say otherwise
-        c.print(Text.assemble(("solrl", "bold"), f" {verb}: preset ", (e.preset, "cyan"), f", {plural(e.iterations, 'iteration')}{scored}"))
-        c.print(f"  device {e.device}, full precision {e.dtype}, explore precision {e.explore_precision}{emulation_note(e)}")
+        # the code or URL scored: a preset's name may say otherwise
+        scored = f", reward {', '.join(e.rewards)}" if e.rewards else ""
+        c.print(Text.assemble(("solrl", "bold"), f" {verb}: preset ", (e.preset, "cyan"),
+                              f", {plural(e.iterations, 'iteration')}{scored}"))
+        c.print(f"  device {e.device}, full precision {e.dtype}, explore precision "
+                f"{e.explore_precision}{emulation_note(e)}")
         c.print(f"  {e.plan}")
         if e.machine and self.verbose:
             c.print(f"  this machine: {e.machine}")
@@ -94,13 +99,17 @@ class TerminalDisplay:
     def on_iteration(self, e: ev.IterationFinished) -> None:
         s = e.seconds
         draft = f" draft {fmt(e.draft.mean)}" if e.draft else ""
-        parts = [f"{k} {s[k]:.2f}s" for k in ("calibrate", "explore", "regenerate", "reward", "train", "sync") if s.get(k)]
-        warn = f" ({plural(e.nonfinite_losses, 'non-finite loss', 'non-finite losses')} zeroed)" if e.nonfinite_losses else ""
+        parts = [f"{k} {s[k]:.2f}s" for k in ("calibrate", "explore", "regenerate", "reward", "train", "sync")
+                 if s.get(k)]
+        warn = (f" ({plural(e.nonfinite_losses, 'non-finite loss', 'non-finite losses')} zeroed)" if e.nonfinite_losses
+                else "")
         kl = e.loss["kl"]  # NaN with a finite loss: algorithm.kl_beta = 0, the reference is not run
         kl_text = f"{kl:.3g}" if math.isfinite(kl) or not math.isfinite(e.loss["loss"]) else "off"
-        head = f"iter {e.iteration:>4}/{e.iterations}  reward {fmt(e.final.mean)}{draft}  loss {e.loss['loss']:.4f} kl {kl_text}"
+        head = (f"iter {e.iteration:>4}/{e.iterations}  reward {fmt(e.final.mean)}{draft}  loss {e.loss['loss']:.4f} "
+                f"kl {kl_text}")
         if self.verbose:
-            self.console.print(f"{head}  |  {' '.join(parts)}  total {s['total']:.2f}s{memory_text(e)}{mfu_text(self.flops, s)}{warn}")
+            self.console.print(f"{head}  |  {' '.join(parts)}  total "
+                               f"{s['total']:.2f}s{memory_text(e)}{mfu_text(self.flops, s)}{warn}")
         else:  # one 80-column line: the phases, memory and MFU are in events.jsonl
             self.console.print(f"{head}  {s['total']:.1f}s{warn}")
         self.label = f"reward {fmt(e.final.mean)}"
@@ -143,21 +152,24 @@ class TerminalDisplay:
             self.progress.update(self.task, description=self.label)
         extras = "".join(f"  {k.split('.')[-1]} {v:.3f}" for k, v in e.extras.items())
         took = f"base from {e.reused}" if e.reused else f"{e.seconds:.1f}s"
-        self.console.print(f"  eval ({e.weights} weights, {e.prompts}, {plural(e.samples, 'image')}): reward {fmt(e.mean)}{extras}  ({took})")
+        self.console.print(f"  eval ({e.weights} weights, {e.prompts}, {plural(e.samples, 'image')}): reward "
+                           f"{fmt(e.mean)}{extras}  ({took})")
         if e.eval_rewards:
             self.console.print(f"  eval rewards (not trained on): {eval_rewards_text(e)}")
         if e.picture:
             self.console.print(f"  picture: {e.picture}")
 
     def on_rank_check(self, e: ev.RankCheckResult) -> None:
-        cor = " ".join(f"{n} {v:.3f}" if v is not None else f"{n} - (constant)" for n, v in (("rho", e.rho), ("tau", e.tau)))
-        self.console.print(f"  rank check (iteration {e.iteration}, '{e.prompt[:40]}', {plural(e.seeds, 'seed')}, draft vs full): {cor}  "
-                           f"mean draft {fmt(e.draft_mean)} full {fmt(e.full_mean)}  ({e.seconds:.1f}s"
-                           f"{', full rollouts reused from the calibration' if e.reused else ''})")
+        cor = " ".join(f"{n} {v:.3f}" if v is not None else f"{n} - (constant)"
+                       for n, v in (("rho", e.rho), ("tau", e.tau)))
+        self.console.print(f"  rank check (iteration {e.iteration}, '{e.prompt[:40]}', {plural(e.seeds, 'seed')}, "
+                           f"draft vs full): {cor}  mean draft {fmt(e.draft_mean)} full {fmt(e.full_mean)}  "
+                           f"({e.seconds:.1f}s{', full rollouts reused from the calibration' if e.reused else ''})")
 
     def on_calibration(self, e: ev.CalibrationDone) -> None:
-        self.console.print(f"  calibration (before iteration {e.iteration}, {plural(e.prompts, 'prompt')} x {plural(e.seeds, 'seed')}, "
-                           f"against {e.reference}{', precisions ' + ', '.join(e.precisions) if e.precisions else ''}, "
+        self.console.print(f"  calibration (before iteration {e.iteration}, {plural(e.prompts, 'prompt')} x "
+                           f"{plural(e.seeds, 'seed')}, against "
+                           f"{e.reference}{', precisions ' + ', '.join(e.precisions) if e.precisions else ''}, "
                            f"{e.seconds:.1f}s): Stage 1 at {e.chosen}: {e.why}")
         self.console.print("    recall/s by preview setting: " + "  ".join(
             f"{c['name']} {c['recall']:.2f}/{c['seconds']:.2f}s" for c in e.candidates))
@@ -168,7 +180,8 @@ class TerminalDisplay:
             self.gif_said = True
             self.console.print(Text(f"  {GIF_NOTE}"))  # Text: its "[video]" is not markup
 
-    def on_sample_grid(self, e: ev.SampleGrid) -> None:  # written for the trackers (run.image_every): only the hint here
+    # written for the trackers (run.image_every): only the hint here
+    def on_sample_grid(self, e: ev.SampleGrid) -> None:
         if e.video.endswith(".gif") and not self.gif_said:
             self.gif_said = True
             self.console.print(Text(f"  sample grid clips ({e.video}): {GIF_NOTE}"))

@@ -27,19 +27,24 @@ def doctor(
     explore_precision: Annotated[Optional[str], typer.Option(
         "--explore-precision", help="Check this explore precision instead of the config's: auto, nvfp4, fp8, "
                                     "nvfp4-emulated, fp8-e5m2-tensor, fp8-e5m2-delayed, bf16 or fp32.")] = None,
-    nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", min=1, help="Processes the run would start on this machine.")] = 1,
-    json_out: Annotated[bool, typer.Option("--json", help="Print the checks as a JSON list instead of a table.")] = False,
+    nproc_per_node: Annotated[int, typer.Option("--nproc-per-node", min=1, help="Processes the run would start on this "
+                                                                                "machine.")] = 1,
+    json_out: Annotated[bool,
+                        typer.Option("--json", help="Print the checks as a JSON list instead of a table.")] = False,
     selftest: Annotated[bool, typer.Option("--selftest", help="Run every path solrl would take here, for real, on tiny "
-                                           "random models (one iteration each): a table of pass / fail / skipped rows.")] = False,
+                                           "random models (one iteration each): a table of pass / fail / skipped "
+                                           "rows.")] = False,
     only: Annotated[Optional[str], typer.Option("--only", help="With --selftest: the rows whose names match these "
-                                                "comma-separated patterns (globs, or substrings), e.g. 'explore/*,reward'.")] = None,
+                                                "comma-separated patterns (globs, or substrings), e.g. "
+                                                "'explore/*,reward'.")] = None,
     json_file: Annotated[Optional[Path], typer.Option("--json-out", help="With --selftest: also write the rows as JSON "
                                                       "to this file, rewritten after each row.")] = None,
     device: opt.Device = None,
-    verbose: Annotated[bool, typer.Option("--verbose", help="Every check's detail and fix in full (the default: a line a "
-                                                            "check, a warning or failure in full).")] = False,
-    memory_modes: Annotated[bool, typer.Option("--memory-modes", help="Also show the memory mode every model preset needs "
-                                                                      "on each GPU size (by the estimate).")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", help="Every check's detail and fix in full (the default: a line "
+                                                            "a check, a warning or failure in full).")] = False,
+    memory_modes: Annotated[bool, typer.Option("--memory-modes", help="Also show the memory mode every model preset "
+                                                                      "needs on each GPU size (by the "
+                                                                      "estimate).")] = False,
     gpu_capability: Annotated[Optional[str], typer.Option(
         "--gpu-capability", help="Name the explore backends for a simulated GPU of this compute capability "
                                  "(e.g. 9.0, 10.0) instead of this machine's.")] = None,
@@ -54,7 +59,8 @@ def doctor(
         if selftest:
             from solrl_cli.selftest_view import run_and_show
 
-            if not run_and_show(device, only, json_file, sets=tuple(set_ or ()), reward=reward, precision=explore_precision):
+            if not run_and_show(device, only, json_file, sets=tuple(set_ or ()), reward=reward,
+                                precision=explore_precision):
                 raise typer.Exit(1)
             return
         flags = {"model": {"path": str(model_path)}} if model_path else None
@@ -82,11 +88,13 @@ def _print_table(preset: str, checks, verbose: bool = False) -> None:  # type: i
     """A line a check (its detail cut to the width: `--verbose` or `--json` for all of it); a warning or a
     failure in full with its fix, under its line. The fix column only where a check has a fix."""
     console = Console(highlight=False, markup=False)  # built here, so it follows the terminal the command runs in
-    table = Table(title=f"solrl doctor: {preset}  (* = the run depends on it)", box=box.SIMPLE_HEAD, title_justify="left",
+    table = Table(title=f"solrl doctor: {preset}  (* = the run depends on it)", box=box.SIMPLE_HEAD,
+                  title_justify="left",
                   show_edge=False, pad_edge=False)
     fixes = verbose and any(c.fix for c in checks)
     name_w = min(28, max(len(c.name) + 2 for c in checks))
-    table.add_column("check", overflow="fold" if verbose else "ellipsis", no_wrap=not verbose, width=None if verbose else name_w)
+    table.add_column("check", overflow="fold" if verbose else "ellipsis", no_wrap=not verbose,
+                     width=None if verbose else name_w)
     table.add_column("status", no_wrap=True, width=6)
     table.add_column("detail", overflow="fold" if verbose else "ellipsis", no_wrap=not verbose,
                      width=None if verbose else max(20, console.width - name_w - 6 - 4))

@@ -38,8 +38,10 @@ def user_errors() -> Iterator[None]:
             _user_error(disk.explain(exc, None, "a file") or SolrlError(str(exc)))
         if debug():
             raise
-        err_console.print(Text.assemble(("internal error:", "bold red"), f" {type(exc).__name__}: {printable(str(exc), lines=True)}"))
-        err_console.print(Text.assemble("  ", ("fix:", "bold"), " rerun with SOLRL_DEBUG=1 for the traceback, and report it"))
+        err_console.print(Text.assemble(("internal error:", "bold red"), f" {type(exc).__name__}: "
+                                                                         f"{printable(str(exc), lines=True)}"))
+        err_console.print(Text.assemble("  ", ("fix:", "bold"), " rerun with SOLRL_DEBUG=1 for the traceback, and "
+                                                                "report it"))
         raise typer.Exit(1) from None
 
 

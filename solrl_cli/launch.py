@@ -56,7 +56,8 @@ def torchrun_args(nproc_per_node: int, nnodes: int = 1, node_rank: int = 0, rdzv
         head.append("--standalone")
     elif not rdzv_endpoint or ":" not in rdzv_endpoint:
         raise SolrlError(f"--nnodes {nnodes} needs --rdzv-endpoint HOST:PORT (got {rdzv_endpoint or 'none'})",
-                         "give every node the address of node 0 and a free port on it, e.g. --rdzv-endpoint node0:29500")
+                         "give every node the address of node 0 and a free port on it, e.g. --rdzv-endpoint "
+                         "node0:29500")
     else:
         head += ["--node-rank", str(node_rank), "--rdzv-endpoint", rdzv_endpoint]
     return [*head, "-m", "solrl_cli", "train", *strip_launcher_flags(argv)]

@@ -22,7 +22,8 @@ def monitor(run_dir: Annotated[Path, typer.Argument(help="A run folder (it holds
         run_dir = check_run_folder(run_dir)
         if not check_path(run_dir, EVENTS_FILE).is_file():  # a planted link or fifo: refused, not followed
             what = "does not exist" if not run_dir.exists() else f"has no {EVENTS_FILE}"
-            raise SolrlError(f"{run_dir} {what}", "pass a run folder written by `solrl train` (it holds config.toml and "
+            raise SolrlError(f"{run_dir} {what}", "pass a run folder written by `solrl train` (it holds config.toml "
+                                                  "and "
                                                   f"{EVENTS_FILE}; the default is runs/<time>-<preset>)")
         if no_terminal() is not None:
             from solrl_cli.common import console

@@ -22,17 +22,20 @@ def presets() -> None:
         rows = [(p.kind[:-1] if p.kind != "families" else "family", p.name, p.description) for p in list_presets()]
         rows += [("prompts", name, "built-in prompt set (--prompts NAME)") for name in builtin_sets()]
         for name, entry in download_sets().items():
-            state = f"downloaded: {cached_path(entry)}" if cached_path(entry).is_file() else f"needs a download, done on first use: {entry.origin}"
+            state = (f"downloaded: {cached_path(entry)}" if cached_path(entry).is_file() else f"needs a download, done "
+                                                                                              f"on first use: "
+                                                                                              f"{entry.origin}")
             rows.append(("prompts", name, f"{entry.description} ({state})"))
         print_fitted(console, [Column("kind", "key"), Column("name", "key"), Column("description", "text")], rows,
                      title="solrl presets  (combine as --model M --family F --reward R, or --preset M_F_R)")
         console.print(f"precedence: {PRECEDENCE}")
-        console.print("a reward of your own: --reward mypkg.rewards:fn or path/to/file.py:fn, or an installed package's "
-                      "'solrl.rewards' entry point by name (docs/rewards.md)")
+        console.print("a reward of your own: --reward mypkg.rewards:fn or path/to/file.py:fn, or an installed "
+                      "package's 'solrl.rewards' entry point by name (docs/rewards.md)")
 
 
 def config_help(
-    match: Annotated[str, typer.Argument(help="Show only the settings whose key holds this: a section (explore) or a word (lr).")] = "",
+    match: Annotated[str, typer.Argument(help="Show only the settings whose key holds this: a section (explore) or a "
+                                              "word (lr).")] = "",
     model: opt.Model = None, family: opt.Family = None, reward: opt.Reward = None, preset: opt.Preset = None,
     set_: opt.Sets = None,
     all_: Annotated[bool, typer.Option("--all", help="Every setting with its value and meaning (without MATCH the "
@@ -52,8 +55,10 @@ def config_help(
         rows = help_table(cfg, match)
     width = max(40, console.width)
 
-    def para(text: str, first: str = "", rest: str = "    ") -> None:  # wrapped between words, never inside one: no value cut
-        console.print(Text(textwrap.fill(text, width, initial_indent=first, subsequent_indent=rest, break_long_words=False,
+    # wrapped between words, never inside one: no value cut
+    def para(text: str, first: str = "", rest: str = "    ") -> None:
+        console.print(Text(textwrap.fill(text, width, initial_indent=first, subsequent_indent=rest,
+                                         break_long_words=False,
                                          break_on_hyphens=False)), soft_wrap=True)
 
     if not match and not all_:  # a summary: the keys by section, and how to see a section whole

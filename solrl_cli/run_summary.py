@@ -27,7 +27,8 @@ def eval_rewards_text(e: ev.EvalFinished) -> str:
             parts.append(f"{name} {fmt(now)}" + (f" (hacking {floor})" if floor else ""))
             continue
         pm = f" +- {se:.4f} s.e." if se is not None else ""
-        parts.append(f"{name} base {fmt(now - change)} -> {e.weights} {fmt(now)} ({change:+.4f}{pm}" + (f"; {floor}" if floor else "")
+        parts.append(f"{name} base {fmt(now - change)} -> {e.weights} {fmt(now)} ({change:+.4f}{pm}"
+                     + (f"; {floor}" if floor else "")
                      + _trade_text(e, name) + ")")
     return "; ".join(parts)
 
@@ -37,7 +38,8 @@ def _trade_text(e: ev.EvalFinished, name: str) -> str:
     if e.trade_since < 0:
         return ""
     since = "since the base" if e.trade_since == 0 else f"since iteration {e.trade_since}"
-    return f"; {since}: {e.trade[name]:.3g} gain per unit lost" if name in e.trade else f"; {since}: none lost beyond noise"
+    return (f"; {since}: {e.trade[name]:.3g} gain per unit lost" if name in e.trade else f"; {since}: none lost beyond "
+                                                                                         f"noise")
 
 
 def end_summary(e: ev.RunFinished) -> list[str]:

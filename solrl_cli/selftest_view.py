@@ -36,7 +36,8 @@ def run_and_show(device: Optional[str], only: Optional[str], json_file: Optional
         done.append(result)
         peak = "" if result.peak_gib is None else f"{result.peak_gib:5.2f} GiB  "
         line = Text(f"[{len(done)}] ").append(f"{result.status:<7} ", style=STYLE[result.status])
-        line.append(f"{result.seconds:5.1f} s  {peak}{result.name}" + (f": {result.detail}" if result.status != "pass" else ""))
+        line.append(f"{result.seconds:5.1f} s  {peak}{result.name}"
+                    + (f": {result.detail}" if result.status != "pass" else ""))
         console.print(line)
         if result.fix:
             console.print(f"          fix: {result.fix}")

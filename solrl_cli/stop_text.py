@@ -25,11 +25,13 @@ def stop_message(e: ev.StopRequested) -> str:
     """The acknowledgement of a stop request, printed the moment it arrives."""
     ckpts = f"{e.run_dir}/checkpoints" if e.run_dir else "the run folder"
     if e.phase == "evaluation":  # not an iteration: dropped between two of its batches
-        waits = (f"dropping the evaluation in progress (a resume does it first), then stopping with iteration {e.iteration} "
-                 f"saved to {ckpts}" if e.iteration else "dropping the base evaluation (a resume does it first): nothing to save yet")
+        waits = (f"dropping the evaluation in progress (a resume does it first), then stopping with iteration "
+                 f"{e.iteration} saved to {ckpts}" if e.iteration
+                 else "dropping the base evaluation (a resume does it first): nothing to save yet")
     elif e.mode == "phase" and e.phase:
         waits = (f"stopping at the next phase boundary (now in {e.phase} of iteration {e.iteration}): an iteration "
-                 f"whose update has not begun is abandoned and redone on resume; the last finished one is saved to {ckpts}")
+                 f"whose update has not begun is abandoned and redone on resume; the last finished one is saved to "
+                 f"{ckpts}")
     elif e.phase:
         waits = f"finishing iteration {e.iteration} (now in {e.phase}), then saving a checkpoint to {ckpts}"
     elif e.iteration:
@@ -44,7 +46,8 @@ def finished_message(e: ev.RunFinished, total: int | None = None) -> str:
     where = e.run_dir or "<run folder>"
     if e.reason == "failed" and not e.resumable:  # the error's own fix is the next step: no resume beside it
         kept = f"its newest checkpoint is {Path(e.checkpoint).name}" if e.checkpoint else "no checkpoint was saved"
-        return f"failed with {e.iteration} iteration{'' if e.iteration == 1 else 's'} finished; {kept}; the error's fix says what to do next"
+        return (f"failed with {e.iteration} iteration{'' if e.iteration == 1 else 's'} finished; {kept}; the error's "
+                f"fix says what to do next")
     if e.checkpoint:
         resume = f"`solrl train --resume {where}` continues from {Path(e.checkpoint).name}"
     else:

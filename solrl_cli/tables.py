@@ -24,7 +24,8 @@ class Column:
     kind: Literal["number", "key", "text"] = "number"
 
 
-def fitted_tables(console: Console, columns: Sequence[Column], rows: Sequence[Sequence[str]], title: str = "") -> list[Table]:
+def fitted_tables(console: Console, columns: Sequence[Column], rows: Sequence[Sequence[str]],
+                  title: str = "") -> list[Table]:
     """The rows as one table, or as several side parts when the numbers need more than the console's width."""
     keys = [i for i, c in enumerate(columns) if c.kind == "key"]
     texts = [i for i, c in enumerate(columns) if c.kind == "text"]
@@ -45,14 +46,16 @@ def fitted_tables(console: Console, columns: Sequence[Column], rows: Sequence[Se
 
 def print_fitted(console: Console, columns: Sequence[Column], rows: Sequence[Sequence[str]], title: str = "",
                  caption: str = "") -> None:
-    """Print fitted_tables, then the caption across the full width (a caption under a narrow table would wrap to its width)."""
+    """Print fitted_tables, then the caption across the full width (a caption under a narrow table would wrap to its
+    width)."""
     for table in fitted_tables(console, columns, rows, title):
         console.print(table)
     if caption:
         console.print(Text(caption), soft_wrap=False)
 
 
-def _table(columns: Sequence[Column], rows: Sequence[Sequence[str]], chosen: list[int], title: str, widths: dict[int, int] | None = None) -> Table:
+def _table(columns: Sequence[Column], rows: Sequence[Sequence[str]], chosen: list[int], title: str,
+           widths: dict[int, int] | None = None) -> Table:
     table = Table(title=title or None, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False,
                   collapse_padding=True)
     for i in chosen:
@@ -65,7 +68,8 @@ def _table(columns: Sequence[Column], rows: Sequence[Sequence[str]], chosen: lis
     return table
 
 
-def _natural_width(console: Console, columns: Sequence[Column], rows: Sequence[Sequence[str]], chosen: list[int]) -> int:
+def _natural_width(console: Console, columns: Sequence[Column], rows: Sequence[Sequence[str]],
+                   chosen: list[int]) -> int:
     """The width of these columns with every number and key whole and every text column at its minimum."""
     widths = {}
     for i in chosen:

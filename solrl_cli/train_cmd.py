@@ -14,20 +14,30 @@ from solrl_cli import options as opt
 from solrl_cli.common import PRECEDENCE, console
 from solrl_cli.errors import user_errors
 
-Resume = Annotated[Optional[Path], typer.Option("--resume", help="Continue the run in this folder from its newest checkpoint (checked against its manifest).")]
-ResumeCheckpoint = Annotated[Optional[str], typer.Option("--checkpoint", help="With --resume: the checkpoint to continue from (iter_000030); newer ones are set aside. Default: the newest.")]
-Log = Annotated[Optional[str], typer.Option("--log", help="Experiment trackers, comma-separated: tensorboard, wandb (run.log; needs pip install -e \".\\[tracking]\").")]  # help is rich markup: \\[ shows a [
-Tui = Annotated[bool, typer.Option("--tui", help="Watch the run in a terminal UI; q asks whether to stop safely with a checkpoint.")]
-Nproc = Annotated[int, typer.Option("--nproc-per-node", min=1, help="Processes (one per GPU) on this node; above 1 they are started through torchrun.")]
-Nnodes = Annotated[int, typer.Option("--nnodes", min=1, help="Nodes in the run; start the same command on each with its --node-rank.")]
+Resume = Annotated[Optional[Path], typer.Option("--resume", help="Continue the run in this folder from its newest "
+                                                                 "checkpoint (checked against its manifest).")]
+ResumeCheckpoint = Annotated[Optional[str], typer.Option("--checkpoint", help="With --resume: the checkpoint to "
+                                                                              "continue from (iter_000030); newer ones "
+                                                                              "are set aside. Default: the newest.")]
+Log = Annotated[Optional[str], typer.Option("--log", help="Experiment trackers, comma-separated: tensorboard, wandb "
+                                                          "(run.log; needs pip install -e "
+                                                          "\".\\[tracking]\").")]  # help is rich markup: \\[ shows a [
+Tui = Annotated[bool, typer.Option("--tui", help="Watch the run in a terminal UI; q asks whether to stop safely with a "
+                                                 "checkpoint.")]
+Nproc = Annotated[int, typer.Option("--nproc-per-node", min=1, help="Processes (one per GPU) on this node; above 1 "
+                                                                    "they are started through torchrun.")]
+Nnodes = Annotated[int, typer.Option("--nnodes", min=1, help="Nodes in the run; start the same command on each with "
+                                                             "its --node-rank.")]
 NodeRank = Annotated[int, typer.Option("--node-rank", min=0, help="This node's index, 0 to nnodes-1.")]
 Rdzv = Annotated[Optional[str], typer.Option("--rdzv-endpoint", help="HOST:PORT of node 0 (needed with --nnodes > 1).")]
-MasterAddr = Annotated[Optional[str], typer.Option("--master-addr", help="torchrun's name for node 0's address: the same as --rdzv-endpoint ADDR:PORT.")]
-MasterPort = Annotated[Optional[int], typer.Option("--master-port", help="torchrun's name for node 0's port (default 29500), with --master-addr.")]
+MasterAddr = Annotated[Optional[str], typer.Option("--master-addr", help="torchrun's name for node 0's address: the "
+                                                                         "same as --rdzv-endpoint ADDR:PORT.")]
+MasterPort = Annotated[Optional[int], typer.Option("--master-port", help="torchrun's name for node 0's port (default "
+                                                                         "29500), with --master-addr.")]
 NoEval = Annotated[bool, typer.Option("--no-eval", help="Skip the evaluations (the same as --set run.eval_prompts=): "
                                        "faster, but no held-out scores, warnings of reward hacking or pictures.")]
-Verbose = Annotated[bool, typer.Option("--verbose", help="Print the machine's plan, the model's FLOPs and each iteration's "
-                                       "phase times, memory and MFU in full (always in RUN/events.jsonl).")]
+Verbose = Annotated[bool, typer.Option("--verbose", help="Print the machine's plan, the model's FLOPs and each "
+                                       "iteration's phase times, memory and MFU in full (always in RUN/events.jsonl).")]
 DumpConfig = Annotated[bool, typer.Option("--dump-config", help="Print the resolved config as TOML and exit.")]
 
 
@@ -47,7 +57,8 @@ def train(
     with user_errors():
         flags = {"run": {"prompts": prompts, "run_dir": str(run_dir) if run_dir else None, "iterations": iterations,
                          "seed": seed, "device": device, "log": _trackers(log)},
-                 "explore": {"precision": explore_precision}, "model": {"path": str(model_path) if model_path else None}}
+                 "explore": {"precision": explore_precision},
+                 "model": {"path": str(model_path) if model_path else None}}
         sets = (*(set_ or ()), *(["run.eval_prompts="] if no_eval else []))  # as a --set: a resume may take it too
         request = RunRequest(model, family, reward, preset, config, sets, flags, resume, checkpoint,
                              trust_run_config, nproc_per_node, nnodes)

@@ -125,7 +125,8 @@ class UnknownEventKind(EventDecodeError):
 
 def shown(value: Any) -> str:
     """repr(value) for a message: cut to 80 characters, a huge integer by its size (repr refuses past 4300 digits)."""
-    return f"an integer of {value.bit_length()} bits" if isinstance(value, int) and value.bit_length() > 64 else repr(value)[:80]
+    return f"an integer of {value.bit_length()} bits" if isinstance(value,
+            int) and value.bit_length() > 64 else repr(value)[:80]
 
 
 # the JSON types each annotation (its text before any "[") accepts; bool is an int to Python, not here

@@ -41,10 +41,10 @@ class RunStarted(Event):
     resumed: bool
     config: dict[str, Any]
     machine: str = ""  # what the auto switches chose here, and why (resolve.py)
-    copy_layout: str = ""  # under fsdp, the explore copy whole or sharded like the policy (its why in `machine`); "" none
+    copy_layout: str = ""  # under fsdp: the explore copy whole or sharded like the policy (why: `machine`)
     environment: dict[str, Any] = field(default_factory=dict)  # what the run started on: environment.describe()
     tracking: list[str] = field(default_factory=list)  # where each tracker writes, and how to look at it
-    rewards: list[str] = field(default_factory=list)  # what is trained on: each reward as the code or URL it runs, weighted
+    rewards: list[str] = field(default_factory=list)  # trained on: each reward as the code or URL it runs
     # the plan's stages as this session starts (a resumed calibration's choice held: stage1.hold_calibration);
     # a later CalibrationDone changes Stage 1's steps and precision. 0: a log written before these fields
     explore_seeds: int = 0  # seeds per prompt in Stage 1
@@ -144,14 +144,14 @@ class EvalFinished(Event):
     delta_se: dict[str, float] = field(default_factory=dict)
     # run.eval_rewards: each one's mean on the same images (scored in evaluation only, never trained on)
     eval_rewards: dict[str, float] = field(default_factory=dict)
-    eval_changes: dict[str, float] = field(default_factory=dict)  # each one's change since the base; empty without a base
+    eval_changes: dict[str, float] = field(default_factory=dict)  # each one's change since the base ({}: no base)
     eval_se: dict[str, float] = field(default_factory=dict)  # the paired standard error of each of those changes
-    reused: str = ""  # the file these scores were read back from, when written, and its digest checked; '' when scored now
-    picture: str = ""  # a training run's picture of it: base beside these weights on a few of its images (eval_pictures.py)
-    eval_floors: dict[str, float] = field(default_factory=dict)  # each one's hacking floor (loop/hacking.py); empty without one
-    kept: str = ""  # a training run's base: the SHA-256 of the scores it kept in eval_base.json, checked before `solrl eval` reuses them
-    # the trained-reward gain since evaluation `trade_since` per unit of each eval reward lost since then (loop/frontier.py);
-    # a reward that lost nothing beyond its noise is left out; trade_since -1: not measured (the base, or no earlier verdict)
+    reused: str = ""  # the file these scores were read back from, its digest checked; '' when scored now
+    picture: str = ""  # a training run's picture: base beside these weights on a few images (eval_pictures.py)
+    eval_floors: dict[str, float] = field(default_factory=dict)  # each one's hacking floor (loop/hacking.py)
+    kept: str = ""  # a run's base: the SHA-256 of the scores kept in eval_base.json, checked before reuse
+    # the trained-reward gain since evaluation `trade_since` per unit of each eval reward lost since then
+    # (loop/frontier.py); a reward that lost nothing beyond its noise is left out; trade_since -1: not measured
     trade: dict[str, float] = field(default_factory=dict)
     trade_since: int = -1
 
@@ -262,7 +262,8 @@ class RankCheckResult(Event):
 
 @dataclass(frozen=True)
 class CalibrationDone(Event):
-    """Stage 1's preview steps (and with steps+precision its precision) chosen from measured rank fidelity (explore.calibrate, calibration.py):
+    """Stage 1's preview steps (and with steps+precision its precision) chosen from measured rank fidelity
+    (explore.calibrate, calibration.py):
     every candidate's recall of the full-precision selection, correlations and seconds, and the choice."""
 
     kind: ClassVar[str] = "calibration"
@@ -270,7 +271,7 @@ class CalibrationDone(Event):
     prompts: int
     seeds: int  # per prompt
     reference: str  # precision@steps the candidates are compared with
-    candidates: list[dict[str, Any]]  # calibration.Measured fields: name, precision, steps, recall, recall_se, rho, tau, seconds, cost
+    candidates: list[dict[str, Any]]  # calibration.Measured's fields: name, precision, steps, recall, ..., cost
     chosen: str  # precision@steps
     steps: int
     precision: str
@@ -278,7 +279,7 @@ class CalibrationDone(Event):
     why: str
     fixed_steps: int  # explore.steps: the fixed setting the floor is measured from
     seconds: float  # the whole calibration, counted in the iteration's time
-    precisions: list[str] = field(default_factory=list)  # explore.calibrate=steps+precision: the precisions weighed ([]: steps only)
+    precisions: list[str] = field(default_factory=list)  # steps+precision: the precisions weighed ([]: steps)
     fixed: str = ""  # precision@steps of the fixed setting
 
 
@@ -289,7 +290,7 @@ class ImagesWritten(Event):
     count: int
     seconds: float
     folder: str
-    clips: str = ""  # a video model's clips: their file format, "mp4", or "gif" where the video extra is missing; "" images
+    clips: str = ""  # a video model's clips' format: "mp4", or "gif" without the video extra; "" images
 
 
 @dataclass(frozen=True)
@@ -332,7 +333,7 @@ class RunFinished(Event):
     last_eval: dict[str, Any] | None = None
     total_seconds: float | None = None  # every session of the run together (`seconds`: this session's)
     resumable: bool = True  # False: the error it failed with says a resume would not help (a diverged update)
-    last_iterations: int = 0  # iterations last3_reward averages; 0: a log written before this field (the last 3, the first included)
+    last_iterations: int = 0  # iterations last3_reward averages; 0: a log older than this field (the last 3)
 
 
 @dataclass(frozen=True)
@@ -429,7 +430,8 @@ def _value(annotation: str, value: Any, kind: str, name: str) -> Any:
             raise EventDecodeError(f"event {kind!r} field {name!r} is {value!r}, not reward statistics", kind)
         return _build(RewardStats, dict(value), kind)
     if base not in JSON_TYPES:  # a new event field of a type this reader cannot check: the round-trip test says so
-        raise EventDecodeError(f"event {kind!r} field {name!r} has a type the decoder does not know: {annotation}", kind)
+        raise EventDecodeError(f"event {kind!r} field {name!r} has a type the decoder does not know: {annotation}",
+                               kind)
     if not isinstance(value, JSON_TYPES[base]) or (isinstance(value, bool) and base != "bool"):
         raise EventDecodeError(f"event {kind!r} field {name!r} should be {annotation}, not {shown(value)}", kind)
     if base == "float":

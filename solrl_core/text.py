@@ -18,7 +18,8 @@ def plural(n: int, one: str, many: str = "") -> str:
 # introducer, so the text after it stays readable.
 _SEQUENCE = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]?"  # CSI
                        r"|\x1b[\]PX^_][^\x07\x1b\x9c]*(?:\x07|\x1b\\|\x9c)"  # OSC, DCS, SOS, PM, APC, terminated
-                       r"|\x9b[0-?]*[ -/]*[@-~]?|[\x9d\x90\x98\x9e\x9f][^\x07\x1b\x9c]*(?:\x07|\x9c)"  # their 8-bit forms
+                       # their 8-bit forms
+                       r"|\x9b[0-?]*[ -/]*[@-~]?|[\x9d\x90\x98\x9e\x9f][^\x07\x1b\x9c]*(?:\x07|\x9c)"
                        r"|\x1b[ -~]?")
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 

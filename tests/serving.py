@@ -28,7 +28,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def request(url: str, body: bytes | None = None, headers: dict[str, str] | None = None, timeout: float = 30) -> tuple[int, dict]:
+def request(url: str, body: bytes | None = None, headers: dict[str, str] | None = None,
+            timeout: float = 30) -> tuple[int, dict]:
     """(HTTP status, JSON answer) of a GET (body None) or POST of raw `body` bytes."""
     req = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json", **(headers or {})},
                                  method="GET" if body is None else "POST")
@@ -60,7 +61,8 @@ def serve(args: list[str], ready_path: str, tmp_path: Path, headers: dict[str, s
             resource.setrlimit(resource.RLIMIT_NOFILE, (open_files, open_files))
 
     with open(log, "w") as out:
-        proc = subprocess.Popen([sys.executable, *args, "--port", str(port)], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen([sys.executable, *args, "--port", str(port)], cwd=ROOT, stdout=out,
+                                stderr=subprocess.STDOUT,
                                 env={**os.environ, "PYTHONPATH": str(ROOT), "SOLRL_DEBUG": "", **(env or {})},
                                 preexec_fn=limit)
     served = Served(proc, f"http://127.0.0.1:{port}", log)

@@ -56,13 +56,15 @@ def test_train_prints_progress_returns_its_scores_and_evaluate_and_infer_reuse_i
     assert reward.change == pytest.approx(reward.final - reward.base) and reward.se is not None and reward.se >= 0
     assert report.picture is not None and report.picture.is_file()
     assert result.warnings == [e.message for e in result.events if isinstance(e, ev.RunWarning)]
-    assert not [r for r in diffusers_warnings if "kept in float32" in r.getMessage()]  # solrl casts nothing already cast
+    # solrl casts nothing already cast
+    assert not [r for r in diffusers_warnings if "kept in float32" in r.getMessage()]
 
     scored = solrl.eval(result.run_dir, out="ev", on_progress=lambda *a: told.append(a))
     assert capsys.readouterr().out == ""  # a callback replaces the printing
     assert scored.out_dir == tmp_path / "ev" and (scored.out_dir / "summary.json").is_file()
     ema = scored.reports["ema"].metrics["reward"]
-    assert ema.base == pytest.approx(reward.base) and ema.final == pytest.approx(reward.final)  # the run's own evaluation
+    # the run's own evaluation
+    assert ema.base == pytest.approx(reward.base) and ema.final == pytest.approx(reward.final)
     assert told == [("eval ema", 4, 4)]  # the base was read back from the run folder, not scored again
 
     drawn = solrl.infer(result.run_dir, prompt="a red circle", seeds=1, out="inf", quiet=True)

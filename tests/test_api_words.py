@@ -29,7 +29,8 @@ except SolrlError as exc:
     print("FIX", exc.fix)
 import torchao  # registers pytree nodes: torch logs a deprecation for each, which the CLI hides
 """)
-    assert "ERROR sets= takes a list of 'section.key=value' strings, not one string" in proc.stdout, proc.stdout + proc.stderr
+    assert "ERROR sets= takes a list of 'section.key=value' strings, not one string" in proc.stdout, (proc.stdout
+                                                                                                      + proc.stderr)
     assert "FIX write sets=['run.iterations=1']" in proc.stdout
     assert "_pytree" not in proc.stderr and "Warning" not in proc.stderr, proc.stderr
 
@@ -47,7 +48,8 @@ for kwargs in ({"prompts": "missing.txt"}, {"eval_prompts": "gone.txt"}):
 print("TORCH" if "torch" in sys.modules else "NO-TORCH")
 """)
     lines = proc.stdout.strip().splitlines()
-    assert lines[0] == "ERROR prompt file missing.txt does not exist | check the path given to prompts=", proc.stdout + proc.stderr
+    assert lines[0] == "ERROR prompt file missing.txt does not exist | check the path given to prompts=", (proc.stdout
+            + proc.stderr)
     assert lines[1] == "ERROR prompt file gone.txt does not exist | check the path given to eval_prompts=", lines
     assert lines[2] == "NO-TORCH" and not (tmp_path / "r").exists()
     assert "--" not in proc.stdout  # no command-line flag named to a Python caller

@@ -21,7 +21,8 @@ from solrl_core.errors import SolrlError
 from solrl_core.plan.resolve import resolve_machine
 from solrl_core.precision import backends, hardware, nvfp4_gemm
 from solrl_core.precision.nvfp4 import E2M1_VALUES, fake_quantize_2d
-from solrl_core.precision.quantize import EmulatedNVFP4Conv1x1, EmulatedNVFP4Linear, Fp8Conv1x1, Fp8Linear, quantize_model
+from solrl_core.precision.quantize import (EmulatedNVFP4Conv1x1, EmulatedNVFP4Linear, Fp8Conv1x1, Fp8Linear,
+                                           quantize_model)
 
 pytest.importorskip("torchao")  # in the dev extra: CI runs these
 
@@ -161,13 +162,14 @@ def test_auto_picks_real_nvfp4_on_blackwell_and_says_it_is_unmeasured(monkeypatc
     assert "torchao" in b200.explore_why and "unmeasured on this GPU" in b200.describe()
     h100 = resolve_machine(sana, CUDA, "bf16", gpu=H100)
     assert h100.explore_precision == "fp8" and "unmeasured" not in h100.explore_why  # timed on an H100
-    chosen = resolve_machine(resolve_config("sana", "sol_rl", sets=["explore.precision=fp8", "explore.fp8_backend=torchao"]),
+    chosen = resolve_machine(resolve_config("sana", "sol_rl",
+                                            sets=["explore.precision=fp8", "explore.fp8_backend=torchao"]),
                              CUDA, "bf16", gpu=H100)
     assert "torchao backend, unmeasured on this GPU" in chosen.explore_why
     monkeypatch.setattr(nvfp4_gemm, "torchao_missing", lambda: "torchao is not installed (pip install torchao)")
     without = resolve_machine(sana, CUDA, "bf16", gpu=B200)
-    assert without.explore_precision == "fp8" and "nvfp4: compute capability 10.0 is enough, but torchao is not installed" \
-        in without.explore_why
+    assert without.explore_precision == "fp8"
+    assert "nvfp4: compute capability 10.0 is enough, but torchao is not installed" in without.explore_why
 
 
 def test_nvfp4_is_refused_on_hopper_and_on_a_cpu_with_what_would_work(monkeypatch):
@@ -184,7 +186,8 @@ def test_nvfp4_is_refused_on_hopper_and_on_a_cpu_with_what_would_work(monkeypatc
 
 def test_each_precision_names_its_backend_and_whether_it_is_measured_there():
     cpu = {p: backends.backend_of(p, None) for p in hardware.PRECISIONS}
-    assert cpu["nvfp4"].name == "torchao" and cpu["fp8"].name == "scaled_mm" and cpu["nvfp4-emulated"].name == "emulation"
+    assert (cpu["nvfp4"].name == "torchao" and cpu["fp8"].name == "scaled_mm" and cpu["nvfp4-emulated"].name
+            == "emulation")
     assert not any(b.measured for b in cpu.values())
     assert backends.backend_of("fp8", H100).measured and not backends.backend_of("fp8", H100, "torchao").measured
     assert not backends.backend_of("nvfp4", B200).measured

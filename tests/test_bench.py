@@ -27,8 +27,10 @@ runner = CliRunner()
 
 SANA_VARIANTS = {
     "tiny": (TINY["sana"], 16, 300),
-    "patch 2, 3 blocks, wider cross-attention": ({**TINY["sana"], "patch_size": 2, "num_layers": 3, "num_cross_attention_heads": 3,
-                                                  "cross_attention_head_dim": 24, "caption_channels": 40, "mlp_ratio": 3.0}, 12, 7),
+    "patch 2, 3 blocks, wider cross-attention": ({**TINY["sana"], "patch_size": 2, "num_layers": 3,
+                                                  "num_cross_attention_heads": 3,
+                                                  "cross_attention_head_dim": 24, "caption_channels": 40,
+                                                  "mlp_ratio": 3.0}, 12, 7),
     "SANA-1.6B at 1024 px": (REAL["sana"], 32, 300),
 }
 
@@ -50,7 +52,8 @@ def test_sana_1600m_forward_is_about_two_flops_per_parameter_per_token():
 
 
 def _plan(**kw):
-    base = dict(explore_seeds=8, explore_steps=6, keep=4, full_steps=10, regenerate=True, explore_precision="nvfp4-emulated",
+    base = dict(explore_seeds=8, explore_steps=6, keep=4, full_steps=10, regenerate=True,
+                explore_precision="nvfp4-emulated",
                 full_precision="bf16")
     return SimpleNamespace(**{**base, **kw})
 
@@ -94,7 +97,8 @@ def test_peaks_come_from_the_datasheet_table_or_a_measured_gemm():
 
 def _row(family, seconds, flops):
     return {"model": "sana", "family": family, "precision": {"explore": "fp8", "regenerate": "bf16", "train": "bf16"},
-            "seconds": {"explore": seconds[0], "regenerate": seconds[1], "train": seconds[2], "reward": 0.0, "sync": 0.0,
+            "seconds": {"explore": seconds[0], "regenerate": seconds[1], "train": seconds[2], "reward": 0.0,
+                        "sync": 0.0,
                         "total": sum(seconds)},
             "flops": {"explore": flops[0], "regenerate": flops[1], "train": flops[2], "total": sum(flops)}}
 
@@ -105,13 +109,15 @@ def test_mfu_is_flops_over_seconds_over_the_peak_of_the_precision_that_ran():
     bench_run._add_peaks(row, torch.device("cpu"), cache, ev.EventBus())
     bench_run.add_utilisation([row])
     assert row["mfu"]["explore"] == 0.5 and row["mfu"]["regenerate"] == 0.5 and row["mfu"]["train"] == 0.5
-    assert row["mfu"]["total"] == pytest.approx((1.0 + 0.5 + 2.0) / 7.0)  # the work's seconds at peak over the iteration's
+    # the work's seconds at peak over the iteration's
+    assert row["mfu"]["total"] == pytest.approx((1.0 + 0.5 + 2.0) / 7.0)
     assert row["peak_flops"]["explore"]["tflops"] == 4.0
 
 
 def test_no_mfu_tops_100_percent_a_measured_peak_is_lifted_to_the_fastest_phase_and_a_datasheet_one_kept():
     """A GEMM measured once under load read below what regenerate then reached (108.8% was printed)."""
-    cache = {("cpu", "fp8"): pk.Peak(4e12, "fp8", "datasheet: made-up"), ("cpu", "bf16"): pk.Peak(2e12, "bf16", "measured: x")}
+    cache = {("cpu", "fp8"): pk.Peak(4e12, "fp8", "datasheet: made-up"), ("cpu", "bf16"): pk.Peak(2e12, "bf16",
+                                                                                                  "measured: x")}
     rows = [_row("sol_rl", (2.0, 1.0, 4.0), (4e12, 1e12, 4e12)), _row("compile", (2.0, 1.0, 1.0), (4e12, 2.5e12, 4e12))]
     for row in rows:
         bench_run._add_peaks(row, torch.device("cpu"), cache, ev.EventBus())
@@ -139,7 +145,8 @@ def test_the_count_uses_the_shapes_solrl_passes_its_transformer(preset, tmp_path
     cfg = resolve_config(preset, "sol_rl")
     model = bench_model(preset, cfg.model.loader, cfg.model.resolution, "tiny")
     build_pipeline(model, tmp_path / "pipe")
-    cfg = resolve_config(preset, "sol_rl", sets=[f"model.path={tmp_path / 'pipe'}", f"model.resolution={model.resolution}"])
+    cfg = resolve_config(preset, "sol_rl",
+                         sets=[f"model.path={tmp_path / 'pipe'}", f"model.resolution={model.resolution}"])
     loaded = load_model(cfg.model, torch.device("cpu"), torch.float32)
     seen = {}
     loaded.transformer.register_forward_pre_hook(lambda m, args, kwargs: seen.update(kwargs), with_kwargs=True)
@@ -183,11 +190,14 @@ def test_bench_prints_and_writes_phases_memory_mfu_at_tiny_size(tmp_path):
     from solrl_core.config.presets import resolve_config
 
     out = tmp_path / "bench.json"
-    result = runner.invoke(app, ["bench", "--size", "tiny", "--device", "cpu", "--family", "sol_rl", "--family", "naive_scaling",
-                                 "--n", "4", "--k", "2", "--rollout-batch", "4", "--iterations", "2", "--json", str(out)])
+    result = runner.invoke(app, ["bench", "--size", "tiny", "--device", "cpu", "--family", "sol_rl", "--family",
+                                 "naive_scaling",
+                                 "--n", "4", "--k", "2", "--rollout-batch", "4", "--iterations", "2", "--json",
+                                 str(out)])
     assert result.exit_code == 0, result.output
     for text in ("building the sana transformer at tiny size", "iteration 2/2", "seconds per iteration", "throughput",
-                 "model FLOPs utilisation", "peak fp32:", "measured: 1024x1024 fp32 GEMM", "no ratio against the compiled baseline"):
+                 "model FLOPs utilisation", "peak fp32:", "measured: 1024x1024 fp32 GEMM", "no ratio against the "
+                                                                                           "compiled baseline"):
         assert text in result.output, text
     data = json.loads(out.read_text())
     assert data["device"].startswith("cpu (") and data["model"]["size"] == "tiny"
@@ -204,8 +214,10 @@ def test_bench_prints_and_writes_phases_memory_mfu_at_tiny_size(tmp_path):
 
 def test_the_real_vae_is_refused_for_a_model_without_a_recorded_one_and_a_reward_model_must_be_known():
     result = runner.invoke(app, ["bench", "--size", "tiny", "--device", "cpu", "--model", "sana", "--real-vae"])
-    assert result.exit_code == 2 and "none is recorded for the sana preset" in result.output and "Traceback" not in result.output
-    result = runner.invoke(app, ["bench", "--size", "tiny", "--device", "cpu", "--model", "flux1", "--reward-model", "clip"])
+    assert (result.exit_code == 2 and "none is recorded for the sana preset" in result.output
+            and "Traceback" not in result.output)
+    result = runner.invoke(app, ["bench", "--size", "tiny", "--device", "cpu", "--model", "flux1", "--reward-model",
+                                 "clip"])
     assert result.exit_code == 2 and "--reward-model clip: expected one of jpeg, pickscore" in result.output
 
 
@@ -220,7 +232,8 @@ def test_the_bench_decodes_through_the_published_vae_and_scores_with_a_clip_netw
     assert result.exit_code == 0, result.output
     assert "and the published VAE" in result.output and "PickScore_v1's architecture (one layer)" in result.output
     model = json.loads(out.read_text())["model"]
-    assert (model["vae"], model["reward"], model["resolution"], model["latent_side"]) == ("published", "pickscore", 64, 8)
+    assert (model["vae"], model["reward"], model["resolution"], model["latent_side"]) == ("published", "pickscore", 64,
+                                                                                          8)
 
 
 @pytest.mark.slow
@@ -236,14 +249,16 @@ def test_the_default_tiny_bench_times_three_families_against_compile(tmp_path):
 
 
 def test_a_compile_mode_is_refused_with_explore():
-    result = runner.invoke(app, ["bench", "--explore", "--size", "tiny", "--device", "cpu", "--compile-mode", "default"])
+    result = runner.invoke(app, ["bench", "--explore", "--size", "tiny", "--device", "cpu", "--compile-mode",
+                                 "default"])
     assert result.exit_code != 0 and "--compile-mode does not apply to --explore" in result.output
 
 
 @pytest.mark.slow
 def test_each_compile_mode_is_benched_in_turn(tmp_path):
     out = tmp_path / "modes.json"
-    result = runner.invoke(app, ["bench", "--size", "tiny", "--device", "cpu", "--family", "sol_rl", "--n", "4", "--k", "2",
+    result = runner.invoke(app, ["bench", "--size", "tiny", "--device", "cpu", "--family", "sol_rl", "--n", "4", "--k",
+                                 "2",
                                  "--rollout-batch", "4", "--iterations", "2", "--json", str(out),
                                  "--compile-mode", "default", "--compile-mode", "max-autotune-no-cudagraphs"])
     assert result.exit_code == 0, result.output
@@ -263,8 +278,10 @@ def test_the_json_is_written_after_each_family_so_a_later_failure_keeps_the_firs
         return real(options, family, *args, **kwargs)
 
     monkeypatch.setattr(bench_run, "_run_family", second_fails)
-    result = runner.invoke(app, ["bench", "--size", "tiny", "--device", "cpu", "--family", "sol_rl", "--family", "naive_scaling",
-                                 "--n", "4", "--k", "2", "--rollout-batch", "4", "--iterations", "2", "--json", str(out)])
+    result = runner.invoke(app, ["bench", "--size", "tiny", "--device", "cpu", "--family", "sol_rl", "--family",
+                                 "naive_scaling",
+                                 "--n", "4", "--k", "2", "--rollout-batch", "4", "--iterations", "2", "--json",
+                                 str(out)])
     assert result.exit_code != 0 and "naive_scaling stopped" in result.output
     data = json.loads(out.read_text())
     assert [r["family"] for r in data["rows"]] == ["sol_rl"] and data["rows"][0]["seconds"]["total"] > 0

@@ -26,13 +26,15 @@ CUDA = torch.device("cuda", 0)  # a device object only: the memory check reads t
 
 def test_explore_times_each_backend_and_skips_fp8_on_a_cpu(tmp_path):
     out = tmp_path / "explore.json"
-    result = runner.invoke(app, ["bench", "--explore", "--size", "tiny", "--device", "cpu", "--no-compile", "--rollout-batch", "2",
+    result = runner.invoke(app, ["bench", "--explore", "--size", "tiny", "--device", "cpu", "--no-compile",
+                                 "--rollout-batch", "2",
                                  "--iterations", "2", "--warmup", "1", "--json", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())
     assert data["device"].startswith("cpu (") and data["options"]["models"] == ["sana"]
     steps = {r["backend"]: r for r in data["rows"] if "seconds" in r}
-    assert set(steps) == {"bf16", "fp8-e5m2-tensor", "nvfp4-emulated"} and not any(r["compiled"] for r in steps.values())
+    assert set(steps) == {"bf16", "fp8-e5m2-tensor",
+                          "nvfp4-emulated"} and not any(r["compiled"] for r in steps.values())
     assert steps["bf16"]["rel_error"] == 0.0  # the reference against itself
     assert 0.0 < steps["fp8-e5m2-tensor"]["rel_error"] < 0.5 and 0.0 < steps["nvfp4-emulated"]["rel_error"] < 0.5
     assert {r["backend"] for r in data["rows"] if "refresh_seconds" in r} == {"fp8-e5m2-tensor", "nvfp4-emulated"}
@@ -56,7 +58,8 @@ def test_explore_refuses_what_does_not_apply_and_real_size_on_a_cpu():
     result = runner.invoke(app, ["bench", "--explore", "--size", "tiny", "--device", "cpu", "--family", "sol_rl"])
     assert result.exit_code == 2 and "--family does not apply to --explore" in result.output
     result = runner.invoke(app, ["bench", "--explore", "--device", "cpu"])
-    assert result.exit_code == 2 and "real sizes need a GPU" in result.output and "--size tiny --device cpu" in result.output
+    assert (result.exit_code == 2 and "real sizes need a GPU" in result.output
+            and "--size tiny --device cpu" in result.output)
     assert "Traceback" not in result.output
 
 
@@ -68,14 +71,16 @@ def _configs(model: str, *sets: str, families=bench_run.FAMILIES) -> dict:
 def test_a_family_that_fits_is_not_refused():
     h100, configs = GpuInfo(0, "NVIDIA H100 80GB HBM3", (9, 0), 79.1), _configs("sana")
     peaks = {family: estimate(cfg, CUDA, h100)[0] for family, cfg in configs.items()}
-    assert set(peaks) == set(bench_run.FAMILIES) and all(12.0 < peak <= h100.memory_gib for peak in peaks.values()), peaks
+    assert set(peaks) == set(bench_run.FAMILIES) and all(12.0 < peak <= h100.memory_gib
+                                                         for peak in peaks.values()), peaks
     assert check_fits(configs, CUDA, h100) is None  # every family under the H100's memory: none refused
     assert check_fits(configs, torch.device("cpu"), None) is None  # no GPU found: nothing to check
 
 
 def test_over_the_estimate_names_the_largest_micro_batch_that_fits():
     # SANA's sol_rl estimate is 12.2 GiB at the preset's micro-batch of 16 (its lean fp8 copy 1.5 GiB)
-    with pytest.raises(SolrlError, match=r"sol_rl does not fit on cuda:0 made-up.*12 GiB by the doctor's estimate") as info:
+    with pytest.raises(SolrlError,
+                       match=r"sol_rl does not fit on cuda:0 made-up.*12 GiB by the doctor's estimate") as info:
         check_fits(_configs("sana", families=("sol_rl",)), CUDA, GpuInfo(0, "made-up", (9, 0), 12.0))
     micro, peak = re.search(r"--micro-batch (\d+) \(estimate ([\d.]+) GiB\)", info.value.fix).groups()
     assert int(micro) < 16 and float(peak) <= 12.0
@@ -84,7 +89,8 @@ def test_over_the_estimate_names_the_largest_micro_batch_that_fits():
 
 def test_a_forced_rollout_copy_is_named_when_dropping_it_fits():
     with pytest.raises(SolrlError) as info:
-        check_fits(_configs("sana", "sampler.rollout_copy=true", families=("sol_rl",)), CUDA, GpuInfo(0, "made-up", (9, 0), 14.0))
+        check_fits(_configs("sana", "sampler.rollout_copy=true", families=("sol_rl",)), CUDA,
+                   GpuInfo(0, "made-up", (9, 0), 14.0))
     assert "--set sampler.rollout_copy=false" in info.value.fix and "rollout copy 3.0" in info.value.message
 
 

@@ -39,7 +39,8 @@ def _constructed(seconds: dict[int, float]):  # type: ignore[no-untyped-def]
         return row.repeat(2)  # the "images" are the rewards they will score
 
     result = run_arms(arms, images, lambda x: x, ["a", "b"], torch.arange(16).view(2, 8), [2], 4)
-    result = dataclasses.replace(result, seconds={**{f"nvfp4-emulated@{s}": t for s, t in seconds.items()}, "fp32@6": 9.0})
+    result = dataclasses.replace(result,
+                                 seconds={**{f"nvfp4-emulated@{s}": t for s, t in seconds.items()}, "fp32@6": 9.0})
     return measure(result, arms, keep=4)
 
 
@@ -95,14 +96,17 @@ def test_a_resumed_calibrating_run_equals_an_uninterrupted_one(fast_sets):
     done = _calibrations(seen)
     assert [e.iteration for e in done] == [1, 4]  # at start, then after recalibrate_every=3 iterations
     assert [c["steps"] for c in done[0].candidates] == [2, 3, 4]
-    assert all(e.seconds["calibrate"] > 0 for e in seen if isinstance(e, ev.IterationFinished) and e.iteration in (1, 4))
+    assert all(e.seconds["calibrate"] > 0 for e in seen if isinstance(e, ev.IterationFinished)
+               and e.iteration in (1, 4))
     _run(fast_sets(*CALIBRATING, run_dir="b"), stop_after=2)
-    saved = json.loads((Path(straight.run.run_dir).parent / "b" / "checkpoints" / "iter_000002" / "trainer_state.json").read_text())
+    saved = json.loads((Path(straight.run.run_dir).parent / "b" / "checkpoints" / "iter_000002"
+                        / "trainer_state.json").read_text())
     assert saved["explore_steps"] == done[0].steps
     resumed, seen = _run(fast_sets(*CALIBRATING, run_dir="b"), resume=True)
     again = _calibrations(seen)
     assert [e.iteration for e in again] == [4]  # iteration 3 runs at the checkpoint's choice, 4 recalibrates
-    assert [(c["name"], c["recall"]) for c in again[0].candidates] == [(c["name"], c["recall"]) for c in done[1].candidates]
+    assert [(c["name"], c["recall"]) for c in again[0].candidates] == [(c["name"], c["recall"])
+                                                                       for c in done[1].candidates]
     assert again[0].steps == done[1].steps
     # what the run reports: its start event at the checkpoint's choice, the monitor at the last calibration's
     from solrl_cli.tui.state import RunState
@@ -131,7 +135,8 @@ def test_rank_check_candidates_prints_the_curve_and_the_setting_auto_would_pick(
     from solrl_cli.app import app
 
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["rank-check", "--candidates", "--count", "2", "--seeds", "4", "--preview-steps", "3",
+    result = CliRunner().invoke(app, ["rank-check", "--candidates", "--count", "2", "--seeds", "4", "--preview-steps",
+                                      "3",
                                       "--full-steps", "4", "--min-recall", "0.75", "--out", "rc"])
     assert result.exit_code == 0, result.output
     for row in ("nvfp4-emulated@2", "nvfp4-emulated@3 (fixed)", "nvfp4-emulated@4", "fp8-e5m2-tensor@4", "fp32@4 ref",
@@ -151,7 +156,8 @@ def _calibrating_worker(rank: int, world: int, port: int, root: Path) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank))
-    session = train(resolve_config("tiny", "sol_rl", sets=_two_process_sets(root, "two")), ev.EventBus(), stop=StopFlag())
+    session = train(resolve_config("tiny", "sol_rl", sets=_two_process_sets(root, "two")), ev.EventBus(),
+                    stop=StopFlag())
     (root / f"rank{rank}.json").write_text(json.dumps({"explore_steps": session.state.explore_steps}))
 
 
@@ -184,7 +190,8 @@ def test_the_choice_is_shown_in_the_terminal_the_tui_and_the_trackers():
     from solrl_core.tracking.metrics import scalars as metrics
 
     done = ev.CalibrationDone(iteration=1, prompts=2, seeds=8, reference="fp32@4", chosen="nvfp4-emulated@3", steps=3,
-                              precision="nvfp4-emulated", min_recall=0.75, why="cheapest (0.30s) with recall 0.800 >= 0.750",
+                              precision="nvfp4-emulated", min_recall=0.75, why="cheapest (0.30s) with recall 0.800 >= "
+                                                                               "0.750",
                               fixed_steps=4, seconds=1.5,
                               candidates=[{"name": f"nvfp4-emulated@{s}", "steps": s, "recall": r, "seconds": 0.1 * s}
                                           for s, r in ((2, 0.5), (3, 0.8), (4, 0.9))])

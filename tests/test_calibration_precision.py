@@ -46,7 +46,8 @@ class FakeEngine:
 
     explore_copy: FakeCopy
     built: list = dataclasses.field(default_factory=list)  # every copy explore_copy_at made, weakly
-    config: object = dataclasses.field(default_factory=lambda: resolve_config("tiny", "sol_rl", sets=["sampler.steps=4", "explore.steps=4"]))
+    config: object = dataclasses.field(default_factory=lambda: resolve_config("tiny", "sol_rl",
+            sets=["sampler.steps=4", "explore.steps=4"]))
     dtype_name: str = "fp32"
     device: torch.device = torch.device("cpu")
     sampler: object = dataclasses.field(default_factory=lambda: type("S", (), {"batch_size": 8})())
@@ -79,11 +80,13 @@ def _timed(seconds_per_step: dict[str, float], measured: list[str] | None = None
     return roll
 
 
-def _calibrate(monkeypatch, rates: dict[str, float], *, whole_curve: bool = False, min_recall: float = 0.0):  # type: ignore[no-untyped-def]
+def _calibrate(monkeypatch, rates: dict[str, float], *, whole_curve: bool = False,  # type: ignore[no-untyped-def]
+               min_recall: float = 0.0):
     measured: list[str] = []
     monkeypatch.setattr(calibration, "roll_arm", _timed(rates, measured))
     engine = FakeEngine(FakeCopy(LOW))
-    found = calibrate_engine(engine, ["a", "b"], torch.arange(16).view(2, 8), keep=4, fixed_steps=4, min_recall=min_recall,
+    found = calibrate_engine(engine, ["a", "b"], torch.arange(16).view(2, 8), keep=4, fixed_steps=4,
+                             min_recall=min_recall,
                              precisions=[LOW, OTHER], whole_curve=whole_curve)
     return found, engine, measured
 
@@ -118,7 +121,8 @@ def test_an_explicit_floor_and_the_whole_curve(monkeypatch):
 
 def test_refused_in_one_line_where_there_is_no_low_precision_to_choose():
     with pytest.raises(SolrlError) as caught:
-        resolve_config("tiny", "sol_rl", sets=["explore.calibrate=steps+precision", "explore.precision=fp32"]).validate()
+        resolve_config("tiny", "sol_rl",
+                       sets=["explore.calibrate=steps+precision", "explore.precision=fp32"]).validate()
     assert "explore.calibrate=steps+precision" in str(caught.value) and "\n" not in str(caught.value)
     assert "explore.precision=auto" in caught.value.fix
     with pytest.raises(SolrlError, match="explore.calibrate=steps"):
@@ -129,7 +133,8 @@ def test_refused_in_one_line_where_there_is_no_low_precision_to_choose():
 
 # OTHER's steps a tenth of LOW's: any OTHER step count reaching the (explicit, low) floor is the cheapest
 RATES = {LOW: 1.0, OTHER: 0.1}
-WEIGHING = ("explore.steps=3", "explore.calibrate=steps+precision", "explore.min_recall=0.01", "explore.recalibrate_every=3",
+WEIGHING = ("explore.steps=3", "explore.calibrate=steps+precision", "explore.min_recall=0.01",
+            "explore.recalibrate_every=3",
             "run.iterations=4", "run.checkpoint_every=2", "run.eval_prompts=")
 
 
@@ -142,13 +147,16 @@ def test_a_resumed_precision_calibrating_run_equals_an_uninterrupted_one(fast_se
     assert done[0].precision == OTHER and straight.run.engine.explore_copy.precision == done[-1].precision
     assert "precision and preview steps calibrated" in next(e for e in seen if isinstance(e, ev.RunStarted)).plan
     _run(fast_sets(*WEIGHING, run_dir="b"), stop_after=2)
-    saved = json.loads((Path(straight.run.run_dir).parent / "b" / "checkpoints" / "iter_000002" / "trainer_state.json").read_text())
+    saved = json.loads((Path(straight.run.run_dir).parent / "b" / "checkpoints" / "iter_000002"
+                        / "trainer_state.json").read_text())
     assert (saved["explore_precision"], saved["explore_steps"]) == (done[0].precision, done[0].steps)
     resumed, seen = _run(fast_sets(*WEIGHING, run_dir="b"), resume=True)
-    assert f"continues at the last calibration's {done[0].chosen}" in next(e for e in seen if isinstance(e, ev.RunStarted)).plan
+    assert f"continues at the last calibration's {done[0].chosen}" in next(e for e in seen
+                                                                           if isinstance(e, ev.RunStarted)).plan
     again = [e for e in seen if isinstance(e, ev.CalibrationDone)]
     assert [e.iteration for e in again] == [4]  # iteration 3 explores on the checkpoint's precision, 4 recalibrates
-    assert [(c["name"], c["recall"]) for c in again[0].candidates] == [(c["name"], c["recall"]) for c in done[1].candidates]
+    assert [(c["name"], c["recall"]) for c in again[0].candidates] == [(c["name"], c["recall"])
+                                                                       for c in done[1].candidates]
     assert again[0].chosen == done[1].chosen
     assert resumed.state.history == pytest.approx(straight.state.history, abs=1e-7)
     for which in ("default", "old", "ema"):
@@ -170,7 +178,8 @@ def _counting_rollouts(monkeypatch) -> list[tuple[str, int, int]]:  # type: igno
     return calls
 
 
-REUSING = ("explore.steps=3", "explore.calibrate=steps", "explore.rank_check_every=1", "run.iterations=1", "run.eval_prompts=")
+REUSING = ("explore.steps=3", "explore.calibrate=steps", "explore.rank_check_every=1", "run.iterations=1",
+           "run.eval_prompts=")
 
 
 @pytest.mark.slow
@@ -178,7 +187,8 @@ def test_the_rank_check_reuses_the_calibrations_full_precision_rollouts(fast_set
     monkeypatch.setattr(calibration, "roll_arm", _timed(RATES))
     calls = _counting_rollouts(monkeypatch)
     reused, seen = _run(fast_sets(*REUSING, run_dir="a"))
-    full = [c for c in calls if c[0] == "rollout" and c[1] == 4]  # full precision, full steps (the warm-ups take 1 step)
+    # full precision, full steps (the warm-ups take 1 step)
+    full = [c for c in calls if c[0] == "rollout" and c[1] == 4]
     check = next(e for e in seen if isinstance(e, ev.RankCheckResult))
     cal = next(e for e in seen if isinstance(e, ev.CalibrationDone))
     calls.clear()
@@ -186,7 +196,8 @@ def test_the_rank_check_reuses_the_calibrations_full_precision_rollouts(fast_set
     regenerated, seen_off = _run(fast_sets(*REUSING, run_dir="b"))
     full_off = [c for c in calls if c[0] == "rollout" and c[1] == 4]
     check_off = next(e for e in seen_off if isinstance(e, ev.RankCheckResult))
-    # with reuse: the calibration's reference (2 groups x 8 seeds) and Stage 2 (2 x K=4); without: the rank check's 8 between
+    # with reuse: the calibration's reference (2 groups x 8 seeds) and Stage 2 (2 x K=4); without: the rank check's 8
+    # between
     assert check.reused and not check_off.reused
     assert [c[2] for c in full] == [16, 8] and [c[2] for c in full_off] == [16, 8, 8]
     assert (check.prompt, check.seeds) == (check_off.prompt, check_off.seeds)
@@ -221,15 +232,19 @@ def test_the_precision_choice_is_shown_in_the_terminal_the_tui_and_the_trackers(
                               precision=OTHER, min_recall=0.5, why="cheapest (0.10s) with recall 0.625 >= 0.500",
                               fixed_steps=3, seconds=1.5, precisions=[OTHER, LOW], fixed=f"{LOW}@3",
                               candidates=[{"name": f"{p}@{s}", "precision": p, "steps": s, "recall": r, "seconds": t}
-                                          for p, s, r, t in ((OTHER, 2, 0.625, 0.1), (LOW, 2, 0.5, 0.2), (LOW, 3, 0.625, 0.3))])
-    assert f"Stage 1 at {OTHER}@2; recall by precision@steps {OTHER}@2:0.62  {LOW}@2:0.50  {LOW}@3:0.62" in log_line(done)
+                                          for p, s, r, t in ((OTHER, 2, 0.625, 0.1), (LOW, 2, 0.5, 0.2), (LOW, 3, 0.625,
+                                                                                                          0.3))])
+    assert (((((((((((((((((f"Stage 1 at {OTHER}@2; recall by precision@steps {OTHER}@2:0.62  {LOW}@2:0.50  "
+                            f"{LOW}@3:0.62" in log_line(done))))))))))))))))))
     console = Console(record=True, width=250)
     TerminalDisplay(console)(done)
     text = console.export_text()
     assert f"precisions {OTHER}, {LOW}" in text and f"Stage 1 at {OTHER}@2: cheapest" in text
     step, scalars = metrics(done)
-    assert scalars[f"calibration/chosen_precision/{OTHER}"] == 1.0 and scalars[f"calibration/chosen_precision/{LOW}"] == 0.0
-    check = ev.RankCheckResult(iteration=1, prompt="p", seeds=8, rho=0.5, tau=0.4, draft_mean=0.1, full_mean=0.2, seconds=0.0,
+    assert (scalars[f"calibration/chosen_precision/{OTHER}"] == 1.0 and scalars[f"calibration/chosen_precision/{LOW}"]
+            == 0.0)
+    check = ev.RankCheckResult(iteration=1, prompt="p", seeds=8, rho=0.5, tau=0.4, draft_mean=0.1, full_mean=0.2,
+                               seconds=0.0,
                                reused=True)
     assert "reused from the calibration" in log_line(check)
 
@@ -241,8 +256,10 @@ def test_bench_auto_explore_prices_an_iteration_at_the_pick_labelled_derived(tmp
     from solrl_cli.app import app
 
     out = tmp_path / "bench.json"
-    result = CliRunner().invoke(app, ["bench", "--size", "tiny", "--device", "cpu", "--family", "sol_rl", "--n", "4", "--k", "2",
-                                      "--rollout-batch", "4", "--iterations", "2", "--auto-explore", "--json", str(out)])
+    result = CliRunner().invoke(app, ["bench", "--size", "tiny", "--device", "cpu", "--family", "sol_rl", "--n", "4",
+                                      "--k", "2",
+                                      "--rollout-batch", "4", "--iterations", "2", "--auto-explore", "--json",
+                                      str(out)])
     assert result.exit_code == 0, result.output
     assert "explore.calibrate=steps+precision would pick" in result.output and "DERIVED, not measured" in result.output
     row = json.loads(out.read_text())["rows"][0]
@@ -251,4 +268,5 @@ def test_bench_auto_explore_prices_an_iteration_at_the_pick_labelled_derived(tmp
     chosen = next(c for c in auto["candidates"] if c["name"] == auto["chosen"])
     fixed = next(c for c in auto["candidates"] if c["name"] == auto["fixed"])
     assert auto["time_ratio"] == pytest.approx(chosen["cost"] / fixed["cost"])
-    assert auto["derived_seconds"]["total"] == pytest.approx(seconds["total"] - seconds["explore"] * (1 - auto["time_ratio"]))
+    assert auto["derived_seconds"]["total"] == pytest.approx(seconds["total"] - seconds["explore"]
+                                                             * (1 - auto["time_ratio"]))

@@ -30,7 +30,8 @@ def _documented() -> dict[str, str]:
 def test_the_docs_download_command_names_every_distribution_a_lease_needs(carry):
     needed = carry.carry_list(carry.MACHINE_HAS)
     missing = sorted(set(needed) - set(_documented()))
-    assert not missing, f"docs/gpu-lease.md's carry list lacks {missing}: paste `python benchmarks/carry_list.py`'s output there"
+    assert not missing, (f"docs/gpu-lease.md's carry list lacks {missing}: paste `python benchmarks/carry_list.py`'s "
+                         f"output there")
 
 
 def test_the_walk_follows_requires_dist_and_extras_and_leaves_the_machines_packages(carry):
@@ -42,12 +43,13 @@ def test_the_walk_follows_requires_dist_and_extras_and_leaves_the_machines_packa
     assert not set(needed) & {"torch", "typer", "rich", "numpy"}  # the machine's, and what torch brings
     assert "typing-extensions" in needed  # the machine has one, but pydantic needs a newer minor than its
     root = carry.roots()
-    assert {"fastapi", "uvicorn", "pytest", "torchao"} <= {r.name for r in root}  # the lease extra, solrl[server] expanded
+    # the lease extra, solrl[server] expanded
+    assert {"fastapi", "uvicorn", "pytest", "torchao"} <= {r.name for r in root}
 
 
 def test_the_machines_packages_come_from_its_baseline(carry, tmp_path):
     baseline = tmp_path / "BASELINE.md"
-    baseline.write_text("## Setting up\nIts Python (3.12) has torch, transformers, peft, typer, rich and\nmatplotlib, but "
-                        "not diffusers, textual, tomli-w or torchao. Carry their wheels.\n")
+    baseline.write_text("## Setting up\nIts Python (3.12) has torch, transformers, peft, typer, rich and\nmatplotlib, "
+                        "but not diffusers, textual, tomli-w or torchao. Carry their wheels.\n")
     assert carry.machine_has(baseline) == carry.MACHINE_HAS
     assert carry.machine_has(tmp_path / "absent.md") == carry.MACHINE_HAS

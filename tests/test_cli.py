@@ -96,7 +96,8 @@ def test_train_help_shows_how_to_skip_the_evaluations_and_the_flag_does(in_tmp):
 
     shown = runner.invoke(app, ["train", "--help"], env={"COLUMNS": "400"})
     assert "--no-eval" in shown.output and "run.eval_prompts=" in shown.output
-    assert tomllib.loads(runner.invoke(app, ["train", "--dump-config"]).output)["run"]["eval_prompts"] == "tinyworld_eval"
+    assert tomllib.loads(runner.invoke(app, ["train",
+                                             "--dump-config"]).output)["run"]["eval_prompts"] == "tinyworld_eval"
     skipped = runner.invoke(app, ["train", "--no-eval", "--dump-config"])
     assert skipped.exit_code == 0 and tomllib.loads(skipped.output)["run"]["eval_prompts"] == ""
 
@@ -104,7 +105,10 @@ def test_train_help_shows_how_to_skip_the_evaluations_and_the_flag_does(in_tmp):
 def test_presets_listing_shows_every_kind():
     result = runner.invoke(app, ["presets"])
     assert result.exit_code == 0
-    for name in ("tiny", "tiny_random", "tiny_video", "tinyworld_geneval", "tinyvideo_geneval", "tinyworld_heldout", "tinyvideo_heldout", "sana", "flux1", "sd3", "sd35_medium", "qwen_image", "zimage", "flux2_klein", "wan21_t2v_1_3b", "wan21_t2v_14b", "wan22_ti2v_5b", "sol_rl", "naive_scaling", "compile", "naive_quant", "diffusionnft",
+    for name in ("tiny", "tiny_random", "tiny_video", "tinyworld_geneval", "tinyvideo_geneval", "tinyworld_heldout",
+            "tinyvideo_heldout", "sana", "flux1", "sd3", "sd35_medium", "qwen_image", "zimage", "flux2_klein",
+                 "wan21_t2v_1_3b", "wan21_t2v_14b", "wan22_ti2v_5b", "sol_rl", "naive_scaling", "compile",
+                 "naive_quant", "diffusionnft",
                  "jpeg_compressibility", "jpeg_incompressibility", "general"):
         assert name in result.output
 
@@ -117,7 +121,8 @@ def test_missing_real_model_weights_offline_are_one_line_before_any_run_dir(monk
     monkeypatch.setattr(hub, "HF_HUB_CACHE", str(in_tmp / "hub"))
     result = runner.invoke(app, ["train", "--model", "flux1"])
     assert result.exit_code == 2, result.output
-    assert "black-forest-labs/FLUX.1-dev" in result.output and "--model-path" in result.output and "HF_TOKEN" in result.output
+    assert ("black-forest-labs/FLUX.1-dev" in result.output and "--model-path" in result.output
+            and "HF_TOKEN" in result.output)
     assert not Path("runs").exists()
 
 
@@ -168,7 +173,8 @@ def test_a_run_draws_each_evaluation_and_eval_reads_its_kept_base_back_unless_th
     summary_at = trained.output.index("done: 1 iteration")
     assert "picture: r/pictures/eval_000001.png (base beside ema, same seeds)" in trained.output[summary_at:]
     next_at = trained.output.index("  next:", summary_at)  # the next commands, the run folder filled in
-    assert trained.output[next_at:].splitlines()[1:4] == ["    solrl eval r", "    solrl infer r --prompt 'a red circle'",
+    assert trained.output[next_at:].splitlines()[1:4] == ["    solrl eval r", "    solrl infer r --prompt 'a red "
+                                                                              "circle'",
                                                           "    solrl export r"], trained.output[next_at:]
     kept = json.loads(Path("r/eval_base.json").read_text())
     same = runner.invoke(app, ["eval", "r", "--out", "ev"])  # the run's own prompts, seeds, steps and rewards
@@ -200,7 +206,8 @@ def test_infer_writes_base_and_tuned_images_a_grid_and_an_index(in_tmp):
     from PIL import Image
 
     assert runner.invoke(app, ["train", *_fast_args("--iterations", "1", "--run-dir", "r")]).exit_code == 0
-    result = runner.invoke(app, ["infer", "r", "--prompt", "a red circle", "--prompt", "two blue squares", "--seeds", "2",
+    result = runner.invoke(app, ["infer", "r", "--prompt", "a red circle", "--prompt", "two blue squares", "--seeds",
+                                 "2",
                                  "--steps", "2", "--out", "im"])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in Path("im/images.jsonl").read_text().splitlines()]

@@ -62,7 +62,8 @@ def test_compare_two_tiny_runs(fast_sets, tmp_path):
     for family in ("sol_rl", "naive_scaling"):
         sets = fast_sets("run.iterations=2", "run.eval_prompts=", run_dir=family)
         train(resolve_config("tiny", family, sets=sets), ev.EventBus())
-    result = CliRunner().invoke(app, ["compare", str(tmp_path / "sol_rl"), str(tmp_path / "naive_scaling"), "--out", str(tmp_path / "cmp")])
+    result = CliRunner().invoke(app, ["compare", str(tmp_path / "sol_rl"), str(tmp_path / "naive_scaling"), "--out",
+                                      str(tmp_path / "cmp")])
     assert result.exit_code == 0, result.output
     rows = list(csv.reader(open(tmp_path / "cmp" / "compare.csv")))
     assert [r[1] for r in rows[1:]] == ["sol_rl", "naive_scaling"] and [r[3] for r in rows[1:]] == ["2/2", "2/2"]

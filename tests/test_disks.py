@@ -50,7 +50,8 @@ def test_a_real_full_disk_stops_the_cli_clearly_and_keeps_the_previous_checkpoin
 
 def test_a_real_read_only_run_folder_is_one_clear_line(tmp_path):
     mount = tmp_path / "ro"
-    done = _in_tmpfs(mount, f"mount -o remount,ro {mount} && {_train_cmd(mount / 'run', 'run.iterations=1')}; echo RC=$?")
+    done = _in_tmpfs(mount, f"mount -o remount,ro {mount} && {_train_cmd(mount / 'run', 'run.iterations=1')}; echo "
+                            f"RC=$?")
     out = done.stdout + done.stderr
     assert "RC=2" in done.stdout, out[-3000:]
     assert "internal error" not in out
@@ -95,7 +96,8 @@ def test_a_checkpoint_save_on_a_full_disk_removes_its_folder_and_names_the_free_
     with pytest.raises(SolrlError) as raised:
         ckpt.save_checkpoint(tmp_path, 2, None, None, {}, keep=2)
     message = raised.value.message
-    assert message.startswith(f"the disk is full: checkpoint iter_000002 could not be written to {tmp_path / 'checkpoints'} (")
+    assert message.startswith(f"the disk is full: checkpoint iter_000002 could not be written to "
+                              f"{tmp_path / 'checkpoints'} (")
     assert "free on that filesystem); the previous checkpoint iter_000001 is intact" in message
     assert "--resume" in raised.value.fix
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["iter_000001"]
@@ -163,7 +165,8 @@ def test_an_orphaned_save_is_removed_when_the_run_is_resumed(fast_sets):
     (orphan / "optimizer.safetensors").write_bytes(b"half")
     resumed, seen = _train(fast_sets("run.eval_prompts=", "run.iterations=2"), resume=True)
     assert not orphan.exists()
-    assert any(".tmp-iter_000002-123-456" in w.message and "interrupted by a kill" in w.message for w in _of(seen, ev.RunWarning))
+    assert any(".tmp-iter_000002-123-456" in w.message and "interrupted by a kill" in w.message
+               for w in _of(seen, ev.RunWarning))
 
 
 def test_a_torn_last_line_is_skipped_with_a_warning_and_the_next_append_starts_a_new_line(tmp_path):

@@ -33,7 +33,8 @@ def _worker(rank: int, world: int, port: int, root: Path) -> None:
     session = train(resolve_config("tiny", "sol_rl", sets=_sets(root, "two", "run.iterations=2")), bus, stop=StopFlag())
     error = ""
     try:
-        train(resolve_config("tiny", "sol_rl", sets=_sets(root, "bad", "run.prompts_per_iteration=3")), ev.EventBus(), stop=StopFlag())
+        train(resolve_config("tiny", "sol_rl", sets=_sets(root, "bad", "run.prompts_per_iteration=3")), ev.EventBus(),
+              stop=StopFlag())
     except SolrlError as exc:
         error = str(exc)
     report = {"rank": session.run.rank, "world": session.run.world_size, "events": len(seen), "error": error}
@@ -53,7 +54,8 @@ def test_two_ranks_equal_one_rank_and_resume_on_one(tmp_path):
     (tmp_path / "eval.txt").write_text("a red circle\n")
     (tmp_path / "results").mkdir()
     _spawn(2, tmp_path, worker=_worker)
-    train(resolve_config("tiny", "sol_rl", sets=_sets(tmp_path, "one", "run.iterations=2")), ev.EventBus(), stop=StopFlag())
+    train(resolve_config("tiny", "sol_rl", sets=_sets(tmp_path, "one", "run.iterations=2")), ev.EventBus(),
+          stop=StopFlag())
     one, two = tmp_path / "one", tmp_path / "two"
 
     # Rank 0 alone wrote and spoke: one event log line per event, the same files as one process.
@@ -126,7 +128,8 @@ def test_one_process_helpers_are_the_identity():
 def test_launcher_reruns_train_under_torchrun_without_its_own_flags():
     from solrl_cli.launch import torchrun_args
 
-    args = torchrun_args(2, argv=["train", "--nproc-per-node", "2", "--iterations", "3", "--nnodes=1", "--set", "run.seed=1"])
+    args = torchrun_args(2,
+            argv=["train", "--nproc-per-node", "2", "--iterations", "3", "--nnodes=1", "--set", "run.seed=1"])
     assert args == ["--nproc-per-node", "2", "--nnodes", "1", "--standalone", "-m", "solrl_cli", "train",
                     "--iterations", "3", "--set", "run.seed=1"]
     multi = torchrun_args(8, 2, 1, "node0:29500", ["--iterations", "3"])
@@ -170,7 +173,8 @@ def _launch_two(tmp_path: Path, run_dir: Path):  # type: ignore[no-untyped-def]
     log = tmp_path / "out.txt"
     sets = [a for s in (*SETS, "run.checkpoint_every=1", "run.eval_prompts=") for a in ("--set", s)]
     with open(log, "w") as out:
-        launcher = subprocess.Popen([sys.executable, "-m", "solrl_cli", "train", "--nproc-per-node", "2", "--iterations", "500",
+        launcher = subprocess.Popen([sys.executable, "-m", "solrl_cli", "train", "--nproc-per-node", "2",
+                                     "--iterations", "500",
                                      "--run-dir", str(run_dir), *sets], stdout=out, stderr=subprocess.STDOUT, text=True,
                                     env={**os.environ, "OMP_NUM_THREADS": "1", "SOLRL_DEBUG": "", "COLUMNS": "300"})
     deadline = time.monotonic() + 300
@@ -203,11 +207,14 @@ def test_ranks_whose_launcher_is_killed_stop_save_and_free_the_lock(tmp_path):
     left = [p for p in ranks.values() if _running(p)]
     for pid in left:
         os.kill(pid, signal.SIGKILL)
-    assert not left, f"ranks {left} still running {took:.0f} s after their launcher was killed:\n{log.read_text()[-3000:]}"
+    assert not left, (f"ranks {left} still running {took:.0f} s after their launcher was "
+                      f"killed:\n{log.read_text()[-3000:]}")
     out = log.read_text()
-    assert "stop requested (the launcher died)" in out and "internal error" not in out and "stopped." not in out, out[-3000:]
+    assert ("stop requested (the launcher died)" in out and "internal error" not in out
+            and "stopped." not in out), out[-3000:]
     records = _events(run_dir)
-    assert [e["reason"] for e in records if e["event"] == "run_finished"] == ["interrupted"], out[-3000:]  # as a stop does
+    # as a stop does
+    assert [e["reason"] for e in records if e["event"] == "run_finished"] == ["interrupted"], out[-3000:]
     done = max(e["iteration"] for e in records if e["event"] == "iteration")
     saved = list_checkpoints(run_dir)
     assert saved[-1].name in (f"iter_{done:06d}", f"iter_{done - 1:06d}")  # an abandoned iteration is redone on resume
@@ -243,7 +250,8 @@ def test_the_views_name_a_launcher_death_as_the_engine_does():
     from solrl_core.runtime import stopping
 
     assert LAUNCHER_SOURCE == stopping.LAUNCHER_SOURCE
-    ack = ev.StopRequested(source=LAUNCHER_SOURCE, mode="phase", iteration=2, phase="explore", run_dir="/r", checkpoint=None)
+    ack = ev.StopRequested(source=LAUNCHER_SOURCE, mode="phase", iteration=2, phase="explore", run_dir="/r",
+                           checkpoint=None)
     assert "Ctrl-C or SIGTERM stops at once" in stop_message(ack)
 
 
@@ -253,8 +261,8 @@ def test_a_lost_peer_is_named_from_the_node_processes_under_torchrun_by_hand(mon
 
     from solrl_core.runtime import distributed
 
-    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:27870. This is typically "
-                        "caused by a remote worker crashing.")
+    gloo = RuntimeError("[gloo/transport/tcp/pair.cc:561] Connection closed by peer [127.0.0.1]:27870. This is "
+                        "typically caused by a remote worker crashing.")
     monkeypatch.setattr(distributed, "world_size", lambda: 3)
     monkeypatch.setattr(distributed, "rank", lambda: 0)
     monkeypatch.setattr(os, "getppid", os.getpid)  # this process plays the launcher: its children are the node's ranks
@@ -270,7 +278,8 @@ def test_a_lost_peer_is_named_from_the_node_processes_under_torchrun_by_hand(mon
         peers[1].kill()
         peers[1].wait()
         named = distributed.lost_peer(gloo, tmp_path)
-        assert named is not None and named.message == "rank 0 stopped: rank 2 of this run died; its connection closed in a collective"
+        assert (named is not None and named.message == "rank 0 stopped: rank 2 of this run died; its connection closed "
+                                                       "in a collective")
         assert f"`solrl train --resume {tmp_path}`" in named.fix and "gloo" not in named.message + named.fix
         monkeypatch.setenv(distributed.LAUNCHER_ENV, "1")  # under solrl's launcher, which names the rank itself
         assert "the launcher's line names it" in distributed.lost_peer(gloo, tmp_path).message

@@ -122,7 +122,8 @@ def test_local_reward_folder_and_model_path_are_checked(tmp_path):
     cfg = resolve_config("sana", "sol_rl", "imagereward", sets=[f"reward.paths.imagereward={ir}"])
     checks = {c.name: c for c in doc.run_checks(cfg)}
     assert checks["reward weights imagereward"].status == "pass"
-    with pytest.raises(SolrlError, match="nowhere does not exist"):  # refused as the config is resolved, before any check
+    # refused as the config is resolved, before any check
+    with pytest.raises(SolrlError, match="nowhere does not exist"):
         resolve_config("sana", "sol_rl", "imagereward", sets=[f"model.path={tmp_path / 'nowhere'}"])
 
 
@@ -132,7 +133,8 @@ def _recording_backends(monkeypatch, probed):  # type: ignore[no-untyped-def]
 
     registry = importlib.import_module("solrl_core.rewards.registry")  # the package's `registry` is a function
     real = registry.backends()
-    recording = {replace(b, probe=lambda label=", ".join(serves): probed.append(label)): serves for b, serves in real.items()}
+    recording = {replace(b, probe=lambda label=", ".join(serves): probed.append(label)): serves
+                 for b, serves in real.items()}
     monkeypatch.setattr(doc.software, "backends", lambda: recording)
     return [", ".join(serves) for serves in real.values()]
 
@@ -201,7 +203,8 @@ def test_fp8_needs_only_torch_on_ada_and_newer():
 def test_blackwell_runs_nvfp4_through_torchao_and_says_why_not_without_it():
     p = hardware.explore_precisions(B200, torchao_missing=lambda: "")
     assert p["nvfp4"][0] and p["fp8"][0] and "torchao" in p["nvfp4"][1]
-    ok, why = hardware.explore_precisions(B200, torchao_missing=lambda: "torchao is not installed (pip install torchao)")["nvfp4"]
+    ok, why = hardware.explore_precisions(B200,
+            torchao_missing=lambda: "torchao is not installed (pip install torchao)")["nvfp4"]
     assert not ok and "torchao is not installed" in why
 
 
@@ -224,7 +227,8 @@ def test_transformer_engine_probed_over_its_known_api_names(monkeypatch):
 
     reason = "Device compute capability 10.0 or higher required for NVFP4 execution."
     module("transformer_engine", __version__="2.9.0")
-    module("transformer_engine.pytorch", is_nvfp4_available=lambda return_reason=False: (False, reason) if return_reason else False)
+    module("transformer_engine.pytorch",
+           is_nvfp4_available=lambda return_reason=False: (False, reason) if return_reason else False)
     module("transformer_engine.pytorch.fp8", check_fp8_support=lambda: (True, ""))
     assert hardware.transformer_engine_status() == (True, "2.9.0", "")
     assert hardware.te_support("nvfp4", H100) == (False, reason)
@@ -236,7 +240,8 @@ def test_explore_precision_check_with_a_gpu(monkeypatch):
     monkeypatch.setattr(hardware, "gpus", lambda: [H100])
     monkeypatch.setattr(hardware, "te_support", lambda kind, gpu: None)
     checks = {c.name: c for c in doc.run_checks(resolve_config("flux1", "sol_rl"), nproc=2, explore_precision="nvfp4")}
-    assert checks["explore precision"].status == "fail" and "compute capability 9.0 < 10.0" in checks["explore precision"].detail
+    assert (checks["explore precision"].status == "fail"
+            and "compute capability 9.0 < 10.0" in checks["explore precision"].detail)
     assert checks["processes"].status == "fail" and checks["processes"].fix == "--nproc-per-node 1"
     assert checks["run device"].status == "pass" and "H100" in checks["run device"].detail
     assert checks["gpu cuda:0"].needed_by_run
@@ -283,7 +288,8 @@ def test_the_doctor_and_a_run_agree_on_the_explore_precision_and_the_gate(gpu, m
 def test_memory_estimate_orders_and_limits():
     flux = resolve_config("flux1", "sol_rl")
     emulated, real = estimate_memory(flux, "nvfp4-emulated"), estimate_memory(flux, "nvfp4")
-    assert emulated.explore_copy == pytest.approx(2 * real.explore_copy)  # one bf16 copy (the fake-quantized cache) vs half one
+    # one bf16 copy (the fake-quantized cache) vs half one
+    assert emulated.explore_copy == pytest.approx(2 * real.explore_copy)
     assert estimate_memory(resolve_config("flux1", "naive_scaling"), "bf16").explore_copy == 0
     with_copy = estimate_memory(resolve_config("flux1", "compile"), "bf16", rollout_copy=True)
     assert with_copy.rollout_copy == pytest.approx(real.policy) and with_copy.peak > real.peak - real.explore_copy
@@ -307,8 +313,10 @@ def test_a_compiled_update_is_estimated_with_its_smaller_activations():
         eager = estimate_memory(cfg, precision, checkpointing=False, rollout_copy=True)
         compiled = estimate_memory(cfg, precision, checkpointing=False, rollout_copy=True, compiled_update=True)
         assert compiled.activations == pytest.approx(eager.activations * COMPILED_ACTIVATION_SHARE)
-        assert abs(compiled.peak - compiled.vae - measured) / measured < 0.05 < abs(eager.peak - eager.vae - measured) / measured
-        checkpointed = [estimate_memory(cfg, precision, rollout_copy=True, compiled_update=c).activations for c in (False, True)]
+        assert abs(compiled.peak - compiled.vae - measured) / measured < 0.05 < abs(eager.peak - eager.vae
+                                                                                    - measured) / measured
+        checkpointed = [estimate_memory(cfg, precision, rollout_copy=True, compiled_update=c).activations
+                        for c in (False, True)]
         assert checkpointed[0] == checkpointed[1]  # measured without checkpointing only
 
 

@@ -94,7 +94,8 @@ def test_the_first_call_and_every_call_without_autograd_run_at_scale_one():
     quantize_model(net, LayerRule(), "fp8-e5m2-delayed")
     x = torch.randn(4, 32) * 1e-3  # far below 1: at scale 1 most of it is subnormal or zero in E5M2
     first = net[0](x)
-    plain = torch.nn.functional.linear(_e5m2(x, torch.tensor(1.0)), _e5m2(net[0].weight, torch.tensor(1.0))) + net[0].bias
+    plain = torch.nn.functional.linear(_e5m2(x, torch.tensor(1.0)),
+                                       _e5m2(net[0].weight, torch.tensor(1.0))) + net[0].bias
     assert torch.allclose(first.detach(), plain, rtol=1e-6, atol=1e-7)
     with torch.no_grad():  # rollouts: TE never updates the scales there
         for _ in range(20):

@@ -67,7 +67,8 @@ def test_an_input_error_comes_before_the_doctor_and_the_model(heavy, tmp_path, a
     assert result.exit_code == 2, result.output
     assert message in result.output and "fix:" in result.output and "--resume" not in result.output
     if "remote:" in args[1]:
-        assert "fix: start the server (or check the URL and the network), then run the same command again" in result.output
+        assert ((((((((((((((("fix: start the server (or check the URL and the network), then run the same command "
+                              "again" in result.output)))))))))))))))
     assert heavy == []  # neither the doctor's checks nor the model load ran
     assert not (tmp_path / "r").exists()
 
@@ -125,7 +126,8 @@ def test_the_api_runs_the_preflight_and_stops_on_a_failed_check_before_the_model
 
     def failing(cfg, nproc, only_needed=False, **given):  # type: ignore[no-untyped-def]
         heavy.append("doctor")
-        return [Check("model weights", FAIL, "tiny model weights 'x' lack config.json", "leave model.weights empty", True)]
+        return [Check("model weights", FAIL, "tiny model weights 'x' lack config.json", "leave model.weights empty",
+                      True)]
 
     monkeypatch.setattr(doctor, "run_checks", failing)
     with pytest.raises(SolrlError) as caught:

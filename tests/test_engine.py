@@ -22,7 +22,8 @@ def test_only_the_engine_samples_and_decodes():
     found = []
     for path in sorted((ROOT / "solrl_core").rglob("*.py")) + sorted((ROOT / "solrl_cli").rglob("*.py")):
         rel = path.relative_to(ROOT).as_posix()
-        if rel in ("solrl_core/engine/engine.py", "solrl_core/engine/sampler.py") or rel.startswith("solrl_core/models/"):
+        if rel in ("solrl_core/engine/engine.py",
+                   "solrl_core/engine/sampler.py") or rel.startswith("solrl_core/models/"):
             continue
         found += [f"{rel}:{i}" for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
                   if SAMPLING.search(line)]
@@ -45,10 +46,12 @@ def test_explore_without_an_explore_copy_is_the_full_precision_rollout():
     seeds, prompts = torch.tensor([3, 4]), ["a red circle", "a blue square"]
     plain = open_engine(cfg)
     cond = plain.conditioning(prompts)
-    assert torch.equal(plain.generate(cond, seeds, 3, "explore").images, plain.generate(cond, seeds, 3, "rollout").images)
+    assert torch.equal(plain.generate(cond, seeds, 3, "explore").images,
+                       plain.generate(cond, seeds, 3, "rollout").images)
     low = open_engine(cfg, explore=True)
     assert low.explore_copy is not None and low.explore_copy.precision == "nvfp4-emulated"
-    assert not torch.equal(low.generate(cond, seeds, 3, "explore").images, low.generate(cond, seeds, 3, "rollout").images)
+    assert not torch.equal(low.generate(cond, seeds, 3, "explore").images,
+                           low.generate(cond, seeds, 3, "rollout").images)
 
 
 @pytest.mark.slow

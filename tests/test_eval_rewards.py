@@ -89,8 +89,8 @@ def test_a_tiny_run_shows_its_second_score_base_to_now_with_standard_errors(fold
     assert last.trade_since == 0
     traded = (f"{last.trade['tinyworld_fidelity']:.3g} gain per unit lost" if "tinyworld_fidelity" in last.trade
               else "none lost beyond noise")
-    assert (f"tinyworld_fidelity base {base:.4g} -> ema {now:.4g} ({now - base:+.4f} +- {se:.4f} s.e.; floor {floor:.4g}; "
-            f"since the base: {traded})") in line
+    assert (f"tinyworld_fidelity base {base:.4g} -> ema {now:.4g} ({now - base:+.4f} +- {se:.4f} s.e.; floor "
+            f"{floor:.4g}; since the base: {traded})") in line
     if "tinyworld_fidelity" in last.trade:
         assert last.trade["tinyworld_fidelity"] == pytest.approx((last.mean - evals[0].mean) / (base - now))
     assert json.loads((folder / "plain" / BASE_FILE).read_text())["eval_rewards"]["tinyworld_fidelity"]
@@ -115,7 +115,8 @@ def hacked(folder):
 def test_a_run_trained_to_hack_is_warned_within_the_run(folder, hacked):
     text, seen = hacked
     warned = [e for e in seen if isinstance(e, ev.RewardHacking)]
-    assert warned and warned[0].iteration == 2 and warned[0].reward == "tinyworld_fidelity" and warned[0].action == "warn"
+    assert (warned and warned[0].iteration == 2 and warned[0].reward == "tinyworld_fidelity" and warned[0].action
+            == "warn")
     w = warned[0]
     assert w.trained_change > 0 and w.change < -2 * w.se and w.change < -w.floor and w.floor == 0.1
     assert (f"reward hacking? iteration 2: the trained reward brightness rose {w.trained_change:+.4f}" in text
@@ -162,7 +163,8 @@ def test_a_base_kept_without_eval_rewards_resumes_with_a_warning(folder):
     warnings = [e.message for e in seen if isinstance(e, ev.RunWarning)]
     assert any("holds no base scores of the eval reward tinyworld_fidelity" in m for m in warnings), warnings
     assert next(e for e in seen if isinstance(e, ev.RunFinished)).reason == "completed"
-    assert "s.e.)" in next(line for line in text.splitlines() if line.startswith("  eval on "))  # the trained reward still compares
+    # the trained reward still compares
+    assert "s.e.)" in next(line for line in text.splitlines() if line.startswith("  eval on "))
     assert "  eval rewards (scored, not trained on): tinyworld_fidelity " in text  # its mean, with no base to compare
 
 
@@ -197,4 +199,5 @@ def test_an_eval_reward_that_cannot_load_is_named_with_how_to_go_on_without_it(t
     assert err.value.message.startswith("eval reward (run.eval_rewards): ") and broken in err.value.message
     assert err.value.fix.endswith("; or evaluate without it: --set run.eval_rewards=tinyworld_fidelity")
     kept = held_out_rewards(cfg, ("tinyworld_geneval", "tinyworld_fidelity"), torch.device("cpu"))
-    assert kept.names == ("tinyworld_geneval", "tinyworld_fidelity") and list(kept.rewards.rewards) == ["tinyworld_fidelity"]
+    assert kept.names == ("tinyworld_geneval",
+                          "tinyworld_fidelity") and list(kept.rewards.rewards) == ["tinyworld_fidelity"]

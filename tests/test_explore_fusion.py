@@ -60,7 +60,8 @@ class _Ops(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         out = func(*args, **(kwargs or {}))
-        to_fp8 = func is torch.ops.aten._to_copy.default and isinstance(out, torch.Tensor) and out.dtype == torch.float8_e4m3fn
+        to_fp8 = func is torch.ops.aten._to_copy.default and isinstance(out,
+                torch.Tensor) and out.dtype == torch.float8_e4m3fn
         if str(func) in _COPIES and not to_fp8:
             self.copies.append(f"{func} -> {tuple(out.shape)}")
         return out

@@ -45,7 +45,8 @@ def test_explore_keeps_the_seeds_training_keeps(tmp_path, aggregation):
     engine = open_engine(cfg, explore=True, rewards=RewardSet.from_config(cfg.reward, torch.device("cpu")))
     differ_from_total = 0
     for mode in ("best_worst", "random", "mean_deviation", "extremes_random"):
-        mode_cfg = cfg.__class__(**{**cfg.__dict__, "selection": cfg.selection.__class__(**{**cfg.selection.__dict__, "mode": mode})})
+        mode_cfg = cfg.__class__(**{**cfg.__dict__,
+                                    "selection": cfg.selection.__class__(**{**cfg.selection.__dict__, "mode": mode})})
         result = explore_only(engine, PROMPTS, N, K, mode, seed_base=0, steps=cfg.explore.steps)
         assert torch.equal(result.selected, _training_selection(mode_cfg, result)), mode
         rng = np.random.default_rng(0)  # what `explore` kept before: the K of the raw weighted total

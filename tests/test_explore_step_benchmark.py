@@ -15,7 +15,8 @@ def explore_step(benchmark_module):
 
 def test_every_backend_steps_and_refreshes_at_tiny_size(explore_step, tmp_path, capsys):
     out = tmp_path / "step.json"
-    explore_step.main(["--size", "tiny", "--device", "cpu", "--models", "sana", "flux", "--backends", "bf16", "fp8", "nvfp4-emulated",
+    explore_step.main(["--size", "tiny", "--device", "cpu", "--models", "sana", "flux", "--backends", "bf16", "fp8",
+                       "nvfp4-emulated",
                        "--batch", "2", "--warmup", "1", "--repeats", "1", "--json", str(out)])
     rows = json.loads(out.read_text())["rows"]
     for model in ("sana", "flux"):
@@ -93,7 +94,8 @@ def test_compile_mode_reaches_the_compiled_blocks(explore_step, tmp_path, monkey
 
     monkeypatch.setattr(regions, "CompiledBlocks", blocks)
     out = tmp_path / "step.json"
-    explore_step.main(["--size", "tiny", "--device", "cpu", "--models", "sana", "--backends", "bf16", "--batch", "2", "--warmup",
+    explore_step.main(["--size", "tiny", "--device", "cpu", "--models", "sana", "--backends", "bf16", "--batch", "2",
+                       "--warmup",
                        "0", "--repeats", "1", "--compile", "--compile-mode", "default", "--json", str(out)])
     assert modes == ["default"] and json.loads(out.read_text())["args"]["compile_mode"] == "default"
 
@@ -113,7 +115,8 @@ def test_the_json_is_written_after_each_backend(explore_step, tmp_path, monkeypa
     monkeypatch.setattr(explore, "_steps", stopped_at_the_second)
     out = tmp_path / "step.json"
     with pytest.raises(KeyboardInterrupt):
-        explore_step.main(["--size", "tiny", "--device", "cpu", "--models", "sana", "--backends", "bf16", "nvfp4-emulated",
+        explore_step.main(["--size", "tiny", "--device", "cpu", "--models", "sana", "--backends", "bf16",
+                           "nvfp4-emulated",
                            "--batch", "2", "--warmup", "0", "--repeats", "1", "--json", str(out)])
     rows = json.loads(out.read_text())["rows"]
     assert [r["backend"] for r in rows] == ["bf16"] and rows[0]["seconds"] > 0

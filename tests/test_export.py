@@ -41,7 +41,8 @@ def _train(folder: Path, *sets: str) -> Path:
 def evaluated_run(tmp_path_factory):
     """A one-iteration tiny run that evaluated the base and its EMA weights on held-out prompts."""
     root = tmp_path_factory.mktemp("evaluated")
-    (root / "held_out.txt").write_text("a red circle left of a blue square\ntwo green triangles\nthree yellow circles\n")
+    (root
+     / "held_out.txt").write_text("a red circle left of a blue square\ntwo green triangles\nthree yellow circles\n")
     return _train(root / "run", f"run.eval_prompts={root / 'held_out.txt'}", "run.eval_seeds=2")
 
 
@@ -70,7 +71,8 @@ def test_export_without_out_writes_under_the_run_with_peft_files_a_card_and_read
     folder = Path("run/export/iter_000001-ema")
     assert str(folder) in result.output.replace("\n", "")
     names = {p.name for p in folder.iterdir()}
-    assert names == {"pytorch_lora_weights.safetensors", "adapter_model.safetensors", "adapter_config.json", "README.md",
+    assert names == {"pytorch_lora_weights.safetensors", "adapter_model.safetensors", "adapter_config.json",
+                     "README.md",
                      "solrl_export.json"}  # the record of what it wrote: all --overwrite replaces
     modes = _modes(folder)
     assert modes.pop(".") == 0o755 and set(modes.values()) == {0o644}, modes
@@ -106,18 +108,21 @@ def test_export_without_out_writes_under_the_run_with_peft_files_a_card_and_read
     base, tuned = evals[0], evals[-1]
     assert (base["weights"], tuned["weights"], tuned["iteration"]) == ("base", "ema", 1)
     se = tuned["delta_se"]["mean"]
-    assert f"| reward | {base['mean']:.4f} | {tuned['mean']:.4f} | {tuned['mean'] - base['mean']:+.4f} ± {se:.4f} |" in card.text
+    assert (((((f"| reward | {base['mean']:.4f} | {tuned['mean']:.4f} | {tuned['mean'] - base['mean']:+.4f} ± {se:.4f} "
+                f"|" in card.text)))))
     for key, value in tuned["extras"].items():
         assert f"| {key} | {base['extras'][key]:.4f} | {value:.4f} |" in card.text
     assert "PeftModel.from_pretrained" in card.text and "SanaPipeline" not in card.text  # tiny: no diffusers pipeline
 
     # peft opens it on a plain copy of the base transformer, and it is the run's EMA weights.
     loaded = open_engine(cfg, checkpoint=Path("run/checkpoints/iter_000001"))
-    peft_net = PeftModel.from_pretrained(load_model(cfg.model, torch.device("cpu"), torch.float32).transformer, str(folder))
+    peft_net = PeftModel.from_pretrained(load_model(cfg.model, torch.device("cpu"), torch.float32).transformer,
+                                         str(folder))
     cond = loaded.conditioning(["a red circle"])
     x, s = torch.randn(1, *loaded.model.latent_shape), torch.tensor([0.7])
     with torch.no_grad(), loaded.policy.weights("ema") as net:
-        assert torch.allclose(loaded.model.velocity(peft_net, x, s, cond), loaded.model.velocity(net, x, s, cond), atol=1e-6)
+        assert torch.allclose(loaded.model.velocity(peft_net, x, s, cond), loaded.model.velocity(net, x, s, cond),
+                              atol=1e-6)
 
 
 def test_a_second_export_is_refused_naming_overwrite_which_replaces_only_an_export(evaluated_run, tmp_path):
@@ -126,9 +131,11 @@ def test_a_second_export_is_refused_naming_overwrite_which_replaces_only_an_expo
     (out / "README.md").write_text((out / "README.md").read_text() + "\nedited by hand\n")
     again = runner.invoke(app, ["export", str(evaluated_run), "--out", str(out), "--weights", "trained"])
     assert again.exit_code == 2 and "already holds an export" in again.output and "--overwrite" in again.output
-    replaced = runner.invoke(app, ["export", str(evaluated_run), "--out", str(out), "--weights", "trained", "--overwrite"])
+    replaced = runner.invoke(app, ["export", str(evaluated_run), "--out", str(out), "--weights", "trained",
+                                   "--overwrite"])
     assert replaced.exit_code == 0, replaced.output
-    assert "edited by hand" not in (out / "README.md").read_text() and "| weights | trained |" in (out / "README.md").read_text()
+    assert "edited by hand" not in (out / "README.md").read_text() and "| weights | trained |" in (out
+            / "README.md").read_text()
     assert [p.name for p in tmp_path.iterdir()] == ["out"]  # no set-aside or partial folder left beside it
 
     other = tmp_path / "notes"
@@ -150,7 +157,8 @@ def test_a_tiny_card_loads_with_its_own_code_and_shows_the_eval_rewards(evaluate
     exported = runner.invoke(app, ["export", str(evaluated_run), "--out", str(out)])
     assert exported.exit_code == 0, exported.output
     # the terminal shows the same loading code as the card: the tiny model has no pipeline to call load_lora_weights on
-    assert "load_lora_weights" not in exported.output and f'PeftModel.from_pretrained(model.transformer, "{out}")' in exported.output
+    assert ("load_lora_weights" not in exported.output
+            and f'PeftModel.from_pretrained(model.transformer, "{out}")' in exported.output)
     card = ModelCard.load(out / "README.md").text
     assert "SanaPipeline" not in card and "load_lora_weights" not in card
     code = card.split("```python\n", 1)[1].split("```", 1)[0].replace("path/to/this/folder", str(out))
@@ -196,7 +204,8 @@ def test_a_real_sana_export_opens_in_peft_and_diffusers_and_equals_the_merged_we
     folder = tmp_path / "run/export/iter_000001-trained"
 
     card = ModelCard.load(folder / "README.md")
-    assert (card.data.license, card.data.license_name, card.data.base_model) == ("other", "test-base-license", cfg.model.hub_id)
+    assert (card.data.license, card.data.license_name, card.data.base_model) == ("other", "test-base-license",
+                                                                                 cfg.model.hub_id)
     assert "license is `test-base-license`" in card.text
     settings = json.loads((folder / "adapter_config.json").read_text())
     assert (settings["r"], settings["lora_alpha"]) == (cfg.model.lora_rank, cfg.model.lora_alpha)
@@ -208,7 +217,8 @@ def test_a_real_sana_export_opens_in_peft_and_diffusers_and_equals_the_merged_we
     solrl_merged = SanaTransformer2DModel.from_pretrained(str(base), subfolder="transformer")
     untouched = solrl_merged.load_state_dict(merged, strict=False)
     assert not untouched.unexpected_keys
-    peft_net = PeftModel.from_pretrained(SanaTransformer2DModel.from_pretrained(str(base), subfolder="transformer"), str(folder))
+    peft_net = PeftModel.from_pretrained(SanaTransformer2DModel.from_pretrained(str(base), subfolder="transformer"),
+                                         str(folder))
     pipe = _pipeline("sana", base)
     pipe.load_lora_weights(str(folder))
     plain = SanaTransformer2DModel.from_pretrained(str(base), subfolder="transformer")
@@ -258,7 +268,8 @@ class _Hub:
                     return self._reply(200, {"errors": [], "warnings": []})
                 if "/preupload/" in path:
                     files = json.loads(body)["files"]
-                    return self._reply(200, {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
+                    return self._reply(200,
+                                       {"files": [{"path": f["path"], "uploadMode": "regular", "shouldIgnore": False}
                                                        for f in files]})
                 if "/commit/" in path:
                     for line in body.decode().splitlines():

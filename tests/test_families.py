@@ -32,7 +32,8 @@ def test_each_family_plans_the_papers_stages(name):
     cfg = resolve_config("tiny", name, sets=["explore.group_size=16", "selection.group_size=8", "explore.steps=6",
                                              "sampler.steps=10"])
     plan = plan_stages(cfg, "bf16", "fp8")
-    assert (plan.explore_seeds, plan.explore_steps, plan.explore_precision, plan.keep, plan.regenerate) == EXPECTED[name]
+    assert (plan.explore_seeds, plan.explore_steps, plan.explore_precision, plan.keep,
+            plan.regenerate) == EXPECTED[name]
     assert plan.explores_low == FAMILIES[name].low_precision
 
 

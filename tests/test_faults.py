@@ -51,7 +51,8 @@ def _flip_a_byte(path):
 
 def _losses(seen, after=0):
     """Reward, loss and gradient norm of each iteration past `after`, in order."""
-    return [x for e in _of(seen, ev.IterationFinished) if e.iteration > after for x in (e.final.mean, e.loss["loss"], e.grad_norm)]
+    return [x for e in _of(seen, ev.IterationFinished) if e.iteration > after
+            for x in (e.final.mean, e.loss["loss"], e.grad_norm)]
 
 
 def test_a_damaged_newest_checkpoint_is_refused_and_an_older_one_resumes(quick):
@@ -106,7 +107,8 @@ def test_a_full_disk_leaves_the_previous_checkpoint_and_stops_clearly(quick, mon
     failed, seen = _train(sets)
     monkeypatch.setattr(ckpt, "save_state", real_save)
     assert isinstance(failed, SolrlError)
-    assert "disk is full" in failed.message and "iter_000002" in failed.message and "iter_000001 is intact" in failed.message
+    assert ("disk is full" in failed.message and "iter_000002" in failed.message
+            and "iter_000001 is intact" in failed.message)
     assert _of(seen, ev.RunFinished)[0].reason == "failed"
     ckpts = Path(resolve_config("tiny", sets=sets).run.run_dir) / "checkpoints"
     assert sorted(p.name for p in ckpts.iterdir()) == ["iter_000001"]  # no half-written folder left
@@ -146,7 +148,8 @@ def test_two_sessions_in_one_process_cannot_share_a_folder(quick):
     with pytest.raises(SolrlError, match="being written by another solrl run"):
         open_session(resolve_config("tiny", "sol_rl", sets=sets))
     session.run.lock.release()
-    again = open_session(resolve_config("tiny", "sol_rl", sets=sets))  # free now, and nothing was saved: it starts again
+    # free now, and nothing was saved: it starts again
+    again = open_session(resolve_config("tiny", "sol_rl", sets=sets))
     assert again.state.iteration == 0 and not again.state.resumed
     again.run.lock.release()
 
@@ -178,7 +181,8 @@ def test_an_oom_in_the_rollout_halves_its_batch_and_equals_a_run_at_that_size(qu
     # 8: one prompt group of explore.group_size=8 per Stage-1 batch (batches never mix two groups)
     session, seen = _train(quick("run.iterations=1", "sampler.rollout_batch=8", "run.lanes=false", run_dir="r"))
     backoffs = _of(seen, ev.OutOfMemoryBackoff)
-    assert [(b.iteration, b.phase, b.setting, b.old, b.new) for b in backoffs] == [(1, "rollout", "sampler.rollout_batch", 8, 4)]
+    assert [(b.iteration, b.phase, b.setting, b.old, b.new)
+            for b in backoffs] == [(1, "rollout", "sampler.rollout_batch", 8, 4)]
     assert calls[0] == 8 and max(calls[1:]) == 4  # one failure, then every batch fit
     # The same draws at any batch size: equal up to the last bits of a differently batched matmul.
     _same_run(straight, session, atol=1e-6)
@@ -217,7 +221,8 @@ def test_an_oom_in_reward_scoring_halves_the_reward_batch(quick, monkeypatch):
 
     monkeypatch.setattr(TinyWorldReward, "__call__", call)
     session, seen = _train(quick("run.iterations=1", run_dir="r"))
-    assert [(b.phase, b.setting, b.old, b.new) for b in _of(seen, ev.OutOfMemoryBackoff)] == [("reward", "reward.batch_size", 32, 16)]
+    assert [(b.phase, b.setting, b.old, b.new)
+            for b in _of(seen, ev.OutOfMemoryBackoff)] == [("reward", "reward.batch_size", 32, 16)]
     assert session.state.iteration == 1 and load_run_config(session.run.run_dir).reward.batch_size == 16
 
 
@@ -303,7 +308,8 @@ def test_nan_rewards_drop_their_samples_then_a_group_then_stop_the_run(quick, mo
                      (4, "explore", {name: 16}, 16, 2), (4, "final", {name: 8}, 8, 2)]
     assert sizes == [6, 4]  # the dropped samples never reached the update; iterations 3 and 4 made no step
     its = _of(seen, ev.IterationFinished)
-    assert [e.iteration for e in its] == [1, 2, 3, 4] and all(torch.isfinite(torch.tensor(e.final.mean)) for e in its[:2])
+    assert [e.iteration for e in its] == [1, 2, 3,
+                                          4] and all(torch.isfinite(torch.tensor(e.final.mean)) for e in its[:2])
     ckpts = resolve_config("tiny", sets=sets).run.run_dir + "/checkpoints"
     two, four = (load_file(f"{ckpts}/iter_00000{i}/{LORA}") for i in (2, 4))
     assert all(torch.equal(two[k], four[k]) for k in two)  # no step without a finite reward
@@ -417,7 +423,8 @@ def test_every_view_shows_a_survived_fault_as_a_warning():
     from solrl_cli.tui.state import RunState
 
     faults = [ev.OutOfMemoryBackoff(iteration=3, phase="rollout", setting="sampler.rollout_batch", old=24, new=12),
-              ev.SamplesDropped(iteration=4, stage="final", rewards={"pickscore": 3}, dropped=3, samples=96, groups_skipped=1, groups=4),
+              ev.SamplesDropped(iteration=4, stage="final", rewards={"pickscore": 3}, dropped=3, samples=96,
+                                groups_skipped=1, groups=4),
               ev.StepSkipped(iteration=5, reason="gradient norm not finite", in_a_row=1, limit=5)]
     out = io.StringIO()
     display, state = TerminalDisplay(Console(file=out, width=200)), RunState()

@@ -53,13 +53,15 @@ def _tiny_sana():
 
 
 def _tiny_sd3():
-    return diffusers.SD3Transformer2DModel(sample_size=8, patch_size=1, in_channels=4, num_layers=2, attention_head_dim=16,
+    return diffusers.SD3Transformer2DModel(sample_size=8, patch_size=1, in_channels=4, num_layers=2,
+                                           attention_head_dim=16,
                                            num_attention_heads=2, caption_projection_dim=32, joint_attention_dim=32,
                                            pooled_projection_dim=64, out_channels=4)
 
 
 def _tiny_flux():
-    return diffusers.FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1, attention_head_dim=16,
+    return diffusers.FluxTransformer2DModel(patch_size=1, in_channels=16, num_layers=1, num_single_layers=1,
+                                            attention_head_dim=16,
                                             num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=32,
                                             axes_dims_rope=[4, 4, 8])
 
@@ -102,7 +104,8 @@ def test_sana_rule_quantizes_only_the_official_layers():
     assert entries["transformer_blocks.0.attn1.to_k"].rule == "name"
     assert entries["transformer_blocks.0.ff.conv_depth"].rule == "kernel"
     wider = {e.name: e for e in plan_layers(_tiny_sana(), LayerRule(rule.skip, 64, rule.fused))}
-    assert wider["transformer_blocks.0.attn2.to_k"].reason == "max(in, out) = 64 (fused attn2.to_k+attn2.to_v) <= min_dim 64"
+    assert (wider["transformer_blocks.0.attn2.to_k"].reason == "max(in, out) = 64 (fused attn2.to_k+attn2.to_v) <= "
+                                                               "min_dim 64")
     # Without the fused shape the rule would wrongly keep the cross-attention key/value.
     unfused = _quantized(_tiny_sana(), LayerRule(rule.skip, rule.min_dim))
     assert "transformer_blocks.0.attn2.to_k" not in unfused
@@ -188,7 +191,8 @@ def test_qwen_image_grid_is_the_qwen_image_pipelines(steps):
 
     cfg = resolve_config("qwen_image", "sol_rl")
     scheduler = diffusers.FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, base_shift=0.5, max_shift=0.9,
-                                                          base_image_seq_len=256, max_image_seq_len=8192, shift_terminal=0.02,
+                                                          base_image_seq_len=256, max_image_seq_len=8192,
+                                                          shift_terminal=0.02,
                                                           time_shift_type="exponential")
     mu = calculate_shift((cfg.model.resolution // 16) ** 2, 256, 8192, 0.5, 0.9)  # 8x VAE, 2x2 packing
     scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps).tolist(), mu=mu)
@@ -218,7 +222,8 @@ def test_flux2_klein_grid_is_the_klein_pipelines_at_its_four_steps():
     cfg = resolve_config("flux2_klein", "sol_rl")
     steps = cfg.sampler.steps
     assert steps == cfg.sampler.eval_steps == cfg.explore.steps == 4
-    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, time_shift_type="exponential", shift=3.0)
+    scheduler = diffusers.FlowMatchEulerDiscreteScheduler(use_dynamic_shifting=True, time_shift_type="exponential",
+                                                          shift=3.0)
     mu = compute_empirical_mu((cfg.model.resolution // 16) ** 2, steps)  # 8x VAE, 2x2 patches
     scheduler.set_timesteps(sigmas=np.linspace(1.0, 1 / steps, steps).tolist(), mu=mu)
     ours = sigma_grid(steps, cfg.sampler.shift, cfg.sampler.sigma_grid)
@@ -240,7 +245,8 @@ def test_unknown_grid_is_refused():
 # --- presets ---------------------------------------------------------------------------------------
 
 def test_presets_carry_the_official_clips_and_min_dims():
-    expected = {"sana": (1.0, 2240), "sana15": (1.0, 2240), "sana_600m": (1.0, 2240), "sd3": (0.002, 2432), "flux1": (1.0, 1000)}
+    expected = {"sana": (1.0, 2240), "sana15": (1.0, 2240), "sana_600m": (1.0, 2240), "sd3": (0.002, 2432),
+                "flux1": (1.0, 1000)}
     for name, (clip, min_dim) in expected.items():
         cfg = resolve_config(name, "sol_rl")
         assert (cfg.optimizer.grad_clip, cfg.model.quant_min_dim) == (clip, min_dim), name

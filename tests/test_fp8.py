@@ -167,7 +167,8 @@ def test_an_fp8_explore_copy_generates_close_to_full_precision():
     skip = resolve_config("tiny", "sol_rl").model.quant_skip
     copies = {p: RolloutCopy(copy.deepcopy(model.transformer), p, skip) for p in ("fp8", "fp32")}
     assert copies["fp8"].report is not None and copies["fp8"].report.quantized
-    out = {p: Sampler(batch_size=2).generate(model, c.forward, cond, seeds, 6, torch.float32) for p, c in copies.items()}
+    out = {p: Sampler(batch_size=2).generate(model, c.forward, cond, seeds, 6, torch.float32)
+           for p, c in copies.items()}
     err = (out["fp8"] - out["fp32"]).abs().mean() / out["fp32"].abs().mean()
     assert 0 < err < 0.05
 

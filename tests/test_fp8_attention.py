@@ -33,7 +33,8 @@ def test_the_scale_rule_by_hand_one_per_batch_and_head_and_per_group_for_gqa():
     assert scale.flatten().tolist() == [224.0, 1.0, 0.5, 1.0]
     assert torch.equal(descale.flatten(), torch.tensor([2 / 448, 1.0, 2.0, 1.0]))  # amax / 448 in fp32, as torchao's
     codes, _ = fa.quantize(x)
-    assert codes.dtype == torch.float8_e4m3fn and codes[0, 0, 1, 2].item() == -448.0 and codes[1, 0, 0, 0].item() == 448.0
+    assert codes.dtype == torch.float8_e4m3fn and codes[0, 0, 1, 2].item() == -448.0 and codes[1, 0, 0,
+                                                                                               0].item() == 448.0
     grouped, _ = fa.scales(x.reshape(1, 4, 3, 4), groups=2)  # heads (0, 1) and (2, 3) share a scale
     assert grouped.flatten().tolist() == [224.0, 0.5]
 
@@ -45,7 +46,8 @@ def test_the_emulation_is_sdpa_on_the_e4m3_rounded_inputs_within_a_step_of_them(
     for x in (q, k, v):
         _, descale = fa.scales(x)
         err = (fa.fake_quantize(x) - x.float()).abs()
-        bound = torch.maximum(x.float().abs() * 2.0 ** -4, 2.0 ** -10 * descale)  # half an E4M3 step, normal or subnormal
+        # half an E4M3 step, normal or subnormal
+        bound = torch.maximum(x.float().abs() * 2.0 ** -4, 2.0 ** -10 * descale)
         assert torch.all(err <= bound * (1 + 1e-6)) and err.max() > 0
     out = fa.emulated_sdpa(q, k, v)
     assert out.dtype == dtype
@@ -133,8 +135,10 @@ def test_refused_on_a_model_without_full_attention_and_beside_a_full_precision_c
     with pytest.raises(SolrlError, match="has none"):
         train(cfg, ev.EventBus(), stop=StopFlag())
     assert not (tmp_path / "run").exists()  # refused before anything is written
-    scaling = resolve_config("tiny_video", "naive_scaling", sets=["explore.fp8_attention=true", f"run.run_dir={tmp_path / 'run'}"])
-    with pytest.raises(SolrlError, match="the explore precision here is fp32") as refused:  # no explore copy to put it in
+    scaling = resolve_config("tiny_video", "naive_scaling",
+                             sets=["explore.fp8_attention=true", f"run.run_dir={tmp_path / 'run'}"])
+    # no explore copy to put it in
+    with pytest.raises(SolrlError, match="the explore precision here is fp32") as refused:
         train(scaling, ev.EventBus(), stop=StopFlag())
     assert "sol_rl, naive_quant" in refused.value.fix and not (tmp_path / "run").exists()
 
@@ -145,7 +149,8 @@ def test_refused_on_a_gpu_that_cannot_run_fp8_fa3_naming_what_is_missing(monkeyp
         fa.require("fp8", "flux1", "cuda:0")
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     real = fa.importlib.util.find_spec
-    monkeypatch.setattr(fa.importlib.util, "find_spec", lambda name: None if name == "flash_attn_interface" else real(name))
+    monkeypatch.setattr(fa.importlib.util, "find_spec",
+                        lambda name: None if name == "flash_attn_interface" else real(name))
     with pytest.raises(SolrlError, match=r"cannot run on cuda:0: missing flash-attn's FA3 build") as refused:
         fa.require("fp8", "wan", "cuda:0")
     assert "explore.fp8_attention=false" in refused.value.fix
@@ -165,21 +170,26 @@ def test_the_doctor_names_the_attention_kernel_per_gpu(monkeypatch):
     assert "on the CPU (no speed figure on a CPU): " in cpu
     assert "fp8 attention -> emulation (torch, Q/K/V rounded to E4M3 then SDPA: numerics only, not fast)" in cpu
     blackwell = backends_check(simulated_gpu("10.0"), "scaled_mm", simulated=True).detail
-    assert "fp8 attention: not here (compute capability 10.0 is not 9.x: torchao's FP8 FA3 runs on Hopper only)" in blackwell
+    assert ((((((((("fp8 attention: not here (compute capability 10.0 is not 9.x: torchao's FP8 FA3 runs on Hopper "
+                    "only)" in blackwell)))))))))
     real = fa.importlib.util.find_spec
-    monkeypatch.setattr(fa.importlib.util, "find_spec", lambda name: None if name == "flash_attn_interface" else real(name))
+    monkeypatch.setattr(fa.importlib.util, "find_spec",
+                        lambda name: None if name == "flash_attn_interface" else real(name))
     hopper = backends_check(simulated_gpu("9.0"), "scaled_mm", simulated=True).detail
     assert "fp8 attention: not here (missing flash-attn's FA3 build (flash_attn_interface" in hopper
     monkeypatch.setattr(fa.importlib.util, "find_spec", lambda name: object())
     monkeypatch.setattr(torch, "__version__", "2.11.0")
     hopper = backends_check(simulated_gpu("9.0"), "scaled_mm", simulated=True).detail
-    assert "fp8 attention -> torchao-fa3 (torchao FP8 FA3, per-(batch, head) E4M3 Q/K/V), unmeasured on this GPU" in hopper
+    assert (((((((("fp8 attention -> torchao-fa3 (torchao FP8 FA3, per-(batch, head) E4M3 Q/K/V), unmeasured on this "
+                   "GPU" in hopper))))))))
 
 
 def test_rank_check_reports_the_explore_arms_with_and_without_fp8_attention(tmp_path):
     result = runner.invoke(app, ["rank-check", "--model", "tiny_video", "--explore-precision", "nvfp4-emulated",
-                                 "--fp8-attention", "--count", "1", "--seeds", "4", "--hit-k", "1", "--preview-steps", "1",
-                                 "--full-steps", "2", "--set", "algorithm.timestep_fraction=0.5", "--out", str(tmp_path / "rc")])
+                                 "--fp8-attention", "--count", "1", "--seeds", "4", "--hit-k", "1", "--preview-steps",
+                                 "1",
+                                 "--full-steps", "2", "--set", "algorithm.timestep_fraction=0.5", "--out",
+                                 str(tmp_path / "rc")])
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "rc" / "rank_check.json").read_text())
     assert data["arms"] == ["nvfp4-emulated+fp8-attention@1", "nvfp4-emulated+fp8-attention@2", "nvfp4-emulated@1",

@@ -48,7 +48,8 @@ def test_the_frontier_walk_stops_where_a_step_buys_too_little():
     assert chosen["iteration"] == 3 and RULE in why and "before iteration 10" in why and "0.13 per unit" in why
     chosen, _ = frontier_choice(runs, 0.1)  # 3 -> 10 passes (0.13); 10 -> 30 bought 0.006 for 0.037 (0.16): passes
     assert chosen["iteration"] == 30
-    assert frontier_choice(runs, 0.14)[0]["iteration"] == 3  # the walk stops at the first dear step, however cheap the next
+    # the walk stops at the first dear step, however cheap the next
+    assert frontier_choice(runs, 0.14)[0]["iteration"] == 3
     # no changes kept (no eval rewards, or an older run): the highest gain, the newest on a tie
     plain = [_v(2, 0.1, None), _v(4, 0.3, None), _v(6, 0.3, None), _v(8, 0.2, None)]
     assert frontier_choice(plain, 0.5)[0]["iteration"] == 6
@@ -96,11 +97,13 @@ def test_min_trade_stops_the_run_at_the_evaluation_whose_stretch_bought_too_litt
     monkeypatch.setattr("solrl_core.loop.run_eval.trade", dear)
     seen, bus = [], ev.EventBus()
     bus.subscribe(seen.append)
-    cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("run.iterations=4", "run.eval_every=1", "sampler.eval_steps=2",
+    cfg = resolve_config("tiny", "sol_rl",
+                         sets=fast_sets("run.iterations=4", "run.eval_every=1", "sampler.eval_steps=2",
                                                            "run.min_trade=0.5"))
     session = train(cfg, bus)
     assert session.state.iteration == 2  # stopped at the second evaluation, not run to 4
-    assert session.state.stopped_by_rule == "run.min_trade"  # an automatic stop: `solrl train` exits 3, not Ctrl-C's 130
+    # an automatic stop: `solrl train` exits 3, not Ctrl-C's 130
+    assert session.state.stopped_by_rule == "run.min_trade"
     evals = {e.iteration: e for e in seen if isinstance(e, ev.EvalFinished)}
     assert sorted(evals) == [0, 1, 2] and evals[2].trade == {F: 0.01} and evals[2].trade_since == 1
     assert evals[0].trade_since == -1 and evals[1].trade_since == 0

@@ -28,9 +28,11 @@ def _stub(calls):
         lr_point = any(s.startswith("optimizer.lr") for s in sets)
         return {"gain": 0.04 + 0.01 * seed - (0.02 if lr_point else 0.0), "fidelity_change": -0.08 + 0.01 * seed,
                 "iteration": 30, "last_iteration": 30, "flagged": False,
-                "kinds": {"object": 0.0, "count": 0.05 + 0.01 * seed, "binding": 0.03, "position": -0.01 if seed == 2 else 0.02},
+                "kinds": {"object": 0.0, "count": 0.05 + 0.01 * seed, "binding": 0.03,
+                          "position": -0.01 if seed == 2 else 0.02},
                 "base_kinds": {"object": 1.0, "count": 0.4, "binding": 0.5, "position": 0.5},
-                "gain_se": 0.006, "grain": 1.0 + 0.1 * seed, "train_s": 100.0 + seed, "wall_s": 130.0, "device": "cpu (stub)", "load": "1.00 -> 1.00",
+                "gain_se": 0.006, "grain": 1.0 + 0.1 * seed, "train_s": 100.0 + seed, "wall_s": 130.0,
+                "device": "cpu (stub)", "load": "1.00 -> 1.00",
                 "command": "stub"}
     return run
 
@@ -74,7 +76,8 @@ def test_a_sweep_runs_what_is_missing_resumes_and_summarises_over_seeds(frontier
 
 def test_points_are_named_or_written_out_and_a_bad_one_is_refused(frontier):
     assert frontier.parse_point("kl_0.01") == ("kl_0.01", ["algorithm.kl_beta=0.01"])
-    assert frontier.parse_point("mine=optimizer.lr=2e-4; run.iterations=10") == ("mine", ["optimizer.lr=2e-4", "run.iterations=10"])
+    assert frontier.parse_point("mine=optimizer.lr=2e-4; run.iterations=10") == ("mine", ["optimizer.lr=2e-4",
+                                                                                          "run.iterations=10"])
     for bad in ("nope", "=a.b=1", "x=lr"):
         with pytest.raises(Exception):
             frontier.parse_point(bad)

@@ -27,7 +27,8 @@ from tests.helpers import (assert_adapters_close as _close, FSDP_SETS as SETS, l
 
 
 def _config(root: Path, run: str, strategy: str, iterations: int) -> Config:
-    return resolve_config("tiny", "sol_rl", sets=[*SETS, f"run.run_dir={root / run}", f"run.eval_prompts={root / 'eval.txt'}",
+    return resolve_config("tiny", "sol_rl",
+                          sets=[*SETS, f"run.run_dir={root / run}", f"run.eval_prompts={root / 'eval.txt'}",
                                                   f"run.iterations={iterations}", f"distributed.strategy={strategy}"])
 
 
@@ -145,7 +146,8 @@ def test_fsdp_keeps_a_whole_explore_copy_a_sharded_rollout_copy_when_asked_and_r
     assert "under fsdp a whole nvfp4-emulated copy on each process" in sharded.describe()
     for setting in ("explore.precision=fp8-e5m2-tensor", "explore.rank_check_every=2"):  # refused before this version
         ok = set_value(cfg, setting)
-        assert fsdp_machine(_machine(ok), ok, "fp32").explore_precision == ok.explore.precision.replace("auto", "nvfp4-emulated")
+        assert fsdp_machine(_machine(ok), ok, "fp32").explore_precision == ok.explore.precision.replace("auto",
+                "nvfp4-emulated")
     naive_quant = resolve_config("tiny", "naive_quant")
     assert fsdp_machine(_machine(naive_quant), naive_quant, "fp32").explore_precision == "nvfp4-emulated"
     at_dtype = set_value(cfg, "explore.precision=fp32")
@@ -155,8 +157,10 @@ def test_fsdp_keeps_a_whole_explore_copy_a_sharded_rollout_copy_when_asked_and_r
     assert (full.rollout_copy, full.rollout_compile) == (True, False)
     assert "under fsdp sharded like the policy, 1/2 on each process" in full.rollout_copy_why
     assert "auto under fsdp keeps none" in sharded.rollout_copy_why
-    refused = {"optimizer.compile=true": "optimizer.compile", "explore.calibrate=steps": "explore.calibrate measures on one process",
-               "sampler.rollout_copy=true sampler.compile=true": "sampler.compile=true compiles the rollout copy, which",
+    refused = {"optimizer.compile=true": "optimizer.compile",
+               "explore.calibrate=steps": "explore.calibrate measures on one process",
+               "sampler.rollout_copy=true sampler.compile=true":
+                   "sampler.compile=true compiles the rollout copy, which",
                "distributed.copy_layout=sharded explore.compile=true": "explore.compile=true compiles the explore copy"}
     for settings, words in refused.items():
         bad = cfg
@@ -199,7 +203,8 @@ def test_the_sharded_estimate_divides_the_weights_and_adds_the_gathered_blocks()
     assert eight.peak - eight.policy == pytest.approx(whole.peak - whole.policy)
     # exploring at fp8: a whole copy on each process, its quantized cache alone (1 byte a weight)
     fp8 = sharded_estimate(cfg, "bf16", 8, explore_precision="fp8")
-    assert fp8.explore_copy == pytest.approx(20.4e9 / 2**30) and fp8.peak == pytest.approx(eight.peak + fp8.explore_copy)
+    assert fp8.explore_copy == pytest.approx(20.4e9 / 2**30) and fp8.peak == pytest.approx(eight.peak
+                                                                                           + fp8.explore_copy)
     emulated = sharded_estimate(cfg, "bf16", 8, explore_precision="nvfp4-emulated")
     assert emulated.explore_copy == pytest.approx(2 * fp8.explore_copy)  # its fake-quantized weights at bf16
     # one process: a replica's copy, lean the same way (engine._copy)
@@ -228,7 +233,8 @@ def test_torchruns_master_flags_name_node_0_as_the_rendezvous_endpoint():
     with pytest.raises(SolrlError, match="twice"):
         endpoint("node0:1", "node0", None)
     assert strip_launcher_flags(["--master-addr", "a", "--master-port=1", "--iterations", "3"]) == ["--iterations", "3"]
-    assert torchrun_args(2, 2, 1, endpoint(None, "a", 7))[:8] == ["--nproc-per-node", "2", "--nnodes", "2", "--node-rank", "1",
+    assert torchrun_args(2, 2, 1, endpoint(None, "a", 7))[:8] == ["--nproc-per-node", "2", "--nnodes", "2",
+                                                                  "--node-rank", "1",
                                                                   "--rdzv-endpoint", "a:7"]
     with socket.socket() as busy:  # node 0's rendezvous port taken: said before torchrun starts
         busy.bind(("", 0))
@@ -265,7 +271,8 @@ def test_a_rank_killed_ends_the_run_within_a_minute_and_leaves_the_checkpoint_in
 
     run_dir = tmp_path / "run"
     sets = [a for s in (*SETS, "run.checkpoint_every=1", "distributed.strategy=fsdp") for a in ("--set", s)]
-    launcher = subprocess.Popen([sys.executable, "-m", "solrl_cli", "train", "--nproc-per-node", "2", "--iterations", "500",
+    launcher = subprocess.Popen([sys.executable, "-m", "solrl_cli", "train", "--nproc-per-node", "2", "--iterations",
+                                 "500",
                                  "--run-dir", str(run_dir), *sets], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
@@ -298,9 +305,11 @@ def test_a_2x2_mesh_on_two_launched_nodes_trains_what_one_process_does(tmp_path)
     sets = [a for s in (*SETS, *extra, "distributed.strategy=fsdp") for a in ("--set", s)]
     run_two_nodes(tmp_path / "mesh", sets, timeout=400)
     started = _events(tmp_path / "mesh")[0]
-    assert "fsdp over 4 processes (mesh replicate 2 x shard 2: sharded within a node, replicated across nodes" in started["plan"]
+    assert ((((((((((("fsdp over 4 processes (mesh replicate 2 x shard 2: sharded within a node, replicated across "
+                      "nodes" in started["plan"])))))))))))
     assert "4 prompt groups over 4 processes, 1 each" in started["plan"]
-    rewards = [[(e["draft"], e["final"]) for e in _events(tmp_path / d) if e["event"] == "iteration"] for d in ("one", "mesh")]
+    rewards = [[(e["draft"], e["final"]) for e in _events(tmp_path / d) if e["event"] == "iteration"]
+               for d in ("one", "mesh")]
     assert len(rewards[0]) == 3 and rewards[0] == rewards[1]  # the same seeds kept and scored, iteration by iteration
     reference = _adapters(tmp_path / "one", 3)
     assert any(v.abs().max() > 0 for k, v in reference.items() if "lora_B" in k)

@@ -50,11 +50,13 @@ def test_two_sharded_ranks_explore_at_the_requested_precision_as_one_process_doe
         for a, b in same_iterations(one, two):
             assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-4)
         checks = [[e for e in _events(d) if e["event"] == "rank_check"] for d in (one, two)]
-        assert len(checks[1]) == (2 if family == "sol_rl" else 0)  # sharded, every iteration; naive_quant regenerates nothing
+        # sharded, every iteration; naive_quant regenerates nothing
+        assert len(checks[1]) == (2 if family == "sol_rl" else 0)
         for a, b in zip(*checks):
             assert (b["draft_mean"], b["full_mean"]) == pytest.approx((a["draft_mean"], a["full_mean"]), abs=1e-6)
         kept_one = json.loads((tmp_path / "results" / f"{family}-{precision}-one.json").read_text())
-        ranks = [json.loads((tmp_path / "results" / f"{family}-{precision}-rank{r}.json").read_text()) for r in range(2)]
+        ranks = [json.loads((tmp_path / "results" / f"{family}-{precision}-rank{r}.json").read_text())
+                 for r in range(2)]
         assert [r0 + r1 for r0, r1 in zip(*ranks)] == kept_one  # rank 0 holds the first group, rank 1 the second
         reference = _adapters(one, 2)
         assert any(v.abs().max() > 0 for k, v in reference.items() if "lora_B" in k)
@@ -144,14 +146,16 @@ def test_a_copy_without_its_high_precision_weights_holds_the_bytes_the_estimate_
     cache = "weight_src" if precision == "fp8-e5m2-delayed" else "weight_q"  # delayed: cast on every call, as te.Linear
     assert per_weight(lean.module, "weight") == 0  # never held
     assert per_weight(lean.module, cache) == copy_bytes(precision, 4.0)
-    assert per_weight(replica.module, f"weight {cache}") == 4.0 + copy_bytes(precision, 4.0)  # a deep copy's: weights too
+    # a deep copy's: weights too
+    assert per_weight(replica.module, f"weight {cache}") == 4.0 + copy_bytes(precision, 4.0)
     assert per_weight(lean.module, "weight_scale") < 0.25  # fp8's row scales: one fp32 per output row, left out
 
 
 def test_a_2x2_mesh_on_two_launched_nodes_explores_at_nvfp4_as_one_process_does(tmp_path):
     """Stage 1 on each process's whole NVFP4 copy filled from the hybrid-sharded policy."""
     started = mesh_equals_one_process(tmp_path, "nvfp4-emulated")
-    assert started["explore_precision"] == "nvfp4-emulated" and "under fsdp a whole nvfp4-emulated copy" in started["machine"]
+    assert (started["explore_precision"] == "nvfp4-emulated"
+            and "under fsdp a whole nvfp4-emulated copy" in started["machine"])
 
 
 def test_a_whole_copy_per_gpu_is_kept_where_the_estimate_says_it_fits_and_else_auto_explores_at_the_run_dtype():

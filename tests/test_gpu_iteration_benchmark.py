@@ -15,7 +15,8 @@ def gpu_iteration(benchmark_module):
 
 def test_families_train_through_the_same_code_at_tiny_size(gpu_iteration, tmp_path, capsys):
     out = tmp_path / "it.json"
-    gpu_iteration.main(["--size", "tiny", "--device", "cpu", "--models", "sana", "--families", "sol_rl", "naive_scaling",
+    gpu_iteration.main(["--size", "tiny", "--device", "cpu", "--models", "sana", "--families", "sol_rl",
+                        "naive_scaling",
                         "--n", "4", "--k", "2", "--rollout-batch", "4", "--iterations", "2", "--warmup", "1",
                         "--json", str(out)])
     rows = json.loads(out.read_text())["rows"]
@@ -31,7 +32,8 @@ def test_families_train_through_the_same_code_at_tiny_size(gpu_iteration, tmp_pa
 
 def test_ratios_are_against_the_compile_family(gpu_iteration, capsys):
     def row(family, explore, regenerate, total):
-        return {"model": "sana", "family": family, "seconds": {"explore": explore, "regenerate": regenerate, "reward": 0.0,
+        return {"model": "sana", "family": family,
+                "seconds": {"explore": explore, "regenerate": regenerate, "reward": 0.0,
                                                                "train": 1.0, "sync": 0.0, "total": total},
                 "peak_gib": {"total": 1.0}, "memory_source": "cuda peak allocated", "compile_seconds": {},
                 "iterations_measured": 2}
@@ -46,11 +48,13 @@ def test_ratios_are_against_the_compile_family(gpu_iteration, capsys):
 
 def test_each_compile_mode_is_timed_in_turn(gpu_iteration, tmp_path):
     out = tmp_path / "modes.json"
-    gpu_iteration.main(["--size", "tiny", "--device", "cpu", "--models", "sana", "--families", "sol_rl", "--n", "4", "--k", "2",
+    gpu_iteration.main(["--size", "tiny", "--device", "cpu", "--models", "sana", "--families", "sol_rl", "--n", "4",
+                        "--k", "2",
                         "--rollout-batch", "4", "--iterations", "2", "--warmup", "1", "--json", str(out),
                         "--compile-mode", "default", "max-autotune-no-cudagraphs"])
     rows = json.loads(out.read_text())["rows"]
     assert [(r["model"], r["compile_mode"]) for r in rows] == [("sana [default]", "default"),
-                                                              ("sana [max-autotune-no-cudagraphs]", "max-autotune-no-cudagraphs")]
+                                                              ("sana [max-autotune-no-cudagraphs]",
+                                                               "max-autotune-no-cudagraphs")]
     with pytest.raises(SystemExit):
         gpu_iteration.main(["--compile-mode", "reduce-overhead"])

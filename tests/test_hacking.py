@@ -32,8 +32,10 @@ def test_every_reward_declares_its_floor_with_a_reason():
     for name, info in registry().items():
         assert info.floor is not None, f"{name} declares no hacking floor (rewards/registry.py)"
         assert info.floor.value > 0 and len(info.floor.reason) > 20, name
-    assert lookup("my_rewards.py:score").floor is PLUGIN_FLOOR and declared_floor("remote:http://127.0.0.1:9") is PLUGIN_FLOOR
-    assert declared_floor("pickscore").value == pytest.approx((0.8932 - 0.8096) / 10, abs=1e-4)  # the paper's gain, a tenth
+    assert (lookup("my_rewards.py:score").floor is PLUGIN_FLOOR
+            and declared_floor("remote:http://127.0.0.1:9") is PLUGIN_FLOOR)
+    # the paper's gain, a tenth
+    assert declared_floor("pickscore").value == pytest.approx((0.8932 - 0.8096) / 10, abs=1e-4)
 
 
 
@@ -51,7 +53,8 @@ def test_the_fidelity_floor_is_what_barely_visible_damage_costs_on_exact_paint()
     for name, images in damaged.items():
         cost = float((score(scenes, []) - score(images.clamp(0, 1), [])).mean())
         assert floor <= cost + 1e-3 and cost <= 1.2 * floor, (name, cost)
-    assert float((score(scenes, []) - score((scenes + noise / 2).clamp(0, 1), [])).mean()) < floor / 1.9  # 2 levels: under
+    # 2 levels: under
+    assert float((score(scenes, []) - score((scenes + noise / 2).clamp(0, 1), [])).mean()) < floor / 1.9
 
 def _evaluation(total: list[float], held: list[float]) -> Evaluation:
     t = torch.tensor(total)
@@ -70,7 +73,8 @@ def test_a_fall_counts_when_it_is_past_two_standard_errors_and_past_its_floor():
     washed = _evaluation([0.6] * n, [0.5, 0.6] * (n // 2))
     ((fall,),) = [flagged(base, washed, {"tinyworld_fidelity": 0.05})]
     assert fall.change == pytest.approx(-0.395, abs=1e-6) and fall.floor == 0.05
-    assert flagged(base, _evaluation([0.4] * n, [0.5, 0.6] * (n // 2)), {"tinyworld_fidelity": 0.05}) == []  # trained fell too
+    # trained fell too
+    assert flagged(base, _evaluation([0.4] * n, [0.5, 0.6] * (n // 2)), {"tinyworld_fidelity": 0.05}) == []
     noisy = _evaluation([0.6, 0.7, 0.6, 0.7], [0.95, 0.8, 0.95, 0.8])
     assert flagged(_evaluation([0.5] * 4, [0.9] * 4), noisy, {}) == []  # -0.025 +- 0.043: noise
     cfg = resolve_config("tiny", "sol_rl")
@@ -103,7 +107,8 @@ def test_after_an_evaluation_one_decision_goes_on_stops_or_rolls_back_with_the_r
     assert after("warn", hacked=False) == AfterEval(Next.GO_ON) and not AfterEval(Next.GO_ON).stops
     assert after("warn", hacked=True) == AfterEval(Next.GO_ON)  # warned of, by the evaluation
     assert after("stop", hacked=True) == AfterEval(Next.STOP, "run.on_hacking=stop")
-    assert after("rollback", hacked=True) == AfterEval(Next.ROLL_BACK, "run.on_hacking=rollback")  # nowhere to go: stops
+    # nowhere to go: stops
+    assert after("rollback", hacked=True) == AfterEval(Next.ROLL_BACK, "run.on_hacking=rollback")
     assert after("rollback", hacked=True).stops and after("stop", hacked=True, short=True).rule == "run.on_hacking=stop"
     assert after("warn", hacked=True, short=True) == AfterEval(Next.STOP, "run.min_trade")
     assert after("stop", hacked=False, dropped=True) == AfterEval(Next.STOP)  # a stop request's: no rule, exit 130
@@ -111,7 +116,8 @@ def test_after_an_evaluation_one_decision_goes_on_stops_or_rolls_back_with_the_r
     assert [i for i in range(1, 8) if evaluation_due(run, i, True)] == [3, 6, 7]
     assert not any(evaluation_due(run, i, False) for i in range(1, 8))
     assert [i for i in range(1, 8) if checkpoint_due(run, i, False, False, False)] == [2, 4, 6, 7]
-    assert all(checkpoint_due(run, 1, *due) for due in ((True, False, False), (False, True, False), (False, False, True)))
+    assert all(checkpoint_due(run, 1, *due)
+               for due in ((True, False, False), (False, True, False), (False, False, True)))
 
 
 class FallAt:
@@ -144,7 +150,8 @@ def _train(sets, rule, resume=False, stop_after_rollback=None):
     return session, seen
 
 
-ROLLBACK = ("run.iterations=4", "run.eval_every=2", "run.checkpoint_every=1", "run.keep_checkpoints=1", "sampler.eval_steps=2",
+ROLLBACK = ("run.iterations=4", "run.eval_every=2", "run.checkpoint_every=1", "run.keep_checkpoints=1",
+            "sampler.eval_steps=2",
             "run.on_hacking=rollback", "run.rollback_then=lower_lr")
 
 
@@ -166,8 +173,10 @@ def test_rollback_returns_to_the_last_checkpoint_evaluated_clean_and_resumes_exa
     (back,) = [e for e in seen if isinstance(e, ev.RolledBack)]
     lr = straight.run.config.optimizer.lr
     assert (back.iteration, back.to, back.then, back.rollbacks, back.lr) == (4, 2, "lower_lr", 1, pytest.approx(lr / 2))
-    # iteration 2 survived keep_checkpoints=1 as the newest checkpoint an evaluation passed; iteration 3 after it is set aside
-    assert back.checkpoint.endswith("iter_000002") and [p.split("-")[:2] for p in back.set_aside] == [["superseded", "iter_000003"]]
+    # iteration 2 survived keep_checkpoints=1 as the newest checkpoint an evaluation passed; iteration 3 after it is set
+    # aside
+    assert back.checkpoint.endswith("iter_000002") and [p.split("-")[:2]
+                                                        for p in back.set_aside] == [["superseded", "iter_000003"]]
     assert [e.iteration for e in seen if isinstance(e, ev.IterationFinished)] == [1, 2, 3, 4, 3, 4]
     assert straight.state.rollbacks == 1 and straight.run.optimizer.param_groups[0]["lr"] == pytest.approx(lr / 2)
     verdicts = json.loads((tmp / "a" / "checkpoints" / "iter_000004" / "trainer_state.json").read_text())["evaluations"]
@@ -184,7 +193,8 @@ def test_rollback_returns_to_the_last_checkpoint_evaluated_clean_and_resumes_exa
 
 
 def _solrl(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "solrl_cli", *args], capture_output=True, text=True, cwd=cwd, timeout=300)
+    return subprocess.run([sys.executable, "-m", "solrl_cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=300)
 
 
 def _verdict(checkpoint, gain, flagged_rewards, changes=None):
@@ -223,11 +233,14 @@ def test_best_picks_the_highest_gain_no_rule_flagged_and_the_card_says_why(rolle
     best = max(gains, key=lambda name: (gains[name], name))
     done = _solrl("export", str(run), "--best", "--out", str(tmp / "x"), cwd=tmp)
     assert done.returncode == 0, done.stderr
-    assert f"--best: {best}: the highest trained-reward gain" in done.stdout and "flagged: iter_000004 (tinyworld_fidelity)" in done.stdout
+    assert (f"--best: {best}: the highest trained-reward gain" in done.stdout and "flagged: iter_000004 "
+                                                                                  "(tinyworld_fidelity)" in done.stdout)
     assert "warning:" not in done.stdout  # every verdict is the one the run's events record
     card = (tmp / "x" / "README.md").read_text()
-    assert f"| checkpoint | chosen by --best: {best}: the highest trained-reward gain since the base ({gains[best]:+.4f}" in card
-    scored = _solrl("eval", str(run), "--best", "--prompts", str(tmp / "ev.txt"), "--seeds", "1", "--steps", "2", "--rewards", "",
+    assert (f"| checkpoint | chosen by --best: {best}: the highest trained-reward gain since the base "
+            f"({gains[best]:+.4f}" in card)
+    scored = _solrl("eval", str(run), "--best", "--prompts", str(tmp / "ev.txt"), "--seeds", "1", "--steps", "2",
+                    "--rewards", "",
                     "--out", str(tmp / "e"), cwd=tmp)
     assert scored.returncode == 0, scored.stderr
     assert f"--best: {best}" in scored.stdout and f"solrl eval  {run / 'checkpoints' / best}" in scored.stdout
@@ -236,7 +249,8 @@ def test_best_picks_the_highest_gain_no_rule_flagged_and_the_card_says_why(rolle
     for path in found[:-1]:
         _flag(path, ["tinyworld_fidelity"])
     none = _solrl("export", str(run), "--best", cwd=tmp)
-    assert none.returncode == 2 and "--best found no checkpoint" in none.stderr and "Traceback" not in none.stdout + none.stderr
+    assert (none.returncode == 2 and "--best found no checkpoint" in none.stderr and "Traceback" not in none.stdout
+            + none.stderr)
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,8 @@ def test_every_image_at_a_bounded_rewards_best_is_saturation_not_a_broken_reward
     assert "failed weight load" not in finding.message
     health.check({"tinyworld_geneval": torch.ones(8)}, GROUPS)
     failure = health.failure()
-    assert failure is not None and "best score, 1, 2 iterations in a row" in failure.message and "--prompts" in failure.fix
+    assert (failure is not None and "best score, 1, 2 iterations in a row" in failure.message
+            and "--prompts" in failure.fix)
     assert "weights load" not in failure.fix
 
 

@@ -97,7 +97,8 @@ def test_out_of_range_values_name_field_value_and_range(assignment, words, in_tm
 
 FAST_ARGS = [a for s in ("explore.group_size=8", "selection.group_size=4", "explore.steps=2", "sampler.steps=4",
                          "run.prompts_per_iteration=2", "sampler.rollout_batch=16", "optimizer.micro_batch=8",
-                         "algorithm.timestep_fraction=0.5", "run.threads=2", "model.resolution=32", "run.eval_prompts=") for a in ("--set", s)]
+                         "algorithm.timestep_fraction=0.5", "run.threads=2", "model.resolution=32", "run.eval_prompts=")
+             for a in ("--set", s)]
 
 
 @pytest.fixture(scope="module")

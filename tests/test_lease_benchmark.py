@@ -19,7 +19,8 @@ STEPS = ["probes", "flux1", "sana", "selftest", "pytest_gpu", "explore_step", "w
 
 @pytest.fixture
 def lease(monkeypatch):
-    monkeypatch.syspath_prepend(str(BENCHMARKS))  # lease.py imports nothing heavy: not the benchmark_module fixture's diffusers
+    # lease.py imports nothing heavy: not the benchmark_module fixture's diffusers
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
     sys.modules.pop("lease", None)
     import lease
     return lease
@@ -30,7 +31,8 @@ def test_the_lease_runs_every_steps_code_at_tiny_size_and_says_which_ran_and_pas
     """Every step's code path, as on the GPU, with --device auto passed on to every script: the probes,
     both benches, every self-test row this machine runs, the GPU test modules collected, explore_step."""
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "lease.py"), "--size", "tiny", "--device", "auto", "--out", str(out),
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "lease.py"), "--size", "tiny", "--device", "auto", "--out",
+                           str(out),
                            "--budget", "1500"], capture_output=True, text=True, timeout=1600)
     report = json.loads((out / "lease.json").read_text())
     steps = {s["name"]: s for s in report["steps"]}
@@ -41,7 +43,8 @@ def test_the_lease_runs_every_steps_code_at_tiny_size_and_says_which_ran_and_pas
     assert all(s["passed"] and not s["timed_out"] for s in steps.values())
     for name in ("probes", "selftest", "flux1", "sana", "explore_step", "wan"):
         assert steps[name]["written"] == [f"{name}.json"] and json.loads((out / f"{name}.json").read_text())
-    assert all(s["command"][s["command"].index("--device") + 1] == "auto" for s in steps.values() if "--device" in s["command"])
+    assert all(s["command"][s["command"].index("--device") + 1] == "auto" for s in steps.values()
+               if "--device" in s["command"])
     probes = {p["name"]: p["status"] for p in json.loads((out / "probes.json").read_text())["probes"]}
     assert list(probes) == ["e5m2_x_e5m2", "fp8_rowwise", "torchao_float8", "torchao_nvfp4", "fa3_fp8_attention",
                             "transformer_engine", "torchao_float8_compiled"]
@@ -61,7 +64,8 @@ def test_a_step_past_its_limit_is_killed_and_recorded_and_the_lease_moves_on(tmp
     monkeypatch.setattr(lease, "steps", lambda *a: [slow, quick])
     assert lease.main(["--out", str(tmp_path), "--budget", "120"]) == 1
     report = json.loads((tmp_path / "lease.json").read_text())
-    assert [(s["name"], s["timed_out"], s["rc"] == 0) for s in report["steps"]] == [("slow", True, False), ("quick", False, True)]
+    assert [(s["name"], s["timed_out"], s["rc"] == 0)
+            for s in report["steps"]] == [("slow", True, False), ("quick", False, True)]
     assert report["ran"] == ["slow", "quick"] and report["passed"] == ["quick"]
     assert (tmp_path / "quick.log").read_text().strip() == "ok"
 
@@ -85,7 +89,8 @@ def test_the_plan_fits_the_budget_flux_first_and_no_step_can_run_past_it(lease, 
     assert flux["estimated"] and flux["expected_s"] <= flux["limit_s"]  # the estimate fits its limit
     command = next(s for s in chosen if s.name == "flux1").command
     assert command[command.index("--n") + 1] == ("96" if big else "24") and "--compile-mode" in command
-    assert command[command.index("--compile-mode") + 1] == "default" and command[command.index("--iterations") + 1] == "2"
+    assert command[command.index("--compile-mode") + 1] == "default" and command[command.index("--iterations")
+                                                                                 + 1] == "2"
     for name in ("sana", "wan", "explore_step"):  # no GEMM autotuning in a lease: 44-66 s a shape on the H100
         sets = next(s for s in chosen if s.name == name).command
         assert sets[sets.index("--compile-mode") + 1] == "default"
@@ -93,7 +98,8 @@ def test_the_plan_fits_the_budget_flux_first_and_no_step_can_run_past_it(lease, 
 
 
 def test_plan_prints_every_step_and_refuses_a_budget_the_first_steps_overrun():
-    done = subprocess.run([sys.executable, str(BENCHMARKS / "lease.py"), "--plan", "--gpu", "h200"], capture_output=True,
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "lease.py"), "--plan", "--gpu", "h200"],
+                          capture_output=True,
                           text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
@@ -101,11 +107,12 @@ def test_plan_prints_every_step_and_refuses_a_budget_the_first_steps_overrun():
     order = [line.split()[0] for line in lines[2:-1]]
     assert order == STEPS
     assert lines[-1].startswith("total: 455 s of limits") and "within --budget 540 s" in lines[-1]
-    refused = subprocess.run([sys.executable, str(BENCHMARKS / "lease.py"), "--plan", "--gpu", "h200", "--budget", "400"],
+    refused = subprocess.run([sys.executable, str(BENCHMARKS / "lease.py"), "--plan", "--gpu", "h200", "--budget",
+                              "400"],
                              capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2 and refused.stdout == ""
-    assert refused.stderr.strip() == ("lease: refused: the steps that always start need probes 75 + flux1 380 = 455 s, over "
-                                      "--budget 400 s: raise --budget or lower their limits")
+    assert refused.stderr.strip() == ("lease: refused: the steps that always start need probes 75 + flux1 380 = 455 s, "
+                                      "over --budget 400 s: raise --budget or lower their limits")
 
 
 def test_a_probe_that_raises_is_an_answer_and_one_whose_own_code_breaks_is_a_failure(monkeypatch):
@@ -117,7 +124,8 @@ def test_a_probe_that_raises_is_an_answer_and_one_whose_own_code_breaks_is_a_fai
         return {"name": cls, "status": "raised", "exception": {"class": cls, "message": message}}
 
     records = [raised("ValueError"), raised("RuntimeError"), raised("NameError"), raised("AttributeError"),
-               raised("ModuleNotFoundError", "No module named 'solrl_core.nope'"), raised("ModuleNotFoundError", "No module named 'torchao'"),
+               raised("ModuleNotFoundError", "No module named 'solrl_core.nope'"),
+               raised("ModuleNotFoundError", "No module named 'torchao'"),
                {"name": "late", "status": "timed out"}, {"name": "ok", "status": "ran", "result": {}}]
     assert cuda_probes.failed(records) == ["NameError", "AttributeError", "ModuleNotFoundError", "late"]
     assert cuda_probes.run_one("transformer_engine", "cpu")["status"] == "ran"
@@ -130,7 +138,8 @@ def test_pyproject_allows_only_plotext_versions_textual_plotext_accepts():
 
     from packaging.requirements import Requirement
 
-    deps = [Requirement(d) for d in tomllib.loads((BENCHMARKS.parent / "pyproject.toml").read_text())["project"]["dependencies"]]
+    deps = [Requirement(d)
+            for d in tomllib.loads((BENCHMARKS.parent / "pyproject.toml").read_text())["project"]["dependencies"]]
     ours = next((d for d in deps if d.name == "plotext"), None)
     theirs = next(Requirement(r) for r in requires("textual-plotext") or [] if Requirement(r).name == "plotext")
     assert ours is not None, "pyproject.toml leaves plotext to whatever textual-plotext's resolver picks"

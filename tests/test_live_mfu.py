@@ -44,7 +44,8 @@ def test_mfu_is_phase_flops_over_seconds_over_the_peak_of_its_precision():
     assert unmeasured["explore"] is None and unmeasured["total"] is None and unmeasured["train"] == 0.5
     no_regen = phase_mfu(_flops(phases={"explore": 4e12, "regenerate": 0.0, "train": 4e12}), SECONDS)
     assert "regenerate" not in no_regen
-    assert mfu_text(_flops(peaks={"bf16": 2e12}), SECONDS) == "  MFU unmeasured (explore unmeasured, regenerate 50.0%, train 50.0%)"
+    assert mfu_text(_flops(peaks={"bf16": 2e12}),
+                    SECONDS) == "  MFU unmeasured (explore unmeasured, regenerate 50.0%, train 50.0%)"
     assert mfu_text(_flops(forward=None, note="x"), SECONDS) == "" and mfu_text(None, SECONDS) == ""
 
 
@@ -74,8 +75,10 @@ def tiny_run(tmp_path_factory):
     from tests.conftest import FAST
 
     run_dir = tmp_path_factory.mktemp("mfu") / "run"
-    cfg = resolve_config("tiny", "sol_rl", sets=[*FAST, f"run.run_dir={run_dir}", "run.iterations=1", "run.eval_prompts=",
-                                                    "run.threads=1"])  # two threads on a busy 2-core machine spin for seconds
+    cfg = resolve_config("tiny", "sol_rl",
+                         sets=[*FAST, f"run.run_dir={run_dir}", "run.iterations=1", "run.eval_prompts=",
+                                                    # two threads on a busy 2-core machine spin for seconds
+                                                    "run.threads=1"])
     console = Console(file=io.StringIO(), width=400, highlight=False, markup=False)
     seen: list[ev.Event] = []
     bus = ev.EventBus()
@@ -92,7 +95,8 @@ def test_a_run_counts_its_flops_once_as_the_bench_does(tiny_run):
     flops = next(e for e in seen if isinstance(e, ev.ModelFlops))
     run = session.run
     side, tokens = run.engine.model.latent_shape[-1], run.engine.conditioning(run.prompts[:1]).embeds.shape[1]
-    assert flops.forward == sana_forward_flops(dict(run.engine.model.transformer.config), side, tokens)  # exact, independent
+    # exact, independent
+    assert flops.forward == sana_forward_flops(dict(run.engine.model.transformer.config), side, tokens)
     cfg = run.config
     per = SampleFlops(flops.forward, flops.train_pair - flops.forward * (2 if cfg.algorithm.kl_beta else 1))
     assert flops.phases == phase_flops(run.plan, cfg, per, cfg.run.prompts_per_iteration)

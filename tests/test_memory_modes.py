@@ -38,7 +38,8 @@ def _assert_same(a, b, atol):
     for ra, rb in zip(rows_a, rows_b):
         assert ra == pytest.approx(rb, abs=atol)
     for which in adapters_a:
-        assert all(torch.allclose(adapters_a[which][k], adapters_b[which][k], atol=atol) for k in adapters_a[which]), which
+        assert all(torch.allclose(adapters_a[which][k], adapters_b[which][k], atol=atol)
+                   for k in adapters_a[which]), which
 
 
 @pytest.fixture(scope="module")
@@ -62,7 +63,8 @@ def test_each_memory_mode_gives_the_run_no_mode_gives(mode, baseline, fast_sets)
     _assert_same(_outcome(session, seen), baseline, atol=1e-6)
 
 
-@pytest.mark.parametrize("first,second", [(("memory.copies=cpu-blocks",), ("memory.copies=cpu-whole", "optimizer.checkpointing=true")),
+@pytest.mark.parametrize("first,second", [(("memory.copies=cpu-blocks",), ("memory.copies=cpu-whole",
+                                                                           "optimizer.checkpointing=true")),
                                           (("optimizer.checkpointing=true",), ("memory.copies=cpu-blocks",))])
 def test_a_checkpoint_resumes_under_another_mode(first, second, baseline, fast_sets):
     # no mode changes a number or the optimizer (AdamW, fp32 moments), so the resumed run is the uninterrupted one
@@ -87,7 +89,8 @@ def test_each_modes_bytes_in_the_peak():
     whole = dataclasses.replace(est, modes=MemoryModes(copies="cpu-whole"))
     assert whole.peak == 10 + 1 + 0.5 + 1 + max(4, 6 + 8, 5, 8)  # v_old's copy beside the activations
     blocks = dataclasses.replace(est, modes=MemoryModes(copies="cpu-blocks", vae_on_cpu=True))
-    assert blocks.peak == pytest.approx(10 + 0.5 + 1 + max(4, 6 + 8 * BLOCK_SHARE, 5 * BLOCK_SHARE + 1, 8 * BLOCK_SHARE + 1))
+    assert blocks.peak == pytest.approx(10 + 0.5 + 1
+                                        + max(4, 6 + 8 * BLOCK_SHARE, 5 * BLOCK_SHARE + 1, 8 * BLOCK_SHARE + 1))
 
 
 # --- choosing, the doctor, the refusal -----------------------------------------------------------
@@ -126,7 +129,8 @@ def test_a_gpu_too_small_for_every_mode_is_refused_before_weights_load(fast_sets
     monkeypatch.setattr(session, "gpu_of", lambda device: small)
     monkeypatch.setattr(session, "open_engine", lambda *a, **k: pytest.fail("weights loaded"))
     cfg = resolve_config("flux1", "sol_rl", "jpeg_compressibility",
-                         sets=[*fast_sets(), "run.device=cpu", "run.dtype=bf16", "run.prompts=tiny", "run.eval_prompts=",
+                         sets=[*fast_sets(), "run.device=cpu", "run.dtype=bf16", "run.prompts=tiny",
+                               "run.eval_prompts=",
                                "model.path=", "explore.precision=bf16"])
     assert rung_needed(cfg, "bf16", "bf16", 24) is None
     with pytest.raises(SolrlError) as err:
@@ -142,7 +146,8 @@ def test_vae_on_cpu_decodes_the_same_images(tmp_path):
 
     folder = save_tiny_pipeline("sana", tmp_path / "sana")
     cfg = resolve_config("sana", "sol_rl", "jpeg_compressibility",
-                         sets=["model.resolution=32", "model.lora_rank=4", "model.lora_alpha=8", "sampler.rollout_batch=2",
+                         sets=["model.resolution=32", "model.lora_rank=4", "model.lora_alpha=8",
+                               "sampler.rollout_batch=2",
                                "run.device=cpu", f"model.path={folder}", "run.threads=2"])
     seeds = torch.tensor([1, 2])
     images = [open_engine(cfg, memory=memory).images(["a cat", "a dog"], seeds, 2, "base")

@@ -95,7 +95,8 @@ def test_monitor_piped_prints_a_plain_snapshot_and_exits(warned_run):
     """`solrl monitor RUN </dev/null | cat`: no full-screen UI in the pipe, the panels' numbers as text, exit 0."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     cmd = f"{sys.executable} -m solrl_cli monitor {warned_run} </dev/null | cat; exit ${{PIPESTATUS[0]}}"
-    proc = subprocess.Popen(["bash", "-c", cmd], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    proc = subprocess.Popen(["bash", "-c", cmd], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True,
                             start_new_session=True)
     try:
         out, err = proc.communicate(timeout=120)  # about 2 s; a full-screen app in the pipe never returns
@@ -132,7 +133,8 @@ def test_80x24_reads_whole_header_footer_and_the_time_chart(finished_run):
     assert len(screen) == SMALL[1]
     assert "…" not in screen[0] and "key 6: plan" in screen[0]  # the header's first line whole
     assert "…" not in screen[-1] and screen[-1].split() == ["tab", "next", "panel", "q", "quit", "?", "help", "p",
-                                                            "pause/resume"]  # the footer whole: the tab row names panels
+                                                            # the footer whole: the tab row names panels
+                                                            "pause/resume"]
     assert "1 time" in screen[3] and "6 environment" in screen[3]
     chart = [i for i, line in enumerate(screen) if "┤" in line]
     assert chart and any("iteration" in line for line in screen[chart[-1]:])  # the whole chart, down to its x label
@@ -157,7 +159,8 @@ def test_the_log_shows_iterations_and_evaluations(finished_run, warned_run):
         state.apply(e)
     text = log_view(state).plain
     assert "iteration 1/2: reward" in text and "iteration 2/2: reward" in text
-    assert "evaluated the base weights on" in text and "evaluated the ema weights on" in text and "since the base" in text
+    assert ("evaluated the base weights on" in text and "evaluated the ema weights on" in text
+            and "since the base" in text)
     # panel 5 at 80x24 opens on its newest lines (the log is longer than the screen) and the warnings under them
     screen = _pilot(warned_run / "events.jsonl", ("5",))["5"]
     assert "iteration 2/2: reward" in screen and "run completed at iteration 2" in screen
@@ -217,7 +220,8 @@ def test_infer_on_tiny_video_says_clips_and_once_that_mp4_needs_the_video_extra(
     from solrl_core.io import video_output
 
     monkeypatch.setattr(video_output, "mp4_available", lambda: False)  # a machine without imageio
-    result = CliRunner().invoke(app, ["infer", "--model", "tiny_video", "--prompt", "a red circle growing", "--seeds", "2",
+    result = CliRunner().invoke(app, ["infer", "--model", "tiny_video", "--prompt", "a red circle growing", "--seeds",
+                                      "2",
                                       "--steps", "2", "--out", str(tmp_path / "clips"), "--device", "cpu"])
     assert result.exit_code == 0, result.output
     assert "2 clips (GIF" in result.output and "2 images" not in result.output and "clips: " in result.output
@@ -232,7 +236,8 @@ def test_infer_on_tiny_video_says_clips_and_once_that_mp4_needs_the_video_extra(
     assert console.file.getvalue().count('MP4 needs the video extra (pip install "solrl[video]"') == 1
 
 
-def test_explore_on_tiny_video_and_a_runs_gif_sample_grid_say_once_that_mp4_needs_the_video_extra(tmp_path, monkeypatch):
+def test_explore_on_tiny_video_and_a_runs_gif_sample_grid_say_once_that_mp4_needs_the_video_extra(tmp_path,
+                                                                                                  monkeypatch):
     from typer.testing import CliRunner
 
     from solrl_cli.app import app
@@ -240,8 +245,10 @@ def test_explore_on_tiny_video_and_a_runs_gif_sample_grid_say_once_that_mp4_need
     from solrl_core.io import video_output
 
     monkeypatch.setattr(video_output, "mp4_available", lambda: False)  # a machine without imageio
-    result = CliRunner().invoke(app, ["explore", "--model", "tiny_video", "--prompt", "a red circle growing", "--n", "2",
-                                      "--k", "2", "--steps", "2", "--out", str(tmp_path / "explore"), "--device", "cpu"])
+    result = CliRunner().invoke(app, ["explore", "--model", "tiny_video", "--prompt", "a red circle growing", "--n",
+                                      "2",
+                                      "--k", "2", "--steps", "2", "--out", str(tmp_path / "explore"), "--device",
+                                      "cpu"])
     assert result.exit_code == 0, result.output
     assert any((tmp_path / "explore" / "clips").glob("*.gif"))
     assert result.output.count('MP4 needs the video extra (pip install "solrl[video]"') == 1
@@ -249,7 +256,8 @@ def test_explore_on_tiny_video_and_a_runs_gif_sample_grid_say_once_that_mp4_need
     console = Console(file=io.StringIO(), width=300)
     display = TerminalDisplay(console)
     for iteration in (10, 20):  # run.image_every=10: the hint once, with the clip it is about
-        display(ev.SampleGrid(iteration=iteration, prompt="a red circle growing", rewards=[1.0], path=f"iter_{iteration}.png",
+        display(ev.SampleGrid(iteration=iteration, prompt="a red circle growing", rewards=[1.0],
+                              path=f"iter_{iteration}.png",
                               seconds=0.1, seeds=[0], video=f"samples/iter_{iteration:06d}.gif"))
     out = console.file.getvalue()
     assert out.count("MP4 needs the video extra") == 1 and "samples/iter_000010.gif" in out

@@ -42,7 +42,8 @@ def test_sd35_medium_rule_quantizes_only_the_image_feed_forward():
 def test_qwen_image_and_zimage_rules_keep_only_the_named_layers():
     with torch.device("meta"):  # Qwen/Qwen-Image and Tongyi-MAI/Z-Image-Turbo transformer/config.json
         qwen = diffusers.QwenImageTransformer2DModel(
-            patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128, num_attention_heads=24,
+            patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
+                                                     num_attention_heads=24,
             joint_attention_dim=3584, guidance_embeds=False, axes_dims_rope=(16, 56, 56))
         zimage = diffusers.ZImageTransformer2DModel(
             all_patch_size=(2,), all_f_patch_size=(1,), in_channels=16, dim=3840, n_layers=30, n_refiner_layers=2,
@@ -55,7 +56,8 @@ def test_qwen_image_and_zimage_rules_keep_only_the_named_layers():
     assert {"attn.to_q", "attn.add_q_proj", "img_mlp.net.0.proj", "txt_mlp.net.2", "img_mod.1"} <= quantized
     kept, quantized = _kept_and_quantized("zimage", zimage)
     assert set(kept) == {"name"}
-    assert {k.split(".")[0] for k in kept["name"]} == {"all_x_embedder", "cap_embedder", "t_embedder", "all_final_layer"}
+    assert {k.split(".")[0] for k in kept["name"]} == {"all_x_embedder", "cap_embedder", "t_embedder",
+                                                       "all_final_layer"}
     assert {"attention.to_q", "attention.to_out.0", "feed_forward.w1", "adaLN_modulation.0"} <= quantized
 
 

@@ -26,7 +26,8 @@ def test_a_failure_whose_fix_rules_out_resuming_ends_without_offering_a_resume()
 
     end = ev.RunFinished(reason="failed", iteration=1, seconds=1.0, first_reward=None, last3_reward=None, run_dir="r",
                          resumable=False)
-    assert finished_message(end) == "failed with 1 iteration finished; no checkpoint was saved; the error's fix says what to do next"
+    assert (finished_message(end) == "failed with 1 iteration finished; no checkpoint was saved; the error's fix says "
+                                     "what to do next")
     assert "--resume r" in finished_message(ev.RunFinished(reason="failed", iteration=1, seconds=1.0, first_reward=None,
                                                            last3_reward=None, run_dir="r"))
 
@@ -54,12 +55,14 @@ def test_an_empty_prompt_suggests_words_the_chosen_model_knows():
         assert result.exit_code == 2, result.output
         example = re.search(r"e\.g\. --prompt '([^']+)'", result.output).group(1)
         # the check `infer` makes before it writes anything: the model knows every word of the example
-        check_vocabulary(load_model(resolve_config(model, "sol_rl").model, torch.device("cpu"), torch.float32), [example])
+        check_vocabulary(load_model(resolve_config(model, "sol_rl").model, torch.device("cpu"),
+                                    torch.float32), [example])
 
 
 def test_a_plugin_of_the_wrong_shape_is_refused_before_the_model_loads_and_leaves_no_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "bad.py").write_text("import torch\n\ndef score(images, prompts):\n    return torch.zeros(images.shape[0], 2)\n")
+    (tmp_path / "bad.py").write_text("import torch\n\ndef score(images, prompts):\n    return "
+                                     "torch.zeros(images.shape[0], 2)\n")
     loaded = []
     import solrl_core.loop.session as session
 
@@ -76,8 +79,8 @@ def test_a_run_that_failed_before_its_first_iteration_starts_again_with_the_same
     from solrl_core.io.rundir import check_new_run_dir, list_checkpoints
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "late.py").write_text("import torch\n\ndef score(images, prompts):\n    if len(prompts) > 2:\n"
-                                      "        raise ValueError('only small batches')\n    return torch.zeros(len(prompts))\n")
+    (tmp_path / "late.py").write_text("import torch\n\ndef score(images, prompts):\n    if len(prompts) > 2:\n        "
+                                      "raise ValueError('only small batches')\n    return torch.zeros(len(prompts))\n")
     args = ["train", "--reward", "late.py:score", *_sets("run.eval_prompts=", "reward.retries=0"), "--iterations", "1",
             "--run-dir", "run"]
     first = runner.invoke(app, args)

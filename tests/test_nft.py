@@ -57,7 +57,8 @@ def test_without_a_reference_the_kl_is_not_measured_and_needs_kl_beta_zero():
     zeros = torch.zeros_like(v)
     args = (_t([[2.0, 2.0], [1.0, -1.0]]), zeros, torch.tensor([0.5, 1.0]), torch.tensor([5.0, -2.5]))
     skipped = nft_loss(v, zeros, None, *args, nft_beta=1.0, kl_beta=0.0, adv_clip_max=5.0)
-    assert torch.isnan(skipped.kl) and torch.equal(skipped.loss, nft_loss(v, zeros, zeros, *args, nft_beta=1.0, kl_beta=0.0, adv_clip_max=5.0).loss)
+    assert torch.isnan(skipped.kl) and torch.equal(skipped.loss,
+            nft_loss(v, zeros, zeros, *args, nft_beta=1.0, kl_beta=0.0, adv_clip_max=5.0).loss)
     with pytest.raises(ValueError, match="kl_beta"):
         nft_loss(v, zeros, None, *args, nft_beta=1.0, kl_beta=0.1, adv_clip_max=5.0)
 

@@ -61,17 +61,21 @@ def test_overwrite_replaces_only_what_an_export_wrote_and_a_clone_keeps_git_note
     done = _solrl(in_tmp, "export", "r", "--out", "clone", "--weights", "trained", "--overwrite")
     assert done.returncode == 0, _out(done)[-3000:]
     assert {k: v for k, v in _tree(clone).items() if k.startswith((".git", "NOTES", "samples"))} == mine
-    assert (clone / "NOTES.md").read_text() == "my notes\n" and "| weights | trained |" in (clone / "README.md").read_text()
+    assert (clone / "NOTES.md").read_text() == "my notes\n" and "| weights | trained |" in (clone
+                                                                                            / "README.md").read_text()
     said = _out(done).replace("\n", "")
     assert "--overwrite replaced the earlier export's 5 files (README.md, adapter_config.json" in said
     assert "every other file in clone is as it was" in said
     (clone / "adapter_config.json").unlink()  # a file of the new export where one of the user's stands: refused
     (clone / "NOTES.md").rename(clone / "adapter_config.json")
     record = json.loads((clone / "solrl_export.json").read_text())
-    (clone / "solrl_export.json").write_text(json.dumps({"files": [f for f in record["files"] if f != "adapter_config.json"]}))
-    refused = CliRunner().invoke(app, ["export", "r", "--out", "clone", "--overwrite"])  # in this process: the same code
-    assert refused.exit_code == 2 and "error: clone/adapter_config.json was not written by an earlier export: --overwrite " \
-                                      "would replace it" in refused.output.replace("\n", " "), refused.output
+    (clone
+     / "solrl_export.json").write_text(json.dumps({"files": [f for f in record["files"] if f
+                                                             != "adapter_config.json"]}))
+    # in this process: the same code
+    refused = CliRunner().invoke(app, ["export", "r", "--out", "clone", "--overwrite"])
+    said = ("error: clone/adapter_config.json was not written by an earlier export: --overwrite would replace it")
+    assert refused.exit_code == 2 and said in refused.output.replace("\n", " "), refused.output
     assert (clone / "adapter_config.json").read_text() == "my notes\n" and run.is_dir()
 
 
@@ -105,7 +109,8 @@ def test_a_hard_linked_lock_or_events_log_is_refused_and_the_other_file_kept(in_
     outside.write_text("the user's file\n")
     (run / name).unlink(missing_ok=True)
     os.link(outside, run / name)  # O_NOFOLLOW does not see a hard link: one file, two names
-    _refused(_solrl(in_tmp, "train", "--resume", "r", "--iterations", "4"), f"r/{name} is a hard link (2 names for one file)")
+    _refused(_solrl(in_tmp, "train", "--resume", "r", "--iterations", "4"), f"r/{name} is a hard link (2 names for one "
+                                                                            f"file)")
     assert outside.read_text() == "the user's file\n"
 
 
@@ -130,8 +135,10 @@ def test_a_checkpoints_folder_swapped_mid_run_is_refused_and_the_other_run_kept(
     other = _copy(evaluated, in_tmp / "other")
     (in_tmp / "swap.py").write_text(SWAP)
     before = _tree(other / "checkpoints")
-    sets = [a for s in (*FAST, "run.eval_prompts=", "run.checkpoint_every=1", "run.keep_checkpoints=1") for a in ("--set", s)]
-    done = subprocess.run([sys.executable, "-m", "solrl_cli", "train", "--reward", "swap.py:score", *sets, "--iterations", "3",
+    sets = [a for s in (*FAST, "run.eval_prompts=", "run.checkpoint_every=1", "run.keep_checkpoints=1")
+            for a in ("--set", s)]
+    done = subprocess.run([sys.executable, "-m", "solrl_cli", "train", "--reward", "swap.py:score", *sets,
+                           "--iterations", "3",
                            "--run-dir", "mine"], cwd=in_tmp, capture_output=True, text=True, timeout=300,
                           env={**ENV, "SWAP_RUN": str(in_tmp / "mine"), "SWAP_TO": str(other), "SWAP_HOW": how})
     assert (in_tmp / "mine" / "swapped").exists(), _out(done)[-3000:]
@@ -160,8 +167,9 @@ def test_a_verdict_the_events_do_not_bear_out_is_not_used_by_best_nor_the_card(i
     out = _out(done)
     assert done.returncode == 0 and "Traceback" not in out, out[-3000:]
     assert out.count("warning:") == 2, out
-    assert ("warning: iter_000001's trainer_state.json holds a verdict (+9.9000) that the run's events do not bear out: "
-            "iteration 1 is not one the run evaluates (every 2 and each session's last); not used") in out.replace("\n", " ")
+    assert ("warning: iter_000001's trainer_state.json holds a verdict (+9.9000) that the run's events do not bear "
+            "out: iteration 1 is not one the run evaluates (every 2 and each session's last); not "
+            "used") in out.replace("\n", " ")
     assert "iter_000002's trainer_state.json holds a verdict (+9.9000)" in out.replace("\n", " ")
     assert "--best: iter_000003: the highest trained-reward gain" in out.replace("\n", " ")
     card = (in_tmp / "out" / "README.md").read_text()
@@ -189,7 +197,8 @@ def test_a_forged_eval_base_is_scored_again_and_a_kept_one_says_when_it_was_writ
     assert forged.returncode == 0, out[-3000:]
     assert "r/eval_base.json is not the base evaluation r's events.jsonl recorded writing (its digest differs): " \
            "the base is scored again" in out and "base from" not in out
-    means = [json.loads((in_tmp / ev / "summary.json").read_text())["base"]["rewards"]["total"]["mean"] for ev in ("ev1", "ev2")]
+    means = [json.loads((in_tmp / ev / "summary.json").read_text())["base"]["rewards"]["total"]["mean"]
+             for ev in ("ev1", "ev2")]
     assert means[1] == pytest.approx(means[0], abs=1e-6)  # the true base, scored again
 
 
@@ -214,7 +223,8 @@ def test_no_terminal_control_in_a_run_folder_reaches_the_terminal(in_tmp, evalua
     with open(run / "events.jsonl", "a", encoding="utf-8") as fh:
         fh.write(json.dumps({"event": "warning", "time": time.time(), "message": f"look here{HOSTILE} now"}) + "\n")
     commands = {"monitor": ["monitor", run.name], "compare": ["compare", run.name, "--out", "cmp"],
-                "export --best": ["export", run.name, "--best", "--out", "ex"], "eval": ["eval", run.name, "--out", "ev"],
+                "export --best": ["export", run.name, "--best", "--out", "ex"],
+                "eval": ["eval", run.name, "--out", "ev"],
                 "train": ["train", "--resume", run.name, "--iterations", "4"]}
     said = {}
     for what, args in commands.items():
@@ -225,7 +235,8 @@ def test_no_terminal_control_in_a_run_folder_reaches_the_terminal(in_tmp, evalua
     assert "look here now" in said["monitor"]  # the sequences gone, what they enclosed too
     (in_tmp / f"e{HOSTILE}").mkdir()  # --best's error line names the folder
     refused = _solrl(in_tmp, "export", f"e{HOSTILE}", "--best")
-    assert refused.returncode == 2 and "--best found no checkpoint of e that an evaluation passed" in _out(refused), _out(refused)
+    assert (refused.returncode == 2
+            and "--best found no checkpoint of e that an evaluation passed" in _out(refused)), _out(refused)
     assert not any(c in _out(refused) for c in "\x1b\x07\x9b"), repr(_out(refused))
 
 
@@ -262,7 +273,8 @@ def test_reward_timeout_s_governs_start_up(tmp_path):
     sets = [a for s in (*FAST, "run.eval_prompts=", "reward.timeout_s=13") for a in ("--set", s)]
     with hostile(trickle) as url:
         t0 = time.monotonic()
-        done = subprocess.run([sys.executable, "-m", "solrl_cli", "train", "--reward", f"remote:{url}", *sets, "--iterations",
+        done = subprocess.run([sys.executable, "-m", "solrl_cli", "train", "--reward", f"remote:{url}", *sets,
+                               "--iterations",
                                "1", "--run-dir", str(tmp_path / "r")], cwd=tmp_path, capture_output=True, text=True,
                               timeout=120, env=ENV)
         seconds = time.monotonic() - t0

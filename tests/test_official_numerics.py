@@ -16,7 +16,8 @@ COND = Conditioning(embeds=torch.zeros(2, 3, 8), mask=torch.ones(2, 3), pooled=t
 
 
 def test_the_bf16_grid_is_the_official_sana_grid():
-    official = torch.linspace(1.0, 0.0, 11, dtype=torch.bfloat16).float()  # pipeline_with_logprob.py:385 with bf16 latents
+    # pipeline_with_logprob.py:385 with bf16 latents
+    official = torch.linspace(1.0, 0.0, 11, dtype=torch.bfloat16).float()
     got = Sampler.of(SamplerConfig(grid_dtype="bf16")).sigmas(10)
     assert torch.equal(got, official) and got[1].item() == 0.8984375 and got[9].item() == 0.10009765625
     assert Sampler.of(SamplerConfig()).sigmas(10)[1].item() == pytest.approx(0.9, abs=1e-7)  # the default: fp32
@@ -57,7 +58,8 @@ def _lam(sigma: float) -> float:
 
 
 def test_the_sampler_takes_both_switches_from_the_config():
-    cfg = resolve_config("tiny", "sol_rl", sets=["sampler.grid_dtype=bf16", "sampler.state_dtype=run", "algorithm.loss_dtype=bf16"])
+    cfg = resolve_config("tiny", "sol_rl",
+                         sets=["sampler.grid_dtype=bf16", "sampler.state_dtype=run", "algorithm.loss_dtype=bf16"])
     sampler = Sampler.of(cfg.sampler)
     assert (sampler.grid_dtype, sampler.state_dtype, cfg.algorithm.loss_dtype) == ("bf16", "run", "bf16")
     with pytest.raises(SolrlError) as err:
@@ -72,7 +74,8 @@ def test_the_official_loss_inputs_are_rounded_to_bf16():
     x0, eps = torch.randn(3, 4, 2, 2, generator=gen), torch.randn(3, 4, 2, 2, generator=gen)
     sigma = torch.tensor([0.9, 0.6013, 0.1])
     s32, xt32 = loss_inputs(x0, sigma, eps)
-    assert torch.equal(s32, sigma) and torch.equal(xt32, (1 - sigma.view(-1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1) * eps)
+    assert torch.equal(s32,
+                       sigma) and torch.equal(xt32, (1 - sigma.view(-1, 1, 1, 1)) * x0 + sigma.view(-1, 1, 1, 1) * eps)
     s16, xt16 = loss_inputs(x0, sigma, eps, "bf16")
     assert s16.tolist() == [0.8984375, 0.6015625, 0.10009765625]
     b = s16.view(-1, 1, 1, 1)

@@ -78,7 +78,8 @@ def test_the_compiled_families_roll_out_on_a_merged_compiled_copy(family):
 
 
 def test_naive_scaling_can_still_be_compiled():
-    cfg = resolve_config("sana", "naive_scaling", "imagereward", sets=["sampler.rollout_copy=auto", "sampler.compile=auto"])
+    cfg = resolve_config("sana", "naive_scaling", "imagereward",
+                         sets=["sampler.rollout_copy=auto", "sampler.compile=auto"])
     plan = resolve_machine(cfg, CUDA, "bf16", gpu=H100)
     assert plan.rollout_copy and plan.rollout_compile
 
@@ -93,7 +94,8 @@ def test_presets_say_which_family_is_compiled():
 # --- the update's three forwards see the same timesteps ---------------------------------------------
 
 def test_old_trained_and_reference_forwards_get_identical_inputs(fast_sets):
-    cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("run.eval_prompts=", "run.dtype=bf16", "sampler.rollout_copy=true"))
+    cfg = resolve_config("tiny", "sol_rl",
+                         sets=fast_sets("run.eval_prompts=", "run.dtype=bf16", "sampler.rollout_copy=true"))
     run = open_session(cfg).run
     assert run.engine.rollout_copy is not None and cfg.algorithm.kl_beta != 0
     rng = np.random.default_rng(0)
@@ -194,13 +196,15 @@ def test_fp32_base_doubles_the_policy_in_the_estimate():
     assert fp32.policy == pytest.approx(2 * bf16.policy) and fp32.explore_copy == bf16.explore_copy
 
 
-@pytest.mark.parametrize("regime, base, autocast_on", [("autocast", torch.bfloat16, True), ("bf16", torch.bfloat16, False),
+@pytest.mark.parametrize("regime, base, autocast_on", [("autocast", torch.bfloat16, True), ("bf16", torch.bfloat16,
+                                                                                            False),
                                                         ("fp32-base", torch.float32, True)])
 def test_each_training_regime_runs_its_forwards_as_named(fast_sets, monkeypatch, regime, base, autocast_on):
     from solrl_core.loop.trainer import StopFlag, train
 
     cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("run.iterations=1", "run.eval_prompts=", "run.dtype=bf16",
-                                                          "sampler.rollout_copy=false", f"model.train_precision={regime}"))
+                                                          "sampler.rollout_copy=false",
+                                                          f"model.train_precision={regime}"))
     seen: list[tuple[bool, torch.dtype]] = []
 
     def record(module, args, kwargs):  # type: ignore[no-untyped-def]
@@ -231,7 +235,8 @@ def test_each_training_regime_runs_its_forwards_as_named(fast_sets, monkeypatch,
 # train_scripts/sol_rl/train_*.py). The values are written here by hand, not read from the presets.
 
 OFFICIAL_COMMON = {
-    "run.prompts_per_iteration": 48, "explore.group_size": 96, "selection.group_size": 24, "selection.mode": "best_worst",
+    "run.prompts_per_iteration": 48, "explore.group_size": 96, "selection.group_size": 24,
+                   "selection.mode": "best_worst",
     "explore.steps": 6, "sampler.steps": 10, "sampler.rollout_batch": 24, "sampler.guidance": 1.0,
     "model.lora_rank": 32, "model.lora_alpha": 64, "model.lora_init": "gaussian",
     "optimizer.lr": 3e-4, "optimizer.beta1": 0.9, "optimizer.beta2": 0.999, "optimizer.weight_decay": 1e-4,
@@ -249,12 +254,14 @@ OFFICIAL = {
              # attn.qkv, attn.proj, cross_attn.q_linear/kv_linear/proj, as diffusers splits them
              "model.lora_targets": ("attn1.to_q", "attn1.to_k", "attn1.to_v", "attn1.to_out.0",
                                     "attn2.to_q", "attn2.to_k", "attn2.to_v", "attn2.to_out.0")},
-    "sd3": {"model.resolution": 1024, "sampler.eval_steps": 40, "sampler.solver": "dpm2", "sampler.sigma_grid": "scheduler",
+    "sd3": {"model.resolution": 1024, "sampler.eval_steps": 40, "sampler.solver": "dpm2",
+            "sampler.sigma_grid": "scheduler",
             "algorithm.timestep_fraction": 0.6, "optimizer.grad_clip": 0.002, "optimizer.micro_batch": 4,
             "model.train_precision": "fp32-base", "model.quant_min_dim": 2432, "model.max_sequence_length": 128,
             "model.lora_targets": ("attn.to_q", "attn.to_k", "attn.to_v", "attn.to_out.0", "attn.add_q_proj",
                                    "attn.add_k_proj", "attn.add_v_proj", "attn.to_add_out")},
-    "flux1": {"model.resolution": 512, "sampler.eval_steps": 28, "sampler.solver": "dpm2", "algorithm.timestep_fraction": 0.4,
+    "flux1": {"model.resolution": 512, "sampler.eval_steps": 28, "sampler.solver": "dpm2",
+              "algorithm.timestep_fraction": 0.4,
               "optimizer.grad_clip": 1.0, "optimizer.micro_batch": 12, "model.train_precision": "autocast",
               "model.quant_min_dim": 1000, "model.max_sequence_length": 128,
               "model.lora_targets": ("to_q", "to_k", "to_v", "to_out.0")},
@@ -283,7 +290,8 @@ def test_each_family_keeps_the_official_group_sizes(family, n):
 
 # --- prompts and evaluation of the real-model presets, resolved offline ------------------------------
 
-REAL = ("sana", "sd3", "flux1", "sana15", "sana_600m", "sd35_medium", "flux2_klein", "qwen_image", "zimage", "wan21_t2v_1_3b", "wan21_t2v_14b", "wan22_ti2v_5b")
+REAL = ("sana", "sd3", "flux1", "sana15", "sana_600m", "sd35_medium", "flux2_klein", "qwen_image", "zimage",
+        "wan21_t2v_1_3b", "wan21_t2v_14b", "wan22_ti2v_5b")
 
 
 @pytest.mark.parametrize("model", REAL)

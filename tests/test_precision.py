@@ -29,7 +29,8 @@ def test_auto_on_a_cpu_is_the_exact_emulation_uncompiled_with_a_rollout_copy():
 def test_auto_on_a_gpu_is_fp8_compiled_from_ada_on_and_never_the_emulation():
     sana = resolve_config("sana", "sol_rl")
     h100 = resolve_machine(sana, CUDA, "bf16", gpu=H100)
-    assert (h100.explore_precision, h100.explore_compile, h100.rollout_compile, h100.update_compile) == ("fp8", True, True, True)
+    assert (h100.explore_precision, h100.explore_compile, h100.rollout_compile, h100.update_compile) == ("fp8", True,
+                                                                                                         True, True)
     assert "update compiled" in h100.describe()
     assert "9.0" in h100.explore_why
     a100 = resolve_machine(sana, CUDA, "bf16", gpu=A100)
@@ -72,17 +73,21 @@ def test_the_rollout_copy_and_checkpointing_follow_the_memory_estimate():
     assert not flux_small.rollout_copy and "old adapter" in flux_small.rollout_copy_why
     assert flux_small.checkpointing and "over" in flux_small.checkpointing_why
     forced = resolve_machine(resolve_config("flux1", "sol_rl", sets=["sampler.rollout_copy=true",
-                                                                     "optimizer.checkpointing=false"]), CUDA, "bf16", gpu=L4)
+                                                                     "optimizer.checkpointing=false"]), CUDA, "bf16",
+                             gpu=L4)
     assert forced.rollout_copy and not forced.checkpointing
-    assert resolve_machine(resolve_config("flux1", "compile"), CUDA, "bf16", gpu=L4).rollout_copy  # the family is the copy
+    # the family is the copy
+    assert resolve_machine(resolve_config("flux1", "compile"), CUDA, "bf16", gpu=L4).rollout_copy
 
 
-@pytest.mark.parametrize("precision, why", [("nvfp4", "compute capability >= 10.0"), ("fp8", "compute capability >= 8.9")])
+@pytest.mark.parametrize("precision, why", [("nvfp4", "compute capability >= 10.0"), ("fp8",
+                                                                                      "compute capability >= 8.9")])
 def test_real_low_precisions_without_the_hardware_name_what_works(precision, why):
     with pytest.raises(SolrlError) as err:
         hardware.require_explore_precision(precision, "cpu")
     assert why in err.value.message and "does not run on the CPU" in err.value.message
-    assert err.value.fix == "this machine supports: nvfp4-emulated, fp8-e5m2-tensor, fp8-e5m2-delayed, bf16, fp32; use --explore-precision nvfp4-emulated"
+    assert (err.value.fix == "this machine supports: nvfp4-emulated, fp8-e5m2-tensor, fp8-e5m2-delayed, bf16, fp32; "
+                             "use --explore-precision nvfp4-emulated")
 
 
 def test_fp8_is_accepted_on_hopper_and_offered_instead_of_nvfp4(monkeypatch):
@@ -92,10 +97,12 @@ def test_fp8_is_accepted_on_hopper_and_offered_instead_of_nvfp4(monkeypatch):
     hardware.require_explore_precision("fp8", "cuda:0")
     with pytest.raises(SolrlError) as err:
         hardware.require_explore_precision("nvfp4", "cuda:0")
-    assert err.value.fix == "this machine supports: fp8, nvfp4-emulated, fp8-e5m2-tensor, fp8-e5m2-delayed, bf16, fp32; use --explore-precision fp8"
+    assert (err.value.fix == "this machine supports: fp8, nvfp4-emulated, fp8-e5m2-tensor, fp8-e5m2-delayed, bf16, "
+                             "fp32; use --explore-precision fp8")
     b200 = hardware.GpuInfo(0, "NVIDIA B200", (10, 0), 180.0)
     monkeypatch.setattr(hardware, "gpus", lambda: [b200])
-    monkeypatch.setattr("solrl_core.precision.nvfp4_gemm.torchao_missing", lambda: "torchao is not installed (pip install torchao)")
+    monkeypatch.setattr("solrl_core.precision.nvfp4_gemm.torchao_missing", lambda: "torchao is not installed (pip "
+                                                                                   "install torchao)")
     with pytest.raises(SolrlError, match="compute capability 10.0 is enough, but torchao is not installed") as err:
         hardware.require_explore_precision("nvfp4", "cuda:0")
     assert err.value.fix.endswith("use --explore-precision fp8")

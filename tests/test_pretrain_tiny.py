@@ -42,13 +42,16 @@ def test_one_script_pretrains_each_world_reproducibly_into_weights_its_loader_lo
     pretrain.main([*command, "--out", str(tmp_path / "a")])
     pretrain.main([*command, "--out", str(tmp_path / "b")])
     first, last = tmp_path / "a" / "step_00001", tmp_path / "a" / "step_00002"
-    assert (last / "model.safetensors").read_bytes() == (tmp_path / "b" / "step_00002" / "model.safetensors").read_bytes()
+    assert (last / "model.safetensors").read_bytes() == (tmp_path / "b" / "step_00002"
+                                                         / "model.safetensors").read_bytes()
     saved = load_file(str(last / "model.safetensors"))
-    assert any(not torch.equal(v, saved[k]) for k, v in load_file(str(first / "model.safetensors")).items())  # it trained
+    # it trained
+    assert any(not torch.equal(v, saved[k]) for k, v in load_file(str(first / "model.safetensors")).items())
 
     w = pretrain.SETUPS[world].world
     model = load_model(ModelConfig(loader=loader, weights=str(last), resolution=w.size, frames=w.frames),
                        torch.device("cpu"), torch.float32)
     assert f"weights {last}" in model.description and model.vocabulary == w.vocab and model.frames == w.frames
     loaded = model.transformer.state_dict()
-    assert all(torch.equal(loaded[k[len("transformer."):]], v) for k, v in saved.items() if k.startswith("transformer."))
+    assert all(torch.equal(loaded[k[len("transformer."):]], v) for k, v in saved.items()
+               if k.startswith("transformer."))

@@ -105,7 +105,8 @@ def _hub_snapshot(tmp_path: Path, repo: str) -> None:
     snapshot.mkdir(parents=True)
     (folder / "refs").mkdir()
     (folder / "refs" / "main").write_text("0" * 40)
-    datasets.Dataset.from_dict({"caption": ["a green cone", "a tall tree"]}).to_parquet(str(snapshot / "train-00000-of-00001.parquet"))
+    datasets.Dataset.from_dict({"caption": ["a green cone", "a tall tree"]}).to_parquet(str(snapshot
+            / "train-00000-of-00001.parquet"))
     datasets.Dataset.from_dict({"caption": ["a small dog"]}).to_parquet(str(snapshot / "test-00000-of-00001.parquet"))
 
 
@@ -117,7 +118,8 @@ def test_a_hub_dataset_loads_from_the_cache_offline(tmp_path):
     assert "no split 'nope'" in _error("hf:someone/prompts@nope:caption").message
     assert "its columns: caption" in _error("hf:someone/prompts").message
     absent = _error("hf:nobody/nothing")
-    assert "not in the Hugging Face cache" in absent.message and "hf download nobody/nothing --repo-type dataset" in absent.fix
+    assert ("not in the Hugging Face cache" in absent.message
+            and "hf download nobody/nothing --repo-type dataset" in absent.fix)
 
 
 class _Files(http.server.BaseHTTPRequestHandler):
@@ -153,7 +155,8 @@ def test_download_sets_are_declared_once_and_checked_on_download(server, tmp_pat
     declared = download_sets()
     assert {"pickscore_train", "pickscore_test", "geneval_train", "ocr_train"} <= set(declared)
     for entry in declared.values():
-        assert entry.url.startswith("https://raw.githubusercontent.com/NVlabs/DiffusionNFT/24af5554") and len(entry.blob) == 40
+        assert (entry.url.startswith("https://raw.githubusercontent.com/NVlabs/DiffusionNFT/24af5554")
+                and len(entry.blob) == 40)
     body = b"a cat on a mat\na dog in fog\n"
     _Files.routes = {"/good.txt": (200, body), "/bad.txt": (200, b"changed\n")}
     good = DownloadSet("good", f"{server}/good.txt", git_blob_id(body), "test set", "here")
@@ -210,7 +213,8 @@ def test_the_doctor_reads_local_sets_and_looks_for_hub_ones(tmp_path, server, mo
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
     monkeypatch.setattr("huggingface_hub.constants.HF_TOKEN_PATH", str(tmp_path / "no-token"))
-    _Files.routes = {"/api/datasets/open/set": (200, b'{"gated": false}'), "/api/datasets/closed/set": (200, b'{"gated": "manual"}')}
+    _Files.routes = {"/api/datasets/open/set": (200, b'{"gated": false}'),
+                     "/api/datasets/closed/set": (200, b'{"gated": "manual"}')}
     assert check("hf:open/set", online).status == "warn"
     gated = check("hf:closed/set", online)
     assert gated.status == "fail" and "HF_TOKEN" in gated.fix
@@ -224,7 +228,8 @@ def test_equal_prompt_texts_share_one_mean():
     rewards = torch.tensor([1.0, 3.0, 2.0, 2.0, 5.0, 7.0])
     batch = SimpleNamespace(prompts=["a", "a", "b", "b", "a", "a"], rewards=rewards, components={"r": rewards},
                             groups=torch.tensor([0, 0, 1, 1, 2, 2]))
-    run = SimpleNamespace(rank=0, world_size=1, config=SimpleNamespace(reward=SimpleNamespace(weights={"r": 1.0}, aggregation="sum")))
+    run = SimpleNamespace(rank=0, world_size=1,
+                          config=SimpleNamespace(reward=SimpleNamespace(weights={"r": 1.0}, aggregation="sum")))
     got = advantages(run, gather_scores(run, batch), clip=100.0)
     std = float(rewards.std(unbiased=False)) + 1e-4
     expected = torch.tensor([1 - 4, 3 - 4, 0, 0, 5 - 4, 7 - 4]) / std  # the mean of "a" is (1 + 3 + 5 + 7) / 4
@@ -240,7 +245,8 @@ def test_one_text_on_two_ranks_shares_one_mean(monkeypatch):
     rank1 = iter([torch.stack([theirs, theirs], dim=1), torch.tensor([1, 1]), torch.tensor(text_keys(["a", "a"]))])
     monkeypatch.setattr(stages.distributed, "all_gather_tensor", lambda t: torch.cat([t, next(rank1)]))
     batch = SimpleNamespace(prompts=["a", "a"], rewards=mine, components={"r": mine}, groups=torch.tensor([0, 0]))
-    run = SimpleNamespace(rank=0, world_size=2, config=SimpleNamespace(reward=SimpleNamespace(weights={"r": 1.0}, aggregation="sum")))
+    run = SimpleNamespace(rank=0, world_size=2,
+                          config=SimpleNamespace(reward=SimpleNamespace(weights={"r": 1.0}, aggregation="sum")))
     got = stages.advantages(run, stages.gather_scores(run, batch), clip=100.0)
     std = float(torch.tensor([1.0, 3.0, 5.0, 7.0]).std(unbiased=False)) + 1e-4
     assert torch.allclose(got, torch.tensor([-3.0, -1.0, 1.0, 3.0]) / std)
@@ -254,7 +260,8 @@ def test_text_keys_do_not_depend_on_the_process():
     assert keys[0] == keys[2] != keys[1] and all(0 <= k < 2**62 for k in keys)
     code = "from solrl_core.data.prompts import text_keys; print(text_keys(['a red cube'])[0])"
     for seed in ("1", "2"):
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONHASHSEED": seed}, check=True)
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONHASHSEED": seed},
+                             check=True)
         assert int(out.stdout) == keys[0]
 
 

@@ -163,8 +163,8 @@ def test_rerun_with_new_skip_pattern_unwraps(sana: nn.Module) -> None:
 def test_report_summary_and_json(sana: nn.Module) -> None:
     report = quantize_model(copy.deepcopy(sana), SANA_SKIP)
     assert isinstance(report, QuantReport)
-    assert re.fullmatch(r"quantized 20 of 29 layers \(\S+ of \S+ weights\); kept in high precision: 2 not a plain GEMM, "
-                        r"7 by name", report.summary())
+    assert re.fullmatch(r"quantized 20 of 29 layers \(\S+ of \S+ weights\); kept in high precision: 2 not a plain "
+                        r"GEMM, 7 by name", report.summary())
     data = json.loads(json.dumps(report.to_dict()))
     assert data["quantized_layers"] == 20 and data["total_layers"] == 29
     assert data["quantized_weights"] == sum(e.numel for e in report.quantized)

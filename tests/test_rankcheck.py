@@ -52,7 +52,8 @@ def in_tmp(tmp_path, monkeypatch):
 
 
 def test_explore_writes_every_seed_ranked_and_the_selection(in_tmp):
-    result = runner.invoke(app, ["explore", "--prompt", "a red circle", "--prompt", "two blue squares", "--n", "6", "--k", "2",
+    result = runner.invoke(app, ["explore", "--prompt", "a red circle", "--prompt", "two blue squares", "--n", "6",
+                                 "--k", "2",
                                  "--steps", "2", "--seed", "100", "--out", "ex"])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in Path("ex/seeds.jsonl").read_text().splitlines()]
@@ -85,7 +86,8 @@ def test_in_run_rank_check_logs_rho_and_tau_and_leaves_the_run_unchanged(fast_se
     def run(extra, name):
         bus, seen = ev.EventBus(), []
         bus.subscribe(seen.append)
-        train(resolve_config("tiny", "sol_rl", sets=fast_sets("run.iterations=2", *extra, run_dir=name)), bus, stop=StopFlag())
+        train(resolve_config("tiny", "sol_rl", sets=fast_sets("run.iterations=2", *extra, run_dir=name)), bus,
+              stop=StopFlag())
         return seen
     checked = run(["explore.rank_check_every=1"], "a")
     plain = run([], "b")

@@ -60,7 +60,8 @@ def test_rollout_matches_the_diffusers_pipeline(name, folders):
     sigmas = sigma_grid(2)
     ours = sample(lambda x, s, c: model.velocity(model.transformer, x, s, c), noise, cond, sigmas)
     pipe = _pipeline(name, folders[name])
-    kwargs = dict(prompt=prompts, num_inference_steps=2, sigmas=sigmas[:-1].tolist(), guidance_scale=1.0, height=32, width=32)
+    kwargs = dict(prompt=prompts, num_inference_steps=2, sigmas=sigmas[:-1].tolist(), guidance_scale=1.0, height=32,
+                  width=32)
     if name == "zimage":  # the Turbo model samples without CFG
         kwargs.update(guidance_scale=0.0)
     if name == "sana":  # solrl encodes as the official code does: no complex human instruction
@@ -127,7 +128,8 @@ def test_sana_prompts_carry_no_instruction_unless_asked(folders):
     for flag, chi in (("false", None), ("true", instruction)):
         embeds, mask, _, _ = pipe.encode_prompt(prompts, do_classifier_free_guidance=False, max_sequence_length=300,
                                                 complex_human_instruction=chi)
-        cond = load_model(_model_config("sana", folders["sana"], f"model.prompt_instruction={flag}"), CPU, torch.float32).encode(prompts)
+        cond = load_model(_model_config("sana", folders["sana"], f"model.prompt_instruction={flag}"), CPU,
+                          torch.float32).encode(prompts)
         assert torch.equal(cond.mask, mask) and torch.allclose(cond.embeds, embeds), flag
         expected[flag] = cond.embeds
     assert not torch.allclose(expected["false"], expected["true"])
@@ -144,7 +146,8 @@ def test_one_training_iteration(name, folders, tmp_path):
     bus.subscribe(seen.append)
     session = train(cfg, bus, stop=StopFlag())
     (it,) = [e for e in seen if isinstance(e, ev.IterationFinished)]
-    assert np.isfinite(it.final.mean) and np.isfinite(it.draft.mean) and np.isfinite(it.loss["loss"]) and np.isfinite(it.grad_norm)
+    assert (np.isfinite(it.final.mean) and np.isfinite(it.draft.mean) and np.isfinite(it.loss["loss"])
+            and np.isfinite(it.grad_norm))
     assert it.final.std > 0 and it.grad_norm > 0, "the kept samples tied: nothing was trained"
     assert session.run.engine.model.latent_shape[1:] == (LATENT_SIDE.get(name, 16),) * 2
     ckpt = tmp_path / "run" / "checkpoints" / "iter_000001"
@@ -182,7 +185,8 @@ def _expected_lora_modules(name: str, transformer: torch.nn.Module) -> set[str]:
     if name == "flux2_klein":  # double-stream attention, and the single-stream fused QKV (+ MLP in) projection
         return ({f"transformer_blocks.{i}.attn.{p}" for i in range(len(transformer.transformer_blocks))
                  for p in ("to_q", "to_k", "to_v", "to_out.0", "add_q_proj", "add_k_proj", "add_v_proj", "to_add_out")}
-                | {f"single_transformer_blocks.{i}.attn.to_qkv_mlp_proj" for i in range(len(transformer.single_transformer_blocks))})
+                | {f"single_transformer_blocks.{i}.attn.to_qkv_mlp_proj"
+                   for i in range(len(transformer.single_transformer_blocks))})
     # SD3 and SD3.5-M: the joint attention only; SD3.5-M's dual attention (attn2) is not a target.
     last = len(transformer.transformer_blocks) - 1  # context-pre-only: no to_add_out
     return {f"transformer_blocks.{i}.attn.{p}" for i in range(last + 1)
@@ -227,7 +231,8 @@ def test_resolution_must_fit_the_latent_grid(folders):
         load_model(_model_config("flux1", folders["flux1"], "model.resolution=30"), CPU, torch.float32)
 
 
-@pytest.mark.parametrize("name", ["sana", "sana_600m", "sana15", "flux1", "sd3", "sd35_medium", "qwen_image", "zimage", "flux2_klein",
+@pytest.mark.parametrize("name", ["sana", "sana_600m", "sana15", "flux1", "sd3", "sd35_medium", "qwen_image", "zimage",
+                                  "flux2_klein",
                                   "wan21_t2v_1_3b", "wan21_t2v_14b",
                                   "wan22_ti2v_5b"])
 def test_missing_hub_weights_offline_name_the_hub_id(name, tmp_path, monkeypatch):
@@ -251,22 +256,27 @@ def test_hub_download_picks_one_weight_variant_and_skips_root_checkpoints():
              "transformer/config.json", "transformer/diffusion_pytorch_model.safetensors.index.json",
              "transformer/diffusion_pytorch_model-00001-of-00002.safetensors",
              "transformer/diffusion_pytorch_model-00002-of-00002.safetensors",
-             "vae/config.json", "vae/diffusion_pytorch_model.safetensors", "vae/diffusion_pytorch_model.bf16.safetensors",
+             "vae/config.json", "vae/diffusion_pytorch_model.safetensors",
+             "vae/diffusion_pytorch_model.bf16.safetensors",
              "text_encoder/config.json", "text_encoder/model.bf16-00001-of-00002.safetensors",
              "text_encoder/model.bf16-00002-of-00002.safetensors", "text_encoder/model.safetensors.index.bf16.json",
              "text_encoder/flax_model.msgpack", "tokenizer/tokenizer_config.json", "tokenizer/tokenizer.json",
              "tokenizer/merges.txt", "tokenizer/spiece.model", "scheduler/scheduler_config.json"]
     subs = ("transformer", "vae", "text_encoder", "tokenizer")
     bf16 = set(select_files(files, subs, torch.bfloat16))
-    assert "vae/diffusion_pytorch_model.bf16.safetensors" in bf16 and "vae/diffusion_pytorch_model.safetensors" not in bf16
+    assert ("vae/diffusion_pytorch_model.bf16.safetensors" in bf16
+            and "vae/diffusion_pytorch_model.safetensors" not in bf16)
     assert {"flux1-dev.safetensors", "ae.safetensors", "scheduler/scheduler_config.json", "README.md",
             "text_encoder/flax_model.msgpack"}.isdisjoint(bf16)
-    assert {"transformer/diffusion_pytorch_model-00002-of-00002.safetensors", "text_encoder/model.safetensors.index.bf16.json",
+    assert {"transformer/diffusion_pytorch_model-00002-of-00002.safetensors",
+            "text_encoder/model.safetensors.index.bf16.json",
             "tokenizer/tokenizer.json", "tokenizer/merges.txt", "tokenizer/spiece.model", "model_index.json"} <= bf16
     fp32 = set(select_files(files, subs, torch.float32))
-    assert "vae/diffusion_pytorch_model.safetensors" in fp32 and "vae/diffusion_pytorch_model.bf16.safetensors" not in fp32
+    assert ("vae/diffusion_pytorch_model.safetensors" in fp32
+            and "vae/diffusion_pytorch_model.bf16.safetensors" not in fp32)
     assert "text_encoder/model.bf16-00001-of-00002.safetensors" in fp32  # the only weights there
-    assert weight_choice(["config.json", "model.bf16-00001-of-00002.safetensors"], torch.float32) == ("bf16", "safetensors")
+    assert weight_choice(["config.json", "model.bf16-00001-of-00002.safetensors"], torch.float32) == ("bf16",
+                                                                                                      "safetensors")
 
 
 def _field(x: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
@@ -339,7 +349,8 @@ def test_infer_runs_on_the_real_architecture_from_a_local_folder(name, folders, 
     from solrl_cli.app import app
 
     monkeypatch.chdir(tmp_path)
-    result = CliRunner().invoke(app, ["infer", "--model", name, "--model-path", str(folders[name]), "--prompt", "a red circle",
+    result = CliRunner().invoke(app, ["infer", "--model", name, "--model-path", str(folders[name]), "--prompt",
+                                      "a red circle",
                                       "--seeds", "2", "--steps", "2", "--out", "im", "--set", "model.resolution=32",
                                       "--set", "run.device=cpu"])
     assert result.exit_code == 0, result.output

@@ -18,7 +18,8 @@ def test_a_binary_config_file_is_a_clear_error_not_an_internal_one(tmp_path):
         (tmp_path / name).write_bytes(data)
         result = cli("train", "--config", str(tmp_path / name), "--run-dir", str(tmp_path / "run"))
         assert result.exit_code == 2, result.output
-        assert f"config file {tmp_path / name} is not UTF-8 text" in result.output and "internal error" not in result.output
+        assert (f"config file {tmp_path / name} is not UTF-8 text" in result.output
+                and "internal error" not in result.output)
         assert "fix: give --config a .toml or .yaml text file" in result.output
         assert not (tmp_path / "run").exists()
 

@@ -68,7 +68,8 @@ def test_a_stopped_and_resumed_run_ends_with_the_summary_of_an_uninterrupted_one
     resumed, seen = runs["resumed"]
     assert "evaluating the base weights" not in resumed  # not scored again: read back from the run folder
     expected = _summary(straight)
-    assert len(expected) == 3 and "s.e." in expected[1] and "s.e." in expected[2]  # the tiny preset's tinyworld_fidelity
+    # the tiny preset's tinyworld_fidelity
+    assert len(expected) == 3 and "s.e." in expected[1] and "s.e." in expected[2]
     assert _summary(resumed) == expected  # the same numbers, standard errors included
     kept = json.loads((runs["dir"] / BASE_FILE).read_text())
     assert len(kept["total"]) == 4 and kept["event"]["weights"] == "base"
@@ -97,4 +98,5 @@ def test_the_tui_leaves_the_same_end_summary_on_the_terminal(runs):
     assert left[0].startswith("solrl: done: 4 iterations")
     assert [line for line in left[1:] if line not in _pictures(left) + _next(left)] == _summary(straight)
     assert len(_next(left)) == 4 and _next(left) == _next(straight.splitlines())  # the same next commands
-    assert _pictures(left) == _pictures(straight.splitlines())[-1:]  # the last evaluation's picture, as the plain summary ends
+    # the last evaluation's picture, as the plain summary ends
+    assert _pictures(left) == _pictures(straight.splitlines())[-1:]

@@ -62,8 +62,8 @@ def test_a_huge_answer_is_refused_without_reading_it_to_the_end():
             with pytest.raises(SolrlError) as refused:
                 RemoteReward(f"remote:{url}", timeout_s=60)
         message = refused.value.message
-        assert message == f"reward server {url} answered with more than {MAX_ANSWER_BYTES} bytes, more than any answer of " \
-                          "a reward server or VLM API holds", message
+        assert message == (f"reward server {url} answered with more than {MAX_ANSWER_BYTES} bytes, more than any "
+                           "answer of a reward server or VLM API holds"), message
     # what the loopback's buffers took before the client hung up, not 768 MiB
     assert len(sent) == 2 and max(sent) < 4 * MAX_ANSWER_BYTES, sent
 
@@ -77,6 +77,6 @@ def test_an_answer_nested_100k_deep_is_one_line_not_a_recursion_error():
     with hostile(answer) as url:
         with pytest.raises(SolrlError) as refused:
             RemoteReward(f"remote:{url}", timeout_s=60)
-    assert refused.value.message == f"reward server {url} answered with a body that is JSON nested deeper than 64 levels, " \
-                                    "more than any answer of a reward server or VLM API"
+    assert refused.value.message == (f"reward server {url} answered with a body that is JSON nested deeper than 64 "
+                                     "levels, more than any answer of a reward server or VLM API")
     assert "\n" not in refused.value.message + refused.value.fix

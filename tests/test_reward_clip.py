@@ -31,7 +31,8 @@ from tests.helpers import clip_dir  # noqa: F401,F811  (fixtures, used by name)
 
 # transformers 5's CLIPImageProcessor resizes with torchvision; its PIL pipeline is CLIPImageProcessorPil
 # (transformers 4 has only the PIL one, under the first name). Both are compared.
-IMAGE_PROCESSORS = [CLIPImageProcessor] + [c for c in [getattr(transformers.models.clip, "CLIPImageProcessorPil", None)] if c]
+IMAGE_PROCESSORS = [CLIPImageProcessor] + [c for c in [getattr(transformers.models.clip, "CLIPImageProcessorPil", None)]
+                                           if c]
 
 HPS_CONFIG = {"embed_dim": 32,
               "vision_cfg": {"image_size": 32, "layers": 1, "width": 32, "head_width": 8, "patch_size": 16},
@@ -108,7 +109,8 @@ def test_tensor_preprocessing_matches_the_image_processor(backend, shape):
     alone would dominate the comparison."""
     processor = tiny_image_processor(backend)
     field = torch.rand(1, 3, 6, 6, generator=torch.Generator().manual_seed(0))
-    array = (F.interpolate(field, size=shape, mode="bilinear")[0].permute(1, 2, 0) * 255).round().to(torch.uint8).numpy()
+    array = (F.interpolate(field, size=shape, mode="bilinear")[0].permute(1, 2, 0)
+             * 255).round().to(torch.uint8).numpy()
     expected = processor(images=Image.fromarray(array), return_tensors="pt")["pixel_values"]
     tensor = torch.from_numpy(array).permute(2, 0, 1)[None].float() / 255
     ours = resize_crop_normalize(tensor, *processor_geometry(processor))

@@ -43,7 +43,8 @@ def tiny_state(tmp: Path) -> dict[str, torch.Tensor]:
     (tmp / "med.json").write_text(json.dumps(MED_CONFIG))
     config = ir.BertConfig.from_json_file(str(tmp / "med.json"))
     config.encoder_width = 64
-    parts = {"blip.visual_encoder": ir.VisionTransformer(img_size=32, patch_size=16, embed_dim=64, depth=1, num_heads=1),
+    parts = {"blip.visual_encoder": ir.VisionTransformer(img_size=32, patch_size=16, embed_dim=64, depth=1,
+                                                         num_heads=1),
              "blip.text_encoder": ir.BertModel(config=config, add_pooling_layer=False),
              "mlp": ir.MLP(32)}
     for layer in parts["mlp"].layers:  # the package's init gives outputs ~1e-3; make them O(1)
@@ -98,7 +99,8 @@ def test_tiny_checkpoint_loads_through_the_registry_and_scores(reward):
     assert torch.equal(scores, reward(x, PROMPTS))  # deterministic: eval mode, no dropout
     same_prompt = reward(x, [PROMPTS[0]] * 3)
     assert len(set(same_prompt.tolist())) == 3  # different images, different scores
-    assert torch.allclose(reward(x[[2, 0, 1]], [PROMPTS[0]] * 3), same_prompt[[2, 0, 1]], atol=1e-6)  # batch-independent
+    # batch-independent
+    assert torch.allclose(reward(x[[2, 0, 1]], [PROMPTS[0]] * 3), same_prompt[[2, 0, 1]], atol=1e-6)
 
 
 def test_reward_is_the_normalised_mlp_of_the_cls_feature(reward):
@@ -140,11 +142,13 @@ def test_vision_size_of_the_real_checkpoint_is_vit_large_16_224():
         meta[f"blip.visual_encoder.blocks.{i}.attn.qkv.weight"] = torch.empty(3072, 1024, device="meta")
         meta[f"blip.visual_encoder.blocks.{i}.mlp.fc1.weight"] = torch.empty(4096, 1024, device="meta")
     meta["blip.text_encoder.encoder.layer.11.crossattention.self.key.weight"] = torch.empty(768, 1024, device="meta")
-    assert vision_size(meta) == VisionSize(image_size=224, patch_size=16, embed_dim=1024, depth=24, num_heads=16, mlp_ratio=4.0)
+    assert vision_size(meta) == VisionSize(image_size=224, patch_size=16, embed_dim=1024, depth=24, num_heads=16,
+                                           mlp_ratio=4.0)
 
 
 def test_vision_size_of_the_tiny_checkpoint(repo):
-    assert vision_size(repo[1]) == VisionSize(image_size=32, patch_size=16, embed_dim=64, depth=1, num_heads=1, mlp_ratio=4.0)
+    assert vision_size(repo[1]) == VisionSize(image_size=32, patch_size=16, embed_dim=64, depth=1, num_heads=1,
+                                              mlp_ratio=4.0)
 
 
 def test_a_folder_without_the_checkpoint_is_named(tmp_path):

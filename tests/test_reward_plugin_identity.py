@@ -52,7 +52,8 @@ def test_a_plugins_fingerprint_covers_its_source_and_its_weights(tmp_path):
 
 
 def _solrl(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "solrl_cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=300,
+    return subprocess.run([sys.executable, "-m", "solrl_cli", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300,
                           env={**os.environ, "PYTHONPATH": str(ROOT), "SOLRL_DEBUG": ""})
 
 
@@ -67,7 +68,8 @@ def test_a_resume_against_a_plugin_server_whose_file_now_scores_otherwise_is_ref
     url = f"http://127.0.0.1:{port}"
     sets = [a for s in (*FAST, "run.eval_prompts=", "run.checkpoint_every=1") for a in ("--set", s)]
     monkeypatch.delenv("SOLRL_DEBUG", raising=False)
-    with reward_server(tmp_path, "--reward", f"{plugin}:score", port=port):  # the first run in process: it is not under test
+    # the first run in process: it is not under test
+    with reward_server(tmp_path, "--reward", f"{plugin}:score", port=port):
         first = CliRunner().invoke(app, ["train", *sets, "--reward", f"remote:{url}", "--iterations", "1", "--run-dir",
                                          str(run_dir)])
     assert first.exit_code == 0, first.output
@@ -80,8 +82,8 @@ def test_a_resume_against_a_plugin_server_whose_file_now_scores_otherwise_is_ref
     output = refused.stdout + refused.stderr
     assert refused.returncode == 2, output
     error = [line for line in output.splitlines() if line.startswith("error:")]
-    assert len(error) == 1 and error[0].startswith(f"error: the server's reward changed since this run started: remote:{url} "
-                                                   f"serves {plugin}:score=1"), output
+    assert len(error) == 1 and error[0].startswith(f"error: the server's reward changed since this run started: "
+                                                   f"remote:{url} serves {plugin}:score=1"), output
     assert "the same names with other code or weights" in error[0] and "Traceback" not in output
     assert "a plugin's file as it was" in output and "reward.remote.on_change=warn" in output
     assert not (Path(run_dir) / "checkpoints" / "iter_000002").exists()

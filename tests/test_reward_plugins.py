@@ -74,11 +74,13 @@ def test_a_file_plugin_trains_evaluates_and_explores(in_tmp):
     _invoke("train", "--reward", "plug.py:score", "--iterations", "2", "--run-dir", "r", *_fast())
     iterations = _iterations(in_tmp / "r")
     assert len(iterations) == 2 and all(set(it["final"]["components"]) == {"plug.py:score"} for it in iterations)
-    assert all(7.0 <= it["final"]["mean"] <= 8.0 for it in iterations)  # the plugin's scores, not the tiny world's [0, 1]
+    # the plugin's scores, not the tiny world's [0, 1]
+    assert all(7.0 <= it["final"]["mean"] <= 8.0 for it in iterations)
 
     Path("p.txt").write_text("a red circle\na blue square\n")
     (in_tmp / "plugin.jsonl").unlink()
-    result = _invoke("eval", "r", "--prompts", "p.txt", "--seeds", "2", "--steps", "2", "--out", "ev", "--trust-run-config")
+    result = _invoke("eval", "r", "--prompts", "p.txt", "--seeds", "2", "--steps", "2", "--out", "ev",
+                     "--trust-run-config")
     assert "plug.py:score" in result.output
     summary = json.loads(Path("ev/summary.json").read_text())
     logged = [s for call in _logged(in_tmp) for s in call["scores"]]
@@ -103,7 +105,8 @@ def test_a_module_plugin_class_gets_the_context_and_weights_combine(in_tmp):
     rows = [json.loads(line) for line in Path("ex/seeds.jsonl").read_text().splitlines()]
     returned = sorted(s - 2.0 for call in _logged(in_tmp) for s in call["scores"])  # the class's own score: 5 + mean
     assert sorted(r["reward.house_rewards.scores:Brightness"] for r in rows) == pytest.approx(returned, abs=1e-6)
-    assert sorted(r["reward"] for r in rows) == pytest.approx([2 * s for s in returned], abs=1e-5)  # weight 2, jpeg weight 0
+    # weight 2, jpeg weight 0
+    assert sorted(r["reward"] for r in rows) == pytest.approx([2 * s for s in returned], abs=1e-5)
 
     _invoke("train", "--reward", "house_rewards.scores:Brightness", "--iterations", "2", "--run-dir", "r", *_fast())
     assert all(5.0 <= it["final"]["mean"] <= 6.0 for it in _iterations(in_tmp / "r"))
@@ -131,26 +134,24 @@ def test_an_installed_entry_point_is_listed_checked_and_used_by_name(in_tmp, mon
 
     _invoke("train", "--reward", "sharpness", "--iterations", "2", "--run-dir", "r", *_fast())
     iterations = _iterations(in_tmp / "r")
-    assert all(set(it["final"]["components"]) == {"sharpness"} and 7.0 <= it["final"]["mean"] <= 8.0 for it in iterations)
+    assert all(set(it["final"]["components"]) == {"sharpness"} and 7.0 <= it["final"]["mean"] <= 8.0
+               for it in iterations)
 
 
 BAD = {
     "broken.py": "import not_a_module_anywhere\n",
-    "shapes.py": ("import math, torch\n"
-                  "VALUE = 3\n"
-                  "def one(images):\n    return images.mean()\n"
-                  "def scalar(images, prompts):\n    return images.mean()\n"
-                  "def listed(images, prompts):\n    return [0.5] * images.shape[0]\n"
-                  "def nan(images, prompts):\n    return torch.full((images.shape[0],), math.nan)\n"
-                  "class NoCall:\n    pass\n"
-                  "class TwoArgs:\n    def __init__(self, a, b):\n        pass\n    def __call__(self, images, prompts):\n"
-                  "        return images.mean((1, 2, 3))\n"),
+    "shapes.py": ("import math, torch\nVALUE = 3\ndef one(images):\n    return images.mean()\ndef scalar(images, "
+                  "prompts):\n    return images.mean()\ndef listed(images, prompts):\n    return [0.5] * "
+                  "images.shape[0]\ndef nan(images, prompts):\n    return torch.full((images.shape[0],), "
+                  "math.nan)\nclass NoCall:\n    pass\nclass TwoArgs:\n    def __init__(self, a, b):\n        pass\n   "
+                  " def __call__(self, images, prompts):\n        return images.mean((1, 2, 3))\n"),
 }
 
 
 @pytest.mark.parametrize("reward,message", [
     ("broken.py:score", "failed to import broken.py: ModuleNotFoundError: No module named 'not_a_module_anywhere'"),
-    ("no_such_package_xyz.rewards:score", "failed to import: ModuleNotFoundError: No module named 'no_such_package_xyz'"),
+    ("no_such_package_xyz.rewards:score",
+     "failed to import: ModuleNotFoundError: No module named 'no_such_package_xyz'"),
     ("shapes.py:nothere", "has no attribute 'nothere' in shapes.py"),
     ("shapes.py:VALUE", "is not callable: it is a int"),
     ("shapes.py:one", "cannot be called as (images, prompts): its signature is (images)"),
@@ -168,7 +169,8 @@ def test_a_plugin_that_cannot_work_is_one_line_before_the_model_loads(in_tmp, re
         error = next(line for line in result.output.splitlines() if line.startswith("error:"))
         assert reward in error and message in error, result.output  # one line: the plugin and what is wrong
         assert "fix:" in result.output
-        assert not Path("r").exists() and not Path("ex").exists()  # refused before the run folder, and the model, were made
+        # refused before the run folder, and the model, were made
+        assert not Path("r").exists() and not Path("ex").exists()
 
 
 @pytest.mark.parametrize("attr,message", [
@@ -178,7 +180,8 @@ def test_a_plugin_that_cannot_work_is_one_line_before_the_model_loads(in_tmp, re
 ])
 def test_a_plugin_whose_scores_are_wrong_is_named_at_its_first_call(in_tmp, attr, message):
     Path("shapes.py").write_text(BAD["shapes.py"])
-    result = runner.invoke(app, ["explore", "--reward", f"shapes.py:{attr}", "--prompt", "a red circle", "--n", "8", "--k", "4",
+    result = runner.invoke(app, ["explore", "--reward", f"shapes.py:{attr}", "--prompt", "a red circle", "--n", "8",
+                                 "--k", "4",
                                  "--steps", "2", "--out", "ex", *_fast()])
     assert result.exit_code == 2, result.output
     assert message in " ".join(result.output.split()), result.output
@@ -195,10 +198,12 @@ def test_the_weight_list_rule():
 @pytest.mark.slow
 def test_every_process_of_a_two_process_run_scores_with_the_plugin(in_tmp):
     Path("plug.py").write_text(PLUGIN)
-    sets = [a for s in (*FAST, "run.threads=1", "sampler.rollout_batch=4", "optimizer.micro_batch=4", "run.eval_prompts=")
+    sets = [a
+            for s in (*FAST, "run.threads=1", "sampler.rollout_batch=4", "optimizer.micro_batch=4", "run.eval_prompts=")
             for a in ("--set", s)]
     done = subprocess.run([sys.executable, "-m", "solrl_cli", "train", "--nproc-per-node", "2", "--iterations", "2",
-                           "--reward", "plug.py:score", "--run-dir", "r", *sets], capture_output=True, text=True, timeout=600,
+                           "--reward", "plug.py:score", "--run-dir", "r", *sets], capture_output=True, text=True,
+                          timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1", "SOLRL_DEBUG": "", "COLUMNS": "300"})
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     iterations = _iterations(in_tmp / "r")
@@ -216,7 +221,8 @@ def test_processes_holding_different_plugin_code_stop_together_naming_it(in_tmp,
     monkeypatch.setattr(distributed, "world_size", lambda: 2)
     monkeypatch.setattr(distributed, "rank", lambda: 1)
     monkeypatch.setattr(distributed, "any_true", lambda flag: flag)
-    monkeypatch.setattr(distributed, "broadcast_object", lambda mine: {n: "score sha256:0123" for n in mine})  # rank 0's
+    # rank 0's
+    monkeypatch.setattr(distributed, "broadcast_object", lambda mine: {n: "score sha256:0123" for n in mine})
     with pytest.raises(Exception, match=r"reward plugin 'plug.py:score' is not the same code on every process: rank 1 "
                                         r"loaded score sha256:\w+, rank 0 score sha256:0123"):
         RewardSet({"plug.py:score": 1.0})

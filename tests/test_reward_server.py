@@ -52,7 +52,8 @@ def _post(url, body, headers=None):
 def test_uint8_on_the_wire_quantises_back_to_the_same_pixels():
     values = torch.arange(256, dtype=torch.uint8)
     decoded = values.float() / 255  # what the server builds from a uint8 or PNG image
-    assert torch.equal(torch.from_numpy(to_uint8(decoded.view(1, 1, 16, 16).expand(1, 3, 16, 16).contiguous())[0, :, :, 0]),
+    assert torch.equal(torch.from_numpy(to_uint8(decoded.view(1, 1, 16, 16).expand(1, 3, 16, 16).contiguous())[0, :, :,
+                                                                                                               0]),
                        values.view(16, 16))
     _, images = noisy_world(4)
     for encoding in ("uint8", "png"):
@@ -77,7 +78,8 @@ def test_the_tiny_world_trains_through_a_remote_reward_exactly_as_in_process(ser
         seen = []
         bus = ev.EventBus()
         bus.subscribe(seen.append)
-        cfg = resolve_config("tiny", "sol_rl", reward=reward, sets=fast_sets("run.iterations=3", "run.eval_prompts=", run_dir=run_dir))
+        cfg = resolve_config("tiny", "sol_rl", reward=reward,
+                             sets=fast_sets("run.iterations=3", "run.eval_prompts=", run_dir=run_dir))
         session = train(cfg, bus, stop=StopFlag())
         return session, [e for e in seen if isinstance(e, ev.IterationFinished)]
 
@@ -86,7 +88,8 @@ def test_the_tiny_world_trains_through_a_remote_reward_exactly_as_in_process(ser
     remote, remote_its = run(name, "remote")
     assert [e.iteration for e in remote_its] == [1, 2, 3]
     for a, b in zip(local_its, remote_its):
-        assert (a.final.mean, a.final.std, a.draft.mean, a.draft.std) == (b.final.mean, b.final.std, b.draft.mean, b.draft.std)
+        assert (a.final.mean, a.final.std, a.draft.mean, a.draft.std) == (b.final.mean, b.final.std, b.draft.mean,
+                                                                          b.draft.std)
         assert a.final.components["tinyworld_geneval"] == b.final.components[name]
         assert a.loss == b.loss
     for which in ("default", "old", "ema"):
@@ -101,7 +104,8 @@ def test_a_server_killed_mid_run_stops_the_run_with_an_intact_checkpoint(tmp_pat
     with reward_server(tmp_path, "--reward", "tinyworld_geneval") as served:
         bus, seen = ev.EventBus(), []
         bus.subscribe(seen.append)
-        bus.subscribe(lambda e: served.proc.kill() if isinstance(e, ev.IterationFinished) and e.iteration == 1 else None)
+        bus.subscribe(lambda e: served.proc.kill() if isinstance(e, ev.IterationFinished) and e.iteration == 1
+                      else None)
         cfg = resolve_config("tiny", "sol_rl", reward=f"remote:{served.url}",
                              sets=fast_sets("run.iterations=4", "run.eval_prompts=", "reward.timeout_s=60"))
         t0 = time.monotonic()
@@ -120,7 +124,8 @@ def test_a_server_killed_mid_run_stops_the_run_with_an_intact_checkpoint(tmp_pat
 def test_an_unreachable_server_stops_the_run_before_it_starts(tmp_path, fast_sets):
     from tests.serving import free_port
 
-    cfg = resolve_config("tiny", "sol_rl", reward=f"remote:http://127.0.0.1:{free_port()}", sets=fast_sets("run.iterations=1"))
+    cfg = resolve_config("tiny", "sol_rl", reward=f"remote:http://127.0.0.1:{free_port()}",
+                         sets=fast_sets("run.iterations=1"))
     with pytest.raises(SolrlError, match=r"is not reachable \(ConnectionRefusedError"):
         train(cfg, ev.EventBus(), stop=StopFlag())
     assert not (tmp_path / "run" / "checkpoints").exists()
@@ -157,7 +162,8 @@ def test_a_token_guards_every_request(tmp_path):
 def test_binding_beyond_loopback_without_a_token_is_refused():
     proc = subprocess.run([sys.executable, "-m", "solrl_cli", "reward-server", "--reward", "tinyworld_geneval",
                            "--host", "0.0.0.0", "--port", "0"], cwd=ROOT, capture_output=True, text=True, timeout=120,
-                          env={**{k: v for k, v in os.environ.items() if k != "SOLRL_REWARD_TOKEN"}, "PYTHONPATH": str(ROOT),
+                          env={**{k: v for k, v in os.environ.items() if k != "SOLRL_REWARD_TOKEN"},
+                               "PYTHONPATH": str(ROOT),
                                "SOLRL_DEBUG": ""})
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "error: serving on 0.0.0.0 (not loopback) without a token" in proc.stderr
@@ -172,10 +178,12 @@ def test_oversized_and_malformed_requests_get_a_4xx_with_the_reason_and_disturb_
         (b"{not json", 400, "body is not JSON"),
         ({"images": good["images"]}, 422, "'prompts', a list of strings"),
         ({**good, "prompts": prompts[:1]}, 422, "2 images but 1 prompts"),
-        ({**good, "images": [short, good["images"][1]]}, 422, "image 0: 10 bytes of data for shape [32, 32, 3] in uint8"),
+        ({**good, "images": [short, good["images"][1]]}, 422,
+         "image 0: 10 bytes of data for shape [32, 32, 3] in uint8"),
         ({**good, "images": [dict(short, data="%%%"), good["images"][1]]}, 422, "image 0: 'data' is not valid base64"),
         ({**good, "images": [dict(short, format="pickle"), good["images"][1]]}, 422, "format 'pickle' is not one of"),
-        ({**good, "images": [dict(good["images"][0], shape=[40000, 40000, 3]), good["images"][1]]}, 422, "pixels per side"),
+        ({**good, "images": [dict(good["images"][0], shape=[40000, 40000, 3]), good["images"][1]]}, 422, "pixels per "
+                                                                                                         "side"),
         ({"prompts": ["a red circle"] * 65, "images": [good["images"][0]] * 65}, 413, "at most 64"),
         ({**good, "prompts": ["a red circle", "a cat"]}, 422, "cannot judge prompt 1 ('a cat')"),
     ]

@@ -119,7 +119,8 @@ def test_a_png_bomb_is_refused_from_its_header_and_the_server_stays_small(plain)
         img.load()
         assert img.size == (4096, 4096)
     prompts, images = noisy_world(2)
-    assert post(plain.url + "/score", {"prompts": prompts, "images": encode_images(images, "png")})[0] == 200  # warmed up
+    # warmed up
+    assert post(plain.url + "/score", {"prompts": prompts, "images": encode_images(images, "png")})[0] == 200
     before = peak_rss_kib(plain.proc.pid)
     t0 = time.monotonic()
     status, answer = post(plain.url + "/score", {"prompts": ["a red circle"], "images": [png_item(bomb)]})
@@ -127,13 +128,15 @@ def test_a_png_bomb_is_refused_from_its_header_and_the_server_stays_small(plain)
     grown_mib = (peak_rss_kib(plain.proc.pid) - before) / 1024
     assert status == 422 and "4096x4096 is larger than the server's" in answer["detail"], answer
     assert seconds < 20, seconds  # 14 ms unloaded; decoding it took 45 s
-    assert grown_mib < 16, f"the server's peak memory grew by {grown_mib:.0f} MiB"  # decoded, it is 48 MiB uint8 + 192 MiB float
+    # decoded, it is 48 MiB uint8 + 192 MiB float
+    assert grown_mib < 16, f"the server's peak memory grew by {grown_mib:.0f} MiB"
 
 
 def test_decoded_bytes_per_request_are_bounded_and_a_client_splits_its_batch_to_fit(plain, guarded):
     _, info = request(plain.url + "/health")
     side, limit = info["max_side"], info["max_decoded_bytes"]
-    count = limit // (side * side * 3 * 4) + 1  # images of the largest side allowed (each passes alone), one more than fit
+    # images of the largest side allowed (each passes alone), one more than fit
+    count = limit // (side * side * 3 * 4) + 1
     item = png_item(png(side))
     before = peak_rss_kib(plain.proc.pid)
     status, answer = post(plain.url + "/score", {"prompts": ["a red circle"] * count, "images": [item] * count})
@@ -170,7 +173,8 @@ def test_the_rewards_own_work_is_bounded_two_2048_pngs_within_the_decode_budget_
     assert status == 422 and "2048x2048 is larger than the server's 256 pixels per side" in answer["detail"], answer
     assert grown_mib < 64, f"the server's peak memory grew by {grown_mib:.0f} MiB"
     largest = json.dumps({"prompts": ["a red circle"] * 2, "images": [png_item(png(256))] * 2}).encode()
-    (status, answer), grown_mib = peak_growth_mib(plain.proc.pid, lambda: post(plain.url + "/score", largest, timeout=300))
+    (status, answer), grown_mib = peak_growth_mib(plain.proc.pid,
+                                                  lambda: post(plain.url + "/score", largest, timeout=300))
     assert status == 200 and len(answer["total"]) == 2, answer
     assert grown_mib < 64, f"scoring two 256x256 images grew the server's peak by {grown_mib:.0f} MiB"
 
@@ -228,7 +232,8 @@ def test_57_mib_of_empty_objects_is_refused_before_it_is_built(plain):
     (status, answer), grown_mib = peak_growth_mib(plain.proc.pid, lambda: post(plain.url + "/check", body, timeout=120))
     assert status == 413 and answer["detail"] == "body holds more than 17408 JSON values", answer
     assert "send at most 512 images per request" in answer["fix"]
-    assert grown_mib < 300, f"the server's peak memory grew by {grown_mib:.0f} MiB"  # the body, read; json.loads: +1.5 GB
+    # the body, read; json.loads: +1.5 GB
+    assert grown_mib < 300, f"the server's peak memory grew by {grown_mib:.0f} MiB"
 
 
 def test_a_png_is_read_for_its_pixels_alone_and_an_animated_one_is_refused(plain):
@@ -238,7 +243,8 @@ def test_a_png_is_read_for_its_pixels_alone_and_an_animated_one_is_refused(plain
     prompts, images = noisy_world(2)
     clean = encode_images(images, "png")
     ihdr_end = 8 + 12 + 13
-    texts = b"".join(chunk(b"zTXt", b"note%d\0\0" % i + zlib.compress(b"\0" * 2**21, 9)) for i in range(40))  # 80 MiB inflated
+    # 80 MiB inflated
+    texts = b"".join(chunk(b"zTXt", b"note%d\0\0" % i + zlib.compress(b"\0" * 2**21, 9)) for i in range(40))
     raw = [base64.b64decode(item["data"]) for item in clean]
     noted = [png_item(r[:ihdr_end] + texts + r[ihdr_end:]) for r in raw]
     expected = post(plain.url + "/score", {"prompts": prompts, "images": clean})[1]["total"]
@@ -246,8 +252,8 @@ def test_a_png_is_read_for_its_pixels_alone_and_an_animated_one_is_refused(plain
     assert (status, answer.get("total")) == (200, expected), answer  # before: 422, PIL's "Decompressed Data Too Large"
     animated = png_item(raw[0][:ihdr_end] + chunk(b"acTL", struct.pack(">II", 5, 0)) + raw[0][ihdr_end:])
     status, answer = post(plain.url + "/score", {"prompts": prompts[:1], "images": [animated]})
-    assert status == 422 and answer["detail"] == "image 0: an animated PNG (5 frames); send each frame as an image of its own " \
-                                                 "(a clip's frames as 'videos')", answer
+    assert status == 422 and answer["detail"] == ("image 0: an animated PNG (5 frames); send each frame as an image of "
+                                                  "its own (a clip's frames as 'videos')"), answer
 
 
 def test_hostile_bodies_get_a_4xx_with_the_reason_never_a_500(plain):
@@ -259,7 +265,8 @@ def test_hostile_bodies_get_a_4xx_with_the_reason_never_a_500(plain):
         ({"prompts": ["a red circle"], "images": [png_item(png(20000, rows=1))]}, 422, "20000x20000 is larger than"),
         ({"prompts": ["a red circle"], "images": [png_item(png(32)[:60])]}, 422, "not a readable PNG"),
         ({"prompts": ["a red circle"], "images": [png_item(b"GIF89a" + png(32)[6:])]}, 422, "not a readable PNG"),
-        ({"prompts": ["a red circle"], "images": [png_item(png(32)[:16] + bytes(8) + png(32)[24:])]}, 422, "declares 0x0"),
+        ({"prompts": ["a red circle"], "images": [png_item(png(32)[:16] + bytes(8) + png(32)[24:])]}, 422, "declares "
+                                                                                                           "0x0"),
     ]
     for body, status, reason in cases:
         got, answer = post(plain.url + "/score", body)
@@ -277,9 +284,11 @@ def test_the_default_limits_fit_every_legitimate_request():
     assert default.max_request_bytes < 500_000_000  # the declared body the server once waited on is refused at once
     small = derive([TinyWorldReward()], max_images=512, max_decoded_mb=1)
     side = 64
-    count = small.max_decoded_bytes // (side * side * 12)  # float32 on the wire: the widest encoding, at the decoded limit
+    # float32 on the wire: the widest encoding, at the decoded limit
+    count = small.max_decoded_bytes // (side * side * 12)
     images = torch.rand(count, 3, side, side, generator=torch.Generator().manual_seed(0))
-    body = json.dumps({"prompts": ["a red circle left of a blue square" * 50] * count, "images": encode_images(images, "float32")})
+    body = json.dumps({"prompts": ["a red circle left of a blue square" * 50] * count,
+                       "images": encode_images(images, "float32")})
     assert small.max_decoded_bytes * 4 / 3 < len(body) <= small.max_request_bytes
 
 
@@ -427,7 +436,8 @@ def test_the_server_says_what_it_serves(plain):
     status, info = request(plain.url + "/info")
     assert status == 200
     _, health = request(plain.url + "/health")
-    expected = server_identity({"tinyworld_geneval": TinyWorldReward()}, {"tinyworld_geneval": 1.0}, health["versions"]["solrl"])
+    expected = server_identity({"tinyworld_geneval": TinyWorldReward()}, {"tinyworld_geneval": 1.0},
+                               health["versions"]["solrl"])
     assert info == expected == health["identity"]
     assert info["name"] == "solrl reward-server" and len(info["fingerprint"]) == 64
 
@@ -439,7 +449,8 @@ def test_a_changed_server_warns_instead_when_the_run_allows_it(tmp_path):
 
     (tmp_path / RECORD_FILE).write_text(json.dumps({"remote:http://h:1": Stub("tinyworld_geneval").identity}))
     assert check_servers(tmp_path, {"remote:http://h:1": Stub("tinyworld_geneval")}) == []
-    with pytest.raises(SolrlError, match=r"remote:http://h:1 now serves jpeg_compressibility=1 .* not tinyworld_geneval=1"):
+    with pytest.raises(SolrlError, match=r"remote:http://h:1 now serves jpeg_compressibility=1 .* not "
+                                         r"tinyworld_geneval=1"):
         check_servers(tmp_path, {"remote:http://h:1": Stub("jpeg_compressibility")})
     notes = check_servers(tmp_path, {"remote:http://h:1": Stub("jpeg_compressibility")}, "warn")
     assert len(notes) == 1 and "going on (reward.remote.on_change=warn)" in notes[0]

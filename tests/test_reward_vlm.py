@@ -37,7 +37,8 @@ def guarded_slow_vlm(tmp_path_factory):
 def _ask(prompt, image, **extra):
     url = "data:image/png;base64," + base64.b64encode(png_bytes(image)).decode()
     return {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}},
-                                                                      {"type": "text", "text": f'Does this image show "{prompt}"?'}]}],
+                                                                      {"type": "text", "text": f'Does this image show '
+                                                                                               f'"{prompt}"?'}]}],
             **extra}
 
 
@@ -52,7 +53,8 @@ def test_the_stand_in_server_speaks_the_openai_schema(vlm):
     first = reply.choices[0].logprobs.content[0]
     assert {t.token for t in first.top_logprobs} == {"yes", "no"} and first.token == reply.choices[0].message.content
     # The raw answers validated by the library's own pydantic types (the client builds its objects without validating).
-    status, raw = request(vlm.url + "/v1/chat/completions", json.dumps(_ask(prompts[1], images[1], max_tokens=4)).encode())
+    status, raw = request(vlm.url + "/v1/chat/completions",
+                          json.dumps(_ask(prompts[1], images[1], max_tokens=4)).encode())
     assert status == 200
     validated = ChatCompletion.model_validate(raw)
     assert validated.choices[0].message.content.isdigit() and validated.choices[0].logprobs is None
@@ -103,7 +105,8 @@ def test_endpoint_problems_are_named(vlm, guarded_slow_vlm, monkeypatch):
         VlmJudge(f"vlm:{guarded_slow_vlm.url}/v1", {}, timeout_s=30)
     assert "OPENAI_API_KEY" in refused.value.fix
     monkeypatch.setenv("OPENAI_API_KEY", "k3y")
-    judge = VlmJudge(f"vlm:{guarded_slow_vlm.url}/v1", {}, timeout_s=0.5)  # listing models is quick; judging takes 1.5 s
+    # listing models is quick; judging takes 1.5 s
+    judge = VlmJudge(f"vlm:{guarded_slow_vlm.url}/v1", {}, timeout_s=0.5)
     prompts, images = noisy_world(1)
     with pytest.raises(SolrlError, match="did not answer within 0.5 s"):
         judge(images, prompts)

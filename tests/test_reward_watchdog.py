@@ -102,7 +102,8 @@ def test_a_hung_reward_stops_the_cli_with_a_checkpoint_that_resumes(tmp_path):
     script = tmp_path / "hang.py"
     script.write_text(_HANG)
     run_dir = tmp_path / "run"
-    sets = [a for s in (*FAST, "run.eval_prompts=", f"run.run_dir={run_dir}", "reward.timeout_s=2") for a in ("--set", s)]
+    sets = [a for s in (*FAST, "run.eval_prompts=", f"run.run_dir={run_dir}", "reward.timeout_s=2")
+            for a in ("--set", s)]
     code, out, _ = _solrl(script, 2, "train", *sets, "--iterations", "3")  # iteration 2's first scoring hangs
     assert code == 2, out
     assert "error: reward 'tinyworld_geneval' did not finish scoring a batch within reward.timeout_s=2 s" in out
@@ -132,7 +133,8 @@ def test_a_reward_that_raises_once_is_retried_and_the_run_equals_an_untouched_on
         x, y = straight.run.engine.policy.state(which), retried.run.engine.policy.state(which)
         assert all(torch.equal(x[k], y[k]) for k in x), which
     warnings = [e.message for e in seen if isinstance(e, ev.RunWarning)]
-    assert warnings == ["reward 'tinyworld_geneval' raised RuntimeError: reward server said 503 (call 3); trying again (1 of 1)"]
+    assert warnings == ["reward 'tinyworld_geneval' raised RuntimeError: reward server said 503 (call 3); trying again "
+                        "(1 of 1)"]
 
 
 def test_a_reward_that_keeps_raising_stops_with_a_checkpoint_of_the_last_finished_iteration(quick, monkeypatch):
@@ -140,7 +142,8 @@ def test_a_reward_that_keeps_raising_stops_with_a_checkpoint_of_the_last_finishe
     _spoil_reward(monkeypatch, lambda n: n > 2)  # every scoring of iteration 2 on
     failed, seen = _train(quick("run.iterations=3", run_dir="b"))
     assert isinstance(failed, RewardFailure) and failed.reward == "tinyworld_geneval"
-    assert failed.message == "reward 'tinyworld_geneval' failed (2 tries): RuntimeError: reward server said 503 (call 4)"
+    assert (failed.message == "reward 'tinyworld_geneval' failed (2 tries): RuntimeError: reward server said 503 (call "
+                              "4)")
     assert "--resume" in failed.fix
     assert [e.reason for e in seen if isinstance(e, ev.RunFinished)] == ["failed"]
     saved = Path(resolve_config("tiny", sets=quick(run_dir="b")).run.run_dir) / "checkpoints"
@@ -162,7 +165,8 @@ def test_a_reward_failing_in_an_evaluation_saves_the_iteration_just_finished(qui
     assert isinstance(failed, RewardFailure) and len(calls) == 5 and calls[0] == calls[-1] == 1
     assert [e.weights for e in seen if isinstance(e, ev.EvalFinished)] == ["base"]
     assert [Path(e.path).name for e in seen if isinstance(e, ev.CheckpointSaved)] == ["iter_000001"]
-    reference, saved = straight.run.run_dir / "checkpoints" / "iter_000001", tmp_path / "b" / "checkpoints" / "iter_000001"
+    reference, saved = (straight.run.run_dir / "checkpoints" / "iter_000001",
+                        tmp_path / "b" / "checkpoints" / "iter_000001")
     assert verify(saved) is None
     for part in ("", "old/", "ema/"):  # the EMA was swapped back before scoring: the trained weights are saved
         a, b = load_file(str(reference / f"{part}{LORA}")), load_file(str(saved / f"{part}{LORA}"))
@@ -209,7 +213,8 @@ def test_an_oom_passes_the_watchdog_unchanged_and_untried_again():
     rewards.rewards["tinyworld_geneval"] = lambda images, prompts: oom()
     with pytest.raises(error) as info:
         rewards(torch.rand(1, 3, 8, 8), ["x"])
-    assert phase_of(info.value) == "reward" and len(calls) == 2  # charged to the reward phase: backoff.py halves its batch
+    # charged to the reward phase: backoff.py halves its batch
+    assert phase_of(info.value) == "reward" and len(calls) == 2
 
 
 def test_a_keyboard_interrupt_is_not_retried():

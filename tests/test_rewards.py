@@ -148,15 +148,18 @@ def test_unknown_reward_and_a_missing_backend_are_clear_errors(monkeypatch):
         RewardSet({"hpsv2": 1.0})
 
 
-@pytest.mark.parametrize("name", sorted(n for n, info in BUILTIN.items() if info.build is not None and not info.weights))
+@pytest.mark.parametrize("name",
+                         sorted(n for n, info in BUILTIN.items() if info.build is not None and not info.weights))
 def test_every_reward_without_weights_builds_and_scores_in_its_range(name):
     """Each weight-free built-in is built through its registry entry and scores a batch: one float per
     image (per clip for a video reward), finite, and no higher than its declared best."""
     info = BUILTIN[name]
     reward = info.build(RewardContext(torch.device("cpu"), torch.float32))
     shape = (2, 4, 3, 16, 16) if info.media == "video" else (2, 3, 32, 32)
-    prompts = {"tinyworld_geneval": ["a red circle", "two blue squares"], "tinyworld_fidelity": ["a red circle", "two blue squares"],
-               "tinyvideo_geneval": ["a red circle moving to the left", "two blue squares moving up"]}.get(name, ["a photo", "a cat"])
+    prompts = {"tinyworld_geneval": ["a red circle", "two blue squares"],
+               "tinyworld_fidelity": ["a red circle", "two blue squares"],
+               "tinyvideo_geneval": ["a red circle moving to the left",
+                                     "two blue squares moving up"]}.get(name, ["a photo", "a cat"])
     scores = torch.as_tensor(reward(torch.rand(shape, generator=torch.Generator().manual_seed(0)), prompts))
     assert scores.shape == (2,) and torch.isfinite(scores).all()
     assert info.best is None or bool((scores <= info.best).all())

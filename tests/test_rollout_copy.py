@@ -57,7 +57,8 @@ def test_the_copy_equals_the_adapter_path_and_follows_each_refresh_in_place(fast
         with_copy.engine.refresh_copies()
         ours, theirs = _full_latents(with_copy, [5, 6, 7]), _full_latents(without, [5, 6, 7])
         assert torch.allclose(ours, theirs, atol=1e-4), (ours - theirs).abs().max()
-    assert with_copy.engine.rollout_copy.module is module  # refreshed in place: not rebuilt, a compiled graph stays valid
+    # refreshed in place: not rebuilt, a compiled graph stays valid
+    assert with_copy.engine.rollout_copy.module is module
     assert [p.data_ptr() for p in module.parameters()] == pointers
     before = _full_latents(with_copy, [5])
     with_copy.engine.policy.update_old(0.0)  # old <- default: the copy must follow at the next sync
@@ -136,7 +137,8 @@ def test_each_iteration_reports_peak_memory_per_phase(fast_sets):
     bus = ev.EventBus()
     seen: list[object] = []
     bus.subscribe(seen.append)
-    train(resolve_config("tiny", "sol_rl", sets=fast_sets("run.iterations=1", "run.eval_prompts=")), bus, stop=StopFlag())
+    train(resolve_config("tiny", "sol_rl", sets=fast_sets("run.iterations=1", "run.eval_prompts=")), bus,
+          stop=StopFlag())
     (it,) = [e for e in seen if isinstance(e, ev.IterationFinished)]
     assert set(it.peak_memory) == {"explore", "regenerate", "train", "sync", "total"}
     assert all(v > 0 for v in it.peak_memory.values()) and it.memory_source == "process peak RSS"
@@ -157,7 +159,8 @@ def test_the_compiled_update_is_compiled_before_iteration_1_and_never_again(fast
     # 2 prompts x N=24 drafts in rollout chunks of 16; the rank check's 24 seeds in 16 + 8, Stage 2's 8 kept;
     # the update's 8 samples in micro-batches of 3, 3 and 2: batch sizes on both sides of 16, where
     # the CPU's convolution backend (and so a graph guard) changes
-    cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("run.iterations=2", "run.eval_prompts=", "optimizer.compile=true",
+    cfg = resolve_config("tiny", "sol_rl",
+                         sets=fast_sets("run.iterations=2", "run.eval_prompts=", "optimizer.compile=true",
                                                           "optimizer.micro_batch=3", "explore.compile=true",
                                                           "sampler.compile=true", "sampler.rollout_copy=true",
                                                           "explore.group_size=24", "explore.rank_check_every=1"))
@@ -182,7 +185,8 @@ def test_kl_beta_zero_runs_no_reference_forward(fast_sets, monkeypatch):
     """The reference only enters the loss through kl_beta: at 0 it is not run, the loss and gradient
     are those of a run that computes it at a vanishing weight, and the KL is reported as not
     measured (NaN)."""
-    sessions = [_session(fast_sets, f"algorithm.kl_beta={beta}", run_dir=f"kl{i}") for i, beta in enumerate(("0", "1e-30"))]
+    sessions = [_session(fast_sets, f"algorithm.kl_beta={beta}", run_dir=f"kl{i}")
+                for i, beta in enumerate(("0", "1e-30"))]
     _perturb(sessions[0].engine.policy, 4)
     for name in (TRAINED, OLD):
         sessions[1].engine.policy.load_state(name, sessions[0].engine.policy.state(name))
@@ -193,7 +197,8 @@ def test_kl_beta_zero_runs_no_reference_forward(fast_sets, monkeypatch):
     for s in sessions:
         states: list[object] = []
         real_use = s.engine.policy.use
-        monkeypatch.setattr(s.engine.policy, "use", lambda state, real_use=real_use, states=states: states.append(state) or real_use(state))
+        monkeypatch.setattr(s.engine.policy, "use", lambda state, real_use=real_use,
+                            states=states: states.append(state) or real_use(state))
         results.append((update(s, batch, np.random.default_rng(7)), states))
     (skipped, skipped_states), (with_ref, ref_states) = results
     assert None not in skipped_states and None in ref_states  # None: the reference (adapters disabled)
@@ -205,7 +210,8 @@ def test_kl_beta_zero_runs_no_reference_forward(fast_sets, monkeypatch):
 
 @pytest.mark.parametrize("sets, copies", [((), "max-autotune-no-cudagraphs"),  # the default: the official copies' mode
                                            (("run.compile_mode=default",), None)])
-def test_the_compile_mode_reaches_the_copies_and_the_update_compiles_in_default_mode(fast_sets, monkeypatch, sets, copies):
+def test_the_compile_mode_reaches_the_copies_and_the_update_compiles_in_default_mode(fast_sets, monkeypatch, sets,
+                                                                                     copies):
     import solrl_core.engine.regions as regions
 
     modes: list[str | None] = []
@@ -251,7 +257,8 @@ def test_an_fp8_copy_under_max_autotune_runs_its_gemms_untuned_and_the_others_fo
     ("sol_rl", (), {"explore copy": [24], "rollout copy": [24, 16, 8], "update": [16, 8]}),
     ("naive_scaling", (), {"rollout copy": [24, 16, 8], "update": [16, 8]}),  # Stage 1 at full precision
     ("diffusionnft", (), {"rollout copy": [24, 16, 8], "update": [16, 8]}),  # K seeds, no Stage 2
-    # N=30 in chunks of 20: Stage 1's 3 groups of 30 drafts, each in 20 + 10 (one group a batch), Stage 2's 24 in 20 + 4, the rank
+    # N=30 in chunks of 20: Stage 1's 3 groups of 30 drafts, each in 20 + 10 (one group a batch), Stage 2's 24 in 20 +
+    # 4, the rank
     # check's 30 in 20 + 10 (the 10 on the rollout copy comes from it)
     ("sol_rl", ("explore.group_size=30", "sampler.rollout_batch=20", "explore.rank_check_every=5"),
      {"explore copy": [20, 10], "rollout copy": [20, 16, 10, 8, 4], "update": [16, 8]}),
@@ -263,7 +270,8 @@ def test_warm_up_sizes_are_the_batches_of_an_iteration(family, sets, sizes):
 
     from solrl_core.plan.plan import plan_stages
 
-    cfg = resolve_config("tiny", family, sets=["run.prompts_per_iteration=3", "explore.group_size=24", "selection.group_size=8",
+    cfg = resolve_config("tiny", family,
+                         sets=["run.prompts_per_iteration=3", "explore.group_size=24", "selection.group_size=8",
                                                "sampler.rollout_batch=24", "optimizer.micro_batch=16", *sets])
     plan = plan_stages(cfg, "fp32", "nvfp4-emulated" if family == "sol_rl" else "fp32")
     explore_copy = SimpleNamespace(precision=plan.explore_precision) if plan.explore_precision != "fp32" else None
@@ -284,7 +292,8 @@ def test_without_a_rollout_copy_the_full_rollouts_use_the_compiled_blocks_warmed
 
         def spy(self, model, network, *args, real=real, seen=seen):
             blocks = repeated_blocks(network)
-            seen.append((network is not session_run[0].engine.policy.transformer, blocks[0]._compiled_call_impl is not None))
+            seen.append((network is not session_run[0].engine.policy.transformer,
+                         blocks[0]._compiled_call_impl is not None))
             return real(self, model, network, *args)
 
         session_run: list = []
@@ -292,8 +301,10 @@ def test_without_a_rollout_copy_the_full_rollouts_use_the_compiled_blocks_warmed
         bus = ev.EventBus()
         bus.subscribe(lambda e: setattr(torch._dynamo.config, "error_on_recompile", True)
                       if isinstance(e, ev.CompileFinished) and e.target == "update" else None)
-        cfg = resolve_config("tiny", "sol_rl", sets=fast_sets("run.iterations=2", "run.eval_prompts=", "optimizer.compile=true",
-                                                              "sampler.rollout_copy=false", f"sampler.compile={str(compiled).lower()}",
+        cfg = resolve_config("tiny", "sol_rl",
+                             sets=fast_sets("run.iterations=2", "run.eval_prompts=", "optimizer.compile=true",
+                                                              "sampler.rollout_copy=false",
+                                            f"sampler.compile={str(compiled).lower()}",
                                                               run_dir=f"r{compiled}"))
         opened = open_session(cfg)
         session_run.append(opened.run)
@@ -304,7 +315,8 @@ def test_without_a_rollout_copy_the_full_rollouts_use_the_compiled_blocks_warmed
         assert opened.run.machine.policy_rollout_compile == compiled
         full = [on for explore_copy, on in seen if not explore_copy]
         assert len(full) == 2 and all(on == compiled for on in full), seen  # Stage 2 of both iterations
-        assert not any(b._compiled_call_impl for b in repeated_blocks(opened.run.engine.policy.transformer))  # off again after
+        # off again after
+        assert not any(b._compiled_call_impl for b in repeated_blocks(opened.run.engine.policy.transformer))
 
 
 @pytest.mark.parametrize("compiled", [False, True])

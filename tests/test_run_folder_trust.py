@@ -50,7 +50,8 @@ def finished(tmp_path_factory):  # type: ignore[no-untyped-def]
     os.chdir(home)
     try:
         args = [a for s in (*FAST, "run.eval_prompts=") for a in ("--set", s)]
-        result = runner.invoke(app, ["train", *args, "--iterations", "1", "--run-dir", "r", "--set", "model.lora_rank=8"])
+        result = runner.invoke(app, ["train", *args, "--iterations", "1", "--run-dir", "r", "--set",
+                                     "model.lora_rank=8"])
         assert result.exit_code == 0, result.output
     finally:
         os.chdir(cwd)
@@ -77,7 +78,8 @@ def _solrl(*args: str, token: bool = False) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("SOLRL_DEBUG", "SOLRL_REWARD_TOKEN")}
     if token:
         env["SOLRL_REWARD_TOKEN"] = TOKEN
-    return subprocess.run([sys.executable, "-m", "solrl_cli", *args], capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run([sys.executable, "-m", "solrl_cli", *args], capture_output=True, text=True, timeout=300,
+                          env=env)
 
 
 def _refused(done: subprocess.CompletedProcess, name: str) -> None:
@@ -107,7 +109,8 @@ def test_a_plugin_a_run_folder_names_is_never_imported_until_the_user_accepts_it
     assert [e["final"]["components"].keys() for e in events if e["event"] == "iteration"][-1] == {"r/evil.py:score"}
 
     marker.unlink()
-    again = _solrl("eval", "r", *CHEAP_EVAL, "--reward", "r/evil.py:score=1")  # the same --reward given again accepts it
+    # the same --reward given again accepts it
+    again = _solrl("eval", "r", *CHEAP_EVAL, "--reward", "r/evil.py:score=1")
     assert again.returncode == 0 and marker.exists(), again.stdout + again.stderr
 
 
@@ -152,14 +155,16 @@ def listener():  # type: ignore[no-untyped-def]
     served.close()
 
 
-def test_a_url_a_run_folder_names_gets_no_request_nor_token_until_the_user_accepts_it(in_tmp, finished, listener, monkeypatch):
+def test_a_url_a_run_folder_names_gets_no_request_nor_token_until_the_user_accepts_it(in_tmp, finished, listener,
+                                                                                      monkeypatch):
     name = f"remote:{listener.url}"
     _planted(finished, in_tmp, {name: 1.0})
     for command in (["train", "--resume", "r", "--iterations", "2"], ["eval", "r", *CHEAP_EVAL]):
         _refused(_solrl(*command, token=True), name)
         assert listener.received == [], f"{command[0]} sent a request to the URL the run folder names"
 
-    _solrl("train", "--resume", "r", "--iterations", "2", "--trust-run-config", token=True)  # the listener's 503 ends it
+    # the listener's 503 ends it
+    _solrl("train", "--resume", "r", "--iterations", "2", "--trust-run-config", token=True)
     assert len(listener.received) == 1 and f"Authorization: Bearer {TOKEN}".encode() in listener.received[0]
     monkeypatch.setenv("SOLRL_REWARD_TOKEN", TOKEN)  # the same --reward again, in this process (torch is loaded here)
     runner.invoke(app, ["train", "--resume", "r", "--iterations", "2", "--reward", f"{name}=1"])

@@ -26,7 +26,8 @@ def solrl(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 @pytest.mark.parametrize("args,message", [
     (["--preset", "tiny_sol_rl_tinyworld_geneval", "--model", "tiny_video"],
      "preset tiny_sol_rl_tinyworld_geneval names model tiny, and model tiny_video was given too"),
-    (["--preset", "tiny_sol_rl_tinyworld_geneval", "--family", "naive_scaling"], "names family sol_rl, and family naive_scaling"),
+    (["--preset", "tiny_sol_rl_tinyworld_geneval", "--family", "naive_scaling"], "names family sol_rl, and family "
+                                                                                 "naive_scaling"),
     (["--preset", "tiny_sol_rl_tinyworld_geneval", "--reward", "jpeg_compressibility"],
      "names reward tinyworld_geneval, and reward jpeg_compressibility"),
     (["--reward", "tinyworld_geneval=0"], "every reward has weight 0 (tinyworld_geneval=0)"),
@@ -87,5 +88,6 @@ def test_rank_check_ends_with_a_verdict_for_this_machine():
     assert said.startswith("use --explore-precision fp32 on this machine: it ranks as well or better in less time")
     assert "91.0s vs 66.5s" in said
     fast_low = {"nvfp4-emulated@6": 10.0, "nvfp4-emulated@10": 15.0, "fp32@6": 20.0, "fp32@10": 30.0}
-    assert verdict(_rank_check(fast_low, "nvfp4-emulated@6")).startswith("keep nvfp4-emulated: it ranks as well or better")
+    assert verdict(_rank_check(fast_low, "nvfp4-emulated@6")).startswith("keep nvfp4-emulated: it ranks as well or "
+                                                                         "better")
     assert verdict(_rank_check(fast_low, "fp32@6")).startswith("keep nvfp4-emulated for speed (10.0s vs 20.0s)")

@@ -41,7 +41,8 @@ def test_cuda_only_rows_are_chosen_on_sm_90_and_sm_100_and_skipped_with_their_re
     assert "needs 2 or more GPUs, one per process (this machine has 1)" in hopper["fsdp/multi-process"]
     assert blackwell["fsdp/multi-process"] is None  # 2 GPUs: a process on each
     assert "no GPU: FP8 GEMMs" in cpu["explore/fp8"]
-    for name in ("tiny-world/sol_rl", "model/sana", "model/flux1", "model/sd3", "model/wan21_t2v_1_3b", "family/naive_scaling",
+    for name in ("tiny-world/sol_rl", "model/sana", "model/flux1", "model/sd3", "model/wan21_t2v_1_3b",
+                 "family/naive_scaling",
                  "explore/nvfp4-emulated", "explore/fp8-e5m2-tensor", "rollout-copy", "calibration", "rank-check",
                  "reward-server", "fsdp/1-process"):
         assert cpu[name] is None, (name, cpu[name])  # every row a CPU can run, runs
@@ -51,7 +52,8 @@ def test_cuda_only_rows_are_chosen_on_sm_90_and_sm_100_and_skipped_with_their_re
 
 
 def test_only_selects_rows_by_glob_or_substring_and_refuses_a_pattern_that_matches_none(tmp_path):
-    assert matches("explore/fp8", "explore/*") and matches("explore/fp8", "fp8") and not matches("model/sana", "explore/*")
+    assert matches("explore/fp8", "explore/*") and matches("explore/fp8", "fp8") and not matches("model/sana",
+                                                                                                 "explore/*")
     assert matches("reward-server", "model/sd3,reward")
     ctx = Context("cpu", None, 0, tmp_path)
     assert list(_reasons(ctx, "memory/*")) == ["memory/cpu-whole", "memory/cpu-blocks"]
@@ -65,7 +67,8 @@ def test_the_selftest_options_are_refused_where_they_mean_nothing():
 
     from solrl_cli.app import app
 
-    for args, said in ((["--selftest", "--json"], "use --json-out PATH"), (["--only", "explore/*"], "--only is for the self-test"),
+    for args, said in ((["--selftest", "--json"], "use --json-out PATH"), (["--only", "explore/*"], "--only is for the "
+                                                                                                    "self-test"),
                        (["--json-out", "rows.json"], "--json-out is for the self-test")):
         result = CliRunner().invoke(app, ["doctor", *args])
         assert result.exit_code == 2 and said in result.output, (args, result.output)

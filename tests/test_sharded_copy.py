@@ -55,7 +55,8 @@ def _fp8_copies_agree(engine) -> None:  # type: ignore[no-untyped-def]
     from solrl_core.precision.quantize import LayerRule
 
     base = load_model(engine.config.model, engine.device, engine.dtype).transformer
-    sharded, whole = (RolloutCopy(meta_copy(base), "fp8", LayerRule.of(engine.config.model), sharded=s) for s in (True, False))
+    sharded, whole = (RolloutCopy(meta_copy(base), "fp8", LayerRule.of(engine.config.model), sharded=s)
+                      for s in (True, False))
     refresh_from_shards(engine.policy, [sharded, whole], engine.device)
     gathered, _, _ = _gathered(sharded.module)
     assert any(v.dtype == torch.float8_e4m3fn for v in gathered.values())
@@ -137,7 +138,8 @@ def test_two_ranks_on_sharded_copies_train_what_one_process_does_and_the_copies_
     started = _events(tmp_path / "two-rollout")[0]
     assert started["explore_precision"] == PRECISION and started["copy_layout"] == "sharded"
     assert f"under fsdp a {PRECISION} copy sharded like the policy, 1/2 on each process" in started["machine"]
-    assert "rollout copy on (as configured; under fsdp sharded like the policy, 1/2 on each process" in started["machine"]
+    assert ((((((((((((((((((((("rollout copy on (as configured; under fsdp sharded like the policy, 1/2 on each "
+                                "process" in started["machine"])))))))))))))))))))))
     assert "on the rollout copy" in started["plan"]
     _same_run(tmp_path, "one-rollout", "two-rollout", "kept-rollout")
 
@@ -183,10 +185,13 @@ def test_the_sharded_copy_counts_one_shard_and_its_gathered_blocks_and_auto_take
 
     from solrl_core.plan.resolve import COMPILED_ANYWAY
 
-    fp8 = dataclasses.replace(resolve_machine(qwen, torch.device("cpu"), "bf16"), explore_precision="fp8", explore_compile=True,
+    fp8 = dataclasses.replace(resolve_machine(qwen, torch.device("cpu"), "bf16"), explore_precision="fp8",
+                              explore_compile=True,
                               explore_why=f"auto on compute capability 9.0{COMPILED_ANYWAY}: eager fp8 is slower")
-    peaks = [sharded_estimate(qwen, "bf16", 2, explore_precision="fp8", copy_layout=c).peak for c in ("whole", "sharded")]
-    between = GpuInfo(0, "between", (9, 0), (peaks[0] + peaks[1]) / 2 / FIT_SHARE)  # a sharded copy fits, a whole one not
+    peaks = [sharded_estimate(qwen, "bf16", 2, explore_precision="fp8", copy_layout=c).peak
+             for c in ("whole", "sharded")]
+    # a sharded copy fits, a whole one not
+    between = GpuInfo(0, "between", (9, 0), (peaks[0] + peaks[1]) / 2 / FIT_SHARE)
     chosen = fsdp_machine(fp8, qwen, "bf16", between, 2)
     assert (chosen.explore_precision, chosen.explore_layout, chosen.explore_compile) == ("fp8", "sharded", False)
     assert f"auto: a whole copy's {peaks[0]:.1f} GiB over" in chosen.explore_why
@@ -201,13 +206,14 @@ def test_the_sharded_copy_counts_one_shard_and_its_gathered_blocks_and_auto_take
     small = GpuInfo(0, "small", (9, 0), peaks[1] / FIT_SHARE - 1)
     dropped = fsdp_machine(fp8, qwen, "bf16", small, 2)
     assert (dropped.explore_precision, dropped.explore_layout) == ("bf16", "")
-    assert dropped.explore_why.startswith(f"auto: a whole fp8 explore copy per GPU takes the estimated peak under fsdp over 2 "
-                                          f"to {peaks[0]:.1f} GiB, a sharded one to {peaks[1]:.1f} GiB, over ")
+    assert dropped.explore_why.startswith(f"auto: a whole fp8 explore copy per GPU takes the estimated peak under fsdp "
+                                          f"over 2 to {peaks[0]:.1f} GiB, a sharded one to {peaks[1]:.1f} GiB, over ")
     with pytest.raises(SolrlError, match="unknown distributed.copy_layout"):
         set_value(qwen, "distributed.copy_layout=striped").validate()
 
     # sampler.rollout_copy=auto under fsdp: a sharded rollout copy where the estimate with it fits the GPU.
-    assert not kept.rollout_copy and "auto: estimated peak" in kept.rollout_copy_why and " over " in kept.rollout_copy_why
+    assert (not kept.rollout_copy and "auto: estimated peak" in kept.rollout_copy_why
+            and " over " in kept.rollout_copy_why)
     with_copy = sharded_estimate(qwen, "bf16", 2, explore_precision="fp8", copy_layout="whole", rollout_copy=True).peak
     big = GpuInfo(0, "big", (9, 0), with_copy / FIT_SHARE + 1)
     both = fsdp_machine(fp8, qwen, "bf16", big, 2)
@@ -219,10 +225,12 @@ def test_the_sharded_copy_counts_one_shard_and_its_gathered_blocks_and_auto_take
 
     # The doctor's per-strategy table lays the copy out as the run would: whole where it fits, else sharded.
     assert strategy_estimates(qwen, "fp8", "bf16", 2)["fsdp/2"] == pytest.approx(peaks[0])  # no GPU: whole
-    assert strategy_estimates(qwen, "fp8", "bf16", 2, between.memory_gib * FIT_SHARE)["fsdp/2"] == pytest.approx(peaks[1])
+    assert strategy_estimates(qwen, "fp8", "bf16", 2,
+                              between.memory_gib * FIT_SHARE)["fsdp/2"] == pytest.approx(peaks[1])
     assert strategy_estimates(set_value(qwen, "distributed.copy_layout=whole"), "fp8", "bf16", 2,
                               between.memory_gib * FIT_SHARE)["fsdp/2"] == pytest.approx(peaks[0])
-    assert f"fsdp over 2 {peaks[1]:.1f} GiB" in strategy_check(set_value(qwen, "explore.precision=fp8"), between, 2).detail
+    assert f"fsdp over 2 {peaks[1]:.1f} GiB" in strategy_check(set_value(qwen, "explore.precision=fp8"), between,
+                                                               2).detail
 
 
 def _explore_only_worker(rank: int, world: int, port: int, root: Path) -> None:

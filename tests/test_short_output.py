@@ -16,10 +16,10 @@ from solrl_cli.display import TerminalDisplay
 from solrl_core import events as ev
 
 ROOT = Path(__file__).resolve().parents[1]
-MACHINE = ("explore nvfp4-emulated (auto on a CPU: the exact NVFP4 emulation (no real low-precision kernel runs here)); "
-           "rollout copy on (no GPU memory limit to respect); gradient checkpointing off (off on a CPU); update eager; "
-           "memory mode none (auto: off on a CPU); torch threads 2 (auto: one per core this process may use, 2); "
-           "OMP_WAIT_POLICY=PASSIVE")
+MACHINE = ("explore nvfp4-emulated (auto on a CPU: the exact NVFP4 emulation (no real low-precision kernel runs "
+           "here)); rollout copy on (no GPU memory limit to respect); gradient checkpointing off (off on a CPU); "
+           "update eager; memory mode none (auto: off on a CPU); torch threads 2 (auto: one per core this process may "
+           "use, 2); OMP_WAIT_POLICY=PASSIVE")
 
 
 def _console(terminal: bool = False) -> tuple[Console, io.StringIO]:
@@ -28,17 +28,21 @@ def _console(terminal: bool = False) -> tuple[Console, io.StringIO]:
 
 
 def _started() -> ev.RunStarted:
-    return ev.RunStarted(run_dir="runs/20261129-074800-tiny_sol_rl_tinyworld_geneval", preset="tiny_sol_rl_tinyworld_geneval",
+    return ev.RunStarted(run_dir="runs/20261129-074800-tiny_sol_rl_tinyworld_geneval",
+                         preset="tiny_sol_rl_tinyworld_geneval",
                          device="cpu", dtype="fp32", explore_precision="nvfp4-emulated",
-                         plan="Stage 1: 16 seeds/prompt at nvfp4-emulated, 6 steps -> keep 8 -> Stage 2: regenerate the kept "
-                              "8 at fp32 on the rollout copy, 10 steps -> train", start_iteration=0, iterations=30,
+                         plan="Stage 1: 16 seeds/prompt at nvfp4-emulated, 6 steps -> keep 8 -> Stage 2: regenerate "
+                              "the kept 8 at fp32 on the rollout copy, 10 steps -> "
+                              "train", start_iteration=0, iterations=30,
                          resumed=False, config={}, machine=MACHINE, rewards=["tinyworld_geneval (weight 1)"])
 
 
 def _iteration() -> ev.IterationFinished:
     stats = ev.RewardStats(mean=0.8047, std=0.1, best=1.0, worst=0.25, components={})
-    return ev.IterationFinished(iteration=1, iterations=30, draft=ev.RewardStats(0.748, 0.1, 1.0, 0.25, {}), final=stats,
-                                seconds={"explore": 1.95, "regenerate": 0.96, "reward": 0.26, "train": 2.37, "sync": 0.08,
+    return ev.IterationFinished(iteration=1, iterations=30, draft=ev.RewardStats(0.748, 0.1, 1.0, 0.25, {}),
+                                final=stats,
+                                seconds={"explore": 1.95, "regenerate": 0.96, "reward": 0.26, "train": 2.37,
+                                         "sync": 0.08,
                                          "total": 5.63},
                                 loss={"loss": 1.447, "kl": 0.00105}, nonfinite_losses=0, grad_norm=1.0, old_decay=0.0,
                                 peak_memory={"train": 1.59, "total": 1.59}, memory_source="process peak RSS")
@@ -62,7 +66,8 @@ def test_the_start_header_and_an_iteration_fit_80_columns_and_verbose_says_it_al
     display(_started())
     header = out.getvalue().splitlines()
     assert len(header) <= 10, header
-    assert "an emulation on a CPU: slower than fp32" in " ".join(out.getvalue().split())  # said when a CPU explores by emulation
+    # said when a CPU explores by emulation
+    assert "an emulation on a CPU: slower than fp32" in " ".join(out.getvalue().split())
     display(_iteration())
     line = out.getvalue().splitlines()[-1]
     assert line.startswith("iter    1/30  reward 0.8047") and len(line) <= 80, line
@@ -77,7 +82,8 @@ def test_the_start_header_and_an_iteration_fit_80_columns_and_verbose_says_it_al
 def _solrl(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
     env.pop("SOLRL_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "solrl_cli", *args], capture_output=True, text=True, env=env, timeout=300)
+    return subprocess.run([sys.executable, "-m", "solrl_cli", *args], capture_output=True, text=True, env=env,
+                          timeout=300)
 
 
 def test_doctor_is_at_most_40_lines_at_80_columns_and_verbose_has_every_detail():
@@ -87,7 +93,8 @@ def test_doctor_is_at_most_40_lines_at_80_columns_and_verbose_has_every_detail()
     assert len(lines) <= 40 and all(len(line) <= 80 for line in lines), short.stdout
     assert " fix " not in lines[1]  # no fix column when no check has a fix
     full = _solrl("doctor", "--verbose")
-    assert len(full.stdout.splitlines()) > len(lines) and "numerics only, not fast" in full.stdout  # the backends' row whole
+    # the backends' row whole
+    assert len(full.stdout.splitlines()) > len(lines) and "numerics only, not fast" in full.stdout
 
 
 def test_config_help_is_a_summary_and_the_rest_on_request():
@@ -107,12 +114,14 @@ def test_explore_prints_a_few_prompts_and_names_the_file_with_the_rest(monkeypat
     console, out = _console()
     monkeypatch.setattr(explore_cmd, "console", console)
     prompts = [f"a red circle {i}" for i in range(64)]
-    result = type("R", (), {"prompts": prompts, "selected": torch.arange(4).repeat(64, 1), "seeds": torch.arange(64 * 8).view(64, 8),
+    result = type("R", (),
+            {"prompts": prompts, "selected": torch.arange(4).repeat(64, 1), "seeds": torch.arange(64 * 8).view(64, 8),
                             "rewards": torch.rand(64, 8), "seconds": 1.0})()
     explore_cmd._print_selection(result, 4, tmp_path)
     text = out.getvalue()
     assert "a red circle 7" in text and "a red circle 8" not in text
-    assert f"... and 56 more prompts: every seed of every prompt is in {tmp_path / 'seeds.jsonl'}" in text.replace("\n", "")
+    assert f"... and 56 more prompts: every seed of every prompt is in {tmp_path / 'seeds.jsonl'}" in text.replace("\n",
+                                                                                                                   "")
     assert len(text.splitlines()) <= 30
 
 
@@ -125,10 +134,13 @@ def test_the_tui_header_puts_the_eta_beside_the_count_and_says_why_an_explore_is
 
     state = RunState()
     config = to_dict(resolve_config("tiny", "sol_rl"))
-    state.apply(replace(_started(), config=config, explore_seeds=16, explore_steps=6, keep=8, regenerate=True, full_steps=10))
+    state.apply(replace(_started(), config=config, explore_seeds=16, explore_steps=6, keep=8, regenerate=True,
+                        full_steps=10))
     slow_explore = {"explore": 12.0, "regenerate": 1.0, "reward": 0.3, "train": 2.0, "total": 15.3}
     state.apply(replace(_iteration(), seconds=slow_explore))
     text = state.progress_text()
-    assert text.startswith("iteration 1/30  eta ~") and text.index("eta") < text.index("reward"), text  # cut at the end, not the eta
+    # cut at the end, not the eta
+    assert text.startswith("iteration 1/30  eta ~") and text.index("eta") < text.index("reward"), text
     speed = " ".join(state.explore_speed())
-    assert "below 1x: nvfp4-emulated is an emulation in torch, slower than full precision on this device" in speed, speed
+    assert (((((((((((((((("below 1x: nvfp4-emulated is an emulation in torch, slower than full precision on this "
+                           "device" in speed)))))))))))))))), speed

@@ -73,7 +73,8 @@ def _finish(proc, limit):
 def test_a_signal_ends_a_hung_reward_within_seconds_saves_and_resumes(tmp_path, sig):
     run_dir = tmp_path / "run"
     sets = [a for s in (*FAST, "run.eval_prompts=", f"run.run_dir={run_dir}") for a in ("--set", s)]
-    proc = _start(tmp_path, 3, "train", *sets, "--iterations", "3")  # calls 1-2: iteration 1; call 3: iteration 2's drafts
+    # calls 1-2: iteration 1; call 3: iteration 2's drafts
+    proc = _start(tmp_path, 3, "train", *sets, "--iterations", "3")
     lines = []
     for line in proc.stdout:
         lines.append(line)

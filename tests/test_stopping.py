@@ -129,7 +129,8 @@ def test_sigterm_stops_at_the_next_phase_boundary_and_saves_the_last_finished_it
 def test_a_run_stopped_before_its_first_checkpoint_starts_again_with_resume_or_without(tmp_path):
     run_dir = tmp_path / "r"
     out = _signal_at(_cli(tmp_path, run_dir, "--iterations", "200"), signal.SIGTERM, "  run dir")
-    assert "no checkpoint was saved: `solrl train --resume" in out and "intact" not in out.split("stop requested")[-1], out
+    assert ("no checkpoint was saved: `solrl train --resume" in out
+            and "intact" not in out.split("stop requested")[-1]), out
     assert not list_checkpoints(run_dir) and (run_dir / "config.toml").exists()
     sets = [a for s in (*FAST, "run.eval_prompts=") for a in ("--set", s)]
     for way in (["--resume", str(run_dir)], ["--run-dir", str(run_dir), *sets]):
@@ -183,7 +184,8 @@ def test_sigterm_during_the_base_evaluation_drops_it_and_a_resume_does_it_first(
     proc = _slow_eval(tmp_path, "train", "--run-dir", str(run_dir), "--iterations", "1", *sets)
     out = _signal_at(proc, signal.SIGTERM, "  evaluating the base weights")
     assert proc.returncode == 130, out  # a stop: not killed by the signal, not a failure
-    assert "stop requested (SIGTERM): dropping the base evaluation (a resume does it first): nothing to save yet" in out, out
+    assert (((((((("stop requested (SIGTERM): dropping the base evaluation (a resume does it first): nothing to save "
+                   "yet" in out)))))))), out
     assert "the base evaluation is dropped (a stop was requested with " in out, out
     assert "stopped after iteration 0; no checkpoint was saved" in out and "Traceback" not in out, out
     # the order, not the clock: the evaluation ended without finishing, and before its last batch
@@ -210,7 +212,8 @@ def test_sigterm_during_the_base_evaluation_drops_it_and_a_resume_does_it_first(
 @pytest.mark.slow
 def test_sigterm_during_solrl_eval_stops_it_with_one_line(tmp_path):
     out_dir = tmp_path / "ev"
-    proc = _slow_eval(tmp_path, "eval", "--model", "tiny", "--prompts", str(EVAL_SMALL), "--seeds", "16", "--steps", "2",
+    proc = _slow_eval(tmp_path, "eval", "--model", "tiny", "--prompts", str(EVAL_SMALL), "--seeds", "16", "--steps",
+                      "2",
                       "--rewards", "", "--out", str(out_dir))
     out = _signal_at(proc, signal.SIGTERM, "  evaluating the base weights")
     assert proc.returncode == 130, out  # before, SIGTERM killed it (-15) with nothing said
@@ -244,7 +247,8 @@ def test_a_phase_stop_abandons_the_iteration_and_a_resume_equals_an_uninterrupte
     assert stopped.state.iteration == 1
     assert [p.name for p in list_checkpoints(stopped.run.run_dir)] == ["iter_000001"]
     acks = [e for e in seen if isinstance(e, ev.StopRequested)]
-    assert [(e.mode, e.iteration, e.phase) for e in acks] == [("phase", 2, "selection")]  # asked as regenerate was about to begin
+    # asked as regenerate was about to begin
+    assert [(e.mode, e.iteration, e.phase) for e in acks] == [("phase", 2, "selection")]
     end = [e for e in seen if isinstance(e, ev.RunFinished)][0]
     assert end.reason == "interrupted" and end.checkpoint.endswith("iter_000001")
     resumed, _ = _run(sets, resume=True)
@@ -280,16 +284,19 @@ def test_a_resume_from_an_older_checkpoint_sets_newer_ones_aside_only_once_commi
     monkeypatch.setattr(engine, "load_model", real)
     resumed, _ = _run(sets, resume=True, checkpoint="iter_000001")
     assert resumed.state.iteration == 3
-    aside = sorted(p.name.split("-")[1] for p in (run_dir / "checkpoints").iterdir() if p.name.startswith("superseded-"))
+    aside = sorted(p.name.split("-")[1] for p in (run_dir / "checkpoints").iterdir()
+                   if p.name.startswith("superseded-"))
     assert aside == ["iter_000002", "iter_000003"]
 
 
 def test_every_view_says_the_real_folder_and_whether_a_checkpoint_exists(tmp_path):
     from rich.console import Console
 
-    none_yet = ev.StopRequested(source="Ctrl-C", mode="iteration", iteration=1, phase="explore", run_dir="/r/x", checkpoint=None)
+    none_yet = ev.StopRequested(source="Ctrl-C", mode="iteration", iteration=1, phase="explore", run_dir="/r/x",
+                                checkpoint=None)
     assert "no checkpoint has been saved yet" in stop_message(none_yet)
-    failed = ev.RunFinished(reason="failed", iteration=0, seconds=1.0, first_reward=None, last3_reward=None, run_dir="/r/x")
+    failed = ev.RunFinished(reason="failed", iteration=0, seconds=1.0, first_reward=None, last3_reward=None,
+                            run_dir="/r/x")
     assert "intact" not in finished_message(failed) and "starts it again from iteration 0" in finished_message(failed)
     console = Console(file=io.StringIO(), width=300)
     view = TerminalDisplay(console)
@@ -312,9 +319,11 @@ class _StopInEval:
             self.flag.request("SIGTERM", at_phase=True)
 
 
-def test_a_stop_during_the_last_evaluation_saves_the_iteration_and_a_resume_evaluates_as_an_uninterrupted_run(fast_sets):
+def test_a_stop_during_the_last_evaluation_saves_the_iteration_and_a_resume_evaluates_as_an_uninterrupted_run(
+        fast_sets):
     # 64 evaluation images in 4 batches, run 2 at a time on the CPU's lanes: the stop lands after the first 2
-    straight, straight_seen = _run(fast_sets("run.eval_seeds=16", "sampler.eval_steps=2", "run.iterations=1", run_dir="a"))
+    straight, straight_seen = _run(fast_sets("run.eval_seeds=16", "sampler.eval_steps=2", "run.iterations=1",
+                                             run_dir="a"))
     sets = fast_sets("run.eval_seeds=16", "sampler.eval_steps=2", "run.iterations=1", run_dir="b")
     flag = StopFlag()
     stopped, seen = _run(sets, stop=flag, watch=_StopInEval(flag, "ema"))

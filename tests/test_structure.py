@@ -130,7 +130,8 @@ def _folder_graph(graph: dict[str, set[str]]) -> tuple[dict[str, set[str]], dict
 
 
 def test_the_folder_graph_finds_a_cycle_the_module_graph_does_not():
-    planted = {"solrl_core.faults.oom": {"solrl_core.loop.session"}, "solrl_core.loop.session": {"solrl_core.faults.disk"},
+    planted = {"solrl_core.faults.oom": {"solrl_core.loop.session"},
+               "solrl_core.loop.session": {"solrl_core.faults.disk"},
                "solrl_core.faults.disk": set(), "solrl_core.errors": set()}
     assert _cycle(planted) is None
     folders, why = _folder_graph(planted)
@@ -210,7 +211,8 @@ def test_the_layer_check_finds_a_planted_upward_import():
     graph = {name: _imports(name, path) for name, path in MODULES.items()}
     graph["solrl_core.engine.sampler"] = graph["solrl_core.engine.sampler"] | {"solrl_core.loop.trainer"}
     folders, why = _folder_graph(graph)
-    assert _upward(folders, why) == ["solrl_core.engine -> solrl_core.loop (solrl_core.engine.sampler imports solrl_core.loop.trainer)"]
+    assert _upward(folders, why) == ["solrl_core.engine -> solrl_core.loop (solrl_core.engine.sampler imports "
+                                     "solrl_core.loop.trainer)"]
 
 
 def _planted(module: str, source: str) -> set[str]:
@@ -241,6 +243,32 @@ def test_few_modules_stand_loose_at_the_top():
     loose = sorted(name for name, path in MODULES.items() if name.count(".") == 1 and name.startswith("solrl_core.")
                    and path.name != "__init__.py")
     assert len(loose) <= MAX_LOOSE, loose
+
+
+def _line_length() -> int:
+    import tomllib
+
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["ruff"]["line-length"]
+
+
+def _long_lines(paths: list[Path], width: int, root: Path = ROOT) -> list[str]:
+    return [f"{path.relative_to(root)}:{i} ({len(line)})" for path in paths
+            for i, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if len(line) > width]
+
+
+def test_no_line_is_longer_than_the_rule():
+    """pyproject's [tool.ruff] line-length, over every Python file of the project (`ruff check` says the same)."""
+    width = _line_length()
+    assert width == 120
+    folders = (*PACKAGES, "benchmarks", "scripts", "tests")
+    long = _long_lines([p for folder in folders for p in sorted((ROOT / folder).rglob("*.py"))], width)
+    assert not long, f"{len(long)} lines over {width} characters: " + ", ".join(long[:10])
+
+
+def test_the_line_rule_finds_a_long_line(tmp_path):
+    planted = tmp_path / "x.py"
+    planted.write_text("a = 1\nb = '" + "x" * 115 + "'\n", encoding="utf-8")  # line 2: 121 characters
+    assert _long_lines([planted], 120, tmp_path) == ["x.py:2 (121)"]
 
 
 def test_modules_stay_short():
@@ -291,7 +319,8 @@ def test_the_walk_from_the_loop_stays_at_or_below_the_loop():
     spec = importlib.util.spec_from_file_location("code_walk", ROOT / "benchmarks" / "code_walk.py")
     spec.loader.exec_module(code_walk := importlib.util.module_from_spec(spec))
     files, moves, back = code_walk.walk(ROOT, "solrl_core.loop.trainer")
-    assert {"solrl_core/loop/stages.py", "solrl_core/loop/update.py"} <= set(files) and back == moves - (len(files) - 1) >= 0
+    assert {"solrl_core/loop/stages.py",
+            "solrl_core/loop/update.py"} <= set(files) and back == moves - (len(files) - 1) >= 0
     layers = {path: LAYER_OF.get(_folder(".".join(Path(path).with_suffix("").parts)), -1) for path in files}
     assert all(0 <= depth <= LAYER_OF["solrl_core.loop"] for depth in layers.values()), layers
 

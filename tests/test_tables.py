@@ -17,12 +17,14 @@ def rank_check_result(ks: list[int]) -> types.SimpleNamespace:
     arms = ["nvfp4-emulated@6", "nvfp4-emulated@10", "fp32@6", "fp32@10"]
     overall = {}
     for n, arm in enumerate(arms[:-1]):
-        m = {"rho": 0.7123 - n / 10, "tau": 0.6117 - n / 10, "defined": 15, "prompts": 16, "gap_draft": 0.4123 + n / 100,
+        m = {"rho": 0.7123 - n / 10, "tau": 0.6117 - n / 10, "defined": 15, "prompts": 16,
+             "gap_draft": 0.4123 + n / 100,
              "gap_final": 0.4691}
         m.update({f"top{k}": 0.5 + k / 100 + n / 1000 for k in ks})
         m.update({f"bottom{k}": 0.25 + k / 100 + n / 1000 for k in ks})
         overall[arm] = m
-    return types.SimpleNamespace(arms=arms, overall=overall, seconds={"nvfp4-emulated@6": 131.04, "nvfp4-emulated@10": 48.75,
+    return types.SimpleNamespace(arms=arms, overall=overall,
+                                 seconds={"nvfp4-emulated@6": 131.04, "nvfp4-emulated@10": 48.75,
                                                                       "fp32@6": 24.5, "fp32@10": 41.25})
 
 
@@ -59,7 +61,8 @@ def test_config_help_cuts_no_value_when_piped():
     assert "…" not in out and all(len(line) <= 80 for line in out.splitlines())
     flat = re.sub(r"\s+", " ", out)
     rows = help_table(resolve_config("tiny", "sol_rl"))
-    assert all(f"{key} = {re.sub(chr(92) + 's+', ' ', value)}" in flat for key, value, _ in rows)  # every key and value whole
+    # every key and value whole
+    assert all(f"{key} = {re.sub(chr(92) + 's+', ' ', value)}" in flat for key, value, _ in rows)
     assert "'max-autotune-no-cudagraphs'" in out.split()
 
 
@@ -68,11 +71,14 @@ def test_eval_table_fits_80_columns(monkeypatch, tmp_path):
     from solrl_core.config.schema import Config
     from solrl_core.loop import evaluation
 
-    stats = {"base": {"rewards": {"tinyworld_geneval": {"mean": 0.69312, "std": 0.31234, "delta": 0.0, "delta_se": 0.0}},
+    stats = {"base": {"rewards": {"tinyworld_geneval": {"mean": 0.69312, "std": 0.31234, "delta": 0.0,
+                                                        "delta_se": 0.0}},
                       "extras": {"tinyworld_geneval.strict_accuracy": 0.47541, "tinyworld_geneval.position": 0.57401}},
-             "ema": {"rewards": {"tinyworld_geneval": {"mean": 0.73918, "std": 0.29807, "delta": 0.04606, "delta_se": 0.00613}},
+             "ema": {"rewards": {"tinyworld_geneval": {"mean": 0.73918, "std": 0.29807, "delta": 0.04606,
+                                                       "delta_se": 0.00613}},
                      "extras": {"tinyworld_geneval.strict_accuracy": 0.54303, "tinyworld_geneval.position": 0.62712},
-                     "extras_delta": {"tinyworld_geneval.strict_accuracy": 0.06762, "tinyworld_geneval.position": 0.05311},
+                     "extras_delta": {"tinyworld_geneval.strict_accuracy": 0.06762,
+                                      "tinyworld_geneval.position": 0.05311},
                      "extras_delta_se": {"tinyworld_geneval.position": 0.00822}}}
     monkeypatch.setattr(evaluation, "summary", lambda results: stats)
     req = types.SimpleNamespace(prompt_set="tinyworld_heldout_all", prompts=["a"] * 244, per_prompt=8, config=Config(),
@@ -82,7 +88,8 @@ def test_eval_table_fits_80_columns(monkeypatch, tmp_path):
         eval_cmd._print_table([types.SimpleNamespace(weights="base")], req)
         text = printed(console)
         found = tokens(text)
-        want = ["0.6931", "0.3123", "0.7392", "0.2981", "+0.0461", "0.0061", "0.4754", "0.5430", "+0.0676", "+0.0531", "0.0082"]
+        want = ["0.6931", "0.3123", "0.7392", "0.2981", "+0.0461", "0.0061", "0.4754", "0.5430", "+0.0676", "+0.0531",
+                "0.0082"]
         assert all(w in found for w in want), (set(want) - set(found), text)
         assert all(h in text for h in ("weights", "mean", "std", "delta", "s.e."))
 

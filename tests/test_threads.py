@@ -18,9 +18,11 @@ TWO_CORES = hasattr(os, "sched_getaffinity") and len(os.sched_getaffinity(0)) >=
 
 def test_auto_takes_one_thread_per_usable_core_shared_by_the_node_processes():
     assert choose_threads(0, 2) == ThreadChoice(2, "auto: one per core this process may use, 2")
-    assert choose_threads(0, 16, processes=4) == ThreadChoice(4, "auto: 16 cores shared by 4 processes on this node, 4 each")
+    assert choose_threads(0, 16, processes=4) == ThreadChoice(4, "auto: 16 cores shared by 4 processes on this node, 4 "
+                                                                 "each")
     assert choose_threads(0, 7, processes=2).threads == 3
-    assert choose_threads(0, 2, processes=4) == ThreadChoice(1, "auto: 2 cores shared by 4 processes on this node, at least 1 each")
+    assert choose_threads(0, 2, processes=4) == ThreadChoice(1, "auto: 2 cores shared by 4 processes on this node, at "
+                                                                "least 1 each")
 
 
 def test_a_number_is_used_as_given_and_oversubscription_is_named():

@@ -25,7 +25,8 @@ def test_settings_reproduce_the_old_default_and_leave_auto_alone(bench, monkeypa
     sets, env = bench.setting_env("auto", 2)
     assert sets == ["run.threads=0"] and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_NUM_THREADS"} & set(env)
     assert bench.setting_env("1", 16)[0] == ["run.threads=1"]
-    assert bench.setting_env("no-lanes", 2)[0] == ["run.threads=0", "run.lanes=false"]  # auto as it was before CPU lanes
+    # auto as it was before CPU lanes
+    assert bench.setting_env("no-lanes", 2)[0] == ["run.threads=0", "run.lanes=false"]
 
 
 def test_bad_counts_are_refused(bench):
@@ -39,7 +40,8 @@ def test_the_table_gives_busy_over_alone_per_setting(bench):
         return {"setting": setting, "burners": burners, "nproc": nproc, "seconds": seconds, "load_at_start": 0.5,
                 "threads": f"torch threads {setting}"}
 
-    runs = [run("old", 0, 10.0), run("old", 2, 45.0), run("auto", 0, 8.0), run("auto", 2, 12.0), run("auto", 0, 30.0, nproc=4)]
+    runs = [run("old", 0, 10.0), run("old", 2, 45.0), run("auto", 0, 8.0), run("auto", 2, 12.0),
+            run("auto", 0, 30.0, nproc=4)]
     assert bench.summary(runs, 2) == [
         "| old | torch threads old | 10.0 (load 0.5) | 45.0 (load 0.5) | 4.50x |",
         "| auto | torch threads auto | 8.0 (load 0.5) | 12.0 (load 0.5) | 1.50x |",
@@ -58,4 +60,5 @@ def test_a_tiny_run_is_timed_alone_and_beside_a_burner(bench, tmp_path, capsys):
         assert set(r["phases"]) == {"explore", "regenerate", "train"} and all(v > 0 for v in r["phases"].values())
         assert r["threads"].startswith("torch threads ") and "(auto: " in r["threads"]
     text = capsys.readouterr().out
-    assert "| setting | threads | alone s | beside 1 burner(s) s | busy/alone |" in text and "\n| auto | torch threads " in text
+    assert ("| setting | threads | alone s | beside 1 burner(s) s | busy/alone |" in text and "\n| auto | torch "
+                                                                                              "threads " in text)

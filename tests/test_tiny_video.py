@@ -112,13 +112,15 @@ def test_the_preset_loads_the_shipped_weights_and_makes_clips():
     from solrl_core.models import load_model
 
     cfg = resolve_config("tiny_video", "sol_rl")
-    assert cfg.model.frames == w.FRAMES and cfg.model.resolution == w.SIZE and cfg.reward.weights == {"tinyvideo_geneval": 1.0}
+    assert (cfg.model.frames == w.FRAMES and cfg.model.resolution == w.SIZE and cfg.reward.weights
+            == {"tinyvideo_geneval": 1.0})
     model = load_model(cfg.model, torch.device("cpu"), torch.float32)
     assert "weights tinyvideo" in model.description and model.media == "video"
     assert model.latent_shape == (3, w.FRAMES, w.SIZE, w.SIZE)
     latents = torch.zeros(2, *model.latent_shape)
     with torch.no_grad():
-        v = model.velocity(model.transformer, latents, torch.tensor([1.0, 0.5]), model.encode(["a red circle growing"] * 2))
+        v = model.velocity(model.transformer, latents, torch.tensor([1.0, 0.5]),
+                           model.encode(["a red circle growing"] * 2))
     assert v.shape == latents.shape and torch.isfinite(v).all()
     assert model.decode(latents).shape == (2, w.FRAMES, 3, w.SIZE, w.SIZE)
 
@@ -128,12 +130,14 @@ def test_one_training_iteration_runs_on_the_preset(tmp_path):
     from solrl import train
     from solrl_core import events as ev
 
-    result = train("tiny_video", sets=[*FAST, "run.eval_prompts=tinyvideo_heldout"], run_dir=tmp_path / "r", iterations=1)
+    result = train("tiny_video", sets=[*FAST, "run.eval_prompts=tinyvideo_heldout"], run_dir=tmp_path / "r",
+                   iterations=1)
     assert result.finished
     done = [e for e in result.events if isinstance(e, ev.IterationFinished)]
     assert len(done) == 1 and all(np.isfinite(v) for v in done[0].loss.values())
     evals = [e for e in result.events if isinstance(e, ev.EvalFinished)]
-    assert [e.weights for e in evals] == ["base", "ema"] and set(evals[0].extras) >= {"tinyvideo_geneval.motion", "tinyvideo_geneval.count"}
+    assert [e.weights for e in evals] == ["base", "ema"] and set(evals[0].extras) >= {"tinyvideo_geneval.motion",
+                                                                                      "tinyvideo_geneval.count"}
     from PIL import Image
 
     with Image.open(result.evaluation.picture) as picture:  # base beside ema, each clip as its frames in a row
@@ -143,11 +147,13 @@ def test_one_training_iteration_runs_on_the_preset(tmp_path):
 @pytest.mark.slow
 def test_the_families_benchmark_reports_stage_one_flops_on_the_video_world(benchmark_module, capsys):
     families = benchmark_module("families")
-    families.main(["--model", "tiny_video", "--families", "sol_rl", "diffusionnft", "--iterations", "2", "--warmup", "1",
+    families.main(["--model", "tiny_video", "--families", "sol_rl", "diffusionnft", "--iterations", "2", "--warmup",
+                   "1",
                    "--n", "4", "--k", "2", "--prompts-per-iteration", "1", "--threads", "2",
                    "--set", "sampler.steps=4", "--set", "explore.steps=2", "--set", "run.eval_prompts="])
     out = capsys.readouterr().out
-    rows = {line.split()[0]: line.split() for line in out.splitlines() if line.split()[:1] in (["sol_rl"], ["diffusionnft"])
+    rows = {line.split()[0]: line.split() for line in out.splitlines()
+            if line.split()[:1] in (["sol_rl"], ["diffusionnft"])
             and "GFLOP" in line}
     assert set(rows) == {"sol_rl", "diffusionnft"}
     # sol_rl explores at 2 steps and regenerates its K at 4; diffusionnft rolls its K out once at 4

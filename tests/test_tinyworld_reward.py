@@ -153,14 +153,16 @@ def test_batch_interface_scores_each_image_against_its_prompt():
 
 
 def test_the_image_reward_refuses_clips_in_one_line_as_the_clip_reward_refuses_images():
-    with pytest.raises(ValueError, match=r"tinyworld_geneval judges images \[B, 3, H, W\], not a tensor of shape \(1, 4, 3, 32, 32\)"):
+    with pytest.raises(ValueError, match=r"tinyworld_geneval judges images \[B, 3, H, W\], not a tensor of shape \(1, "
+                                         r"4, 3, 32, 32\)"):
         TinyWorldReward()(torch.zeros(1, 4, 3, SIZE, SIZE), ["a red circle"])
     with pytest.raises(ValueError, match="2 images but 1 prompts"):
         TinyWorldReward()(torch.zeros(2, 3, SIZE, SIZE), ["a red circle"])
 
 
 def test_the_summary_reports_each_kind_of_prompt_apart():
-    prompts = ["a red circle", "two blue squares", "a red circle and a blue square", "a red circle left of a blue square",
+    prompts = ["a red circle", "two blue squares", "a red circle and a blue square", "a red circle left of a blue "
+                                                                                     "square",
                "a green triangle"]
     scores = torch.tensor([1.0, 0.5, 0.25, 0.75, 0.0])
     out = TinyWorldReward().summary(scores, prompts)
@@ -183,7 +185,8 @@ def test_an_evaluation_gives_each_kinds_change_a_paired_standard_error():
     def evaluation(weights, values):
         scores = torch.tensor(values)
         return Evaluation(weights, prompts, torch.arange(4), Scores(scores, {"tinyworld_geneval": scores}),
-                          {f"tinyworld_geneval.{k}": v for k, v in TinyWorldReward().summary(scores, prompts).items()}, 0.0,
+                          {f"tinyworld_geneval.{k}": v for k, v in TinyWorldReward().summary(scores, prompts).items()},
+                          0.0,
                           {"tinyworld_geneval": groups})
 
     base, tuned = evaluation("base", [1.0, 0.5, 0.5, 0.0]), evaluation("ema", [1.0, 1.0, 1.0, 0.5])
@@ -193,4 +196,5 @@ def test_an_evaluation_gives_each_kinds_change_a_paired_standard_error():
     assert out["base"]["rewards"]["total"]["delta_se"] == 0.0 and "extras_delta" not in out["base"]
     assert out["ema"]["extras_delta"]["tinyworld_geneval.count"] == pytest.approx(0.5)
     assert out["ema"]["extras_delta_se"]["tinyworld_geneval.count"] == 0.0  # both count images rose by 0.5
-    assert out["ema"]["extras_delta_se"]["tinyworld_geneval.object"] == pytest.approx(0.25)  # diffs 0, 0.5: std 0.354 / sqrt 2
+    # diffs 0, 0.5: std 0.354 / sqrt 2
+    assert out["ema"]["extras_delta_se"]["tinyworld_geneval.object"] == pytest.approx(0.25)

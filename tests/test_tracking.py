@@ -21,7 +21,8 @@ def _scalars(run_dir):
 
 
 def test_tensorboard_holds_both_iterations_and_a_resume_continues_them(fast_sets):
-    sets = fast_sets("run.iterations=2", "run.log=tensorboard", "run.image_every=2", "run.checkpoint_every=1", "run.eval_prompts=")
+    sets = fast_sets("run.iterations=2", "run.log=tensorboard", "run.image_every=2", "run.checkpoint_every=1",
+                     "run.eval_prompts=")
     session, seen = _train(sets, stop_after=1)  # stopped after iteration 1, checkpoint saved
     assert session.state.iteration == 1
     session, seen2 = _train([*sets], resume=True)
@@ -34,18 +35,23 @@ def test_tensorboard_holds_both_iterations_and_a_resume_continues_them(fast_sets
     final = acc.Scalars("reward/final/mean")
     assert [s.step for s in final] == [1, 2]  # one series over the stop and the resume
     assert [s.value for s in final] == pytest.approx([its[1].final.mean, its[2].final.mean])
-    assert [s.value for s in acc.Scalars("time/regenerate")] == pytest.approx([its[1].seconds["regenerate"], its[2].seconds["regenerate"]])
+    assert [s.value
+            for s in acc.Scalars("time/regenerate")] == pytest.approx([its[1].seconds["regenerate"],
+                                                                       its[2].seconds["regenerate"]])
     grid = [e for e in seen2 if isinstance(e, ev.SampleGrid)]
     assert len(grid) == 1 and grid[0].iteration == 2 and grid[0].rewards == sorted(grid[0].rewards, reverse=True)
     assert [i.step for i in acc.Images("samples")] == [2]
     env = next(e for e in seen if isinstance(e, ev.RunStarted)).environment  # what the run started on
     assert env["device"] == "cpu" and env["gpus"] == [] and env["explore"] == {
-        "requested": "auto", "resolved": "nvfp4-emulated", "full_precision": "fp32", "implemented": ["nvfp4", "fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "fp8-e5m2-delayed", "bf16", "fp32"],
+        "requested": "auto", "resolved": "nvfp4-emulated", "full_precision": "fp32",
+                "implemented": ["nvfp4", "fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "fp8-e5m2-delayed", "bf16",
+                                "fp32"],
         "why": "auto on a CPU: the exact NVFP4 emulation (no real low-precision kernel runs here)"}
     assert "rollout copy on" in env["machine"]
     board = session.run.run_dir / "tensorboard"
     started = [e for e in seen + seen2 if isinstance(e, ev.RunStarted)]
-    assert [e.tracking for e in started] == [[f"TensorBoard: {board}  (view: tensorboard --logdir {board})"]] * 2  # said where
+    # said where
+    assert [e.tracking for e in started] == [[f"TensorBoard: {board}  (view: tensorboard --logdir {board})"]] * 2
     assert env["libraries"]["torch"] and "installed" in env["transformer_engine"] and "installed" in env["torchao"]
 
 
@@ -86,9 +92,11 @@ def _wandb_run(folder):
             run_id = record.run.run_id
             config = {item.key: json.loads(item.value_json) for item in record.run.config.update}
         elif kind == "history":
-            history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.history.item})
+            history.append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                            for item in record.history.item})
         elif kind == "summary":
-            summary.update({item.key or "/".join(item.nested_key): json.loads(item.value_json) for item in record.summary.update})
+            summary.update({item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                            for item in record.summary.update})
     return run_id, config, history, summary
 
 
@@ -97,7 +105,8 @@ def test_wandb_offline_summary_and_resume_keep_one_run(fast_sets, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_PROJECT", "solrl-test")
     monkeypatch.delenv("WANDB_DIR", raising=False)
-    sets = fast_sets("run.iterations=2", "run.log=wandb", "run.image_every=0", "run.checkpoint_every=1", "run.eval_prompts=")
+    sets = fast_sets("run.iterations=2", "run.log=wandb", "run.image_every=0", "run.checkpoint_every=1",
+                     "run.eval_prompts=")
     session, seen = _train(sets, stop_after=1)
     run_dir = session.run.run_dir
     stored = json.loads((run_dir / "wandb_run.json").read_text())
@@ -145,16 +154,20 @@ def test_cli_names_a_missing_tracker_in_one_line(monkeypatch, tmp_path):
 
 def test_metric_names_are_stable_and_take_new_per_phase_fields():
     it = ev.IterationFinished(iteration=3, iterations=9, seconds={"explore": 1.0, "total": 2.0}, draft=None,
-                              final=ev.RewardStats(mean=0.5, std=0.1, best=0.9, worst=0.1, components={"pickscore": 0.5}),
-                              loss={"loss": 1.0, "policy": 0.9, "kl": 0.1}, nonfinite_losses=0, grad_norm=0.3, old_decay=0.0)
+                              final=ev.RewardStats(mean=0.5, std=0.1, best=0.9, worst=0.1,
+                                                   components={"pickscore": 0.5}),
+                              loss={"loss": 1.0, "policy": 0.9, "kl": 0.1}, nonfinite_losses=0, grad_norm=0.3,
+                              old_decay=0.0)
     record = dataclasses.replace(it, peak_memory={"explore": 7.5, "train": 30.25})  # a per-phase dict field
     step, values = metrics.scalars(record)
     assert step == 3
     assert values == {"time/explore": 1.0, "time/total": 2.0, "reward/final/mean": 0.5, "reward/final/std": 0.1,
                       "reward/final/best": 0.9, "reward/final/worst": 0.1, "reward/final/component/pickscore": 0.5,
-                      "loss/loss": 1.0, "loss/policy": 0.9, "loss/kl": 0.1, "loss/nonfinite": 0.0, "train/grad_norm": 0.3,
+                      "loss/loss": 1.0, "loss/policy": 0.9, "loss/kl": 0.1, "loss/nonfinite": 0.0,
+                      "train/grad_norm": 0.3,
                       "train/old_decay": 0.0, "memory/explore": 7.5, "memory/train": 30.25}
-    check = ev.RankCheckResult(iteration=4, prompt="p", seeds=8, rho=None, tau=0.5, draft_mean=0.1, full_mean=0.2, seconds=1.0)
+    check = ev.RankCheckResult(iteration=4, prompt="p", seeds=8, rho=None, tau=0.5, draft_mean=0.1, full_mean=0.2,
+                               seconds=1.0)
     assert metrics.scalars(check) == (4, {"rank_check/tau": 0.5, "rank_check/draft_mean": 0.1,
                                                     "rank_check/full_mean": 0.2, "rank_check/seconds": 1.0})
     evaluation = ev.EvalFinished(iteration=0, weights="base", prompts="x", samples=4, mean=0.4, components={"a": 0.4},
@@ -228,7 +241,8 @@ def test_the_terminal_says_where_the_trackers_write():
     assert f"  {line}" in console.file.getvalue()
 
 
-@pytest.mark.parametrize("body", ['{"id": "abc123"}', '[' * 100_000 + ']' * 100_000, '{"id": 5}', '{"id": "../../x"}', "{"])
+@pytest.mark.parametrize("body", ['{"id": "abc123"}', '[' * 100_000 + ']' * 100_000, '{"id": 5}', '{"id": "../../x"}',
+                                  "{"])
 def test_a_saved_wandb_run_id_is_read_as_data(tmp_path, body):
     """RUN/wandb_run.json comes from a run folder: a plain id is used, anything else is one line."""
     from solrl_core.errors import SolrlError

@@ -44,7 +44,8 @@ def test_stage2_regenerates_exactly_the_stage1_noise(fast_sets):
     session = open_session(cfg)
     rng = np.random.default_rng(0)
     drafts = explore(session.run, ["a red circle", "two blue squares"], rng)
-    kept = drafts.subset(select_seeds(session.run, score_drafts(session.run, session.state, ev.EventBus(), drafts), rng))
+    kept = drafts.subset(select_seeds(session.run, score_drafts(session.run, session.state, ev.EventBus(), drafts),
+                                      rng))
     finals = regenerate(session.run, kept)
     assert torch.equal(finals.seeds, kept.seeds)
     tol = _roundoff_bound(session.run.engine.model.transformer, steps=4, dtype=finals.latents.dtype,
@@ -74,7 +75,8 @@ def test_explore_runs_on_the_quantized_copy(fast_sets):
     assert session.run.engine.explore_copy is not None and session.run.engine.explore_copy.report.quantized
     rng = np.random.default_rng(0)
     drafts = explore(session.run, ["a red circle"], rng)
-    kept = drafts.subset(select_seeds(session.run, score_drafts(session.run, session.state, ev.EventBus(), drafts), rng))
+    kept = drafts.subset(select_seeds(session.run, score_drafts(session.run, session.state, ev.EventBus(), drafts),
+                                      rng))
     finals = regenerate(session.run, kept)
     diff = (finals.latents - kept.latents).abs().mean()
     assert 0 < diff < 0.15 * finals.latents.abs().mean()  # NVFP4 changes the images, a little
@@ -127,7 +129,8 @@ def test_random_tiny_model_raises_the_jpeg_reward(fast_sets):
     # Random weights can still climb a pixel statistic: the JPEG reward goes up within a few steps.
     bus = ev.EventBus()
     cfg = resolve_config("tiny_random", "sol_rl", sets=fast_sets("run.iterations=12", "explore.group_size=16",
-                                                                  "selection.group_size=8", "run.prompts_per_iteration=4"))
+                                                                  "selection.group_size=8",
+                                                                 "run.prompts_per_iteration=4"))
     session = train(cfg, bus, stop=StopFlag())
     assert np.mean(session.state.history[-3:]) > session.state.history[0]
 
@@ -189,7 +192,8 @@ def test_one_bus_serves_consecutive_runs(fast_sets):
     seen = []
     bus.subscribe(seen.append)
     for name in ("one", "two"):
-        train(resolve_config("tiny", "diffusionnft", sets=fast_sets("run.iterations=1", run_dir=name)), bus, stop=StopFlag())
+        train(resolve_config("tiny", "diffusionnft", sets=fast_sets("run.iterations=1", run_dir=name)), bus,
+              stop=StopFlag())
     assert [e.kind for e in seen].count("run_finished") == 2
 
 

@@ -36,7 +36,8 @@ def test_a_lock_linked_out_of_the_run_is_refused_and_its_target_kept(in_tmp, tra
     outside.write_text("the user's file\n")
     (run / "solrl.lock").unlink(missing_ok=True)
     (run / "solrl.lock").symlink_to(outside)
-    _refused(_solrl(in_tmp, "train", "--resume", "r", "--iterations", "2"), "r/solrl.lock is a symbolic link", str(outside))
+    _refused(_solrl(in_tmp, "train", "--resume", "r", "--iterations", "2"), "r/solrl.lock is a symbolic link",
+             str(outside))
     assert outside.read_text() == "the user's file\n"
 
 
@@ -77,7 +78,8 @@ def test_a_fifo_in_a_run_folder_is_refused(in_tmp, trained):
     run = _copy(trained, in_tmp / "r")
     (run / "solrl.lock").unlink(missing_ok=True)
     os.mkfifo(run / "solrl.lock")
-    _refused(_solrl(in_tmp, "train", "--resume", "r", "--iterations", "2"), "r/solrl.lock is not a regular file or folder")
+    _refused(_solrl(in_tmp, "train", "--resume", "r", "--iterations", "2"), "r/solrl.lock is not a regular file or "
+                                                                            "folder")
 
 
 def test_an_atomic_write_never_follows_a_link_planted_under_its_temporary_name(tmp_path):
@@ -99,7 +101,8 @@ def test_a_link_that_stays_inside_the_run_folder_is_left_alone(tmp_path):
     with pytest.raises(SolrlError, match="checkpoints/out is a symbolic link"):
         check_tree(tmp_path / "run")
     (tmp_path / "run" / "checkpoints" / "out").unlink()
-    (tmp_path / "run" / "wandb" / "logs").mkdir(parents=True)  # W&B links its logs to its cache; solrl never reads wandb/
+    # W&B links its logs to its cache; solrl never reads wandb/
+    (tmp_path / "run" / "wandb" / "logs").mkdir(parents=True)
     (tmp_path / "run" / "wandb" / "logs" / "debug-core.log").symlink_to(tmp_path / "cache.log")
     check_tree(tmp_path / "run")
 
@@ -144,7 +147,8 @@ def test_an_optimizer_moment_of_the_wrong_shape_is_refused_before_an_iteration(i
     optimizer["state"][0]["exp_avg"] = torch.zeros(3)
     save_state(optimizer, folder, "optimizer")
     write_manifest(folder)
-    _resume_in_process(run, f'optimizer.json is not a state solrl wrote: "state"[0].exp_avg is a torch.float32 tensor of '
+    _resume_in_process(run, f'optimizer.json is not a state solrl wrote: "state"[0].exp_avg is a torch.float32 tensor '
+                            f'of '
                             f"shape [3], a torch.float32 tensor of shape {shape} expected")
 
 
@@ -169,7 +173,8 @@ def test_a_text_dtype_in_rng_json_is_refused_without_allocating(in_tmp, trained)
     write_manifest(folder)
     events = (run / "events.jsonl").read_text()
     done = _solrl(in_tmp, "train", "--resume", "r", "--iterations", "2", code=MEASURED)
-    _refused(done, "rng.json/.safetensors is unreadable or corrupt", "an array of dtype '<U400000': only numbers are stored")
+    _refused(done, "rng.json/.safetensors is unreadable or corrupt", "an array of dtype '<U400000': only numbers are "
+                                                                     "stored")
     grew = int(done.stderr.rpartition("GREW_KB ")[2].split()[0])
     assert grew < 300 * 1024, f"peak memory grew {grew} KiB"  # far below the 1 GB the dtype asks for
     _no_iteration_ran(run, events)
@@ -187,7 +192,8 @@ def test_an_export_on_a_full_disk_leaves_nothing_and_runs_again(in_tmp, trained)
                             f"{export}; echo RC2=$?; ls {mount}/out", size="200k")
     out = done.stdout + done.stderr
     first, _, second = done.stdout.partition("LISTED")
-    assert "RC=2" in first and "error: the disk is full: pytorch_lora_weights.safetensors could not be written" in out, out[-3000:]
+    assert ("RC=2" in first
+            and "error: the disk is full: pytorch_lora_weights.safetensors could not be written" in out), out[-3000:]
     assert first.split("RC=2")[1].split() == [], f"the failed export left {first.split('RC=2')[1].split()}"
     assert "RC2=0" in second, out[-3000:]
     assert {"pytorch_lora_weights.safetensors", "adapter_model.safetensors", "README.md"} <= set(second.split())
@@ -197,10 +203,12 @@ def test_compare_names_a_line_nested_a_million_deep(tmp_path):
     _record(tmp_path / "r", "sol_rl", [0.5, 0.6], seconds=1.0)
     lines = (tmp_path / "r" / "events.jsonl").read_text().splitlines()
     (tmp_path / "r" / "events.jsonl").write_text("\n".join([*lines[:2], DEEP, *lines[2:]]) + "\n")
-    done = _solrl(tmp_path, "compare", "r", "--out", "cmp")  # the line is skipped, named once; the run is still compared
+    # the line is skipped, named once; the run is still compared
+    done = _solrl(tmp_path, "compare", "r", "--out", "cmp")
     out = done.stdout + done.stderr
     assert done.returncode == 0 and "Traceback" not in out and out.count("warning:") == 1, out[-3000:]
-    assert "r/events.jsonl line 3 skipped: damaged (nested too deep to be a record solrl wrote)" in out and "sed -i '3d'" in out
+    assert ("r/events.jsonl line 3 skipped: damaged (nested too deep to be a record solrl wrote)" in out
+            and "sed -i '3d'" in out)
     assert (tmp_path / "cmp" / "compare.csv").is_file()
 
 

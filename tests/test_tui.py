@@ -22,13 +22,17 @@ def write_log(path, iterations: int = 3) -> ev.JsonlLog:
     log = ev.JsonlLog(path)
     log(started(str(path.parent)))
     log(ev.QuantizationReport(summary="quantized 40 of 51 layers", path="q.json"))
-    log(ev.EvalFinished(iteration=0, weights="base", prompts="tinyworld_heldout", samples=256, mean=0.5254, components={},
-                        extras={"tinyworld_geneval.strict_accuracy": 0.184, "tinyworld_geneval.binding": 0.8}, seconds=4.8))
+    log(ev.EvalFinished(iteration=0, weights="base", prompts="tinyworld_heldout", samples=256, mean=0.5254,
+                        components={},
+                        extras={"tinyworld_geneval.strict_accuracy": 0.184, "tinyworld_geneval.binding": 0.8},
+                        seconds=4.8))
     for i in range(1, iterations + 1):
         log(iteration(i))
     log(ev.RunWarning(message="reward tinyworld_geneval is near-constant within every prompt group"))
-    log(ev.EvalFinished(iteration=3, weights="ema", prompts="tinyworld_heldout", samples=256, mean=0.6113, components={},
-                        extras={"tinyworld_geneval.strict_accuracy": 0.293, "tinyworld_geneval.binding": 0.85}, seconds=4.4,
+    log(ev.EvalFinished(iteration=3, weights="ema", prompts="tinyworld_heldout", samples=256, mean=0.6113,
+                        components={},
+                        extras={"tinyworld_geneval.strict_accuracy": 0.293, "tinyworld_geneval.binding": 0.85},
+                        seconds=4.4,
                         delta_se={"mean": 0.0123, "tinyworld_geneval.binding": 0.021}))
     return log
 
@@ -86,7 +90,8 @@ def test_state_reads_typed_events_and_drops_iterations_a_resume_repeats():
     state.apply(json.loads(json.dumps(iteration(3).to_dict())))  # a record from the log is decoded first
     assert [it.iteration for it in state.iterations] == [1, 2, 3] and state.count == 3
     assert state.rolling("train") == pytest.approx(1.5)
-    assert state.config.explore.group_size == 16 and state.series("final", "components", "tinyworld_geneval")[-1] == 0.53
+    assert state.config.explore.group_size == 16 and state.series("final", "components",
+                                                                  "tinyworld_geneval")[-1] == 0.53
     with pytest.raises(ev.UnknownEventKind):
         state.apply({"event": "from_the_future"})
 
@@ -99,9 +104,11 @@ def test_stage1_speed_is_at_the_steps_and_precision_the_run_reported_after_a_cal
     for i in (1, 2):
         state.apply(iteration(i))
     assert "(6 steps, nvfp4-emulated)" in state.explore_speed()[0]
-    state.apply(ev.CalibrationDone(iteration=3, prompts=2, seeds=16, reference="fp32@10", candidates=[], chosen="fp8-e5m2-tensor@3",
+    state.apply(ev.CalibrationDone(iteration=3, prompts=2, seeds=16, reference="fp32@10", candidates=[],
+                                   chosen="fp8-e5m2-tensor@3",
                                    steps=3, precision="fp8-e5m2-tensor", min_recall=0.0, why="cheapest", fixed_steps=6,
-                                   seconds=1.0, precisions=["nvfp4-emulated", "fp8-e5m2-tensor"], fixed="nvfp4-emulated@6"))
+                                   seconds=1.0, precisions=["nvfp4-emulated", "fp8-e5m2-tensor"],
+                                   fixed="nvfp4-emulated@6"))
     state.apply(iteration(3))
     lines = state.explore_speed()
     assert "(3 steps, fp8-e5m2-tensor)" in lines[0] and "(10 steps, fp32)" in lines[1]
@@ -127,7 +134,8 @@ def test_monitor_replays_follows_pauses_and_switches(tmp_path):
             assert "tiny_sol_rl_tinyworld_geneval" in text and "iteration 3/30" in text
             assert "reward 0.53 (draft 0.43)" in text  # latest Stage-2 and Stage-1 means
             assert "explore" in text and "2.03" in text  # iteration 3's explore seconds
-            assert "explore speed-up per rollout" in text and "run process: not on this machine" in text  # nothing holds its lock
+            # nothing holds its lock
+            assert "explore speed-up per rollout" in text and "run process: not on this machine" in text
             app.save_screenshot("main.svg", path=str(tmp_path))
             svg = (tmp_path / "main.svg").read_text()
             assert "tiny_sol_rl_tinyworld_geneval" in svg and "regenerate" in svg
@@ -153,8 +161,10 @@ def test_monitor_replays_follows_pauses_and_switches(tmp_path):
             assert "grad norm" in screen_text(app)
             await pilot.press("4")
             text = screen_text(app)
-            assert "0.6113" in text and _lines(text, "strict_accuracy", 1)[0].split() == ["strict_accuracy", "0.184", "0.293", "+0.109"]
-            assert _lines(text, "ema", 1)[0].split() == ["3", "ema", "0.6113", "+0.0859", "0.0123", "4.4"]  # changes with their errors
+            assert "0.6113" in text and _lines(text, "strict_accuracy", 1)[0].split() == ["strict_accuracy", "0.184",
+                                                                                          "0.293", "+0.109"]
+            # changes with their errors
+            assert _lines(text, "ema", 1)[0].split() == ["3", "ema", "0.6113", "+0.0859", "0.0123", "4.4"]
             assert _lines(text, "binding", 1)[0].split() == ["binding", "0.800", "0.850", "+0.050", "0.021"]
             await pilot.press("tab")
             assert "near-constant within every prompt group" in screen_text(app)
@@ -252,7 +262,8 @@ def test_reward_chart_has_axes_ticks_and_legend(tmp_path):
             chart = _lines(text, "reward per iteration", 30)
             assert chart[1].lstrip().startswith("┌") and "┐" in chart[1]  # the frame
             assert chart[2].lstrip().startswith("1.00┤ ") and "Stage-2 mean" in chart[2]  # y ticks, legend
-            assert [line.split("┤")[0].strip() for line in chart if "┤" in line] == ["1.00", "0.83", "0.67", "0.50", "0.33",
+            assert [line.split("┤")[0].strip() for line in chart if "┤" in line] == ["1.00", "0.83", "0.67", "0.50",
+                                                                                     "0.33",
                                                                                        "0.17", "0.00"]
             axis = next(i for i, line in enumerate(chart) if "└" in line)
             assert chart[axis + 1].split() == ["5", "10", "15", "20", "25", "30", "35", "40"]  # whole iterations
@@ -284,12 +295,15 @@ def test_environment_panel_shows_the_machine_the_run_started_on(tmp_path):
             text = screen_text(app)
             assert _lines(text, "machine the run started on", 2) == [
                 " machine the run started on  device cuda:0, Python 3.12.3, Linux-6.8-x86_64",
-                " explore precision: auto chose nvfp4-emulated; full precision bf16; solrl runs fp8, nvfp4-emulated, bf16, fp32"]
+                " explore precision: auto chose nvfp4-emulated; full precision bf16; solrl runs fp8, nvfp4-emulated, "
+                "bf16, fp32"]
             gpu = _lines(text, "NVIDIA H100", 1)[0].split()
-            assert gpu == ["run", "cuda:0", "NVIDIA", "H100", "80GB", "HBM3", "9.0", "79", "GiB", "fp8,", "nvfp4-emulated,",
+            assert gpu == ["run", "cuda:0", "NVIDIA", "H100", "80GB", "HBM3", "9.0", "79", "GiB", "fp8,",
+                           "nvfp4-emulated,",
                            "bf16,", "fp32"]
             assert "not installed: pip install transformer-engine[pytorch]" in _lines(text, "Transformer Engine", 1)[0]
-            assert _lines(text, "torchao", 1)[0].split()[1:] == ["0.13.0;", "FP8", "(sm", ">=", "8.9):", "yes;", "NVFP4/MX",
+            assert _lines(text, "torchao", 1)[0].split()[1:] == ["0.13.0;", "FP8", "(sm", ">=", "8.9):", "yes;",
+                                                                 "NVFP4/MX",
                                                                    "(sm", ">=", "10.0):", "no"]
             assert "estimate 21.4 GiB (approximate, as solrl doctor) against measured peak 18.25 GiB" in text
             assert "GPU " not in _lines(text, "", 3)[2]  # the header shows the replaying machine, which has none

@@ -77,8 +77,10 @@ def test_the_launcher_gone_stops_a_tui_run_as_it_stops_a_plain_one(monkeypatch):
     """Under a launcher (--nproc-per-node), its death sends LAUNCHER_GONE: the TUI's run stops as a
     plain one does, with a checkpoint, instead of ignoring it."""
     seen = []
-    previous = signal.signal(distributed.LAUNCHER_GONE, lambda signum, frame: seen.append(signum))  # never the default: it kills
-    monkeypatch.setenv(distributed.WATCHED_ENV, str(os.getppid() + 1_000_000))  # a launcher that is not our parent: gone
+    # never the default: it kills
+    previous = signal.signal(distributed.LAUNCHER_GONE, lambda signum, frame: seen.append(signum))
+    # a launcher that is not our parent: gone
+    monkeypatch.setenv(distributed.WATCHED_ENV, str(os.getppid() + 1_000_000))
     flags: list = []
 
     async def scenario(app, pilot):  # type: ignore[no-untyped-def]

@@ -19,7 +19,8 @@ from solrl_cli.tui.state import PANELS, RunState
 from solrl_core import events as ev
 from tests.screens import iteration, SMALL, started, text_of
 
-KINDS = {"tinyworld_geneval.strict_accuracy": 0.4751, "tinyworld_geneval.count": 0.8423, "tinyworld_geneval.position": 0.5741}
+KINDS = {"tinyworld_geneval.strict_accuracy": 0.4751, "tinyworld_geneval.count": 0.8423,
+         "tinyworld_geneval.position": 0.5741}
 
 
 def eval_log(path, evals: int = 6, change: float = 0.01, se: float = 0.02) -> None:
@@ -33,7 +34,8 @@ def eval_log(path, evals: int = 6, change: float = 0.01, se: float = 0.02) -> No
         if i % 5 == 0:
             k = i // 5
             log(ev.EvalFinished(iteration=i, weights="ema", prompts="tinyworld_heldout_all", samples=1952,
-                                mean=0.6931 + change * k, components={}, extras={key: v + 0.001 * k for key, v in KINDS.items()},
+                                mean=0.6931 + change * k, components={},
+                                extras={key: v + 0.001 * k for key, v in KINDS.items()},
                                 seconds=22.1, delta_se={"mean": se, "tinyworld_geneval.count": 0.0171}))
     log.close()
 
@@ -96,7 +98,8 @@ def test_question_mark_lists_every_key_and_escape_closes_it(tmp_path):
 
 def test_eval_chart_draws_error_bars_and_a_range_that_holds_them(tmp_path):
     state = RunState()
-    for e in (ev.EvalFinished(iteration=0, weights="base", prompts="p", samples=64, mean=0.50, components={}, extras={}, seconds=1.0),
+    for e in (ev.EvalFinished(iteration=0, weights="base", prompts="p", samples=64, mean=0.50, components={}, extras={},
+                              seconds=1.0),
               ev.EvalFinished(iteration=10, weights="ema", prompts="p", samples=64, mean=0.51, components={}, extras={},
                               seconds=1.0, delta_se={"mean": 0.02})):
         state.apply(e)
@@ -106,7 +109,8 @@ def test_eval_chart_draws_error_bars_and_a_range_that_holds_them(tmp_path):
     lo, hi = spec.ylim
     assert lo <= 0.49 and hi >= 0.53  # 0.51 +- 0.02 inside the frame, so +0.01 reads as within the error
 
-    eval_log(tmp_path / "events.jsonl", evals=2, change=0.001, se=0.0)  # no error: the range still spans 10% of the values
+    # no error: the range still spans 10% of the values
+    eval_log(tmp_path / "events.jsonl", evals=2, change=0.001, se=0.0)
     app = SolrlMonitor(JsonlTail(tmp_path / "events.jsonl"))
     seen: dict[str, str] = {}
 
@@ -123,7 +127,8 @@ def test_eval_chart_draws_error_bars_and_a_range_that_holds_them(tmp_path):
     app = SolrlMonitor(JsonlTail(tmp_path / "bars.jsonl"))
     run(app, steps)
     chart = [line for line in seen["text"].splitlines() if "┤" in line or line.lstrip().startswith("│")]
-    assert sum(line.count("─") for line in chart) >= 4 and any("│" in line.split("┤")[-1][:-2] for line in chart)  # capped bars
+    # capped bars
+    assert sum(line.count("─") for line in chart) >= 4 and any("│" in line.split("┤")[-1][:-2] for line in chart)
 
 
 def test_process_meter_measures_cpu_and_resident_memory():
@@ -141,7 +146,8 @@ def test_process_meter_measures_cpu_and_resident_memory():
 
 def test_header_shows_the_run_process_cpu_and_rss_when_monitoring_it(tmp_path):
     eval_log(tmp_path / "events.jsonl", evals=1)
-    (tmp_path / "solrl.lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": "now"}))
+    (tmp_path
+     / "solrl.lock").write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": "now"}))
     app = SolrlMonitor(JsonlTail(tmp_path / "events.jsonl"))
     seen: dict[str, str] = {}
 

@@ -51,7 +51,8 @@ def test_the_derivation_equals_the_counter_on_the_published_wan_models(name):
     side = cfg.resolution // SPATIAL[name]
     per_token = name == "wan22_ti2v_5b"  # expand_timesteps: a timestep per latent token
     latent = (VIDEO_REAL[name]["in_channels"], latent_frames(cfg.frames, 4), side, side)
-    assert wan_forward_flops(published(name), latent, time_per_token=per_token) == counted(published(name), latent, per_token)
+    assert wan_forward_flops(published(name), latent, time_per_token=per_token) == counted(published(name), latent,
+                                                                                           per_token)
 
 
 def test_a_longer_clip_costs_about_its_latent_frames_more():
@@ -102,7 +103,8 @@ def test_the_bench_counts_a_wan_forward_by_the_derivation_and_its_training_pass_
     name = "wan21_t2v_1_3b"
     model = bench_model(name, "wan", 256, "real", frames=5)
     flops = count_sample_flops(model, text_tokens("wan", 0))
-    assert flops.forward == wan_forward_flops(VIDEO_REAL[name], PRESET_LATENTS[name]) == counted(VIDEO_REAL[name], PRESET_LATENTS[name], False)
+    assert flops.forward == wan_forward_flops(VIDEO_REAL[name], PRESET_LATENTS[name]) == counted(VIDEO_REAL[name],
+            PRESET_LATENTS[name], False)
     assert 1.5 * flops.forward < flops.forward_backward < 3 * flops.forward  # activation gradients only: frozen base
 
 
@@ -117,7 +119,8 @@ def test_the_bench_pipeline_loads_back_through_the_wan_loader_with_the_shapes_it
     build_pipeline(model, tmp_path / "pipe")
     index = json.loads((tmp_path / "pipe" / "model_index.json").read_text())
     assert index["_class_name"] == "WanPipeline" and index.get("expand_timesteps", False) == (name == "wan22_ti2v_5b")
-    cfg = resolve_config(name, "sol_rl", sets=[f"model.path={tmp_path / 'pipe'}", f"model.resolution={model.resolution}"])
+    cfg = resolve_config(name, "sol_rl",
+                         sets=[f"model.path={tmp_path / 'pipe'}", f"model.resolution={model.resolution}"])
     loaded = load_model(cfg.model, torch.device("cpu"), torch.float32)
     assert loaded.latent_shape == latent == wan_latent(model)
     assert loaded.vae.config.z_dim == latent[0] and loaded.transformer.config.text_dim == model.transformer["text_dim"]
@@ -138,8 +141,10 @@ def test_bench_times_a_wan_model_at_tiny_size_and_prints_the_table(tmp_path):
     from solrl_core.telemetry.model_flops import SampleFlops, phase_flops
 
     out = tmp_path / "bench.json"
-    result = runner.invoke(app, ["bench", "--model", "wan21_t2v_1_3b", "--size", "tiny", "--device", "cpu", "--family", "sol_rl",
-                                 "--n", "4", "--k", "2", "--rollout-batch", "4", "--iterations", "2", "--json", str(out)])
+    result = runner.invoke(app, ["bench", "--model", "wan21_t2v_1_3b", "--size", "tiny", "--device", "cpu", "--family",
+                                 "sol_rl",
+                                 "--n", "4", "--k", "2", "--rollout-batch", "4", "--iterations", "2", "--json",
+                                 str(out)])
     assert result.exit_code == 0, result.output
     for text in ("building the wan21_t2v_1_3b transformer at tiny size", "one-layer UMT5 text encoder", "small Wan VAE",
                  "wan_forward_flops", "iteration 2/2", "seconds per iteration", "clips/s", "model FLOPs utilisation"):
@@ -157,7 +162,8 @@ def test_bench_times_a_wan_model_at_tiny_size_and_prints_the_table(tmp_path):
 
 
 def test_the_wan_refusals_are_one_line_with_the_fix():
-    result = runner.invoke(app, ["bench", "--model", "wan21_t2v_1_3b", "--size", "tiny", "--device", "cpu", "--real-vae"])
+    result = runner.invoke(app, ["bench", "--model", "wan21_t2v_1_3b", "--size", "tiny", "--device", "cpu",
+                                 "--real-vae"])
     assert result.exit_code == 2 and "none is recorded for the wan21_t2v_1_3b preset's wan loader" in result.output
     assert "leave --real-vae out" in result.output and "Traceback" not in result.output
     result = runner.invoke(app, ["bench", "--model", "wan21_t2v_14b", "--device", "cpu"])
@@ -190,7 +196,8 @@ def test_the_doctor_names_the_wan_weights_to_download_and_what_fits_per_gpu(name
 
     cfg = resolve_config(name, "sol_rl")
     online, download = _model_weights(cfg, Machine([], None, False, tmp_path))  # an empty cache
-    assert online.status == "warn" and f"{hub}: not in the Hugging Face cache; will download on first use (~{gb} GB" in online.detail
+    assert (online.status == "warn"
+            and f"{hub}: not in the Hugging Face cache; will download on first use (~{gb} GB" in online.detail)
     assert download == gb and "--model-path" in online.fix
     offline, _ = _model_weights(cfg, Machine([], None, True, tmp_path))
     assert offline.status == "fail" and f"download {hub} once" in offline.fix
@@ -200,7 +207,8 @@ def test_the_doctor_names_the_wan_weights_to_download_and_what_fits_per_gpu(name
     # The 1.3B fits one 24 GB-class GPU; the 14B (its explore copy lean) one H100 but no L4 even
     # sharded over 8, the 5B a larger GPU than an L4.
     fits = {gpu.name: strategy_check(cfg, gpu, 1) for gpu in (h100, small)}
-    expected = {"wan21_t2v_1_3b": ("pass", "pass"), "wan21_t2v_14b": ("pass", "warn"), "wan22_ti2v_5b": ("pass", "warn")}[name]
+    expected = {"wan21_t2v_1_3b": ("pass", "pass"), "wan21_t2v_14b": ("pass", "warn"),
+                "wan22_ti2v_5b": ("pass", "warn")}[name]
     assert (fits[h100.name].status, fits[small.name].status) == expected
     if name == "wan21_t2v_14b":
         assert "fsdp over 8" in fits[small.name].detail and "no strategy fits" in fits[small.name].fix
@@ -214,4 +222,5 @@ def test_explore_scales_a_wan_presets_layer_rule_to_the_tiny_width(name, width):
 
     cfg = resolve_config(name, "sol_rl")
     assert layer_rule(cfg, wan_transformer_config(name, "real"), "real").min_dim == cfg.model.quant_min_dim
-    assert layer_rule(cfg, wan_transformer_config(name, "tiny"), "tiny").min_dim == round(cfg.model.quant_min_dim * 32 / width)
+    assert layer_rule(cfg, wan_transformer_config(name, "tiny"),
+                      "tiny").min_dim == round(cfg.model.quant_min_dim * 32 / width)

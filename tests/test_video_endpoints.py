@@ -49,21 +49,25 @@ def test_what_a_server_judges_follows_its_rewards_and_a_mismatch_is_one_line():
 
 @pytest.fixture(scope="module")
 def clip_server(tmp_path_factory, clip_dir):  # noqa: F811
-    with reward_server(tmp_path_factory.mktemp("clip-server"), "--reward", "jpeg_compressibility=1,temporal_consistency=0.5",
+    with reward_server(tmp_path_factory.mktemp("clip-server"), "--reward",
+                       "jpeg_compressibility=1,temporal_consistency=0.5",
                        "--path", f"temporal_consistency={clip_dir}", "--max-images", "64") as served:
         yield served
 
 
 def test_a_reward_server_scores_clips_as_its_rewards_do_in_process(clip_server, clip_dir):  # noqa: F811
     weights = {"jpeg_compressibility": 1.0, "temporal_consistency": 0.5}
-    clips, prompts = (random_clips(3, 5) * 255).round() / 255, ["a", "b", "c"]  # on uint8's grid: the wire sends them exactly
+    # on uint8's grid: the wire sends them exactly
+    clips, prompts = (random_clips(3, 5) * 255).round() / 255, ["a", "b", "c"]
     name = f"remote:{clip_server.url}"
     for frames, reduce in ((0, "mean"), (3, "min")):
-        local = RewardSet(weights, paths={"temporal_consistency": str(clip_dir)}, video_frames=frames, frame_reduce=reduce)
+        local = RewardSet(weights, paths={"temporal_consistency": str(clip_dir)}, video_frames=frames,
+                          frame_reduce=reduce)
         remote = RewardSet({name: 1.0}, video_frames=frames, frame_reduce=reduce)
         assert remote.rewards[name].media == ("video",)
         assert torch.allclose(remote(clips, prompts).total, local(clips, prompts).total, atol=1e-6), (frames, reduce)
-    assert not torch.allclose(RewardSet(weights, paths={"temporal_consistency": str(clip_dir)}, frame_reduce="min")(clips, prompts).total,
+    assert not torch.allclose(RewardSet(weights, paths={"temporal_consistency": str(clip_dir)},
+                                        frame_reduce="min")(clips, prompts).total,
                               RewardSet(weights, paths={"temporal_consistency": str(clip_dir)})(clips, prompts).total)
     # The reverse: this server judges clips only, so an image run is refused, in one line, by the client
     with pytest.raises(SolrlError, match="judges only videos and this model makes images"):
@@ -71,9 +75,11 @@ def test_a_reward_server_scores_clips_as_its_rewards_do_in_process(clip_server, 
     # ... and by the server itself, to a client that sends images anyway.
     from solrl_core.rewards.wire import encode_images
 
-    status, answer = request(f"{clip_server.url}/score", json.dumps({"prompts": ["a"], "images": encode_images(clips[:1, 0], "uint8")}).encode())
+    status, answer = request(f"{clip_server.url}/score",
+                             json.dumps({"prompts": ["a"], "images": encode_images(clips[:1, 0], "uint8")}).encode())
     assert status == 422 and "do not judge images" in answer["detail"]
-    status, answer = request(f"{clip_server.url}/score", json.dumps({"prompts": ["a"], "videos": encode_clips(clips[:1], "uint8"),
+    status, answer = request(f"{clip_server.url}/score",
+                             json.dumps({"prompts": ["a"], "videos": encode_clips(clips[:1], "uint8"),
                                                                      "frame_reduce": "max"}).encode())
     assert status == 422 and "frame_reduce 'max'" in answer["detail"]
 
@@ -84,12 +90,14 @@ def test_a_server_of_still_image_rewards_refuses_a_video_run(tmp_path):
 
     with reward_server(tmp_path, "--reward", "tinyworld_geneval") as served:
         name = f"remote:{served.url}"
-        cfg = resolve_config("wan21_t2v_1_3b", "sol_rl", name, sets=["run.prompts=tiny", "run.eval_prompts=", "run.device=cpu"])
+        cfg = resolve_config("wan21_t2v_1_3b", "sol_rl", name,
+                             sets=["run.prompts=tiny", "run.eval_prompts=", "run.device=cpu"])
         with pytest.raises(SolrlError, match="judges only still images and this model makes videos") as err:
             check_inputs(cfg)  # before anything loads
         assert "\n" not in str(err.value)
         status, answer = request(f"{served.url}/score", json.dumps({"prompts": ["a red circle"],
-                                                                   "videos": encode_clips(random_clips(1, 2), "uint8")}).encode())
+                                                                   "videos": encode_clips(random_clips(1, 2),
+                                                                                          "uint8")}).encode())
         assert status == 422 and "do not judge videos" in answer["detail"]
         prompts, images = noisy_world(2)  # images still score
         assert RewardSet({name: 1.0})(images, prompts).total.shape == (2,)
@@ -98,7 +106,8 @@ def test_a_server_of_still_image_rewards_refuses_a_video_run(tmp_path):
 @pytest.fixture(scope="module")
 def vlm(tmp_path_factory):
     pytest.importorskip("openai")
-    with serve(["-m", "tests.vlm_server", "--model", "tiny-judge"], "/v1/models", tmp_path_factory.mktemp("vlm")) as served:
+    with serve(["-m", "tests.vlm_server", "--model", "tiny-judge"], "/v1/models",
+               tmp_path_factory.mktemp("vlm")) as served:
         yield served
 
 
@@ -111,7 +120,8 @@ def test_a_vlm_judges_a_clip_once_from_its_sampled_frames(vlm):
     body = judge.request([b"a", b"b", b"c"], prompts[0])
     parts = body["messages"][0]["content"]
     assert [p["type"] for p in parts] == ["image_url"] * 3 + ["text"]
-    assert parts[-1]["text"] == f'The images are frames of one video, in order. Does this video show "{prompts[0]}"? Answer yes or no.'
+    assert (parts[-1]["text"] == f'The images are frames of one video, in order. Does this video show "{prompts[0]}"? '
+                                 f'Answer yes or no.')
     score = judge(clip, prompts[:1])
     frames = judge(images[[0, 2, 5]], prompts[:1] * 3)  # the three sampled frames (first, middle, last), one at a time
     assert len(set(frames.tolist())) > 1  # they differ: the clip's score is their combination, not one frame's

@@ -66,7 +66,8 @@ def test_temporal_consistency_is_one_for_a_still_clip_and_lower_when_frames_chan
 
 
 def test_a_reward_that_cannot_judge_the_models_samples_is_refused_in_one_line():
-    with pytest.raises(SolrlError, match="reward 'temporal_consistency' judges videos and this model makes images") as err:
+    with pytest.raises(SolrlError,
+                       match="reward 'temporal_consistency' judges videos and this model makes images") as err:
         resolve_config("sana", "sol_rl", "temporal_consistency").validate()
     assert "\n" not in str(err.value) and "wan21_t2v_1_3b" in err.value.fix
     with pytest.raises(SolrlError, match="run.eval_rewards"):

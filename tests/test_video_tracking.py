@@ -88,8 +88,10 @@ def test_an_image_sample_grid_writes_no_video(fast_sets, tmp_path):
 
     engine = open_engine(resolve_config("tiny", "sol_rl", sets=fast_sets()))
     made = engine.generate(engine.conditioning(["a red circle"] * 2), torch.tensor([1, 2]), 2, "base")
-    batch = RolloutBatch(prompts=["a red circle"] * 2, groups=torch.zeros(2, dtype=torch.long), seeds=torch.tensor([1, 2]),
+    batch = RolloutBatch(prompts=["a red circle"] * 2, groups=torch.zeros(2, dtype=torch.long),
+                         seeds=torch.tensor([1, 2]),
                          latents=made.latents, sigmas=made.sigmas, rewards=torch.tensor([0.1, 0.3]), components={},
                          seconds_reward=0.0)
     event = sample_grid(engine, batch, tmp_path, iteration=1)
-    assert event.video == "" and event.seeds == [2, 1] and sorted(p.name for p in (tmp_path / "samples").iterdir()) == ["iter_000001.png"]
+    assert event.video == "" and event.seeds == [2,
+            1] and sorted(p.name for p in (tmp_path / "samples").iterdir()) == ["iter_000001.png"]

@@ -37,7 +37,8 @@ def _bench_row(family: str) -> dict:
             "rates": {"explore": 123.4, "regenerate": 98.76, "train": 54.32, "total": 7.654},
             "flops": {"explore": 1.23e12, "regenerate": 4.56e11, "train": 7.89e11, "total": 2.47e12},
             "mfu": {"explore": 0.123, "regenerate": 0.456, "train": 0.789, "total": 0.321},
-            "precision": {"explore": "nvfp4-emulated", "regenerate": "fp32", "train": "fp32"}, "memory_source": "measured",
+            "precision": {"explore": "nvfp4-emulated", "regenerate": "fp32", "train": "fp32"},
+            "memory_source": "measured",
             "peak_flops": {}, "vs_compile": None, "compile_seconds": {}, "backoffs": []}
 
 
@@ -64,9 +65,11 @@ def test_piped_bench_tables_cut_no_number_or_family(monkeypatch):
 def test_config_help_filters_by_key_and_shows_the_chosen_presets_values():
     tiny = runner.invoke(app, ["config-help", "run.iter"], env={"COLUMNS": "80"})
     assert tiny.exit_code == 0, tiny.output
-    assert "run.iterations = 30" in tiny.output and "(built-in default: 300)" in tiny.output  # the tiny preset's, not 300
+    # the tiny preset's, not 300
+    assert "run.iterations = 30" in tiny.output and "(built-in default: 300)" in tiny.output
     assert "explore." not in tiny.output and len(tiny.output.splitlines()) < 10
-    sana = runner.invoke(app, ["config-help", "reward.weights", "--preset", "sana_sol_rl_pickscore"], env={"COLUMNS": "80"})
+    sana = runner.invoke(app, ["config-help", "reward.weights", "--preset", "sana_sol_rl_pickscore"],
+                         env={"COLUMNS": "80"})
     assert "settings of sana_sol_rl_pickscore" in sana.output and "reward.weights = {'pickscore': 1.0}" in sana.output
     typo = runner.invoke(app, ["config-help", "explor.stps"])
     assert typo.exit_code == 2 and "did you mean 'explore'" in typo.output and "Traceback" not in typo.output

@@ -1,7 +1,8 @@
 """Wan 2.1 text-to-video on a tiny random WanPipeline of the real architecture (WanTransformer3DModel,
 AutoencoderKLWan, a UMT5 encoder with a local tokenizer), saved in the hub's diffusers layout and
 loaded back through the loader a hub download takes, and a tiny Wan 2.2 TI2V pipeline likewise:
-rollout parity with WanPipeline, the explore copy's layer rule on the published configurations, `solrl explore`, one sol_rl iteration with an
+rollout parity with WanPipeline, the explore copy's layer rule on the published configurations, `solrl explore`, one
+sol_rl iteration with an
 image reward scored on frames, resume, the exported LoRA in WanPipeline.load_lora_weights, and
 `solrl infer`'s GIFs and contact sheets."""
 
@@ -64,8 +65,10 @@ def test_rollout_matches_wan_pipeline(name, latent_shape, folders):
 
 
 @pytest.mark.parametrize("name, heads, ffn, layers, channels, size", [
-    (NAME, 12, 8960, 30, 16, 1.42), ("wan21_t2v_14b", 40, 13824, 40, 16, 14.29), ("wan22_ti2v_5b", 24, 14336, 30, 48, 5.0)])
-def test_the_explore_rule_quantizes_every_block_linear_of_the_published_models(name, heads, ffn, layers, channels, size):
+    (NAME, 12, 8960, 30, 16, 1.42), ("wan21_t2v_14b", 40, 13824, 40, 16, 14.29), ("wan22_ti2v_5b", 24, 14336, 30, 48,
+                                                                                  5.0)])
+def test_the_explore_rule_quantizes_every_block_linear_of_the_published_models(name, heads, ffn, layers, channels,
+                                                                               size):
     import diffusers
 
     from solrl_core.plan.footprint import model_size
@@ -73,7 +76,8 @@ def test_the_explore_rule_quantizes_every_block_linear_of_the_published_models(n
 
     with torch.device("meta"):  # transformer/config.json of Wan-AI/Wan2.1-T2V-1.3B, -14B and Wan2.2-TI2V-5B-Diffusers
         model = diffusers.WanTransformer3DModel(
-            patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=128, in_channels=channels, out_channels=channels,
+            patch_size=(1, 2, 2), num_attention_heads=heads, attention_head_dim=128, in_channels=channels,
+                                                out_channels=channels,
             text_dim=4096, freq_dim=256, ffn_dim=ffn, num_layers=layers, cross_attn_norm=True,
             qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024)
     cfg = resolve_config(name, "sol_rl")
@@ -113,7 +117,8 @@ def test_explore_writes_ranked_seeds_and_a_contact_sheet_grid(name, folders, tmp
 
     monkeypatch.chdir(tmp_path)
     sets = [a for s in FAST if not s.startswith(("explore.group_size", "selection.group_size")) for a in ("--set", s)]
-    result = CliRunner().invoke(app, ["explore", "--model", name, "--model-path", str(folders[name]), "--reward", "jpeg_compressibility",
+    result = CliRunner().invoke(app, ["explore", "--model", name, "--model-path", str(folders[name]), "--reward",
+                                      "jpeg_compressibility",
                                       "--prompts", "tiny", "--n", "4", "--k", "2", "--out", "ex", *sets])
     assert result.exit_code == 0, result.output
     rows = [json.loads(line) for line in (tmp_path / "ex" / "seeds.jsonl").read_text().splitlines()]
@@ -139,10 +144,14 @@ def test_rank_check_compares_the_explore_copys_clip_ranking_with_full_precision(
     from solrl_cli.app import app
 
     monkeypatch.chdir(tmp_path)
-    sets = [a for s in ("model.resolution=32", "run.device=cpu", "run.threads=2", "sampler.rollout_batch=4", "model.quant_min_dim=0")
+    sets = [a
+            for s in ("model.resolution=32", "run.device=cpu", "run.threads=2", "sampler.rollout_batch=4",
+                      "model.quant_min_dim=0")
             for a in ("--set", s)]
-    result = CliRunner().invoke(app, ["rank-check", "--model", NAME, "--model-path", str(folder), "--reward", "jpeg_compressibility",
-                                      "--prompts", "tiny", "--count", "1", "--seeds", "4", "--hit-k", "1", "--preview-steps", "1",
+    result = CliRunner().invoke(app, ["rank-check", "--model", NAME, "--model-path", str(folder), "--reward",
+                                      "jpeg_compressibility",
+                                      "--prompts", "tiny", "--count", "1", "--seeds", "4", "--hit-k", "1",
+                                      "--preview-steps", "1",
                                       "--full-steps", "2", "--out", "rc", *sets])
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "rc" / "rank_check.json").read_text())
@@ -177,7 +186,8 @@ def test_infer_writes_each_clip_as_a_video_and_a_contact_sheet(mp4, folder, tmp_
         if mp4:
             import imageio.v3 as iio
 
-            assert iio.imread(video).shape == (5, 128, 128, 3)  # five frames read back, 32 px enlarged to 128 (MIN_SIDE)
+            # five frames read back, 32 px enlarged to 128 (MIN_SIDE)
+            assert iio.imread(video).shape == (5, 128, 128, 3)
         else:
             with Image.open(video) as gif:
                 assert gif.n_frames == 5 and gif.size == (128, 128)
@@ -201,7 +211,8 @@ def test_one_iteration_resumes_and_exports_a_lora_wan_pipeline_loads(name, folde
     bus = ev.EventBus()
     bus.subscribe(seen.append)
     folder = folders[name]
-    session = train(resolve_config(name, "sol_rl", "jpeg_compressibility", sets=[*FAST, f"model.path={folder}", *sets]), bus,
+    session = train(resolve_config(name, "sol_rl", "jpeg_compressibility", sets=[*FAST, f"model.path={folder}", *sets]),
+                    bus,
                     stop=StopFlag())
     (it,) = [e for e in seen if isinstance(e, ev.IterationFinished)]
     assert np.isfinite(it.loss["loss"]) and it.final.std > 0 and it.grad_norm > 0, "nothing was trained"
@@ -213,7 +224,8 @@ def test_one_iteration_resumes_and_exports_a_lora_wan_pipeline_loads(name, folde
     resumed: list[object] = []
     bus = ev.EventBus()
     bus.subscribe(resumed.append)
-    train(resolve_config(name, "sol_rl", "jpeg_compressibility", sets=[*FAST, f"model.path={folder}", *sets, "run.iterations=2"]),
+    train(resolve_config(name, "sol_rl", "jpeg_compressibility",
+                         sets=[*FAST, f"model.path={folder}", *sets, "run.iterations=2"]),
           bus, resume=True, stop=StopFlag())
     assert [e.iteration for e in resumed if isinstance(e, ev.IterationFinished)] == [2]
 
@@ -224,7 +236,8 @@ def test_one_iteration_resumes_and_exports_a_lora_wan_pipeline_loads(name, folde
         assert result.exit_code == 0, result.output
     pipe = WanPipeline.from_pretrained(str(folder))
     pipe.load_lora_weights(str(tmp_path / "run/export/iter_000002-trained"))
-    merged = WanTransformer3DModel.from_pretrained(str(tmp_path / "run/export/iter_000002-trained-merged"), subfolder="transformer")
+    merged = WanTransformer3DModel.from_pretrained(str(tmp_path / "run/export/iter_000002-trained-merged"),
+                                                   subfolder="transformer")
     plain = WanTransformer3DModel.from_pretrained(str(folder), subfolder="transformer")
     engine = session.run.engine
     cond = engine.conditioning(["a red circle"])
@@ -238,7 +251,8 @@ def test_one_iteration_resumes_and_exports_a_lora_wan_pipeline_loads(name, folde
     from diffusers import FlowMatchEulerDiscreteScheduler
 
     kwargs = dict(prompt="a red circle", num_inference_steps=2, guidance_scale=1.0, height=32, width=32, num_frames=5,
-                  output_type="pt", latents=torch.randn(1, *engine.model.latent_shape, generator=torch.Generator().manual_seed(5)))
+                  output_type="pt",
+                  latents=torch.randn(1, *engine.model.latent_shape, generator=torch.Generator().manual_seed(5)))
     pipe.scheduler = FlowMatchEulerDiscreteScheduler()
     merged_pipe = WanPipeline.from_pretrained(str(folder), transformer=merged)
     merged_pipe.scheduler = FlowMatchEulerDiscreteScheduler()

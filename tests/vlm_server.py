@@ -60,11 +60,14 @@ def completion(model: str, body: dict) -> dict:
     logprobs = None
     if body.get("logprobs"):
         answer = "yes" if s >= 0.5 else "no"
-        top = sorted([_token("yes", s), _token("no", 1 - s)], key=lambda t: -t["logprob"])[:max(1, body.get("top_logprobs") or 1)]
-        logprobs = {"content": [{**_token(answer, s if answer == "yes" else 1 - s), "top_logprobs": top}], "refusal": None}
+        top = sorted([_token("yes", s), _token("no", 1 - s)],
+                     key=lambda t: -t["logprob"])[:max(1, body.get("top_logprobs") or 1)]
+        logprobs = {"content": [{**_token(answer, s if answer == "yes" else 1 - s), "top_logprobs": top}],
+                    "refusal": None}
     else:
         answer = str(round(10 * s))
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()), "model": model,
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": model,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": answer, "refusal": None},
                          "logprobs": logprobs, "finish_reason": "length" if body.get("max_tokens") == 1 else "stop"}],
             "usage": {"prompt_tokens": 64, "completion_tokens": 1, "total_tokens": 65}}
@@ -87,7 +90,8 @@ def build(model: str, api_key: str, delay_s: float) -> FastAPI:
     @app.post("/v1/chat/completions")
     def chat(body: dict):
         if body.get("model") != model:
-            return JSONResponse({"error": {"message": f"The model `{body.get('model')}` does not exist.", "type": "NotFoundError",
+            return JSONResponse({"error": {"message": f"The model `{body.get('model')}` does not exist.",
+                                           "type": "NotFoundError",
                                            "param": None, "code": 404}}, status_code=404)
         time.sleep(delay_s)
         try:

@@ -7,7 +7,8 @@ import sys
 from typing import Mapping, TextIO
 
 
-def no_terminal(env: Mapping[str, str] = os.environ, stdin: TextIO | None = None, stdout: TextIO | None = None) -> str | None:
+def no_terminal(env: Mapping[str, str] = os.environ, stdin: TextIO | None = None,
+                stdout: TextIO | None = None) -> str | None:
     """Whether the full-screen UI can run in this process: None when it can, else why not, in words
     ('' where nothing should be said). It needs a terminal for its screen (stdout) and for the keys
     that end it (stdin): without one (a pipe, nohup, CI) Textual would write escape codes and never

@@ -98,7 +98,8 @@ class SeriesRow(Horizontal):
 class SeriesPanel(VerticalScroll):
     """Rows are (title, series); rows appear as their series do (e.g. a new reward component)."""
 
-    def __init__(self, rows: Callable[[RunState], list[tuple[str, list[float]]]], note: Callable[[RunState], str], id: str) -> None:
+    def __init__(self, rows: Callable[[RunState], list[tuple[str, list[float]]]], note: Callable[[RunState], str],
+                 id: str) -> None:
         super().__init__(id=id)
         self._view_rows, self._view_note = rows, note
         self._row_widgets: dict[str, SeriesRow] = {}
@@ -159,13 +160,16 @@ class SolrlMonitor(App):
     BINDINGS = [Binding("q", "request_quit", "quit"), Binding("ctrl+c", "request_quit", show=False, priority=True),
                 Binding("question_mark", "help", "help"), Binding("p", "toggle_pause", "pause/resume"),
                 *(Binding(key, f"scroll('{how}')", show=False) for key, how in (
-                    ("up", "up"), ("down", "down"), ("pageup", "page_up"), ("pagedown", "page_down"), ("home", "home"), ("end", "end"))),
+                    ("up", "up"), ("down", "down"), ("pageup", "page_up"), ("pagedown", "page_down"), ("home",
+                            "home"), ("end", "end"))),
                 # the tab row names the panels' keys: the footer keeps the rest, whole at 80 columns
-                *(Binding(str(i), f"show('{name}')", label, show=False) for i, (name, label) in enumerate(PANELS.items(), 1)),
+                *(Binding(str(i), f"show('{name}')", label, show=False)
+                  for i, (name, label) in enumerate(PANELS.items(), 1)),
                 Binding("tab", "cycle(1)", "next panel", priority=True),
                 Binding("shift+tab", "cycle(-1)", "previous panel", show=False, priority=True)]
 
-    def __init__(self, source: JsonlTail | QueueSource, stop: Callable[[], None] | None = None, pid: int | None = None) -> None:
+    def __init__(self, source: JsonlTail | QueueSource, stop: Callable[[], None] | None = None,
+                 pid: int | None = None) -> None:
         super().__init__()
         self.source, self.stop_run = source, stop
         self.meter = ProcessMeter(pid)  # the training process, measured where it runs on this machine
@@ -184,7 +188,8 @@ class SolrlMonitor(App):
         # held, not queried: a query would search the active screen, which may be the stop dialog
         self.run_line, self.status = Static("waiting for the first event ..."), Static()
         self.flags, self.machine = Static(id="flags"), Static(id="machine")
-        self.bar, self.tabs, self.switcher = ProgressBar(total=None, show_eta=False), Static(id="tabs"), ContentSwitcher(initial="time")
+        self.bar, self.tabs, self.switcher = ProgressBar(total=None,
+                show_eta=False), Static(id="tabs"), ContentSwitcher(initial="time")
 
     def compose(self) -> ComposeResult:
         with Vertical(id="header"):
@@ -236,13 +241,15 @@ class SolrlMonitor(App):
         if s.started:
             e = s.started
             resumed = f", resumed at {e.start_iteration}" if e.resumed else ""  # 80 columns hold the line whole
-            self.run_line.update(Text.assemble((e.preset, "bold"), f"  {e.device} {e.dtype}, explore {e.explore_precision}{resumed}"
+            self.run_line.update(Text.assemble((e.preset, "bold"), f"  {e.device} {e.dtype}, explore "
+                                                                   f"{e.explore_precision}{resumed}"
                                                "  (key 6: plan)"))
         if s.total:
             self.bar.update(total=s.total, progress=s.iteration)
         self.panels[self.current].draw(s)
         self.tabs.update("  ".join(
-            f"[reverse] {i} {label} [/]" if name == self.current else f" {i} {label} " for i, (name, label) in enumerate(PANELS.items(), 1)))
+            f"[reverse] {i} {label} [/]" if name == self.current else f" {i} {label} "
+                                   for i, (name, label) in enumerate(PANELS.items(), 1)))
 
     def _draw_status(self) -> None:
         s = self.state
@@ -335,7 +342,8 @@ def run_tui_training(start: Any) -> Any:
     app = SolrlMonitor(source, stop=stop_run, pid=os.getpid())
     worker = threading.Thread(target=work, name="solrl-train", daemon=True)
     closing = functools.partial(_close_on_signal, app, worker)
-    with graceful_stop(stop, start.config.run.stop_on_sigterm, on_request=closing, may_interrupt=lambda: not app.is_running):
+    with graceful_stop(stop, start.config.run.stop_on_sigterm, on_request=closing,
+                       may_interrupt=lambda: not app.is_running):
         worker.start()
         try:
             app.run()
@@ -343,7 +351,8 @@ def run_tui_training(start: Any) -> Any:
             stop.requested = True
             if worker.is_alive():
                 with contextlib.suppress(OSError):  # the terminal may be gone (SIGHUP)
-                    print(f"solrl: finishing iteration {app.state.iteration + 1} and saving a checkpoint ...", flush=True)
+                    print(f"solrl: finishing iteration {app.state.iteration + 1} and saving a checkpoint ...",
+                          flush=True)
             worker.join()
     if source.error is not None:
         raise source.error
@@ -361,9 +370,11 @@ def outcome(state: RunState) -> str:
     plain display prints under it (the reward's and the evaluation's change), and the warnings panel 5
     showed (the plain display printed each as it came; the app's screen is gone)."""
     run_dir = _run_dir(state)
-    end = state.finished or ev.RunFinished(reason="interrupted", iteration=state.iteration, seconds=0.0, first_reward=None,
+    end = state.finished or ev.RunFinished(reason="interrupted", iteration=state.iteration, seconds=0.0,
+                                           first_reward=None,
                                            last3_reward=None, run_dir=run_dir)
-    return "\n".join([f"solrl: {finished_message(end, state.total)}; replay: solrl monitor {run_dir}", *end_summary(end), *state.warning_lines()])
+    return "\n".join([f"solrl: {finished_message(end, state.total)}; replay: solrl monitor {run_dir}",
+                      *end_summary(end), *state.warning_lines()])
 
 
 def _run_dir(state: RunState) -> str:

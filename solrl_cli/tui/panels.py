@@ -125,7 +125,8 @@ def reward_charts(s: RunState) -> list[ChartSpec]:
 
 def time_charts(s: RunState) -> list[ChartSpec]:
     phases = ("total", "explore", "regenerate", "reward", "train")
-    return [ChartSpec("seconds per phase", "seconds", {p: s.points("seconds", p) for p in phases if any(s.points("seconds", p)[1])})]
+    return [ChartSpec("seconds per phase", "seconds",
+                      {p: s.points("seconds", p) for p in phases if any(s.points("seconds", p)[1])})]
 
 
 def eval_charts(s: RunState) -> list[ChartSpec]:
@@ -169,25 +170,29 @@ def latest_table(rows: Callable[[RunState], list[tuple[str, list[float]]]]) -> C
 
 def time_view(s: RunState) -> Group:
     """The seconds per phase, then what the MFU column divides by (below: the chart comes first on a small screen)."""
-    flops = [] if s.flops is None else [*describe(s.flops), "MFU: model FLOPs / seconds / the dense peak at the phase's "
-                                        "precision (as solrl bench); total: the work's time at peak over the iteration's"]
+    flops = [] if s.flops is None else [*describe(s.flops), "MFU: model FLOPs / seconds / the dense peak at the "
+                                        "phase's precision (as solrl bench); total: the work's time at peak over the "
+                                        "iteration's"]
     return Group(_phase_table(s), *(Text(line) for line in flops))
 
 
 def _phase_table(s: RunState) -> Table:
     latest = s.iterations[-1] if s.iterations else None
     peaks, source = (latest.peak_memory or {}, latest.memory_source) if latest else ({}, "")
-    title = f"seconds per phase, iterations seen: {s.count}" + (f"; peak GiB of the last iteration: {source}" if peaks else "")
+    title = f"seconds per phase, iterations seen: {s.count}" + (f"; peak GiB of the last iteration: {source}" if peaks
+                                                                else "")
     table = Table(title=title, title_justify="left", box=None, padding=(0, 1))  # whole at 80 columns, MFU column too
     mfu = s.mfu()
-    for col in ("phase", "last", f"mean last {ROLLING}", "mean all", "share", "peak GiB", *(("MFU last",) if mfu else ())):
+    for col in ("phase", "last", f"mean last {ROLLING}", "mean all", "share", "peak GiB",
+                *(("MFU last",) if mfu else ())):
         table.add_column(col, justify="left" if col == "phase" else "right", no_wrap=True)
     last = latest.seconds if latest else {}
     total = s.rolling("total")
     for phase in PHASES:
         mean = s.rolling(phase)
         share = f"{100 * mean / total:.0f}%" if mean is not None and total and phase != "total" else ""
-        table.add_row(phase, _num(last.get(phase)), _num(mean), _num(s.phase_sums[phase] / s.count if s.count else None), share,
+        table.add_row(phase, _num(last.get(phase)), _num(mean),
+                      _num(s.phase_sums[phase] / s.count if s.count else None), share,
                       _num(peaks.get(phase)), *((_mfu(s, mfu, phase),) if mfu else ()))
     return table
 
@@ -248,14 +253,16 @@ def eval_view(s: RunState) -> Group | str:
                      f"{e.delta_se['mean']:.4f}" if "mean" in e.delta_se else "", f"{e.seconds:.1f}")
     if last is base:
         return Group(head, runs)
-    kinds = Table(title=f"per kind: base against iteration {last.iteration} ({last.weights})", title_justify="left", box=None,
+    kinds = Table(title=f"per kind: base against iteration {last.iteration} ({last.weights})", title_justify="left",
+                  box=None,
                   padding=(0, 1))
     floors = {f"eval.{k}": v for k, v in last.eval_floors.items()}  # each eval reward against its hacking floor
     for col in ("kind", "base", "latest", "change", "s.e.", *(("floor",) if floors else ())):
         kinds.add_column(col, justify="left" if col == "kind" else "right", no_wrap=col != "kind", overflow="fold")
     named = {**(last.components if len(last.components) > 1 else {}), **last.extras,
              **{f"eval.{k}": v for k, v in last.eval_rewards.items()}}  # eval rewards: scored, not trained on
-    before = {**base.components, **base.extras, **{f"eval.{k}": last.eval_rewards[k] - c for k, c in last.eval_changes.items()}}
+    before = {**base.components, **base.extras,
+              **{f"eval.{k}": last.eval_rewards[k] - c for k, c in last.eval_changes.items()}}
     se = {**last.delta_se, **{f"eval.{k}": v for k, v in last.eval_se.items()}}
     for key, value in named.items():
         was = before.get(key)
@@ -275,7 +282,8 @@ def log_view(s: RunState) -> Text:
     text.append("log:\n")
     for line in s.log:
         text.append(f"  {line}\n")
-    text.append(f"warnings: {s.warning_count}" + (f" (last {len(s.warnings)})" if s.warning_count > len(s.warnings) else ""),
+    text.append(f"warnings: {s.warning_count}"
+                + (f" (last {len(s.warnings)})" if s.warning_count > len(s.warnings) else ""),
                 style="yellow" if s.warning_count else "")
     for w in s.warnings:
         text.append(f"\n  {_clock(w['time'])} {w['message']}", style="yellow")
@@ -320,14 +328,17 @@ def _machine(s: RunState) -> Any:
     libs.add_column("version / availability")
     te_line = f"{te['version'] or 'version unknown'}" if te["installed"] else te["reason"]
     if te["installed"]:
-        te_line += "".join(f"; its {k.upper()} check: " + ("no answer" if te[k] is None else "yes" if te[k][0] else f"no ({te[k][1]})")
+        te_line += "".join(f"; its {k.upper()} check: "
+                           + ("no answer" if te[k] is None else "yes" if te[k][0] else f"no ({te[k][1]})")
                            for k in ("nvfp4", "fp8"))
     ao_line = ao["version"] if ao["installed"] else ao["reason"]
     if ao["installed"]:
         ao_line += "".join(f"; {label}: {'-' if ao.get(key) is None else 'yes' if ao[key] else 'no'}"
-                           for key, label in (("sm_at_least_89", "FP8 (sm >= 8.9)"), ("sm_at_least_100", "NVFP4/MX (sm >= 10.0)")))
+                           for key, label in (("sm_at_least_89", "FP8 (sm >= 8.9)"), ("sm_at_least_100", "NVFP4/MX (sm "
+                                                                                                         ">= 10.0)")))
     rows = [("Transformer Engine", te_line), ("torchao", ao_line),
-            ("torch", f"{env['libraries'].get('torch')} ({'CUDA ' + env['torch_cuda'] if env['torch_cuda'] else 'CPU-only build'})")]
+            ("torch", f"{env['libraries'].get('torch')} "
+                      f"({'CUDA ' + env['torch_cuda'] if env['torch_cuda'] else 'CPU-only build'})")]
     rows += [(name, version or "not installed") for name, version in env["libraries"].items()
              if name not in ("torch", "torchao", "transformer_engine")]
     for row in rows:  # Text, not markup: a reason may hold brackets (transformer-engine[pytorch])

@@ -14,7 +14,8 @@ from rich.text import Text
 from solrl_cli.run_summary import end_summary
 from solrl_cli.stop_text import finished_message
 from solrl_cli.tui.meter import run_pid
-from solrl_cli.tui.panels import eval_note, eval_view, latest_table, loss_note, loss_rows, reward_note, reward_rows, time_note, time_view
+from solrl_cli.tui.panels import (eval_note, eval_view, latest_table, loss_note, loss_rows, reward_note, reward_rows,
+                                  time_note, time_view)
 from solrl_cli.tui.state import JsonlTail, RunState, _clock, _duration
 from solrl_core.io.rundir import EVENTS_FILE
 
@@ -49,7 +50,8 @@ def snapshot(run_dir: Path) -> list[Any]:
     if s.started:
         e = s.started
         resumed = f", resumed at iteration {e.start_iteration}" if e.resumed else ""
-        out += [Text.assemble(("solrl run ", "bold"), e.run_dir), f"{e.preset}: {e.device} {e.dtype}, explore {e.explore_precision}{resumed}",
+        out += [Text.assemble(("solrl run ", "bold"), e.run_dir), f"{e.preset}: {e.device} {e.dtype}, explore "
+                                                                  f"{e.explore_precision}{resumed}",
                 f"plan: {e.plan}"]
     out += [s.progress_text(), process_text(s, run_dir)]
     if s.warning_count:
@@ -67,7 +69,8 @@ def snapshot(run_dir: Path) -> list[Any]:
 
 
 def print_snapshot(run_dir: Path, console: Console) -> None:
-    console.print(f"solrl monitor: a snapshot at {_clock(time.time())} (no terminal here: run it in one for the live view)")
+    console.print(f"solrl monitor: a snapshot at {_clock(time.time())} (no terminal here: run it in one for the live "
+                  f"view)")
     for part in snapshot(run_dir):
         console.print(part)
 

@@ -31,7 +31,8 @@ from solrl_core.faults.links import check_path
 from solrl_core.telemetry.mfu import describe, percent, phase_mfu
 from solrl_core.text import plural
 
-PANELS = {"time": "time", "rewards": "rewards", "loss": "loss", "eval": "eval", "log": "warnings & log", "env": "environment"}
+PANELS = {"time": "time", "rewards": "rewards", "loss": "loss", "eval": "eval", "log": "warnings & log",
+          "env": "environment"}
 HISTORY = 2000  # iterations kept for plots; the aggregates count every iteration
 ROLLING = 10
 
@@ -88,7 +89,8 @@ class JsonlTail:
         try:
             record = parse_line(line)
         except TooDeep as exc:
-            raise SolrlError(f"{self.path} line {self.lines}: {exc}", "the file is damaged: its other lines are not shown") from exc
+            raise SolrlError(f"{self.path} line {self.lines}: {exc}", "the file is damaged: its other lines are not "
+                                                                      "shown") from exc
         except ValueError:
             return ev.RunWarning(message=f"monitor: skipped {where}, which is not JSON (torn by a crash mid-write?)")
         try:
@@ -101,7 +103,8 @@ class JsonlTail:
                                          "wrote this kind, which this version does not know")
         except ev.EventDecodeError as exc:
             raise SolrlError(f"{self.path} line {self.lines}: {exc}",
-                             "the file is damaged, or another solrl version wrote it: replay it with that version") from exc
+                             "the file is damaged, or another solrl version wrote it: replay it with that "
+                             "version") from exc
 
 
 class QueueSource:
@@ -146,7 +149,8 @@ class RunState:
 
     def __init__(self, history: int = HISTORY) -> None:
         self.started: ev.RunStarted | None = None
-        self.calibrated: ev.CalibrationDone | None = None  # the last calibration since the start: Stage 1's steps and precision
+        # the last calibration since the start: Stage 1's steps and precision
+        self.calibrated: ev.CalibrationDone | None = None
         self.config: Config | None = None  # the run's config, typed, from its start event
         self.quantization = ""
         self.flops: ev.ModelFlops | None = None  # the run's model FLOPs and peaks: each iteration's MFU
@@ -204,7 +208,8 @@ class RunState:
             self.calibrated = e
             self.log.append(f"{_clock(e.time)} {log_line(e)}")
         elif isinstance(e, (ev.RunWarning, *FAULT_EVENTS)):
-            self.warnings.append({"time": e.time, "message": e.message if isinstance(e, ev.RunWarning) else fault_message(e)})
+            self.warnings.append({"time": e.time,
+                                  "message": e.message if isinstance(e, ev.RunWarning) else fault_message(e)})
             self.warning_count += 1
         elif isinstance(e, ev.RunFinished):
             self.finished, self.evaluating = e, None  # a stop drops an evaluation in progress
@@ -252,7 +257,8 @@ class RunState:
         for it in self.iterations:
             value: Any = it
             for key in path:
-                value = value.get(key) if isinstance(value, dict) else getattr(value, key) if value is not None else None
+                value = value.get(key) if isinstance(value, dict) else getattr(value,
+                                                                               key) if value is not None else None
             if isinstance(value, (int, float)):
                 out.append((float(it.iteration), float(value)))
         return out
@@ -262,7 +268,8 @@ class RunState:
         return sorted(last.components) if last else []
 
     def rolling(self, phase: str) -> float | None:
-        recent = [it.seconds[phase] for it in itertools.islice(reversed(self.iterations), ROLLING) if phase in it.seconds]
+        recent = [it.seconds[phase] for it in itertools.islice(reversed(self.iterations), ROLLING)
+                  if phase in it.seconds]
         return statistics.fmean(recent) if recent else None
 
     def explore_speed(self) -> list[str]:
@@ -282,7 +289,8 @@ class RunState:
         if draft * steps_draft < final * steps_final and precision not in ("bf16", "fp32", "fp16"):
             why = (f"; below 1x: {precision} is " + ("an emulation in torch, slower than full precision on this device"
                                                      if "emulated" in precision or s.device == "cpu" else
-                                                     "slower than full precision here") + ": --explore-precision fp32 may be faster")
+                                                     "slower than full precision here") + ": --explore-precision fp32 "
+                                                                                          "may be faster")
         return [f"Stage 1 drafts: {plural(prompts, 'prompt')} x {plural(n, 'seed')} in {t_draft:.2f}s = {draft:.1f}/s "
                 f"({steps_draft} steps, {precision})",
                 f"Stage 2 finals: {plural(prompts, 'prompt')} x {plural(k, 'seed')} in {t_final:.2f}s = {final:.1f}/s "
@@ -292,7 +300,8 @@ class RunState:
                 f"{plural(min(len(self.iterations), ROLLING), 'iteration')}{why})"]
 
     def progress_text(self) -> str:
-        """The header's progress: 'iteration 3/30  eta ~2m10s  evaluating ema: 96/256 images  reward 0.53 (draft 0.43)  MFU 3.4%'."""
+        """The header's progress: 'iteration 3/30 eta ~2m10s evaluating ema: 96/256 images reward 0.53 (draft 0.43) MFU
+        3.4%'."""
         parts = [f"iteration {self.iteration}/{self.total}"]
         eta = self.eta()
         if eta is not None:  # next to the count: a narrow header cuts the end of the line, never the eta
@@ -314,7 +323,8 @@ class RunState:
         if s is None:
             return "explore speed-up: once the run has started (its start event holds the plan's stages)"
         if not s.explore_seeds:
-            return "explore speed-up: not derivable from these events (an older solrl wrote them, without the plan's stages)"
+            return ("explore speed-up: not derivable from these events (an older solrl wrote them, without the plan's "
+                    "stages)")
         if not s.regenerate:
             family = self.config.algorithm.family if self.config is not None else "this family"
             return f"explore speed-up: none to show ({family} generates each rollout once: no Stage 2 to compare with)"
@@ -341,7 +351,8 @@ class RunState:
         took = e.total_seconds if e.total_seconds is not None else e.seconds
         then = time.localtime(e.time)
         when = time.strftime("%H:%M:%S" if then[:3] == time.localtime()[:3] else "%Y-%m-%d %H:%M", then)
-        word = "stopped" if e.reason == "interrupted" or (e.reason == "completed" and e.iteration < self.total) else e.reason
+        word = "stopped" if e.reason == "interrupted" or (e.reason == "completed"
+                                                          and e.iteration < self.total) else e.reason
         return f"run {word} {when} ({e.iteration}/{self.total} iterations, {took:.1f}s)" if took < 60 else \
             f"run {word} {when} ({e.iteration}/{self.total} iterations, {_duration(took)})"
 
@@ -350,7 +361,8 @@ class RunState:
         if not self.warning_count:
             return []
         kept = f" (the last {len(self.warnings)})" if self.warning_count > len(self.warnings) else ""
-        return [f"{plural(self.warning_count, 'warning')}{kept}:", *(f"  {_clock(w['time'])} {w['message']}" for w in self.warnings)]
+        return [f"{plural(self.warning_count, 'warning')}{kept}:",
+                *(f"  {_clock(w['time'])} {w['message']}" for w in self.warnings)]
 
     def mfu(self) -> dict[str, float | None]:
         """The last iteration's model FLOPs utilisation per phase and in total (telemetry/mfu.py); {} when

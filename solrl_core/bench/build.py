@@ -32,7 +32,8 @@ REAL = {
     "flux1": dict(patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
                   num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
                   axes_dims_rope=(16, 56, 56)),
-    "sd3": dict(sample_size=128, patch_size=2, in_channels=16, num_layers=38, attention_head_dim=64, num_attention_heads=38,
+    "sd3": dict(sample_size=128, patch_size=2, in_channels=16, num_layers=38, attention_head_dim=64,
+                num_attention_heads=38,
                 joint_attention_dim=4096, caption_projection_dim=2432, pooled_projection_dim=2048, out_channels=16,
                 qk_norm="rms_norm", pos_embed_max_size=192),
 }
@@ -40,7 +41,8 @@ TINY = {
     "sana": dict(in_channels=32, out_channels=32, num_attention_heads=2, attention_head_dim=16, num_layers=2,
                  num_cross_attention_heads=2, cross_attention_head_dim=16, cross_attention_dim=32, caption_channels=32,
                  mlp_ratio=2.5, sample_size=8, patch_size=1),
-    "flux1": dict(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+    "flux1": dict(patch_size=1, in_channels=64, num_layers=1, num_single_layers=1, attention_head_dim=16,
+                  num_attention_heads=2,
                   joint_attention_dim=32, pooled_projection_dim=32, guidance_embeds=True, axes_dims_rope=(4, 4, 8)),
     "sd3": dict(sample_size=16, patch_size=2, in_channels=16, num_layers=2, attention_head_dim=8, num_attention_heads=4,
                 joint_attention_dim=32, caption_projection_dim=32, pooled_projection_dim=64, out_channels=16,
@@ -85,27 +87,32 @@ class BenchModel:
 MODELS_HINT = "use --model sana, flux1, sd3, wan21_t2v_1_3b, wan21_t2v_14b or wan22_ti2v_5b"
 
 
-def bench_model(preset: str, loader: str, resolution: int, size: str, real_vae: bool = False, frames: int = 0) -> BenchModel:
+def bench_model(preset: str, loader: str, resolution: int, size: str, real_vae: bool = False,
+                frames: int = 0) -> BenchModel:
     """The transformer config and render resolution of `preset` (its loader, configured resolution and,
     for a video model, frames); `real_vae`: with the VAE of the published config, at the preset's own
     resolution (a tiny model: 64 px)."""
     if real_vae and loader not in PUBLISHED_VAES:
-        raise SolrlError(f"--real-vae builds the published VAE of {', '.join(PUBLISHED_VAES)}; none is recorded for the "
-                         f"{preset} preset's {loader} loader", "leave --real-vae out: the bench's small VAE gives the real latent")
+        raise SolrlError(f"--real-vae builds the published VAE of {', '.join(PUBLISHED_VAES)}; none is recorded for "
+                         f"the {preset} preset's {loader} "
+                         f"loader", "leave --real-vae out: the bench's small VAE gives the real latent")
     if real_vae:
         side = TINY_REAL_VAE_RESOLUTION if size == "tiny" else resolution
         model = bench_model(preset, loader, resolution, size)
         return BenchModel(preset, loader, size, model.transformer, side, real_vae=True)
     if size not in SIZES:
-        raise SolrlError(f"--size {size}: expected real or tiny", "use --size real (a GPU) or --size tiny (any machine)")
+        raise SolrlError(f"--size {size}: expected real or tiny",
+                         "use --size real (a GPU) or --size tiny (any machine)")
     if loader == "wan":
         if size == "real" and preset not in video.VIDEO_REAL:
-            raise SolrlError(f"no published transformer size recorded for the {preset} preset", f"{MODELS_HINT}, or --size "
+            raise SolrlError(f"no published transformer size recorded for the {preset} preset", f"{MODELS_HINT}, or "
+                                                                                                f"--size "
                              "tiny for a Wan-architecture model of tiny width")
         return BenchModel(preset, loader, size, video.wan_transformer_config(preset, size),
                           video.wan_bench_resolution(preset, resolution, size), frames=frames)
     if loader not in TINY:
-        raise SolrlError(f"solrl bench builds sana, flux1, sd3 and Wan models; the {preset} preset's loader is {loader}",
+        raise SolrlError(f"solrl bench builds sana, flux1, sd3 and Wan models; the {preset} preset's loader is "
+                         f"{loader}",
                          MODELS_HINT)
     if size == "tiny":
         return BenchModel(preset, loader, size, TINY[loader], TINY_RESOLUTION)
@@ -122,7 +129,8 @@ def transformer_class(loader: str) -> type:
             "wan": WanTransformer3DModel}[loader]
 
 
-def build_transformer(model: BenchModel, device: torch.device | str, dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
+def build_transformer(model: BenchModel, device: torch.device | str,
+                      dtype: torch.dtype = torch.bfloat16) -> torch.nn.Module:
     """The random-init transformer, created on `device` in `dtype` (a 12B model is minutes in fp32 on a CPU)."""
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -156,10 +164,13 @@ def build_pipeline(model: BenchModel, folder: Path, device: torch.device | str =
 
         tok, tok2 = enc.clip_tokenizer(), enc.t5_tokenizer()
         pooled = model.transformer["pooled_projection_dim"]
-        vae = enc.published_kl_vae(**PUBLISHED_VAES["flux1"]) if model.real_vae else enc.kl_vae(model.transformer["in_channels"] // 4)
+        vae = (enc.published_kl_vae(**PUBLISHED_VAES["flux1"]) if model.real_vae
+               else enc.kl_vae(model.transformer["in_channels"] // 4))
         pipe = FluxPipeline(scheduler=FlowMatchEulerDiscreteScheduler(), vae=vae,
-                            transformer=transformer, text_encoder=enc.clip_encoder(tok, pooled, pooled, with_projection=False),
-                            tokenizer=tok, text_encoder_2=enc.t5_encoder(tok2, model.transformer["joint_attention_dim"]),
+                            transformer=transformer,
+                            text_encoder=enc.clip_encoder(tok, pooled, pooled, with_projection=False),
+                            tokenizer=tok,
+                            text_encoder_2=enc.t5_encoder(tok2, model.transformer["joint_attention_dim"]),
                             tokenizer_2=tok2)
     else:
         from diffusers import StableDiffusion3Pipeline
@@ -169,7 +180,8 @@ def build_pipeline(model: BenchModel, folder: Path, device: torch.device | str =
         proj_l, proj_g = (768, 1280) if real else (32, 32)
         pipe = StableDiffusion3Pipeline(
             transformer=transformer, scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
-            vae=enc.published_kl_vae(**PUBLISHED_VAES["sd3"]) if model.real_vae else enc.kl_vae(model.transformer["in_channels"]),
+            vae=enc.published_kl_vae(**PUBLISHED_VAES["sd3"]) if model.real_vae
+                                        else enc.kl_vae(model.transformer["in_channels"]),
             tokenizer=toks[0], tokenizer_2=toks[1], tokenizer_3=toks[2],
             text_encoder=enc.clip_encoder(toks[0], clip_l, proj_l, with_projection=True),
             text_encoder_2=enc.clip_encoder(toks[1], clip_g, proj_g, with_projection=True),

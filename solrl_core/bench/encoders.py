@@ -43,7 +43,8 @@ def gemma_encoder(tokenizer, hidden: int, head_dim: int):  # type: ignore[no-unt
     from transformers import Gemma2Config, Gemma2Model
 
     return Gemma2Model(Gemma2Config(head_dim=head_dim, hidden_size=hidden, intermediate_size=512 if hidden > 64 else 64,
-                                    num_attention_heads=2, num_hidden_layers=1, num_key_value_heads=1 if hidden > 64 else 2,
+                                    num_attention_heads=2, num_hidden_layers=1,
+                                    num_key_value_heads=1 if hidden > 64 else 2,
                                     vocab_size=len(tokenizer), pad_token_id=0)).eval()
 
 
@@ -60,7 +61,8 @@ def clip_encoder(tokenizer, hidden: int, projection: int, with_projection: bool)
 def t5_encoder(tokenizer, d_model: int):  # type: ignore[no-untyped-def]
     from transformers import T5Config, T5EncoderModel
 
-    return T5EncoderModel(T5Config(d_model=d_model, d_ff=37, d_kv=8, num_layers=1, num_heads=4, vocab_size=len(tokenizer),
+    return T5EncoderModel(T5Config(d_model=d_model, d_ff=37, d_kv=8, num_layers=1, num_heads=4,
+                                   vocab_size=len(tokenizer),
                                    relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1)).eval()
 
 
@@ -68,7 +70,8 @@ def umt5_encoder(tokenizer, d_model: int):  # type: ignore[no-untyped-def]
     """One UMT5 layer whose output width is `d_model` (Wan's text_dim: UMT5-XXL's 4096)."""
     from transformers import UMT5Config, UMT5EncoderModel
 
-    return UMT5EncoderModel(UMT5Config(d_model=d_model, d_ff=37, d_kv=8, num_layers=1, num_heads=4, vocab_size=len(tokenizer),
+    return UMT5EncoderModel(UMT5Config(d_model=d_model, d_ff=37, d_kv=8, num_layers=1, num_heads=4,
+                                       vocab_size=len(tokenizer),
                                        relative_attention_num_buckets=8, pad_token_id=0, eos_token_id=1)).eval()
 
 
@@ -80,7 +83,8 @@ def wan_vae(z_dim: int, levels: int, patch: int = 1, base_dim: int = 3, latents_
     Spatial compression: patch x 2^levels. Latent statistics default to mean 0, std 1."""
     from diffusers import AutoencoderKLWan
 
-    residual = {} if patch == 1 else dict(in_channels=3 * patch * patch, out_channels=3 * patch * patch, is_residual=True,
+    residual = {} if patch == 1 else dict(in_channels=3 * patch * patch, out_channels=3 * patch * patch,
+                                          is_residual=True,
                                           patch_size=patch)
     return AutoencoderKLWan(base_dim=base_dim, z_dim=z_dim, dim_mult=[1] * (levels + 1), num_res_blocks=1,
                             temperal_downsample=[False] * (levels - 2) + [True, True],
@@ -119,7 +123,8 @@ def dc_vae(latent_channels: int, widths: tuple[int, int] = (32, 64)):  # type: i
                          encoder_block_types=blocks, decoder_block_types=blocks, encoder_block_out_channels=widths,
                          decoder_block_out_channels=widths, encoder_qkv_multiscales=((), (5,)),
                          decoder_qkv_multiscales=((), (5,)), encoder_layers_per_block=(1, 1),
-                         decoder_layers_per_block=(1, 1), downsample_block_type="conv", upsample_block_type="interpolate",
+                         decoder_layers_per_block=(1, 1), downsample_block_type="conv",
+                         upsample_block_type="interpolate",
                          decoder_norm_types="rms_norm", decoder_act_fns="silu", scaling_factor=0.41407)
 
 
@@ -141,7 +146,8 @@ def save_clip_reward(folder, size: str, device, dtype):  # type: ignore[no-untyp
 
     spec = CLIP_H14 if size == "real" else CLIP_TINY
     tok = clip_tokenizer()
-    config = CLIPConfig(text_config={**spec["text"], "vocab_size": spec["vocab_size"] or len(tok), "max_position_embeddings": 77},
+    config = CLIPConfig(text_config={**spec["text"], "vocab_size": spec["vocab_size"] or len(tok),
+                                     "max_position_embeddings": 77},
                         vision_config={**spec["vision"], "patch_size": 14, "image_size": 224},
                         projection_dim=spec["projection_dim"])
     default = torch.get_default_dtype()

@@ -19,7 +19,8 @@ min-dim is scaled by the tiny width over the real one at tiny size, so the same 
                      capability >= 10.0 only (only when asked)
 
 Each backend eager and, with `compile`, torch.compile'd block by block as solrl compiles its copies
-(regions.py), in the default run.compile_mode. A quantized backend's refresh (load the merged weights, re-quantize) is timed too and
+(regions.py), in the default run.compile_mode. A quantized backend's refresh (load the merged weights, re-quantize) is
+timed too and
 set against one prompt group's explore forwards (derived: step time x explore steps x N / batch).
 Each output is compared with the bf16 output on the same inputs (relative RMS error): a check that
 the kernels compute the right thing on this device, not a quality figure.
@@ -50,7 +51,8 @@ from solrl_core.errors import SolrlError
 from solrl_core.telemetry.peaks import device_label
 
 FP8_ATTENTION = "fp8+fp8-attention"  # fp8's GEMMs and torchao's FP8 FA3 attention (explore.fp8_attention)
-BACKENDS = ("bf16", "fp8", "fp8-e5m2-tensor", "nvfp4-emulated", "fp8-torchao", "nvfp4", "fp8-e5m2-delayed", FP8_ATTENTION)
+BACKENDS = ("bf16", "fp8", "fp8-e5m2-tensor", "nvfp4-emulated", "fp8-torchao", "nvfp4", "fp8-e5m2-delayed",
+            FP8_ATTENTION)
 DEFAULT_BACKENDS = BACKENDS[:4]  # the library backends (torchao) only when asked
 # backend -> (explore precision, its kernel: precision/backends.py); all but bf16 are the explore copy's wrappers
 PRECISION_OF = {"fp8-torchao": ("fp8", "torchao"), "nvfp4": ("nvfp4", "torchao"), FP8_ATTENTION: ("fp8", "scaled_mm")}
@@ -89,7 +91,8 @@ class ExploreOptions:
 SIZE_DEFAULTS = {"real": {"batch": 24, "group": 96}, "tiny": {"batch": 8, "group": 8}}  # as `solrl bench`'s
 
 
-def explore_options(*, model: str | None, size: str, device: str | None, n: int | None, batch: int | None,  # noqa: PLR0913
+def explore_options(*, model: str | None, size: str, device: str | None, n: int | None,  # noqa: PLR0913
+                    batch: int | None,
                     calls: int | None, warmup: int | None, backends: list[str] | None, compile: bool,
                     numerics_only: bool, unused: dict[str, object]) -> ExploreOptions:
     """`solrl bench --explore`'s options: N and the rollout batch default by size as for the families;
@@ -130,7 +133,8 @@ def run_explore(options: ExploreOptions, bus: ev.EventBus,
 
     def so_far(model_rows: list[dict[str, Any]]) -> None:
         if on_backend is not None:
-            on_backend(ExploreResult(device_label(device), torch.__version__, dataclasses.asdict(options), rows + model_rows))
+            on_backend(ExploreResult(device_label(device), torch.__version__, dataclasses.asdict(options),
+                                     rows + model_rows))
 
     for preset in options.models:
         rows += measure_model(preset, options, device, bus, so_far)
@@ -222,7 +226,8 @@ def _steps(m: _Model, backend: str, what: str) -> list[dict[str, Any]]:
             rows.append(dict(model=m.preset, backend=backend, compiled=compiled, skipped=f"failed: {_first_line(exc)}"))
             m.say(f"  {label:<{WIDTH}} failed: {_first_line(exc)}")
             continue
-        rows.append(dict(model=m.preset, backend=backend, compiled=compiled, seconds=seconds, rel_error=error, layers=what))
+        rows.append(dict(model=m.preset, backend=backend, compiled=compiled, seconds=seconds, rel_error=error,
+                         layers=what))
         m.say(f"  {label:<{WIDTH}} {seconds * 1e3:9.2f} ms/step   error vs bf16 {100 * error:6.2f}%   ({what})")
     return rows
 
@@ -233,7 +238,8 @@ def attention(backend: str, device: torch.device) -> Any:
 
     from solrl_core.precision import fp8_attention
 
-    return fp8_attention.swapped(fp8_attention.kernel_for(device)) if backend == FP8_ATTENTION else contextlib.nullcontext()
+    return (fp8_attention.swapped(fp8_attention.kernel_for(device)) if backend == FP8_ATTENTION
+            else contextlib.nullcontext())
 
 
 def _refresh(m: _Model, backend: str) -> dict[str, Any]:
@@ -251,7 +257,8 @@ def _refresh(m: _Model, backend: str) -> dict[str, Any]:
 def summary_lines(rows: list[dict[str, Any]], options: ExploreOptions, steps: int, where: str) -> list[str]:
     """Each timed step's speed-up over eager bf16, and each refresh against one prompt group's explore
     forwards at that backend's eager step time."""
-    base = next((r["seconds"] for r in rows if r["backend"] == "bf16" and r.get("compiled") is False and "seconds" in r), None)
+    base = next((r["seconds"] for r in rows if r["backend"] == "bf16" and r.get("compiled") is False
+                 and "seconds" in r), None)
     if not base:
         return []
     lines = [f"  speed-up over eager bf16 ({where}, batch {options.batch}):"]
@@ -262,9 +269,10 @@ def summary_lines(rows: list[dict[str, Any]], options: ExploreOptions, steps: in
         if "refresh_seconds" not in r or not step:
             continue
         explore = step * steps * options.group / options.batch
-        lines.append(f"  {r['backend']} refresh {r['refresh_seconds'] * 1e3:.1f} ms vs one prompt group's explore forwards "
-                     f"({options.group} seeds x {steps} steps at batch {options.batch}: {explore:.2f} s, derived from the "
-                     f"eager step time): {100 * r['refresh_seconds'] / explore:.1f}% per group, less with more groups per refresh")
+        lines.append(f"  {r['backend']} refresh {r['refresh_seconds'] * 1e3:.1f} ms vs one prompt group's explore "
+                     f"forwards ({options.group} seeds x {steps} steps at batch {options.batch}: {explore:.2f} s, "
+                     f"derived from the eager step time): {100 * r['refresh_seconds'] / explore:.1f}% per group, less "
+                     f"with more groups per refresh")
     return lines
 
 
@@ -285,7 +293,8 @@ def skip_reason(backend: str, device: torch.device, numerics_only: bool, loader:
     precision = PRECISION_OF.get(backend, (backend, ""))[0]
     if backend in PRECISION_OF and importlib.util.find_spec("torchao") is None:
         return "torchao is not installed (pip install torchao)"
-    ok, why = hardware.explore_precisions(gpu_of(device)).get(precision, (False, "not an explore precision solrl knows"))
+    ok, why = hardware.explore_precisions(gpu_of(device)).get(precision, (False,
+                                                                          "not an explore precision solrl knows"))
     if ok:
         return ""
     if device.type == "cpu" and precision == "fp8":

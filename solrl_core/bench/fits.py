@@ -43,9 +43,10 @@ def check_fits(configs: dict[str, Any], device: torch.device, gpu: GpuInfo | Non
         peak, est, machine = estimate(cfg, device, gpu)
         if peak <= gpu.memory_gib:
             continue
-        parts = (f"policy {est.policy:.1f} + explore copy {est.explore_copy:.1f} ({machine.explore_precision}) + rollout "
-                 f"copy {est.rollout_copy:.1f} + vae {est.vae:.1f} + max(text encoders {est.text_encoders:.1f}, activations "
-                 f"{est.activations:.1f} at micro-batch {cfg.optimizer.micro_batch}) + {est.overhead:.1f} overhead")
+        parts = (f"policy {est.policy:.1f} + explore copy {est.explore_copy:.1f} ({machine.explore_precision}) + "
+                 f"rollout copy {est.rollout_copy:.1f} + vae {est.vae:.1f} + max(text encoders "
+                 f"{est.text_encoders:.1f}, activations {est.activations:.1f} at micro-batch "
+                 f"{cfg.optimizer.micro_batch}) + {est.overhead:.1f} overhead")
         raise SolrlError(f"{family} does not fit on {gpu.describe()} by the doctor's estimate: {peak:.1f} GiB "
                          f"(approximate: {parts}); not building", _fix(cfg, device, gpu, machine, peak))
 
@@ -76,8 +77,9 @@ def _fix(cfg: Any, device: torch.device, gpu: GpuInfo, machine: Any, current: fl
         found.append(f"a smaller explore copy: --set explore.precision={precision}{same} (estimate {peak:.1f} GiB)")
     if not found:
         floor = estimate(_with(_with(cfg, "optimizer", micro_batch=1), "sampler", rollout_copy="false"), device, gpu)[0]
-        return (f"no single setting the bench can lower brings it under {cap:.0f} GiB (at micro-batch 1 without a rollout "
-                f"copy: {floor:.1f} GiB): use a GPU with more memory, a smaller --model, or --size tiny to run the code "
+        return (f"no single setting the bench can lower brings it under {cap:.0f} GiB (at micro-batch 1 without a "
+                f"rollout copy: {floor:.1f} GiB): use a GPU with more memory, a smaller --model, or --size tiny to run "
+                f"the code "
                 "path; --skip-memory-check builds anyway")
     return "lower one: " + "; or ".join(found) + "; --skip-memory-check builds anyway (the estimate is approximate)"
 

@@ -50,7 +50,8 @@ def forward_inputs(model: BenchModel, tokens: int, batch: int, device: torch.dev
         latent = wan_latent(model)
         video = latent[1] * (side // 2) ** 2  # latent frames x 2x2 patches per frame
         return dict(hidden_states=torch.randn(batch, *latent, **kw),
-                    timestep=torch.full((batch, video) if per_token_time(model.preset) else (batch,), 500.0, device=device),
+                    timestep=torch.full((batch, video) if per_token_time(model.preset) else (batch,), 500.0,
+                                        device=device),
                     encoder_hidden_states=torch.randn(batch, tokens, c["text_dim"], **kw), return_dict=False)
     if model.loader == "sana":
         return dict(hidden_states=torch.randn(batch, c["in_channels"], side, side, **kw),
@@ -59,11 +60,14 @@ def forward_inputs(model: BenchModel, tokens: int, batch: int, device: torch.dev
                     timestep=torch.full((batch,), 500.0, device=device), return_dict=False)
     if model.loader == "flux1":
         image = (side // 2) ** 2  # 2x2 latent patches packed into tokens of in_channels = 4 x latent channels
-        return dict(hidden_states=torch.randn(batch, image, c["in_channels"], **kw), timestep=torch.full((batch,), 0.5, **kw),
-                    guidance=torch.ones(batch, **kw), pooled_projections=torch.randn(batch, c["pooled_projection_dim"], **kw),
+        return dict(hidden_states=torch.randn(batch, image, c["in_channels"], **kw),
+                    timestep=torch.full((batch,), 0.5, **kw),
+                    guidance=torch.ones(batch, **kw),
+                    pooled_projections=torch.randn(batch, c["pooled_projection_dim"], **kw),
                     encoder_hidden_states=torch.randn(batch, tokens, c["joint_attention_dim"], **kw),
                     txt_ids=torch.zeros(tokens, 3, **kw), img_ids=torch.zeros(image, 3, **kw), return_dict=False)
-    return dict(hidden_states=torch.randn(batch, c["in_channels"], side, side, **kw), timestep=torch.full((batch,), 500.0, device=device),
+    return dict(hidden_states=torch.randn(batch, c["in_channels"], side, side, **kw),
+                timestep=torch.full((batch,), 500.0, device=device),
                 encoder_hidden_states=torch.randn(batch, tokens, c["joint_attention_dim"], **kw),
                 pooled_projections=torch.randn(batch, c["pooled_projection_dim"], **kw), return_dict=False)
 
@@ -83,7 +87,8 @@ def count_sample_flops(model: BenchModel, tokens: int) -> SampleFlops:
 
     net = build_transformer(model, "meta").requires_grad_(False)
     if model.loader == "wan":
-        forward = wan_forward_flops(model.transformer, wan_latent(model), tokens, time_per_token=per_token_time(model.preset))
+        forward = wan_forward_flops(model.transformer, wan_latent(model), tokens,
+                                    time_per_token=per_token_time(model.preset))
     else:
         with FlopCounterMode(display=False) as counter:
             net(**forward_inputs(model, tokens, 1, "meta"))

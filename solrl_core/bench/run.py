@@ -7,7 +7,8 @@ doctor's estimate beside it at real size), the one-time compile times, model FLO
 FLOPs utilisation against the device's dense peak at the precision each phase multiplies in
 (telemetry/peaks.py), and each family's total and rollout (explore + regenerate) time against the `compile`
 family, the compiled bf16 baseline: the ratio of the medians, and the range the iterations allow
-(slowest against fastest each way), which says whether 1.0x is inside it. One prompt group per iteration, a cheap JPEG reward on the CPU.
+(slowest against fastest each way), which says whether 1.0x is inside it. One prompt group per iteration, a cheap JPEG
+reward on the CPU.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ class BenchOptions:
 
     def resolved(self) -> "BenchOptions":
         """N, K and the rollout batch filled in for the size where not given."""
-        given = {k: v for k, v in SIZE_DEFAULTS.get(self.size, SIZE_DEFAULTS["real"]).items() if getattr(self, k) is None}
+        given = {k: v for k, v in SIZE_DEFAULTS.get(self.size, SIZE_DEFAULTS["real"]).items()
+                 if getattr(self, k) is None}
         return dataclasses.replace(self, **given)
 
     def check(self, device: torch.device) -> None:
@@ -102,7 +104,8 @@ def run_bench(options: BenchOptions, bus: ev.EventBus, workdir: Path | None = No
 
     options = options.resolved()
     base = resolve_config(options.model, "sol_rl", REWARD, sets=options.sets)
-    model = bench_model(options.model, base.model.loader, base.model.resolution, options.size,  # a model it builds, first
+    # a model it builds, first
+    model = bench_model(options.model, base.model.loader, base.model.resolution, options.size,
                         options.real_vae, base.model.frames)
     device = resolve_device(options.device)
     options.check(device)
@@ -122,11 +125,13 @@ def run_bench(options: BenchOptions, bus: ev.EventBus, workdir: Path | None = No
         if options.reward_model == "pickscore":
             from solrl_core.bench.encoders import save_clip_reward
 
-            bus.emit(ev.BenchProgress(stage="build", message=f"building a random-weight reward network of PickScore_v1's "
-                                      f"architecture ({'CLIP ViT-H/14' if options.size == 'real' else 'one layer'}), on {device}"))
+            bus.emit(ev.BenchProgress(stage="build", message=f"building a random-weight reward network of "
+                                      f"PickScore_v1's architecture "
+                                      f"({'CLIP ViT-H/14' if options.size == 'real' else 'one layer'}), on {device}"))
             save_clip_reward(root / "reward", options.size, device, torch.bfloat16)
         per_sample = count_sample_flops(model, tokens)
-        how = ("forward derived from the config (wan_forward_flops), forward + backward FlopCounterMode on the meta device"
+        how = ("forward derived from the config (wan_forward_flops), forward + backward FlopCounterMode on the meta "
+               "device"
                if model.loader == "wan" else "FlopCounterMode, meta device")
         bus.emit(ev.BenchProgress(stage="flops", message=(
             f"model FLOPs per sample ({how}): forward {format_flops(per_sample.forward)}, "
@@ -148,8 +153,10 @@ def _result(options: BenchOptions, device: torch.device, model: Any, count: int,
     add_utilisation(rows)
     add_ratios(rows)
     info = {"preset": options.model, "loader": model.loader, "size": options.size, "parameters": count,
-            "resolution": model.resolution, "latent_side": model.latent_side, "frames": model.frames, "text_tokens": tokens,
-            "vae": "published" if model.real_vae else ("small Wan" if model.loader == "wan" else "two-block"), "reward": REWARD_MODELS[options.reward_model],
+            "resolution": model.resolution, "latent_side": model.latent_side, "frames": model.frames,
+            "text_tokens": tokens,
+            "vae": "published" if model.real_vae else ("small Wan" if model.loader == "wan" else "two-block"),
+            "reward": REWARD_MODELS[options.reward_model],
             "flops_per_sample": dataclasses.asdict(per_sample), "transformer_config": model.transformer}
     return BenchResult(pk.device_label(device), torch.__version__, dataclasses.asdict(options), info, rows)
 
@@ -163,8 +170,8 @@ def _build(model: Any, folder: Path, device: torch.device, count: int) -> Path:
         return build_pipeline(model, folder, device)
     except torch.cuda.OutOfMemoryError as exc:
         total = torch.cuda.get_device_properties(device).total_memory / 2**30
-        raise SolrlError(f"the {model.preset} transformer ({count / 1e9:.1f}B parameters, {count * 2 / 2**30:.1f} GiB in "
-                         f"bf16) does not fit in the {total:.0f} GiB of {pk.device_label(device)}",
+        raise SolrlError(f"the {model.preset} transformer ({count / 1e9:.1f}B parameters, {count * 2 / 2**30:.1f} GiB "
+                         f"in bf16) does not fit in the {total:.0f} GiB of {pk.device_label(device)}",
                          "use a GPU with more memory, a smaller --model, or --size tiny to run the code path") from exc
 
 
@@ -182,11 +189,12 @@ def _train(cfg: Any, bus: ev.EventBus, family: str) -> Any:
         return train(cfg, bus, stop=StopFlag())
     except DoesNotFit as exc:
         phase = next((p for p in FIXES if f"in the {p} " in exc.message), "update")
-        raise SolrlError(f"{family} does not fit here: {exc.message}", FIXES[phase] + ", or use a GPU with more memory") from exc
+        raise SolrlError(f"{family} does not fit here: {exc.message}",
+                         FIXES[phase] + ", or use a GPU with more memory") from exc
     except torch.cuda.OutOfMemoryError as exc:
         raise SolrlError(f"{family}: out of GPU memory while loading the model and its copies",
-                         "use a GPU with more memory or a smaller --model; an fp8 explore copy (--set explore.precision=fp8) "
-                         "is smaller than the emulated NVFP4 one") from exc
+                         "use a GPU with more memory or a smaller --model; an fp8 explore copy (--set "
+                         "explore.precision=fp8) is smaller than the emulated NVFP4 one") from exc
 
 
 def _run_family(options: BenchOptions, family: str, folder: Path, resolution: int, per_sample: SampleFlops,
@@ -206,7 +214,8 @@ def _run_family(options: BenchOptions, family: str, folder: Path, resolution: in
     run, machine = session.run, session.run.machine
     its = [e for e in seen if isinstance(e, ev.IterationFinished)][options.warmup:]
     if not its:
-        raise SolrlError(f"{family} stopped before a measured iteration", "let it run to the end (no stop during a bench)")
+        raise SolrlError(f"{family} stopped before a measured iteration", "let it run to the end (no stop during a "
+                                                                          "bench)")
     started = next(e for e in seen if isinstance(e, ev.RunStarted))
     # the doctor's estimate is of the preset's real model: only a real size compares
     estimate = estimate_memory(run.config, machine.explore_precision, run.engine.dtype_name, machine.checkpointing,
@@ -217,13 +226,15 @@ def _run_family(options: BenchOptions, family: str, folder: Path, resolution: in
     seconds = figures["seconds"]
     flops = phase_flops(run.plan, run.config, per_sample, run.config.run.prompts_per_iteration)
     auto = auto_explore(run, seconds, bus) if options.auto_explore and family == "sol_rl" else None
-    return {"auto_explore": auto, "model": options.model, "family": family, "plan": started.plan, "machine": started.machine,
+    return {"auto_explore": auto, "model": options.model, "family": family, "plan": started.plan,
+            "machine": started.machine,
             "compile_mode": run.config.run.compile_mode,
             **figures, "rates": _rates(run.plan, run.config, seconds),
             "peak_gib": {k: max((e.peak_memory or {}).get(k, 0.0) for e in its) for k in MEMORY_PHASES},
             "memory_source": its[-1].memory_source, "estimate_gib": estimate,
             "compile_seconds": {e.target: e.seconds for e in seen if isinstance(e, ev.CompileFinished)},
-            "backoffs": [f"{e.setting} {e.old} -> {e.new} ({e.phase})" for e in seen if isinstance(e, ev.OutOfMemoryBackoff)],
+            "backoffs": [f"{e.setting} {e.old} -> {e.new} ({e.phase})" for e in seen
+                         if isinstance(e, ev.OutOfMemoryBackoff)],
             "iterations_measured": len(its), "flops": flops, "precision": phase_precisions(run.plan),
             # graphs Dynamo compiled during the measured iterations: any is a recompile after warm-up
             "graphs_after_warmup": graphs[-1] - graphs[options.warmup - 1] if options.warmup else None}
@@ -245,8 +256,10 @@ def family_config(options: BenchOptions, family: str, root: Path, folder: Path |
 
     model = [f"model.path={folder}", f"model.resolution={resolution}"] if folder is not None else []
     # the built-in prompts: a random-weight model needs no download (the real-model presets name PickScore's)
-    sets = [*model, "run.prompts=general", f"explore.group_size={options.n}", f"selection.group_size={options.k}", "run.prompts_per_iteration=1",
-            f"run.iterations={options.iterations}", f"run.checkpoint_every={options.iterations}", f"run.device={options.device}",
+    sets = [*model, "run.prompts=general", f"explore.group_size={options.n}", f"selection.group_size={options.k}",
+            "run.prompts_per_iteration=1",
+            f"run.iterations={options.iterations}", f"run.checkpoint_every={options.iterations}",
+            f"run.device={options.device}",
             f"run.run_dir={root / family}", "run.eval_prompts=", f"sampler.rollout_batch={options.rollout_batch}",
             *([f"optimizer.micro_batch={options.micro_batch}"] if options.micro_batch else []), *options.sets]
     if options.reward_model == "pickscore" and folder is not None:
@@ -271,7 +284,8 @@ def _add_peaks(row: dict[str, Any], device: torch.device, cache: dict, bus: ev.E
     for phase in MODEL_PHASES:
         precision = row["precision"][phase]
         if (str(device), precision) not in cache and device.type != "cuda":
-            bus.emit(ev.BenchProgress(stage="peak", message=f"measuring {precision} GEMM throughput on {pk.device_label(device)}"))
+            bus.emit(ev.BenchProgress(stage="peak", message=f"measuring {precision} GEMM throughput on "
+                                                            f"{pk.device_label(device)}"))
         peak = pk.device_peak(device, precision, cache)
         row["peak_flops"][phase] = peak.to_dict() if peak else None
 
@@ -315,7 +329,8 @@ def add_ratios(rows: list[dict[str, Any]]) -> None:
             row["vs_compile"] = None
             continue
         mine, theirs = rollout_seconds(row), rollout_seconds(base)
-        ratios = {"total": base["seconds"]["total"] / row["seconds"]["total"], "rollout": theirs / mine if mine > 0 else None}
+        ratios = {"total": base["seconds"]["total"] / row["seconds"]["total"],
+                  "rollout": theirs / mine if mine > 0 else None}
         if "seconds_each" in row and "seconds_each" in base:
             ratios["total_range"] = _range(base["seconds_each"]["total"], row["seconds_each"]["total"])
             ratios["rollout_range"] = _range(_rollouts(base), _rollouts(row))
@@ -355,7 +370,8 @@ def auto_explore(run: Any, seconds: dict[str, float], bus: ev.EventBus) -> dict[
     from solrl_core.precision.hardware import runnable_low_precisions
 
     cfg = run.config
-    bus.emit(ev.BenchProgress(stage="calibrate", message="sol_rl: the precision x steps calibration on the benched run"))
+    bus.emit(ev.BenchProgress(stage="calibrate",
+                              message="sol_rl: the precision x steps calibration on the benched run"))
     prompts, seeds = calibration_inputs(run, cfg.run.iterations)
     found = calibrate_engine(run.engine, prompts, seeds, keep=run.plan.keep, fixed_steps=run.plan.explore_steps,
                              min_recall=cfg.explore.min_recall, precisions=runnable_low_precisions(run.device),

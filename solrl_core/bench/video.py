@@ -47,7 +47,8 @@ VIDEO_REAL = {
 VIDEO_VAE_FACTOR = {"wan21_t2v_1_3b": 8, "wan21_t2v_14b": 8, "wan22_ti2v_5b": 16}
 # The tiny Wan transformer's structure (diffusers' tests/pipelines/wan/test_wan.py, heads of 16 so every block
 # linear is a multiple of 16 wide and the explore copy quantizes it); the tests' tiny pipelines use it too.
-WAN_TINY = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, text_dim=32, freq_dim=256, ffn_dim=32,
+WAN_TINY = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=16, text_dim=32, freq_dim=256,
+                ffn_dim=32,
                 num_layers=2, cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
 BENCH_VAE_LEVELS = 2  # the bench VAE's down-sampling levels: 4x in space and time (encoders.wan_vae)
 TINY_LATENT_SIDE = 8  # latent pixels per frame side at size "tiny"
@@ -74,7 +75,8 @@ def wan_forward_flops(config: dict[str, Any], latent_shape: tuple[int, int, int,
     d = config["num_attention_heads"] * config["attention_head_dim"]
     patch = pt * ph * pw
     time = 2 * (config["freq_dim"] * d + d * d + 6 * d * d) * (L if time_per_token else 1)
-    outside = 2 * L * c * patch * d + time + 2 * T * (config["text_dim"] * d + d * d) + 2 * L * d * config["out_channels"] * patch
+    outside = 2 * L * c * patch * d + time + 2 * T * (config["text_dim"] * d + d
+                                                      * d) + 2 * L * d * config["out_channels"] * patch
     self_attn = 4 * 2 * L * d * d + 2 * 2 * L * L * d
     cross_attn = 2 * 2 * L * d * d + 2 * 2 * T * d * d + 2 * 2 * L * T * d
     ff = 2 * 2 * L * d * config["ffn_dim"]
@@ -115,8 +117,8 @@ def wan_parts(preset: str, size: str, resolution: int) -> str:
     """What is built beside the transformer, for the bench's progress line."""
     factor = bench_vae_factor(preset)
     return (f"a one-layer UMT5 text encoder of {'the real width' if size == 'real' else 'tiny width'} "
-            f"({wan_transformer_config(preset, size)['text_dim']}) and a small Wan VAE ({factor}x in space, 4x in time: "
-            f"the {'real ' if size == 'real' else ''}latent at {resolution} px)")
+            f"({wan_transformer_config(preset, size)['text_dim']}) and a small Wan VAE ({factor}x in space, 4x in "
+            f"time: the {'real ' if size == 'real' else ''}latent at {resolution} px)")
 
 
 def wan_pipeline(transformer: Any, vae: Any, text_encoder: Any, tokenizer: Any, expand_timesteps: bool) -> Any:
@@ -129,7 +131,8 @@ def wan_pipeline(transformer: Any, vae: Any, text_encoder: Any, tokenizer: Any, 
         return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
                            scheduler=FlowMatchEulerDiscreteScheduler(shift=5.0), expand_timesteps=True)
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
-    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer, scheduler=scheduler)
+    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, transformer=transformer,
+                       scheduler=scheduler)
 
 
 def bench_wan_pipeline(preset: str, transformer: Any) -> Any:

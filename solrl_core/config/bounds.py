@@ -19,9 +19,11 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
                      "model.lora_rank", "model.resolution", "sampler.eval_steps", "run.eval_every", "run.eval_seeds",
                      "reward.batch_size", "explore.calibrate_prompts"), _AT_LEAST_1),
     **dict.fromkeys(("explore.rank_check_every", "model.quant_min_dim", "run.image_every", "run.threads",
-                     "reward.health_patience", "reward.health_min_std", "optimizer.max_nonfinite_steps", "reward.retries",
+                     "reward.health_patience", "reward.health_min_std", "optimizer.max_nonfinite_steps",
+                     "reward.retries",
                      "optimizer.weight_decay", "optimizer.grad_clip", "algorithm.kl_beta", "algorithm.old_decay_rate",
-                     "run.seed", "run.min_trade", "model.init_seed", "model.max_sequence_length", "explore.recalibrate_every"), _AT_LEAST_0),
+                     "run.seed", "run.min_trade", "model.init_seed", "model.max_sequence_length",
+                     "explore.recalibrate_every"), _AT_LEAST_0),
     **dict.fromkeys(("optimizer.lr", "optimizer.eps", "algorithm.nft_beta", "algorithm.adv_clip_max", "sampler.shift",
                      "model.lora_alpha"), _POSITIVE),
     **dict.fromkeys(("optimizer.beta1", "optimizer.beta2", "algorithm.ema_max_decay"), _FRACTION),
@@ -48,7 +50,8 @@ def check_ranges(config: Any, default: Callable[[str, str], Any]) -> None:
                   and (high is None or value < high or (high_ok and value == high)))
         if not inside:
             raise SolrlError(f"{name}={value:g} is out of range: it must be {range_text(low, high, low_ok, high_ok)}",
-                             f"set {name} to a value {range_text(low, high, low_ok, high_ok)} (default {default(section, key):g})")
+                             f"set {name} to a value {range_text(low, high, low_ok, high_ok)} (default "
+                             f"{default(section, key):g})")
 
 
 ON_HACKING = ("warn", "stop", "rollback")  # run.on_hacking (loop/rollback.py)
@@ -63,12 +66,14 @@ def check_hacking(run: Any) -> None:
         if value not in choices:
             raise SolrlError(f"unknown {name} '{value}'", close_matches(value, choices))
     if run.stop_on_hacking and run.on_hacking not in ("warn", "stop"):
-        raise SolrlError(f"run.stop_on_hacking=true (deprecated: on_hacking=stop) contradicts run.on_hacking={run.on_hacking}",
+        raise SolrlError(f"run.stop_on_hacking=true (deprecated: on_hacking=stop) contradicts "
+                         f"run.on_hacking={run.on_hacking}",
                          "drop run.stop_on_hacking: run.on_hacking says what a run does")
     for name, floor in run.hacking_floors.items():
         if name not in run.eval_rewards:
             raise SolrlError(f"run.hacking_floors names {name}, which is not an eval reward (run.eval_rewards: "
-                             f"{', '.join(run.eval_rewards) or 'none'})", close_matches(name, list(run.eval_rewards) or ["none"]))
+                             f"{', '.join(run.eval_rewards) or 'none'})",
+                             close_matches(name, list(run.eval_rewards) or ["none"]))
         if not (math.isfinite(floor) and floor >= 0):
             raise SolrlError(f"run.hacking_floors.{name}={floor:g}: a floor is a finite fall >= 0",
                              f"set it to a fall in {name}'s units, e.g. run.hacking_floors.{name}=0.05")

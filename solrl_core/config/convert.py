@@ -43,7 +43,8 @@ def from_dict(data: dict[str, Any], base: Config | None = None, source: str = "c
             raise SolrlError(f"unknown config section '{key}' in {source}",
                              close_matches(key, list(_SECTION_TYPES) + ["preset"]))
         if not isinstance(value, dict):
-            raise SolrlError(f"'{key}' in {source} must be a table of settings", f"write it as [{key}] with key = value lines")
+            raise SolrlError(f"'{key}' in {source} must be a table of settings", f"write it as [{key}] with key = "
+                                                                                 f"value lines")
         section = getattr(config, key)
         updates[key] = _overlay_section(section, value, key, source)
     return dataclasses.replace(config, **updates)
@@ -63,14 +64,17 @@ def _overlay_section(section: Any, values: dict[str, Any], prefix: str, source: 
 def set_value(config: Config, assignment: str) -> Config:
     """Apply one `section.key=value` override (value parsed for the field's type)."""
     if "=" not in assignment:
-        raise SolrlError(f"--set '{assignment}' is not of the form section.key=value", "example: --set explore.group_size=32")
+        raise SolrlError(f"--set '{assignment}' is not of the form section.key=value", "example: --set "
+                                                                                       "explore.group_size=32")
     path, text = assignment.split("=", 1)
     path = path.strip()
     if "." not in path:
-        raise SolrlError(f"--set '{path}' needs a section", "example: --set optimizer.lr=1e-4; sections: " + ", ".join(_SECTION_TYPES))
+        raise SolrlError(f"--set '{path}' needs a section",
+                         "example: --set optimizer.lr=1e-4; sections: " + ", ".join(_SECTION_TYPES))
     section, key = path.split(".", 1)
     if section not in _SECTION_TYPES:
-        raise SolrlError(f"unknown config section '{section}' in --set {assignment}", close_matches(section, list(_SECTION_TYPES)))
+        raise SolrlError(f"unknown config section '{section}' in --set {assignment}",
+                         close_matches(section, list(_SECTION_TYPES)))
     names = [f.name for f in fields(_SECTION_TYPES[section])]
     hints = typing.get_type_hints(_SECTION_TYPES[section])
     entry = None
@@ -80,7 +84,8 @@ def set_value(config: Config, assignment: str) -> Config:
         raise SolrlError(f"unknown setting '{path}' in --set", close_matches(key, names))
     hint = hints[key]
     if entry is not None:
-        value = {**getattr(getattr(config, section), key), entry: _coerce(typing.get_args(hint)[1], text.strip(), path, "--set")}
+        value = {**getattr(getattr(config, section), key),
+                 entry: _coerce(typing.get_args(hint)[1], text.strip(), path, "--set")}
         return from_dict({section: {key: value}}, config, source="--set")
     return from_dict({section: {key: _parse_text(hint, text.strip(), path)}}, config, source="--set")
 
@@ -179,12 +184,14 @@ def help_table(config: Config | None = None, match: str = "") -> list[tuple[str,
 
 def load_run_config(run_dir: str | Path) -> Config:
     """The resolved config saved in a run directory (for --resume, eval and infer), once the folder
-    holds no link out of it and no special file (faults/links.py): every command that opens a run folder reads this first."""
+    holds no link out of it and no special file (faults/links.py): every command that opens a run folder reads this
+    first."""
     path = check_run_folder(run_dir)
     check_tree(path)
     cfg_file = path / CONFIG_FILE
     if not cfg_file.is_file():
-        raise SolrlError(f"{path} is not a solrl run directory (no {CONFIG_FILE})", "pass the folder a previous `solrl train` wrote")
+        raise SolrlError(f"{path} is not a solrl run directory (no {CONFIG_FILE})", "pass the folder a previous `solrl "
+                                                                                    "train` wrote")
     try:
         data = tomllib.loads(cfg_file.read_text(encoding="utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

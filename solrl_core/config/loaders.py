@@ -23,7 +23,8 @@ def check_frames(cfg: Any) -> None:
         raise SolrlError(f"model.frames={cfg.model.frames} applies to the video loaders ({', '.join(VIDEO_LOADERS)}), "
                          f"not to loader {cfg.model.loader}", "drop the setting")
     if cfg.reward.frame_reduce not in FRAME_REDUCTIONS:
-        raise SolrlError(f"unknown reward.frame_reduce '{cfg.reward.frame_reduce}'", close_matches(cfg.reward.frame_reduce, FRAME_REDUCTIONS))
+        raise SolrlError(f"unknown reward.frame_reduce '{cfg.reward.frame_reduce}'",
+                         close_matches(cfg.reward.frame_reduce, FRAME_REDUCTIONS))
     check_media(list(cfg.reward.weights), video)
     check_media(list(cfg.run.eval_rewards), video, knob="run.eval_rewards")
 
@@ -33,11 +34,13 @@ def check_model_path(model: Any) -> None:
     if not model.path:
         return
     if model.loader in TINY_LOADERS:
-        raise SolrlError(f"the tiny model takes no --model-path (model.path={model.path}): it is built from model.weights "
+        raise SolrlError(f"the tiny model takes no --model-path (model.path={model.path}): it is built from "
+                         f"model.weights "
                          "or a random init", "drop --model-path; for tiny weights use --set model.weights=FOLDER")
     import os
 
     if not os.path.isdir(os.path.expanduser(model.path)):
         raise SolrlError(f"model.path {model.path} does not exist" if not os.path.exists(os.path.expanduser(model.path))
                          else f"model.path {model.path} is not a folder",
-                         "pass --model-path a local folder in the hub's diffusers layout, or drop it to use model.hub_id")
+                         "pass --model-path a local folder in the hub's diffusers layout, or drop it to use "
+                         "model.hub_id")

@@ -65,7 +65,8 @@ def _read(kind: str, entry: Any) -> Preset:
 def _reward_preset(info: RewardInfo) -> Preset:
     needs = f"; weights: {info.weights}" if info.weights else "; needs no weights" if info.build else ""
     extra = f"; needs solrl[{info.extra}]" if info.extra else ""
-    return Preset("rewards", info.name, f"{info.description}{needs}{extra}", {"reward": {"weights": {info.name: 1.0}}}, info.origin)
+    return Preset("rewards", info.name, f"{info.description}{needs}{extra}", {"reward": {"weights": {info.name: 1.0}}},
+                  info.origin)
 
 
 def names(kind: str) -> list[str]:
@@ -78,7 +79,8 @@ def get_preset(kind: str, name: str) -> Preset:
     entry = _preset_root() / kind / f"{name}.toml"
     if kind == "rewards" or not entry.is_file():
         singular = kind[:-1] if kind != "families" else "family"
-        raise SolrlError(f"unknown {singular} '{name}'", close_matches(name, names(kind)) + " (list them with: solrl presets)")
+        raise SolrlError(f"unknown {singular} '{name}'", close_matches(name, names(kind)) + " (list them with: solrl "
+                                                                                            "presets)")
     return _read(kind, entry)
 
 
@@ -93,10 +95,13 @@ def split_preset_name(name: str) -> tuple[str, str, str]:
                 return model, family, rest[len(family) + 1:]
     every = [f"{m}_{f}_{r}" for m in names("models") for f in names("families") for r in names("rewards")]
     begun = sorted((n for n in every if n.startswith(name)), key=len)[:12]  # a name cut short: tiny_sol_rl_jpeg
-    near = begun + difflib.get_close_matches(name, every, n=12, cutoff=0.5)  # the closest names only: there are hundreds
-    near = [n for n in dict.fromkeys(near) if _resolves(n)][:3]  # a combination the config refuses (a video model, an image reward) is no help
+    # the closest names only: there are hundreds
+    near = begun + difflib.get_close_matches(name, every, n=12, cutoff=0.5)
+    # a combination the config refuses (a video model, an image reward) is no help
+    near = [n for n in dict.fromkeys(near) if _resolves(n)][:3]
     guess = f"did you mean {' or '.join(map(repr, near))}? " if near else ""
-    raise SolrlError(f"unknown preset '{name}'", f"{guess}names are <model>_<family>_<reward>, e.g. tiny_sol_rl_tinyworld_geneval; "
+    raise SolrlError(f"unknown preset '{name}'", f"{guess}names are <model>_<family>_<reward>, e.g. "
+                                                 f"tiny_sol_rl_tinyworld_geneval; "
                                                  "`solrl presets` lists each part")
 
 
@@ -128,7 +133,8 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     except (tomllib.TOMLDecodeError, ValueError) as exc:
         raise SolrlError(f"config file {p} could not be parsed: {exc}", "fix the syntax error it names") from exc
     if not isinstance(data, dict):
-        raise SolrlError(f"config file {p} must hold a table of sections", "see `solrl train --dump-config` for the layout")
+        raise SolrlError(f"config file {p} must hold a table of sections", "see `solrl train --dump-config` for the "
+                                                                           "layout")
     return data
 
 
@@ -174,7 +180,8 @@ def resolve_config(
         config = from_dict(part.values, config, source=f"preset {part.kind}/{part.name}")
     if weights is not None:
         config = from_dict({"reward": {"weights": weights}}, config, source="--reward")
-    name = f"{model}_{family}_{'+'.join(map(label, config.reward.weights)) if weights else reward or next(iter(config.reward.weights))}"
+    rewards = "+".join(map(label, config.reward.weights)) if weights else reward or next(iter(config.reward.weights))
+    name = f"{model}_{family}_{rewards}"
     config = from_dict({"preset": name, "model": {"name": model}}, config)
     if config_file:
         config = from_dict(load_config_file(config_file), config, source=str(config_file))

@@ -54,9 +54,11 @@ def check_saved_paths(run_dir: Path, cfg: Config) -> None:
     now = _saved_paths(cfg)
     for key, missing in _saved_paths(saved).items():
         if missing and now[key] == missing:
-            raise SolrlError(f"{missing} does not exist: {key} in {run_dir / CONFIG_FILE} names it "
-                             f"(the run was started with it{'' if os.path.isabs(missing) else ', relative to the folder it started in'})",
-                             f"put it back, or tell the run where it is now: solrl train --resume {run_dir} --set {key}=PATH")
+            raise SolrlError(f"{missing} does not exist: {key} in {run_dir / CONFIG_FILE} names it (the run was "
+                             f"started with "
+                             f"it{'' if os.path.isabs(missing) else ', relative to the folder it started in'})",
+                             f"put it back, or tell the run where it is now: solrl train --resume {run_dir} --set "
+                             f"{key}=PATH")
 
 
 def check_inputs(cfg: Config, resumed_from: Path | None = None, api: bool = False) -> dict[str, list[str]]:
@@ -100,8 +102,8 @@ def _check_weights(cfg: Config) -> None:
     zero = [name for name, weight in cfg.reward.weights.items() if weight == 0]
     if zero:
         raise SolrlError(f"reward {zero[0]} has weight 0: training would score it and learn nothing from it",
-                         f"drop it from the rewards, give it a weight ({zero[0]}=1.0), or score it without training on it: "
-                         f"run.eval_rewards={zero[0]}")
+                         f"drop it from the rewards, give it a weight ({zero[0]}=1.0), or score it without training on "
+                         f"it: run.eval_rewards={zero[0]}")
 
 
 def _check_vocabulary(cfg: Config, prompts: list[str]) -> None:
@@ -130,6 +132,8 @@ def _check_servers(cfg: Config) -> None:
         try:
             probe_endpoint(name, cfg.reward.remote, limit, video=cfg.model.frames > 0)
         except Unreachable as exc:  # nothing has started: the same command (a resume included) is the next step
-            raise SolrlError(f"reward endpoint {name}: {exc.message}", f"{Unreachable.START}, then run the same command again") from exc
+            raise SolrlError(f"reward endpoint {name}: {exc.message}", f"{Unreachable.START}, then run the same "
+                                                                       f"command again") from exc
         except SolrlError as exc:
-            raise SolrlError(f"reward endpoint {name}: {exc.message}", exc.fix or "run `solrl doctor` for details") from exc
+            raise SolrlError(f"reward endpoint {name}: {exc.message}",
+                             exc.fix or "run `solrl doctor` for details") from exc

@@ -63,7 +63,8 @@ def _refused(name: str) -> str:
     if is_endpoint(name):
         kind, _ = split_name(name)
         secret = TOKEN_ENV if kind == "remote" else API_KEY_ENV
-        return f"the {'reward server' if kind == 'remote' else 'VLM judge'} {name}, which would be sent the prompts, the images and {secret}"
+        return (f"the {'reward server' if kind == 'remote' else 'VLM judge'} {name}, which would be sent the prompts, "
+                f"the images and {secret}")
     return f"the reward plugin {name}, whose code ({code_of(name)}) would run"
 
 
@@ -91,7 +92,8 @@ def _how_to_accept(run_dir: str | Path, cfg: Config, key: str, api: bool) -> str
         again = f"reward={weights!r}" if api else f"--reward {shlex.quote(weights)}"
     else:
         names = ",".join(cfg.run.eval_rewards)
-        again = f"sets=[{f'run.eval_rewards={names}'!r}]" if api else f"--set {shlex.quote(f'run.eval_rewards={names}')}"
+        again = (f"sets=[{f'run.eval_rewards={names}'!r}]" if api else f"--set "
+                                                                       f"{shlex.quote(f'run.eval_rewards={names}')}")
     trust = "trust_run_config=True" if api else FLAG
-    return (f"if you trust {run_dir}, pass {trust} (it runs every plugin and contacts every URL its config.toml names), "
-            f"or name them yourself: {again}")
+    return (f"if you trust {run_dir}, pass {trust} (it runs every plugin and contacts every URL its config.toml "
+            f"names), or name them yourself: {again}")

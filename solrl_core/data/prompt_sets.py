@@ -88,7 +88,8 @@ def download_sets() -> dict[str, DownloadSet]:
     """Every set of presets/prompts/downloads.toml, by name."""
     table = tomllib.loads((resources.files("solrl_presets") / "prompts" / "downloads.toml").read_text(encoding="utf-8"))
     base = f"https://raw.githubusercontent.com/{table['repo']}/{table['commit']}"
-    return {name: DownloadSet(name, f"{base}/{row['path']}", row["blob"], row["description"], f"{table['repo']} {row['path']}")
+    return {name: DownloadSet(name, f"{base}/{row['path']}", row["blob"], row["description"], f"{table['repo']} "
+                                                                                              f"{row['path']}")
             for name, row in table["sets"].items()}
 
 
@@ -161,7 +162,8 @@ def column_texts(values: list[Any], columns: list[str], spec: PromptSpec, where:
     column = spec.column or DEFAULT_COLUMN
     if column not in columns:
         raise SolrlError(f"{where} has no column '{column}' (its columns: {', '.join(columns) or 'none'})",
-                         f"name the prompt column: --prompts {PromptSpec(spec.source, spec.hub, spec.split, 'COLUMN').text}")
+                         f"name the prompt column: --prompts "
+                         f"{PromptSpec(spec.source, spec.hub, spec.split, 'COLUMN').text}")
     prompts = []
     for value in values:
         if value is None:
@@ -191,7 +193,8 @@ def load_table(path: Path, spec: PromptSpec) -> list[str]:
             table = pa_csv.read_csv(path)
             columns = table.column_names
     except Exception as exc:  # pyarrow raises ArrowInvalid and OSError subclasses for unreadable files
-        raise SolrlError(f"cannot read {path}: {str(exc).splitlines()[0]}", f"check that it is a valid {path.suffix[1:]} file") from exc
+        raise SolrlError(f"cannot read {path}: {str(exc).splitlines()[0]}", f"check that it is a valid "
+                                                                            f"{path.suffix[1:]} file") from exc
     column = spec.column or DEFAULT_COLUMN
     values = table.column(column).to_pylist() if column in table.column_names else []
     return column_texts(values, columns, spec, str(path))
@@ -203,7 +206,8 @@ def _datasets() -> Any:
     try:
         import datasets
     except ImportError as exc:
-        raise SolrlError("Hugging Face dataset prompt sets need the datasets library, which is not installed", INSTALL_HINT) from exc
+        raise SolrlError("Hugging Face dataset prompt sets need the datasets library, which is not installed",
+                         INSTALL_HINT) from exc
     datasets.disable_progress_bars()
     return datasets
 
@@ -226,7 +230,8 @@ def load_saved(path: Path, spec: PromptSpec) -> list[str]:
         loaded = datasets.load_from_disk(str(path))
     except FileNotFoundError as exc:
         raise SolrlError(f"--prompts {path} is a folder but not a saved dataset ({str(exc).splitlines()[0]})",
-                         "pass a folder written by Dataset.save_to_disk, or a .txt / .jsonl / .parquet / .csv file") from exc
+                         "pass a folder written by Dataset.save_to_disk, or a .txt / .jsonl / .parquet / .csv "
+                         "file") from exc
     if isinstance(loaded, datasets.DatasetDict):
         loaded = loaded[_pick_split(list(loaded), spec, str(path))]
     elif spec.split:
@@ -239,7 +244,8 @@ def hub_offline() -> bool:
     """HF_HUB_OFFLINE or HF_DATASETS_OFFLINE: nothing is downloaded, only caches are read."""
     from huggingface_hub import constants
 
-    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_DATASETS_OFFLINE", "").upper() in ("1", "ON", "YES", "TRUE")
+    return bool(constants.HF_HUB_OFFLINE) or os.environ.get("HF_DATASETS_OFFLINE", "").upper() in ("1", "ON", "YES",
+                                                                                                   "TRUE")
 
 
 def load_hub(spec: PromptSpec) -> list[str]:

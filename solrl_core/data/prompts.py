@@ -64,7 +64,8 @@ def _named(parsed: PromptSpec, spec: str, origin: str) -> list[str]:
         return _parse_file(fetch_download(downloads[name], hub_offline()), parsed)
     if missing_path(spec):
         raise SolrlError(f"prompt file {name} does not exist", f"check the path given to {origin}")
-    raise SolrlError(f"unknown prompt set '{spec}'", close_matches(name, builtin_sets() + sorted(downloads)) + f" or pass {FORMATS}")
+    raise SolrlError(f"unknown prompt set '{spec}'",
+                     close_matches(name, builtin_sets() + sorted(downloads)) + f" or pass {FORMATS}")
 
 
 def missing_path(spec: str) -> str:
@@ -134,7 +135,8 @@ def _parse_jsonl(text: str, source: str, key: str) -> list[str]:
             raise SolrlError(f"{source} line {number} has no \"{key}\" text{keys}", fix)
         prompts.append(prompt.strip())
     if not prompts:
-        raise SolrlError(f"prompt file {source} holds no prompts", f'write one JSON object per line: {{"{key}": "..."}}')
+        raise SolrlError(f"prompt file {source} holds no prompts",
+                         f'write one JSON object per line: {{"{key}": "..."}}')
     return prompts
 
 
@@ -158,8 +160,10 @@ def check_split(count: int, world_size: int) -> None:
         return
     below, above = count // world_size * world_size, (count // world_size + 1) * world_size
     choices = f"{below} or {above}" if below else f"{above}"
-    raise SolrlError(f"{count} prompt groups do not split evenly over {world_size} processes (each group runs whole on one)",
-                     f"use --set run.prompts_per_iteration={choices} (a multiple of {world_size}), or another process count")
+    raise SolrlError(f"{count} prompt groups do not split evenly over {world_size} processes (each group runs whole on "
+                     f"one)",
+                     f"use --set run.prompts_per_iteration={choices} (a multiple of {world_size}), or another process "
+                     f"count")
 
 
 def shard(groups: list[str], rank: int, world_size: int) -> list[str]:

@@ -135,7 +135,8 @@ def layout(spec: Spec, rng: np.random.Generator) -> list[tuple[int, int]]:
         starts = [(int(rng.integers(ranges[0][0], ranges[0][1] + 1)), int(rng.integers(ranges[1][0], ranges[1][1] + 1)))
                   for _ in range(spec.count)]
         # shapes moving together keep their distance: apart in the first frame is apart in every frame
-        if all(abs(a[0] - b[0]) >= 2 * r + 2 or abs(a[1] - b[1]) >= 2 * r + 2 for i, a in enumerate(starts) for b in starts[i + 1:]):
+        if all(abs(a[0] - b[0]) >= 2 * r + 2 or abs(a[1] - b[1]) >= 2 * r + 2 for i, a in enumerate(starts)
+               for b in starts[i + 1:]):
             return starts
     raise RuntimeError(f"could not lay out {spec}")
 

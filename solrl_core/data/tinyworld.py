@@ -251,7 +251,8 @@ def draw(spec: Spec, rng: np.random.Generator) -> np.ndarray:
 
 WORLD = World(
     name="tiny world", size=SIZE, frames=0, kinds=KINDS, vocab=VOCAB, prompt_sets="tinyworld",
-    examples=("a red circle", "two blue squares", "a red circle and a blue square", "a green triangle left of a yellow circle"),
+    examples=("a red circle", "two blue squares", "a red circle and a blue square", "a green triangle left of a yellow "
+                                                                                    "circle"),
     sample_spec=sample_spec, describe=describe, parse=parse, draw=draw,
 )
 example = WORLD.example  # (caption, image) of one scene, a pure function of the seed

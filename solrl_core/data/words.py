@@ -50,4 +50,5 @@ def check_words(vocabulary: tuple[str, ...], prompts: list[str]) -> None:
         raise SolrlError(f"the model does not know the word{'s' if len(unknown) > 1 else ''} "
                          f"{', '.join(repr(w) for w in unknown)}: its text encoder would drop "
                          f"{'them' if len(unknown) > 1 else 'it'}",
-                         f"write prompts from its vocabulary: {' '.join(sorted(known))} (e.g. 'a red circle left of a blue square')")
+                         f"write prompts from its vocabulary: {' '.join(sorted(known))} (e.g. 'a red circle left of a "
+                         f"blue square')")

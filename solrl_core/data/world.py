@@ -48,7 +48,8 @@ class World:
         return f"{self.prompt_sets}_{split}"
 
 
-def caption_matches(prompt: str, patterns: tuple[tuple[str, re.Pattern[str]], ...]) -> Iterator[tuple[str, tuple[str, ...]]]:
+def caption_matches(prompt: str,
+                    patterns: tuple[tuple[str, re.Pattern[str]], ...]) -> Iterator[tuple[str, tuple[str, ...]]]:
     """(kind, groups) of each pattern the caption matches, in order, after the normalisation both
     grammars read: lower case, no trailing full stop, single spaces."""
     text = " ".join(prompt.lower().strip().rstrip(".").split())

@@ -30,7 +30,8 @@ def backends_check(gpu: GpuInfo | None, fp8_backend: str, simulated: bool = Fals
              f"cuda:{gpu.index} (compute capability {gpu.capability[0]}.{gpu.capability[1]})")
     parts = []
     for precision, (ok, why) in hardware.explore_precisions(gpu).items():  # on the CPU the speed is said once, above
-        parts.append(backend_of(precision, gpu, fp8_backend).describe(gpu is not None) if ok else f"{precision}: not here ({why})")
+        parts.append(backend_of(precision, gpu, fp8_backend).describe(gpu is not None) if ok else f"{precision}: not "
+                                                                                                  f"here ({why})")
     parts.append(attention_line(gpu))
     return Check("explore backends", PASS, f"on {where}: " + "; ".join(parts), "", False)
 

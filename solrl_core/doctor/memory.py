@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from solrl_core.config.schema import EXPLORE_PRECISIONS, TINY_LOADERS, Config
+from solrl_core.config.choices import EXPLORE_PRECISIONS
+from solrl_core.config.schema import TINY_LOADERS, Config
 from solrl_core.doctor.check import FAIL, PASS, WARN, Check, Machine
 from solrl_core.plan.footprint import estimate_memory, model_size
 from solrl_core.plan.plan import RunPlan
@@ -66,10 +67,10 @@ def _memory_without_gpu(cfg: Config, requested: str | None) -> Check:
     gpu_run = planned(cfg, ASSUMED_GPU, requested if requested in hardware.IMPLEMENTED_EXPLORE else "auto")
     precision = gpu_run.machine.explore_precision
     est = estimate_memory(cfg, precision, gpu_run.full_precision)
-    detail = (f"{check.detail}; on a GPU in {gpu_run.full_precision} with a {precision} explore copy: estimate {est.peak:.1f} GiB "
-              f"({model_size(cfg).label}, approximate): policy {est.policy:.1f} + explore copy {est.explore_copy:.1f} + "
-              f"vae {est.vae:.1f} + max(text encoders {est.text_encoders:.1f}, activations {est.activations:.1f} for "
-              f"micro-batch {cfg.optimizer.micro_batch}) + {est.overhead:.1f} overhead")
+    detail = (f"{check.detail}; on a GPU in {gpu_run.full_precision} with a {precision} explore copy: estimate "
+              f"{est.peak:.1f} GiB ({model_size(cfg).label}, approximate): policy {est.policy:.1f} + explore copy "
+              f"{est.explore_copy:.1f} + vae {est.vae:.1f} + max(text encoders {est.text_encoders:.1f}, activations "
+              f"{est.activations:.1f} for micro-batch {cfg.optimizer.micro_batch}) + {est.overhead:.1f} overhead")
     return dataclasses.replace(check, detail=detail)
 
 
@@ -82,11 +83,11 @@ def _memory(cfg: Config, gpu: GpuInfo | None, requested: str | None, plan: RunPl
     est = estimate_memory(cfg, machine.explore_precision, dtype_name, machine.checkpointing, machine.rollout_copy,
                           machine.update_compile)
     detail = (f"estimate {est.peak:.1f} GiB of {gpu.memory_gib:.0f} GiB on cuda:{gpu.index} ({model_size(cfg).label}, "
-              f"approximate): policy {est.policy:.1f} + explore copy {est.explore_copy:.1f} ({machine.explore_precision}) "
-              f"+ rollout copy {est.rollout_copy:.1f} + vae {est.vae:.1f} + max(text encoders {est.text_encoders:.1f}, "
-              f"activations {est.activations:.1f} for micro-batch {cfg.optimizer.micro_batch}, gradient checkpointing "
-              f"{'on' if machine.checkpointing else 'off'}) + {est.overhead:.1f} overhead; "
-              f"rollout copy: {machine.rollout_copy_why}; torch.compile: "
+              f"approximate): policy {est.policy:.1f} + explore copy {est.explore_copy:.1f} "
+              f"({machine.explore_precision}) + rollout copy {est.rollout_copy:.1f} + vae {est.vae:.1f} + max(text "
+              f"encoders {est.text_encoders:.1f}, activations {est.activations:.1f} for micro-batch "
+              f"{cfg.optimizer.micro_batch}, gradient checkpointing {'on' if machine.checkpointing else 'off'}) + "
+              f"{est.overhead:.1f} overhead; rollout copy: {machine.rollout_copy_why}; torch.compile: "
               + ", ".join(f"{name} {'on' if on else 'off'}" for name, on in (
                   ("explore copy", machine.explore_compile), ("rollout copy", machine.rollout_compile),
                   ("update", machine.update_compile)))
@@ -105,7 +106,8 @@ def _explore(cfg: Config, gpu: GpuInfo | None, requested: str | None, plan: RunP
     requested = requested or cfg.explore.precision
     known = list(dict.fromkeys((*EXPLORE_PRECISIONS, *hardware.PRECISIONS)))
     if requested not in known:
-        return Check("explore precision", FAIL, f"unknown explore precision '{requested}'", f"choose one of: {', '.join(known)}",
+        return Check("explore precision", FAIL, f"unknown explore precision '{requested}'", f"choose one of: "
+                                                                                            f"{', '.join(known)}",
                      True)
     plan = plan or planned(cfg, gpu, requested)
     family, uses, resolved = plan.family, plan.low_precision, plan.machine.explore_precision
@@ -119,10 +121,11 @@ def _explore(cfg: Config, gpu: GpuInfo | None, requested: str | None, plan: RunP
     if not ok:
         usable = [p for p in here if p in hardware.IMPLEMENTED_EXPLORE] or here
         fix = f"this machine supports: {', '.join(here)}; use --explore-precision {usable[0]}"
-        return Check("explore precision", FAIL if uses else WARN, f"{name} is not supported on {where}: {why}{unused}", fix, uses)
+        return Check("explore precision", FAIL if uses else WARN, f"{name} is not supported on {where}: {why}{unused}",
+                     fix, uses)
     if resolved not in hardware.IMPLEMENTED_EXPLORE:
-        return Check("explore precision", WARN, f"{name} runs on {where} ({why}), but this solrl's rollouts do not use it "
-                     f"yet (implemented: {', '.join(hardware.IMPLEMENTED_EXPLORE)}){unused}",
+        return Check("explore precision", WARN, f"{name} runs on {where} ({why}), but this solrl's rollouts do not use "
+                     f"it yet (implemented: {', '.join(hardware.IMPLEMENTED_EXPLORE)}){unused}",
                      "use --explore-precision fp8 (Ada, Hopper, Blackwell) or nvfp4-emulated for now", uses)
     chosen = f" ({auto_why})" if auto_why else ""
     return Check("explore precision", PASS, f"{name} on {where}: {why}{chosen}{unused}", "", uses)

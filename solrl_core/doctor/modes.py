@@ -26,7 +26,8 @@ def mode_table(models: list[str]) -> dict[str, dict[int, MemoryModes | None]]:
             continue
         if cfg.model.loader not in TINY_LOADERS:
             run = planned(cfg, ASSUMED_GPU)
-            table[name] = {gb: rung_needed(cfg, run.machine.explore_precision, run.full_precision, gb) for gb in GPU_SIZES}
+            table[name] = {gb: rung_needed(cfg, run.machine.explore_precision, run.full_precision, gb)
+                           for gb in GPU_SIZES}
     return table
 
 
@@ -39,14 +40,16 @@ def modes_check(cfg: Config, every: bool = False) -> Check | None:
     if not every and cfg.model.loader in TINY_LOADERS:
         return None
     models = sorted(names("models"), key=lambda n: (n != cfg.model.name, n)) if every else [cfg.model.name]
-    rows = [f"{name}: " + "; ".join(f"{gb} GB: {rung.describe() if rung else 'does not fit'}" for gb, rung in sizes.items())
+    rows = [f"{name}: "
+            + "; ".join(f"{gb} GB: {rung.describe() if rung else 'does not fit'}" for gb, rung in sizes.items())
             for name, sizes in mode_table(models).items()]
-    detail = ("the memory mode each model preset needs for sol_rl on one GPU, by the memory ESTIMATE (approximate; bf16, "
-              "an fp8 explore copy, the preset's micro-batch; the first rung of the ladder that fits: none, then the "
-              "VAE on the CPU, gradient checkpointing, the copies on the CPU moved whole, then block by "
+    detail = ("the memory mode each model preset needs for sol_rl on one GPU, by the memory ESTIMATE (approximate; "
+              "bf16, an fp8 explore copy, the preset's micro-batch; the first rung of the ladder that fits: none, then "
+              "the VAE on the CPU, gradient checkpointing, the copies on the CPU moved whole, then block by "
               "block)\n" + "\n".join(rows))
     mine = mode_table([cfg.model.name]).get(cfg.model.name, {})
     if mine and all(rung is None for rung in mine.values()):
-        return Check("memory modes", WARN, detail, f"{cfg.model.name} fits none of these sizes on one GPU by the estimate: "
+        return Check("memory modes", WARN, detail, f"{cfg.model.name} fits none of these sizes on one GPU by the "
+                                                   f"estimate: "
                                                    "shard it over several (--nproc-per-node N)")
     return Check("memory modes", PASS, detail)

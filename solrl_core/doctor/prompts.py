@@ -41,12 +41,15 @@ def _check(row: str, spec: str, m: Machine, timeout: float) -> Check:
             return Check(row, PASS, f"{spec}: downloaded ({path})", "", True)
         fix = download_fix(entry)
         if m.offline:
-            return Check(row, FAIL, f"{spec}: not downloaded ({path}) and HF_HUB_OFFLINE=1", f"unset HF_HUB_OFFLINE once, {fix}", True)
+            return Check(row, FAIL, f"{spec}: not downloaded ({path}) and HF_HUB_OFFLINE=1", f"unset HF_HUB_OFFLINE "
+                                                                                             f"once, {fix}", True)
         reason = _probe(urllib.request.Request(entry.url, method="HEAD"), timeout)[1]
         if reason:
             return Check(row, FAIL, f"{spec}: not downloaded and {entry.url} cannot be reached ({reason})",
                          f"connect this machine, {fix}", True)
-        return Check(row, WARN, f"{spec}: not downloaded; fetched from {entry.origin} on first use", "nothing to do with network access", True)
+        return Check(row, WARN, f"{spec}: not downloaded; fetched from {entry.origin} on first use", "nothing to do "
+                                                                                                     "with network "
+                                                                                                     "access", True)
     try:
         count = len(load_prompts(spec))
     except SolrlError as exc:
@@ -81,15 +84,18 @@ def _hub_dataset(row: str, repo: str, m: Machine, timeout: float) -> Check:
     if folder is not None:
         return Check(row, PASS, f"{spec}: in the Hugging Face cache ({folder})", "", True)
     if m.offline:
-        return Check(row, FAIL, f"{spec}: not in the Hugging Face cache ({m.cache}) and HF_HUB_OFFLINE=1", f"unset HF_HUB_OFFLINE once, or {fix}", True)
+        return Check(row, FAIL, f"{spec}: not in the Hugging Face cache ({m.cache}) and HF_HUB_OFFLINE=1",
+                     f"unset HF_HUB_OFFLINE once, or {fix}", True)
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     info, reason = _probe(urllib.request.Request(f"{endpoint}/api/datasets/{repo}"), timeout)
     if reason:
         return Check(row, FAIL, f"{spec}: not cached and the hub cannot tell about it ({reason})", fix, True)
     if info.get("gated") and not _has_token():
         return Check(row, FAIL, f"{spec}: gated and no Hugging Face token is set (HF_TOKEN)",
-                     f"accept its terms on huggingface.co/datasets/{repo} and set HF_TOKEN (or run `hf auth login`)", True)
-    return Check(row, WARN, f"{spec}: not cached; the hub has it, downloaded on first use", "nothing to do with network access", True)
+                     f"accept its terms on huggingface.co/datasets/{repo} and set HF_TOKEN (or run `hf auth login`)",
+                     True)
+    return Check(row, WARN, f"{spec}: not cached; the hub has it, downloaded on first use", "nothing to do with "
+                                                                                            "network access", True)
 
 
 def _probe(request: urllib.request.Request, timeout: float) -> tuple[dict, str]:

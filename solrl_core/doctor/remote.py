@@ -16,7 +16,8 @@ SLOW_S = 1.0  # a health round trip slower than this is worth a warning: every b
 
 
 def _remote_rewards(cfg: Config) -> list[Check]:
-    return [_endpoint(name, cfg.reward.remote, cfg.model.frames > 0) for name in cfg.reward.weights if is_endpoint(name)]
+    return [_endpoint(name, cfg.reward.remote, cfg.model.frames > 0) for name in cfg.reward.weights
+            if is_endpoint(name)]
 
 
 def _endpoint(name: str, settings: dict[str, str], video: bool = False) -> Check:
@@ -28,5 +29,6 @@ def _endpoint(name: str, settings: dict[str, str], video: bool = False) -> Check
     detail = judge.detail
     latency = f"; round trip {judge.latency_s * 1000:.0f} ms"
     if judge.latency_s > SLOW_S:
-        return Check(row, WARN, detail + latency, "a slow answer to a health request: check the network or the server's load", True)
+        return Check(row, WARN, detail + latency, "a slow answer to a health request: check the network or the "
+                                                  "server's load", True)
     return Check(row, PASS, detail + latency, "", True)

@@ -69,7 +69,8 @@ def run_row(row: Row, reason: str | None, ctx: Context) -> RowResult:
         status, detail, fix = FAIL, exc.message, exc.fix or row.fix
     except Exception as exc:  # noqa: BLE001 - every failure is a row of the table, the others still run
         text = str(exc).strip().splitlines()
-        status, detail, fix = FAIL, f"{type(exc).__name__}: {text[0] if text else ''}", row.fix.replace("NAME", row.name)
+        status, detail, fix = FAIL, f"{type(exc).__name__}: {text[0] if text else ''}", row.fix.replace("NAME",
+                                                                                                        row.name)
     if status == FAIL and os.environ.get("SOLRL_DEBUG", "") not in ("", "0"):
         traceback.print_exc()
     return RowResult(row.name, status, time.perf_counter() - start, _peak_gib(ctx), detail, fix, memory_label(ctx))

@@ -25,7 +25,8 @@ class Context:
     precision: str | None = None  # --explore-precision: that row runs even where the machine lacks it
     # `solrl export`'s function (tools/ is a layer above the doctor): None skips the export row
     export: Callable[..., Any] | None = None
-    torchao_missing: Any = None  # why torchao's NVFP4 cannot run ('' when it can), standing in for this machine's: tests
+    # why torchao's NVFP4 cannot run ('' when it can), standing in for this machine's: tests
+    torchao_missing: Any = None
     built: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -40,21 +40,26 @@ CPU_COMPILE = "torch.compile costs about a minute a copy on a CPU; it runs where
 def rows(ctx: Context) -> list[Row]:
     out = [Row("tiny-world/sol_rl", _tiny_world)]
     out += [Row(f"model/{p}", functools.partial(_model, p)) for p in MODELS]
-    out += [Row(f"family/{f}", functools.partial(_family, f), skip=_cuda_only(CPU_COMPILE) if f == "compile" else _always)
+    out += [Row(f"family/{f}", functools.partial(_family, f),
+                skip=_cuda_only(CPU_COMPILE) if f == "compile" else _always)
             for f in FAMILIES]
     out += [Row(f"explore/{p}", functools.partial(_explore, p), skip=functools.partial(_precision_skip, p),
-                fix=f"use an explore precision this machine runs (`solrl doctor` lists them), not {p}") for p in _precisions(ctx)]
+                fix=f"use an explore precision this machine runs (`solrl doctor` lists them), not {p}")
+            for p in _precisions(ctx)]
     out.append(Row("compile/copies+update", _compiled, skip=_cuda_only(CPU_COMPILE)))
     out += [Row("rollout-copy", functools.partial(_sana, ("sampler.rollout_copy=true",))),
             Row("calibration", functools.partial(_sana, ("explore.calibrate=steps+precision",))),
             Row("rank-check", functools.partial(_sana, ("explore.rank_check_every=1",)))]
     out += [Row(f"memory/{m}", functools.partial(_sana, (f"memory.copies={m}", "sampler.rollout_copy=true")),
-                skip=_cuda_only("moves tensors between the CPU and a GPU: this machine runs on the CPU")) for m in MEMORY_MODES]
-    out.append(Row("checkpoint+resume+export", _checkpoint, skip=lambda c: None if c.export else "no export function given"))
+                skip=_cuda_only("moves tensors between the CPU and a GPU: this machine runs on the CPU"))
+            for m in MEMORY_MODES]
+    out.append(Row("checkpoint+resume+export", _checkpoint, skip=lambda c: None if c.export else "no export function "
+                                                                                                 "given"))
     out.append(Row("reward-server", _reward_server, skip=_server_skip,
                    fix="start `solrl reward-server` alone to see its own error (docs/remote-rewards.md)"))
     if ctx.reward:
-        out.append(Row(f"reward/{ctx.reward}", _reward, fix=f"fix or replace the reward {ctx.reward} (docs/rewards.md)"))
+        out.append(Row(f"reward/{ctx.reward}", _reward,
+                       fix=f"fix or replace the reward {ctx.reward} (docs/rewards.md)"))
     out += [Row("fsdp/1-process", _fsdp_one, skip=_dist_skip),
             Row("fsdp/multi-process", _fsdp_many, skip=_many_skip)]
     return out
@@ -73,7 +78,8 @@ def _precisions(ctx: Context) -> tuple[str, ...]:
 
 
 def _precision_skip(precision: str, ctx: Context) -> str | None:
-    """None where it runs here, or what the user named with --explore-precision (then its own refusal is the row's failure)."""
+    """None where it runs here, or what the user named with --explore-precision (then its own refusal is the row's
+    failure)."""
     from solrl_core.precision.hardware import IMPLEMENTED_EXPLORE, explore_precisions
 
     if precision == ctx.precision:
@@ -81,7 +87,8 @@ def _precision_skip(precision: str, ctx: Context) -> str | None:
     ok, why = explore_precisions(ctx.gpu, ctx.torchao_missing).get(precision, (False, "unknown"))
     if not ok:
         return why
-    return None if precision in IMPLEMENTED_EXPLORE else f"{why}, but real {precision} explore kernels are not in this version"
+    return (None if precision in IMPLEMENTED_EXPLORE else f"{why}, but real {precision} explore kernels are not in "
+                                                          f"this version")
 
 
 def _server_skip(ctx: Context) -> str | None:
@@ -180,7 +187,8 @@ def _sana(sets: tuple[str, ...], ctx: Context) -> str:
 
 
 def _compiled(ctx: Context) -> str:
-    return _sana(("explore.compile=true", "sampler.rollout_copy=true", "sampler.compile=true", "optimizer.compile=true"), ctx)
+    return _sana(("explore.compile=true", "sampler.rollout_copy=true", "sampler.compile=true",
+                  "optimizer.compile=true"), ctx)
 
 
 def _reward(ctx: Context) -> str:
@@ -210,7 +218,8 @@ def _checkpoint(ctx: Context) -> str:
     if not moved:
         raise SolrlError("the exported transformer equals the base model: the trained LoRA was not merged",
                          "see docs/reliability.md on export")
-    return f"resumed {run_dir.name} to {checkpoint.name}; {out.what} loaded by {type(loaded).__name__}: {moved} tensors moved"
+    return (f"resumed {run_dir.name} to {checkpoint.name}; {out.what} loaded by {type(loaded).__name__}: {moved} "
+            f"tensors moved")
 
 
 def _reward_server(ctx: Context) -> str:
@@ -254,13 +263,15 @@ def _fsdp_one(ctx: Context) -> str:
     (sharding.layout_of), which the multi-process row does."""
     from solrl_core.runtime import distributed
 
-    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0", "WORLD_SIZE": "1",
+           "LOCAL_RANK": "0"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
         session = _train(_config(ctx, "fsdp", "sana", "sol_rl", *FSDP))
         if session.run.machine.strategy != "fsdp":
-            raise SolrlError(f"distributed.strategy=fsdp ran as {session.run.machine.strategy}", "see docs/distributed.md")
+            raise SolrlError(f"distributed.strategy=fsdp ran as {session.run.machine.strategy}", "see "
+                                                                                                 "docs/distributed.md")
         return f"{_said(session)}: {session.run.layout.describe()}"
     finally:
         distributed._shutdown()
@@ -272,14 +283,18 @@ def _fsdp_many(ctx: Context) -> str:
     """`solrl train --nproc-per-node 2` with both sharded copies, as a user would start it; the sharded
     layout is read back from the run's events."""
     cfg = _config(ctx, "fsdp-2", "sana", "sol_rl", *FSDP)
-    sets = [f"model.path={cfg.model.path}", f"model.resolution={cfg.model.resolution}", *RANDOM, *SMALL, "run.iterations=1",
-            f"run.run_dir={cfg.run.run_dir}", "run.prompts_per_iteration=2", *FSDP, *ctx.sets]  # a prompt group per process
-    cmd = [sys.executable, "-m", "solrl_cli", "train", "--model", "sana", "--nproc-per-node", "2", "--reward", ",".join(cfg.reward.weights)]
+    sets = [f"model.path={cfg.model.path}", f"model.resolution={cfg.model.resolution}", *RANDOM, *SMALL,
+            "run.iterations=1",
+            # a prompt group per process
+            f"run.run_dir={cfg.run.run_dir}", "run.prompts_per_iteration=2", *FSDP, *ctx.sets]
+    cmd = [sys.executable, "-m", "solrl_cli", "train", "--model", "sana", "--nproc-per-node", "2", "--reward",
+           ",".join(cfg.reward.weights)]
     done = subprocess.run([*cmd, *[a for s in sets for a in ("--set", s)]], capture_output=True, text=True, timeout=540)
     if done.returncode != 0:
         lines = (done.stdout + done.stderr).strip().splitlines()
         raise SolrlError(f"2-process fsdp run exited {done.returncode}: {' '.join(lines[-2:])}",
-                         "run it by hand with SOLRL_DEBUG=1: solrl train --nproc-per-node 2 --set distributed.strategy=fsdp")
+                         "run it by hand with SOLRL_DEBUG=1: solrl train --nproc-per-node 2 --set "
+                         "distributed.strategy=fsdp")
     events = (Path(cfg.run.run_dir) / EVENTS_FILE).read_text()
     if "fsdp over 2 processes" not in events:
         raise SolrlError("the 2-process fsdp run finished without sharding the policy", "see docs/distributed.md")

@@ -42,23 +42,27 @@ def _device(cfg: Config, m: Machine) -> tuple[Check, GpuInfo | None]:
     try:
         device = torch.device(name)
     except RuntimeError:
-        return Check("run device", FAIL, f"run.device '{cfg.run.device}' is not a device", "use auto, cpu, cuda or cuda:N",
+        return Check("run device", FAIL, f"run.device '{cfg.run.device}' is not a device", "use auto, cpu, cuda or "
+                                                                                           "cuda:N",
                      True), None
     if device.type == "cuda":
         index = device.index or 0
         if not m.gpus:
             return Check("run device", FAIL, f"run.device {cfg.run.device} asks for CUDA, but torch sees no GPU",
-                         "use --device cpu, or run on a machine with an NVIDIA GPU and a CUDA build of torch", True), None
+                         "use --device cpu, or run on a machine with an NVIDIA GPU and a CUDA build of torch",
+                         True), None
         if index >= len(m.gpus):
             return Check("run device", FAIL, f"run.device {cfg.run.device}: this machine has {len(m.gpus)} GPU(s)",
                          f"choose one of cuda:0..cuda:{len(m.gpus) - 1}", True), None
         gpu = m.gpus[index]
         return Check("run device", PASS, f"run.device {cfg.run.device} -> cuda:{index} ({gpu.name})", "", True), gpu
     if device.type != "cpu":
-        return Check("run device", FAIL, f"run.device {cfg.run.device}: solrl runs on cpu or cuda", "use auto, cpu, cuda or cuda:N",
+        return Check("run device", FAIL, f"run.device {cfg.run.device}: solrl runs on cpu or cuda", "use auto, cpu, "
+                                                                                                    "cuda or cuda:N",
                      True), None
     if real:
-        return Check("run device", WARN, f"run.device {cfg.run.device} -> cpu: the {cfg.model.loader} model on a CPU is "
+        return Check("run device", WARN, f"run.device {cfg.run.device} -> cpu: the {cfg.model.loader} model on a CPU "
+                                         f"is "
                      "impractically slow (hours per iteration)", "run it on a machine with an NVIDIA GPU", True), None
     return Check("run device", PASS, f"run.device {cfg.run.device} -> cpu", "", True), None
 
@@ -69,8 +73,9 @@ def _gpus(m: Machine, run_gpu: GpuInfo | None) -> list[Check]:
     out = []
     for gpu in m.gpus:
         ok = hardware.supported(hardware.explore_precisions(gpu))
-        out.append(Check(f"gpu cuda:{gpu.index}", PASS, f"{gpu.name}, compute capability {gpu.capability[0]}.{gpu.capability[1]}, "
-                         f"{gpu.memory_gib:.0f} GiB; explore precisions here: {', '.join(ok)}", "", gpu == run_gpu))
+        out.append(Check(f"gpu cuda:{gpu.index}", PASS, f"{gpu.name}, compute capability "
+                         f"{gpu.capability[0]}.{gpu.capability[1]}, {gpu.memory_gib:.0f} GiB; explore precisions here: "
+                         f"{', '.join(ok)}", "", gpu == run_gpu))
     return out
 
 
@@ -100,7 +105,8 @@ def _dist_version(name: str) -> str | None:
 def _library(name: str) -> Check:
     version = _dist_version(name)
     if version is None:
-        return Check(name, FAIL, "not installed (a core dependency of solrl)", f"pip install {name}  (or reinstall solrl)", True)
+        return Check(name, FAIL, "not installed (a core dependency of solrl)", f"pip install {name}  (or reinstall "
+                                                                               f"solrl)", True)
     return Check(name, PASS, f"{name} {version}", "", True)
 
 
@@ -116,14 +122,16 @@ def _combinations(rewards: set[str]) -> list[Check]:
     ir, tf = _dist_version("image-reward"), _dist_version("transformers")
     if ir is not None:
         if _major(tf) >= 5:
-            detail = (f"image-reward {ir} does not import as published under transformers {tf}: handled by solrl's compat "
+            detail = (f"image-reward {ir} does not import as published under transformers {tf}: handled by solrl's "
+                      f"compat "
                       "layer (solrl_core/rewards/compat.py), in memory, no site-packages edit")
         else:
             detail = f"image-reward {ir} with transformers {tf}: works as published"
         out.append(Check("image-reward + transformers", PASS, detail, "", "imagereward" in rewards))
     st = _dist_version("setuptools")
     if st is not None and importlib.util.find_spec("pkg_resources") is None:
-        out.append(Check("setuptools", PASS, f"setuptools {st} has no pkg_resources: fine, nothing solrl loads needs it "
+        out.append(Check("setuptools", PASS, f"setuptools {st} has no pkg_resources: fine, nothing solrl loads needs "
+                                             f"it "
                          "(no downgrade needed)", "", False))
     return out
 
@@ -146,7 +154,8 @@ def _torchvision(rewards: set[str]) -> Check:
     bad = FAIL if needed else WARN
     base = torch.__version__.split("+")[0]
     tv = matching_torchvision(torch.__version__)
-    pin = f'pip install "torch==={base}" "torchvision=={tv}"' if tv else "install the torchvision release built for this torch"
+    pin = (f'pip install "torch==={base}" "torchvision=={tv}"' if tv else "install the torchvision release built for "
+                                                                          "this torch")
     if importlib.util.find_spec("torchvision") is None:
         return Check("torchvision", bad, f"not installed (needed by {', '.join(needing)})",
                      f"{pin}  (or pip install \"solrl[rewards]\" with a matching torch)", needed)
@@ -161,7 +170,8 @@ def _torchvision(rewards: set[str]) -> Check:
                f"this torchvision was not built for torch {torch.__version__}")
         return Check("torchvision", bad, f"does not import next to torch {torch.__version__} "
                      f"({type(exc).__name__}: {hardware._first_line(exc)}): {why}", pin, needed)
-    return Check("torchvision", PASS, f"torchvision {torchvision.__version__} imports next to torch {torch.__version__}", "",
+    return Check("torchvision", PASS,
+                 f"torchvision {torchvision.__version__} imports next to torch {torch.__version__}", "",
                  needed)
 
 
@@ -177,7 +187,8 @@ def _reward_backends(rewards: set[str], only_needed: bool = False) -> list[Check
                 backend.probe()
         except Exception as exc:  # noqa: BLE001 - any import failure is the answer
             out.append(Check(f"reward backend {label}", FAIL if needed else WARN,
-                             f"does not import: {type(exc).__name__}: {hardware._first_line(exc)}", backend.install, needed))
+                             f"does not import: {type(exc).__name__}: {hardware._first_line(exc)}", backend.install,
+                             needed))
         else:
             out.append(Check(f"reward backend {label}", PASS, "imports", "", needed))
     return out

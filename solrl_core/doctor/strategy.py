@@ -21,7 +21,8 @@ def strategy_estimates(cfg: Config, explore_precision: str, dtype_name: str, npr
     rollout copy) and 'fsdp/S' for S processes per node sharing the weights, with the explore copy laid
     out as `distributed.copy_layout` takes it (fsdp.fitting_layout): auto keeps it whole where that fits
     `budget` GiB (or with no budget), else sharded like the policy (sharded too where neither fits)."""
-    out = {"replicate": estimate_memory(cfg, explore_precision, dtype_name, checkpointing=True, rollout_copy=False).peak}
+    out = {"replicate": estimate_memory(cfg, explore_precision, dtype_name, checkpointing=True,
+                                        rollout_copy=False).peak}
     asked = cfg.distributed.copy_layout
     for shard in sorted({*SHARD_COUNTS, nproc} - {1}):
         peaks = layout_peaks(cfg, dtype_name, shard, explore_precision)
@@ -37,16 +38,19 @@ def strategy_check(cfg: Config, gpu: GpuInfo | None, nproc: int, plan: RunPlan |
     dtype_name, precision = plan.full_precision, plan.machine.explore_precision
     budget = gpu.memory_gib * FIT_SHARE if gpu is not None else None
     est = strategy_estimates(cfg, precision, dtype_name, nproc, budget)
-    table = ", ".join(f"{'replicate' if k == 'replicate' else 'fsdp over ' + k[5:]} {v:.1f} GiB" for k, v in est.items())
+    table = ", ".join(f"{'replicate' if k == 'replicate' else 'fsdp over ' + k[5:]} {v:.1f} GiB"
+                      for k, v in est.items())
     detail = f"per-GPU estimate ({model_size(cfg).label}, {dtype_name}, approximate): {table}"
     if gpu is None:
         return Check("strategy", PASS, f"{detail}; no GPU here to choose for")
     asked = cfg.distributed.strategy
     chosen = resolve_strategy(cfg, plan.machine, dtype_name, gpu, nproc)[0]
     mine = est["replicate"] if chosen == "replicate" else est.get(f"fsdp/{nproc}", est["replicate"])
-    detail += f"; this run: {chosen}{' (auto)' if asked == 'auto' else ''} at {nproc} process(es) on {gpu.memory_gib:.0f} GiB"
+    detail += (f"; this run: {chosen}{' (auto)' if asked == 'auto' else ''} at {nproc} process(es) on "
+               f"{gpu.memory_gib:.0f} GiB")
     if chosen == "fsdp" and nproc == 1:
-        return Check("strategy", WARN, detail + ": one process shards nothing", "start one process per GPU: --nproc-per-node N")
+        return Check("strategy", WARN, detail + ": one process shards nothing", "start one process per GPU: "
+                                                                                "--nproc-per-node N")
     if mine > budget:
         fits = [k[5:] for k, v in est.items() if k.startswith("fsdp/") and v <= budget]
         fix = (f"shard it: --set distributed.strategy=fsdp --nproc-per-node {fits[0]} (or more)" if fits

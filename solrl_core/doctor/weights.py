@@ -33,7 +33,8 @@ def _reward_weights(cfg: Config, m: Machine) -> tuple[list[Check], float]:
             checks, size = _reward_weights(replace(cfg, reward=replace(cfg.reward, weights={name: 1.0}),
                                                    run=replace(cfg.run, eval_prompts="")), m)
             rest = ",".join(n for n in cfg.run.eval_rewards if n != name)
-            out += [replace(c, name=f"eval {c.name}", fix=f"{c.fix}; or evaluate without it: --set run.eval_rewards={rest}"
+            out += [replace(c, name=f"eval {c.name}", fix=f"{c.fix}; or evaluate without it: --set "
+                                                          f"run.eval_rewards={rest}"
                             if c.fix else c.fix) for c in checks]
             download += size
             continue
@@ -77,7 +78,8 @@ def _builtin_weights(info: RewardInfo, local: str, m: Machine) -> tuple[Check, f
         lacking = [f for f in info.local_files if not (folder / f).exists()]
         if not path.exists() or lacking:
             return Check(row, FAIL, f"reward.paths.{name} = {local} " + ("does not exist" if not path.exists() else
-                         f"lacks {', '.join(lacking)}"), f"point it at a folder holding {', '.join(info.local_files)}", True), 0.0
+                         f"lacks {', '.join(lacking)}"), f"point it at a folder holding {', '.join(info.local_files)}",
+                         True), 0.0
         still = {repo for repo, sub in info.hub_unless_local if not (folder / sub).is_dir()}
         if not still:
             return Check(row, PASS, f"local folder {folder}", "", True), 0.0
@@ -85,13 +87,15 @@ def _builtin_weights(info: RewardInfo, local: str, m: Machine) -> tuple[Check, f
     memory = f"; about {info.memory_gib:.1f} GiB on the device once loaded (approximate)"
     missing = [(repo, names) for repo, names in needs if not _cached(repo, names, m.cache)]
     if not missing:
-        return Check(row, PASS, f"in the Hugging Face cache ({', '.join(dict.fromkeys(r for r, _ in needs))}){memory}", "", True), 0.0
+        return Check(row, PASS, f"in the Hugging Face cache ({', '.join(dict.fromkeys(r for r, _ in needs))}){memory}",
+                     "", True), 0.0
     what = ", ".join(f"{repo}/{'|'.join(names)}" for repo, names in missing)
     if m.offline:
         return Check(row, FAIL, f"not in the Hugging Face cache ({m.cache}) and HF_HUB_OFFLINE=1: missing {what}",
-                     f"download hub {', '.join(dict.fromkeys(r for r, _ in missing))} once with network (unset HF_HUB_OFFLINE), "
-                     f"or {local_fix}", True), 0.0
-    return Check(row, WARN, f"not cached; will download on first use (~{info.download_gb:.1f} GB, approximate): {what}{memory}",
+                     f"download hub {', '.join(dict.fromkeys(r for r, _ in missing))} once with network (unset "
+                     f"HF_HUB_OFFLINE), or {local_fix}", True), 0.0
+    return Check(row, WARN, f"not cached; will download on first use (~{info.download_gb:.1f} GB, approximate): "
+                            f"{what}{memory}",
                  f"nothing to do with network access; offline: {local_fix}", True), info.download_gb
 
 
@@ -107,7 +111,8 @@ def _model_weights(cfg: Config, m: Machine) -> tuple[Check, float]:
         missing = [f for f in ("config.json", "model.safetensors") if not (folder / f).is_file()]
         if missing:
             return Check(row, FAIL, f"tiny model weights '{mc.weights}' lack {', '.join(missing)} ({folder})",
-                         "give a folder holding config.json and model.safetensors in model.weights, or leave it empty", True), 0.0
+                         "give a folder holding config.json and model.safetensors in model.weights, or leave it empty",
+                         True), 0.0
         origin = "shipped with solrl" if folder == shipped else "local folder"
         return Check(row, PASS, f"tiny model '{mc.weights}' ({origin}: {folder})", "", True), 0.0
     from solrl_core.models.diffusers_models import missing_part
@@ -115,7 +120,8 @@ def _model_weights(cfg: Config, m: Machine) -> tuple[Check, float]:
 
     layout = LAYOUTS.get(mc.loader)
     if layout is None:
-        return Check(row, FAIL, f"unknown model loader '{mc.loader}'", "model.loader must be one of: tiny, " + ", ".join(LAYOUTS), True), 0.0
+        return Check(row, FAIL, f"unknown model loader '{mc.loader}'",
+                     "model.loader must be one of: tiny, " + ", ".join(LAYOUTS), True), 0.0
     size = model_size(cfg)
     local_fix = f"pass a local {layout.name} diffusers folder with --model-path DIR"
     if mc.path:
@@ -123,10 +129,12 @@ def _model_weights(cfg: Config, m: Machine) -> tuple[Check, float]:
         lacking = missing_part(folder, layout) if folder.is_dir() else "the folder itself"
         if lacking:
             return Check(row, FAIL, f"model.path {folder} lacks {lacking}",
-                         f"use the hub's diffusers layout, e.g. `hf download {mc.hub_id or '<hub id>'} --local-dir DIR`", True), 0.0
+                         f"use the hub's diffusers layout, e.g. `hf download {mc.hub_id or '<hub id>'} "
+                         "--local-dir DIR`", True), 0.0
         return Check(row, PASS, f"local folder {folder} (model_index.json and every component)", "", True), 0.0
     if not mc.hub_id:
-        return Check(row, FAIL, "model.hub_id and model.path are both empty", "set model.hub_id, or --model-path DIR", True), 0.0
+        return Check(row, FAIL, "model.hub_id and model.path are both empty", "set model.hub_id, or --model-path DIR",
+                     True), 0.0
     from huggingface_hub import try_to_load_from_cache
 
     gated = f"; the repository is gated: {GATED_HINT.format(repo=mc.hub_id)}" if layout.gated else ""
@@ -134,11 +142,13 @@ def _model_weights(cfg: Config, m: Machine) -> tuple[Check, float]:
     lacking = missing_part(Path(cached).parent, layout) if isinstance(cached, str) else None
     if isinstance(cached, str) and lacking is None:
         return Check(row, PASS, f"{mc.hub_id} is in the Hugging Face cache ({Path(cached).parent})", "", True), 0.0
-    state = f"an incomplete snapshot is cached (lacks {lacking})" if isinstance(cached, str) else "not in the Hugging Face cache"
+    state = f"an incomplete snapshot is cached (lacks {lacking})" if isinstance(cached,
+            str) else "not in the Hugging Face cache"
     if m.offline:
         return Check(row, FAIL, f"{mc.hub_id}: {state} ({m.cache}) and HF_HUB_OFFLINE=1",
                      f"download {mc.hub_id} once with network (unset HF_HUB_OFFLINE), or {local_fix}{gated}", True), 0.0
-    return Check(row, WARN, f"{mc.hub_id}: {state}; will download on first use (~{size.download_gb:.0f} GB, approximate)",
+    return Check(row, WARN, f"{mc.hub_id}: {state}; will download on first use (~{size.download_gb:.0f} GB, "
+                            f"approximate)",
                  f"nothing to do with network access; offline: {local_fix}{gated}", True), size.download_gb
 
 
@@ -157,17 +167,21 @@ def _hub_token(cfg: Config, model_download: float) -> list[Check]:
     if layout is None or not layout.gated or cfg.model.path:
         return []
     if _has_token():
-        return [Check("hub token", PASS, f"{cfg.model.hub_id} is gated; a Hugging Face token is set", "", model_download > 0)]
+        return [Check("hub token", PASS, f"{cfg.model.hub_id} is gated; a Hugging Face token is set", "",
+                      model_download > 0)]
     if model_download <= 0:
-        return [Check("hub token", PASS, f"{cfg.model.hub_id} is gated, but its weights need no download here", "", False)]
+        return [Check("hub token", PASS, f"{cfg.model.hub_id} is gated, but its weights need no download here", "",
+                      False)]
     return [Check("hub token", FAIL, f"{cfg.model.hub_id} is gated and no Hugging Face token is set (HF_TOKEN)",
                   GATED_HINT.format(repo=cfg.model.hub_id), True)]
 
 
 def _hub_mode(m: Machine) -> Check:
     if m.offline:
-        return Check("hub mode", PASS, f"HF_HUB_OFFLINE=1: only weights already in the cache ({m.cache}) are used", "", False)
-    return Check("hub mode", PASS, f"downloads allowed (HF_HUB_OFFLINE unset): missing weights download into {m.cache} on first use", "", False)
+        return Check("hub mode", PASS, f"HF_HUB_OFFLINE=1: only weights already in the cache ({m.cache}) are used", "",
+                     False)
+    return Check("hub mode", PASS, f"downloads allowed (HF_HUB_OFFLINE unset): missing weights download into {m.cache} "
+                                   f"on first use", "", False)
 
 
 HUB_PROBE_SECONDS = 3.0
@@ -191,7 +205,8 @@ def hub_reachable(m: Machine, download_gb: float, timeout: float = HUB_PROBE_SEC
         reason = getattr(exc, "reason", exc)
         return Check("hub reachable", FAIL, f"cannot reach {endpoint} ({reason}) and ~{download_gb:.0f} GB of weights "
                      "must still be downloaded", "connect this machine, set HF_ENDPOINT to a mirror, or download the "
-                     "weights elsewhere and pass --model-path / reward.paths.NAME (HF_HUB_OFFLINE=1 uses the cache only)", True)
+                     "weights elsewhere and pass --model-path / reward.paths.NAME (HF_HUB_OFFLINE=1 uses the cache "
+                     "only)", True)
     return Check("hub reachable", PASS, f"{endpoint} answers; ~{download_gb:.0f} GB of weights to download", "", True)
 
 

@@ -1,1 +1,2 @@
-"""The model and its copies: the policy and its adapters, the explore and rollout copies, the sampler, sharding and checkpoints."""
+"""The model and its copies: the policy and its adapters, the explore and rollout copies, the sampler, sharding and
+checkpoints."""

@@ -4,7 +4,8 @@ A checkpoint is a folder `checkpoints/iter_NNNNNN/` written under a temporary na
 place, so a folder with that name is always complete. It holds the trained adapter in diffusers'
 LoRA format (`pytorch_lora_weights.safetensors`, loadable with `pipe.load_lora_weights`), the old
 and EMA adapters in the same format under `old/` and `ema/`, the optimizer, the loop state and the
-RNG states (tensors and JSON: nothing in a checkpoint is a pickle, faults/state_files.py), and last a `manifest.json` with every file's size and SHA-256 (faults/manifest.py).
+RNG states (tensors and JSON: nothing in a checkpoint is a pickle, faults/state_files.py), and last a `manifest.json`
+with every file's size and SHA-256 (faults/manifest.py).
 `--resume` continues from the newest folder, after checking it against its manifest; a torn or
 corrupt one is refused, naming the bad file and the newest intact checkpoint, which
 `--resume RUN --checkpoint iter_N` picks. A full disk while saving leaves the previous checkpoints
@@ -54,7 +55,8 @@ class CheckpointFolder:
 
     def __init__(self, run_dir: Path) -> None:
         self.path = checkpoint_dir(run_dir)
-        self.pin = FolderPin(self.path, "the run's checkpoints") if self.path.exists() or self.path.is_symlink() else None
+        self.pin = FolderPin(self.path,
+                             "the run's checkpoints") if self.path.exists() or self.path.is_symlink() else None
 
     def opened(self) -> ContextManager[int]:
         if self.pin is None:
@@ -64,7 +66,8 @@ class CheckpointFolder:
 
 
 def save_checkpoint(run_dir: Path, iteration: int, policy: Policy, optimizer: torch.optim.Optimizer,
-                    state: dict[str, Any], keep: int, *, gathered: Gathered | None = None, spare: set[str] = frozenset(),
+                    state: dict[str, Any], keep: int, *, gathered: Gathered | None = None,
+                    spare: set[str] = frozenset(),
                     folder_pin: CheckpointFolder | None = None) -> Path:
     """Write checkpoint `iteration` atomically and prune all but the newest `keep` and those named in
     `spare` (the run's last good and best ones: loop/hacking.py). `gathered`: the adapters and
@@ -214,7 +217,8 @@ def _check_rank(path: Path, tensors: dict[str, torch.Tensor], rank: int) -> None
     if saved != rank:
         run = path.parent.parent
         raise SolrlError(f"{run / 'config.toml'}'s model.lora_rank ({rank}) does not match the adapter in checkpoint "
-                         f"{path.name} (rank {saved})", f"restore lora_rank = {saved} under [model] in {run / 'config.toml'}")
+                         f"{path.name} (rank {saved})", f"restore lora_rank = {saved} under [model] in "
+                                                        f"{run / 'config.toml'}")
 
 
 def load_checkpoint(path: Path, policy: Policy, optimizer: torch.optim.Optimizer) -> dict[str, Any]:

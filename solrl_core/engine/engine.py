@@ -149,7 +149,8 @@ class Engine:
         (calibration.py) builds one per candidate and keeps the chosen. Where the memory mode parks the
         copies on the CPU, it is parked as the run's is (offload.py)."""
         compiled = self.machine is not None and self.machine.explore_compiled_at(precision)
-        made = _copy(self.config, self.model, CopySpec(precision, compiled), source=self.policy.transformer, dtype=self.dtype)
+        made = _copy(self.config, self.model, CopySpec(precision, compiled), source=self.policy.transformer,
+                     dtype=self.dtype)
         made.refresh(self.policy.merged_weights(OLD))
         if self.parking is not None:
             self.parking.park([made.module])
@@ -260,7 +261,8 @@ class Engine:
         """Images [B, 3, H, W] in [0, 1] on the CPU, decoded a rollout batch at a time (VAE memory)."""
         chunk = self.sampler.batch_size
         with self.vae_in():
-            return torch.cat([self.model.decode(latents[i:i + chunk]).float().cpu() for i in range(0, latents.shape[0], chunk)])
+            return torch.cat([self.model.decode(latents[i:i + chunk]).float().cpu()
+                              for i in range(0, latents.shape[0], chunk)])
 
     def images(self, prompts: list[str], seeds: torch.Tensor, steps: int, on: str,
                progress: Progress | None = None, stop: Callable[[], bool] | None = None) -> torch.Tensor:
@@ -324,7 +326,8 @@ def open_engine(cfg: Config, *, device: torch.device | None = None, explore: Cop
     model = load_model(cfg.model, device, dtype)
     explore_copy = _copy(cfg, model, explore) if explore else None
     rollout_copy = _copy(cfg, model, rollout) if rollout else None
-    if cfg.model.train_precision == "fp32-base" and dtype == torch.bfloat16:  # the copies stay bf16, as the official SD3's
+    # the copies stay bf16, as the official SD3's
+    if cfg.model.train_precision == "fp32-base" and dtype == torch.bfloat16:
         model.transformer.to(torch.float32)
     if checkpointing:  # acts only where gradients are on: the trained forward
         model.transformer.enable_gradient_checkpointing()

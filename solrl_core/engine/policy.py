@@ -23,7 +23,8 @@ from peft.tuners.tuners_utils import BaseTunerLayer, cast_adapter_dtype
 from peft.utils import get_peft_model_state_dict
 from torch import nn
 
-from solrl_core.config.schema import LORA_INITS, ModelConfig
+from solrl_core.config.choices import LORA_INITS
+from solrl_core.config.schema import ModelConfig
 from solrl_core.errors import SolrlError
 from solrl_core.runtime import distributed
 
@@ -35,7 +36,8 @@ class Policy:
     def __init__(self, transformer: nn.Module, cfg: ModelConfig) -> None:
         self.transformer = transformer
         self.loader = cfg.loader
-        self.lora_config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha, init_lora_weights=LORA_INITS[cfg.lora_init],
+        self.lora_config = LoraConfig(r=cfg.lora_rank, lora_alpha=cfg.lora_alpha,
+                                      init_lora_weights=LORA_INITS[cfg.lora_init],
                                       target_modules=list(cfg.lora_targets))
         transformer.requires_grad_(False)
         try:
@@ -137,7 +139,8 @@ class Policy:
     def load_state(self, adapter: str, state: dict[str, torch.Tensor]) -> None:
         target = self.ema if adapter == "ema" else self._params[adapter]
         if set(state) != set(target):
-            raise SolrlError(f"saved '{adapter}' adapter does not match this model ({len(set(state) ^ set(target))} keys differ)",
+            raise SolrlError(f"saved '{adapter}' adapter does not match this model ({len(set(state) ^ set(target))} "
+                             f"keys differ)",
                              "resume with the same model and LoRA settings the run was started with")
         for key, value in state.items():  # whole tensors; a sharded target keeps this rank's shard
             target[key].copy_(distributed.shard_like(value, target[key]))
@@ -148,7 +151,8 @@ class Policy:
         return [(n, m) for n, m in modules if isinstance(m, BaseTunerLayer) and adapter in m.lora_A]
 
     @torch.no_grad()
-    def merged_weights(self, adapter: str = OLD, layers: list[tuple[str, nn.Module]] | None = None) -> dict[str, torch.Tensor]:
+    def merged_weights(self, adapter: str = OLD, layers: list[tuple[str, nn.Module]] | None = None) -> dict[str,
+            torch.Tensor]:
         """Base weight + scale * B @ A of every adapted layer (or of `layers`, from `adapted`), keyed as
         in the plain base model, summed in fp32 and returned in the base weight's dtype."""
         out = {}
@@ -157,7 +161,8 @@ class Policy:
             out[f"{name}.weight"] = (base.float() + module.get_delta_weight(adapter).float()).to(base.dtype)
         return out
 
-    def save_lora(self, directory: str | Path, adapter: str = TRAINED, state: dict[str, torch.Tensor] | None = None) -> Path:
+    def save_lora(self, directory: str | Path, adapter: str = TRAINED,
+                  state: dict[str, torch.Tensor] | None = None) -> Path:
         """Write the adapter as diffusers' `pipe.load_lora_weights(directory)` reads it, through the
         model's own pipeline class (the tiny model is a SANA). `state`: the adapter's tensors as
         `state(adapter)` gives them, gathered beforehand where the policy is sharded."""

@@ -77,12 +77,14 @@ class CompiledBlocks:
     `compile_mode_for`). A backend other than Inductor (the tests' aot_eager) ignores a mode with a
     logged warning."""
 
-    def __init__(self, module: nn.Module, mode: str = "default", active: bool = True, gemm_autotune: bool = True) -> None:
+    def __init__(self, module: nn.Module, mode: str = "default", active: bool = True,
+                 gemm_autotune: bool = True) -> None:
         """`gemm_autotune` False: under a max-autotune mode, GEMMs run ATen's kernels untuned (NO_GEMM_AUTOTUNE)."""
         import torch._dynamo
         import torch._inductor
 
-        if not torch.cuda.is_available():  # inductor's C++ path imports cpp_extension, which warns of a CUDA_HOME without a GPU
+        # inductor's C++ path imports cpp_extension, which warns of a CUDA_HOME without a GPU
+        if not torch.cuda.is_available():
             logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, RECOMPILE_LIMIT)
         self.module = module

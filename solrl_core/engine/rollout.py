@@ -57,7 +57,8 @@ def cast(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:
     """`module` in `dtype` (in place), cast only where a tensor is not: diffusers warns of "modules that
     should be kept in float32" at every `.to(dtype)` of one of its models, even one already in that
     dtype that keeps none in float32 (the tiny models)."""
-    if dtype is None or all(t.dtype == dtype for t in (*module.parameters(), *module.buffers()) if t.is_floating_point()):
+    if dtype is None or all(t.dtype == dtype for t in (*module.parameters(), *module.buffers())
+                            if t.is_floating_point()):
         return module
     return module.to(dtype)
 
@@ -74,7 +75,8 @@ class RolloutCopy:
         with FP8 attention (explore.fp8_attention, precision/fp8_attention.py). `nvfp4_emulation`:
         nvfp4-emulated's GEMM order (explore.nvfp4_emulation)."""
         if precision not in IMPLEMENTED_EXPLORE:
-            raise ValueError(f"no rollout backend for precision {precision!r} (hardware.require_explore_precision says why)")
+            raise ValueError(f"no rollout backend for precision {precision!r} (hardware.require_explore_precision says "
+                             f"why)")
         self.precision = precision
         self.sharded = sharded
         self.module = module.requires_grad_(False).eval()
@@ -83,7 +85,8 @@ class RolloutCopy:
         self.dtype = next(self.module.parameters()).dtype  # nvfp4-emulated and fp8 compute in the base dtype
         self.report: QuantReport | None = None
         if precision in QUANTIZED:
-            self.report = quantize_model(self.module, rule, precision, wrappers_for(precision, fp8_backend, nvfp4_emulation))
+            self.report = quantize_model(self.module, rule, precision,
+                                         wrappers_for(precision, fp8_backend, nvfp4_emulation))
         # compiled in place, block by block (regions.py): `forward` is the module either way. A copy
         # still on the meta device (sharded_copy.py) compiles once it is on its device (`materialize`).
         self.compile_mode = compile_mode if compile else None

@@ -5,7 +5,8 @@ on every device), which is what lets Stage 2 regenerate exactly the seeds Stage 
 Convention: x_sigma = (1 - sigma) * x0 + sigma * noise, velocity v = noise - x0, sigma from 1 to 0.
 
 Solvers: `euler` (the official SANA sampler; its step in fp32 from the run-dtype state, rounded once,
-as the official `run_sampling` hands `flow_grpo_step` `pred.float()` and `z.float()`) and `dpm2`, the deterministic 2nd-order multistep
+as the official `run_sampling` hands `flow_grpo_step` `pred.float()` and `z.float()`) and `dpm2`, the deterministic
+2nd-order multistep
 DPM-Solver++(2M) in data-prediction form (the official SD3/FLUX sampler), written for flow matching
 as diffusers' DPMSolverMultistepScheduler(use_flow_sigmas=True, prediction_type="flow_prediction",
 solver_order=2, final_sigmas_type="zero") steps it; its first order is exactly Euler.
@@ -63,7 +64,8 @@ def sigma_grid(steps: int, shift: float = 1.0, kind: str = "linspace") -> torch.
         sigmas = torch.linspace(1.0, 0.0, steps + 1, dtype=torch.float64)
         return _shifted(sigmas, shift).float()
     if kind == "qwen_image":
-        if steps == 1:  # the stretch divides 1 - sigma_last = 0 by itself (NaN, in diffusers' scheduler too): one step, 1 -> 0
+        # the stretch divides 1 - sigma_last = 0 by itself (NaN, in diffusers' scheduler too): one step, 1 -> 0
+        if steps == 1:
             return torch.tensor([1.0, 0.0])
         sigmas = _shifted(torch.linspace(1.0, 1.0 / steps, steps, dtype=torch.float64), shift)
         one_minus = 1.0 - sigmas

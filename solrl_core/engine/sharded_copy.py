@@ -96,7 +96,8 @@ def shard_copy(made: RolloutCopy, mesh, device: torch.device) -> None:  # type: 
     from torch.distributed.fsdp import fully_shard
 
     gemms = [m for m in made.module.modules() if isinstance(m, QuantizedGemm)]
-    for m in gemms:  # the caches' shapes and dtypes, from one uninitialised weight at a time on `device` (fp8's scaling follows it)
+    # the caches' shapes and dtypes, from one uninitialised weight at a time on `device` (fp8's scaling follows it)
+    for m in gemms:
         for name, value in m.quantized(torch.empty_like(m.weight, device=device)).items():
             del m._buffers[name]
             m.register_parameter(name, nn.Parameter(torch.empty_like(value, device="meta"), requires_grad=False))

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from solrl_core.config.schema import EXPLORE_PRECISIONS
+from solrl_core.config.choices import EXPLORE_PRECISIONS
 from solrl_core.errors import SolrlError
 
 TRAINER_STATE = "trainer_state.json"
@@ -87,7 +87,8 @@ def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
     number = _NUMBER.match(checkpoint.name)
     it = saved.get("iteration")
     if number is not None and it != int(number.group(1)) or not _int(it, 0, 10**9):
-        raise _bad(path, '"iteration"', it, f"the checkpoint's own number ({int(number.group(1))})" if number else "0 ... 10^9")
+        raise _bad(path, '"iteration"', it,
+                   f"the checkpoint's own number ({int(number.group(1))})" if number else "0 ... 10^9")
     _check(path, '"step"', saved.get("step"), lambda v: _int(v, 0, it), f"an integer 0 ... {it}")
     history = saved.get("history")
     _check(path, '"history"', history, lambda v: isinstance(v, list) and len(v) == it, f"a list of {it} rewards")
@@ -101,17 +102,22 @@ def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
                            ('"faults"."nonfinite_rewards"', faults.get("nonfinite_rewards", {}))):
         _check(path, field, streaks, lambda v: isinstance(v, dict) and all(
             isinstance(k, str) and _int(n, 0, it) for k, n in v.items()), f"reward names with counts 0 ... {it}")
-    _check(path, '"faults"."skipped_steps"', faults.get("skipped_steps", 0), lambda v: _int(v, 0, it), f"an integer 0 ... {it}")
-    _check(path, '"explore_steps"', saved.get("explore_steps", 1), lambda v: _int(v, 1, MAX_STEPS), f"an integer 1 ... {MAX_STEPS}")
+    _check(path, '"faults"."skipped_steps"', faults.get("skipped_steps", 0), lambda v: _int(v, 0, it), f"an integer 0 "
+                                                                                                       f"... {it}")
+    _check(path, '"explore_steps"', saved.get("explore_steps", 1), lambda v: _int(v, 1, MAX_STEPS), f"an integer 1 ... "
+                                                                                                    f"{MAX_STEPS}")
     _check(path, '"rollbacks"', saved.get("rollbacks", 0), lambda v: _int(v, 0, 1000), "an integer 0 ... 1000")
     evaluations = saved.get("evaluations", [])
-    _check(path, '"evaluations"', evaluations, lambda v: isinstance(v, list) and len(v) <= it + 1, f"a list of at most {it + 1}")
+    _check(path, '"evaluations"', evaluations, lambda v: isinstance(v, list) and len(v) <= it + 1, f"a list of at most "
+                                                                                                   f"{it + 1}")
     for i, e in enumerate(evaluations):
-        _check(path, f'"evaluations"[{i}]', e, lambda v: isinstance(v, dict) and set(v) - {"changes"} == _VERDICT and _int(v["iteration"], 0, it)
+        _check(path, f'"evaluations"[{i}]', e,
+               lambda v: isinstance(v, dict) and set(v) - {"changes"} == _VERDICT and _int(v["iteration"], 0, it)
                and _finite(v["gain"]) and _finite(v["se"], low=0)
                and isinstance(v["flagged"], list) and all(isinstance(n, str) for n in v["flagged"])
                and _changes_ok(v.get("changes", {})),
-               f"an object of {', '.join(sorted(_VERDICT))} (an iteration 0 ... {it}, a gain and an s.e. within +-{BOUND:g}, "
+               f"an object of {', '.join(sorted(_VERDICT))} (an iteration 0 ... {it}, a gain and an s.e. within "
+               f"+-{BOUND:g}, "
                "a list of names, optional changes: names with numbers within the same bound)")
     precisions = [p for p in EXPLORE_PRECISIONS if p != "auto"]
     _check(path, '"explore_precision"', saved.get("explore_precision", precisions[0]), lambda v: v in precisions,
@@ -138,8 +144,8 @@ def check_sizes(checkpoint: Path, parameters: list[torch.Tensor]) -> None:
             path = Path(folder) / name
             size = path.stat().st_size
             if size > limit:
-                raise SolrlError(f"{path} holds {size} bytes, more than this model's adapters and their optimizer state "
-                                 f"could ({limit}): solrl does not read it", FIX)
+                raise SolrlError(f"{path} holds {size} bytes, more than this model's adapters and their optimizer "
+                                 f"state could ({limit}): solrl does not read it", FIX)
 
 
 def check_optimizer(checkpoint: Path, saved: Any, optimizer: torch.optim.Optimizer) -> None:
@@ -148,27 +154,35 @@ def check_optimizer(checkpoint: Path, saved: Any, optimizer: torch.optim.Optimiz
     where = checkpoint / "optimizer.json"
     fresh = optimizer.state_dict()["param_groups"]
     params = [p for group in optimizer.param_groups for p in group["params"]]
-    if not (isinstance(saved, dict) and isinstance(saved.get("state"), dict) and isinstance(saved.get("param_groups"), list)):
+    if not (isinstance(saved, dict) and isinstance(saved.get("state"), dict)
+            and isinstance(saved.get("param_groups"), list)):
         raise _bad(where, "the state", _Said(f"a {type(saved).__name__}"), '{"state", "param_groups"}')
     groups = saved["param_groups"]
     _check(where, '"param_groups"', len(groups), lambda n: n == len(fresh), f"{len(fresh)} groups")
     for i, (group, mine) in enumerate(zip(groups, fresh)):
-        _check(where, f'"param_groups"[{i}]', _Said(f"a {type(group).__name__}"), lambda _: isinstance(group, dict), "an object")
-        _check(where, f'"param_groups"[{i}]."params"', group.get("params"), lambda v: v == mine["params"], str(mine["params"]))
+        _check(where, f'"param_groups"[{i}]', _Said(f"a {type(group).__name__}"), lambda _: isinstance(group, dict),
+               "an object")
+        _check(where, f'"param_groups"[{i}]."params"', group.get("params"), lambda v: v == mine["params"],
+               str(mine["params"]))
         for key, value in group.items():
             if key != "params" and key in mine and not _same_kind(value, mine[key]):
                 raise _bad(where, f'"param_groups"[{i}].{key}', value, f"a value like {mine[key]!r}")
     for index, entry in saved["state"].items():
-        _check(where, '"state" key', index, lambda v: _int(v, 0, len(params) - 1), f"a parameter index 0 ... {len(params) - 1}")
-        _check(where, f'"state"[{index}]', _Said(f"a {type(entry).__name__}"), lambda _: isinstance(entry, dict), "an object")
+        _check(where, '"state" key', index, lambda v: _int(v, 0, len(params) - 1), f"a parameter index 0 ... "
+                                                                                   f"{len(params) - 1}")
+        _check(where, f'"state"[{index}]', _Said(f"a {type(entry).__name__}"), lambda _: isinstance(entry, dict),
+               "an object")
         shape, dtype = tuple(params[index].shape), params[index].dtype
         for key, value in entry.items():
             if key == "step":
-                ok = torch.is_tensor(value) and value.numel() == 1 and bool(torch.isfinite(value).all()) and float(value) >= 0
+                ok = (torch.is_tensor(value) and value.numel() == 1 and bool(torch.isfinite(value).all())
+                      and float(value) >= 0)
                 _check(where, f'"state"[{index}].step', _tensor(value), lambda _: ok, "one finite number >= 0")
             else:
-                ok = (key in _MOMENTS and torch.is_tensor(value) and value.dtype == dtype and tuple(value.shape) == shape)
-                _check(where, f'"state"[{index}].{key}', _tensor(value), lambda _: ok, f"a {dtype} tensor of shape {list(shape)}")
+                ok = (key in _MOMENTS and torch.is_tensor(value) and value.dtype == dtype and tuple(value.shape)
+                      == shape)
+                _check(where, f'"state"[{index}].{key}', _tensor(value), lambda _: ok, f"a {dtype} tensor of shape "
+                                                                                       f"{list(shape)}")
 
 
 def _tensor(value: Any) -> Any:
@@ -182,27 +196,34 @@ def _same_kind(value: Any, mine: Any) -> bool:
     if isinstance(mine, (int, float)):  # lr, eps, weight_decay
         return _finite(value, 10.0**12, 0)
     if isinstance(mine, (tuple, list)):  # betas
-        return isinstance(value, (tuple, list)) and len(value) == len(mine) and all(_same_kind(v, m) for v, m in zip(value, mine))
+        return isinstance(value, (tuple, list)) and len(value) == len(mine) and all(_same_kind(v, m)
+                                                                                    for v, m in zip(value, mine))
     return isinstance(value, type(mine))
 
 
 def check_rng(checkpoint: Path, rng: Any) -> None:
     """The RNG states have the sizes the generators use (numpy's MT19937 key: 624 words)."""
     where = checkpoint / "rng.json"
-    _check(where, "the state", _Said(f"a {type(rng).__name__}"), lambda _: isinstance(rng, dict) and {"torch", "numpy", "python", "cuda"} <= set(rng),
+    _check(where, "the state", _Said(f"a {type(rng).__name__}"),
+           lambda _: isinstance(rng, dict) and {"torch", "numpy", "python", "cuda"} <= set(rng),
            'an object of "torch", "numpy", "python", "cuda"')
     size = torch.get_rng_state().numel()
     torch_state = rng["torch"]
-    _check(where, '"torch"', _tensor(torch_state), lambda _: torch.is_tensor(torch_state) and torch_state.dtype == torch.uint8
+    _check(where, '"torch"', _tensor(torch_state),
+           lambda _: torch.is_tensor(torch_state) and torch_state.dtype == torch.uint8
            and torch_state.numel() == size, f"a uint8 tensor of {size}")
     numpy_state = rng["numpy"]
-    _check(where, '"numpy"', _Said(f"a {type(numpy_state).__name__}"), lambda v: isinstance(numpy_state, (tuple, list)) and len(numpy_state) == 5
-           and numpy_state[0] == "MT19937" and isinstance(numpy_state[1], np.ndarray) and numpy_state[1].shape == (624,),
+    _check(where, '"numpy"', _Said(f"a {type(numpy_state).__name__}"),
+           lambda v: isinstance(numpy_state, (tuple, list)) and len(numpy_state) == 5
+           and numpy_state[0] == "MT19937" and isinstance(numpy_state[1], np.ndarray) and numpy_state[1].shape
+           == (624,),
            "numpy's MT19937 state (a key of 624 words)")
     python_state = rng["python"]
-    _check(where, '"python"', _Said(f"a {type(python_state).__name__}"), lambda v: isinstance(python_state, (tuple, list))
+    _check(where, '"python"', _Said(f"a {type(python_state).__name__}"),
+           lambda v: isinstance(python_state, (tuple, list))
            and len(python_state) == 3 and isinstance(python_state[1], (tuple, list)) and len(python_state[1]) == 625,
            "Python's random state (625 words)")
     cuda = rng["cuda"]
     _check(where, '"cuda"', _Said(f"a {type(cuda).__name__}"), lambda v: isinstance(cuda, list) and all(
-        torch.is_tensor(t) and t.dtype == torch.uint8 and t.numel() <= 1 << 16 for t in cuda), "a list of uint8 tensors")
+        torch.is_tensor(t) and t.dtype == torch.uint8 and t.numel() <= 1 << 16 for t in cuda),
+           "a list of uint8 tensors")

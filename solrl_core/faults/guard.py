@@ -28,7 +28,8 @@ from solrl_core.text import plural
 class FaultState:
     """The streaks that decide a stop, saved in each checkpoint's trainer_state.json."""
 
-    nonfinite_rewards: dict[str, int] = field(default_factory=dict)  # reward -> iterations in a row with no finite score
+    # reward -> iterations in a row with no finite score
+    nonfinite_rewards: dict[str, int] = field(default_factory=dict)
     skipped_steps: int = 0  # optimizer steps skipped in a row
 
     def to_dict(self) -> dict:
@@ -97,11 +98,13 @@ def failure(state: FaultState, patience: int, max_skipped: int) -> SolrlError | 
     """The error to stop with, once a streak reaches its limit (0 = never)."""
     for name, streak in state.nonfinite_rewards.items():
         if patience and streak >= patience:
-            return SolrlError(f"reward '{name}' returned NaN or infinity for every image {plural(streak, 'iteration')} in a row",
+            return SolrlError(f"reward '{name}' returned NaN or infinity for every image {plural(streak, 'iteration')} "
+                              f"in a row",
                               f"check the reward's weights (reward.paths.{name}) and its input range; or raise "
                               "reward.health_patience (0 = never stop)")
     if max_skipped and state.skipped_steps >= max_skipped:
-        return SolrlError(f"{state.skipped_steps} optimizer steps in a row were skipped: the loss or gradient norm was not finite",
+        return SolrlError(f"{state.skipped_steps} optimizer steps in a row were skipped: the loss or gradient norm was "
+                          f"not finite",
                           "lower optimizer.lr or optimizer.grad_clip, check the rewards for huge values; or raise "
                           "optimizer.max_nonfinite_steps (0 = never stop)")
     return None

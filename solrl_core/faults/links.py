@@ -116,8 +116,8 @@ def open_nofollow(path: Path, flags: int, mode: int = 0o644, what: str = "the ru
         if not stat.S_ISREG(info.st_mode):
             raise refused(Path(path), what)
         if info.st_nlink > 1:  # another name for a file elsewhere: writing here would write there too
-            raise SolrlError(f"{path} is a hard link ({info.st_nlink} names for one file): solrl does not write through it "
-                             f"to a file outside {what} (a run folder is data, whoever wrote it)",
+            raise SolrlError(f"{path} is a hard link ({info.st_nlink} names for one file): solrl does not write "
+                             f"through it to a file outside {what} (a run folder is data, whoever wrote it)",
                              "replace it with a copy of its own (cp FILE FILE.new && mv FILE.new FILE), or delete it, "
                              "then run the command again")
         os.set_blocking(fd, True)
@@ -157,7 +157,8 @@ class FolderPin:
         try:
             info = os.fstat(fd)
             if (info.st_dev, info.st_ino) != self.identity:
-                raise SolrlError(f"{self.path} is no longer the folder this run opened (another folder was put in its place "
+                raise SolrlError(f"{self.path} is no longer the folder this run opened (another folder was put in its "
+                                 f"place "
                                  "while the run went on): solrl writes and deletes nothing in it",
                                  "put the run's own folder back, then `solrl train --resume RUN`")
             yield fd

@@ -50,19 +50,22 @@ class RunLock:
         except BlockingIOError:
             os.close(fd)
             raise SolrlError(f"{run_dir} is being written by another solrl run ({holder(run_dir)})",
-                             "wait for it to finish or stop it (Ctrl-C saves a checkpoint), or use another --run-dir") from None
+                             "wait for it to finish or stop it (Ctrl-C saves a checkpoint), or use another "
+                             "--run-dir") from None
         except OSError as exc:
             os.close(fd)
             if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
                 raise
-            raise SolrlError(f"the filesystem of {run_dir} does not support file locks (flock: {errno.errorcode[exc.errno]}), "
+            raise SolrlError(f"the filesystem of {run_dir} does not support file locks (flock: "
+                             f"{errno.errorcode[exc.errno]}), "
                              "which solrl takes so that two runs never write one folder",
                              "use a --run-dir on a local disk, or `--set run.lock=false` to run without the lock "
                              "(then nothing stops two runs writing the same folder)") from exc
         except BaseException:
             os.close(fd)
             raise
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "started": dt.datetime.now().isoformat(timespec="seconds")}
+        info = {"pid": os.getpid(), "host": socket.gethostname(),
+                "started": dt.datetime.now().isoformat(timespec="seconds")}
         try:
             with disk.writing(run_dir, f"the run lock {LOCK_FILE}"):
                 os.ftruncate(fd, 0)

@@ -59,7 +59,8 @@ def verify(folder: Path) -> Problem | None:
     any of that: nothing is read through it, listed or not (faults/links.py)."""
     link = find_link(folder)
     if link is not None:
-        return Problem(link.relative_to(folder).as_posix(), f"{kind(link)}, which solrl does not follow out of a checkpoint")
+        return Problem(link.relative_to(folder).as_posix(), f"{kind(link)}, which solrl does not follow out of a "
+                                                            f"checkpoint")
     try:
         listed = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))["files"]
     except FileNotFoundError:
@@ -91,7 +92,8 @@ def _malformed(listed: object) -> str | None:
         parts = Path(name).parts
         if Path(name).is_absolute() or ".." in parts or not parts:
             return f"{name!r} is not a path inside the checkpoint"
-        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int) and not isinstance(entry.get("size"), bool)
+        if not (isinstance(entry, dict) and isinstance(entry.get("size"), int)
+                and not isinstance(entry.get("size"), bool)
                 and isinstance(entry.get("sha256"), str)):
             return f"{name!r} has no integer size and sha256 string"
     return None

@@ -84,7 +84,8 @@ def _encode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
         return {_TENSOR: key}
     if isinstance(obj, np.ndarray):
         key = str(len(tensors))
-        tensors[key] = torch.from_numpy(np.ascontiguousarray(obj).astype(np.int64 if obj.dtype.kind in "ui" else obj.dtype))
+        tensors[key] = torch.from_numpy(np.ascontiguousarray(obj).astype(np.int64 if obj.dtype.kind in "ui"
+                                                                         else obj.dtype))
         return {_ARRAY: key, "dtype": obj.dtype.str}
     if isinstance(obj, dict):
         return {_ITEMS: [[_encode(k, tensors), _encode(v, tensors)] for k, v in obj.items()]}

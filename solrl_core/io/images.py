@@ -55,7 +55,8 @@ def make_grid(columns: dict[str, torch.Tensor], min_cell: int = MIN_CELL, rows: 
     notes = {name: [wrap(text, face, cw - 4) for text in captions[name]] for name in names if name in (captions or {})}
     below = [max((len(notes[name][r]) for name in notes), default=0) * lh for r in range(count)]
     heights = [max(ch + below[r], len(labels[r]) * lh if labels else 0) for r in range(count)]
-    grid = Image.new("RGB", (label_w + len(names) * (cw + pad) + pad, header + sum(heights) + (count + 1) * pad), (255, 255, 255))
+    grid = Image.new("RGB", (label_w + len(names) * (cw + pad) + pad, header + sum(heights) + (count + 1) * pad), (255,
+            255, 255))
     draw = ImageDraw.Draw(grid)
     tops = [header + pad + sum(heights[:r]) + r * pad for r in range(count)]
     for r, lines in enumerate(labels):
@@ -109,7 +110,8 @@ def wrap(text: str, face, width: int) -> list[str]:  # type: ignore[no-untyped-d
     return lines
 
 
-def _lines(draw, at: tuple[int, int], lines: list[str], face, lh: int, fill: tuple[int, int, int]) -> None:  # type: ignore[no-untyped-def]
+def _lines(draw, at: tuple[int, int], lines: list[str], face, lh: int,  # type: ignore[no-untyped-def]
+           fill: tuple[int, int, int]) -> None:
     for i, text in enumerate(lines):
         draw.text((at[0], at[1] + i * lh), text, fill=fill, font=face)
 

@@ -65,7 +65,8 @@ def save_clip(clip: torch.Tensor, stem: Path, fps: int = GIF_FPS) -> Path:
     path = stem.with_suffix(".mp4")
     # quality 8 of 10 (imageio's default 5 blurs small clips); frames whose sides are not multiples of 16
     # are padded up by imageio, as H.264 with yuv420p needs even sides.
-    with imageio.get_writer(path, fps=frame_rate(len(clip), fps), codec="libx264", quality=8, macro_block_size=16) as writer:
+    with imageio.get_writer(path, fps=frame_rate(len(clip), fps), codec="libx264", quality=8,
+                            macro_block_size=16) as writer:
         for frame in clip:
             writer.append_data(_uint8(frame))
     return path

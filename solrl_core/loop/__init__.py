@@ -1,1 +1,2 @@
-"""The training loop: the session, one iteration's stages, the update, selection, the loss, evaluations and calibration."""
+"""The training loop: the session, one iteration's stages, the update, selection, the loss, evaluations and
+calibration."""

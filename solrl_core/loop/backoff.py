@@ -39,7 +39,8 @@ if TYPE_CHECKING:
 
 
 SETTINGS = {"reward": ("reward", "batch_size"), "update": ("optimizer", "micro_batch"),
-            "evaluation": ("sampler", "rollout_batch"), "rollout": ("sampler", "rollout_batch")}  # faults/phase.py: PHASES
+            # faults/phase.py: PHASES
+            "evaluation": ("sampler", "rollout_batch"), "rollout": ("sampler", "rollout_batch")}
 
 FIXES = {
     "rollout": "lower model.resolution or explore.group_size N, keep the explore copy quantized (explore.precision: a "

@@ -214,7 +214,8 @@ def calibrate_engine(engine: Engine, prompts: list[str], seeds: torch.Tensor, *,
     assert fixed is not None
     chosen, threshold, why = choose(measured, min_recall, fixed)
     return Calibration(measured, chosen, threshold, why, f"{engine.dtype_name}@{full_steps}", seconds[REFERENCE],
-                       len(prompts), int(seeds.shape[1]), time.perf_counter() - t0, fixed.name, list(prompts), seeds.cpu(),
+                       len(prompts), int(seeds.shape[1]), time.perf_counter() - t0, fixed.name, list(prompts),
+                       seeds.cpu(),
                        rewards[REFERENCE], kept if chosen.precision != current else None)
 
 
@@ -236,7 +237,8 @@ def steps_only(found: Calibration, min_recall: float) -> Measured:
     return choose([m for m in found.candidates if m.precision == fixed.precision], min_recall, fixed)[0]
 
 
-def calibrate_to_folder(engine: Engine, prompts: list[str], out_dir: Path, *, per_prompt: int, seed_base: int, keep: int,
+def calibrate_to_folder(engine: Engine, prompts: list[str], out_dir: Path, *, per_prompt: int, seed_base: int,
+                        keep: int,
                         precisions: list[str] | None = None,
                         progress: Callable[[str, float], None] | None = None) -> tuple[Calibration, Measured]:
     """`solrl rank-check --candidates`: the calibration a training run with explore.calibrate would

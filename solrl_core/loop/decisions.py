@@ -17,7 +17,8 @@ from solrl_core.config.schema import RunConfig
 from solrl_core.loop.evaluation import RunEvals
 from solrl_core.runtime import distributed
 
-LAST_ROLLBACK = "the last rollback"  # the rule named when a rollback's run.rollback_then (or MAX_ROLLBACKS) stops the run
+# the rule named when a rollback's run.rollback_then (or MAX_ROLLBACKS) stops the run
+LAST_ROLLBACK = "the last rollback"
 
 
 class Next(Enum):

@@ -57,8 +57,10 @@ class EvalPictures:
         if weights == "base":
             self.base = (images, picked)
         elif self.base is None:  # resumed: the base evaluation's images are not in this process
-            self.base = (engine.images(self.prompts, torch.tensor(seeds_shown), engine.config.sampler.eval_steps, "base"), [])
-        columns = {"base": self.base[0]} if weights == "base" else {"base": self.base[0], f"{weights}, iteration {iteration}": images}
+            self.base = (engine.images(self.prompts, torch.tensor(seeds_shown), engine.config.sampler.eval_steps,
+                                       "base"), [])
+        columns = {"base": self.base[0]} if weights == "base" else {"base": self.base[0], f"{weights}, iteration "
+                                                                                          f"{iteration}": images}
         captions = {"base": [f"reward {r:.3g}" for r in self.base[1]]} if self.base[1] else {}
         if weights != "base":
             captions[f"{weights}, iteration {iteration}"] = reward_captions(picked, self.base[1])

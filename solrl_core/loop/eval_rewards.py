@@ -35,7 +35,8 @@ def held_out_rewards(cfg: Any, names: tuple[str, ...], device: torch.device) -> 
                           paths={k: v for k, v in cfg.reward.paths.items() if k in others})
         return HeldOut(names, RewardSet.from_config(section, device))
     except SolrlError as exc:
-        failed = next((n for n in others if f"'{n}'" in exc.message or f" {n}:" in exc.message), None)  # as the reward errors name it
+        # as the reward errors name it
+        failed = next((n for n in others if f"'{n}'" in exc.message or f" {n}:" in exc.message), None)
         rest = ",".join(n for n in names if n != failed)
         raise SolrlError(f"eval reward (run.eval_rewards): {exc.message}",
                          f"{exc.fix}; or evaluate without it: --set run.eval_rewards={rest}") from exc

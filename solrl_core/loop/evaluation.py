@@ -46,8 +46,10 @@ class Evaluation:
     scores: Scores
     extras: dict[str, float]
     seconds: float
-    groups: dict[str, dict[str, list[int]]]  # reward -> group -> image indices, for extras 'reward.group' that are group means
-    held_out: dict[str, torch.Tensor] = field(default_factory=dict)  # eval reward -> per-image scores (run.eval_rewards)
+    # reward -> group -> image indices, for extras 'reward.group' that are group means
+    groups: dict[str, dict[str, list[int]]]
+    # eval reward -> per-image scores (run.eval_rewards)
+    held_out: dict[str, torch.Tensor] = field(default_factory=dict)
     shown: torch.Tensor | None = None  # the few images a run's picture shows (`evaluate(keep=)`, eval_pictures.py)
 
     @property
@@ -103,7 +105,8 @@ class EvalRequest:
     save_images: bool = False
     prompt_set: str = ""  # the name or file the prompts came from, for the record
     eval_rewards: tuple[str, ...] = ()  # scored besides the run's own reward(s), each base -> tuned (`--rewards`)
-    base_from: Path | None = None  # a run folder: its kept base evaluation (BASE_FILE) serves when it scored these images
+    # a run folder: its kept base evaluation (BASE_FILE) serves when it scored these images
+    base_from: Path | None = None
 
 
 class EvalStopped(Exception):
@@ -173,12 +176,15 @@ def _evaluate_sets(req: EvalRequest, bus: ev.EventBus, engine: Engine, held_out:
             if weights == "base" and kept is not None:
                 result, images = kept, None
             else:
-                bus.emit(ev.EvalStarted(iteration=0, weights=weights, prompts=req.prompt_set or plural(len(req.prompts), "prompt"),
+                bus.emit(ev.EvalStarted(iteration=0, weights=weights,
+                                        prompts=req.prompt_set or plural(len(req.prompts), "prompt"),
                                         samples=len(flat)))
-                result, images = _score(engine, req.prompts, req.per_prompt, weights, progress_events(bus, 0, weights), held_out, stop)
+                result, images = _score(engine, req.prompts, req.per_prompt, weights, progress_events(bus, 0, weights),
+                                        held_out, stop)
             results.append(result)
             for i, prompt in enumerate(flat):
-                row = {"weights": weights, "prompt": prompt, "seed": int(result.seeds[i]), "reward": float(result.scores.total[i]),
+                row = {"weights": weights, "prompt": prompt, "seed": int(result.seeds[i]),
+                       "reward": float(result.scores.total[i]),
                        **{f"reward.{k}": float(v[i]) for k, v in result.scores.components.items()},
                        **{f"eval.{k}": float(v[i]) for k, v in result.held_out.items()}}
                 if req.save_images and images is not None:
@@ -187,9 +193,12 @@ def _evaluate_sets(req: EvalRequest, bus: ev.EventBus, engine: Engine, held_out:
                     save_png(images[i], path)
                     row["image"] = str(path.relative_to(req.out_dir))
                 rows.write(json.dumps(row) + "\n")
-            bus.emit(ev.EvalFinished(iteration=0, weights=weights, prompts=req.prompt_set or plural(len(req.prompts), "prompt"), samples=len(flat),
-                                     mean=result.mean, components={k: float(v.mean()) for k, v in result.scores.components.items()},
-                                     extras=result.extras, seconds=result.seconds, delta_se=_delta_se(results[0], result),
+            bus.emit(ev.EvalFinished(iteration=0, weights=weights,
+                                     prompts=req.prompt_set or plural(len(req.prompts), "prompt"), samples=len(flat),
+                                     mean=result.mean,
+                                     components={k: float(v.mean()) for k, v in result.scores.components.items()},
+                                     extras=result.extras, seconds=result.seconds,
+                                     delta_se=_delta_se(results[0], result),
                                      eval_rewards=_means(result.held_out),
                                      **_changes(results[0], result), reused=origin if images is None else ""))
     write_atomic(req.out_dir / "summary.json", json.dumps(summary(results), indent=2))
@@ -217,7 +226,8 @@ def kept_base(req: EvalRequest) -> tuple[Evaluation | None, str]:
     if (run.model, run.sampler, run.run.device, run.run.dtype, run.run.tf32) != (
             cfg.model, cfg.sampler, cfg.run.device, cfg.run.dtype, cfg.run.tf32):
         return None, ""
-    evals = RunEvals(req.base_from, {"prompts": req.prompts, "per_prompt": req.per_prompt, "steps": cfg.sampler.eval_steps,
+    evals = RunEvals(req.base_from,
+                     {"prompts": req.prompts, "per_prompt": req.per_prompt, "steps": cfg.sampler.eval_steps,
                                      "rewards": dict(cfg.reward.weights)}, write=False)
     if evals.restore(req.eval_rewards) or evals.base is None:  # a reason it cannot serve
         return None, ""
@@ -258,7 +268,8 @@ def summary(results: list[Evaluation]) -> dict:
         if r.held_out:  # the eval rewards, each on the same images: base -> this set, paired
             entry["eval_rewards"] = {name: {"mean": float(values.mean()), "std": float(values.std(unbiased=False)),
                                             **({"delta": float(values.mean() - base.held_out[name].mean()),
-                                                "delta_se": paired_se(values, base.held_out[name])} if name in base.held_out else {})}
+                                                "delta_se": paired_se(values, base.held_out[name])}
+                                               if name in base.held_out else {})}
                                      for name, values in r.held_out.items()}
         if r is not base:
             entry["extras_delta"] = {k: v - base.extras[k] for k, v in r.extras.items() if k in base.extras}
@@ -309,7 +320,8 @@ class RunEvals:
     paired standard errors from the base's per-image scores. `key`: what the scores depend on besides
     the weights (prompts, seeds per prompt, steps, rewards); a kept base of another key is not used."""
 
-    def __init__(self, run_dir: Path, key: dict[str, Any], write: bool = True, pictures: EvalPictures | None = None) -> None:
+    def __init__(self, run_dir: Path, key: dict[str, Any], write: bool = True,
+                 pictures: EvalPictures | None = None) -> None:
         self.path, self.key, self.write = run_dir / BASE_FILE, key, write
         self.pictures = pictures  # each evaluation's picture, base beside it (eval_pictures.py)
         self.base: Evaluation | None = None
@@ -317,13 +329,15 @@ class RunEvals:
         self.last_event: ev.EvalFinished | None = None
         self.hacked = False  # the latest evaluation warned of reward hacking (run_eval._warn_of_hacking)
         self.short: list[str] = []  # the eval rewards whose loss the latest evaluation found too dear (run.min_trade)
-        self.events: dict[int, ev.EvalFinished] = {}  # this session's evaluations by iteration (a rollback's end shows its own)
+        # this session's evaluations by iteration (a rollback's end shows its own)
+        self.events: dict[int, ev.EvalFinished] = {}
 
     @classmethod
     def of(cls, run: Run) -> "RunEvals":
         cfg = run.config
         return cls(run.run_dir, {"prompts": run.eval_prompts, "per_prompt": cfg.run.eval_seeds,
-                                 "steps": cfg.sampler.eval_steps, "rewards": dict(cfg.reward.weights)}, write=run.rank == 0,
+                                 "steps": cfg.sampler.eval_steps, "rewards": dict(cfg.reward.weights)},
+                   write=run.rank == 0,
                    pictures=EvalPictures(run.run_dir, run.eval_prompts, cfg.run.eval_seeds, write=run.rank == 0))
 
     def delta_se(self, result: Evaluation) -> dict[str, float]:
@@ -371,9 +385,10 @@ class RunEvals:
             return f"{self.path} cannot be read ({type(exc).__name__}: {exc}): {none}"
         missing = [n for n in eval_rewards if n not in self.base.held_out]
         if missing:
-            return (f"{self.path} holds no base scores of the eval reward{'s' * (len(missing) > 1)} {', '.join(missing)} "
-                    f"(kept by an earlier solrl, or added since): no base -> now and no hacking check for "
-                    f"{'them' if len(missing) > 1 else 'it'}; the trained reward still compares with its base")
+            return (f"{self.path} holds no base scores of the eval reward{'s' * (len(missing) > 1)} "
+                    f"{', '.join(missing)} (kept by an earlier solrl, or added since): no base -> now and no hacking "
+                    f"check for {'them' if len(missing) > 1 else 'it'}; the trained reward still compares with its "
+                    f"base")
         return ""
 
     def for_end(self) -> dict[str, Any]:
@@ -387,7 +402,8 @@ def digest(record: dict[str, Any]) -> str:
     """The SHA-256 of a kept base evaluation's scores (its record less its event), as the base's event records it."""
     import hashlib
 
-    return hashlib.sha256(json.dumps({k: v for k, v in record.items() if k != "event"}, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps({k: v for k, v in record.items() if k != "event"},
+                                     sort_keys=True).encode()).hexdigest()
 
 
 def _from_record(saved: dict[str, Any]) -> tuple[Evaluation, ev.EvalFinished]:
@@ -397,5 +413,7 @@ def _from_record(saved: dict[str, Any]) -> tuple[Evaluation, ev.EvalFinished]:
     scores = Scores(total=torch.tensor(saved["total"], dtype=torch.float32),
                     components={k: torch.tensor(v, dtype=torch.float32) for k, v in saved["components"].items()})
     seeds = eval_seeds(len(saved["prompts"]), saved["per_prompt"])
-    held_out = {k: torch.tensor(v, dtype=torch.float32) for k, v in saved.get("eval_rewards", {}).items()}  # absent in older files
-    return Evaluation("base", saved["prompts"], seeds, scores, saved["extras"], saved["seconds"], saved["groups"], held_out), event
+    # absent in older files
+    held_out = {k: torch.tensor(v, dtype=torch.float32) for k, v in saved.get("eval_rewards", {}).items()}
+    return Evaluation("base", saved["prompts"], seeds, scores, saved["extras"], saved["seconds"], saved["groups"],
+                      held_out), event

@@ -78,7 +78,8 @@ def verdict(iteration: int, base: Evaluation, now: Evaluation, fell: list[Fall])
     return {"iteration": iteration, "gain": float(now.scores.total.mean() - base.scores.total.mean()),
             "se": paired_se(now.scores.total, base.scores.total) if now is not base else 0.0,
             "flagged": [f.reward for f in fell],
-            "changes": {k: float(v.mean() - base.held_out[k].mean()) for k, v in now.held_out.items() if k in base.held_out}}
+            "changes": {k: float(v.mean() - base.held_out[k].mean()) for k, v in now.held_out.items()
+                        if k in base.held_out}}
 
 
 def clean(evaluations: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -123,7 +124,8 @@ class Verdicts:
     """The verdicts of a run's checkpoints that its events.jsonl bears out: a checkpoint's verdict is used
     only when the iteration is one the run's schedule evaluates (every run.eval_every, and each session's
     last) and events.jsonl holds an evaluation there whose mean less a base evaluation's is the
-    verdict's gain (the base's own verdict, at iteration 0, gains 0). trainer_state.json is data anyone who can write the folder can rewrite (manifest
+    verdict's gain (the base's own verdict, at iteration 0, gains 0). trainer_state.json is data anyone who can write
+    the folder can rewrite (manifest
     and all): a verdict nothing else records is not believed. The one function --best (`best_checkpoint`),
     the model card and any other rule over the verdicts read them through."""
 
@@ -138,7 +140,8 @@ class Verdicts:
             record, self.problem = None, f"its events.jsonl cannot be read ({exc.message})"
         evals = [t.event for t in record.evals] if record else []
         self.bases = [e.mean for e in evals if e.weights == "base"]
-        # the base's own too: its verdict (iteration 0) gains 0; with each eval reward's change, which the frontier walk reads
+        # the base's own too: its verdict (iteration 0) gains 0; with each eval reward's change, which the frontier walk
+        # reads
         self.scored = [(e.iteration, e.mean, e.eval_changes) for e in evals]
         self.every, self.ends = (record.eval_every, record.ends) if record else (0, set())
 
@@ -162,8 +165,8 @@ class Verdicts:
                    + (" and these eval rewards' changes" if v.get("changes") else ""))
         else:
             return v, ""
-        return None, (f"{checkpoint.name}'s trainer_state.json holds a verdict ({gain:+.4f}) that the run's events do not "
-                      f"bear out: {why}; not used")
+        return None, (f"{checkpoint.name}'s trainer_state.json holds a verdict ({gain:+.4f}) that the run's events do "
+                      f"not bear out: {why}; not used")
 
 
 def _same(stored: dict[str, Any], recorded: dict[str, float]) -> bool:
@@ -184,10 +187,12 @@ def best_checkpoint(run_dir: Path) -> tuple[Path, str, list[str]]:
     good = [(p, v) for p, v in rated if not v["flagged"]]
     bad = [f"{p.name} ({', '.join(v['flagged'])})" for p, v in rated if v["flagged"]]
     if not good:
-        why = f"its evaluated checkpoints were all flagged: {'; '.join(bad)}" if bad else "none of its checkpoints was evaluated"
+        why = (f"its evaluated checkpoints were all flagged: {'; '.join(bad)}" if bad else "none of its checkpoints "
+                                                                                           "was evaluated")
         why += f" ({'; '.join(mismatched)})" if mismatched else ""
         raise SolrlError(f"--best found no checkpoint of {run_dir} that an evaluation passed: {why}",
-                         "choose one with --checkpoint iter_N, or train with run.eval_prompts set (each evaluation saves a checkpoint)")
+                         "choose one with --checkpoint iter_N, or train with run.eval_prompts set (each evaluation "
+                         "saves a checkpoint)")
     v, stopped = frontier_choice([v for _, v in good], load_run_config(run_dir).run.min_trade)
     path = next(p for p, w in good if w is v)
     why = (f"{path.name}: " + (f"{stopped} (gain since the base {v['gain']:+.4f} +- {v['se']:.4f} s.e.)" if stopped else

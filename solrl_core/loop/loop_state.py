@@ -1,5 +1,6 @@
 """What a run's loop advances and a checkpoint saves: the iteration and step counters, the reward
-history, the seconds spent (every session's, so a resumed run's end counts the time before its stop), the streaks that decide a stop (near-constant rewards, non-finite rewards and steps), and each
+history, the seconds spent (every session's, so a resumed run's end counts the time before its stop), the streaks that
+decide a stop (near-constant rewards, non-finite rewards and steps), and each
 evaluation's hacking verdict (loop/hacking.py) with the rollbacks made.
 
 Everything else a run holds (config, model, copies, optimizer, rewards) is fixed once
@@ -32,10 +33,13 @@ class LoopState:
     session_start: float | None = None  # time.perf_counter() when this session's loop began (start_clock)
     explore_steps: int = 0  # Stage 1's preview steps as the last calibration chose them (0: none made; calibration.py)
     explore_precision: str = ""  # Stage 1's precision as the last steps+precision calibration chose it ("": none made)
-    evaluation_pending: bool = False  # the evaluation due after `iteration` was dropped or skipped by a stop (run_eval.py)
-    evaluations: list[dict[str, Any]] = field(default_factory=list)  # each evaluation's verdict (hacking.verdict), in order
+    # the evaluation due after `iteration` was dropped or skipped by a stop (run_eval.py)
+    evaluation_pending: bool = False
+    # each evaluation's verdict (hacking.verdict), in order
+    evaluations: list[dict[str, Any]] = field(default_factory=list)
     rollbacks: int = 0  # run.on_hacking=rollback: rollbacks made so far (rollback.py)
-    stopped_by_rule: str = ""  # this session: the hacking rule stopped it ("on_hacking=stop", "the last rollback"); not saved
+    # this session: the hacking rule stopped it ("on_hacking=stop", "the last rollback"); not saved
+    stopped_by_rule: str = ""
 
     def start_clock(self) -> None:
         self.session_start = time.perf_counter()
@@ -55,7 +59,8 @@ class LoopState:
         """The checkpoint's trainer_state.json."""
         return {"iteration": self.iteration, "step": self.step, "history": self.history,
                 "reward_streaks": dict(self.health.streaks), "faults": self.faults.to_dict(),
-                "seconds": self.total_seconds(), **({"explore_steps": self.explore_steps} if self.explore_steps else {}),
+                "seconds": self.total_seconds(),
+                **({"explore_steps": self.explore_steps} if self.explore_steps else {}),
                 **({"explore_precision": self.explore_precision} if self.explore_precision else {}),
                 **({PENDING: True} if self.evaluation_pending else {}),
                 **({"evaluations": self.evaluations} if self.evaluations else {}),

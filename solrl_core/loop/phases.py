@@ -50,11 +50,13 @@ class PhaseRecorder:
     def elapsed(self) -> float:
         return time.perf_counter() - self.started
 
-    def slowest_rank(self, seconds: dict[str, float], peaks: dict[str, float]) -> tuple[dict[str, float], dict[str, float]]:
+    def slowest_rank(self, seconds: dict[str, float], peaks: dict[str, float]) -> tuple[dict[str, float],
+                                                                                        dict[str, float]]:
         """Each phase as long (and as large) as on its slowest rank (itself, with one process)."""
         if distributed.world_size() == 1:
             return seconds, peaks
-        values = distributed.all_reduce(torch.tensor([*seconds.values(), *peaks.values()], dtype=torch.float64), "max").tolist()
+        values = distributed.all_reduce(torch.tensor([*seconds.values(), *peaks.values()], dtype=torch.float64),
+                                        "max").tolist()
         return dict(zip(seconds, values)), dict(zip(peaks, values[len(seconds):]))
 
     def _peak(self) -> float:

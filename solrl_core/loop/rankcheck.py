@@ -37,13 +37,15 @@ def check(engine: Engine, prompts: list[str], per_prompt: int, *, seed_base: int
     network (as training's Stage 2), seeds seed_base + i*S ... for prompt i, scored with its rewards;
     six when the copy runs FP8 attention: its two arms with it, then the four without it."""
     if engine.explore_copy is None or engine.rewards is None:
-        raise ValueError("rank-check needs an engine opened with its explore copy and rewards (open_engine(explore=True, rewards=...))")
+        raise ValueError("rank-check needs an engine opened with its explore copy and rewards "
+                         "(open_engine(explore=True, rewards=...))")
     flat = [p for p in prompts for _ in range(per_prompt)]
     seeds = seed_base + torch.arange(len(prompts) * per_prompt, dtype=torch.long)
     copy_, full = engine.explore_copy, engine.dtype_name
     low = copy_.precision
     arms = [Arm(f"{low}@{preview_steps}", "explore", preview_steps), Arm(f"{low}@{full_steps}", "explore", full_steps),
-            Arm(f"{full}@{preview_steps}", "rollout", preview_steps), Arm(f"{full}@{full_steps}", "rollout", full_steps)]
+            Arm(f"{full}@{preview_steps}", "rollout", preview_steps),
+            Arm(f"{full}@{full_steps}", "rollout", full_steps)]
     if copy_.fp8_attention:  # both with and without it, on the same copy: attention's own share of the rank cost
         arms = [Arm(f"{low}+fp8-attention@{steps}", "explore", steps) for steps in (preview_steps, full_steps)] + [
             replace(arm, network=WITHOUT_FP8_ATTENTION) if arm.network == "explore" else arm for arm in arms]
@@ -54,7 +56,8 @@ def check(engine: Engine, prompts: list[str], per_prompt: int, *, seed_base: int
         with copy_.without_fp8_attention():
             return engine.images(flat, seeds, steps, "explore")
 
-    return run_arms(arms, images, lambda x: engine.rewards(x, flat).total, prompts, seeds.view(len(prompts), per_prompt),
+    return run_arms(arms, images, lambda x: engine.rewards(x, flat).total, prompts,
+                    seeds.view(len(prompts), per_prompt),
                     hit_k, keep, progress)
 
 
@@ -79,10 +82,10 @@ def verdict(result: RankCheck) -> str:
     if g_low >= g_full and s_low <= s_full:
         return f"keep {low.partition('@')[0]}: it ranks as well or better in less time than {precision} ({facts})"
     if s_low < s_full:
-        return (f"keep {low.partition('@')[0]} for speed ({s_low:.1f}s vs {s_full:.1f}s); --explore-precision {precision} "
-                f"ranks better here ({facts})")
-    return (f"use --explore-precision {precision} for speed ({s_full:.1f}s vs {s_low:.1f}s); {low.partition('@')[0]} ranks "
-            f"better here ({facts})")
+        return (f"keep {low.partition('@')[0]} for speed ({s_low:.1f}s vs {s_full:.1f}s); --explore-precision "
+                f"{precision} ranks better here ({facts})")
+    return (f"use --explore-precision {precision} for speed ({s_full:.1f}s vs {s_low:.1f}s); {low.partition('@')[0]} "
+            f"ranks better here ({facts})")
 
 
 def check_to_folder(engine: Engine, prompts: list[str], out_dir: Path, *, per_prompt: int, seed_base: int,
@@ -101,7 +104,8 @@ def check_to_folder(engine: Engine, prompts: list[str], out_dir: Path, *, per_pr
             "checkpoint": str(engine.checkpoint) if engine.checkpoint else None, "rewards": cfg.reward.weights}
     write_atomic(out_dir / "rank_check.json", json.dumps({"meta": meta, **result.to_dict()}, indent=2))
     rank_check_figure(result, out_dir / "rank_check.png",
-                      f"{engine.model.description} | {plural(len(prompts), 'prompt')} x {plural(per_prompt, 'seed')} | {engine.device}")
+                      f"{engine.model.description} | {plural(len(prompts), 'prompt')} x {plural(per_prompt, 'seed')} | "
+                      f"{engine.device}")
     return result
 
 
@@ -118,7 +122,8 @@ def rank_check_figure(result: RankCheck, path: Path, title: str) -> Path:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.8))
     for arm in result.arms[:-1]:
         left.scatter(result.rewards[arm].ravel(), ref.ravel(), s=8, alpha=0.5, label=arm)
-    lo, hi = float(min(ref.min(), *(result.rewards[a].min() for a in result.arms))), float(max(ref.max(), *(result.rewards[a].max() for a in result.arms)))
+    lo, hi = float(min(ref.min(), *(result.rewards[a].min() for a in result.arms))), float(max(ref.max(),
+            *(result.rewards[a].max() for a in result.arms)))
     left.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8)
     left.set_xlabel("draft reward (arm)")
     left.set_ylabel(f"reference reward ({reference})")

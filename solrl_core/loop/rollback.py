@@ -42,13 +42,14 @@ def roll_back(run: Run, state: LoopState, bus: ev.EventBus, evals: RunEvals) -> 
     target = rollback_target(run.run_dir, state.evaluations, flagged) if run.rank == 0 else None
     target = distributed.broadcast_object(str(target) if target is not None else None)
     if target is None:
-        bus.emit(ev.RunWarning(message=f"no checkpoint evaluated clean before iteration {flagged} is left to roll back to: "
-                                       f"the run stops here instead, with a checkpoint of iteration {flagged}"))
+        bus.emit(ev.RunWarning(message=f"no checkpoint evaluated clean before iteration {flagged} is left to roll back "
+                                       f"to: the run stops here instead, with a checkpoint of iteration {flagged}"))
         return None
     count = state.rollbacks + 1
     then = run.config.run.rollback_then if count <= MAX_ROLLBACKS else "stop"
     clock, resumed = state.earlier_seconds, state.resumed
-    state.restore(load_checkpoint(Path(target), run.engine.policy, run.optimizer))  # every rank reads it, as a resume does
+    # every rank reads it, as a resume does
+    state.restore(load_checkpoint(Path(target), run.engine.policy, run.optimizer))
     state.earlier_seconds, state.resumed, state.rollbacks = clock, resumed, count
     lr = run.optimizer.param_groups[0]["lr"]
     if then == "lower_lr":
@@ -59,7 +60,8 @@ def roll_back(run: Run, state: LoopState, bus: ev.EventBus, evals: RunEvals) -> 
     run.engine.refresh_copies()
     moved = set_aside_newer(run.run_dir, Path(target)) if run.rank == 0 else []
     distributed.barrier()
-    evals.last_event = evals.events.get(state.iteration) if state.iteration > 0 else None  # the end shows the restored one
+    # the end shows the restored one
+    evals.last_event = evals.events.get(state.iteration) if state.iteration > 0 else None
     bus.emit(ev.RolledBack(iteration=flagged, to=state.iteration, checkpoint=target, then=then, lr=lr, rollbacks=count,
                            set_aside=[p.name for p in moved]))
     return then == "stop"

@@ -51,7 +51,8 @@ def evaluate_now(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, e
         bus.emit(ev.RunWarning(message=f"{what} is dropped ({dropped}): a resume does it first"))
 
 
-def _score(run: Run, state: LoopState, bus: ev.EventBus, weights: str, evals: RunEvals, stop: Callable[[], bool]) -> None:
+def _score(run: Run, state: LoopState, bus: ev.EventBus, weights: str, evals: RunEvals,
+           stop: Callable[[], bool]) -> None:
     bus.emit(ev.EvalStarted(iteration=state.iteration, weights=weights, prompts=run.config.run.eval_prompts,
                             samples=len(run.eval_prompts) * run.config.run.eval_seeds))
     pictures = evals.pictures
@@ -71,7 +72,8 @@ def _score(run: Run, state: LoopState, bus: ev.EventBus, weights: str, evals: Ru
                             extras=result.extras, seconds=result.seconds, delta_se=evals.delta_se(result),
                             eval_rewards={k: float(v.mean()) for k, v in result.held_out.items()},
                             **changes, picture=picture, eval_floors=floors(run.config, evals.base or result),
-                            trade=traded or {}, trade_since=-1 if traded is None else before["iteration"] if before else 0,
+                            trade=traded or {},
+                            trade_since=-1 if traded is None else before["iteration"] if before else 0,
                             kept=digest(evals.record(result)) if weights == "base" and evals.write else "")
     bus.emit(event)
     _warn_of_hacking(run, state, bus, evals, result)
@@ -86,9 +88,10 @@ def _stop_on_trade(run: Run, bus: ev.EventBus, evals: RunEvals, event: ev.EvalFi
     evals.short = too_little(event.trade, min_trade)
     if evals.short:
         name = evals.short[0]
-        bus.emit(ev.RunWarning(message=f"iteration {event.iteration}: since iteration {event.trade_since} the trained reward "
-                                       f"gained {event.trade[name]:.3g} per unit of {name} lost, below run.min_trade "
-                                       f"{min_trade:g}: the run stops here (the early stop; --best walks the frontier, "
+        bus.emit(ev.RunWarning(message=f"iteration {event.iteration}: since iteration {event.trade_since} the trained "
+                                       f"reward gained {event.trade[name]:.3g} per unit of {name} lost, below "
+                                       f"run.min_trade {min_trade:g}: the run stops here (the early stop; --best walks "
+                                       f"the frontier, "
                                        "docs/rewards.md)"))
 
 
@@ -106,6 +109,8 @@ def _warn_of_hacking(run: Run, state: LoopState, bus: ev.EventBus, evals: RunEva
     evals.hacked = bool(fell)
     change = float(result.scores.total.mean() - base.scores.total.mean())
     for f in fell:
-        bus.emit(ev.RewardHacking(iteration=state.iteration, trained="+".join(run.config.reward.weights), trained_change=change,
-                                  trained_se=evals.delta_se(result).get("mean", 0.0), reward=f.reward, change=f.change, se=f.se,
+        bus.emit(ev.RewardHacking(iteration=state.iteration, trained="+".join(run.config.reward.weights),
+                                  trained_change=change,
+                                  trained_se=evals.delta_se(result).get("mean", 0.0), reward=f.reward, change=f.change,
+                                  se=f.se,
                                   threshold=SIGNIFICANCE, stopping=action != "warn", floor=f.floor, action=action))

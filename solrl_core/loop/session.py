@@ -26,7 +26,8 @@ from solrl_core.config.convert import save_run_config
 from solrl_core.config.run_inputs import absolute_paths
 from solrl_core.config.schema import Config
 from solrl_core.data.prompts import check_split, load_prompts
-from solrl_core.engine.checkpoint import CheckpointFolder, checkpoint_to_resume, list_checkpoints, load_checkpoint, remove_orphans, set_aside_newer
+from solrl_core.engine.checkpoint import (CheckpointFolder, checkpoint_to_resume, list_checkpoints, load_checkpoint,
+                                          remove_orphans, set_aside_newer)
 from solrl_core.engine.engine import CopySpec, Engine, open_engine, resolve_runtime
 from solrl_core.engine.policy import OLD, TRAINED
 from solrl_core.engine.regions import UPDATE_COMPILE_MODE, CompiledBlocks
@@ -70,7 +71,8 @@ class Run:
     world_size: int = 1
     lock: RunLock | None = None  # rank 0's hold on run_dir; released when train() returns
     layout: Layout = Layout("replicate", "default")  # the strategy the plan chose and its mesh (sharding.py)
-    notes: tuple[str, ...] = ()  # what opening the run folder did (orphaned saves removed, checkpoints set aside): warnings
+    # what opening the run folder did (orphaned saves removed, checkpoints set aside): warnings
+    notes: tuple[str, ...] = ()
     held_out: HeldOut | None = None  # run.eval_rewards, loaded when the run evaluates (eval_rewards.py)
     checkpoints: CheckpointFolder | None = None  # rank 0's checkpoints/, pinned when opened: saves never follow a swap
 
@@ -139,23 +141,27 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     device, dtype_name, dtype = resolve_runtime(cfg)
     rewards = RewardSet.from_config(cfg.reward, device)
     rewards.check_prompts(prompts + eval_prompts)
-    rewards.probe_plugins(prompts[:2], cfg.model.resolution, device)  # a plugin's wrong output: said before the model loads
+    # a plugin's wrong output: said before the model loads
+    rewards.probe_plugins(prompts[:2], cfg.model.resolution, device)
     held_out = held_out_rewards(cfg, cfg.run.eval_rewards, device) if eval_prompts else None
     plan = checked.plan if checked is not None else plan_run(cfg, world)
     machine = plan.machine
     if not machine.memory_fits and machine.strategy == "replicate":  # before any weights load
         gpu = gpu_of(device)
-        raise too_small(cfg, machine, dtype_name, f"{gpu.name}, {gpu.memory_gib:.0f} GiB" if gpu is not None else str(device))
+        raise too_small(cfg, machine, dtype_name,
+                        f"{gpu.name}, {gpu.memory_gib:.0f} GiB" if gpu is not None else str(device))
     layout = layout_of(machine, device, world)
     if plan.calibrated_precision and not plan.explores_low:
         raise SolrlError(f"explore.calibrate=steps+precision chooses among low explore precisions, and on this machine "
                          f"explore.precision={cfg.explore.precision} resolves to the run dtype ({machine.explore_why})",
-                         "name a low one (explore.precision=nvfp4-emulated runs anywhere), or use explore.calibrate=steps")
+                         "name a low one (explore.precision=nvfp4-emulated runs anywhere), or use "
+                         "explore.calibrate=steps")
     if plan.explores_low:  # before anything is written: a refused precision leaves no run dir
         require_explore_precision(plan.explore_precision, device)
     if cfg.explore.fp8_attention:
         fp8_attention.require(plan.explore_precision, cfg.model.loader, device)
-    run_dir, checkpoint, lock, notes = _claim_run_dir(cfg, resume, from_checkpoint)  # the lock is dropped with it on an error below
+    # the lock is dropped with it on an error below
+    run_dir, checkpoint, lock, notes = _claim_run_dir(cfg, resume, from_checkpoint)
     if checkpoint is not None:  # a remote: server now serving another reward than the run trained against
         try:
             notes = [*notes, *check_servers(run_dir, rewards.rewards, cfg.reward.remote.get("on_change", "refuse"))]
@@ -186,13 +192,16 @@ def open_session(cfg: Config, resume: bool = False, from_checkpoint: str | None 
     if rank == 0:
         lock = _write_run_dir(run_dir, lock, cfg, engine.explore_copy)
         record_servers(run_dir, rewards.rewards)
-    if rank == 0 and checkpoint is not None:  # only now that the resume is committed: a failure above leaves them listed
-        notes = [*notes, *(f"set {p.name} aside (newer than {checkpoint.name}); it is kept until you delete it: rm -r {p}"
+    # only now that the resume is committed: a failure above leaves them listed
+    if rank == 0 and checkpoint is not None:
+        notes = [*notes, *(f"set {p.name} aside (newer than {checkpoint.name}); it is kept until you delete it: rm -r "
+                           f"{p}"
                            for p in set_aside_newer(run_dir, checkpoint))]
     # torch's default mode: run.compile_mode is the official copies' mode; the official update runs eager
     forward = (CompiledBlocks(policy.transformer, UPDATE_COMPILE_MODE, active=False) if machine.update_compile
                else policy.transformer)
-    engine = replace(engine.with_config(cfg), policy_forward=forward, policy_rollout_compile=machine.policy_rollout_compile)
+    engine = replace(engine.with_config(cfg), policy_forward=forward,
+                     policy_rollout_compile=machine.policy_rollout_compile)
     run = Run(config=cfg, run_dir=run_dir, engine=engine, plan=plan, optimizer=optimizer,
               prompts=prompts, eval_prompts=eval_prompts, rank=rank, world_size=world, lock=lock, layout=layout,
               notes=tuple(notes), held_out=held_out, checkpoints=CheckpointFolder(run_dir) if rank == 0 else None)
@@ -218,7 +227,8 @@ def _write_run_dir(run_dir: Path, lock: RunLock | None, cfg: Config, explore_cop
     return lock
 
 
-def _claim_run_dir(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[Path, Path | None, RunLock | None, list[str]]:
+def _claim_run_dir(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[Path, Path | None, RunLock | None,
+                                                                               list[str]]:
     """The run directory and the checkpoint to resume from, decided by rank 0 (a fresh directory's
     name holds the time, and another rank must not mistake rank 0's new config for an older run);
     an error there is raised on every rank. Rank 0 returns the run directory's lock (None for a
@@ -242,16 +252,19 @@ def _check_unfinished(run_dir: Path, chosen: Path, iterations: int) -> None:
     done = int(chosen.name.rpartition("_")[2]) if chosen.name.rpartition("_")[2].isdigit() else 0
     if done >= iterations and not evaluation_pending(chosen):  # a stop dropped its last evaluation: the resume does it
         raise SolrlError(f"{run_dir} already reached its {plural(iterations, 'iteration')} (checkpoint {chosen.name})",
-                         f"to train further, pass a larger total: solrl train --resume {run_dir} --iterations {done * 2}")
+                         f"to train further, pass a larger total: solrl train --resume {run_dir} --iterations "
+                         f"{done * 2}")
 
 
-def _run_dir_and_checkpoint(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[Path, Path | None, RunLock | None, list[str]]:
+def _run_dir_and_checkpoint(cfg: Config, resume: bool, checkpoint: str | None) -> tuple[Path, Path | None,
+                                                                                        RunLock | None, list[str]]:
     run_dir = Path(cfg.run.run_dir) if cfg.run.run_dir else fresh_run_dir(cfg.preset)
     if checkpoint is not None and not resume:
         raise SolrlError("--checkpoint picks the checkpoint a --resume continues from", f"add --resume {run_dir}")
     if run_dir.is_dir():  # before the lock is opened and anything truncated, appended or deleted
         check_tree(run_dir)
-    lock = RunLock.acquire(run_dir, cfg.run.lock) if run_dir.is_dir() else None  # before anything is read: no other writer
+    # before anything is read: no other writer
+    lock = RunLock.acquire(run_dir, cfg.run.lock) if run_dir.is_dir() else None
     try:
         notes = remove_orphans(run_dir) if lock is not None and lock.held else []  # ours: no live save writes them
         if resume and restarts(run_dir) and checkpoint is None:
@@ -261,7 +274,8 @@ def _run_dir_and_checkpoint(cfg: Config, resume: bool, checkpoint: str | None) -
             _check_unfinished(run_dir, chosen, cfg.run.iterations)
             return run_dir, chosen, lock, notes
         if (run_dir / CONFIG_FILE).exists() and not restarts(run_dir):
-            raise SolrlError(f"{run_dir} already holds a run", f"continue it with `solrl train --resume {run_dir}` or pick another --run-dir")
+            raise SolrlError(f"{run_dir} already holds a run", f"continue it with `solrl train --resume {run_dir}` or "
+                                                               f"pick another --run-dir")
         return run_dir, None, lock, notes
     except BaseException:
         if lock is not None:

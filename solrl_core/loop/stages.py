@@ -49,7 +49,8 @@ class GlobalScores:
 
     def stats(self) -> ev.RewardStats:
         r = self.rewards.float()
-        return ev.RewardStats(mean=float(r.mean()), std=float(r.std(unbiased=False)), best=float(r.max()), worst=float(r.min()),
+        return ev.RewardStats(mean=float(r.mean()), std=float(r.std(unbiased=False)), best=float(r.max()),
+                              worst=float(r.min()),
                               components={k: float(v.float().mean()) for k, v in self.components.items()})
 
 
@@ -137,7 +138,8 @@ def gather_scores(run: Run, batch: RolloutBatch) -> GlobalScores:
     if run.world_size == 1:
         return GlobalScores(batch.rewards, batch.components, batch.groups, local, texts)
     names = sorted(batch.components)
-    table = distributed.all_gather_tensor(torch.stack([batch.rewards.float(), *(batch.components[k].float() for k in names)], dim=1))
+    table = distributed.all_gather_tensor(torch.stack([batch.rewards.float(),
+                                                       *(batch.components[k].float() for k in names)], dim=1))
     return GlobalScores(table[:, 0], {k: table[:, 1 + i] for i, k in enumerate(names)},
                         distributed.all_gather_tensor(batch.groups), local, distributed.all_gather_tensor(texts))
 
@@ -161,8 +163,10 @@ def _screened(run: Run, state: LoopState, bus: ev.EventBus, batch: RolloutBatch,
     scores = gather_scores(run, batch)
     found = guard.screen(scores.components, scores.groups)
     if not found.clean:
-        bus.emit(ev.SamplesDropped(iteration=state.iteration + 1, stage=stage, rewards=found.nonfinite, dropped=found.dropped,
-                                   samples=found.valid.numel(), groups_skipped=found.groups_without_valid, groups=found.groups))
+        bus.emit(ev.SamplesDropped(iteration=state.iteration + 1, stage=stage, rewards=found.nonfinite,
+                                   dropped=found.dropped,
+                                   samples=found.valid.numel(), groups_skipped=found.groups_without_valid,
+                                   groups=found.groups))
     return Scored(batch, scores, found)
 
 
@@ -248,4 +252,5 @@ def advantages(run: Run, scores: GlobalScores, clip: float) -> torch.Tensor:
     prompts (NVlabs/DiffusionNFT flow_grpo/stat_tracking.py:15-31, scripts/train_nft_sd3.py:744-750).
     Within one group this shifts every sample alike, so the K-of-N ranking is unchanged."""
     reward = run.config.reward
-    return combined_advantages(scores.rewards, scores.components, reward.weights, scores.texts, reward.aggregation, clip)
+    return combined_advantages(scores.rewards, scores.components, reward.weights, scores.texts, reward.aggregation,
+                               clip)

@@ -39,7 +39,8 @@ differs, each with its reason in docs/official-settings.md ("Where solrl differs
   per-reward floor) warns, stops or rolls back (run.on_hacking); every evaluated iteration is saved
 - the trade: each evaluation's gain per unit of eval reward lost since the last; run.min_trade stops a run
   where it falls short (off by default); --best takes the checkpoint the frontier walk names (frontier.py)
-- fp32 timesteps into SANA's and SD3's transformers, rollouts included (official SD3 rollouts: sampler.integer_timesteps)
+- fp32 timesteps into SANA's and SD3's transformers, rollouts included (official SD3 rollouts:
+  sampler.integer_timesteps)
 - fp32 where the official code rounds to bf16: SANA's sigma grid (sampler.grid_dtype=bf16 gives it), the
   DPM state between steps (sampler.state_dtype=run), SANA's and FLUX.1's loss inputs (algorithm.loss_dtype=bf16)
 - the Euler step: fp32 from the run-dtype state, rounded once, as the official run_sampling; sampler.euler_step=run
@@ -122,8 +123,9 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
                     stack.callback(setattr, scorer, "stop", None)
         _announce(run, state, bus, stage1)
         if again:
-            bus.emit(ev.RunWarning(message=f"{run.run_dir} held a run with no checkpoint (it stopped before its first): "
-                                           f"starting it again from iteration 0{' with its saved config' if resume else ''}"))
+            bus.emit(ev.RunWarning(message=f"{run.run_dir} held a run with no checkpoint (it stopped before its "
+                                           f"first): starting it again from iteration "
+                                           f"0{' with its saved config' if resume else ''}"))
         warm_up_compiled(run, bus)
         state.start_clock()
         evals = RunEvals.of(run)  # the base and the latest evaluation: the end summary compares them
@@ -132,7 +134,8 @@ def train(config: Config, bus: ev.EventBus, resume: bool = False, stop: StopFlag
             reason = "completed" if state.finished(run.config.run.iterations) else "interrupted"
         except BaseException as exc:
             reason, resumable = "failed", getattr(exc, "resumable", True)
-            lost = distributed.lost_peer(exc, run.run_dir)  # another process died: said plainly, not the collective's trace
+            # another process died: said plainly, not the collective's trace
+            lost = distributed.lost_peer(exc, run.run_dir)
             if lost is not None:
                 raise lost from exc
             raise
@@ -159,10 +162,12 @@ def _loop(run: Run, state: LoopState, bus: ev.EventBus, flag: StopFlag, base: Ru
         streaks, flag.iteration = state.streaks(), state.iteration + 1
         try:
             run = _with_backoff(run, state, bus, lambda r: run_iteration(r, state, bus, flag))
-        except StopAtBoundary as stop:  # before the update: the run's weights and counters are the last finished iteration's
+        # before the update: the run's weights and counters are the last finished iteration's
+        except StopAtBoundary as stop:
             state.set_streaks(streaks)
             if isinstance(stop, ScoringAbandoned):
-                bus.emit(ev.RunWarning(message=f"{stop.message}: iteration {flag.iteration} abandoned (redone exactly on resume)"))
+                bus.emit(ev.RunWarning(message=f"{stop.message}: iteration {flag.iteration} abandoned (redone exactly "
+                                               f"on resume)"))
             break
         stopping = distributed.any_true(flag.requested)
         state.evaluation_pending = evaluation_due(cfg.run, state.iteration, bool(run.eval_prompts))
@@ -222,7 +227,8 @@ def run_iteration(run: Run, state: LoopState, bus: ev.EventBus, stop: StopFlag |
     stage1, calibrated = plan_iteration(run, state, bus, phases)  # a calibration's draws: an identical generator's
     with phases.phase("explore"):
         drafted = explore(run, prompts, rng, stage1)
-        raise_if_diverged(drafted.latents, state.step, run.config.optimizer.lr)  # NaN outputs: blame the update, not the reward
+        # NaN outputs: blame the update, not the reward
+        raise_if_diverged(drafted.latents, state.step, run.config.optimizer.lr)
         drafts = score_drafts(run, state, bus, drafted)
     with phases.phase("selection", memory=False):
         kept = drafts.batch.subset(select_seeds(run, drafts, rng))
@@ -270,7 +276,8 @@ def _subscribe_outputs(stack: contextlib.ExitStack, run: Run, state: LoopState, 
     if run.rank != 0:
         return ev.EventBus()
     # trackers first: one that cannot start (W&B without a login) undoes the start, leaving no half-made run folder
-    trackers = tracking.open_trackers(run.config.run.log, run.run_dir, to_dict(run.config), state.resumed, state.iteration)
+    trackers = tracking.open_trackers(run.config.run.log, run.run_dir, to_dict(run.config), state.resumed,
+                                      state.iteration)
     for output in (ev.JsonlLog(run.run_dir / EVENTS_FILE), trackers):
         bus.subscribe(output)
         stack.callback(output.close)
@@ -294,7 +301,8 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus, stage1: IterationPla
     cfg, plan, now = run.config, run.plan, stage1.applied_to(run.plan)
     described = plan.describe()
     if run.world_size > 1:
-        described += f"; {(p := cfg.run.prompts_per_iteration)} prompt groups over {run.world_size} processes, {p // run.world_size} each"
+        described += (f"; {(p := cfg.run.prompts_per_iteration)} prompt groups over {run.world_size} processes, "
+                      f"{p // run.world_size} each")
     if run.world_size > 1 or run.layout.strategy != "replicate":
         described += f"; weights: {run.layout.describe()}"
     if plan.calibrated and stage1.steps_calibrated:
@@ -305,14 +313,17 @@ def _announce(run: Run, state: LoopState, bus: ev.EventBus, stage1: IterationPla
                            explore_seeds=now.explore_seeds, explore_steps=now.explore_steps, keep=now.keep,
                            regenerate=now.regenerate, full_steps=now.full_steps,
                            start_iteration=state.iteration, iterations=cfg.run.iterations, resumed=state.resumed,
-                           config=to_dict(cfg), machine=run.machine.describe(), tracking=tracking.where(cfg.run.log, run.run_dir),
+                           config=to_dict(cfg), machine=run.machine.describe(),
+                           tracking=tracking.where(cfg.run.log, run.run_dir),
                            copy_layout=run.machine.explore_layout, rewards=run_trust.scored(cfg),
-                           environment=environment.describe(cfg, run.device, run.engine.dtype_name, plan.explore_precision, run.machine)))
+                           environment=environment.describe(cfg, run.device, run.engine.dtype_name,
+                                                            plan.explore_precision, run.machine)))
     if run.rank == 0 and not (plan.calibrated and not stage1.steps_calibrated):  # else stage1.calibrate's
         bus.emit(model_flops(at_setting(run, stage1)))  # the live MFU's counts; the other ranks speak to no one
     copy_ = run.engine.explore_copy
     if copy_ is not None and copy_.report is not None:
-        bus.emit(ev.QuantizationReport(summary=copy_.report.summary(), path=str(run.run_dir / "quantization_report.json")))
+        bus.emit(ev.QuantizationReport(summary=copy_.report.summary(),
+                                       path=str(run.run_dir / "quantization_report.json")))
     for note in (*run.notes, deprecation(cfg)):
         if note:
             bus.emit(ev.RunWarning(message=note))

@@ -78,7 +78,8 @@ def update(run: Run, batch: RolloutBatch, advantages: torch.Tensor, rng: np.rand
             distributed.all_reduce_mean_grads(params)  # every rank now holds the same gradient, so takes the same step
         clip = cfg.optimizer.grad_clip
         grad_norm = torch.nn.utils.clip_grad_norm_(params, clip if clip > 0 else math.inf)
-        stepped = bool(torch.isfinite(grad_norm)) and any(p.grad is not None for p in params)  # a NaN step would poison the weights
+        # a NaN step would poison the weights
+        stepped = bool(torch.isfinite(grad_norm)) and any(p.grad is not None for p in params)
         if stepped:
             run.optimizer.step()
     if run.world_size > 1:
@@ -151,11 +152,13 @@ def _policy_velocity(run: Run, x_in: torch.Tensor, sigma: torch.Tensor, cond: Co
         return run.engine.model.velocity(run.engine.policy_forward, x_in, sigma, cond).float()
 
 
-def _loss(run: Run, v: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | None, xt: torch.Tensor, x0: torch.Tensor,
+def _loss(run: Run, v: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | None, xt: torch.Tensor,
+          x0: torch.Tensor,
           sigma: torch.Tensor, adv: torch.Tensor) -> LossTerms:
     """The DiffusionNFT loss terms of one micro-step, with the run's algorithm settings."""
     alg = run.config.algorithm
-    return nft_loss(v, v_old, v_ref, xt, x0, sigma, adv, nft_beta=alg.nft_beta, kl_beta=alg.kl_beta, adv_clip_max=alg.adv_clip_max)
+    return nft_loss(v, v_old, v_ref, xt, x0, sigma, adv, nft_beta=alg.nft_beta, kl_beta=alg.kl_beta,
+                    adv_clip_max=alg.adv_clip_max)
 
 
 def _sums(terms: LossTerms, weight: float) -> torch.Tensor:
@@ -219,7 +222,8 @@ def _sharded_steps(run: Run, steps: Iterator[_Inputs], count: int, grid: torch.T
     return sums
 
 
-def loss_inputs(x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tensor, dtype: str = "fp32") -> tuple[torch.Tensor, torch.Tensor]:
+def loss_inputs(x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tensor, dtype: str = "fp32") -> tuple[torch.Tensor,
+                                                                                                        torch.Tensor]:
     """(sigma, xt = (1 - sigma) x0 + sigma eps) of the update. `dtype` bf16: sigma and eps rounded to
     bf16 before and xt after, as the official SANA (bf16 sigma, xt cast to bf16: train_sana.py:874-878)
     and FLUX.1 (t cast to bf16, noise drawn in bf16: train_flux1.py:933-936) build them."""

@@ -78,7 +78,8 @@ def _warm_up_update(run: Run, sizes: list[int]) -> None:
         states.append(OLD)
     for n in sizes:
         cond = run.engine.conditioning(run.prompts[:1] * n).to(run.device)
-        x = torch.zeros(n, *model.latent_shape, device=run.device, dtype=run.engine.dtype)  # as update._micro_step feeds them
+        # as update._micro_step feeds them
+        x = torch.zeros(n, *model.latent_shape, device=run.device, dtype=run.engine.dtype)
         sigma = torch.full((n,), 0.5, device=run.device)
         with run.engine.autocast():
             model.velocity(run.engine.policy_forward, x, sigma, cond).float().sum().backward()

@@ -23,7 +23,8 @@ class Conditioning:
 
     def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> "Conditioning":
         pooled = None if self.pooled is None else self.pooled.to(device=device, dtype=dtype or self.pooled.dtype)
-        return Conditioning(self.embeds.to(device=device, dtype=dtype or self.embeds.dtype), self.mask.to(device), pooled)
+        return Conditioning(self.embeds.to(device=device, dtype=dtype or self.embeds.dtype), self.mask.to(device),
+                            pooled)
 
     @staticmethod
     def cat(parts: list["Conditioning"]) -> "Conditioning":
@@ -41,13 +42,15 @@ class DiffusionModel:
 
     transformer: nn.Module
     encode: Callable[[list[str]], Conditioning]
-    decode: Callable[[torch.Tensor], torch.Tensor]  # latents -> images [B,3,H,W] (a video model: clips [B,F,3,H,W]) in [0,1]
+    # latents -> images [B,3,H,W] (a video model: clips [B,F,3,H,W]) in [0,1]
+    decode: Callable[[torch.Tensor], torch.Tensor]
     velocity: VelocityFn
     latent_shape: tuple[int, int, int]
     description: str
     vocabulary: tuple[str, ...] = ()  # the words its text encoder knows (others are dropped); () = any text
     frames: int = 0  # 0: an image model (decode gives [B, 3, H, W]); a video model's frames per clip ([B, F, 3, H, W])
-    vae: nn.Module | None = None  # the VAE `decode` runs (None: the tiny model decodes without one); memory.vae_on_cpu parks it
+    # the VAE `decode` runs (None: the tiny model decodes without one); memory.vae_on_cpu parks it
+    vae: nn.Module | None = None
 
     @property
     def media(self) -> str:

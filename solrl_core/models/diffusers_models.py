@@ -79,7 +79,8 @@ def model_folder(cfg: ModelConfig, layout: Layout, dtype: torch.dtype) -> Path:
         folder = Path(cfg.path).expanduser()
         if not folder.is_dir():
             raise SolrlError(f"model.path {folder} is not a folder",
-                             f"give a local {layout.name} diffusers folder (model_index.json, {', '.join(layout.subfolders)})")
+                             f"give a local {layout.name} diffusers folder (model_index.json, "
+                             f"{', '.join(layout.subfolders)})")
         return folder
     if not cfg.hub_id:
         raise SolrlError(f"no weights given for the {layout.name} model (model.hub_id and model.path are both empty)",
@@ -101,20 +102,23 @@ def _hub_folder(hub_id: str, layout: Layout, dtype: torch.dtype) -> Path:
         try:
             return _download(hub_id, layout, dtype)
         except GatedRepoError as exc:
-            raise SolrlError(f"{hub_id} is a gated repository and this machine has no access to it ({_first_line(exc)})",
+            raise SolrlError(f"{hub_id} is a gated repository and this machine has no access to it "
+                             f"({_first_line(exc)})",
                              _fix(hub_id, layout)) from exc
         except Exception as exc:  # noqa: BLE001 - no network, unknown repo, hub down: say so with the fix
             reason = f"{type(exc).__name__}: {_first_line(exc)}"
     if isinstance(cached, str):  # an incomplete snapshot: check_layout names what is missing
         return Path(cached).parent
-    raise SolrlError(f"the {layout.name} weights '{hub_id}' are not in the Hugging Face cache ({constants.HF_HUB_CACHE}) "
-                     f"and could not be downloaded ({reason})", _fix(hub_id, layout))
+    raise SolrlError(f"the {layout.name} weights '{hub_id}' are not in the Hugging Face cache "
+                     f"({constants.HF_HUB_CACHE}) and could not be downloaded ({reason})", _fix(hub_id, layout))
 
 
 def _fix(hub_id: str, layout: Layout) -> str:
-    fix = f"connect to the hub once to download {hub_id}, or pass a local diffusers folder with --model-path DIR (--set model.path=DIR)"
+    fix = (f"connect to the hub once to download {hub_id}, or pass a local diffusers folder with --model-path DIR "
+           f"(--set model.path=DIR)")
     if layout.gated:
-        fix += "; the repository is gated: accept its licence on huggingface.co and set HF_TOKEN (or run `hf auth login`)"
+        fix += ("; the repository is gated: accept its licence on huggingface.co and set HF_TOKEN (or run `hf auth "
+                "login`)")
     return fix
 
 
@@ -237,7 +241,8 @@ class Components:
 
     def describe(self, name: str, transformer: nn.Module, latent_shape: tuple[int, ...]) -> str:
         params = sum(p.numel() for p in transformer.parameters())
-        size = next(f"{params / d:.2f}{u}" for d, u in ((1e9, "B"), (1e6, "M"), (1e3, "K"), (1, "")) if params >= d or d == 1)
+        size = next(f"{params / d:.2f}{u}" for d, u in ((1e9, "B"), (1e6, "M"), (1e3, "K"), (1, "")) if params >= d or d
+                    == 1)
         return (f"{name} {size} transformer from {self.origin}, {self.cfg.resolution}px, "
                 f"latent {'x'.join(map(str, latent_shape))}")
 

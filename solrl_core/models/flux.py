@@ -28,8 +28,10 @@ def build_flux(parts: Components) -> DiffusionModel:
 
     transformer = parts.transformer(FluxTransformer2DModel)
     vae = parts.vae(AutoencoderKL)
-    text_encoder, text_encoder_2 = parts.model(CLIPTextModel, "text_encoder"), parts.model(T5EncoderModel, "text_encoder_2")
-    pipe = FluxPipeline(scheduler=None, vae=None, transformer=None, text_encoder=text_encoder, text_encoder_2=text_encoder_2,
+    text_encoder, text_encoder_2 = parts.model(CLIPTextModel, "text_encoder"), parts.model(T5EncoderModel,
+                                                                                           "text_encoder_2")
+    pipe = FluxPipeline(scheduler=None, vae=None, transformer=None, text_encoder=text_encoder,
+                        text_encoder_2=text_encoder_2,
                         tokenizer=parts.tokenizer("tokenizer"), tokenizer_2=parts.tokenizer("tokenizer_2"))
     factor = 2 ** (len(vae.config.block_out_channels) - 1)
     side = parts.latent_side(factor * 2, factor)  # 2x2 packing

@@ -50,7 +50,8 @@ def build_flux2(parts: Components) -> DiffusionModel:
         z = Flux2KleinPipeline._unpatchify_latents(z * std.to(z.device, z.dtype) + mean.to(z.device, z.dtype))
         return vae.decode(z, return_dict=False)[0]
 
-    return DiffusionModel(transformer=transformer, encode=encode, vae=vae, decode=lambda latents: chunked_decode(vae_decode, latents),
+    return DiffusionModel(transformer=transformer, encode=encode, vae=vae,
+                          decode=lambda latents: chunked_decode(vae_decode, latents),
                           velocity=flux2_velocity, latent_shape=latent_shape,
                           description=parts.describe("FLUX.2 [klein]", transformer, latent_shape))
 

@@ -56,12 +56,14 @@ def build_qwen_image(parts: Components) -> DiffusionModel:
         z = z * std.to(z.device, z.dtype) + mean.to(z.device, z.dtype)
         return vae.decode(z, return_dict=False)[0][:, :, 0]
 
-    return DiffusionModel(transformer=transformer, encode=encode, vae=vae, decode=lambda latents: chunked_decode(vae_decode, latents),
+    return DiffusionModel(transformer=transformer, encode=encode, vae=vae,
+                          decode=lambda latents: chunked_decode(vae_decode, latents),
                           velocity=qwen_image_velocity, latent_shape=latent_shape,
                           description=parts.describe("Qwen-Image", transformer, latent_shape))
 
 
-def qwen_image_velocity(module: nn.Module, latents: torch.Tensor, sigmas: torch.Tensor, cond: Conditioning) -> torch.Tensor:
+def qwen_image_velocity(module: nn.Module, latents: torch.Tensor, sigmas: torch.Tensor,
+                        cond: Conditioning) -> torch.Tensor:
     b, _, h, w = latents.shape
     dtype = latents.dtype
     embeds, mask = trim_padding(cond)

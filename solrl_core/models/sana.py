@@ -4,7 +4,8 @@ Prompts are encoded by diffusers' SanaPipeline's own `encode_prompt` as the offi
 calls it (NVlabs/Sana diffusion/post_training/diffusers_patch/text_encode.py, `encode_sana_prompt`):
 no complex human instruction, max_sequence_length 300, with the attention mask. `model.prompt_instruction`
 prefixes the instruction that `SanaPipeline.__call__` uses by default (the first token plus the last
-299 then kept), for users who sample their model through the pipeline's defaults. Latents are the DC-AE's `latent_channels` at resolution / 32 (for the
+299 then kept), for users who sample their model through the pipeline's defaults. Latents are the DC-AE's
+`latent_channels` at resolution / 32 (for the
 released models), scaled by the VAE's scaling factor as the pipeline does.
 """
 

@@ -26,7 +26,8 @@ def build_sd3(parts: Components) -> DiffusionModel:
     transformer = parts.transformer(SD3Transformer2DModel)
     vae = parts.vae(AutoencoderKL)
     encoders = [parts.model(CLIPTextModelWithProjection, "text_encoder"),
-                parts.model(CLIPTextModelWithProjection, "text_encoder_2"), parts.model(T5EncoderModel, "text_encoder_3")]
+                parts.model(CLIPTextModelWithProjection, "text_encoder_2"),
+                parts.model(T5EncoderModel, "text_encoder_3")]
     pipe = StableDiffusion3Pipeline(
         transformer=None, scheduler=None, vae=None,
         text_encoder=encoders[0], tokenizer=parts.tokenizer("tokenizer"),
@@ -41,11 +42,13 @@ def build_sd3(parts: Components) -> DiffusionModel:
         with on_device():
             embeds, _, pooled, _ = pipe.encode_prompt(prompts, prompt_2=None, prompt_3=None, device=parts.device,
                                                       do_classifier_free_guidance=False,
-                                                      max_sequence_length=parts.cfg.max_sequence_length or MAX_SEQUENCE_LENGTH)
+                                                      max_sequence_length=parts.cfg.max_sequence_length
+                                                      or MAX_SEQUENCE_LENGTH)
         mask = torch.ones(embeds.shape[:2], dtype=torch.long)
         return Conditioning(embeds.cpu(), mask, pooled.cpu())
 
-    return DiffusionModel(transformer=transformer, encode=encode, vae=vae, decode=scaled_decode(vae, parts.device), velocity=sd3_velocity,
+    return DiffusionModel(transformer=transformer, encode=encode, vae=vae, decode=scaled_decode(vae, parts.device),
+                          velocity=sd3_velocity,
                           latent_shape=latent_shape, description=parts.describe("SD3", transformer, latent_shape))
 
 

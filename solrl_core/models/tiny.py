@@ -86,7 +86,8 @@ def build_text_side(vocab: tuple[str, ...], dim: int, layers: int) -> tuple[PreT
 def build_modules(arch: TinyArch, side: int) -> tuple[PreTrainedTokenizerFast, Gemma2Model, SanaTransformer2DModel]:
     """Tokenizer, text encoder and transformer of `arch` at random init (seed torch first)."""
     if side % (arch.upscale * arch.patch_size):
-        raise SolrlError(f"model.resolution={side} must be a multiple of {arch.upscale * arch.patch_size} for this tiny model",
+        raise SolrlError(f"model.resolution={side} must be a multiple of {arch.upscale * arch.patch_size} for this "
+                         f"tiny model",
                          "use 32")
     tokenizer, text_encoder = build_text_side(arch.vocab, arch.text_dim, arch.text_layers)
     width = arch.heads * arch.head_dim
@@ -117,7 +118,8 @@ class TinyKind:
     transformer reads text. `load_tiny` and the pre-training read it."""
 
     default: Arch  # the architecture at random init, without a weights folder (a TinyArch, a VideoArch)
-    modules: Callable[[Any, int, int], tuple[PreTrainedTokenizerFast, Gemma2Model, torch.nn.Module]]  # (arch, side, frames)
+    # (arch, side, frames)
+    modules: Callable[[Any, int, int], tuple[PreTrainedTokenizerFast, Gemma2Model, torch.nn.Module]]
     velocity: Callable[..., torch.Tensor]
     masked_text: bool  # True: states and the text mask (SANA); False: states zeroed at padding, no mask (Wan)
     script: str  # what writes its weights folders
@@ -189,7 +191,8 @@ def build_tiny(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Di
     latent = cfg.resolution // arch.upscale
     return DiffusionModel(transformer=parts.transformer, encode=encoder(parts, SANA, device), decode=decode,
                           velocity=SANA.velocity, latent_shape=(3, latent, latent),
-                          description=f"tiny SANA {arch.layers}x{arch.heads * arch.head_dim}, {latent}px latent, {parts.origin}",
+                          description=f"tiny SANA {arch.layers}x{arch.heads * arch.head_dim}, {latent}px latent, "
+                                      f"{parts.origin}",
                           vocabulary=arch.vocab)
 
 
@@ -213,5 +216,6 @@ def load_weights(folder: Path, transformer: torch.nn.Module, text_encoder: torch
         part = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
         missing, unexpected = module.load_state_dict(part, strict=False)
         if missing or unexpected:
-            raise SolrlError(f"{folder / WEIGHTS_FILE} does not fit its config.json ({len(missing)} missing, {len(unexpected)} unexpected keys)",
+            raise SolrlError(f"{folder / WEIGHTS_FILE} does not fit its config.json ({len(missing)} missing, "
+                             f"{len(unexpected)} unexpected keys)",
                              f"regenerate it with {script}")

@@ -35,13 +35,15 @@ class VideoArch(Arch):
     patch: tuple[int, int, int]  # frames, height, width
 
 
-def build_video_modules(arch: VideoArch, side: int, frames: int):  # noqa: ANN201 - (tokenizer, Gemma2Model, WanTransformer3DModel)
+# (tokenizer, Gemma2Model, WanTransformer3DModel)
+def build_video_modules(arch: VideoArch, side: int, frames: int):  # noqa: ANN201
     """Tokenizer, text encoder and transformer of `arch` at random init (seed torch first)."""
     from diffusers import WanTransformer3DModel
 
     if side % arch.patch[1] or frames % arch.patch[0]:
-        raise SolrlError(f"model.resolution={side} and model.frames={frames} must be multiples of the tiny video model's "
-                         f"patch {arch.patch[1]} and {arch.patch[0]}", "use the tiny_video preset's resolution and frames")
+        raise SolrlError(f"model.resolution={side} and model.frames={frames} must be multiples of the tiny video "
+                         f"model's patch {arch.patch[1]} and "
+                         f"{arch.patch[0]}", "use the tiny_video preset's resolution and frames")
     tokenizer, text_encoder = build_text_side(arch.vocab, arch.text_dim, arch.text_layers)
     transformer = WanTransformer3DModel(
         patch_size=arch.patch, num_attention_heads=arch.heads, attention_head_dim=arch.head_dim, in_channels=3,
@@ -61,10 +63,12 @@ def build_tiny_video(cfg: ModelConfig, device: torch.device, dtype: torch.dtype)
     arch = parts.arch
 
     def decode(latents: torch.Tensor) -> torch.Tensor:
-        return ((latents.float().permute(0, 2, 1, 3, 4) + 1.0) / 2.0).clamp(0.0, 1.0)  # [B, 3, F, H, W] -> [B, F, 3, H, W]
+        # [B, 3, F, H, W] -> [B, F, 3, H, W]
+        return ((latents.float().permute(0, 2, 1, 3, 4) + 1.0) / 2.0).clamp(0.0, 1.0)
 
     return DiffusionModel(transformer=parts.transformer, encode=encoder(parts, VIDEO, device), decode=decode,
-                          velocity=VIDEO.velocity, latent_shape=(3, cfg.frames, cfg.resolution, cfg.resolution),  # type: ignore[arg-type]
+                          velocity=VIDEO.velocity,  # type: ignore[arg-type]
+                          latent_shape=(3, cfg.frames, cfg.resolution, cfg.resolution),
                           description=f"tiny Wan {arch.layers}x{arch.heads * arch.head_dim}, {cfg.frames} frames of "
                                       f"{cfg.resolution}px, {parts.origin}",
                           vocabulary=arch.vocab, frames=cfg.frames)

@@ -10,7 +10,8 @@ temporal and spatial scale factors), where the pipeline draws its noise; the sam
 the copies treat the frame axis as one more latent axis. `velocity` passes the timestep as
 sigma * 1000, one per clip, as WanPipeline does for Wan 2.1; for Wan 2.2 TI2V 5B, whose
 model_index.json sets `expand_timesteps`, one per latent token (all equal in text-to-video, as the
-pipeline's all-ones mask makes them). Wan predicts the flow velocity noise - x0 natively. `decode` undoes the latents' normalisation (latents_mean and
+pipeline's all-ones mask makes them). Wan predicts the flow velocity noise - x0 natively. `decode` undoes the latents'
+normalisation (latents_mean and
 latents_std) as the pipeline does and returns clips [B, F, 3, H, W] in [0, 1]: frames first, so a
 clip's frames are ordinary images to every image reward (rewards/video.py).
 """
@@ -74,7 +75,8 @@ def latent_frames(frames: int, temporal: int) -> int:
     if frames < 1 or (frames - 1) % temporal:
         raise SolrlError(f"model.frames={frames} does not fit the Wan VAE, which keeps the first frame and then "
                          f"compresses every {temporal} frames into one",
-                         f"use 1 + a multiple of {temporal} frames, e.g. --set model.frames={1 + temporal * max(1, (frames - 1) // temporal)}")
+                         f"use 1 + a multiple of {temporal} frames, e.g. --set "
+                         f"model.frames={1 + temporal * max(1, (frames - 1) // temporal)}")
     return 1 + (frames - 1) // temporal
 
 

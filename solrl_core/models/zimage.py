@@ -47,7 +47,8 @@ def build_zimage(parts: Components) -> DiffusionModel:
             padded[i, :len(e)], mask[i, :len(e)] = e, 1
         return Conditioning(padded.cpu(), mask)
 
-    return DiffusionModel(transformer=transformer, encode=encode, vae=vae, decode=scaled_decode(vae, parts.device), velocity=zimage_velocity,
+    return DiffusionModel(transformer=transformer, encode=encode, vae=vae, decode=scaled_decode(vae, parts.device),
+                          velocity=zimage_velocity,
                           latent_shape=latent_shape, description=parts.describe("Z-Image", transformer, latent_shape))
 
 

@@ -1,1 +1,2 @@
-"""What a run will do on this machine, decided once: the stage plan, precisions, copies, compile, memory modes and the memory estimate."""
+"""What a run will do on this machine, decided once: the stage plan, precisions, copies, compile, memory modes and the
+memory estimate."""

@@ -39,7 +39,8 @@ def describe(cfg: Any, device: Any, dtype_name: str, explore_precision: str, mac
         "gpus": [{"index": g.index, "name": g.name, "capability": f"{g.capability[0]}.{g.capability[1]}",
                   "memory_gib": round(g.memory_gib, 2), "run": g == run_gpu,
                   "precisions": {k: list(v) for k, v in hardware.explore_precisions(g).items()}} for g in gpus],
-        "cpu_precisions": {k: list(v) for k, v in hardware.explore_precisions(None).items()} if run_gpu is None else None,
+        "cpu_precisions": {k: list(v) for k, v in hardware.explore_precisions(None).items()} if run_gpu is None
+            else None,
         "explore": {"requested": cfg.explore.precision, "resolved": explore_precision, "full_precision": dtype_name,
                     "implemented": list(hardware.IMPLEMENTED_EXPLORE),
                     "why": machine.explore_why if machine is not None else ""},
@@ -73,7 +74,8 @@ def _torchao() -> dict[str, Any]:
     try:
         utils = importlib.import_module("torchao.utils")
     except Exception as exc:  # noqa: BLE001 - a broken install is an answer too
-        return {"installed": False, "version": _version("torchao"), "reason": f"does not import: {type(exc).__name__}: {exc}"}
+        return {"installed": False, "version": _version("torchao"), "reason": f"does not import: {type(exc).__name__}: "
+                                                                              f"{exc}"}
     out: dict[str, Any] = {"installed": True, "version": _version("torchao"), "reason": ""}
     for key, fn in (("sm_at_least_89", "is_sm_at_least_89"), ("sm_at_least_100", "is_sm_at_least_100")):
         check = getattr(utils, fn, None)

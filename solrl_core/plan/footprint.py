@@ -50,10 +50,12 @@ MODEL_SIZES_BY_HUB_ID = {
         ModelSize("SD3.5-Medium 2.5B + T5-XXL + CLIP-L + CLIP-G", 2.24, 5.6, 0.08, 17.0, 0.3, 3.0),
     # The 14B transformer (14.29B parameters, tests/test_wan.py) with the 1.3B's encoder and VAE; activations
     # the 1.3B's scaled by width x depth (5120 x 40 against 1536 x 30): APPROXIMATE, unmeasured.
-    "Wan-AI/Wan2.1-T2V-14B-Diffusers": ModelSize("Wan 2.1 T2V 14B + UMT5-XXL + Wan VAE", 14.29, 5.7, 0.13, 80.0, 0.9, 8.0),
+    "Wan-AI/Wan2.1-T2V-14B-Diffusers": ModelSize("Wan 2.1 T2V 14B + UMT5-XXL + Wan VAE", 14.29, 5.7, 0.13, 80.0, 0.9,
+                                                 8.0),
     # The 5.00B transformer (tests/test_wan.py), the same encoder, the Wan 2.2 VAE (size an estimate); activations
     # the 1.3B's scaled by width (3072 against 1536) at about the same tokens: APPROXIMATE, unmeasured.
-    "Wan-AI/Wan2.2-TI2V-5B-Diffusers": ModelSize("Wan 2.2 TI2V 5B + UMT5-XXL + Wan 2.2 VAE", 5.0, 5.7, 0.7, 34.0, 0.4, 3.6),
+    "Wan-AI/Wan2.2-TI2V-5B-Diffusers": ModelSize("Wan 2.2 TI2V 5B + UMT5-XXL + Wan 2.2 VAE", 5.0, 5.7, 0.7, 34.0, 0.4,
+                                                 3.6),
 }
 # A reward's download and memory are declared with the reward (rewards/registry.py).
 
@@ -78,7 +80,8 @@ BLOCK_SHARE = 0.1
 # quantized weight (engine._copy: a lean copy), not its high-precision weight: 1 byte a weight for
 # fp8, the run dtype's width for the emulations (their fake-quantized weights are stored at it).
 COPY_BYTES = {"nvfp4": 1.0, "bf16": 2.0, "fp32": 4.0}
-OVERHEAD_GIB = 1.5  # CUDA context, LoRA + AdamW state (split out as MemoryEstimate.optimizer), one VAE decode chunk, slack
+# CUDA context, LoRA + AdamW state (split out as MemoryEstimate.optimizer), one VAE decode chunk, slack
+OVERHEAD_GIB = 1.5
 # Training activations of a torch.compile'd update (optimizer.compile, regions.py) over eager ones,
 # without checkpointing: SANA-1.6B at micro-batch 16 on an H100 peaked at 55.97 GiB (sol_rl) and
 # 52.02 GiB (compile family) with the update compiled, about 2.8 GiB a sample where the eager
@@ -91,7 +94,8 @@ def copy_bytes(precision: str, width: float) -> float:
     """Explore-copy bytes per transformer parameter at `precision` in a run of `width` bytes: the
     cached quantized weights (fp8: 1 byte; the emulations: the run dtype), the layers the rule keeps
     at the run dtype and fp8's row scales left out (APPROXIMATE)."""
-    return {"nvfp4-emulated": width, "fp8-e5m2-tensor": width, "fp8-e5m2-delayed": width, "fp8": 1.0}.get(precision) or COPY_BYTES.get(precision, width)
+    return {"nvfp4-emulated": width, "fp8-e5m2-tensor": width, "fp8-e5m2-delayed": width,
+            "fp8": 1.0}.get(precision) or COPY_BYTES.get(precision, width)
 
 
 def model_size(cfg: Config) -> ModelSize:

@@ -71,12 +71,13 @@ def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInf
     stages = plan_stages(cfg, dtype_name, machine.explore_precision)
     if stages.compiled_copy:
         raise SolrlError(f"the {stages.family} family rolls out on a compiled full-precision copy of the model; under "
-                         "distributed.strategy=fsdp the rollout copy is sharded and eager (not run compiled in this version)",
+                         "distributed.strategy=fsdp the rollout copy is sharded and eager (not run compiled in this "
+                         "version)",
                          "set distributed.strategy=replicate, or use naive_scaling with sampler.rollout_copy=true")
     rollout = cfg.sampler.rollout_copy == "true"
     if rollout and shard > 1 and cfg.sampler.compile == "true":
-        raise SolrlError("sampler.compile=true compiles the rollout copy, which under distributed.strategy=fsdp is sharded "
-                         "like the policy and eager (not run compiled in this version)",
+        raise SolrlError("sampler.compile=true compiles the rollout copy, which under distributed.strategy=fsdp is "
+                         "sharded like the policy and eager (not run compiled in this version)",
                          "set sampler.compile=auto, or distributed.strategy=replicate")
     if cfg.optimizer.compile == "true":
         raise SolrlError("optimizer.compile=true is not available with distributed.strategy=fsdp in this version "
@@ -91,10 +92,11 @@ def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInf
     rollout, auto_why = _auto_rollout_copy(cfg, dtype_name, gpu, shard, machine.explore_precision if layout else None,
                                            layout or "whole", rollout)
     if layout == "sharded" and cfg.explore.compile == "true":
-        raise SolrlError(f"explore.compile=true compiles the explore copy, which under distributed.strategy=fsdp is sharded "
-                         f"like the policy here ({why}) and eager (not run compiled in this version)",
+        raise SolrlError(f"explore.compile=true compiles the explore copy, which under distributed.strategy=fsdp is "
+                         f"sharded like the policy here ({why}) and eager (not run compiled in this version)",
                          "set explore.compile=auto, or distributed.copy_layout=whole where a whole copy fits")
-    precision, built = machine.explore_precision, "built and refreshed one gathered block at a time from the sharded policy"
+    precision, built = (machine.explore_precision, "built and refreshed one gathered block at a time from the sharded "
+                                                   "policy")
     if layout == "whole":
         explore_why = (f"{machine.explore_why}; under fsdp a whole {precision} copy on each process ({why}), {built}, "
                        "without its high-precision weights")
@@ -106,14 +108,16 @@ def fsdp_machine(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInf
         explore_why = (f"auto: {why}, so " if why else "") + "Stage 1 at the run dtype on the policy's old adapter"
     if not rollout:
         rollout_why = (f"{'as configured' if cfg.sampler.rollout_copy == 'false' else auto_why}: "
-                       "rollouts and v_old on the policy's old adapter (sampler.rollout_copy=true keeps one sharded like the policy)")
+                       "rollouts and v_old on the policy's old adapter (sampler.rollout_copy=true keeps one sharded "
+                       "like the policy)")
     elif shard == 1:
         rollout_why = f"{auto_why or 'as configured'}; one process: a whole copy, eager"
     else:
-        rollout_why = (f"{auto_why or 'as configured'}; under fsdp sharded like the policy, 1/{shard} on each process and gathered block "
-                       f"by block for Stage 2's forwards and v_old's, eager, {built}")
+        rollout_why = (f"{auto_why or 'as configured'}; under fsdp sharded like the policy, 1/{shard} on each process "
+                       f"and gathered block by block for Stage 2's forwards and v_old's, eager, {built}")
     return replace(machine, explore_precision=precision if layout else dtype_name, explore_layout=layout,
-                   explore_compile=machine.explore_compile and layout == "whole", rollout_copy=rollout, rollout_compile=False,
+                   explore_compile=machine.explore_compile and layout == "whole", rollout_copy=rollout,
+                   rollout_compile=False,
                    update_compile=False, policy_rollout_compile=False, explore_why=explore_why, memory_fits=True,
                    memory=replace(machine.memory, copies="gpu"),
                    memory_why="under fsdp the copies stay on the GPU; the VAE and gradient "
@@ -162,12 +166,14 @@ def copy_layout(machine: MachinePlan, cfg: Config, dtype_name: str, gpu: GpuInfo
     peaks = {name: peak for name, peak in peaks.items() if asked in ("auto", name)}
     without = sharded_estimate(cfg, dtype_name, shard, rollout_copy=rollout_copy).peak
     (first, peak), *rest = peaks.items()
-    figures = (f"a {first} {precision} explore copy per GPU takes the estimated peak under fsdp over {shard} to {peak:.1f} GiB"
+    figures = (f"a {first} {precision} explore copy per GPU takes the estimated peak under fsdp over {shard} to "
+               f"{peak:.1f} GiB"
                + "".join(f", a {layout} one to {p:.1f} GiB" for layout, p in rest)
                + f", over {budget:.1f} GiB ({without:.1f} GiB without it)")
     if cfg.explore.precision != "auto":
-        raise SolrlError(figures, "set explore.precision=auto (Stage 1 then at the run dtype where the copy does not fit), "
-                                  "distributed.copy_layout=auto, more processes per node, or a GPU with more memory")
+        raise SolrlError(figures, "set explore.precision=auto (Stage 1 then at the run dtype where the copy does not "
+                                  "fit), distributed.copy_layout=auto, more processes per node, or a GPU with more "
+                                  "memory")
     return "", figures
 
 

@@ -52,7 +52,8 @@ def with_settings(cfg: Config, rung: MemoryModes) -> MemoryModes:
                        checkpointing=rung.checkpointing if ckpt == "auto" else ckpt == "true")
 
 
-def choose_modes(cfg: Config, explore_precision: str, dtype_name: str, budget_gib: float | None, rollout_copy: bool = False,
+def choose_modes(cfg: Config, explore_precision: str, dtype_name: str, budget_gib: float | None,
+                 rollout_copy: bool = False,
                  compiled_update: bool = False) -> ModeChoice:
     """The first rung of `LADDER` (with the explicit settings) whose estimate is within `budget_gib`
     (None: a CPU, every auto mode off); when none is, the last rung with fits=False."""
@@ -72,7 +73,8 @@ def choose_modes(cfg: Config, explore_precision: str, dtype_name: str, budget_gi
         need = peak(modes)
         if need <= budget_gib:
             return ModeChoice(modes, f"estimated peak {need:.1f} GiB, within {budget_gib:.1f} GiB", True, need)
-    return ModeChoice(seen[-1], f"estimated peak {need:.1f} GiB even with {seen[-1].describe()}, over {budget_gib:.1f} GiB",
+    return ModeChoice(seen[-1], f"estimated peak {need:.1f} GiB even with {seen[-1].describe()}, over {budget_gib:.1f} "
+                                f"GiB",
                       False, need)
 
 
@@ -83,7 +85,8 @@ def rung_needed(cfg: Config, explore_precision: str, dtype_name: str, gpu_gb: fl
                    optimizer=replace(cfg.optimizer, checkpointing="auto"))
     keeps_copy = plan_stages(cfg, dtype_name, explore_precision).compiled_copy
     for rung in LADDER:
-        if estimate_memory(auto, explore_precision, dtype_name, rollout_copy=keeps_copy, modes=rung).peak <= gpu_gb * FIT_SHARE:
+        if estimate_memory(auto, explore_precision, dtype_name, rollout_copy=keeps_copy,
+                           modes=rung).peak <= gpu_gb * FIT_SHARE:
             return rung
     return None
 
@@ -101,5 +104,5 @@ def too_small(cfg: Config, machine: MachinePlan, dtype_name: str, where: str) ->
            "estimate, `solrl doctor` shows the mode each needs)" if smallest is not None
            else f"none of {', '.join(map(str, GPU_SIZES))} GB fits by the estimate: shard over several GPUs "
                 "(--nproc-per-node N, distributed.strategy=fsdp)")
-    return SolrlError(f"{cfg.model.name or cfg.model.loader} does not fit {where} by the memory ESTIMATE in any memory mode: "
-                      f"{machine.memory_why}", fix + "; or lower optimizer.micro_batch")
+    return SolrlError(f"{cfg.model.name or cfg.model.loader} does not fit {where} by the memory ESTIMATE in any memory "
+                      f"mode: {machine.memory_why}", fix + "; or lower optimizer.micro_batch")

@@ -51,7 +51,8 @@ class MachinePlan:
     memory_why: str = ""
     memory_fits: bool = True  # False: the estimate is over this GPU even with every mode
     explore_layout: str = ""  # under fsdp, the low-precision explore copy whole or sharded (fsdp.copy_layout); "" none
-    compiles_fp8: bool = False  # an fp8 explore copy is compiled whatever explore.compile says (CUDA: resolve.FP8_EAGER_SLOWER)
+    # an fp8 explore copy is compiled whatever explore.compile says (CUDA: resolve.FP8_EAGER_SLOWER)
+    compiles_fp8: bool = False
     strategy: str = "replicate"  # distributed.strategy as resolved (fsdp.resolve_strategy): replicate | fsdp
     strategy_why: str = "default"
 
@@ -60,7 +61,8 @@ class MachinePlan:
         replaces the run's after it (Engine.explore_copy_at). Where the run's copy is, and an fp8 one where
         `compiles_fp8`; never with the copies moved block by block (a block's moves are hooks a compiled
         block would trace: offload.py)."""
-        return self.memory.copies != "cpu-blocks" and (self.explore_compile or (self.compiles_fp8 and precision == "fp8"))
+        return self.memory.copies != "cpu-blocks" and (self.explore_compile
+                                                       or (self.compiles_fp8 and precision == "fp8"))
 
     def describe(self) -> str:
         return (f"explore {self.explore_precision} ({self.explore_why}); "
@@ -87,10 +89,13 @@ class RunPlan:
     full_precision: str
     full_steps: int
     machine: MachinePlan | None = None  # None: a plan for an estimate, before any machine is chosen
-    calibrated: bool = False  # explore.calibrate: Stage 1's steps chosen from measured rank fidelity (explore_steps: the fixed setting)
-    calibrated_precision: bool = False  # explore.calibrate=steps+precision: its precision too (explore_precision: the fixed one)
+    # explore.calibrate: Stage 1's steps chosen from measured rank fidelity (explore_steps: the fixed setting)
+    calibrated: bool = False
+    # explore.calibrate=steps+precision: its precision too (explore_precision: the fixed one)
+    calibrated_precision: bool = False
     low_precision: bool = False  # the family's Stage 1 runs at the explore precision (its row's copy="quantized")
-    compiled_copy: bool = False  # the family rolls out on a compiled full-precision copy (copy="compiled"), kept whatever fits
+    # the family rolls out on a compiled full-precision copy (copy="compiled"), kept whatever fits
+    compiled_copy: bool = False
 
     @property
     def rollout_copy(self) -> bool:
@@ -118,18 +123,21 @@ class RunPlan:
                              steps_calibrated=bool(steps), precision_calibrated=bool(precision), rank_check=rank_check)
 
     def describe(self) -> str:
-        on = (" on the compiled rollout copy" if self.rollout_compiled else " on the rollout copy") if self.rollout_copy else ""
+        on = (" on the compiled rollout copy" if self.rollout_compiled
+              else " on the rollout copy") if self.rollout_copy else ""
         low = self.explores_low
         stage1 = (f"Stage 1: {self.explore_seeds} seeds/prompt at {self.explore_precision}"
                   f"{' (compiled)' if low and self.explore_compiled else on if not low else ''}, "
-                  + (f"precision and preview steps calibrated (each low precision this machine runs x 2-{self.full_steps} "
-                     f"steps) by measured rank fidelity (the fixed setting: {self.explore_precision}@{self.explore_steps})"
+                  + (f"precision and preview steps calibrated (each low precision this machine runs x "
+                     f"2-{self.full_steps} steps) by measured rank fidelity (the fixed setting: "
+                     f"{self.explore_precision}@{self.explore_steps})"
                      if self.calibrated_precision else
                      f"preview steps calibrated from 2-{self.full_steps} by measured rank fidelity (the fixed setting: "
                      f"{self.explore_steps})" if self.calibrated else f"{self.explore_steps} steps"))
         if self.keep == self.explore_seeds:
             return f"{stage1} -> train on all of them"
-        stage2 = (f" -> Stage 2: regenerate the kept {self.keep} at {self.full_precision}{on}, {self.full_steps} steps -> train"
+        stage2 = (f" -> Stage 2: regenerate the kept {self.keep} at {self.full_precision}{on}, {self.full_steps} steps "
+                  f"-> train"
                   if self.regenerate else f" -> train directly on the kept {self.keep}")
         return stage1 + f" -> keep {self.keep}" + stage2
 
@@ -155,7 +163,8 @@ class IterationPlan:
         return replace(plan, explore_steps=self.steps, explore_precision=self.precision)
 
 
-def plan_stages(cfg: Config, full_precision: str, explore_precision: str, machine: MachinePlan | None = None) -> RunPlan:
+def plan_stages(cfg: Config, full_precision: str, explore_precision: str,
+                machine: MachinePlan | None = None) -> RunPlan:
     """The family's stages with the resolved explore precision, and the machine's choices (the copies
     it keeps) when given."""
     fam, k, full_steps = family(cfg.algorithm.family), cfg.selection.group_size, cfg.sampler.steps

@@ -65,7 +65,8 @@ class Backend:
 
     def describe(self, speed: bool = True) -> str:
         """'PRECISION -> NAME (KERNEL), SPEED'; without the speed where the caller says it once for all."""
-        said = f"measured, {self.measured}" if self.measured else "unmeasured on this GPU" if self.on_gpu else "no speed figure on a CPU"
+        said = (f"measured, {self.measured}" if self.measured else "unmeasured on this GPU" if self.on_gpu
+                else "no speed figure on a CPU")
         return f"{self.precision} -> {self.name} ({self.kernel})" + (f", {said}" if speed else "")
 
 
@@ -83,7 +84,8 @@ def speed_note(precision: str, gpu: GpuInfo | None, fp8_backend: str = DEFAULT_F
     """'' where a figure exists on this GPU, else what the start-up line adds: a real low-precision
     kernel whose speed nobody has timed here is said to be so."""
     b = backend_of(precision, gpu, fp8_backend)
-    return "" if b.measured or gpu is None or b.name in ("emulation", "torch") else f"{b.name} backend, unmeasured on this GPU"
+    return "" if b.measured or gpu is None or b.name in ("emulation",
+                                                         "torch") else f"{b.name} backend, unmeasured on this GPU"
 
 
 class _Nvfp4(QuantizedGemm):
@@ -127,7 +129,8 @@ class _KernelOrderNvfp4(QuantizedGemm):
         return {"weight_codes": codes, "weight_block_scale": scales, "weight_s_enc": s_enc.reshape(1)}
 
     def gemm(self, x: Tensor) -> Tensor:
-        return nvfp4_gemm.kernel_order_linear(x, self.weight_codes, self.weight_block_scale, self.weight_s_enc, self.bias)
+        return nvfp4_gemm.kernel_order_linear(x, self.weight_codes, self.weight_block_scale, self.weight_s_enc,
+                                              self.bias)
 
 
 class KernelOrderNvfp4Linear(_KernelOrderNvfp4):
@@ -244,7 +247,8 @@ class TorchaoFp8Conv1x1(_TorchaoFp8):
 QUANTIZED = (*WRAPPERS, "nvfp4")  # the explore precisions whose copy wraps its GEMM layers
 
 
-def wrappers_for(precision: str, fp8_backend: str = DEFAULT_FP8_BACKEND, nvfp4_emulation: str = "exact") -> tuple[type, type]:
+def wrappers_for(precision: str, fp8_backend: str = DEFAULT_FP8_BACKEND, nvfp4_emulation: str = "exact") -> tuple[type,
+                                                                                                                  type]:
     """(Linear wrapper, 1x1-conv wrapper) of `precision` with `fp8_backend` for fp8 and `nvfp4_emulation`
     for nvfp4-emulated (quantize.quantize_model's `wrappers`)."""
     if precision == "nvfp4":

@@ -3,7 +3,8 @@
 The official code swaps the explore model's eligible nn.Linear layers for `te.Linear` and runs each
 transformer forward inside `te.fp8_autocast(fp8_recipe=DelayedScaling(fp8_format=Format.E2M1,
 amax_history_len=16, amax_compute_algo="max"))` (NVlabs/Sana train_scripts/sol_rl/train_utils.py:22-33,
-`replace_linear_with_te`, `wrap_forward_with_fp8`). What Transformer Engine computes with that recipe (TE transformer_engine/pytorch/
+`replace_linear_with_te`, `wrap_forward_with_fp8`). What Transformer Engine computes with that recipe (TE
+transformer_engine/pytorch/
 quantization.py and common/recipe/delayed_scaling.cu), transcribed here in plain torch:
 
 - Per layer, one scale and a 16-row amax history for its input and one for its weight; scales start

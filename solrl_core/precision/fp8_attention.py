@@ -175,7 +175,8 @@ def fa3_missing(capability: tuple[int, int] | None) -> str:
     if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 11):
         missing.append(f"torch >= 2.11 (this is {torch.__version__})")
     for module, what in (("torchao", "torchao (pip install torchao)"),
-                         ("flash_attn_interface", "flash-attn's FA3 build (flash_attn_interface, from flash-attention/hopper)")):
+                         ("flash_attn_interface", "flash-attn's FA3 build (flash_attn_interface, from "
+                                                  "flash-attention/hopper)")):
         if importlib.util.find_spec(module) is None:
             missing.append(what)
     return "missing " + ", ".join(missing) if missing else ""
@@ -209,8 +210,9 @@ def require(precision: str, loader: str, device: Any) -> None:
             raise SolrlError(f"explore.fp8_attention cannot run on {device}: {missing}",
                              f"run on a Hopper GPU with those installed, {off}")
         if loader in MASKED:
-            raise SolrlError(f"explore.fp8_attention on {device} is torchao's FP8 FA3, which takes no attention mask, and "
-                             f"model.loader={loader} masks its padded caption tokens", f"use it with FLUX.1, SD3 or Wan, {off}")
+            raise SolrlError(f"explore.fp8_attention on {device} is torchao's FP8 FA3, which takes no attention mask, "
+                             f"and model.loader={loader} masks its padded caption "
+                             f"tokens", f"use it with FLUX.1, SD3 or Wan, {off}")
 
 
 def kernel_for(device: torch.device) -> Callable[..., Tensor]:
@@ -222,7 +224,8 @@ def kernel_for(device: torch.device) -> Callable[..., Tensor]:
     from torchao.prototype.attention.api import AttentionBackend, apply_low_precision_attention
 
     fusion = inductor_config.pre_grad_custom_pass
-    try:  # a module without parameters: torchao's causal-mask probe does not run (a diffusion transformer is not causal)
+    # a module without parameters: torchao's causal-mask probe does not run (a diffusion transformer is not causal)
+    try:
         wrapper = apply_low_precision_attention(torch.nn.Identity(), backend=AttentionBackend.FP8_FA3)
     finally:
         inductor_config.pre_grad_custom_pass = fusion  # global: it would rewrite the trained model's graphs too

@@ -38,8 +38,8 @@ from typing import Callable, NamedTuple
 
 PRECISIONS = ("nvfp4", "fp8", "nvfp4-emulated", "fp8-e5m2-tensor", "fp8-e5m2-delayed", "bf16", "fp32")
 E5M2_TENSOR = "per-tensor FP8 E5M2 at each tensor's own amax, emulated in torch, runs anywhere"
-E5M2_DELAYED = ("the official explore copy's recipe (Transformer Engine's delayed-scaled per-tensor FP8 E5M2), emulated "
-                "in torch, runs anywhere")
+E5M2_DELAYED = ("the official explore copy's recipe (Transformer Engine's delayed-scaled per-tensor FP8 E5M2), "
+                "emulated in torch, runs anywhere")
 NVFP4_CC = (10, 0)
 FP8_CC = (8, 9)
 BF16_CC = (8, 0)
@@ -56,7 +56,8 @@ class GpuInfo:
     memory_gib: float
 
     def describe(self) -> str:
-        return f"cuda:{self.index} {self.name}, compute capability {self.capability[0]}.{self.capability[1]}, {self.memory_gib:.0f} GiB"
+        return (f"cuda:{self.index} {self.name}, compute capability {self.capability[0]}.{self.capability[1]}, "
+                f"{self.memory_gib:.0f} GiB")
 
 
 class TEStatus(NamedTuple):
@@ -87,13 +88,15 @@ def transformer_engine_status() -> TEStatus:
             return TEStatus(False, None, "not installed; it needs CUDA (this torch is a CPU-only build): "
                                          f"{TE_INSTALL}")
         if not torch.cuda.is_available():
-            return TEStatus(False, None, f"not installed; it needs CUDA and a GPU, and this machine has no GPU: {TE_INSTALL}")
+            return TEStatus(False, None, f"not installed; it needs CUDA and a GPU, and this machine has no GPU: "
+                                         f"{TE_INSTALL}")
         return TEStatus(False, None, f"not installed: {TE_INSTALL}")
     try:
         import transformer_engine  # noqa: F401
         import transformer_engine.pytorch  # noqa: F401
     except Exception as exc:  # noqa: BLE001 - ImportError, or OSError/RuntimeError from its CUDA libraries
-        return TEStatus(False, _te_version(), f"installed but does not import: {type(exc).__name__}: {_first_line(exc)}")
+        return TEStatus(False, _te_version(),
+                        f"installed but does not import: {type(exc).__name__}: {_first_line(exc)}")
     return TEStatus(True, _te_version(), "")
 
 
@@ -168,14 +171,16 @@ def _resolve(module_name: str, attr: str) -> Callable | None:
     return obj if callable(obj) else None
 
 
-def explore_precisions(gpu: GpuInfo | None, torchao_missing: Callable[[], str] | None = None) -> dict[str, tuple[bool, str]]:
+def explore_precisions(gpu: GpuInfo | None, torchao_missing: Callable[[], str] | None = None) -> dict[str,
+                                                                                                      tuple[bool, str]]:
     """Which explore precisions run on `gpu` (None: the CPU), each with why or why not.
 
     `torchao_missing` says why torchao's NVFP4 tensor cannot be used ('' when it can; default: this
     machine's answer, nvfp4_gemm.torchao_missing); a parameter so the rules can be tested with made-up GPUs."""
     from solrl_core.precision import nvfp4_gemm
 
-    missing = (torchao_missing or nvfp4_gemm.torchao_missing)() if gpu is not None and gpu.capability >= NVFP4_CC else ""
+    missing = (torchao_missing
+               or nvfp4_gemm.torchao_missing)() if gpu is not None and gpu.capability >= NVFP4_CC else ""
     out: dict[str, tuple[bool, str]] = {}
     if gpu is None:
         out["nvfp4"] = (False, "no GPU: NVFP4 GEMMs need an NVIDIA GPU of compute capability >= 10.0 (Blackwell)")

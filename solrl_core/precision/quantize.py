@@ -1,26 +1,25 @@
 """Swap the GEMM layers of an explore copy of a model for low-precision ones.
 
-Sol-RL samples rollouts with an NVFP4 copy of the policy. Every eligible nn.Linear, and every 1x1
-nn.Conv2d (SANA's GLUMBConv feed-forward in diffusers is built from 1x1 convs, so a Linear-only
-swap would leave its MLP in high precision), is wrapped for one explore precision:
-- `nvfp4-emulated`: the weight is fake-quantized once (16x16 tiles) and the input on every call
-  (1x16 blocks along the reduction dim), see `solrl_core.precision.nvfp4`: exact NVFP4 numerics, anywhere.
+Sol-RL samples rollouts with an NVFP4 copy of the policy. Every eligible nn.Linear, and every 1x1 nn.Conv2d (SANA's
+GLUMBConv feed-forward in diffusers is built from 1x1 convs, so a Linear-only swap would leave its MLP in high
+precision), is wrapped for one explore precision:
+- `nvfp4-emulated`: the weight fake-quantized once (16x16 tiles), the input on every call (1x16 blocks along the
+  reduction dim), see `solrl_core.precision.nvfp4`: exact NVFP4 numerics, anywhere.
 - `fp8`: real E4M3 GEMMs through `torch._scaled_mm`, see `solrl_core.precision.fp8`.
-- `fp8-e5m2-tensor`: weight and input fake-quantized to per-tensor FP8 E5M2, each at its own amax
-  (`solrl_core.precision.e5m2`): emulated, no speed-up.
-- `fp8-e5m2-delayed`: the official explore copy's recipe exactly, Transformer Engine's delayed-scaled
-  per-tensor E5M2 (`solrl_core.precision.e5m2_delayed`): emulated, no speed-up.
+- `fp8-e5m2-tensor`: weight and input fake-quantized to per-tensor FP8 E5M2 at their own amax (`e5m2.py`): emulated.
+- `fp8-e5m2-delayed`: the official explore copy's recipe exactly, Transformer Engine's delayed-scaled per-tensor
+  E5M2 (`solrl_core.precision.e5m2_delayed`): emulated, no speed-up.
 Which layers stay in high precision is the official explore model's rule (NVlabs/Sana
-train_scripts/sol_rl/train_utils.py, `replace_linear_with_te`): a name containing one of the model's
-skip substrings (`nvfp4_skip_modules`: embedders, the final layer, SANA's self-attention qkv), then any
-layer with max(in_features, out_features) <= the model's `nvfp4_min_dim`, then (ours) a layer the GEMM
-cannot take (a conv that is not 1x1, dims not multiples of 16, K not of the wrapper's K_MULTIPLE: 32 for
-real NVFP4). The size rule sees the fused shape of projections diffusers splits (`cross_attn.kv_linear` is
-`attn2.to_k` + `attn2.to_v`): split layers get the fused layer's verdict. Each decision names its rule.
+train_scripts/sol_rl/train_utils.py, `replace_linear_with_te`): a name containing one of the model's skip substrings
+(`nvfp4_skip_modules`: embedders, the final layer, SANA's self-attention qkv), then any layer with max(in_features,
+out_features) <= the model's `nvfp4_min_dim`, then (ours) a layer the GEMM cannot take (a conv that is not 1x1, dims
+not multiples of 16, K not of the wrapper's K_MULTIPLE: 32 for real NVFP4). The size rule sees the fused shape of
+projections diffusers splits (`cross_attn.kv_linear` is `attn2.to_k` + `attn2.to_v`): split layers get the fused
+layer's verdict. Each decision names its rule.
 
-The wrappers register the wrapped layer's own Parameters under the same names (`state_dict()` keys
-unchanged, weights load as before); `requantize` afterwards, and after a dtype change, refreshes the
-cached quantized weights. For sampling: the cached weight carries no gradient.
+The wrappers register the wrapped layer's own Parameters under the same names (`state_dict()` keys unchanged,
+weights load as before); `requantize` afterwards, and after a dtype change, refreshes the cached quantized weights.
+For sampling: the cached weight carries no gradient.
 """
 
 from __future__ import annotations
@@ -61,7 +60,7 @@ class _QuantizedGemm(nn.Module):
                 setattr(self, dim, getattr(module, dim))
         for name in self.CACHES:  # not persistent: derived from `weight`, never saved or loaded
             self.register_buffer(name, torch.empty(0), persistent=False)
-        if not self.weight.is_meta:  # a copy filled later from a sharded policy (sharded_copy.py): nothing to quantize yet
+        if not self.weight.is_meta:  # a copy filled later from a sharded policy (sharded_copy.py): nothing yet
             self.requantize()
 
     @property
@@ -207,8 +206,9 @@ WRAPPERS: dict[str, tuple[type[_QuantizedGemm], type[_QuantizedGemm]]] = {
     "nvfp4-emulated": (EmulatedNVFP4Linear, EmulatedNVFP4Conv1x1),
     "fp8": (Fp8Linear, Fp8Conv1x1),
     "fp8-e5m2-tensor": (EmulatedE5M2Linear, EmulatedE5M2Conv1x1),
-    "fp8-e5m2-delayed": tuple(type(f"DelayedE5M2{kind.title()}", (e5m2_delayed.DelayedGemm, _QuantizedGemm),  # type: ignore[dict-item]
-                                   {"LAYER_KIND": kind}) for kind in ("linear", "conv1x1")),  # numerics: e5m2_delayed.py
+    "fp8-e5m2-delayed": tuple(  # type: ignore[dict-item]  # numerics: e5m2_delayed.py
+        type(f"DelayedE5M2{kind.title()}", (e5m2_delayed.DelayedGemm, _QuantizedGemm), {"LAYER_KIND": kind})
+        for kind in ("linear", "conv1x1")),
 }
 
 
@@ -228,7 +228,8 @@ class LayerRule:
     def describe(self) -> str:
         parts = [f"skip names {', '.join(self.skip) or 'none'}"]
         if self.min_dim:
-            parts.append(f"skip max(in, out) <= {self.min_dim}" + (f" (fused: {', '.join(self.fused)})" if self.fused else ""))
+            fused = f" (fused: {', '.join(self.fused)})" if self.fused else ""
+            parts.append(f"skip max(in, out) <= {self.min_dim}{fused}")
         return "; ".join(parts)
 
 
@@ -290,16 +291,14 @@ class QuantReport:
                 f"({_count(sum(e.numel for e in q))} of {_count(sum(e.numel for e in total))} weights)")
         by = self.skipped_by()
         if by:
-            labels = {"name": "by name", "min_dim": f"by max(in, out) <= {self.rule.min_dim}", "kernel": "not a plain GEMM"}
+            labels = {"name": "by name", "min_dim": f"by max(in, out) <= {self.rule.min_dim}",
+                      "kernel": "not a plain GEMM"}
             text += "; kept in high precision: " + ", ".join(f"{n} {labels.get(r, r)}" for r, n in sorted(by.items()))
         return text
 
 
 def _count(n: int) -> str:
-    for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= div:
-            return f"{n / div:.1f}{unit}"
-    return str(n)
+    return next((f"{n / div:.1f}{unit}" for div, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")) if n >= div), str(n))
 
 
 def _kind(module: nn.Module) -> str:
@@ -328,7 +327,8 @@ def _fused_width(name: str, layers: dict[str, nn.Module], fused: Sequence[str]) 
     return None
 
 
-def _skip(name: str, module: nn.Linear | nn.Conv2d, rule: LayerRule, layers: dict[str, nn.Module], k_multiple: int = BLOCK) -> tuple[str, str]:
+def _skip(name: str, module: nn.Linear | nn.Conv2d, rule: LayerRule, layers: dict[str, nn.Module],
+          k_multiple: int = BLOCK) -> tuple[str, str]:
     """(rule, reason) this layer stays in high precision for, or ("", "") when it is quantized.
     The official order: name patterns, then the size rule; then what our GEMMs cannot take."""
     for pattern in rule.skip:
@@ -361,8 +361,8 @@ def _skip(name: str, module: nn.Linear | nn.Conv2d, rule: LayerRule, layers: dic
 
 
 def plan_layers(model: nn.Module, rule: LayerRule, k_multiple: int = BLOCK) -> list[LayerEntry]:
-    """What `quantize_model` would do with each Linear / Conv2d of `model`, changing nothing (works
-    on the meta device, so a real-size model's layer set can be checked without its weights); `k_multiple`: the wrappers' K_MULTIPLE."""
+    """What `quantize_model` would do with each Linear / Conv2d of `model`, changing nothing (works on the meta
+    device: a real-size model's layer set is checked without its weights); `k_multiple`: the wrappers' K_MULTIPLE."""
     layers = {name: (m.wrapped if isinstance(m, _QuantizedGemm) else m) for name, m in model.named_modules()
               if isinstance(m, (_QuantizedGemm, nn.Linear, nn.Conv2d))}
     entries = []
@@ -379,7 +379,8 @@ def _set_submodule(model: nn.Module, name: str, module: nn.Module) -> None:
 
 def quantize_model(model: nn.Module, skip: Sequence[str] | LayerRule, precision: str = "nvfp4-emulated",
                    wrappers: tuple[type, type] | None = None) -> QuantReport:
-    """Wrap every eligible Linear and 1x1 Conv2d of `model` in place for `precision` (WRAPPERS' or `wrappers`'s), report on all.
+    """Wrap every eligible Linear and 1x1 Conv2d of `model` in place for `precision` (WRAPPERS' or `wrappers`'s),
+    report on all.
 
     `skip` is the model's LayerRule (or, for a name-only rule, its skip substrings). Safe to call
     again: existing wrappers of this precision are kept, others are swapped, and layers the rule now

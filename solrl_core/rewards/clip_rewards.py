@@ -65,7 +65,8 @@ class ClipSimilarity:
                 processor = CLIPProcessor.from_pretrained(folder, local_files_only=True)
             except (OSError, ValueError) as exc:
                 raise SolrlError(f"reward '{cls.name}' cannot load a CLIP model and processor from {folder} ({exc})",
-                                 "save both there with model.save_pretrained(DIR) and processor.save_pretrained(DIR)") from exc
+                                 "save both there with model.save_pretrained(DIR) and "
+                                 "processor.save_pretrained(DIR)") from exc
             return cls(model, processor, ctx)
         hub = cls.model_id if cls.model_id == cls.processor_id else f"{cls.model_id} + processor {cls.processor_id}"
         try:

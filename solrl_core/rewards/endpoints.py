@@ -38,7 +38,8 @@ class Judge:
     video_template: str = ""  # the question asked of a clip's frames; '' = the template with 'image' read as 'video'
 
     def question(self, prompt: str, video: bool) -> str:
-        template = (self.video_template or VIDEO_PREAMBLE + self.template.replace("image", "video")) if video else self.template
+        template = (self.video_template or VIDEO_PREAMBLE
+                    + self.template.replace("image", "video")) if video else self.template
         return template.replace("{prompt}", prompt)
 
 
@@ -81,7 +82,8 @@ def split_name(name: str) -> tuple[str, str]:
     try:
         parts.port  # noqa: B018 - raises on a port that is not a number
     except ValueError as exc:
-        raise SolrlError(f"reward '{name}' has a bad port ({exc})", f"write it like {kind}:http://127.0.0.1:8000") from exc
+        raise SolrlError(f"reward '{name}' has a bad port ({exc})",
+                         f"write it like {kind}:http://127.0.0.1:8000") from exc
     if parts.query or parts.fragment or "," in url or "=" in url:
         raise SolrlError(f"reward '{name}': the URL may not hold a query, a fragment, ',' or '='",
                          "give the server's base URL; settings go in reward.remote (docs/rewards.md)")
@@ -119,14 +121,16 @@ def check_settings(settings: dict[str, str]) -> None:
         if key == "scoring" and value not in SCORINGS:
             raise SolrlError(f"reward.remote.scoring = {value!r}", f"choose one of: {', '.join(SCORINGS)}")
         if key in ("template", "video_template") and "{prompt}" not in value:
-            raise SolrlError("reward.remote.template has no {prompt}", 'write it like: Does this image show "{prompt}"? Answer yes or no.')
+            raise SolrlError("reward.remote.template has no {prompt}", 'write it like: Does this image show '
+                                                                       '"{prompt}"? Answer yes or no.')
         if key in ("concurrency", "max_tokens", "scale"):
             try:
                 number = float(value)
             except ValueError:
                 number = 0.0
             if number <= 0 or (key != "scale" and not number.is_integer()):
-                raise SolrlError(f"reward.remote.{key} = {value!r} is not a positive {'number' if key == 'scale' else 'integer'}",
+                raise SolrlError(f"reward.remote.{key} = {value!r} is not a positive "
+                                 f"{'number' if key == 'scale' else 'integer'}",
                                  f"for example --set reward.remote.{key}={'10' if key == 'scale' else '8'}")
 
 
@@ -143,8 +147,8 @@ def check_media(name: str, media: tuple[str, ...], video: bool) -> None:
     judges, "image" and/or "video")."""
     if video and "video" not in media:
         raise SolrlError(f"reward '{name}' judges only still images and this model makes videos",
-                         "serve rewards that score a clip's frames there (e.g. solrl reward-server --reward imagereward), "
-                         "or drop it from --reward")
+                         "serve rewards that score a clip's frames there (e.g. solrl reward-server --reward "
+                         "imagereward), or drop it from --reward")
     if not video and "image" not in media:
         raise SolrlError(f"reward '{name}' judges only videos and this model makes images",
                          "drop it from --reward, or serve an image reward there")

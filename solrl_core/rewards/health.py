@@ -47,26 +47,31 @@ class RewardHealth:
             self.streaks[name] = streak = self.streaks.get(name, 0) + 1
             if at_best(scores.float(), BEST.get(name), self.min_std):
                 self.saturated.add(name)
-                findings.append(Finding(name, f"reward '{name}' is saturated: every one of the {scores.numel()} images scores "
-                                              f"its best, {BEST[name]:g} (iteration {streak} in a row), so the advantages carry "
+                findings.append(Finding(name, f"reward '{name}' is saturated: every one of the {scores.numel()} images "
+                                              f"scores its best, {BEST[name]:g} (iteration {streak} in a row), so the "
+                                              f"advantages carry "
                                               "no signal (harder prompts would give one)", streak))
                 continue
             self.saturated.discard(name)
             findings.append(Finding(name, f"reward '{name}' is near-constant: {reason} (iteration {streak} "
-                                          f"in a row); a failed weight load or broken preprocessing looks like this", streak))
+                                          f"in a row); a failed weight load or broken preprocessing looks like this",
+                                    streak))
         return findings
 
     def failure(self) -> SolrlError | None:
         """The error to stop with once a reward has been near-constant `patience` iterations in a row."""
         for name, streak in self.streaks.items():
             if self.patience and streak >= self.patience and name in self.saturated:
-                return SolrlError(f"reward '{name}' gave every image its best score, {BEST[name]:g}, {plural(streak, 'iteration')} "
+                return SolrlError(f"reward '{name}' gave every image its best score, {BEST[name]:g}, "
+                                  f"{plural(streak, 'iteration')} "
                                   "in a row: the prompts are solved, so the advantages carry no signal",
-                                  "train on harder prompts (--prompts), or raise reward.health_patience (0 = never stop)")
+                                  "train on harder prompts (--prompts), or raise reward.health_patience (0 = never "
+                                  "stop)")
             if self.patience and streak >= self.patience:
-                return SolrlError(f"reward '{name}' was near-constant for {plural(streak, 'iteration')} in a row, so the advantages carry "
-                                 f"no signal", f"check that its weights load (reward.paths.{name}) and that it scores images in "
-                                 "[0, 1]; or raise reward.health_patience (0 = never stop)")
+                return SolrlError(f"reward '{name}' was near-constant for {plural(streak, 'iteration')} in a row, so "
+                                  "the advantages carry no signal",
+                                  f"check that its weights load (reward.paths.{name}) and that it scores images in "
+                                  "[0, 1]; or raise reward.health_patience (0 = never stop)")
         return None
 
 
@@ -77,7 +82,8 @@ def near_constant(scores: torch.Tensor, groups: torch.Tensor, min_std: float) ->
     batch_std = float(scores.std(unbiased=False))
     if batch_std <= min_std:
         return f"std {batch_std:.2e} over all {scores.numel()} images"
-    group_stds = [float(scores[groups == g].std(unbiased=False)) for g in groups.unique() if int((groups == g).sum()) > 1]
+    group_stds = [float(scores[groups == g].std(unbiased=False)) for g in groups.unique()
+                  if int((groups == g).sum()) > 1]
     if group_stds and max(group_stds) <= min_std:
         return f"std at most {max(group_stds):.2e} within each of {len(group_stds)} prompt groups"
     return None
@@ -105,9 +111,11 @@ def diverged(latents: torch.Tensor, steps: int, lr: float) -> SolrlError | None:
         return None
     share = f"{bad} of {latents.numel()} output values of the model are NaN or infinite"
     if steps:
-        return SolrlError(f"the update diverged: after {plural(steps, 'optimizer step')} at optimizer.lr={lr:g}, {share} "
+        return SolrlError(f"the update diverged: after {plural(steps, 'optimizer step')} at optimizer.lr={lr:g}, "
+                          f"{share} "
                           "(the reward is not at fault)",
-                          "lower optimizer.lr (by 10x or more) and start a new run: resuming would keep the diverged weights",
+                          "lower optimizer.lr (by 10x or more) and start a new run: resuming would keep the diverged "
+                          "weights",
                           resumable=False)
     return SolrlError(f"the base model is broken before any update: {share}",
                       "check its weights (model.path, model.weights) and run.dtype (fp16 overflows: use bf16 or fp32)")

@@ -24,8 +24,8 @@ from typing import Any
 
 from solrl_core.rewards.limits import Limits
 
-BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\nconnection: close\r\ncontent-length: 33\r\n\r\n"
-        b"too many connections; retry later")
+BUSY = (b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: text/plain\r\nconnection: close\r\ncontent-length: "
+        b"33\r\n\r\ntoo many connections; retry later")
 
 
 def guarded_protocol(limits: Limits) -> type:
@@ -103,8 +103,8 @@ class RepeatFilter(logging.Filter):
             if n > self.burst or self.count > self.total:
                 self.held[key] = self.held.get(key, 0) + 1
                 if n == self.burst + 1:
-                    record.msg, record.args, record.exc_info, record.exc_text = \
-                        f"{str(record.msg)[:200]} (repeated; further copies held back for {self.window_s:g} s)", (), None, None
+                    held = f"{str(record.msg)[:200]} (repeated; further copies held back for {self.window_s:g} s)"
+                    record.msg, record.args, record.exc_info, record.exc_text = held, (), None, None
                     return self.count <= self.total
                 return False
             held = self.held.pop(key, 0)

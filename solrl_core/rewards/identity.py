@@ -45,7 +45,8 @@ def weights_fingerprint(reward: Any) -> str:
         for key, tensor in sorted(module.state_dict().items()):
             t = tensor.detach().cpu().contiguous()
             digest.update(f"{attr}.{key}:{t.dtype}:{tuple(t.shape)}\n".encode())
-            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")  # 0-dim too (logit_scale)
+            # 0-dim too (logit_scale)
+            digest.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return digest.hexdigest()
 
 
@@ -66,9 +67,11 @@ def reward_fingerprint(name: str, reward: Any, version: str) -> str:
 
 
 def describe(identity: dict[str, Any]) -> str:
-    rewards = ", ".join(f"{r.get('name')}={r.get('weight'):g}" if isinstance(r.get("weight"), (int, float)) else str(r.get("name"))
+    rewards = ", ".join(f"{r.get('name')}={r.get('weight'):g}" if isinstance(r.get("weight"), (int, float))
+                        else str(r.get("name"))
                         for r in identity.get("rewards", []) if isinstance(r, dict))
-    return f"{rewards or 'nothing named'} (solrl {identity.get('version')}, fingerprint {str(identity.get('fingerprint'))[:12]})"
+    return (f"{rewards or 'nothing named'} (solrl {identity.get('version')}, fingerprint "
+            f"{str(identity.get('fingerprint'))[:12]})")
 
 
 def _served_names(identity: dict[str, Any]) -> list[tuple[Any, Any]]:
@@ -90,7 +93,8 @@ def _read(run_dir: Path) -> dict[str, Any]:
         record = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError) as exc:  # a record nested too deep is unreadable too
         raise SolrlError(f"{path} is unreadable ({type(exc).__name__}: {exc})",
-                         f"delete it to record the servers afresh (rm {path}), if they still serve what the run trained against")
+                         f"delete it to record the servers afresh (rm {path}), if they still serve what the run "
+                         f"trained against")
     return record if isinstance(record, dict) else {}
 
 
@@ -104,8 +108,9 @@ def check_servers(run_dir: Path, rewards: dict[str, Any], on_change: str = "refu
             continue
         message = f"{name} now serves {describe(now)}, not {describe(before)} as when this run trained against it"
         if _served_names(now) == _served_names(before):
-            message = (f"the server's reward changed since this run started: {name} serves {describe(now)}, the same names "
-                       f"with other code or weights (fingerprint {str(before.get('fingerprint'))[:12]} when the run began)")
+            message = (f"the server's reward changed since this run started: {name} serves {describe(now)}, the same "
+                       f"names with other code or weights (fingerprint {str(before.get('fingerprint'))[:12]} when the "
+                       f"run began)")
         if on_change == "warn":
             notes.append(f"{message}; going on (reward.remote.on_change=warn)")
             continue

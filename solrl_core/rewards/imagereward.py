@@ -117,7 +117,8 @@ def build_net(state: Mapping[str, torch.Tensor], size: VisionSize, med_config: P
     # position_ids is a constant arange buffer; BLIP too lets it be missing.
     missing = [k for k in expected if k not in state and not k.endswith("embeddings.position_ids")]
     if missing:
-        raise SolrlError(f"{source} lacks {len(missing)} weights of the ImageReward model, e.g. {', '.join(missing[:3])}",
+        raise SolrlError(f"{source} lacks {len(missing)} weights of the ImageReward model, e.g. "
+                         f"{', '.join(missing[:3])}",
                          f"use ImageReward.pt and med_config.json from hub {HUB_ID} together")
     wrong = [k for k in expected if k in state and state[k].shape != expected[k].shape]
     if wrong:

@@ -35,7 +35,8 @@ Connections. Each open connection holds a file descriptor; the server accepts at
 runs out of descriptors; past the cap the connection that has waited longest for its headers is
 closed to make room. The listen backlog is a quarter of the descriptor limit (at most 128): asyncio
 accepts up to a backlog's worth of connections at once before any is seen, so cap + backlog stays
-under the limit (at 1,024 descriptors: 512 + 128, the rest for the process's own files). Headers must arrive within `header_timeout_s` of the connection (or of the
+under the limit (at 1,024 descriptors: 512 + 128, the rest for the process's own files). Headers must arrive within
+`header_timeout_s` of the connection (or of the
 first byte of the next request on a kept-alive connection); a body within `header_timeout_s` plus
 its length at `MIN_BODY_RATE`. A client that trickles its request is closed at that deadline.
 """

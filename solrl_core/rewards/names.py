@@ -34,10 +34,12 @@ def check_names(weights: dict[str, float], paths: dict[str, str]) -> None:
     names = known_names()
     unknown = [n for n in weights if n not in names and not is_endpoint(n) and not is_plugin_ref(n)]
     if unknown:
-        raise SolrlError(f"unknown reward '{unknown[0]}'", close_matches(unknown[0], names) + " (list them with: solrl presets)")
+        raise SolrlError(f"unknown reward '{unknown[0]}'", close_matches(unknown[0], names) + " (list them with: solrl "
+                                                                                              "presets)")
     stray = [n for n in paths if n not in weights or is_endpoint(n)]
     if stray:
-        raise SolrlError(f"reward.paths names '{stray[0]}', which is not among the run's rewards ({', '.join(weights)})",
+        raise SolrlError(f"reward.paths names '{stray[0]}', which is not among the run's rewards "
+                         f"({', '.join(weights)})",
                          "remove it, or add the reward with --reward")
 
 
@@ -90,7 +92,8 @@ def parse_weights(spec: str) -> dict[str, float]:
         try:
             weight = float(value) if value.strip() else 1.0
         except ValueError as exc:
-            raise SolrlError(f"reward weight '{value}' for '{name}' is not a number", "write it like imagereward=1.0,pickscore=0.5") from exc
+            raise SolrlError(f"reward weight '{value}' for '{name}' is not a number",
+                             "write it like imagereward=1.0,pickscore=0.5") from exc
         if name in weights:
             raise SolrlError(f"reward '{name}' is named twice in '{spec}'", "name each reward once")
         weights[name] = weight

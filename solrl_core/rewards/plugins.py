@@ -65,7 +65,8 @@ def load_plugin(name: str, ctx: RewardContext | None = None) -> "PluginReward":
             raise
         except Exception as exc:  # noqa: BLE001 - the plugin's own code: named with its exception
             raise _fail(name, f"could not be created: {type(exc).__name__}: {exc}",
-                        "fix its __init__ (SOLRL_DEBUG=1 shows the traceback); it takes no argument or a RewardContext") from exc
+                        "fix its __init__ (SOLRL_DEBUG=1 shows the traceback); it takes no argument or a "
+                        "RewardContext") from exc
     return PluginReward(name, fn, fingerprint(name, target))
 
 
@@ -86,7 +87,8 @@ def _resolve(name: str) -> Any:
         return ep.load()
     except AttributeError as exc:
         raise _fail(name, f"(entry point {ep.value}) names an attribute its module lacks: {exc}",
-                    "fix the entry point in the package's pyproject.toml ([project.entry-points.\"solrl.rewards\"])") from exc
+                    "fix the entry point in the package's pyproject.toml "
+                    "([project.entry-points.\"solrl.rewards\"])") from exc
     except Exception as exc:  # noqa: BLE001 - any import failure is the plugin's: named with its exception
         raise _fail(name, f"(entry point {ep.value}) failed to import: {type(exc).__name__}: {exc}",
                     "fix the import error (SOLRL_DEBUG=1 shows the traceback), or reinstall the package") from exc
@@ -108,7 +110,8 @@ def _import_module(name: str, module: str) -> Any:
 def _import_file(name: str, path: str) -> Any:
     file = Path(path).expanduser().resolve()
     if not file.is_file():
-        raise _fail(name, f"names {path}, which does not exist", "give a path to a .py file, relative to the folder you run solrl in")
+        raise _fail(name, f"names {path}, which does not exist", "give a path to a .py file, relative to the folder "
+                                                                 "you run solrl in")
     key = f"solrl_reward_plugin_{hashlib.sha1(str(file).encode()).hexdigest()[:12]}"
     if key in sys.modules:
         return sys.modules[key]
@@ -127,16 +130,18 @@ def _import_file(name: str, path: str) -> Any:
 
 def _check_callable(name: str, target: Any) -> tuple[str, Any]:
     """('class', cls) or ('function', fn), when `target` can be called as (images, prompts)."""
-    fix = "a reward plugin is fn(images, prompts) -> Tensor[B], or a class whose __call__(self, images, prompts) does that; " + DOCS
+    fix = ("a reward plugin is fn(images, prompts) -> Tensor[B], or a class whose __call__(self, images, prompts) does "
+           "that; " + DOCS)
     if inspect.isclass(target):
         call = next((vars(k)["__call__"] for k in target.__mro__[:-1] if "__call__" in vars(k)), None)
         if call is None:
             raise _fail(name, f"is a class without __call__ ({target.__qualname__})", fix)
         if not _takes(target, 0) and not _takes(target, 1):
-            raise _fail(name, f"is a class whose __init__{_signature(target)} needs more than one argument", "its __init__ "
-                        "takes no argument or one RewardContext (device, dtype, path, batch_size); " + DOCS)
+            raise _fail(name, f"is a class whose __init__{_signature(target)} needs more than one argument", "its "
+                        "__init__ takes no argument or one RewardContext (device, dtype, path, batch_size); " + DOCS)
         if not _takes(call, 3):
-            raise _fail(name, f"is a class whose __call__{_signature(call)} cannot be called as (self, images, prompts)", fix)
+            raise _fail(name,
+                        f"is a class whose __call__{_signature(call)} cannot be called as (self, images, prompts)", fix)
         return "class", target
     if not callable(target):
         raise _fail(name, f"is not callable: it is a {type(target).__name__}", fix)
@@ -173,7 +178,8 @@ def fingerprint(name: str, target: Any) -> str:
     processes of one run can tell whether they all hold the same code."""
     module = inspect.getmodule(target)
     source = getattr(module, "__file__", None) or ""
-    digest = hashlib.sha256(Path(source).read_bytes()).hexdigest()[:16] if source and Path(source).is_file() else "no-file"
+    digest = (hashlib.sha256(Path(source).read_bytes()).hexdigest()[:16] if source and Path(source).is_file()
+              else "no-file")
     return f"{getattr(target, '__qualname__', type(target).__name__)} sha256:{digest}"
 
 
@@ -219,12 +225,15 @@ def check_scores(name: str, scores: Any, batch: int, first: bool) -> torch.Tenso
     if not isinstance(scores, torch.Tensor):
         raise RewardFailure(name, f"reward plugin '{name}' returned a {type(scores).__name__}, not a torch.Tensor", fix)
     if tuple(scores.shape) != (batch,):
-        raise RewardFailure(name, f"reward plugin '{name}' returned shape {list(scores.shape)} for {batch} images, not [{batch}]", fix)
+        raise RewardFailure(name, f"reward plugin '{name}' returned shape {list(scores.shape)} for {batch} images, not "
+                                  f"[{batch}]", fix)
     if not (scores.dtype.is_floating_point or scores.dtype in (torch.int32, torch.int64, torch.bool)):
-        raise RewardFailure(name, f"reward plugin '{name}' returned a {scores.dtype} tensor, not a real number per image", fix)
+        raise RewardFailure(name, f"reward plugin '{name}' returned a {scores.dtype} tensor, not a real number per "
+                                  f"image", fix)
     scores = scores.detach().float()
     if first and batch and not bool(torch.isfinite(scores).any()):
-        raise RewardFailure(name, f"reward plugin '{name}' returned NaN or infinity for every one of the {batch} images of its "
-                            "first batch", "check its input range (images are floats in [0, 1]) and its weights; a score "
-                            "that is NaN for some images only is left out of training (faults/guard.py)")
+        raise RewardFailure(name, f"reward plugin '{name}' returned NaN or infinity for every one of the {batch} "
+                                  f"images of its "
+                            "first batch", "check its input range (images are floats in [0, 1]) and its weights; a "
+                            "score that is NaN for some images only is left out of training (faults/guard.py)")
     return scores

@@ -15,7 +15,8 @@ class Probe:
     latency_s: float  # the health request's round trip, measured
 
 
-def probe_endpoint(name: str, settings: dict[str, str], timeout_s: float = PROBE_TIMEOUT_S, video: bool | None = None) -> Probe:
+def probe_endpoint(name: str, settings: dict[str, str], timeout_s: float = PROBE_TIMEOUT_S,
+                   video: bool | None = None) -> Probe:
     """Ask the endpoint `name` once; a SolrlError (saying what is wrong and the fix) if it cannot serve,
     or (`video` given: whether the model makes clips) cannot judge what the model makes."""
     from solrl_core.rewards.endpoints import check_media

@@ -72,10 +72,12 @@ class RewardInfo:
     build: Callable[[Any], Any] | None = None  # RewardContext -> Reward; None: a plugin (rewards/plugins.py loads it)
     weights: str = ""  # where the weights come from, for errors and `doctor`; '' = needs none
     extra: str = ""  # the pip extra that installs its backend; '' = core install
-    best: float | None = None  # the highest score it can give, when bounded: every image there is saturation, not a fault
+    # the highest score it can give, when bounded: every image there is saturation, not a fault
+    best: float | None = None
     media: str = "image"  # what it judges: "image" ([B, 3, H, W] in [0, 1]) or "video" (clips [B, F, 3, H, W]); a video
     # reward refuses an image model's run (names.check_media)
-    on_frames: bool = True  # an image reward on a video model's run scores sampled frames of each clip (rewards/video.py);
+    # an image reward on a video model's run scores sampled frames of each clip (rewards/video.py);
+    on_frames: bool = True
     # False: it judges only a still model's images and refuses a video run
     backend: Backend | None = None  # the library it scores with beyond torch; None: nothing to check
     hub_files: HubFiles = ()  # what it downloads from the hub (doctor looks for them in the cache)
@@ -86,7 +88,8 @@ class RewardInfo:
     memory_gib: float = 0.0  # its weights on the device in fp32, GiB (approximate; activations not counted)
     plugin: str = ""  # a plugin's target: 'module:attr' or 'path/file.py:attr' ('' for a built-in)
     origin: str = "built-in"  # where it was declared, for listings and errors
-    floor: Floor | None = None  # its hacking floor as an eval reward; every built-in declares one (tests/test_hacking.py)
+    # its hacking floor as an eval reward; every built-in declares one (tests/test_hacking.py)
+    floor: Floor | None = None
 
     @property
     def needs_weights(self) -> bool:
@@ -180,7 +183,8 @@ def _probe_open_clip() -> None:
     importlib.import_module("solrl_core.rewards.hpsv2")
 
 
-IMAGE_REWARD = Backend(_probe_imagereward, 'pip install "solrl[rewards]" (image-reward 1.5, timm 0.6.13)', torchvision=True)
+IMAGE_REWARD = Backend(_probe_imagereward, 'pip install "solrl[rewards]" (image-reward 1.5, timm 0.6.13)',
+                       torchvision=True)
 CLIP = Backend(_probe_clip, "pip install transformers  (a core dependency)")
 OPEN_CLIP = Backend(_probe_open_clip, 'pip install "solrl[rewards]" (open-clip-torch)', torchvision=True)
 
@@ -194,8 +198,10 @@ _GENEVAL_FLOOR = Floor(0.02, "under half the default tiny run's held-out gain (+
 
 def _paper(gain: float, figures: str) -> Floor:
     """A tenth of the gain the paper reports training FLUX.1 with Sol-RL on this reward (REFERENCE figures)."""
-    return Floor(round(gain / 10, 4), f"a tenth of the gain the paper reports for Sol-RL on FLUX.1 ({figures}): about the "
-                                      "margin between the methods it compares (ImageReward: Sol-RL 1.764, DiffusionNFT 1.671)")
+    return Floor(round(gain / 10, 4), f"a tenth of the gain the paper reports for Sol-RL on FLUX.1 ({figures}): about "
+                                      f"the "
+                                      "margin between the methods it compares (ImageReward: Sol-RL 1.764, DiffusionNFT "
+                                      "1.671)")
 
 _WEIGHTS = ("model.safetensors", "pytorch_model.bin")
 _TOKENIZER = ("tokenizer.json", "vocab.json")
@@ -204,43 +210,53 @@ BUILTINS: tuple[RewardInfo, ...] = (
                _jpeg("jpeg_compressibility", -1.0, 1 / 500), floor=_SIZE_FLOOR),
     RewardInfo("jpeg_incompressibility", "Larger JPEG files score higher: +size_KB (PIL, quality 95)",
                _jpeg("jpeg_incompressibility", 1.0, 1.0), floor=_SIZE_FLOOR),
-    RewardInfo("tinyworld_geneval", "GenEval-style partial score of a tiny-world image against its caption (objects, colours, "
-               "counts, positions), in [0, 1]", _tinyworld, best=1.0, on_frames=False, floor=_GENEVAL_FLOOR),
-    RewardInfo("tinyvideo_geneval", "Video: GenEval-style partial score of a tiny-moving-world clip against its caption "
-               "(object, colour, count, motion), in [0, 1]", _tinyvideo, best=1.0, media="video", floor=_GENEVAL_FLOOR),
+    RewardInfo("tinyworld_geneval", "GenEval-style partial score of a tiny-world image against its caption (objects, "
+               "colours, counts, positions), in [0, 1]", _tinyworld, best=1.0, on_frames=False, floor=_GENEVAL_FLOOR),
+    RewardInfo("tinyvideo_geneval", "Video: GenEval-style partial score of a tiny-moving-world clip against its "
+               "caption (object, colour, count, motion), in [0, "
+               "1]", _tinyvideo, best=1.0, media="video", floor=_GENEVAL_FLOOR),
     RewardInfo("tinyworld_fidelity", "Share of a tiny-world image painted in the tiny world's seven colours: per pixel "
-               "max(0, 1 - RGB distance to the nearest / 64), averaged, in [0, 1]; falls as images wash out, blur or get "
-               "noisy (an eval reward of the tiny preset)", _fidelity, best=1.0, on_frames=False,
-               floor=Floor(0.1, "what on exact paint Gaussian noise of 4 of 255 levels costs (0.100), or a 3x3 blur (0.118), or "
-                                "every pixel 4 levels brighter (0.108): twice the default tiny run's grain (-0.047 to -0.056), a "
-                                "fifth of what a made-to-hack run loses in two iterations (-0.45)")),
-    RewardInfo("brightness", "Mean pixel value, in [0, 1]: a reward made to be gamed (a policy raises it by washing images "
-               "out), to watch the hacking rule catch a run (docs/rewards.md); never a goal", _brightness, best=1.0,
+               "max(0, 1 - RGB distance to the nearest / 64), averaged, in [0, 1]; falls as images wash out, blur or "
+               "get noisy (an eval reward of the tiny preset)", _fidelity, best=1.0, on_frames=False,
+               floor=Floor(0.1, "what on exact paint Gaussian noise of 4 of 255 levels costs (0.100), or a 3x3 blur "
+                                "(0.118), or every pixel 4 levels brighter (0.108): twice the default tiny run's grain "
+                                "(-0.047 to -0.056), a fifth of what a made-to-hack run loses in two iterations "
+                                "(-0.45)")),
+    RewardInfo("brightness", "Mean pixel value, in [0, 1]: a reward made to be gamed (a policy raises it by washing "
+               "images out), to watch the hacking rule catch a run (docs/rewards.md); never a "
+               "goal", _brightness, best=1.0,
                floor=Floor(0.03, "a mean shift of 8 of 255 levels, which on the tiny world's exact paint costs "
                                  "tinyworld_fidelity 0.22 (four times a 4-level noise's 0.10: plainly visible)")),
     RewardInfo("imagereward", "ImageReward-v1.0 (BLIP ViT-L + BERT cross-attention + MLP head)", _imagereward,
-               weights="hub THUDM/ImageReward (ImageReward.pt, med_config.json) + tokenizer bert-base-uncased", extra="rewards",
+               weights="hub THUDM/ImageReward (ImageReward.pt, med_config.json) + tokenizer bert-base-uncased",
+               extra="rewards",
                backend=IMAGE_REWARD, hub_files=(("THUDM/ImageReward", ("ImageReward.pt",)),
-                                                ("THUDM/ImageReward", ("med_config.json",)), ("bert-base-uncased", ("vocab.txt",))),
-               local_files=("ImageReward.pt", "med_config.json"), hub_unless_local=(("bert-base-uncased", "tokenizer"),),
+                                                ("THUDM/ImageReward", ("med_config.json",)),
+                                                ("bert-base-uncased", ("vocab.txt",))),
+               local_files=("ImageReward.pt", "med_config.json"),
+               hub_unless_local=(("bert-base-uncased", "tokenizer"),),
                download_gb=1.8, memory_gib=1.7, floor=_paper(1.7636 - 0.455, "base without CFG 0.455 -> 1.7636")),
     RewardInfo("pickscore", "PickScore_v1: logit_scale * cos(text, image) / 26", _pickscore,
                weights="hub yuvalkirstain/PickScore_v1 + processor laion/CLIP-ViT-H-14-laion2B-s32B-b79K", backend=CLIP,
                hub_files=(("yuvalkirstain/PickScore_v1", ("config.json",)), ("yuvalkirstain/PickScore_v1", _WEIGHTS),
                           ("laion/CLIP-ViT-H-14-laion2B-s32B-b79K", ("preprocessor_config.json",)),
                           ("laion/CLIP-ViT-H-14-laion2B-s32B-b79K", _TOKENIZER)),
-               local_files=("config.json",), download_gb=4.0, memory_gib=3.7, floor=_paper(0.8932 - 0.8096, "0.8096 -> 0.8932")),
+               local_files=("config.json",), download_gb=4.0, memory_gib=3.7, floor=_paper(0.8932 - 0.8096, "0.8096 -> "
+                                                                                                            "0.8932")),
     RewardInfo("clipscore", "CLIP ViT-L/14: logit_scale * cos(text, image) / 100", _clipscore, weights=f"hub {_CLIP_L}",
-               backend=CLIP, hub_files=((_CLIP_L, ("config.json",)), (_CLIP_L, _WEIGHTS), (_CLIP_L, ("preprocessor_config.json",)),
+               backend=CLIP,
+               hub_files=((_CLIP_L, ("config.json",)), (_CLIP_L, _WEIGHTS), (_CLIP_L, ("preprocessor_config.json",)),
                           (_CLIP_L, _TOKENIZER)),
-               local_files=("config.json",), download_gb=1.7, memory_gib=1.6, floor=_paper(0.3089 - 0.2630, "0.2630 -> 0.3089")),
-    RewardInfo("temporal_consistency", "Video: mean cosine similarity of consecutive frames' CLIP ViT-L/14 image features, "
-               "in [-1, 1]; weigh it against an image reward (alone, a still clip maximises it)", _temporal,
+               local_files=("config.json",), download_gb=1.7, memory_gib=1.6, floor=_paper(0.3089 - 0.2630, "0.2630 -> "
+                                                                                                            "0.3089")),
+    RewardInfo("temporal_consistency", "Video: mean cosine similarity of consecutive frames' CLIP ViT-L/14 image "
+               "features, in [-1, 1]; weigh it against an image reward (alone, a still clip maximises it)", _temporal,
                weights=f"hub {_CLIP_L}", media="video", backend=CLIP,
                hub_files=((_CLIP_L, ("config.json",)), (_CLIP_L, _WEIGHTS), (_CLIP_L, ("preprocessor_config.json",)),
                           (_CLIP_L, _TOKENIZER)),
                local_files=("config.json",), download_gb=1.7, memory_gib=1.6, best=1.0,
-               floor=Floor(0.5, "no published figure: half its standard deviation over the base evaluation's clips", of_spread=True)),
+               floor=Floor(0.5, "no published figure: half its standard deviation over the base evaluation's clips",
+                           of_spread=True)),
     RewardInfo("hpsv2", "HPS v2.1 through open_clip ViT-H-14: image . text features", _hpsv2,
                weights="hub xswu/HPSv2 (HPS_v2.1_compressed.pt)", extra="rewards", backend=OPEN_CLIP,
                hub_files=(("xswu/HPSv2", ("HPS_v2.1_compressed.pt",)),), local_files=("HPS_v2.1_compressed.pt",),

@@ -45,7 +45,8 @@ class RemoteReward:
         identity = self.info.get("identity")
         self.identity: dict[str, Any] | None = identity if isinstance(identity, dict) else None
         media = self.info.get("media")  # a server without the field (an earlier version) judges images
-        self.media: tuple[str, ...] = tuple(m for m in media if m in ("image", "video")) if isinstance(media, list) else ("image",)
+        self.media: tuple[str, ...] = tuple(m for m in media if m in ("image", "video")) if isinstance(media,
+                list) else ("image",)
 
     def health(self) -> tuple[dict[str, Any], float]:
         """The server's /health answer (checked: schema and rewards) and how long it took."""
@@ -53,7 +54,8 @@ class RemoteReward:
                              what=f"reward server {self.url}")
         if not isinstance(info, dict) or info.get("schema") != SCHEMA or not isinstance(info.get("rewards"), list) \
                 or not info["rewards"]:
-            raise SolrlError(f"{self.url}/health did not answer as a solrl reward server of schema {SCHEMA} ({str(info)[:120]})",
+            raise SolrlError(f"{self.url}/health did not answer as a solrl reward server of schema {SCHEMA} "
+                             f"({str(info)[:120]})",
                              "point remote: at a `solrl reward-server` of the same solrl version")
         return info, seconds
 
@@ -63,7 +65,9 @@ class RemoteReward:
         return [f"{r.get('name')}={r.get('weight')}" for r in self.info["rewards"]]
 
     def check_prompts(self, prompts: list[str]) -> None:
-        call(f"{self.url}/check", {"prompts": prompts}, timeout_s=self.timeout_s, token=self.token, what=f"reward server {self.url}")
+        call(f"{self.url}/check", {"prompts": prompts}, timeout_s=self.timeout_s, token=self.token, what=f"reward "
+                                                                                                         f"server "
+                                                                                                         f"{self.url}")
 
     def __call__(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         """[B] float32 CPU scores for [B, 3, H, W] images, or [B, F, 3, H, W] clips, in [0, 1]."""
@@ -73,7 +77,8 @@ class RemoteReward:
         if not prompts:
             return torch.zeros(0)
         step = self.images_per_request(images)
-        return torch.cat([self._score(images[i:i + step], list(prompts[i:i + step])) for i in range(0, len(prompts), step)])
+        return torch.cat([self._score(images[i:i + step], list(prompts[i:i + step]))
+                          for i in range(0, len(prompts), step)])
 
     def images_per_request(self, images: torch.Tensor) -> int:
         """As many images (or clips) as the server's limits take in one request (its max_images,
@@ -86,23 +91,27 @@ class RemoteReward:
         if isinstance(max_bytes, int) and max_bytes > 0:  # the server decodes every image to float32 [H, W, 3]
             most = min(most, max_bytes // (frames * 3 * 4 * images.shape[-2] * images.shape[-1]))
         if most < 1 and frames > 1:  # (one image over the limits is sent, and the server's 413 names them)
-            raise SolrlError(f"one clip of {frames} frames of {images.shape[-2]}x{images.shape[-1]} is more than reward server "
-                             f"{self.url} takes in one request", "start it with a larger --max-images and --max-decoded-mb, "
+            raise SolrlError(f"one clip of {frames} frames of {images.shape[-2]}x{images.shape[-1]} is more than "
+                             f"reward server {self.url} takes in one "
+                             f"request", "start it with a larger --max-images and --max-decoded-mb, "
                              "or score fewer frames (reward.video_frames)")
         return max(1, most)
 
     def _score(self, images: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         if images.dim() == 5:
-            body = {"prompts": prompts, "videos": encode_clips(images, self.encoding), "video_frames": self.video_frames,
+            body = {"prompts": prompts, "videos": encode_clips(images, self.encoding),
+                    "video_frames": self.video_frames,
                     "frame_reduce": self.frame_reduce}
         else:
             body = {"prompts": prompts, "images": encode_images(images, self.encoding)}
-        answer, _ = call(f"{self.url}/score", body, timeout_s=self.timeout_s, token=self.token, what=f"reward server {self.url}")
+        answer, _ = call(f"{self.url}/score", body, timeout_s=self.timeout_s, token=self.token, what=f"reward server "
+                                                                                                     f"{self.url}")
         total = answer.get("total") if isinstance(answer, dict) else None
         return scores_from_json(total, len(prompts), f"reward server {self.url}")
 
 
-def build_endpoint(name: str, settings: dict[str, str], timeout_s: float, video_frames: int = 0, frame_reduce: str = "mean") -> Any:
+def build_endpoint(name: str, settings: dict[str, str], timeout_s: float, video_frames: int = 0,
+                   frame_reduce: str = "mean") -> Any:
     """The reward a remote:URL or vlm:URL name stands for, connected and checked (`video_frames`,
     `frame_reduce`: the frames of a clip an image reward scores, and how their scores combine)."""
     if name.startswith("vlm:"):

@@ -48,7 +48,8 @@ def build_reward(name: str, ctx: RewardContext | None = None, *, remote: dict[st
         return build_endpoint(name, remote or {}, timeout_s, video_frames, frame_reduce)
     info = lookup(name)
     if info is None:
-        raise SolrlError(f"unknown reward '{name}'", close_matches(name, reward_names()) + " (list them with: solrl presets)")
+        raise SolrlError(f"unknown reward '{name}'", close_matches(name, reward_names()) + " (list them with: solrl "
+                                                                                           "presets)")
     if info.build is None:
         from solrl_core.rewards.plugins import load_plugin
 
@@ -69,18 +70,20 @@ def same_plugins_on_every_rank(rewards: dict[str, Reward]) -> None:
     what its plugins resolved to (plugins.fingerprint) with rank 0's, and all stop together if any differs."""
     from solrl_core.runtime import distributed
 
-    mine = {n: r.fingerprint for n, r in rewards.items() if hasattr(r, "fingerprint") and isinstance(r.fingerprint, str)}
+    mine = {n: r.fingerprint for n, r in rewards.items() if hasattr(r, "fingerprint")
+            and isinstance(r.fingerprint, str)}
     if distributed.world_size() == 1 or not mine:
         return
     first = distributed.broadcast_object(mine)
     differs = sorted(n for n in mine if first.get(n) != mine[n])
     if distributed.any_true(bool(differs)):
-        fix = "install the same version of the plugin for every process (every node), or give its file by an absolute path"
+        fix = ("install the same version of the plugin for every process (every node), or give its file by an absolute "
+               "path")
         if not differs:
             raise SolrlError("a reward plugin is not the same code on every process (another rank names it)", fix)
         name = differs[0]
-        raise SolrlError(f"reward plugin '{name}' is not the same code on every process: rank {distributed.rank()} loaded "
-                         f"{mine[name]}, rank 0 {first.get(name)}", fix)
+        raise SolrlError(f"reward plugin '{name}' is not the same code on every process: rank {distributed.rank()} "
+                         f"loaded {mine[name]}, rank 0 {first.get(name)}", fix)
 
 
 @dataclass(frozen=True)
@@ -107,24 +110,29 @@ class RewardSet:
         self.weights = dict(weights)
         # A reward behind a URL, or the user's own code, is watched like a model reward: either can hang as a model can.
         self.timeouts = {n: timeout_for(timeout_s, model_reward=_may_hang(n)) for n in weights}
-        self.rewards = {n: build_reward(n, RewardContext(base.device, base.dtype, (paths or {}).get(n, ""), base.batch_size),
+        self.rewards = {n: build_reward(n,
+                RewardContext(base.device, base.dtype, (paths or {}).get(n, ""), base.batch_size),
                                         remote=remote, timeout_s=self.timeouts[n],
                                         video_frames=video_frames, frame_reduce=frame_reduce)
                         for n in weights}
         same_plugins_on_every_rank(self.rewards)
         self.retries = retries
         # On clips [B, F, 3, H, W]: which rewards judge them whole (media "video"; an endpoint is sent the clips and
-        # samples their frames as video_frames says, and says what it judges once connected); the others score frames (video.py).
+        # samples their frames as video_frames says, and says what it judges once connected); the others score frames
+        # (video.py).
         self.endpoints = {n: tuple(getattr(r, "media", ("image",))) for n, r in self.rewards.items() if is_endpoint(n)}
-        self.judges_clips = {n for n in weights if (info := lookup(n)) is not None and info.media == "video"} | set(self.endpoints)
+        self.judges_clips = {n for n in weights if (info := lookup(n)) is not None and info.media
+                             == "video"} | set(self.endpoints)
         self.video_frames, self.frame_reduce = video_frames, frame_reduce
         self.retried: list[str] = []
-        self.stop: Callable[[], bool] | None = None  # true once a stop was asked: a hung call is abandoned (watchdog.py)
+        # true once a stop was asked: a hung call is abandoned (watchdog.py)
+        self.stop: Callable[[], bool] | None = None
 
     @classmethod
     def from_config(cls, reward: RewardSection, device: torch.device) -> "RewardSet":
         """The rewards of a run's `reward` config section, loaded on `device` in fp32."""
-        return cls(reward.weights, RewardContext(device, torch.float32, batch_size=reward.batch_size), paths=reward.paths,
+        return cls(reward.weights, RewardContext(device, torch.float32, batch_size=reward.batch_size),
+                   paths=reward.paths,
                    timeout_s=reward.timeout_s, retries=reward.retries, remote=reward.remote,
                    video_frames=reward.video_frames, frame_reduce=reward.frame_reduce)
 
@@ -171,13 +179,15 @@ class RewardSet:
         return lambda: reward(images, prompts).float().cpu()
 
     @torch.no_grad()
-    def __call__(self, images: torch.Tensor, prompts: list[str], video_frames: int | None = None, frame_reduce: str = "") -> Scores:
+    def __call__(self, images: torch.Tensor, prompts: list[str], video_frames: int | None = None,
+                 frame_reduce: str = "") -> Scores:
         """Scores of images [B, 3, H, W], or of a video model's clips [B, F, 3, H, W] (`video_frames`,
         `frame_reduce`: this call's frame sampling and combination, as a reward server's request names
         them; None and '' = the set's)."""
         frames = (self.video_frames if video_frames is None else video_frames, frame_reduce or self.frame_reduce)
         with charged_to("reward"):
-            components = {n: call_watched(n, self._scorer(n, r, images, prompts, frames), self.timeouts[n], self.retries,
+            components = {n: call_watched(n, self._scorer(n, r, images, prompts, frames), self.timeouts[n],
+                                          self.retries,
                                           self.retried.append, self.stop)
                           for n, r in self.rewards.items()}
         total = sum(self.weights[n] * s for n, s in components.items())

@@ -88,7 +88,8 @@ class Batcher:
         self.batches: list[int] = []  # images per scoring call, for tests and /health
         threading.Thread(target=self._work, name="solrl-reward-server", daemon=True).start()
 
-    def submit(self, images: torch.Tensor, prompts: list[str], frames: dict[str, Any] | None = None) -> concurrent.futures.Future:
+    def submit(self, images: torch.Tensor, prompts: list[str],
+               frames: dict[str, Any] | None = None) -> concurrent.futures.Future:
         job = _Job(images, prompts, frames or {})
         self.jobs.put(job)
         return job.future
@@ -110,7 +111,8 @@ class Batcher:
                 batch.append(job)
                 count += len(job.prompts)
             self._run(batch)
-            for job in batch:  # freed now, not when the next request arrives: the server's room for it is already given back
+            # freed now, not when the next request arrives: the server's room for it is already given back
+            for job in batch:
                 job.images = torch.empty(0)
 
     def _run(self, batch: list[_Job]) -> None:
@@ -128,7 +130,8 @@ class Batcher:
         start = 0
         for job in batch:
             end = start + len(job.prompts)
-            job.future.set_result(Scores(scores.total[start:end], {n: s[start:end] for n, s in scores.components.items()}))
+            job.future.set_result(Scores(scores.total[start:end],
+                                         {n: s[start:end] for n, s in scores.components.items()}))
             start = end
 
 
@@ -157,14 +160,16 @@ def load(opts: ServerOptions) -> tuple[RewardSet, dict[str, Any], Limits]:
     from solrl_core.runtime.device import resolve_device
 
     if not opts.token and not is_loopback(opts.host):
-        raise SolrlError(f"serving on {opts.host} (not loopback) without a token would let anyone who reaches it use this machine",
+        raise SolrlError(f"serving on {opts.host} (not loopback) without a token would let anyone who reaches it use "
+                         f"this machine",
                          "pass --token TOKEN (or set SOLRL_REWARD_TOKEN), or bind to 127.0.0.1")
     served = [n for n in opts.weights if is_endpoint(n)]
     if served:
         raise SolrlError(f"a reward server serves built-in rewards and plugins, not '{served[0]}'",
                          "name built-in rewards or plugins: see `solrl presets`")
     device = resolve_device(opts.device)
-    rewards = RewardSet(opts.weights, RewardContext(device, torch.float32, batch_size=opts.batch_size), paths=opts.paths)
+    rewards = RewardSet(opts.weights, RewardContext(device, torch.float32, batch_size=opts.batch_size),
+                        paths=opts.paths)
     limits = derive(rewards.rewards.values(), max_images=opts.max_images, max_side=opts.max_side,
                     max_decoded_mb=opts.max_decoded_mb, max_request_mb=opts.max_request_mb,
                     header_timeout_s=opts.header_timeout_s, max_connections=opts.max_connections)
@@ -172,7 +177,8 @@ def load(opts: ServerOptions) -> tuple[RewardSet, dict[str, Any], Limits]:
     versions = _versions()
     info = {"schema": SCHEMA, "server": "solrl reward-server", "device": str(device), "versions": versions,
             "rewards": [{"name": n, "weight": w, "description": described.get(n, "")} for n, w in opts.weights.items()],
-            "batch_size": opts.batch_size, **limits.describe(), "formats": list(FORMATS), "token_required": bool(opts.token),
+            "batch_size": opts.batch_size, **limits.describe(), "formats": list(FORMATS),
+            "token_required": bool(opts.token),
             "media": judged_media(list(opts.weights)),
             "identity": server_identity(rewards.rewards, opts.weights, versions["solrl"])}
     return rewards, info, limits
@@ -204,7 +210,8 @@ def build_app(rewards: RewardSet, info: dict[str, Any], opts: ServerOptions, lim
             if not length.isdigit():
                 return refuse(411, "send the body with a Content-Length header", close=True)
             if int(length) > limits.max_request_bytes:
-                return refuse(413, f"request of {int(length)} bytes is more than the server's {limits.max_request_bytes}",
+                return refuse(413, f"request of {int(length)} bytes is more than the server's "
+                                   f"{limits.max_request_bytes}",
                               close=True)
         return await call_next(request)
 
@@ -250,7 +257,8 @@ def build_app(rewards: RewardSet, info: dict[str, Any], opts: ServerOptions, lim
         if isinstance(body, JSONResponse):
             return body
         prompts, video = body["prompts"], "videos" in body
-        items, reduce, sampled = body.get("videos" if video else "images"), body.get("frame_reduce", "mean"), body.get("video_frames", 0)
+        items, reduce, sampled = body.get("videos" if video else "images"), body.get("frame_reduce",
+                "mean"), body.get("video_frames", 0)
         media = "video" if video else "image"
         if media not in info["media"]:
             return refuse(422, f"this server's rewards ({', '.join(opts.weights)}) do not judge {media}s",
@@ -323,7 +331,8 @@ def prepare(opts: ServerOptions) -> tuple[Any, socket.socket, str, dict[str, Any
         import fastapi  # noqa: F401
         import uvicorn
     except ImportError as exc:
-        raise SolrlError(f"the reward server needs FastAPI and uvicorn ({exc})", 'install them with `pip install "solrl[server]"`') from exc
+        raise SolrlError(f"the reward server needs FastAPI and uvicorn ({exc})", 'install them with `pip install '
+                                                                                 '"solrl[server]"`') from exc
     from solrl_core.rewards.http_guard import guarded_protocol, quiet_logging
 
     rewards, info, limits = load(opts)
@@ -334,7 +343,8 @@ def prepare(opts: ServerOptions) -> tuple[Any, socket.socket, str, dict[str, Any
     # uvicorn's own limits where it has them; `limit_concurrency` is left off: it counts open connections,
     # so half-open ones would make it refuse real requests (the guarded protocol caps connections instead).
     server = uvicorn.Server(uvicorn.Config(app, http=guarded_protocol(limits), log_config=None, log_level="warning",
-                                           access_log=False, timeout_keep_alive=5, h11_max_incomplete_event_size=16 * 1024,
+                                           access_log=False, timeout_keep_alive=5,
+                                           h11_max_incomplete_event_size=16 * 1024,
                                            backlog=limits.backlog))
     return server, sock, f"http://{f'[{host}]' if ':' in host else host}:{port}", info
 

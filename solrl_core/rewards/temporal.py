@@ -22,7 +22,8 @@ class TemporalConsistency(ClipScore):
     @torch.no_grad()
     def __call__(self, clips: torch.Tensor, prompts: list[str]) -> torch.Tensor:
         if clips.dim() != 5:
-            raise ValueError(f"temporal_consistency judges clips [B, F, 3, H, W], not a tensor of shape {tuple(clips.shape)}")
+            raise ValueError(f"temporal_consistency judges clips [B, F, 3, H, W], not a tensor of shape "
+                             f"{tuple(clips.shape)}")
         b, f = clips.shape[:2]
         frames = clips.reshape(b * f, *clips.shape[2:])
         features = torch.cat([self._features(frames[i:i + self.batch_size]) for i in range(0, b * f, self.batch_size)])

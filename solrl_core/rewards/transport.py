@@ -45,7 +45,8 @@ MAX_ANSWER_DEPTH = 64
 class _RefuseRedirects(urllib.request.HTTPRedirectHandler):
     def redirect_request(self, req: urllib.request.Request, fp: Any, code: int, msg: str, headers: Any,
                          newurl: str) -> None:
-        raise SolrlError(f"{req.full_url} answered with a redirect (HTTP {code}) to {newurl}; redirects are not followed, "
+        raise SolrlError(f"{req.full_url} answered with a redirect (HTTP {code}) to {newurl}; redirects are not "
+                         f"followed, "
                          "so the token is never sent on to another address", "give the address the server answers at "
                          "itself (check the scheme, host, port and path)")
 
@@ -165,8 +166,9 @@ def call(url: str, body: Any | None, *, timeout_s: float, token: str = "", what:
             if isinstance(reason, (TimeoutError, socket.timeout)) or deadline.passed:
                 raise late from exc
             if attempt == len(backoff) or deadline.left() <= backoff[attempt]:
-                raise Unreachable(f"{what} is not reachable ({type(reason).__name__}: {reason}; {attempt + 1} tries over "
-                                  f"{sum(backoff[:attempt]):g} s)", f"{Unreachable.START}, then continue a run with "
+                raise Unreachable(f"{what} is not reachable ({type(reason).__name__}: {reason}; {attempt + 1} tries "
+                                  f"over {sum(backoff[:attempt]):g} "
+                                  f"s)", f"{Unreachable.START}, then continue a run with "
                                   "`solrl train --resume RUN --trust-run-config`") from exc
             time.sleep(backoff[attempt])
         finally:
@@ -178,7 +180,8 @@ def _read(answer: Any, what: str, limit: int = MAX_ANSWER_BYTES) -> bytes:
     """The answer's body, refused past `limit` bytes: from its Content-Length before reading, or once
     more than that has come."""
     declared = answer.headers.get("Content-Length", "")
-    too_long = SolrlError(f"{what} answered with more than {limit} bytes, more than any answer of a reward server or VLM "
+    too_long = SolrlError(f"{what} answered with more than {limit} bytes, more than any answer of a reward server or "
+                          f"VLM "
                           "API holds", "check that the URL points at the server's base address")
     if declared.isdigit() and int(declared) > limit:
         raise too_long
@@ -201,15 +204,19 @@ def _json(raw: bytes, what: str) -> Any:
 
 def _http_error(exc: urllib.error.HTTPError, what: str) -> HttpError:
     try:
-        answer = bounded_json.loads(exc.read(MAX_ANSWER_BYTES) or b"{}", max_items=MAX_ANSWER_ITEMS, max_depth=MAX_ANSWER_DEPTH)
+        answer = bounded_json.loads(exc.read(MAX_ANSWER_BYTES) or b"{}", max_items=MAX_ANSWER_ITEMS,
+                                    max_depth=MAX_ANSWER_DEPTH)
         error = answer.get("error")  # OpenAI-style APIs: {"error": {"message": ...}}
         detail = error.get("message", "") if isinstance(error, dict) else answer.get("detail", "")
         fix = answer.get("fix", "")
     except (ValueError, AttributeError, OSError, http.client.HTTPException):  # no reason to be read: the status says it
         detail, fix = "", ""
     reason = detail if isinstance(detail, str) and detail else json.dumps(detail) if detail else exc.reason
-    fixes = {401: "set the token in the environment: SOLRL_REWARD_TOKEN for a reward server, OPENAI_API_KEY for a vlm: endpoint",
+    fixes = {401: "set the token in the environment: SOLRL_REWARD_TOKEN for a reward server, OPENAI_API_KEY for a vlm: "
+                  "endpoint",
              404: "check the URL: give the server's base address (for a vlm: endpoint, the one ending in /v1)",
-             413: "send fewer or smaller images per request (reward.batch_size), or start the server with larger limits"}
-    return HttpError(exc.code, f"{what} refused the request: HTTP {exc.code}: {reason}", fix if isinstance(fix, str) and fix
+             413: "send fewer or smaller images per request (reward.batch_size), or start the server with larger "
+                  "limits"}
+    return HttpError(exc.code, f"{what} refused the request: HTTP {exc.code}: {reason}",
+                     fix if isinstance(fix, str) and fix
                      else fixes.get(exc.code, "see the server's log (SOLRL_DEBUG=1 there for the traceback)"))

@@ -56,7 +56,8 @@ class VlmJudge:
             raise SolrlError(f"VLM endpoint {self.url} serves {len(served)} models ({', '.join(served[:5])})",
                              "name one with --set reward.remote.model=NAME")
         if self.model not in served:
-            raise SolrlError(f"VLM endpoint {self.url} does not serve model '{self.model}' (it serves {', '.join(served[:5])})",
+            raise SolrlError(f"VLM endpoint {self.url} does not serve model '{self.model}' (it serves "
+                             f"{', '.join(served[:5])})",
                              "set reward.remote.model to one of those, or serve that model there")
 
     def models(self) -> tuple[list[str], float]:
@@ -90,10 +91,12 @@ class VlmJudge:
         """The chat-completions body asking about one image, or about one clip (a list of its frames' PNGs)."""
         video = isinstance(png, list)
         question = self.judge.question(prompt, video)
-        images = [{"type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(b).decode("ascii")}}
+        images = [{"type": "image_url",
+                   "image_url": {"url": "data:image/png;base64," + base64.b64encode(b).decode("ascii")}}
                   for b in (png if video else [png])]
         body: dict[str, Any] = {"model": self.model, "temperature": 0.0,
-                                "messages": [{"role": "user", "content": [*images, {"type": "text", "text": question}]}]}
+                                "messages": [{"role": "user",
+                                              "content": [*images, {"type": "text", "text": question}]}]}
         if self.judge.scoring == "yes_prob":
             body.update(max_tokens=1, logprobs=True, top_logprobs=TOP_LOGPROBS)
         else:
@@ -116,11 +119,12 @@ def yes_probability(choice: dict[str, Any], url: str) -> float:
     """P('yes') of a choice's first token from its log-probabilities ('Yes', ' yes', ... summed)."""
     content = (choice.get("logprobs") or {}).get("content") or []
     if not content or not isinstance(content[0], dict):
-        raise SolrlError(f"VLM endpoint {url} returned no log-probabilities", "serve with log-probabilities enabled (vLLM and "
-                         "SGLang return them on request), or judge with --set reward.remote.scoring=number and a template "
-                         "asking for a number")
+        raise SolrlError(f"VLM endpoint {url} returned no log-probabilities", "serve with log-probabilities enabled "
+                         "(vLLM and SGLang return them on request), or judge with --set reward.remote.scoring=number "
+                         "and a template asking for a number")
     first = content[0]
-    tokens = {t.get("token"): t.get("logprob") for t in [*(first.get("top_logprobs") or []), first] if isinstance(t, dict)}
+    tokens = {t.get("token"): t.get("logprob") for t in [*(first.get("top_logprobs") or []), first]
+              if isinstance(t, dict)}
     return float(sum(math.exp(lp) for tok, lp in tokens.items()
                      if isinstance(tok, str) and tok.strip().lower() == "yes" and isinstance(lp, (int, float))))
 
@@ -131,5 +135,6 @@ def number_score(choice: dict[str, Any], scale: float, url: str) -> float:
     found = _NUMBER.search(text) if isinstance(text, str) else None
     if found is None:
         raise SolrlError(f"VLM endpoint {url} answered {str(text)[:80]!r}, which holds no number",
-                         "use a template that asks for the number only (reward.remote.template), or a larger reward.remote.max_tokens")
+                         "use a template that asks for the number only (reward.remote.template), or a larger "
+                         "reward.remote.max_tokens")
     return float(found.group()) / scale

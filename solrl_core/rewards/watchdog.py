@@ -63,13 +63,15 @@ def call_watched(name: str, score: Callable[[], T], timeout_s: float, retries: i
         except Exception as exc:  # noqa: BLE001 - any error of a reward's own code is retried, then named
             if attempt == retries:
                 own = isinstance(exc, SolrlError) and exc.fix  # its message and its fix, each said once
-                fix = exc.fix if own else \
-                    "fix the reward (SOLRL_DEBUG=1 shows the traceback), then continue from the checkpoint saved: `solrl train --resume RUN`"
+                fix = exc.fix if own else ("fix the reward (SOLRL_DEBUG=1 shows the traceback), then continue from the "
+                                           "checkpoint saved: `solrl train --resume RUN`")
                 tries = f" ({retries + 1} tries)" if retries else ""
-                what = exc.message if isinstance(exc, SolrlError) else f"{type(exc).__name__}: {exc}"  # ours say what they are
+                # ours say what they are
+                what = exc.message if isinstance(exc, SolrlError) else f"{type(exc).__name__}: {exc}"
                 raise RewardFailure(name, f"reward '{name}' failed{tries}: {what}", fix) from exc
             if on_retry is not None:
-                on_retry(f"reward '{name}' raised {type(exc).__name__}: {exc}; trying again ({attempt + 1} of {retries})")
+                on_retry(f"reward '{name}' raised {type(exc).__name__}: {exc}; trying again ({attempt + 1} of "
+                         f"{retries})")
     raise AssertionError("unreachable")
 
 
@@ -113,7 +115,8 @@ def _wait(name: str, done: threading.Event, timeout_s: float, stop: Callable[[],
             return
         now = time.monotonic()
         if timeout_s and now >= start + timeout_s:
-            raise RewardFailure(name, f"reward '{name}' did not finish scoring a batch within reward.timeout_s={timeout_s:g} s", _FIX)
+            raise RewardFailure(name, f"reward '{name}' did not finish scoring a batch within "
+                                      f"reward.timeout_s={timeout_s:g} s", _FIX)
         if asked is not None and now >= asked + STOP_GRACE_S:
             raise ScoringAbandoned(f"reward '{name}' was still scoring {STOP_GRACE_S:g} s after the stop request "
                                    "(its call is left running in its thread)")

@@ -18,7 +18,8 @@ def local_folder(reward: str, path: str, files: list[str]) -> Path:
     """`path` as a folder that must hold every name in `files` (files or subfolders)."""
     folder = Path(path).expanduser()
     if not folder.is_dir():
-        raise SolrlError(f"reward.paths.{reward} = {path} is not a folder", f"point it at a folder holding {', '.join(files)}")
+        raise SolrlError(f"reward.paths.{reward} = {path} is not a folder", f"point it at a folder holding "
+                                                                            f"{', '.join(files)}")
     missing = [f for f in files if not (folder / f).exists()]
     if missing:
         raise SolrlError(f"{folder} (reward.paths.{reward}) lacks {', '.join(missing)}",

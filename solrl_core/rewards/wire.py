@@ -162,8 +162,8 @@ def read_images(items: list[Any], max_side: int, max_bytes: int) -> Pending:
         raise ValueError(f"all images of a request must share one size; got {sorted(sizes)}")
     pending = Pending(headers)
     if pending.decoded_bytes > max_bytes:
-        raise TooLarge(f"{len(items)} images of {headers[0][2]}x{headers[0][3]} decode to {pending.decoded_bytes} bytes; the "
-                       f"server takes at most {max_bytes} per request")
+        raise TooLarge(f"{len(items)} images of {headers[0][2]}x{headers[0][3]} decode to {pending.decoded_bytes} "
+                       f"bytes; the server takes at most {max_bytes} per request")
     return pending
 
 
@@ -194,7 +194,8 @@ def _header(i: int, item: Any, max_side: int) -> tuple[str, bytes, int, int]:
     if fmt != "png":
         expected = height * width * 3 * (4 if fmt == "float32" else 1)
         if len(raw) != expected:
-            raise ValueError(f"image {i}: {len(raw)} bytes of data for shape {[height, width, 3]} in {fmt} (expected {expected})")
+            raise ValueError(f"image {i}: {len(raw)} bytes of data for shape {[height, width, 3]} in {fmt} (expected "
+                             f"{expected})")
     return fmt, raw, height, width
 
 
@@ -235,7 +236,8 @@ def _decode_png(i: int, raw: bytes) -> np.ndarray:
     try:
         with Image.open(io.BytesIO(raw), formats=["PNG"]) as img:
             return np.asarray(img if img.mode == "RGB" else img.convert("RGB"), dtype=np.uint8)
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:  # a header that passed, a body that does not
+    # a header that passed, a body that does not
+    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError) as exc:
         raise ValueError(f"image {i}: not a readable PNG ({type(exc).__name__}: {exc})") from exc
 
 
@@ -247,7 +249,8 @@ def scores_from_json(values: Any, count: int, where: str) -> torch.Tensor:
     """A JSON list of `count` numbers (null = non-finite) -> float32 [count]; SolrlError otherwise."""
     if not isinstance(values, list) or len(values) != count or \
             not all(v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)) for v in values):
-        raise SolrlError(f"{where} did not answer with {count} scores", "check that the URL is a `solrl reward-server` of the same version")
+        raise SolrlError(f"{where} did not answer with {count} scores", "check that the URL is a `solrl reward-server` "
+                                                                        "of the same version")
     return torch.tensor([math.nan if v is None else float(v) for v in values], dtype=torch.float32)
 
 

@@ -55,7 +55,8 @@ class WorldReward(ABC):
         """The samples of each kind of caption present, by index, in the world's kinds order: the
         per-kind means of `summary`, and what an evaluation pairs to give each kind's change a standard error."""
         kinds = [spec.kind for spec in self._specs(prompts)]
-        return {kind: members for kind in self.world.kinds if (members := [i for i, k in enumerate(kinds) if k == kind])}
+        return {kind: members for kind in self.world.kinds
+                if (members := [i for i, k in enumerate(kinds) if k == kind])}
 
     def check_prompts(self, prompts: list[str]) -> None:
         """Fail before a run starts, naming the first prompt this reward cannot judge."""
@@ -69,8 +70,8 @@ class WorldReward(ABC):
                 w = self.world
                 raise SolrlError(
                     f"reward '{self.name}' cannot judge prompt {i} ({prompt!r}): it is not a caption of the {w.name}",
-                    f"use the built-in '{w.prompt_set('train')}' or '{w.prompt_set('heldout')}' prompt sets, or captions "
-                    f"of the {w.name}'s grammar such as " + ", ".join(repr(e) for e in w.examples),
+                    f"use the built-in '{w.prompt_set('train')}' or '{w.prompt_set('heldout')}' prompt sets, or "
+                    f"captions of the {w.name}'s grammar such as " + ", ".join(repr(e) for e in w.examples),
                 )
             specs.append(spec)
         return specs

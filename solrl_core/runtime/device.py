@@ -15,7 +15,8 @@ def resolve_device(name: str) -> torch.device:
     except RuntimeError as exc:
         raise SolrlError(f"run.device '{name}' is not a device", "use auto, cpu, cuda or cuda:N") from exc
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise SolrlError(f"run.device '{name}' asked for CUDA but torch sees no GPU", "use --device cpu, or install a CUDA build of torch")
+        raise SolrlError(f"run.device '{name}' asked for CUDA but torch sees no GPU", "use --device cpu, or install a "
+                                                                                      "CUDA build of torch")
     return device
 
 

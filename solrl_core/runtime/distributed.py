@@ -98,7 +98,8 @@ def watch_launcher() -> None:
         threading.Thread(target=_poll_parent, args=(launcher,), name="solrl-launcher-watch", daemon=True).start()
     if os.getppid() != launcher:  # it died before the signal was armed: nothing would ever send it
         raise SolrlError(f"the launcher that started this process (pid {launcher}) is gone",
-                         "start the run again (`solrl train --resume RUN` with the same launcher flags if it has a checkpoint)")
+                         "start the run again (`solrl train --resume RUN` with the same launcher flags if it has a "
+                         "checkpoint)")
 
 
 def orphaned() -> bool:
@@ -133,13 +134,15 @@ def lost_peer(exc: BaseException, run_dir: object = "RUN") -> SolrlError | None:
         return None
     dead = [] if os.environ.get(LAUNCHER_ENV) else _dead_local_ranks()
     if dead:
-        what = f"rank {dead[0]} of this run died" if len(dead) == 1 else f"ranks {', '.join(map(str, dead))} of this run died"
+        what = (f"rank {dead[0]} of this run died" if len(dead) == 1 else f"ranks {', '.join(map(str, dead))} of this "
+                                                                          f"run died")
     elif os.environ.get(LAUNCHER_ENV):
         what = "another process of this run died (the launcher's line names it)"
     else:
         what = "a process of this run on another node died (its node's launcher names it)"
     return SolrlError(f"rank {rank()} stopped: {what}; its connection closed in a collective",
-                      f"the newest checkpoint is intact (written atomically): continue with `solrl train --resume {run_dir}` "
+                      f"the newest checkpoint is intact (written atomically): continue with `solrl train --resume "
+                      f"{run_dir}` "
                       "and the same launcher flags")
 
 
@@ -247,7 +250,8 @@ def all_reduce_mean_grads(params: Iterable[torch.nn.Parameter]) -> None:
         return
     dev = _comm_device()
     had = any(p.grad is not None for p in params)
-    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).to(dev, torch.float32)
+    flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach().reshape(-1).to(dev,
+                                                                                                      torch.float32)
                       for p in params] + [torch.tensor([float(had)], device=dev)])
     dist.all_reduce(flat, op=dist.ReduceOp.SUM)
     if float(flat[-1]) == 0:

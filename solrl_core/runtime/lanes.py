@@ -34,7 +34,8 @@ def map_in_lanes(fn: Callable[[T], R], items: Iterable[T], lanes: int) -> list[R
     work = list(items)
     if lanes <= 1 or not work:
         return [fn(item) for item in work]
-    grad, autocast, cast_dtype = torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"), torch.get_autocast_dtype("cpu")
+    grad, autocast, cast_dtype = (torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"),
+                                  torch.get_autocast_dtype("cpu"))
     tag = torch.compiler.config.cache_key_tag  # the run's compile cache tag (engine/attention.py), also per thread
 
     def lane(item: T) -> R:

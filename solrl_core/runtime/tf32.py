@@ -36,4 +36,5 @@ def describe_tf32(enabled: bool, device: torch.device) -> str:
     """The start-up line's words for the setting: '' on a CPU, where it sets nothing (the line stays as it was)."""
     if device.type != "cuda":
         return ""
-    return "TF32 on (fp32 matmuls and convolutions on tensor cores)" if enabled else "TF32 off (run.tf32=false: full fp32)"
+    return ("TF32 on (fp32 matmuls and convolutions on tensor cores)" if enabled else "TF32 off (run.tf32=false: full "
+                                                                                      "fp32)")

@@ -96,15 +96,16 @@ def choose_threads(setting: int, cores: int, processes: int = 1, omp_num_threads
     processes on this node (torchrun's LOCAL_WORLD_SIZE); `omp_num_threads` is the user's
     OMP_NUM_THREADS, read only when there is one process."""
     if setting > 0:
-        over = f"; more than the {cores} core{'s' if cores != 1 else ''} this process may use" if setting * processes > cores else ""
+        over = (f"; more than the {cores} core{'s' if cores != 1 else ''} this process may use" if setting
+                * processes > cores else "")
         return ThreadChoice(setting, f"run.threads={setting}{over}")
     if processes == 1 and omp_num_threads and omp_num_threads.strip().isdigit() and int(omp_num_threads) > 0:
         return ThreadChoice(int(omp_num_threads), f"auto: OMP_NUM_THREADS={int(omp_num_threads)}")
     if processes <= 1:
         return ThreadChoice(cores, f"auto: one per core this process may use, {cores}")
     each = max(1, cores // processes)
-    return ThreadChoice(each, f"auto: {cores} core{'s' if cores != 1 else ''} shared by {processes} processes on this node, "
-                              f"{'at least 1' if cores < processes else each} each")
+    return ThreadChoice(each, f"auto: {cores} core{'s' if cores != 1 else ''} shared by {processes} processes on this "
+                              f"node, {'at least 1' if cores < processes else each} each")
 
 
 def apply_threads(setting: int, environ: Mapping[str, str] = os.environ) -> ThreadChoice:
@@ -137,7 +138,8 @@ def oversubscription(nproc: int, cores: int, setting: int = 0) -> str | None:
     if nproc <= cores:
         return None
     share, threads = cores / nproc, choose_threads(setting, cores, nproc).threads
-    return (f"note: --nproc-per-node {nproc} on a CPU with {cores} usable core{'s' if cores != 1 else ''}: the processes "
-            f"share {'them' if cores != 1 else 'it'}, {share:.2g} of a core and {threads} torch thread{'s' if threads != 1 else ''} each, each with its own copy "
-            f"of the model; at most {cores} run at once: this exercises the distributed code, not speed (one process "
-            f"with run.threads=0 already uses every core; docs/speed-and-memory.md)")
+    return (f"note: --nproc-per-node {nproc} on a CPU with {cores} usable core{'s' if cores != 1 else ''}: the "
+            f"processes share {'them' if cores != 1 else 'it'}, {share:.2g} of a core and {threads} torch "
+            f"thread{'s' if threads != 1 else ''} each, each with its own copy of the model; at most {cores} run at "
+            f"once: this exercises the distributed code, not speed (one process with run.threads=0 already uses every "
+            f"core; docs/speed-and-memory.md)")

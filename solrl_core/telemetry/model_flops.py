@@ -5,7 +5,8 @@ Counted once by FlopCounterMode on a copy of the run's transformer built on the 
 config (no memory, no time; the LoRA adapters' own products are left out, as in bench/flops.py), called
 through the model's own velocity function with one prompt's conditioning at batch 1: one forward (a
 sample-step) and one forward + backward with the base weights frozen. The phases' FLOPs follow from
-the stage plan (phase_flops, which `solrl bench` uses too). Peaks are peaks.py's: a datasheet figure for a listed GPU, else a
+the stage plan (phase_flops, which `solrl bench` uses too). Peaks are peaks.py's: a datasheet figure for a listed GPU,
+else a
 GEMM rate measured here once as the run starts (about 0.1 s on a CPU: a 1024 fp32 matmul, best of a
 few calls; half a second on an unlisted GPU). fp8 on a device with no portable fp8 matmul (a CPU) has
 no peak: its MFU is shown as unmeasured.
@@ -68,7 +69,8 @@ def model_flops(run: Any) -> ev.ModelFlops:
     except Exception as exc:  # noqa: BLE001 - a model the meta device cannot run: no MFU, not a failed run
         return ev.ModelFlops(forward=None, train_pair=None, phases={}, precisions={}, peaks={}, peak_sources={},
                              devices=run.world_size, device=label,
-                             note=f"the meta-device count failed: {type(exc).__name__}: {str(exc).splitlines()[0][:200]}")
+                             note=f"the meta-device count failed: {type(exc).__name__}: "
+                                  f"{str(exc).splitlines()[0][:200]}")
     cfg, plan = run.config, run.plan
     phases = phase_flops(plan, cfg, per_sample, cfg.run.prompts_per_iteration)
     precisions = {p: v for p, v in phase_precisions(plan).items() if phases.get(p)}
@@ -76,11 +78,13 @@ def model_flops(run: Any) -> ev.ModelFlops:
     for precision in sorted(set(precisions.values())):
         try:
             peak = device_peak(run.device, precision)
-        except Exception as exc:  # noqa: BLE001 - a GEMM that does not fit beside the loaded model: no MFU, not a failed run
+        # a GEMM that does not fit beside the loaded model: no MFU, not a failed run
+        except Exception as exc:  # noqa: BLE001
             sources[precision] = f"unmeasured: the {precision} GEMM measurement failed ({type(exc).__name__})"
             continue
         if peak is None:
-            sources[precision] = f"unmeasured: no {precision} figure for this device and no portable {precision} matmul to measure"
+            sources[precision] = (f"unmeasured: no {precision} figure for this device and no portable {precision} "
+                                  f"matmul to measure")
         else:
             peaks[precision], sources[precision] = peak.flops, peak.source
     pair = per_sample.forward_backward + per_sample.forward * (2 if cfg.algorithm.kl_beta != 0 else 1)

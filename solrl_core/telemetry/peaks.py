@@ -30,7 +30,8 @@ from pathlib import Path
 
 import torch
 
-# (name fragments that must all appear in torch.cuda.get_device_name, label, {precision: dense TFLOPS}); first match wins
+# (name fragments that must all appear in torch.cuda.get_device_name, label, {precision: dense TFLOPS}); first match
+# wins
 TABLE: tuple[tuple[tuple[str, ...], str, dict[str, float]], ...] = (
     (("A100",), "A100", {"bf16": 312.0}),
     (("H100", "PCIe"), "H100 PCIe", {"bf16": 756.0, "fp8": 1513.0}),
@@ -89,7 +90,8 @@ def measure_gemm(device: torch.device, precision: str, seconds: float = 0.5, siz
     return Peak(best, precision, f"measured: {n}x{n} {precision} GEMM, best of {calls}")
 
 
-def device_peak(device: torch.device, precision: str, cache: dict[tuple[str, str], Peak | None] | None = None) -> Peak | None:
+def device_peak(device: torch.device, precision: str,
+                cache: dict[tuple[str, str], Peak | None] | None = None) -> Peak | None:
     """The datasheet peak of this GPU at `precision`, else a measured GEMM rate (once per device and
     precision when `cache` is given); None when neither is known."""
     key = (str(device), precision)
@@ -110,7 +112,8 @@ def device_label(device: str | torch.device) -> str:
     info = Path("/proc/cpuinfo")
     names = [ln.split(":", 1)[1].strip() for ln in info.read_text().splitlines()
              if ln.startswith("model name")] if info.is_file() else []
-    return f"cpu ({platform.machine()}, {names[0] if names else platform.processor() or 'unknown model'}, {os.cpu_count()} cores)"
+    return (f"cpu ({platform.machine()}, {names[0] if names else platform.processor() or 'unknown model'}, "
+            f"{os.cpu_count()} cores)")
 
 
 def _sync(device: torch.device) -> None:

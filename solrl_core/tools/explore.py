@@ -30,7 +30,8 @@ class ExploreResult:
     seeds: torch.Tensor  # [P, N]
     rewards: torch.Tensor  # [P, N] total reward
     components: dict[str, torch.Tensor]  # [P, N] per reward
-    ranks: torch.Tensor  # [P, N] 1 = best by the training's ranking (stages.draft_ranking), stable ties by seed order; a
+    # [P, N] 1 = best by the training's ranking (stages.draft_ranking), stable ties by seed order; a
+    ranks: torch.Tensor
     # seed without a finite score ranks last
     selected: torch.Tensor  # [P, K] indices into N, in selection order
     images: torch.Tensor  # [P, N, 3, H, W]; a video model's clips [P, N, F, 3, H, W]
@@ -43,7 +44,8 @@ class ExploreResult:
         return self.images.dim() == 6
 
 
-def explore_only(engine: Engine, prompts: list[str], n: int, keep: int, mode: str, seed_base: int, steps: int) -> ExploreResult:
+def explore_only(engine: Engine, prompts: list[str], n: int, keep: int, mode: str, seed_base: int,
+                 steps: int) -> ExploreResult:
     """Seeds seed_base + i*N ... seed_base + i*N + N-1 for prompt i (so a result names its seeds),
     scored with the engine's rewards; a random selection mode draws from default_rng(seed_base)."""
     import torch
@@ -62,7 +64,8 @@ def _explore_only(engine: Engine, prompts: list[str], n: int, keep: int, mode: s
     from solrl_core.loop.stages import GlobalScores, Scored, draft_ranking, keep_seeds
 
     if engine.explore_copy is None or engine.rewards is None:
-        raise ValueError("explore needs an engine opened with its explore copy and rewards (open_engine(explore=True, rewards=...))")
+        raise ValueError("explore needs an engine opened with its explore copy and rewards (open_engine(explore=True, "
+                         "rewards=...))")
     t0 = time.perf_counter()
     flat = [p for p in prompts for _ in range(n)]
     seeds = seed_base + torch.arange(len(prompts) * n, dtype=torch.long)
@@ -74,14 +77,16 @@ def _explore_only(engine: Engine, prompts: list[str], n: int, keep: int, mode: s
     drafts = Scored(batch=None, scores=every, screen=guard.screen(scores.components, groups))
     kept = keep_seeds(drafts, engine.config.reward, keep, mode, np.random.default_rng(seed_base))
     selected = kept.view(len(prompts), keep) - torch.arange(len(prompts))[:, None] * n
-    ranking = draft_ranking(drafts, engine.config.reward).masked_fill(~drafts.screen.valid, -torch.inf)  # unscored: last
+    # unscored: last
+    ranking = draft_ranking(drafts, engine.config.reward).masked_fill(~drafts.screen.valid, -torch.inf)
     order = torch.argsort(ranking.view(len(prompts), n), dim=1, descending=True, stable=True)
     ranks = torch.empty_like(order)
     ranks.scatter_(1, order, torch.arange(1, n + 1).expand(len(prompts), n).contiguous())
     shape = (len(prompts), n)
     return ExploreResult(prompts, seeds.view(shape), scores.total.view(shape),
                          {k: v.view(shape) for k, v in scores.components.items()}, ranks, selected,
-                         made.images.view(*shape, *made.images.shape[1:]), time.perf_counter() - t0, engine.explore_copy.precision, steps)
+                         made.images.view(*shape, *made.images.shape[1:]), time.perf_counter() - t0,
+                         engine.explore_copy.precision, steps)
 
 
 def stage_one(engine: Engine) -> RunPlan:
@@ -133,7 +138,8 @@ def explore_to_folder(engine: Engine, prompts: list[str], seed_base: int, out_di
     picked = [order[:, r] for r in range(half)] + [order[:, n - half + r] for r in range(half)]
     names = [f"best {r + 1}" for r in range(half)] + [f"worst {half - r}" for r in range(half)]
     columns = {name: result.images[range(len(prompts)), col] for name, col in zip(names, picked)}
-    captions = {name: [f"seed {int(result.seeds[i, j])}, reward {float(result.rewards[i, j]):.3g}" for i, j in enumerate(col.tolist())]
+    captions = {name: [f"seed {int(result.seeds[i, j])}, reward {float(result.rewards[i, j]):.3g}"
+                       for i, j in enumerate(col.tolist())]
                 for name, col in zip(names, picked)}
     make_grid(columns, rows=grid_rows(prompts), captions=captions).save(out_dir / "grid.png")
     videos = _write_clips(result, picked, out_dir) if result.clips else {}
@@ -142,7 +148,8 @@ def explore_to_folder(engine: Engine, prompts: list[str], seed_base: int, out_di
             chosen = set(result.selected[i].tolist())
             for j in range(n):
                 video = {"video": videos[i, j]} if (i, j) in videos else {}
-                fh.write(json.dumps({"prompt": text, "seed": int(result.seeds[i, j]), "reward": float(result.rewards[i, j]),
+                fh.write(json.dumps({"prompt": text, "seed": int(result.seeds[i, j]),
+                                     "reward": float(result.rewards[i, j]),
                                      **{f"reward.{c}": float(v[i, j]) for c, v in result.components.items()},
                                      "rank": int(result.ranks[i, j]), "selected": j in chosen, **video}) + "\n")
     return result

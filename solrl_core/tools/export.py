@@ -66,7 +66,8 @@ def export_merged(engine: Engine, weights: str, out_dir: Path) -> Path:
     fresh = type(transformer).from_config(copy.deepcopy(dict(transformer.config)))
     missing, unexpected = fresh.load_state_dict(plain, strict=False)
     if missing or unexpected:
-        raise RuntimeError(f"merged weights do not fit {type(transformer).__name__}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        raise RuntimeError(f"merged weights do not fit {type(transformer).__name__}: missing {missing[:3]}, unexpected "
+                           f"{unexpected[:3]}")
     target = out_dir / "transformer"
     fresh.to(torch.float32 if engine.dtype == torch.float32 else engine.dtype).save_pretrained(str(target))
     return target
@@ -87,7 +88,7 @@ def write_peft_adapter(lora_file: Path, cfg: Config, out_dir: Path) -> Path:
     if settings:
         lora = LoraConfig.from_peft_type(**settings)
     else:
-        from solrl_core.config.schema import LORA_INITS
+        from solrl_core.config.choices import LORA_INITS
 
         m = cfg.model
         lora = LoraConfig(r=m.lora_rank, lora_alpha=m.lora_alpha, init_lora_weights=LORA_INITS[m.lora_init],
@@ -212,7 +213,8 @@ def _write_export(cfg: Config, checkpoint: Path, weights: str, tmp: Path, out_di
         how = f"pipe.load_lora_weights('{out_dir}'), or peft's PeftModel.from_pretrained(transformer, '{out_dir}')"
     facts = CardFacts.of(cfg, run_dir, checkpoint, weights, merge, repo_id, cls, chosen=chosen)
     if facts.builtin:  # the tiny models: solrl's own loader, as the card shows it
-        how = "solrl's own loader (no diffusers pipeline):\n" + "\n".join(f"    {line}" for line in builtin_code(facts, str(out_dir)))
+        how = "solrl's own loader (no diffusers pipeline):\n" + "\n".join(f"    {line}"
+                                                                          for line in builtin_code(facts, str(out_dir)))
     with disk.writing(out_dir, "README.md"):
         card = write_card(tmp, facts)
     return what, how, card

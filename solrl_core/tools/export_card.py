@@ -48,7 +48,8 @@ class CardFacts:
     license: dict[str, str]  # the base model's license fields, {} when unknown
     evaluation: EvalTable | None
     builtin: str = ""  # a built-in model's loading call: resolve_config's arguments that rebuild it (`_builtin_call`)
-    checkpoint: str = ""  # which checkpoint and why: --best's reason, or its evaluation's hacking verdict; '' for neither
+    # which checkpoint and why: --best's reason, or its evaluation's hacking verdict; '' for neither
+    checkpoint: str = ""
 
     @classmethod
     def of(cls, cfg: Config, run_dir: Path, checkpoint: Path, weights: str, merged: bool, repo_id: str | None,
@@ -60,7 +61,8 @@ class CardFacts:
         from solrl_core.engine.state_schema import TRAINER_STATE, read_trainer_state
 
         state = checkpoint / TRAINER_STATE
-        iteration = read_trainer_state(checkpoint)["iteration"] if state.is_file() else int(checkpoint.name.split("_")[-1])
+        iteration = (read_trainer_state(checkpoint)["iteration"] if state.is_file()
+                     else int(checkpoint.name.split("_")[-1]))
         lora = {"rank": m.lora_rank, "alpha": m.lora_alpha, "init": m.lora_init, "targets": list(m.lora_targets)}
         return cls(m.hub_id, label, _pipeline(m.loader), cfg.algorithm.family, dict(cfg.reward.weights), iteration,
                    cfg.run.iterations, cfg.run.prompts, lora, weights, merged, repo_id, transformer_class,
@@ -72,17 +74,19 @@ def _verdict(checkpoint: Path) -> str:
     """A flagged checkpoint says so on its card (loop/hacking.py); a clean or unevaluated one says nothing."""
     from solrl_core.loop.hacking import Verdicts
 
-    verdict = Verdicts(checkpoint.parent.parent).of(checkpoint)[0] if (checkpoint / "trainer_state.json").is_file() else None
+    verdict = Verdicts(checkpoint.parent.parent).of(checkpoint)[0] if (checkpoint
+                                                                       / "trainer_state.json").is_file() else None
     if verdict is None or not verdict["flagged"]:  # a verdict the run's events do not bear out is not repeated
         return ""
-    return (f"{checkpoint.name}, whose evaluation the reward-hacking rule flagged ({', '.join(verdict['flagged'])} fell "
-            f"while the trained reward rose): `solrl export RUN --best` picks the best checkpoint it passed")
+    return (f"{checkpoint.name}, whose evaluation the reward-hacking rule flagged ({', '.join(verdict['flagged'])} "
+            f"fell while the trained reward rose): `solrl export RUN --best` picks the best checkpoint it passed")
 
 
 def _pipeline(loader: str) -> str:
     from solrl_core.models.layouts import LAYOUTS
 
-    return LAYOUTS[loader].pipeline if loader in LAYOUTS else ""  # tiny and tiny_video: no diffusers pipeline builds them
+    # tiny and tiny_video: no diffusers pipeline builds them
+    return LAYOUTS[loader].pipeline if loader in LAYOUTS else ""
 
 
 def _builtin_call(cfg: Config) -> str:
@@ -116,7 +120,8 @@ def eval_table(run_dir: Path, iteration: int) -> EvalTable | None:
     if len(last.components) > 1:
         rows += [(k, base.components[k], v, None) for k, v in last.components.items() if k in base.components]
     rows += [(k, base.extras[k], v, se.get(k)) for k, v in last.extras.items() if k in base.extras]
-    rows += [(f"{k} (eval only)", base.eval_rewards[k], v, last.eval_se.get(k))  # run.eval_rewards: scored, never trained on
+    # run.eval_rewards: scored, never trained on
+    rows += [(f"{k} (eval only)", base.eval_rewards[k], v, last.eval_se.get(k))
              for k, v in last.eval_rewards.items() if k in base.eval_rewards]
     return EvalTable(last.prompts, last.samples, last.iteration, last.weights, rows)
 
@@ -164,19 +169,23 @@ def _evaluation(facts: CardFacts) -> list[str]:
 def _builtin_usage(facts: CardFacts, where: str) -> list[str]:
     """A built-in model (tiny, tiny_video) has no diffusers pipeline: solrl builds it from its config."""
     head = ["solrl builds the base model (no diffusers pipeline loads it); "
-            + ("the transformer here has the LoRA merged in:" if facts.merged else "peft puts the LoRA on its transformer:"),
+            + ("the transformer here has the LoRA merged in:" if facts.merged else "peft puts the LoRA on its "
+                                                                                   "transformer:"),
             "", "```python"]
-    return [*head, *builtin_code(facts, where), "```", "", "`solrl infer RUN` draws images with the run's weights beside the base model's."]
+    return [*head, *builtin_code(facts, where), "```", "", "`solrl infer RUN` draws images with the run's weights "
+                                                           "beside the base model's."]
 
 
 def builtin_code(facts: CardFacts, where: str) -> list[str]:
     """The Python that loads a built-in model with the export at `where` (the card shows it, and `solrl
     export` prints it: `pipe.load_lora_weights` has no pipeline to call here)."""
-    code = ["import torch", f"from diffusers import {facts.transformer_class}" if facts.merged else "from peft import PeftModel",
+    code = ["import torch", f"from diffusers import {facts.transformer_class}" if facts.merged else "from peft import "
+                                                                                                    "PeftModel",
             "from solrl_core.config.presets import resolve_config", "from solrl_core.models import load_model",
             f"model = load_model(resolve_config({facts.builtin}).model, torch.device('cpu'), torch.float32)"]
     if facts.merged:
-        return [*code, f'model.transformer = {facts.transformer_class}.from_pretrained("{where}", subfolder="transformer")']
+        return [*code, f'model.transformer = {facts.transformer_class}.from_pretrained("{where}", '
+                       f'subfolder="transformer")']
     return [*code, f'model.transformer = PeftModel.from_pretrained(model.transformer, "{where}")']
 
 
@@ -191,7 +200,8 @@ def _usage(facts: CardFacts) -> list[str]:
         return ["The transformer with the LoRA merged in; no peft needed:", "", "```python", *note, "import torch",
                 f"from diffusers import {facts.pipeline}, {cls}", "",
                 f'transformer = {cls}.from_pretrained("{where}", subfolder="transformer", torch_dtype=torch.bfloat16)',
-                f'pipe = {facts.pipeline}.from_pretrained("{base}", transformer=transformer, torch_dtype=torch.bfloat16)',
+                f'pipe = {facts.pipeline}.from_pretrained("{base}", transformer=transformer, '
+                f'torch_dtype=torch.bfloat16)',
                 "```"]
     return ["With diffusers (`pytorch_lora_weights.safetensors`):", "", "```python", *note, "import torch",
             f"from diffusers import {facts.pipeline}", "",
@@ -209,7 +219,8 @@ def render(facts: CardFacts) -> str:
     lora = facts.lora
     kind = "transformer with a LoRA merged in" if facts.merged else "LoRA"
     lines = [f"# {facts.base_label}: {kind} tuned with solrl ({facts.family})", "",
-             f"Post-trained with reinforcement learning by solrl (family `{facts.family}`) on the reward {rewards}.", "",
+             f"Post-trained with reinforcement learning by solrl (family `{facts.family}`) on the reward {rewards}.",
+             "",
              "| | |", "|---|---|",
              f"| base model | {facts.base_label} |",
              f"| reward | {rewards} |",
@@ -279,7 +290,8 @@ def check_export_folder(out_dir: Path, overwrite: bool = False, writes: list[str
 
     if out_dir.is_dir() and not out_dir.is_symlink() and is_export(out_dir):
         if not overwrite:
-            raise SolrlError(f"{out_dir} already holds an export", "add --overwrite to replace it, or choose a new --out folder")
+            raise SolrlError(f"{out_dir} already holds an export", "add --overwrite to replace it, or choose a new "
+                                                                   "--out folder")
         if not (out_dir / RECORD).exists():
             raise SolrlError(f"{out_dir} holds an export without {RECORD} (the record of the files an export wrote, "
                              "kept since this version): --overwrite cannot tell its files from yours",
@@ -287,7 +299,8 @@ def check_export_folder(out_dir: Path, overwrite: bool = False, writes: list[str
         ours = set(recorded_files(out_dir))
         foreign = sorted(n for n in writes or [] if n not in ours and (out_dir / n).exists())
         if foreign:
-            raise SolrlError(f"{out_dir / foreign[0]} was not written by an earlier export: --overwrite would replace it",
+            raise SolrlError(f"{out_dir / foreign[0]} was not written by an earlier export: --overwrite would replace "
+                             f"it",
                              "move it away, or choose a new --out folder")
         return
     check_empty_folder(out_dir)

@@ -23,7 +23,8 @@ def _hub() -> Any:
     try:
         import huggingface_hub
     except ImportError as exc:
-        raise SolrlError("--push-to-hub needs huggingface_hub, which is not installed", "pip install huggingface_hub") from exc
+        raise SolrlError("--push-to-hub needs huggingface_hub, which is not installed",
+                         "pip install huggingface_hub") from exc
     return huggingface_hub
 
 
@@ -43,7 +44,8 @@ def check_push(repo_id: str) -> str:
     try:
         validate_repo_id(repo_id)
     except ValueError as exc:
-        raise SolrlError(f"--push-to-hub {repo_id!r} is not a hub repo id: {exc}", "give OWNER/NAME, e.g. me/sana-pickscore-lora") from exc
+        raise SolrlError(f"--push-to-hub {repo_id!r} is not a hub repo id: {exc}", "give OWNER/NAME, e.g. "
+                                                                                   "me/sana-pickscore-lora") from exc
     token = hub.get_token()
     if not token:
         raise SolrlError("--push-to-hub found no Hugging Face token", LOGIN_HINT)
@@ -75,7 +77,8 @@ def push_folder(folder: Path, repo_id: str, private: bool, message: str) -> str:
             raise SolrlError(f"the token may not write to {repo_id} at {url} (403 Forbidden); {kept}",
                              "use a token with write access to that namespace, or push to your own (YOU/NAME)") from exc
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise SolrlError(f"the hub at {url} answered {status}: {first}; {kept}", "check the repo id and try again") from exc
+        raise SolrlError(f"the hub at {url} answered {status}: {first}; {kept}",
+                         "check the repo id and try again") from exc
     except Exception as exc:
         if not _network(exc):
             raise

@@ -43,7 +43,8 @@ class InferRequest:
 def infer(engine: Engine, req: InferRequest, bus: ev.EventBus) -> Path:
     """Write every image as PNG, `images.jsonl` (weights, prompt, seed, path) and `grid.png`
     (one row per (prompt, seed), one column per weight set). A video model's clip is written as MP4
-    (an animated GIF without the video extra: the row's `video`) and as a PNG contact sheet of its frames in a row (`path`), and
+    (an animated GIF without the video extra: the row's `video`) and as a PNG contact sheet of its frames in a row
+    (`path`), and
     the grid shows the contact sheets. Returns the JSONL path."""
     import torch
 
@@ -67,7 +68,8 @@ def infer(engine: Engine, req: InferRequest, bus: ev.EventBus) -> Path:
                 path = req.out_dir / weights / f"{i // per:03d}_seed{int(seeds[i])}.png"
                 path.parent.mkdir(exist_ok=True)
                 save_png(images[i], path)  # a clip: its contact sheet, frames in a row
-                row = {"weights": weights, "prompt": prompt, "seed": int(seeds[i]), "path": str(path.relative_to(req.out_dir))}
+                row = {"weights": weights, "prompt": prompt, "seed": int(seeds[i]),
+                       "path": str(path.relative_to(req.out_dir))}
                 if images.dim() == 5:  # a video model: the clip itself too (MP4, or GIF without the video extra)
                     from solrl_core.io.video_output import save_clip
 

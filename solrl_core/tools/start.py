@@ -115,7 +115,8 @@ def parting_note(plan: RunPlan) -> str | None:
     return (f"note: several processes train what one process does in iteration 1; after it, the explore copy at "
             f"{plan.explore_precision} can part them by a draft now and then (the gradient all-reduce rounds "
             "differently, and re-quantized weights on a rounding tie take the next code): the same statistics, "
-            "not the same seeds (at --explore-precision bf16 or fp32 the runs stay within float rounding of each other)")
+            "not the same seeds (at --explore-precision bf16 or fp32 the runs stay within float rounding of each "
+            "other)")
 
 
 def resolve(request: RunRequest) -> Config:
@@ -137,7 +138,8 @@ def _resumed(request: RunRequest) -> Config:
     its rewards again: config/trust.py)."""
     from solrl_core.config.presets import resumed_config
 
-    given = {f"{section}.{key}" for section, values in request.flags.items() for key, v in values.items() if v is not None}
+    given = {f"{section}.{key}" for section, values in request.flags.items() for key, v in values.items()
+             if v is not None}
     if any((request.model, request.family, request.preset, request.config)) or given - RESUMABLE:
         if request.api:
             raise SolrlError("resume continues a run with the config saved in its folder",

@@ -55,7 +55,8 @@ class Trackers:
             tracker.close(self.reason)
 
 
-def open_trackers(names: tuple[str, ...], run_dir: Path, config: dict[str, Any], resumed: bool, start_iteration: int) -> Trackers:
+def open_trackers(names: tuple[str, ...], run_dir: Path, config: dict[str, Any], resumed: bool,
+                  start_iteration: int) -> Trackers:
     """The trackers `names` for the run in `run_dir`, which starts (or resumes) at `start_iteration`."""
     require(names)
     makers: dict[str, Callable[[], Any]] = {}

@@ -45,9 +45,11 @@ class RunRecord:
     iterations: list[Timed] = field(default_factory=list)  # IterationFinished events
     evals: list[Timed] = field(default_factory=list)  # EvalFinished events
     skipped: dict[str, int] = field(default_factory=dict)  # events of kinds this version does not know, by kind
-    warnings: list[str] = field(default_factory=list)  # lines torn by a kill mid-write (or damaged, skip_damaged), skipped
+    # lines torn by a kill mid-write (or damaged, skip_damaged), skipped
+    warnings: list[str] = field(default_factory=list)
     eval_every: int = 0  # run.eval_every as the run's last run_started says (0: not said)
-    ends: set[int] = field(default_factory=set)  # the iteration counts the run's sessions planned (each evaluates there)
+    # the iteration counts the run's sessions planned (each evaluates there)
+    ends: set[int] = field(default_factory=set)
 
     def series(self, key: str) -> tuple[list[int], list[float], list[float]]:
         """(iterations, training seconds, Stage-2 `key`) of every iteration."""
@@ -89,10 +91,12 @@ def load_run(run_dir: str | Path, skip_damaged: bool = False) -> RunRecord:
             record.skipped[str(exc.kind)] = record.skipped.get(str(exc.kind), 0) + 1
             continue
         except (ev.EventDecodeError, TooDeep, ValueError) as exc:
-            what = str(exc) if isinstance(exc, (ev.EventDecodeError, TooDeep)) else f"not JSON ({printable(line[:40])!r})"
+            what = str(exc) if isinstance(exc, (ev.EventDecodeError,
+                                                TooDeep)) else f"not JSON ({printable(line[:40])!r})"
             if not skip_damaged:
                 raise SolrlError(f"{path} line {number} is damaged: {what}", _drop_line(path, number, run_dir)) from exc
-            record.warnings.append(f"{path} line {number} skipped: damaged ({what}); {_drop_line(path, number, run_dir)}")
+            record.warnings.append(f"{path} line {number} skipped: damaged ({what}); "
+                                   f"{_drop_line(path, number, run_dir)}")
             continue
         if isinstance(e, ev.RunStarted):
             record.family = e.config.get("algorithm", {}).get("family", "?")
@@ -100,7 +104,8 @@ def load_run(run_dir: str | Path, skip_damaged: bool = False) -> RunRecord:
             record.ends.add(e.iterations)
             settings = e.config.get("run")
             every = settings.get("eval_every", 0) if isinstance(settings, dict) else 0
-            record.eval_every = every if isinstance(every, int) and not isinstance(every, bool) and 0 < every <= 10**9 else 0
+            record.eval_every = every if isinstance(every, int) and not isinstance(every,
+                                                                                   bool) and 0 < every <= 10**9 else 0
             record.iterations = [it for it in record.iterations if it.event.iteration <= e.start_iteration]
             record.evals = [x for x in record.evals if x.event.iteration <= e.start_iteration]
             elapsed = max([it.elapsed for it in record.iterations] + [x.elapsed for x in record.evals] + [0.0])
@@ -151,8 +156,11 @@ def table(runs: list[RunRecord]) -> tuple[list[str], list[list[str]]]:
         measured = max(secs[-1:] + [t.elapsed for t in run.evals[-1:]], default=None)
         rows.append([run.name, run.family, run.device, f"{len(run.iterations)}/{run.total}",
                      _num(rewards[0] if rewards else None), _num(statistics.fmean(rewards[-3:]) if rewards else None),
-                     _num(run.evals[0].event.mean if run.evals else None), _num(run.evals[-1].event.mean if run.evals else None),
-                     f"{measured:.1f}" if measured is not None else "-", _eval_rewards(run.evals[-1].event) if run.evals else "-", *[f"{means[p]:.3f}" if p in means else "-" for p in PHASES]])
+                     _num(run.evals[0].event.mean if run.evals else None),
+                     _num(run.evals[-1].event.mean if run.evals else None),
+                     f"{measured:.1f}" if measured is not None else "-",
+                     _eval_rewards(run.evals[-1].event) if run.evals else "-",
+                     *[f"{means[p]:.3f}" if p in means else "-" for p in PHASES]])
     return header, rows
 
 
@@ -165,7 +173,8 @@ def _eval_rewards(e: ev.Event) -> str:
     for name, now in e.eval_rewards.items():
         change, se = e.eval_changes.get(name), e.eval_se.get(name)
         parts.append(f"{name} {now:.4g}" if change is None else
-                     f"{name} {now - change:.4g} -> {now:.4g} ({change:+.4f}" + (f" +- {se:.4f})" if se is not None else ")"))
+                     f"{name} {now - change:.4g} -> {now:.4g} ({change:+.4f}"
+                     + (f" +- {se:.4f})" if se is not None else ")"))
     return "; ".join(parts)
 
 

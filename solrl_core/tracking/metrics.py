@@ -88,10 +88,12 @@ def scalars(event: ev.Event) -> tuple[int, dict[str, float]] | None:
                                  "recall": {c["name"]: c["recall"] for c in event.candidates},
                                  "candidate_seconds": {c["name"]: c["seconds"] for c in event.candidates}}, out)
         if event.precisions:  # a scalar per precision weighed: 1 for the chosen one
-            _flatten("calibration", {"chosen_precision": {p: float(p == event.precision) for p in event.precisions}}, out)
+            _flatten("calibration", {"chosen_precision": {p: float(p == event.precision) for p in event.precisions}},
+                     out)
         return event.iteration, out
     if isinstance(event, ev.RankCheckResult):
-        _flatten("rank_check", {k: getattr(event, k) for k in ("rho", "tau", "draft_mean", "full_mean", "seconds")}, out)
+        _flatten("rank_check", {k: getattr(event, k) for k in ("rho", "tau", "draft_mean", "full_mean", "seconds")},
+                 out)
         return event.iteration, out
     return None
 

@@ -38,8 +38,8 @@ def sample_grid(engine, batch, run_dir: Path, iteration: int) -> ev.SampleGrid: 
     images = engine.decode(batch.latents[order])
     rewards = [float(r) for r in batch.rewards[order]]
     seeds = [int(s) for s in batch.seeds[order]]
-    columns = {f"{'best' if i == 0 else 'worst' if i == len(rewards) - 1 else '#' + str(i + 1)}, reward {r:.3g}": images[i:i + 1]
-               for i, r in enumerate(rewards)}
+    names = ["best" if i == 0 else "worst" if i == len(rewards) - 1 else f"#{i + 1}" for i in range(len(rewards))]
+    columns = {f"{name}, reward {r:.3g}": images[i:i + 1] for i, (name, r) in enumerate(zip(names, rewards))}
     captions = {name: [f"seed {s}"] for name, s in zip(columns, seeds)}
     folder = Path(run_dir) / FOLDER
     folder.mkdir(parents=True, exist_ok=True)

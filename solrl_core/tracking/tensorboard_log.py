@@ -24,7 +24,8 @@ class TensorBoardLog(Tracker):
 
         # On resume, steps after the checkpoint were logged by the run that stopped and will be logged
         # again: purge_step tells TensorBoard to drop the old ones, so each series stays one line.
-        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / FOLDER), purge_step=start_iteration + 1 if resumed else None)
+        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / FOLDER),
+                                    purge_step=start_iteration + 1 if resumed else None)
         self.writer.add_text("config", "```\n" + tomli_w.dumps(config) + "```", start_iteration)
 
     def scalars(self, step: int, values: dict[str, float]) -> None:

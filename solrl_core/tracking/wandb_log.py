@@ -47,7 +47,8 @@ class WandbLog(Tracker):
         Path(folder).mkdir(parents=True, exist_ok=True)
         # console="off": W&B would otherwise wrap stdout, which the terminal display and TUI own
         try:
-            self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "solrl", dir=folder, name=run_dir.name, id=run_id,
+            self.run = wandb.init(project=os.environ.get("WANDB_PROJECT") or "solrl", dir=folder, name=run_dir.name,
+                                  id=run_id,
                                   resume="allow" if run_id else None, config=config,
                                   settings=wandb.Settings(console="off", silent=True))
         except Exception as exc:  # noqa: BLE001 - no key, no network, a bad entity: W&B's own words, one line
