@@ -56,7 +56,7 @@ class SdeStep:
     """One stochastic step, as the reference returns it (sd3_sde_with_logprob.py:91-93), all fp32."""
 
     prev_sample: torch.Tensor  # [B, *latent] the next state (the given `prev`, cast to fp32, when one was given)
-    log_prob: torch.Tensor  # [B] mean over elements of the transition's log-density of prev_sample
+    log_prob: torch.Tensor  # [B] per-element log-density of prev_sample, averaged ('cps': -(prev - mean)^2, averaged)
     mean: torch.Tensor  # [B, *latent] the transition's mean, differentiable in x and v
     std_dev_t: torch.Tensor  # [B, 1, ...] 'sde': eta sqrt(sigma / (1 - sigma)); 'cps': sigma_next sin(eta pi / 2)
 
