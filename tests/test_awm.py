@@ -205,3 +205,14 @@ def test_solrl_train_with_the_awm_loss_from_the_cli(tmp_path):
 def test_solrl_train_refuses_flow_grpo_in_one_line(tmp_path):
     done = solrl_process(tmp_path, "train", "--iterations", "1", "--set", "algorithm.loss=flow_grpo")
     assert_refused(done, "algorithm.loss 'flow_grpo' is not in this version of solrl yet", "algorithm.loss=awm")
+
+
+def test_solrl_train_takes_the_loss_as_a_flag_and_a_resume_refuses_it(tmp_path):
+    from typer.testing import CliRunner
+
+    from solrl_cli.app import app
+
+    shown = CliRunner().invoke(app, ["train", "--loss", "awm", "--dump-config"])
+    assert shown.exit_code == 0 and 'loss = "awm"' in shown.output, shown.output
+    refused = solrl_process(tmp_path, "train", "--resume", str(tmp_path), "--loss", "awm")
+    assert_refused(refused, "--resume continues a run with the config saved in its folder")
