@@ -61,6 +61,15 @@ def ref_loss(log_prob, advantages, train_timesteps, batch_size, adv_clip_max=5.0
     return loss
 
 
+def ref_timestep_indices(num_steps, timestep_fraction, train_timesteps, rand_u):
+    """train_sd3_awm.py:1172-1177, time_type 'discrete': one rollout-grid index per stratum (`rand_u`: the
+    reference's torch.rand(T), :1176)."""
+    boundaries = torch.linspace(0, int(num_steps * timestep_fraction), steps=train_timesteps + 1)
+    lower = boundaries[:-1].long()
+    upper = boundaries[1:].long()
+    return lower + (rand_u * (upper - lower)).long()
+
+
 # ---- The loss against it ----------------------------------------------------------------------------------
 
 
@@ -132,6 +141,26 @@ def test_a_nonfinite_sample_is_zeroed_and_counted():
     assert terms.nonfinite == 1 and torch.isfinite(terms.policy)
 
 
+@pytest.mark.parametrize("steps,fraction,strata", [(14, 0.9, 6), (10, 0.6, 6), (10, 0.6, 4), (4, 0.5, 2)])
+def test_stratified_timesteps_are_the_references_draw_from_each_samples_generator(steps, fraction, strata):
+    alg = resolve_config("tiny", "sol_rl", sets=["algorithm.train_timesteps=stratified", f"algorithm.strata={strata}",
+                                                 f"sampler.steps={steps}", f"algorithm.timestep_fraction={fraction}",
+                                                 "explore.steps=2"]).algorithm
+    picks = update.train_timesteps([torch.Generator().manual_seed(s) for s in range(5)], steps,
+                                   int(steps * fraction), alg)
+    for s, row in enumerate(picks):
+        u = torch.rand(strata, generator=torch.Generator().manual_seed(s))
+        assert torch.equal(row, ref_timestep_indices(steps, fraction, strata, u))
+    assert picks.shape == (5, strata) and bool((picks.diff(dim=1) > 0).all())  # one per stratum, in order
+
+
+def test_subset_timesteps_stay_a_random_subset_of_the_grid():
+    alg = resolve_config("tiny", "sol_rl").algorithm
+    picks = update.train_timesteps([torch.Generator().manual_seed(s) for s in range(3)], 10, 6, alg)
+    for s, row in enumerate(picks):
+        assert torch.equal(row, torch.randperm(10, generator=torch.Generator().manual_seed(s))[:6])
+
+
 # ---- The setting ------------------------------------------------------------------------------------------
 
 
@@ -149,10 +178,17 @@ def test_an_unknown_or_later_loss_is_refused(value, expected):
     assert "awm" in refused.value.fix
 
 
-@pytest.mark.parametrize("setting", ["algorithm.awm_power=0", "algorithm.awm_anchor_beta=-1"])
+@pytest.mark.parametrize("setting", ["algorithm.awm_power=0", "algorithm.awm_anchor_beta=-1", "algorithm.strata=0",
+                                     "algorithm.train_timesteps=uniform"])
 def test_awm_settings_out_of_range_are_refused(setting):
     with pytest.raises(SolrlError, match=setting.split("=")[0]):
         resolve_config("tiny", "sol_rl", sets=[setting])
+
+
+def test_more_strata_than_trained_grid_steps_are_refused():
+    with pytest.raises(SolrlError, match="algorithm.strata=6 strata over 2 grid steps") as refused:
+        resolve_config("tiny", "sol_rl", sets=[*FAST, "algorithm.train_timesteps=stratified"])
+    assert "at most 2" in refused.value.fix
 
 
 # ---- Runs ---------------------------------------------------------------------------------------------------
@@ -180,11 +216,12 @@ def test_a_sol_rl_awm_run_resumes_bit_for_bit_on_the_cpu_lanes(tmp_path, monkeyp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family", ["diffusionnft", "naive_scaling"])
-def test_other_families_train_with_the_awm_loss(tmp_path, family, monkeypatch):
+@pytest.mark.parametrize("family,extra", [("diffusionnft", ()),
+                                          ("naive_scaling", ("algorithm.train_timesteps=stratified", "algorithm.strata=2"))])
+def test_other_families_train_with_the_awm_loss(tmp_path, family, extra, monkeypatch):
     calls, real_loss = [], update.awm_loss
     monkeypatch.setattr(update, "awm_loss", lambda *a, **k: calls.append(1) or real_loss(*a, **k))
-    _, seen = train_recording(_sets(tmp_path / family), family=family)
+    _, seen = train_recording(_sets(tmp_path / family, *extra), family=family)
     assert calls and [e.iteration for e in seen if type(e).__name__ == "IterationFinished"] == [1, 2]
 
 

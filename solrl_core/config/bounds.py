@@ -17,7 +17,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     **dict.fromkeys(("sampler.steps", "explore.steps", "run.iterations", "run.prompts_per_iteration",
                      "sampler.rollout_batch", "optimizer.micro_batch", "run.checkpoint_every", "run.keep_checkpoints",
                      "model.lora_rank", "model.resolution", "sampler.eval_steps", "run.eval_every", "run.eval_seeds",
-                     "reward.batch_size", "explore.calibrate_prompts"), _AT_LEAST_1),
+                     "reward.batch_size", "explore.calibrate_prompts", "algorithm.strata"), _AT_LEAST_1),
     **dict.fromkeys(("explore.rank_check_every", "model.quant_min_dim", "run.image_every", "run.threads",
                      "reward.health_patience", "reward.health_min_std", "optimizer.max_nonfinite_steps",
                      "reward.retries",

@@ -176,6 +176,12 @@ class AlgorithmConfig:
     kl_beta: float = _f(1e-4, "Weight of the KL-like penalty mean((v - v_ref)^2) (not the NFT beta).")
     adv_clip_max: float = _f(5.0, "Advantages are clipped to [-adv_clip_max, adv_clip_max].")
     timestep_fraction: float = _f(0.6, "Share of the rollout sigma grid trained per sample.")
+    train_timesteps: str = _f("subset", "Each sample's train timesteps, from its own generator: subset (a random "
+                                        "int(sampler.steps * timestep_fraction) of the grid, DiffusionNFT's) or "
+                                        "stratified (AWM's 'discrete': one in each of algorithm.strata equal strata of "
+                                        "the first int(sampler.steps * timestep_fraction) grid steps).")
+    strata: int = _f(6, "train_timesteps=stratified: how many timesteps per sample (AWM's train_timesteps, "
+                        "config/dgx_awm.py:334).")
     old_decay_rate: float = _f(0.001, "Old-policy decay d = min(rate * step, max).")
     old_decay_max: float = _f(0.5, "Upper bound of the old-policy decay.")
     ema_max_decay: float = _f(0.9, "EMA decay min((1+s)/(10+s), max) of the evaluation weights.")
@@ -406,6 +412,11 @@ class Config:
         if int(self.sampler.steps * self.algorithm.timestep_fraction) < 1:
             raise SolrlError("no timestep would be trained: sampler.steps * algorithm.timestep_fraction < 1",
                              "raise algorithm.timestep_fraction or sampler.steps")
+        span = int(self.sampler.steps * self.algorithm.timestep_fraction)
+        if self.algorithm.train_timesteps == "stratified" and self.algorithm.strata > span:
+            raise SolrlError(f"algorithm.strata={self.algorithm.strata} strata over {span} grid steps would repeat "
+                             "timesteps", f"lower algorithm.strata to at most {span}, or raise algorithm.timestep_"
+                             "fraction or sampler.steps")
         if self.sampler.guidance != 1.0:
             raise SolrlError(f"sampler.guidance={self.sampler.guidance}: classifier-free guidance is not supported",
                              "Sol-RL trains and samples without CFG: keep sampler.guidance=1.0")

@@ -59,7 +59,8 @@ def update(run: Run, batch: RolloutBatch, advantages: torch.Tensor, rng: np.rand
     per_sample = min(max(1, int(run.plan.full_steps * alg.timestep_fraction)), grid.numel())
     n = len(batch.prompts)
     gens = [torch.Generator().manual_seed(int(s)) for s in rng.integers(0, 2**63 - 1, size=samples)[local]]
-    picks = torch.stack([torch.randperm(grid.numel(), generator=g)[:per_sample] for g in gens])
+    picks = train_timesteps(gens, grid.numel(), per_sample, alg)
+    per_sample = picks.shape[1]
     cond = run.engine.conditioning(batch.prompts)
     micro = cfg.optimizer.micro_batch
     pairs = n * per_sample
@@ -88,6 +89,18 @@ def update(run: Run, batch: RolloutBatch, advantages: torch.Tensor, rng: np.rand
     if run.world_size > 1:
         sums = distributed.all_reduce(sums) / torch.tensor([run.world_size] * 3 + [1], dtype=torch.float64)
     return UpdateResult(float(sums[0]), float(sums[1]), float(sums[2]), int(sums[3]), float(grad_norm), stepped)
+
+
+def train_timesteps(gens: list[torch.Generator], grid_size: int, span: int, alg: AlgorithmConfig) -> torch.Tensor:
+    """[samples, timesteps per sample]: each sample's train grid indices, drawn from its generator.
+    subset: a random `span` of the `grid_size` (DiffusionNFT's). stratified: AWM's 'discrete' draw
+    (scripts/train_sd3_awm.py:1172-1180): boundaries linspace(0, span, strata + 1), one index
+    lower + trunc(u (upper - lower)) in each stratum, u ~ U[0, 1) (there one draw per micro-batch)."""
+    if alg.train_timesteps == "stratified":
+        bounds = torch.linspace(0, span, alg.strata + 1)
+        lower, upper = bounds[:-1].long(), bounds[1:].long()
+        return torch.stack([lower + (torch.rand(alg.strata, generator=g) * (upper - lower)).long() for g in gens])
+    return torch.stack([torch.randperm(grid_size, generator=g)[:span] for g in gens])
 
 
 @dataclass(frozen=True)
