@@ -216,8 +216,10 @@ def test_a_sol_rl_awm_run_resumes_bit_for_bit_on_the_cpu_lanes(tmp_path, monkeyp
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("family,extra", [("diffusionnft", ()),
-                                          ("naive_scaling", ("algorithm.train_timesteps=stratified", "algorithm.strata=2"))])
+STRATIFIED = ("algorithm.train_timesteps=stratified", "algorithm.strata=2")
+
+
+@pytest.mark.parametrize("family,extra", [("diffusionnft", ()), ("naive_scaling", STRATIFIED)])
 def test_other_families_train_with_the_awm_loss(tmp_path, family, extra, monkeypatch):
     calls, real_loss = [], update.awm_loss
     monkeypatch.setattr(update, "awm_loss", lambda *a, **k: calls.append(1) or real_loss(*a, **k))

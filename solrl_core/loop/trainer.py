@@ -54,8 +54,9 @@ differs, each with its reason in docs/official-settings.md ("Where solrl differs
 - memory modes for one tight GPU; AdamW's moments stay fp32
 - CPU lanes: on a CPU, rollout batches and update micro-steps side by side, one thread each (run.lanes)
 - algorithm.loss=awm (docs/official-settings.md, "AWM"): the family's ODE rollouts on the rollout copy;
-  each sample's own train timesteps (AWM's strata: algorithm.train_timesteps); anchor decay algorithm.old_decay_max (AWM's 0.3 by --set); no
-  skipped first epochs; solrl's evaluation EMA; non-finite samples zeroed; run-dtype forwards
+  each sample's own train timesteps (AWM's strata: algorithm.train_timesteps); anchor decay
+  algorithm.old_decay_max (AWM's 0.3 by --set); no skipped first epochs; solrl's evaluation EMA;
+  non-finite samples zeroed; run-dtype forwards
 """
 
 from __future__ import annotations
