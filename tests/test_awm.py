@@ -215,10 +215,10 @@ def test_a_sol_rl_awm_run_resumes_bit_for_bit_on_the_cpu_lanes(tmp_path, monkeyp
     assert len(its[0]) == 2 and its[0] == its[1]
 
 
-@pytest.mark.slow
 STRATIFIED = ("algorithm.train_timesteps=stratified", "algorithm.strata=2")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family,extra", [("diffusionnft", ()), ("naive_scaling", STRATIFIED)])
 def test_other_families_train_with_the_awm_loss(tmp_path, family, extra, monkeypatch):
     calls, real_loss = [], update.awm_loss
