@@ -255,3 +255,17 @@ def test_solrl_train_takes_the_loss_as_a_flag_and_a_resume_refuses_it(tmp_path):
     assert shown.exit_code == 0 and 'loss = "awm"' in shown.output, shown.output
     refused = solrl_process(tmp_path, "train", "--resume", str(tmp_path), "--loss", "awm")
     assert_refused(refused, "--resume continues a run with the config saved in its folder")
+
+
+def test_a_frontier_run_with_the_awm_loss_is_not_taken_for_the_default(monkeypatch):
+    import sys
+
+    from tests.helpers import ROOT
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    sys.modules.pop("frontier", None)
+    import frontier
+
+    digest = frontier.config_digest("tiny")
+    assert digest([]) == digest(["algorithm.loss=nft"]) != digest(["algorithm.loss=awm"])
+    assert digest([]) != digest(["algorithm.train_timesteps=stratified", "algorithm.strata=2"])
