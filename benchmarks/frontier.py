@@ -76,6 +76,11 @@ POINTS: dict[str, list[str]] = {
 }
 # What a run's config digest leaves out: where and how it ran, and the seed (a part of the key of its own)
 NOT_DIGESTED = ("seed", "run_dir", "device", "threads")
+# Settings added after runs were recorded, each at the default with which a run computes what it computed
+# before the setting existed (benchmarks/same_run.py checks that): left out of the digest at that default,
+# so the recorded runs stay keyed; set to anything else, digested.
+LATER_SETTINGS = {"algorithm": {"loss": "nft", "awm_power": 0.25, "awm_anchor_beta": 1.0, "train_timesteps": "subset",
+                                "strata": 6}}
 
 Trainer = Callable[[list[str], int], dict[str, Any]]
 Digest = Callable[[list[str]], str]
@@ -111,6 +116,8 @@ def config_digest(model: str) -> Digest:
 
         config = to_dict(resolve_config(model, "sol_rl", sets=sets))
         config["run"] = {k: v for k, v in config["run"].items() if k not in NOT_DIGESTED}
+        for section, defaults in LATER_SETTINGS.items():
+            config[section] = {k: v for k, v in config[section].items() if k not in defaults or v != defaults[k]}
         return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()[:10]
     return digest
 

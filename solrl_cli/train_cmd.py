@@ -38,6 +38,8 @@ NoEval = Annotated[bool, typer.Option("--no-eval", help="Skip the evaluations (t
                                        "faster, but no held-out scores, warnings of reward hacking or pictures.")]
 Verbose = Annotated[bool, typer.Option("--verbose", help="Print the machine's plan, the model's FLOPs and each "
                                        "iteration's phase times, memory and MFU in full (always in RUN/events.jsonl).")]
+Loss = Annotated[Optional[str], typer.Option("--loss", help="The update's loss: nft (the default, Sol-RL's) or awm "
+                                                           "(Advantage Weighted Matching); algorithm.loss.")]
 DumpConfig = Annotated[bool, typer.Option("--dump-config", help="Print the resolved config as TOML and exit.")]
 
 
@@ -49,7 +51,7 @@ def train(
     log: Log = None, tui: Tui = False, nproc_per_node: Nproc = 1, nnodes: Nnodes = 1, node_rank: NodeRank = 0,
     rdzv_endpoint: Rdzv = None, master_addr: MasterAddr = None, master_port: MasterPort = None,
     no_eval: NoEval = False, dump_config: DumpConfig = False, trust_run_config: opt.TrustRunConfig = False,
-    verbose: Verbose = False,
+    verbose: Verbose = False, loss: Loss = None,
 ) -> None:
     """Train with Sol-RL (or another family). With no arguments: the built-in tiny model on this machine."""
     from solrl_core.tools.start import RunRequest, resolve, start_run
@@ -57,7 +59,7 @@ def train(
     with user_errors():
         flags = {"run": {"prompts": prompts, "run_dir": str(run_dir) if run_dir else None, "iterations": iterations,
                          "seed": seed, "device": device, "log": _trackers(log)},
-                 "explore": {"precision": explore_precision},
+                 "explore": {"precision": explore_precision}, "algorithm": {"loss": loss},
                  "model": {"path": str(model_path) if model_path else None}}
         sets = (*(set_ or ()), *(["run.eval_prompts="] if no_eval else []))  # as a --set: a resume may take it too
         request = RunRequest(model, family, reward, preset, config, sets, flags, resume, checkpoint,

@@ -24,6 +24,10 @@ CALIBRATIONS = ("off", "steps", "steps+precision")  # explore.calibrate (calibra
 TRAIN_PRECISIONS = ("autocast", "bf16", "fp32-base")
 COPY_PLACES = ("auto", "gpu", "cpu-whole", "cpu-blocks")  # memory.copies (offload.py)
 LORA_INITS = {"gaussian": "gaussian", "kaiming": True}  # name -> peft's LoraConfig.init_lora_weights
+TRAIN_TIMESTEPS = ("subset", "stratified")  # algorithm.train_timesteps (loop/update.py: train_timesteps)
+LOSSES = ("nft", "awm")  # algorithm.loss (loop/update.py computes each: its _LOSSES)
+# Values a setting will take in a later version, each with the fix to give until then.
+NOT_YET = {("algorithm.loss", "flow_grpo"): "use algorithm.loss=nft or algorithm.loss=awm"}
 
 
 
@@ -40,9 +44,13 @@ def choices() -> tuple[tuple[str, tuple], ...]:
             ("run.compile_mode", COMPILE_MODES), ("model.lora_init", tuple(LORA_INITS)),
             ("model.train_precision", TRAIN_PRECISIONS), ("run.stop_on_sigterm", ("phase", "iteration")),
             ("distributed.strategy", STRATEGIES), ("distributed.copy_layout", COPY_LAYOUTS),
-            ("explore.calibrate", CALIBRATIONS), ("memory.copies", COPY_PLACES), *switches)
+            ("explore.calibrate", CALIBRATIONS), ("memory.copies", COPY_PLACES), ("algorithm.loss", LOSSES),
+            ("algorithm.train_timesteps", TRAIN_TIMESTEPS),
+            *switches)
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    if (name, value) in NOT_YET:
+        raise SolrlError(f"{name} '{value}' is not in this version of solrl yet", NOT_YET[(name, value)])
     if value not in choices:
         raise SolrlError(f"unknown {name} '{value}'", close_matches(value, choices))

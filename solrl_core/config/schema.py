@@ -168,14 +168,28 @@ class SelectionConfig:
 @dataclass(frozen=True)
 class AlgorithmConfig:
     family: str = _f("sol_rl", "sol_rl, naive_scaling, compile, naive_quant or diffusionnft.")
+    loss: str = _f("nft", "The update's loss: nft (DiffusionNFT's, as Sol-RL trains) or awm (Advantage Weighted "
+                          "Matching: the flow-matching loss weighted by each sample's advantage; docs/official-"
+                          "settings.md, 'AWM'). Every family trains with either; the rollouts are the same.")
     nft_beta: float = _f(1.0,
                          "DiffusionNFT mixing beta of the implicit positive/negative policies (not the KL weight).")
     kl_beta: float = _f(1e-4, "Weight of the KL-like penalty mean((v - v_ref)^2) (not the NFT beta).")
     adv_clip_max: float = _f(5.0, "Advantages are clipped to [-adv_clip_max, adv_clip_max].")
     timestep_fraction: float = _f(0.6, "Share of the rollout sigma grid trained per sample.")
+    train_timesteps: str = _f("subset", "Each sample's train timesteps, from its own generator: subset (a random "
+                                        "int(sampler.steps * timestep_fraction) of the grid, DiffusionNFT's) or "
+                                        "stratified (AWM's 'discrete': one in each of algorithm.strata equal strata of "
+                                        "the first int(sampler.steps * timestep_fraction) grid steps).")
+    strata: int = _f(6, "train_timesteps=stratified: how many timesteps per sample (AWM's train_timesteps, "
+                        "config/dgx_awm.py:334).")
     old_decay_rate: float = _f(0.001, "Old-policy decay d = min(rate * step, max).")
     old_decay_max: float = _f(0.5, "Upper bound of the old-policy decay.")
     ema_max_decay: float = _f(0.9, "EMA decay min((1+s)/(10+s), max) of the evaluation weights.")
+    awm_power: float = _f(0.25, "awm: power p of the generalised-Huber weighting ((mse + 1e-10)^p - 1e-10^p) t / p "
+                                "(the reference's ghuber_power: config/dgx_awm.py:64).")
+    awm_anchor_beta: float = _f(1.0, "awm: weight of mean((v - v_old)^2), the pull toward the old adapter (the "
+                                     "reference's ema_beta: config/dgx_awm.py:345); added only when kl_beta > 0, as "
+                                     "the reference nests it (scripts/train_sd3_awm.py:1330-1354).")
     loss_dtype: str = _f("fp32", "The update's inputs (sigma, training noise, xt): fp32, or bf16 (each rounded to bf16 "
                                  "before the forwards and the loss, as the official SANA and FLUX.1 scripts build "
                                  "them).")
@@ -398,6 +412,11 @@ class Config:
         if int(self.sampler.steps * self.algorithm.timestep_fraction) < 1:
             raise SolrlError("no timestep would be trained: sampler.steps * algorithm.timestep_fraction < 1",
                              "raise algorithm.timestep_fraction or sampler.steps")
+        span = int(self.sampler.steps * self.algorithm.timestep_fraction)
+        if self.algorithm.train_timesteps == "stratified" and self.algorithm.strata > span:
+            raise SolrlError(f"algorithm.strata={self.algorithm.strata} strata over {span} grid steps would repeat "
+                             "timesteps", f"lower algorithm.strata to at most {span}, or raise algorithm.timestep_"
+                             "fraction or sampler.steps")
         if self.sampler.guidance != 1.0:
             raise SolrlError(f"sampler.guidance={self.sampler.guidance}: classifier-free guidance is not supported",
                              "Sol-RL trains and samples without CFG: keep sampler.guidance=1.0")

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from solrl_core.config.choices import LOSSES
 from solrl_core.doctor.selftest_base import Context, Row
 from solrl_core.errors import SolrlError
 from solrl_core.io.rundir import EVENTS_FILE
@@ -38,7 +39,8 @@ CPU_COMPILE = "torch.compile costs about a minute a copy on a CPU; it runs where
 
 
 def rows(ctx: Context) -> list[Row]:
-    out = [Row("tiny-world/sol_rl", _tiny_world)]
+    out = [Row("tiny-world/sol_rl", _tiny_world)]  # and the default loss, nft
+    out += [Row(f"loss/{loss}", functools.partial(_loss, loss)) for loss in LOSSES if loss != "nft"]
     out += [Row(f"model/{p}", functools.partial(_model, p)) for p in MODELS]
     out += [Row(f"family/{f}", functools.partial(_family, f),
                 skip=_cuda_only(CPU_COMPILE) if f == "compile" else _always)
@@ -168,6 +170,10 @@ def _said(session: Any) -> str:
 
 def _tiny_world(ctx: Context) -> str:
     return _said(_train(_config(ctx, "tiny-world", "tiny", "sol_rl")))
+
+
+def _loss(loss: str, ctx: Context) -> str:
+    return f"loss {loss}: " + _said(_train(_config(ctx, f"loss-{loss}", "tiny", "sol_rl", f"algorithm.loss={loss}")))
 
 
 def _model(preset: str, ctx: Context) -> str:

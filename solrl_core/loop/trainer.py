@@ -3,7 +3,7 @@
     Stage 1  explore     N seeds per prompt through the low-precision explore copy, preview steps, scored
              select      keep K of N per prompt (top K/2 and bottom K/2 by default)
     Stage 2  regenerate  the K kept seeds again at full precision and full steps, scored
-             update      DiffusionNFT loss on the Stage-2 rollouts, one optimizer step
+             update      the loss (DiffusionNFT's, or AWM's) on the Stage-2 rollouts, one optimizer step
              sync        old adapter decay, EMA, explore copy refreshed and re-quantized
 
 The other families are the same loop with stages switched off (one row each in families.py; the
@@ -53,6 +53,10 @@ differs, each with its reason in docs/official-settings.md ("Where solrl differs
 - distributed.strategy = fsdp: the policy sharded, where the official code replicates it
 - memory modes for one tight GPU; AdamW's moments stay fp32
 - CPU lanes: on a CPU, rollout batches and update micro-steps side by side, one thread each (run.lanes)
+- algorithm.loss=awm (docs/official-settings.md, "AWM"): the family's ODE rollouts on the rollout copy;
+  each sample's own train timesteps (AWM's strata: algorithm.train_timesteps); anchor decay
+  algorithm.old_decay_max (AWM's 0.3 by --set); no skipped first epochs; solrl's evaluation EMA;
+  non-finite samples zeroed; run-dtype forwards
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
-"""The update: one optimizer step of the DiffusionNFT loss on the Stage-2 rollouts (nft.py has the
-loss), accumulated over micro-batches and train timesteps."""
+"""The update: one optimizer step of the run's loss (algorithm.loss: nft.py's DiffusionNFT loss or
+awm.py's AWM loss, chosen in `_loss`) on the Stage-2 rollouts, accumulated over micro-batches and train
+timesteps."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from typing import Callable, Iterator
 import numpy as np
 import torch
 
+from solrl_core.config.schema import AlgorithmConfig
 from solrl_core.engine.policy import OLD
 from solrl_core.engine.rollout import RolloutBatch
 from solrl_core.engine.sharding import sync_gradients
 from solrl_core.faults.phase import charged_to
+from solrl_core.loop.awm import awm_loss
 from solrl_core.loop.nft import LossTerms, nft_loss
 from solrl_core.loop.session import Run
 from solrl_core.models.base import Conditioning
@@ -43,7 +46,7 @@ class UpdateResult:
 
 def update(run: Run, batch: RolloutBatch, advantages: torch.Tensor, rng: np.random.Generator, samples: int,
            local: slice) -> UpdateResult:
-    """One optimizer step of the DiffusionNFT loss on this rank's `batch` with its `advantages`.
+    """One optimizer step of the run's loss on this rank's `batch` with its `advantages`.
 
     The gradient is the mean over every (sample, train timestep) pair of every rank: each rank
     weighs a micro-batch's mean loss by its share of the rank's pairs, and the ranks (which hold
@@ -56,7 +59,8 @@ def update(run: Run, batch: RolloutBatch, advantages: torch.Tensor, rng: np.rand
     per_sample = min(max(1, int(run.plan.full_steps * alg.timestep_fraction)), grid.numel())
     n = len(batch.prompts)
     gens = [torch.Generator().manual_seed(int(s)) for s in rng.integers(0, 2**63 - 1, size=samples)[local]]
-    picks = torch.stack([torch.randperm(grid.numel(), generator=g)[:per_sample] for g in gens])
+    picks = train_timesteps(gens, grid.numel(), per_sample, alg)
+    per_sample = picks.shape[1]
     cond = run.engine.conditioning(batch.prompts)
     micro = cfg.optimizer.micro_batch
     pairs = n * per_sample
@@ -87,15 +91,29 @@ def update(run: Run, batch: RolloutBatch, advantages: torch.Tensor, rng: np.rand
     return UpdateResult(float(sums[0]), float(sums[1]), float(sums[2]), int(sums[3]), float(grad_norm), stepped)
 
 
+def train_timesteps(gens: list[torch.Generator], grid_size: int, span: int, alg: AlgorithmConfig) -> torch.Tensor:
+    """[samples, timesteps per sample]: each sample's train grid indices, drawn from its generator.
+    subset: a random `span` of the `grid_size` (DiffusionNFT's). stratified: AWM's 'discrete' draw
+    (scripts/train_sd3_awm.py:1172-1180): boundaries linspace(0, span, strata + 1), one index
+    lower + trunc(u (upper - lower)) in each stratum, u ~ U[0, 1) (there one draw per micro-batch)."""
+    if alg.train_timesteps == "stratified":
+        bounds = torch.linspace(0, span, alg.strata + 1)
+        lower, upper = bounds[:-1].long(), bounds[1:].long()
+        return torch.stack([lower + (torch.rand(alg.strata, generator=g) * (upper - lower)).long() for g in gens])
+    return torch.stack([torch.randperm(grid_size, generator=g)[:span] for g in gens])
+
+
 @dataclass(frozen=True)
 class _Inputs:
     """One micro-step on the run's device: a micro-batch at one train timestep per sample, its loss
     weighted by its share of the pairs. The three forwards get one input, xt in the run dtype (`x_in`),
     and the same fp32 timesteps, as the official code feeds its one bf16 xt and sigma to old, trained
-    and reference (train_sana.py:878-889)."""
+    and reference (train_sana.py:878-889). eps: the training noise xt was made with (AWM's target is
+    eps - x0)."""
 
     x0: torch.Tensor
     sigma: torch.Tensor
+    eps: torch.Tensor
     xt: torch.Tensor
     x_in: torch.Tensor
     cond: Conditioning
@@ -107,8 +125,9 @@ def _inputs(run: Run, x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tensor, 
             weight: float) -> _Inputs:
     device = run.device
     x0, sigma, eps, cond, adv = x0.to(device), sigma.to(device), eps.to(device), cond.to(device), adv.to(device)
+    sigma, eps = rounded_inputs(sigma, eps, run.config.algorithm.loss_dtype)
     sigma, xt = loss_inputs(x0, sigma, eps, run.config.algorithm.loss_dtype)
-    return _Inputs(x0, sigma, xt, xt.to(run.engine.dtype), cond, adv, weight)
+    return _Inputs(x0, sigma, eps, xt, xt.to(run.engine.dtype), cond, adv, weight)
 
 
 Targets = tuple[torch.Tensor, torch.Tensor | None]  # v_old, v_ref (None at kl_beta 0)
@@ -137,7 +156,7 @@ def _micro_step(run: Run, step: _Inputs, targets: Targets,
     would pass them by), and every rank joins every backward, a non-finite one too (it skips the step)."""
     v_old, v_ref = targets
     v = _policy_velocity(run, step.x_in, step.sigma, step.cond)
-    terms = _loss(run, v, v_old, v_ref, step.xt, step.x0, step.sigma, step.adv)
+    terms = _loss(run, v, v_old, v_ref, step)
     finite = bool(torch.isfinite(terms.loss))
     sums = _sums(terms, step.weight) if finite else _skipped(step.x0)
     if run.sharded:
@@ -152,13 +171,27 @@ def _policy_velocity(run: Run, x_in: torch.Tensor, sigma: torch.Tensor, cond: Co
         return run.engine.model.velocity(run.engine.policy_forward, x_in, sigma, cond).float()
 
 
-def _loss(run: Run, v: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | None, xt: torch.Tensor,
-          x0: torch.Tensor,
-          sigma: torch.Tensor, adv: torch.Tensor) -> LossTerms:
-    """The DiffusionNFT loss terms of one micro-step, with the run's algorithm settings."""
-    alg = run.config.algorithm
-    return nft_loss(v, v_old, v_ref, xt, x0, sigma, adv, nft_beta=alg.nft_beta, kl_beta=alg.kl_beta,
-                    adv_clip_max=alg.adv_clip_max)
+def _loss(run: Run, v: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | None, step: _Inputs) -> LossTerms:
+    """The loss terms of one micro-step: the run's algorithm.loss, with its settings (the one place the
+    loss is chosen)."""
+    return _LOSSES[run.config.algorithm.loss](run.config.algorithm, v, v_old, v_ref, step)
+
+
+def _nft(alg: AlgorithmConfig, v: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | None,
+         step: _Inputs) -> LossTerms:
+    return nft_loss(v, v_old, v_ref, step.xt, step.x0, step.sigma, step.adv, nft_beta=alg.nft_beta,
+                    kl_beta=alg.kl_beta, adv_clip_max=alg.adv_clip_max)
+
+
+def _awm(alg: AlgorithmConfig, v: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | None,
+         step: _Inputs) -> LossTerms:
+    return awm_loss(v, v_old, v_ref, step.x0, step.eps, step.sigma, step.adv, kl_beta=alg.kl_beta,
+                    anchor_beta=alg.awm_anchor_beta, power=alg.awm_power, adv_clip_max=alg.adv_clip_max)
+
+
+# algorithm.loss -> its terms of one micro-step (config/choices.py: LOSSES names them)
+_LOSSES: dict[str, Callable[[AlgorithmConfig, torch.Tensor, torch.Tensor, torch.Tensor | None, _Inputs],
+                            LossTerms]] = {"nft": _nft, "awm": _awm}
 
 
 def _sums(terms: LossTerms, weight: float) -> torch.Tensor:
@@ -222,13 +255,19 @@ def _sharded_steps(run: Run, steps: Iterator[_Inputs], count: int, grid: torch.T
     return sums
 
 
+def rounded_inputs(sigma: torch.Tensor, eps: torch.Tensor, dtype: str = "fp32") -> tuple[torch.Tensor, torch.Tensor]:
+    """(sigma, eps) as the update uses them: `dtype` bf16 rounds both to bf16 (see loss_inputs)."""
+    if dtype == "bf16":
+        return sigma.to(torch.bfloat16).float(), eps.to(torch.bfloat16).float()
+    return sigma, eps
+
+
 def loss_inputs(x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tensor, dtype: str = "fp32") -> tuple[torch.Tensor,
                                                                                                         torch.Tensor]:
     """(sigma, xt = (1 - sigma) x0 + sigma eps) of the update. `dtype` bf16: sigma and eps rounded to
     bf16 before and xt after, as the official SANA (bf16 sigma, xt cast to bf16: train_sana.py:874-878)
     and FLUX.1 (t cast to bf16, noise drawn in bf16: train_flux1.py:933-936) build them."""
-    if dtype == "bf16":
-        sigma, eps = sigma.to(torch.bfloat16).float(), eps.to(torch.bfloat16).float()
+    sigma, eps = rounded_inputs(sigma, eps, dtype)
     s = sigma.view(-1, *[1] * (x0.dim() - 1))  # image latents [B,C,H,W], video [B,C,F,H,W]
     xt = (1 - s) * x0 + s * eps
     return sigma, (xt.to(torch.bfloat16).float() if dtype == "bf16" else xt)
