@@ -17,7 +17,7 @@ import argparse
 import ast
 from pathlib import Path
 
-PACKAGES = ("solrl_core", "solrl_cli", "solrl")
+PACKAGES = ("solrl_core", "solrl_cli", "solrl_view", "solrl")
 
 
 def modules(root: Path) -> dict[str, Path]:

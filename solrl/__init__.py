@@ -142,7 +142,7 @@ def _bus(quiet: bool, on_event: Callable[[Any], None] | None, on_progress: Progr
     if not (quiet or on_event or on_progress):
         from rich.console import Console
 
-        from solrl_cli.display import TerminalDisplay
+        from solrl_view.display import TerminalDisplay
 
         # plain lines wherever it runs (a notebook too): no live bar, no HTML
         bus.subscribe(TerminalDisplay(Console(highlight=False, markup=False, soft_wrap=True, force_terminal=False,

@@ -4,7 +4,7 @@ prompts and output folder is the core's: solrl_core/tools/sources.py."""
 
 from __future__ import annotations
 
-from solrl_cli.safe_console import SafeConsole as Console
+from solrl_view.safe_console import SafeConsole as Console
 
 # markup=False: run names, prompts and preset texts hold brackets ("solrl[rewards]", "FLUX.2 [klein]") that
 # rich would take for style tags; a styled part is given as Text or style=, never as markup in a string.

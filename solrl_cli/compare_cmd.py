@@ -23,7 +23,7 @@ def compare(
 
     from rich.table import Table
 
-    from solrl_cli.safe_console import SafeConsole as Console
+    from solrl_view.safe_console import SafeConsole as Console
 
     from solrl_core.tracking.compare import figure, load_run, table
 

@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich import box
-from solrl_cli.safe_console import SafeConsole as Console
+from solrl_view.safe_console import SafeConsole as Console
 from rich.table import Table
 from rich.text import Text
 

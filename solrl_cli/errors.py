@@ -8,7 +8,7 @@ import os
 from typing import Iterator
 
 import typer
-from solrl_cli.safe_console import SafeConsole as Console
+from solrl_view.safe_console import SafeConsole as Console
 from rich.text import Text
 
 from solrl_core.errors import SolrlError

@@ -40,7 +40,7 @@ def eval_(
                            weights=weights, checkpoint=checkpoint, out=out, save_images=save_images, sets=set_,
                            device=device,
                            rewards=rewards, trust_run_config=trust_run_config, best=best, say=console.print)
-        from solrl_cli.display import TerminalDisplay
+        from solrl_view.display import TerminalDisplay
         from solrl_core import events  # torch: only once the config is accepted
         from solrl_core.loop.evaluation import EvalStopped, evaluate_weights
 

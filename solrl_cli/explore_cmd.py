@@ -15,7 +15,7 @@ from solrl_cli import options as opt
 from solrl_cli.common import console
 from solrl_cli.errors import user_errors
 from solrl_cli.tables import Column, print_fitted
-from solrl_cli.tui.words import GIF_NOTE
+from solrl_view.words import GIF_NOTE
 from solrl_core.text import plural
 
 ExploreRun = Annotated[Optional[Path], typer.Argument(help="A run folder: explore with its checkpoint's rollout (old) "

@@ -50,7 +50,7 @@ def infer(
                                           seed=seed, steps=steps, weights=weights, checkpoint=checkpoint, out=out,
                                           grid=grid,
                                           sets=set_, device=device)
-        from solrl_cli.display import TerminalDisplay
+        from solrl_view.display import TerminalDisplay
         from solrl_core import events
         from solrl_core.tools.inference import infer as run_infer
 

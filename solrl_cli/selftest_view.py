@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from solrl_cli.safe_console import SafeConsole as Console
+from solrl_view.safe_console import SafeConsole as Console
 from rich.text import Text
 
 STYLE = {"pass": "green", "skipped": "yellow", "fail": "bold red"}

@@ -100,7 +100,7 @@ def _run(start, tui: bool, verbose: bool = False):  # type: ignore[no-untyped-de
         from solrl_cli.tui.app import run_tui_training
 
         return run_tui_training(start)
-    from solrl_cli.display import TerminalDisplay
+    from solrl_view.display import TerminalDisplay
     from solrl_core import events
 
     bus = events.EventBus()

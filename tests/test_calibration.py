@@ -185,8 +185,8 @@ def test_one_and_two_processes_choose_the_same_preview_steps(tmp_path):
 def test_the_choice_is_shown_in_the_terminal_the_tui_and_the_trackers():
     from rich.console import Console
 
-    from solrl_cli.display import TerminalDisplay
-    from solrl_cli.tui.words import log_line
+    from solrl_view.display import TerminalDisplay
+    from solrl_view.words import log_line
     from solrl_core.tracking.metrics import scalars as metrics
 
     done = ev.CalibrationDone(iteration=1, prompts=2, seeds=8, reference="fp32@4", chosen="nvfp4-emulated@3", steps=3,

@@ -224,8 +224,8 @@ def test_the_calibration_measures_the_iterations_own_stage1_seeds(fast_sets):
 def test_the_precision_choice_is_shown_in_the_terminal_the_tui_and_the_trackers():
     from rich.console import Console
 
-    from solrl_cli.display import TerminalDisplay
-    from solrl_cli.tui.words import log_line
+    from solrl_view.display import TerminalDisplay
+    from solrl_view.words import log_line
     from solrl_core.tracking.metrics import scalars as metrics
 
     done = ev.CalibrationDone(iteration=1, prompts=2, seeds=8, reference="fp32@4", chosen=f"{OTHER}@2", steps=2,

@@ -246,7 +246,7 @@ def test_a_rank_killed_is_named_once_and_the_survivor_says_how_to_resume(tmp_pat
 
 
 def test_the_views_name_a_launcher_death_as_the_engine_does():
-    from solrl_cli.stop_text import LAUNCHER_SOURCE, stop_message
+    from solrl_view.stop_text import LAUNCHER_SOURCE, stop_message
     from solrl_core.runtime import stopping
 
     assert LAUNCHER_SOURCE == stopping.LAUNCHER_SOURCE

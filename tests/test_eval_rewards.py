@@ -16,7 +16,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from solrl_cli.app import app
-from solrl_cli.display import TerminalDisplay
+from solrl_view.display import TerminalDisplay
 from solrl_cli.tui.panels import eval_view
 from solrl_cli.tui.state import RunState
 from solrl_core import events as ev

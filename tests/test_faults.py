@@ -419,7 +419,7 @@ def test_every_view_shows_a_survived_fault_as_a_warning():
 
     from rich.console import Console
 
-    from solrl_cli.display import TerminalDisplay
+    from solrl_view.display import TerminalDisplay
     from solrl_cli.tui.state import RunState
 
     faults = [ev.OutOfMemoryBackoff(iteration=3, phase="rollout", setting="sampler.rollout_batch", old=24, new=12),

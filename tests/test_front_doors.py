@@ -116,12 +116,22 @@ def test_the_api_comes_in_by_the_same_functions(monkeypatch):
 
 
 def test_the_api_stands_beside_the_cli_not_on_it():
-    """solrl/ takes nothing of solrl_cli but the plain display it prints with (the same lines as
-    `solrl train`): no command module, no TUI, no CLI helper."""
+    """solrl/ imports nothing of solrl_cli, nor solrl_cli anything of solrl: siblings over solrl_core, both printing
+    through solrl_view (the same lines as `solrl train`)."""
     import ast
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "solrl"
-    taken = {node.module for path in root.glob("*.py") for node in ast.walk(ast.parse(path.read_text()))
-             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("solrl_cli")}
-    assert taken == {"solrl_cli.display"}, taken
+    root = Path(__file__).resolve().parents[1]
+
+    def taken(package: str, prefix: str) -> set[str]:
+        out = set()
+        for path in (root / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                    [a.name for a in node.names] if isinstance(node, ast.Import) else []
+                out |= {n for n in names if n == prefix or n.startswith(prefix + ".")}
+        return out
+
+    assert taken("solrl", "solrl_cli") == set() and taken("solrl_cli", "solrl") == set()
+    assert "solrl_view.display" in taken("solrl", "solrl_view")
+    assert "solrl_view.display" in taken("solrl_cli", "solrl_view")

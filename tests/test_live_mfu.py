@@ -14,10 +14,10 @@ import pytest
 import torch
 from rich.console import Console
 
-from solrl_cli.display import TerminalDisplay
+from solrl_view.display import TerminalDisplay
 from solrl_cli.tui.panels import time_view
 from solrl_cli.tui.state import JsonlTail, RunState
-from solrl_cli.tui.words import mfu_text
+from solrl_view.words import mfu_text
 from solrl_core import events as ev
 from solrl_core.bench.flops import sana_forward_flops
 from solrl_core.telemetry.mfu import phase_mfu

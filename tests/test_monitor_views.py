@@ -202,7 +202,7 @@ def test_only_rank_0_of_a_torchrun_run_starts_the_ui(monkeypatch):
 
 
 def test_the_last_iterations_never_include_the_first(finished_run):
-    from solrl_cli.run_summary import end_summary
+    from solrl_view.run_summary import end_summary
 
     seen = finished_run[1]
     rewards = [e.final.mean for e in seen if isinstance(e, ev.IterationFinished)]
@@ -216,7 +216,7 @@ def test_infer_on_tiny_video_says_clips_and_once_that_mp4_needs_the_video_extra(
     from typer.testing import CliRunner
 
     from solrl_cli.app import app
-    from solrl_cli.display import TerminalDisplay
+    from solrl_view.display import TerminalDisplay
     from solrl_core.io import video_output
 
     monkeypatch.setattr(video_output, "mp4_available", lambda: False)  # a machine without imageio
@@ -241,7 +241,7 @@ def test_explore_on_tiny_video_and_a_runs_gif_sample_grid_say_once_that_mp4_need
     from typer.testing import CliRunner
 
     from solrl_cli.app import app
-    from solrl_cli.display import TerminalDisplay
+    from solrl_view.display import TerminalDisplay
     from solrl_core.io import video_output
 
     monkeypatch.setattr(video_output, "mp4_available", lambda: False)  # a machine without imageio

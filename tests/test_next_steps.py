@@ -21,7 +21,7 @@ def _sets(*extra: str) -> list[str]:
 
 def test_a_failure_whose_fix_rules_out_resuming_ends_without_offering_a_resume():
     """The diverged run's last line (the trainer's RunFinished, tests/test_health.py) and its error agree."""
-    from solrl_cli.stop_text import finished_message
+    from solrl_view.stop_text import finished_message
     from solrl_core import events as ev
 
     end = ev.RunFinished(reason="failed", iteration=1, seconds=1.0, first_reward=None, last3_reward=None, run_dir="r",

@@ -87,7 +87,7 @@ def test_the_terminal_says_the_kl_is_off_when_it_was_not_measured():
 
     from rich.console import Console
 
-    from solrl_cli.display import TerminalDisplay
+    from solrl_view.display import TerminalDisplay
     from solrl_core import events as ev
 
     stats = ev.RewardStats(mean=0.5, std=0.1, best=0.7, worst=0.3, components={})

@@ -7,7 +7,7 @@ import io
 import pytest
 from rich.console import Console
 
-from solrl_cli.display import TerminalDisplay
+from solrl_view.display import TerminalDisplay
 from solrl_core import events as ev
 from solrl_core.config.presets import resolve_config
 from solrl_core.engine.engine import PROGRESS_REPORTS

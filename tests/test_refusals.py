@@ -48,7 +48,7 @@ def test_an_unknown_preset_is_one_line_with_the_closest_names():
 
 
 def test_the_end_summary_counts_the_iterations_it_averaged():
-    from solrl_cli.run_summary import end_summary
+    from solrl_view.run_summary import end_summary
 
     def said(iterations: int) -> str:
         return end_summary(ev.RunFinished(reason="completed", iteration=iterations, seconds=1.0, first_reward=0.5,

@@ -8,7 +8,7 @@ import json
 import pytest
 from rich.console import Console
 
-from solrl_cli.display import TerminalDisplay
+from solrl_view.display import TerminalDisplay
 from solrl_cli.tui.app import outcome
 from solrl_cli.tui.state import RunState
 from solrl_core import events as ev

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from solrl_cli.display import TerminalDisplay
+from solrl_view.display import TerminalDisplay
 from solrl_core import events as ev
 
 ROOT = Path(__file__).resolve().parents[1]

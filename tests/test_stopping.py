@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from solrl_cli.display import TerminalDisplay
-from solrl_cli.stop_text import finished_message, stop_message
+from solrl_view.display import TerminalDisplay
+from solrl_view.stop_text import finished_message, stop_message
 from solrl_core import events as ev
 from solrl_core.config.presets import resolve_config
 from solrl_core.engine.checkpoint import list_checkpoints

@@ -11,7 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("solrl", "solrl_core", "solrl_cli")
+PACKAGES = ("solrl", "solrl_core", "solrl_cli", "solrl_view")
 MAX_LINES = 450
 MAX_POSITIONAL = 8
 
@@ -178,15 +178,19 @@ LAYERS = (
     ("tools",),  # each command's one core function: start, evaluate, infer, explore, rank-check, export
 )
 LAYER_OF = {f"solrl_core.{unit}": depth for depth, units in enumerate(LAYERS) for unit in units}
-# Above the core: the command line and the Python API, thin siblings over tools/ (solrl_core never imports them).
+# Above the core: what a run looks like in a terminal (solrl_view), then the command line and the Python API, thin
+# siblings over tools/ that both print through it (solrl_core never imports any of them, nor the view the fronts).
+VIEW = "solrl_view"
 FRONTS = ("solrl_cli", "solrl")
-LAYER_OF.update({front: len(LAYERS) for front in FRONTS})
+LAYER_OF[VIEW] = len(LAYERS)
+LAYER_OF.update({front: len(LAYERS) + 1 for front in FRONTS})
 MAX_LOOSE = 8  # modules at solrl_core's top, beside its folders
 
 
 def _layer(node: str) -> int | None:
     """The layer of a folder-graph node: a unit of solrl_core's, or the front package it lies in."""
-    return LAYER_OF.get(node, LAYER_OF.get(node.split(".")[0]) if node.split(".")[0] in FRONTS else None)
+    top = node.split(".")[0]
+    return LAYER_OF.get(node, LAYER_OF.get(top) if top in (*FRONTS, VIEW) else None)
 
 
 def _upward(folders: dict[str, set[str]], why: dict[tuple[str, str], list[str]]) -> list[str]:
@@ -229,7 +233,7 @@ def test_the_layer_check_finds_a_planted_import_of_the_cli_or_the_api():
     """The core never imports the command line or the Python API: a planted `import solrl_cli` (or an
     import_module string naming one of their modules) in a core module fails the layer check."""
     graph = {name: _imports(name, path) for name, path in MODULES.items()}
-    for source, target in (("import solrl_cli", "solrl_cli"), ("import solrl_cli.display", "solrl_cli.display"),
+    for source, target in (("import solrl_cli", "solrl_cli"), ("import solrl_cli.app", "solrl_cli.app"),
                            ("importlib.import_module('solrl.results')", "solrl.results"),
                            ("import_module(f'solrl_cli.tui.{name}')", "solrl_cli.tui")):
         planted = {**graph, "solrl_core.tools.start": _planted("solrl_core.tools.start", source)}

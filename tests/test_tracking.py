@@ -230,7 +230,7 @@ def test_the_terminal_says_where_the_trackers_write():
 
     from rich.console import Console
 
-    from solrl_cli.display import TerminalDisplay
+    from solrl_view.display import TerminalDisplay
 
     console = Console(file=io.StringIO(), width=200)
     display = TerminalDisplay(console)

@@ -36,7 +36,7 @@ def grid(tmp_path_factory):
 def test_a_video_sample_grid_is_contact_sheets_and_one_video_for_the_trackers(grid, mp4, monkeypatch):
     from PIL import Image
 
-    from solrl_cli.tui.words import log_line
+    from solrl_view.words import log_line
     from solrl_core.io import video_output
     from solrl_core.tracking.tensorboard_log import TensorBoardLog
     from solrl_core.tracking.wandb_log import WandbLog

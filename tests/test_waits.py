@@ -94,7 +94,7 @@ def test_each_evaluation_is_announced_before_it_runs_in_every_view(fast_sets):
 
     from rich.console import Console
 
-    from solrl_cli.display import TerminalDisplay
+    from solrl_view.display import TerminalDisplay
     from solrl_cli.tui.state import RunState
     from solrl_core import events as ev
     from solrl_core.config.presets import resolve_config

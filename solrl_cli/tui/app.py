@@ -26,9 +26,9 @@ from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.widgets import ContentSwitcher, Footer, ProgressBar, Sparkline, Static
 
-from solrl_cli.run_summary import fmt
-from solrl_cli.run_summary import end_summary
-from solrl_cli.stop_text import finished_message
+from solrl_view.run_summary import fmt
+from solrl_view.run_summary import end_summary
+from solrl_view.stop_text import finished_message
 from solrl_cli.tui.meter import ProcessMeter, gpu_line, run_pid
 from solrl_cli.tui.panels import (
     ChartPanel,

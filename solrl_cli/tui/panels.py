@@ -19,7 +19,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 from textual_plotext import PlotextPlot
 
-from solrl_cli.run_summary import fmt
+from solrl_view.run_summary import fmt
 from solrl_cli.tui.state import PHASES, ROLLING, RunState, _clock, thin
 from solrl_core.telemetry.mfu import describe, percent
 

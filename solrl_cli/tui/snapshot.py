@@ -11,8 +11,8 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
-from solrl_cli.run_summary import end_summary
-from solrl_cli.stop_text import finished_message
+from solrl_view.run_summary import end_summary
+from solrl_view.stop_text import finished_message
 from solrl_cli.tui.meter import run_pid
 from solrl_cli.tui.panels import (eval_note, eval_view, latest_table, loss_note, loss_rows, reward_note, reward_rows,
                                   time_note, time_view)

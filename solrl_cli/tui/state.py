@@ -17,9 +17,9 @@ from collections import deque
 from pathlib import Path
 from typing import Any, TypedDict
 
-from solrl_cli.run_summary import fmt
-from solrl_cli.stop_text import finished_message, stop_message
-from solrl_cli.tui.words import eval_line, iteration_line, log_line
+from solrl_view.run_summary import fmt
+from solrl_view.stop_text import finished_message, stop_message
+from solrl_view.words import eval_line, iteration_line, log_line
 from solrl_core import events as ev
 from solrl_core.config.convert import from_dict
 from solrl_core.config.schema import Config

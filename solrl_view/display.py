@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 
-from solrl_cli.safe_console import SafeConsole as Console
+from solrl_view.safe_console import SafeConsole as Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Column
 from rich.text import Text
 
-from solrl_cli.run_summary import end_summary, eval_rewards_text, fmt
-from solrl_cli.stop_text import finished_message, stop_message
-from solrl_cli.tui.words import GIF_NOTE, eval_started_text, mfu_text, written
+from solrl_view.run_summary import end_summary, eval_rewards_text, fmt
+from solrl_view.stop_text import finished_message, stop_message
+from solrl_view.words import GIF_NOTE, eval_started_text, mfu_text, written
 from solrl_core import events as ev
 from solrl_core.fault_text import FAULT_EVENTS, fault_message
 from solrl_core.telemetry.mfu import describe
