@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from solrl_cli.app import app
 from solrl_core.errors import SolrlError
-from tests.conftest import FAST
+from tests.helpers import train_cli
 
 runner = CliRunner()
 TOKEN = "token-of-the-user-0123456789"
@@ -49,10 +49,7 @@ def finished(tmp_path_factory):  # type: ignore[no-untyped-def]
     cwd = os.getcwd()
     os.chdir(home)
     try:
-        args = [a for s in (*FAST, "run.eval_prompts=") for a in ("--set", s)]
-        result = runner.invoke(app, ["train", *args, "--iterations", "1", "--run-dir", "r", "--set",
-                                     "model.lora_rank=8"])
-        assert result.exit_code == 0, result.output
+        train_cli("--iterations", "1", "--run-dir", "r", "--set", "model.lora_rank=8")
     finally:
         os.chdir(cwd)
     return home / "r"
