@@ -32,13 +32,14 @@ import torch
 from solrl_core.loop.nft import LossTerms
 
 
-def awm_loss(v: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | None, x0: torch.Tensor, eps: torch.Tensor,
-             sigma: torch.Tensor, advantages: torch.Tensor, *, kl_beta: float, anchor_beta: float, power: float,
-             adv_clip_max: float) -> LossTerms:
+def awm_loss(v: torch.Tensor, v_old: torch.Tensor | None, v_ref: torch.Tensor | None, x0: torch.Tensor,
+             eps: torch.Tensor, sigma: torch.Tensor, advantages: torch.Tensor, *, kl_beta: float,
+             anchor_beta: float, power: float, adv_clip_max: float) -> LossTerms:
     """The AWM loss of a batch at one timestep per sample (sigma is [B]; v, v_old, v_ref, x0, eps [B, ...]).
 
     v_ref may be None when kl_beta is 0 (the reference forward is skipped); the KL is then NaN and, as
-    in the reference, neither penalty enters. A sample whose weighted loss is not finite is zeroed and
+    in the reference, neither penalty enters. v_old may be None where the anchor does not enter (kl_beta or
+    anchor_beta 0). A sample whose weighted loss is not finite is zeroed and
     counted. The returned loss is float64, as the reference computes it."""
     dims = tuple(range(1, v.dim()))
     v64 = v.double()

@@ -130,7 +130,7 @@ def _inputs(run: Run, x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tensor, 
     return _Inputs(x0, sigma, eps, xt, xt.to(run.engine.dtype), cond, adv, weight)
 
 
-Targets = tuple[torch.Tensor, torch.Tensor | None]  # v_old, v_ref (None at kl_beta 0)
+Targets = tuple[torch.Tensor | None, torch.Tensor | None]  # v_old (None where unweighed), v_ref (None at kl_beta 0)
 Grads = tuple[torch.Tensor | None, ...]
 
 
@@ -139,7 +139,10 @@ def _targets(run: Run, steps: list[_Inputs], lanes: int) -> list[Targets]:
     of all (the policy with no adapter, switched once for all of them)."""
     old = torch.no_grad()(lambda s: old_velocity(run, s.x_in, s.sigma, s.cond))
     ref = torch.no_grad()(lambda s: _policy_velocity(run, s.x_in, s.sigma, s.cond))
-    v_olds = map_in_lanes(old, steps, lanes)
+    alg = run.config.algorithm
+    # AWM weighs v_old only in its anchor, which enters beside the KL: no forward for a term that is not there
+    needs_old = alg.loss != "awm" or (alg.kl_beta != 0 and alg.awm_anchor_beta != 0)
+    v_olds = map_in_lanes(old, steps, lanes) if needs_old else [None] * len(steps)
     v_refs: list[torch.Tensor | None] = [None] * len(steps)
     if run.config.algorithm.kl_beta != 0:  # the reference only enters the loss through kl_beta: no forward for nothing
         with run.engine.policy.use(None):
@@ -171,7 +174,8 @@ def _policy_velocity(run: Run, x_in: torch.Tensor, sigma: torch.Tensor, cond: Co
         return run.engine.model.velocity(run.engine.policy_forward, x_in, sigma, cond).float()
 
 
-def _loss(run: Run, v: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | None, step: _Inputs) -> LossTerms:
+def _loss(run: Run, v: torch.Tensor, v_old: torch.Tensor | None, v_ref: torch.Tensor | None,
+          step: _Inputs) -> LossTerms:
     """The loss terms of one micro-step: the run's algorithm.loss, with its settings (the one place the
     loss is chosen)."""
     return _LOSSES[run.config.algorithm.loss](run.config.algorithm, v, v_old, v_ref, step)
@@ -183,7 +187,7 @@ def _nft(alg: AlgorithmConfig, v: torch.Tensor, v_old: torch.Tensor, v_ref: torc
                     kl_beta=alg.kl_beta, adv_clip_max=alg.adv_clip_max)
 
 
-def _awm(alg: AlgorithmConfig, v: torch.Tensor, v_old: torch.Tensor, v_ref: torch.Tensor | None,
+def _awm(alg: AlgorithmConfig, v: torch.Tensor, v_old: torch.Tensor | None, v_ref: torch.Tensor | None,
          step: _Inputs) -> LossTerms:
     return awm_loss(v, v_old, v_ref, step.x0, step.eps, step.sigma, step.adv, kl_beta=alg.kl_beta,
                     anchor_beta=alg.awm_anchor_beta, power=alg.awm_power, adv_clip_max=alg.adv_clip_max)
