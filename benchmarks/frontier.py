@@ -80,7 +80,7 @@ NOT_DIGESTED = ("seed", "run_dir", "device", "threads")
 # before the setting existed (benchmarks/same_run.py checks that): left out of the digest at that default,
 # so the recorded runs stay keyed; set to anything else, digested.
 LATER_SETTINGS = {"algorithm": {"loss": "nft", "awm_power": 0.25, "awm_anchor_beta": 1.0, "train_timesteps": "subset",
-                                "strata": 6}}
+                                "strata": 6, "sde_eta": 0.7, "sde_kind": "sde", "clip_range": 1e-4}}
 
 Trainer = Callable[[list[str], int], dict[str, Any]]
 Digest = Callable[[list[str]], str]
@@ -107,14 +107,22 @@ def run_key(name: str, digest: str, seed: int) -> str:
     return f"{name}|{digest}|seed={seed}"
 
 
-def config_digest(model: str) -> Digest:
-    """The digest of the whole config a point trains with (`model`'s presets, then its overrides), so a
-    run measured before a preset changed is not taken for the changed preset's."""
+def find_run(data: dict[str, Any], name: str, digest: str, seed: int) -> dict[str, Any] | None:
+    """The recorded run of `name` at `seed` with this config digest; else one of another point that trained
+    the same config at that seed (the same run: benchmarks/losses.py's sol_rl nft is frontier's default)."""
+    if (run := data["runs"].get(run_key(name, digest, seed))) is not None:
+        return run
+    return next((r for r in data["runs"].values() if r.get("config") == digest and r.get("seed") == seed), None)
+
+
+def config_digest(model: str, family: str = "sol_rl") -> Digest:
+    """The digest of the whole config a point trains with (`model`'s and `family`'s presets, then its
+    overrides), so a run measured before a preset changed is not taken for the changed preset's."""
     def digest(sets: list[str]) -> str:
         from solrl_core.config.convert import to_dict
         from solrl_core.config.presets import resolve_config
 
-        config = to_dict(resolve_config(model, "sol_rl", sets=sets))
+        config = to_dict(resolve_config(model, family, sets=sets))
         config["run"] = {k: v for k, v in config["run"].items() if k not in NOT_DIGESTED}
         for section, defaults in LATER_SETTINGS.items():
             config[section] = {k: v for k, v in config[section].items() if k not in defaults or v != defaults[k]}
@@ -147,8 +155,9 @@ def sweep(points: list[tuple[str, list[str]]], seeds: list[int], common: list[st
         config = digest(sets)
         for seed in seeds:
             key = run_key(name, config, seed)
-            if key in data["runs"]:
-                say(f"{name} seed {seed}: kept from {results}")
+            if (kept := find_run(data, name, config, seed)) is not None:
+                say(f"{name} seed {seed}: kept from {results}" + (f" (point {kept['point']})"
+                                                                  if kept["point"] != name else ""))
                 continue
             say(f"{name} seed {seed}: training ({' '.join(sets) or 'the preset as it is'})")
             record = trainer(sets, seed)
@@ -174,7 +183,7 @@ def summarise(data: dict[str, Any], points: list[tuple[str, list[str]]], seeds: 
     out = []
     for name, own in points:
         config = digest([*common, *own])
-        runs = [data["runs"][k] for s in seeds if (k := run_key(name, config, s)) in data["runs"]]
+        runs = [r for s in seeds if (r := find_run(data, name, config, s)) is not None]
         if not runs:
             continue
         row = {"point": name, "sets": own, "n": len(runs), "seeds": [r["seed"] for r in runs],
@@ -273,8 +282,9 @@ def train_point(args: argparse.Namespace) -> Trainer:
         bus.subscribe(collect)
         load_before, t0 = load_text(), time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="frontier-") as tmp:
-            cfg = resolve_config(args.model, "sol_rl", sets=[*sets, f"run.seed={seed}", f"run.run_dir={tmp}/run",
-                                                            f"run.device={args.device}", f"run.threads={args.threads}"])
+            where = [f"run.seed={seed}", f"run.run_dir={tmp}/run", f"run.device={args.device}",
+                     f"run.threads={args.threads}"]
+            cfg = resolve_config(args.model, getattr(args, "family", "sol_rl"), sets=[*sets, *where])
             session = train(cfg, bus)
             good = [v for v in session.state.evaluations if not v["flagged"] and v["iteration"] > 0]
             chosen = frontier_choice(good, cfg.run.min_trade)[0]["iteration"] if good else session.state.iteration

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import sys
 import types
 from typing import Sequence
 
@@ -158,7 +159,11 @@ def _mutant(module: types.ModuleType, old: str, new: str) -> types.ModuleType:
     source = inspect.getsource(module)
     assert source.count(old) == 1, f"{old!r} is not once in {module.__name__}"
     mutated = types.ModuleType(module.__name__ + "_perturbed")
-    exec(compile(source.replace(old, new), module.__file__, "exec"), mutated.__dict__)
+    sys.modules[mutated.__name__] = mutated  # dataclasses reads a class's module there
+    try:
+        exec(compile(source.replace(old, new), module.__file__, "exec"), mutated.__dict__)
+    finally:
+        del sys.modules[mutated.__name__]
     return mutated
 
 

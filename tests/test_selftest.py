@@ -41,8 +41,8 @@ def test_cuda_only_rows_are_chosen_on_sm_90_and_sm_100_and_skipped_with_their_re
     assert "needs 2 or more GPUs, one per process (this machine has 1)" in hopper["fsdp/multi-process"]
     assert blackwell["fsdp/multi-process"] is None  # 2 GPUs: a process on each
     assert "no GPU: FP8 GEMMs" in cpu["explore/fp8"]
-    for name in ("tiny-world/sol_rl", "loss/awm", "model/sana", "model/flux1", "model/sd3", "model/wan21_t2v_1_3b",
-                 "family/naive_scaling",
+    for name in ("tiny-world/sol_rl", "loss/awm", "loss/flow_grpo", "model/sana", "model/flux1", "model/sd3",
+                 "model/wan21_t2v_1_3b", "family/naive_scaling",
                  "explore/nvfp4-emulated", "explore/fp8-e5m2-tensor", "rollout-copy", "calibration", "rank-check",
                  "reward-server", "fsdp/1-process"):
         assert cpu[name] is None, (name, cpu[name])  # every row a CPU can run, runs

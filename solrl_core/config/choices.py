@@ -25,11 +25,12 @@ TRAIN_PRECISIONS = ("autocast", "bf16", "fp32-base")
 COPY_PLACES = ("auto", "gpu", "cpu-whole", "cpu-blocks")  # memory.copies (offload.py)
 LORA_INITS = {"gaussian": "gaussian", "kaiming": True}  # name -> peft's LoraConfig.init_lora_weights
 TRAIN_TIMESTEPS = ("subset", "stratified")  # algorithm.train_timesteps (loop/update.py: train_timesteps)
-LOSSES = ("nft", "awm")  # algorithm.loss (loop/update.py computes each: its _LOSSES)
-# Values a setting will take in a later version, each with the fix to give until then.
-NOT_YET = {("algorithm.loss", "flow_grpo"): "use algorithm.loss=nft or algorithm.loss=awm"}
-
-
+# algorithm.loss (loop/update.py computes each: its _LOSSES), with what `solrl presets` says of it
+LOSSES = {"nft": "DiffusionNFT's loss, as Sol-RL trains (the default): --loss nft",
+          "awm": "Advantage Weighted Matching: the flow-matching loss weighted by each sample's advantage: --loss awm",
+          "flow_grpo": "Flow-GRPO: the clipped ratio of SDE log-probabilities, the trained-on rollouts by its SDE: "
+                       "--loss flow_grpo"}
+SDE_KINDS = ("sde", "cps")  # algorithm.sde_kind (engine/sde.py)
 
 def choices() -> tuple[tuple[str, tuple], ...]:
     """Each setting that takes one of a few values, with them (checked by schema.Config.validate)."""
@@ -44,13 +45,11 @@ def choices() -> tuple[tuple[str, tuple], ...]:
             ("run.compile_mode", COMPILE_MODES), ("model.lora_init", tuple(LORA_INITS)),
             ("model.train_precision", TRAIN_PRECISIONS), ("run.stop_on_sigterm", ("phase", "iteration")),
             ("distributed.strategy", STRATEGIES), ("distributed.copy_layout", COPY_LAYOUTS),
-            ("explore.calibrate", CALIBRATIONS), ("memory.copies", COPY_PLACES), ("algorithm.loss", LOSSES),
-            ("algorithm.train_timesteps", TRAIN_TIMESTEPS),
+            ("explore.calibrate", CALIBRATIONS), ("memory.copies", COPY_PLACES), ("algorithm.loss", tuple(LOSSES)),
+            ("algorithm.train_timesteps", TRAIN_TIMESTEPS), ("algorithm.sde_kind", SDE_KINDS),
             *switches)
 
 
 def check_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
-    if (name, value) in NOT_YET:
-        raise SolrlError(f"{name} '{value}' is not in this version of solrl yet", NOT_YET[(name, value)])
     if value not in choices:
         raise SolrlError(f"unknown {name} '{value}'", close_matches(value, choices))

@@ -168,9 +168,10 @@ class SelectionConfig:
 @dataclass(frozen=True)
 class AlgorithmConfig:
     family: str = _f("sol_rl", "sol_rl, naive_scaling, compile, naive_quant or diffusionnft.")
-    loss: str = _f("nft", "The update's loss: nft (DiffusionNFT's, as Sol-RL trains) or awm (Advantage Weighted "
-                          "Matching: the flow-matching loss weighted by each sample's advantage; docs/official-"
-                          "settings.md, 'AWM'). Every family trains with either; the rollouts are the same.")
+    loss: str = _f("nft", "The update's loss: nft (DiffusionNFT's, as Sol-RL trains), awm (Advantage Weighted "
+                          "Matching: the flow-matching loss weighted by each sample's advantage) or flow_grpo (the "
+                          "clipped ratio of SDE log-probabilities; its trained-on rollouts take the SDE sampler). "
+                          "docs/official-settings.md, 'AWM' and 'Flow-GRPO'. Every family trains with each.")
     nft_beta: float = _f(1.0,
                          "DiffusionNFT mixing beta of the implicit positive/negative policies (not the KL weight).")
     kl_beta: float = _f(1e-4, "Weight of the KL-like penalty mean((v - v_ref)^2) (not the NFT beta).")
@@ -190,6 +191,11 @@ class AlgorithmConfig:
     awm_anchor_beta: float = _f(1.0, "awm: weight of mean((v - v_old)^2), the pull toward the old adapter (the "
                                      "reference's ema_beta: config/dgx_awm.py:345); added only when kl_beta > 0, as "
                                      "the reference nests it (scripts/train_sd3_awm.py:1330-1354).")
+    sde_eta: float = _f(0.7, "flow_grpo: the SDE sampler's noise level (the reference's sample.noise_level, "
+                             "config/base.py:61; 0.9 in its FLUX.1 configs).")
+    sde_kind: str = _f("sde", "flow_grpo: the SDE step, sde (Flow-GRPO's) or cps (coefficients-preserving).")
+    clip_range: float = _f(1e-4, "flow_grpo: the ratio's clip, [1 - c, 1 + c] (the reference's train.clip_range, "
+                                 "config/base.py:99).")
     loss_dtype: str = _f("fp32", "The update's inputs (sigma, training noise, xt): fp32, or bf16 (each rounded to bf16 "
                                  "before the forwards and the loss, as the official SANA and FLUX.1 scripts build "
                                  "them).")
@@ -417,6 +423,9 @@ class Config:
             raise SolrlError(f"algorithm.strata={self.algorithm.strata} strata over {span} grid steps would repeat "
                              "timesteps", f"lower algorithm.strata to at most {span}, or raise algorithm.timestep_"
                              "fraction or sampler.steps")
+        if self.algorithm.loss == "flow_grpo" and self.algorithm.train_timesteps != "subset":
+            raise SolrlError("algorithm.loss=flow_grpo trains the first int(sampler.steps * timestep_fraction) SDE "
+                             "steps in order", "drop algorithm.train_timesteps (stratified is AWM's)")
         if self.sampler.guidance != 1.0:
             raise SolrlError(f"sampler.guidance={self.sampler.guidance}: classifier-free guidance is not supported",
                              "Sol-RL trains and samples without CFG: keep sampler.guidance=1.0")

@@ -32,6 +32,7 @@ from solrl_core.engine.policy import OLD, Policy
 from solrl_core.engine.regions import CompiledBlocks
 from solrl_core.engine.rollout import RolloutCopy, cast
 from solrl_core.engine.sampler import Sampler, batch_slices
+from solrl_core.engine.sde import SdeSetting, Trajectory
 from solrl_core.engine.sharded_copy import base_tensors, is_sharded, meta_copy, refresh_from_shards
 from solrl_core.faults.phase import charged_to
 from solrl_core.models import DiffusionModel, load_model
@@ -85,6 +86,7 @@ class Generated:
     images: torch.Tensor  # [B, 3, H, W] in [0, 1]
     sigmas: torch.Tensor  # the sigma grid integrated
     seconds: float  # generation and decoding, measured
+    trajectory: Trajectory | None = None  # the SDE path, when generated with an SdeSetting (training's rollouts)
 
 
 @dataclass(frozen=True)
@@ -196,27 +198,35 @@ class Engine:
     @torch.no_grad()
     def generate(self, cond: Conditioning, seeds: torch.Tensor, steps: int, on: str, *, to_cpu: bool = True,
                  progress: Progress | None = None, stop: Callable[[], bool] | None = None,
-                 groups: torch.Tensor | None = None) -> Generated:
+                 groups: torch.Tensor | None = None, sde: SdeSetting | None = None) -> Generated:
         """One image per (conditioning row, seed), `steps` sampler steps on the network `on`.
 
         `to_cpu` (evaluation, inference, the side tools): generated and decoded one rollout batch at a
         time, images gathered on the CPU, `progress` told every few batches; once `stop()` says yes
         before a batch, GenerationStopped drops the rest (an evaluation a stop ends). Otherwise (training's
         rollouts): generated, then decoded together and left on the device for the rewards; `groups`
-        (each row's group, consecutive) keeps every batch within one group (Sampler.generate)."""
+        (each row's group, consecutive) keeps every batch within one group (Sampler.generate); `sde`: the
+        stochastic sampler in place of the ODE solver, the path kept (Sampler.generate_sde)."""
+        if sde is not None and to_cpu:
+            raise ValueError("the SDE sampler generates training's rollouts only (to_cpu=False)")
         t0 = time.perf_counter()
         sampler = replace(self.sampler, lanes=self.lanes_for(on))
+        trajectory = None
         with self.network(on) as (net, dtype), charged_to("rollout"), self.vae_in():
             sizes = None if groups is None else torch.unique_consecutive(groups, return_counts=True)[1].tolist()
             if not to_cpu:
-                latents = sampler.generate(self.model, net, cond, seeds, steps, dtype, sizes)
+                if sde is not None:
+                    latents, trajectory = sampler.generate_sde(self.model, net, cond, seeds, steps, dtype, setting=sde,
+                                                                      groups=sizes)
+                else:
+                    latents = sampler.generate(self.model, net, cond, seeds, steps, dtype, sizes)
                 images = self.model.decode(latents)
                 if images.is_cuda:  # wait for queued GPU work so a phase's time is its own
                     torch.cuda.synchronize(images.device)
             else:
                 latents, images = self._in_batches(net, dtype, cond, seeds, steps, progress=progress, stop=stop,
                                                    sizes=sizes, sampler=sampler)
-        return Generated(latents, images, self.sampler.sigmas(steps), time.perf_counter() - t0)
+        return Generated(latents, images, self.sampler.sigmas(steps), time.perf_counter() - t0, trajectory)
 
     def lanes_for(self, on: str) -> int:
         """How many of a rollout's batches on the network `on` run side by side: `lanes` on a CPU, one

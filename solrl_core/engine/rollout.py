@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from solrl_core.engine.regions import CompiledBlocks
+from solrl_core.engine.sde import Trajectory
 from solrl_core.precision import fp8_attention as fp8_attn
 from solrl_core.precision.hardware import IMPLEMENTED_EXPLORE
 from solrl_core.precision.backends import QUANTIZED, wrappers_for
@@ -41,6 +42,7 @@ class RolloutBatch:
     rewards: torch.Tensor  # [B] total reward
     components: dict[str, torch.Tensor]  # [B] per reward
     seconds_reward: float
+    trajectory: Trajectory | None = None  # the SDE path of a loss that trains on it (algorithm.loss=flow_grpo)
 
     @property
     def draws(self) -> Draws:
@@ -50,7 +52,8 @@ class RolloutBatch:
         idx = index.tolist()
         return replace(self, prompts=[self.prompts[i] for i in idx], groups=self.groups[index], seeds=self.seeds[index],
                        latents=self.latents[index], rewards=self.rewards[index],
-                       components={k: v[index] for k, v in self.components.items()})
+                       components={k: v[index] for k, v in self.components.items()},
+                       trajectory=self.trajectory.subset(index) if self.trajectory is not None else None)
 
 
 def cast(module: nn.Module, dtype: torch.dtype | None) -> nn.Module:

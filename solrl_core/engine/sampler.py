@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from solrl_core.config.schema import SamplerConfig
+from solrl_core.engine.sde import SdeSetting, Trajectory, sample_sde
 from solrl_core.models.base import Conditioning, DiffusionModel
 from solrl_core.runtime.lanes import map_in_lanes
 
@@ -191,6 +192,24 @@ class Sampler:
                           self.state_dtype == "run", self.euler_step).float()
 
         return torch.cat(map_in_lanes(one, batch_slices(seeds.numel(), self.batch_size, groups), self.lanes))
+
+    def generate_sde(self, model: DiffusionModel, network: nn.Module, cond: Conditioning, seeds: torch.Tensor,
+                     steps: int, dtype: torch.dtype, *, setting: SdeSetting,
+                     groups: Sequence[int] | None = None) -> tuple[torch.Tensor, Trajectory]:
+        """`generate` with the SDE sampler of `setting` in place of the solver (sde.sample_sde): the final
+        latents and each sample's path. A sample's step noise is a function of its seed and the step, so
+        neither the batches nor the lanes change it."""
+        device = next(network.parameters()).device
+        sigmas = self.sigmas(steps)
+
+        def one(chunk: slice) -> tuple[torch.Tensor, Trajectory]:
+            noise = noise_for_seeds(seeds[chunk], model.latent_shape, device, dtype)
+            latents, path = sample_sde(self.model_call(model, network), noise, cond[chunk].to(device), sigmas,
+                                       seeds[chunk], setting)
+            return latents.float(), path
+
+        made = map_in_lanes(one, batch_slices(seeds.numel(), self.batch_size, groups), self.lanes)
+        return torch.cat([latents for latents, _ in made]), Trajectory.cat([path for _, path in made])
 
     def model_call(self, model: DiffusionModel, network: nn.Module) -> VelocityCall:
         """The velocity the solver calls. `integer_timesteps`: the model sees trunc(sigma x 1000) / 1000,

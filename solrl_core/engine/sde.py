@@ -37,12 +37,19 @@ torch.Generator, seeded by numpy's SeedSequence([sample seed, grid index, SDE_NO
 initial noise of sampler.noise_for_seeds: a sample's draw does not depend on the batch it runs in, on
 the device, on the number of processes, and it is redrawn exactly on resume. The tag keeps it apart
 from the initial noise, which seeds a CPU generator with the sample seed itself.
+
+`sample_sde` rolls a batch out with these steps, as the reference's pipeline_with_logprob does
+(sd3_pipeline_with_logprob.py:133-175 at 879042c): the state stays fp32 from step to step (the cast back
+to the latents' dtype is commented out there, :174-175), the network sees it in its own dtype, and every
+state and per-step log-probability is kept (train_sd3.py:658-685 stores them as latents[:, :-1],
+next_latents = latents[:, 1:] and log_probs), for the update to read back.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -123,3 +130,47 @@ def sde_step(x: torch.Tensor, v: torch.Tensor, sigmas: torch.Tensor, index: int 
         log_prob = -((prev.detach() - mean) ** 2)  # :86
     log_prob = log_prob.mean(dim=tuple(range(1, log_prob.ndim)))  # :89
     return SdeStep(prev_sample=prev, log_prob=log_prob, mean=mean, std_dev_t=std_dev_t)
+
+
+@dataclass(frozen=True)
+class SdeSetting:
+    """The stochastic rollout sampler of a loss that trains on log-probabilities (algorithm.loss=flow_grpo):
+    its noise level eta (the reference's sample.noise_level) and kind (sde or cps)."""
+
+    eta: float
+    kind: str = "sde"
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """A batch's SDE path, what Flow-GRPO's update reads back (train_sd3.py:658-685 at 879042c)."""
+
+    states: torch.Tensor  # [B, T + 1, *latent] fp32: the initial noise, then each step's result
+    log_probs: torch.Tensor  # [B, T] fp32: each step's log-probability under the network that rolled out
+
+    def subset(self, index: torch.Tensor) -> "Trajectory":
+        index = index.to(self.states.device)
+        return Trajectory(self.states[index], self.log_probs[index])
+
+    @staticmethod
+    def cat(parts: Sequence["Trajectory"]) -> "Trajectory":
+        return Trajectory(torch.cat([p.states for p in parts]), torch.cat([p.log_probs for p in parts]))
+
+
+@torch.no_grad()
+def sample_sde(velocity: Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor], noise: torch.Tensor, cond: Any,
+               sigmas: torch.Tensor, seeds: list[int] | torch.Tensor,
+               setting: SdeSetting) -> tuple[torch.Tensor, Trajectory]:
+    """Integrate from `noise` (sigma = 1) to sigma = 0 with `sde_step` at every step, each sample's step
+    noise drawn from its seed (`sde_noise`). Returns the final latents in `noise`'s dtype and the path.
+    The network is called on the fp32 state cast to `noise`'s dtype (the run's)."""
+    dtype = noise.dtype
+    x = noise.float()
+    states, log_probs = [x], []
+    for i in range(len(sigmas) - 1):
+        v = velocity(x.to(dtype), torch.full((x.shape[0],), float(sigmas[i]), device=x.device), cond)
+        step = sde_step(x, v, sigmas, i, setting.eta, kind=setting.kind, seeds=seeds)
+        x = step.prev_sample
+        states.append(x)
+        log_probs.append(step.log_prob)
+    return x.to(dtype), Trajectory(torch.stack(states, dim=1), torch.stack(log_probs, dim=1))

@@ -16,9 +16,10 @@ import numpy as np
 import torch
 
 from solrl_core import events as ev
-from solrl_core.config.schema import RewardConfig
+from solrl_core.config.schema import AlgorithmConfig, RewardConfig
 from solrl_core.data.prompts import prompts_for_iteration, shard, text_keys
 from solrl_core.engine.rollout import Draws, RolloutBatch
+from solrl_core.engine.sde import SdeSetting
 from solrl_core.faults import guard
 from solrl_core.loop.loop_state import LoopState
 from solrl_core.loop.nft import combined_advantages
@@ -96,18 +97,21 @@ def explore(run: Run, prompts: list[str], rng: np.random.Generator,
     seeds = torch.as_tensor(rng.integers(0, 2**31 - 1, size=len(prompts) * n * run.world_size)[mine], dtype=torch.long)
     groups = run.rank * len(prompts) + torch.arange(len(prompts)).repeat_interleave(n)
     flat = [p for p in prompts for _ in range(n)]
-    return roll_out(run, Draws(flat, groups, seeds), setting.steps, explore=True)
+    # a family that trains on its drafts (no regeneration) rolls them out with the loss's sampler
+    return roll_out(run, Draws(flat, groups, seeds), setting.steps, explore=True, trained=not run.plan.regenerate)
 
 
 def regenerate(run: Run, kept: RolloutBatch, setting: IterationPlan | None = None) -> RolloutBatch:
     """Stage 2: the kept seeds again, same noise (same seeds), full precision and full steps (`setting`'s;
     None: the plan's)."""
-    return roll_out(run, kept.draws, (setting or run.plan.at()).full_steps, explore=False)
+    return roll_out(run, kept.draws, (setting or run.plan.at()).full_steps, explore=False, trained=True)
 
 
-def roll_out(run: Run, draws: Draws, steps: int, explore: bool) -> RolloutBatch:
+def roll_out(run: Run, draws: Draws, steps: int, explore: bool, trained: bool = False) -> RolloutBatch:
     """Generate and score on the explore copy (explore=True, when there is one), else at full precision:
     on the rollout copy (base + old merged) when the run keeps one, or on the policy's old adapter.
+    `trained`: the update trains on these samples, so they are sampled as the loss needs (`rollout_sde`:
+    flow_grpo's SDE, its path kept); any other rollout samples the ODE (the explore ranking, the rank check).
 
     On a quantized explore copy, Stage 1's batches never mix two prompt groups: it scales each call's
     activations by the call's own amax, so mixing would make a group's drafts depend on which groups
@@ -115,12 +119,20 @@ def roll_out(run: Run, draws: Draws, steps: int, explore: bool) -> RolloutBatch:
     are cut freely (fewer, fuller calls)."""
     engine = run.engine
     made = engine.generate(engine.conditioning(draws.prompts), draws.seeds, steps, "explore" if explore else "rollout",
-                           to_cpu=False, groups=draws.groups if explore and quantized_copy(run) else None)
+                           to_cpu=False, groups=draws.groups if explore and quantized_copy(run) else None,
+                           sde=rollout_sde(run.config.algorithm) if trained else None)
     t0 = time.perf_counter()
     scores = run.rewards(made.images, draws.prompts)
     return RolloutBatch(prompts=draws.prompts, groups=draws.groups, seeds=draws.seeds, latents=made.latents,
                         sigmas=made.sigmas, rewards=scores.total, components=scores.components,
-                        seconds_reward=time.perf_counter() - t0)
+                        seconds_reward=time.perf_counter() - t0, trajectory=made.trajectory)
+
+
+def rollout_sde(alg: AlgorithmConfig) -> SdeSetting | None:
+    """The sampler of the samples the loss trains on: flow_grpo's SDE (it trains on the path's
+    log-probabilities, sampled at sample.noise_level: train_sd3.py:643-656 at 879042c); None, the run's
+    ODE solver, for nft and awm, which train on the final latents alone."""
+    return SdeSetting(alg.sde_eta, alg.sde_kind) if alg.loss == "flow_grpo" else None
 
 
 def quantized_copy(run: Run) -> bool:
@@ -230,7 +242,9 @@ def sync(run: Run, state: LoopState) -> float:
     `return_decay(global_step)` and `ema.step(params, global_step)` do after its increment."""
     alg = run.config.algorithm
     state.step += 1
-    decay = min(alg.old_decay_rate * state.step, alg.old_decay_max)
+    # flow_grpo rolls out on the policy being trained (train_sd3.py:643 samples with the trained transformer):
+    # the old adapter, which the rollouts run on, becomes the new one whole
+    decay = 0.0 if alg.loss == "flow_grpo" else min(alg.old_decay_rate * state.step, alg.old_decay_max)
     run.engine.policy.update_old(decay)
     run.engine.policy.update_ema(min((1 + state.step) / (10 + state.step), alg.ema_max_decay))
     run.engine.refresh_copies()

@@ -3,7 +3,7 @@
     Stage 1  explore     N seeds per prompt through the low-precision explore copy, preview steps, scored
              select      keep K of N per prompt (top K/2 and bottom K/2 by default)
     Stage 2  regenerate  the K kept seeds again at full precision and full steps, scored
-             update      the loss (DiffusionNFT's, or AWM's) on the Stage-2 rollouts, one optimizer step
+             update      the loss (DiffusionNFT's, AWM's or Flow-GRPO's) on the Stage-2 rollouts, one step
              sync        old adapter decay, EMA, explore copy refreshed and re-quantized
 
 The other families are the same loop with stages switched off (one row each in families.py; the
@@ -57,6 +57,9 @@ differs, each with its reason in docs/official-settings.md ("Where solrl differs
   each sample's own train timesteps (AWM's strata: algorithm.train_timesteps); anchor decay
   algorithm.old_decay_max (AWM's 0.3 by --set); no skipped first epochs; solrl's evaluation EMA;
   non-finite samples zeroed; run-dtype forwards
+- algorithm.loss=flow_grpo (docs/official-settings.md, "Flow-GRPO"): the SDE for the trained-on rollouts only;
+  one optimizer step per iteration (ratio 1); old decay 0 and no merged rollout copy (on-policy, exact
+  log-probabilities); step noise from (seed, step); trained steps from algorithm.timestep_fraction; no CFG
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""The update: one optimizer step of the run's loss (algorithm.loss: nft.py's DiffusionNFT loss or
-awm.py's AWM loss, chosen in `_loss`) on the Stage-2 rollouts, accumulated over micro-batches and train
-timesteps."""
+"""The update: one optimizer step of the run's loss (algorithm.loss: nft.py's DiffusionNFT loss, awm.py's
+AWM loss or grpo.py's Flow-GRPO loss, chosen in `_loss`) on the Stage-2 rollouts, accumulated over
+micro-batches and train timesteps."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Iterator
 
 import numpy as np
@@ -14,9 +14,11 @@ import torch
 from solrl_core.config.schema import AlgorithmConfig
 from solrl_core.engine.policy import OLD
 from solrl_core.engine.rollout import RolloutBatch
+from solrl_core.engine.sde import SdeStep, sde_step
 from solrl_core.engine.sharding import sync_gradients
 from solrl_core.faults.phase import charged_to
 from solrl_core.loop.awm import awm_loss
+from solrl_core.loop.grpo import grpo_loss
 from solrl_core.loop.nft import LossTerms, nft_loss
 from solrl_core.loop.session import Run
 from solrl_core.models.base import Conditioning
@@ -71,12 +73,15 @@ def update(run: Run, batch: RolloutBatch, advantages: torch.Tensor, rng: np.rand
         steps = [(slice(start, min(start + micro, n)), j) for j in range(per_sample) for start in range(0, n, micro)]
 
         def inputs(chunk: slice, j: int) -> _Inputs:  # a sample's noise for its steps in their order, however run
+            weight = (chunk.stop - chunk.start) / pairs
+            if batch.trajectory is not None:  # flow_grpo: a stored SDE step, no training noise
+                return _path_inputs(run, batch, chunk, picks[chunk, j], cond[chunk], advantages[chunk], weight)
             eps = torch.stack([torch.randn(batch.latents.shape[1:], generator=g) for g in gens[chunk]])
             return _inputs(run, batch.latents[chunk], grid[picks[chunk, j]], eps, cond[chunk], advantages[chunk],
-                           (chunk.stop - chunk.start) / pairs)
+                           weight)
 
         if run.sharded:
-            sums += _sharded_steps(run, (inputs(c, j) for c, j in steps), len(steps), grid)
+            sums += _sharded_steps(run, (inputs(c, j) for c, j in steps), len(steps), batch.sigmas)
         else:
             sums += _micro_steps(run, steps, inputs, _lanes(run))
             distributed.all_reduce_mean_grads(params)  # every rank now holds the same gradient, so takes the same step
@@ -95,7 +100,11 @@ def train_timesteps(gens: list[torch.Generator], grid_size: int, span: int, alg:
     """[samples, timesteps per sample]: each sample's train grid indices, drawn from its generator.
     subset: a random `span` of the `grid_size` (DiffusionNFT's). stratified: AWM's 'discrete' draw
     (scripts/train_sd3_awm.py:1172-1180): boundaries linspace(0, span, strata + 1), one index
-    lower + trunc(u (upper - lower)) in each stratum, u ~ U[0, 1) (there one draw per micro-batch)."""
+    lower + trunc(u (upper - lower)) in each stratum, u ~ U[0, 1) (there one draw per micro-batch).
+    algorithm.loss=flow_grpo: the first `span` steps in order, for every sample (Flow-GRPO's
+    `range(num_train_timesteps)`, scripts/train_sd3.py:345, :869 at 879042c)."""
+    if alg.loss == "flow_grpo":
+        return torch.arange(span).repeat(len(gens), 1)
     if alg.train_timesteps == "stratified":
         bounds = torch.linspace(0, span, alg.strata + 1)
         lower, upper = bounds[:-1].long(), bounds[1:].long()
@@ -109,16 +118,21 @@ class _Inputs:
     weighted by its share of the pairs. The three forwards get one input, xt in the run dtype (`x_in`),
     and the same fp32 timesteps, as the official code feeds its one bf16 xt and sigma to old, trained
     and reference (train_sana.py:878-889). eps: the training noise xt was made with (AWM's target is
-    eps - x0)."""
+    eps - x0). flow_grpo's step (`_path_inputs`) is a stored SDE step instead: xt the fp32 state before
+    it, `prev` the state after, `index` its grid index in `sigmas`, `old_log_prob` the rollout's."""
 
     x0: torch.Tensor
     sigma: torch.Tensor
-    eps: torch.Tensor
+    eps: torch.Tensor | None
     xt: torch.Tensor
     x_in: torch.Tensor
     cond: Conditioning
     adv: torch.Tensor
     weight: float
+    prev: torch.Tensor | None = None
+    index: torch.Tensor | None = None
+    sigmas: torch.Tensor | None = None
+    old_log_prob: torch.Tensor | None = None
 
 
 def _inputs(run: Run, x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tensor, cond: Conditioning, adv: torch.Tensor,
@@ -128,6 +142,23 @@ def _inputs(run: Run, x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tensor, 
     sigma, eps = rounded_inputs(sigma, eps, run.config.algorithm.loss_dtype)
     sigma, xt = loss_inputs(x0, sigma, eps, run.config.algorithm.loss_dtype)
     return _Inputs(x0, sigma, eps, xt, xt.to(run.engine.dtype), cond, adv, weight)
+
+
+def _path_inputs(run: Run, batch: RolloutBatch, chunk: slice, index: torch.Tensor, cond: Conditioning,
+                 adv: torch.Tensor, weight: float) -> _Inputs:
+    """flow_grpo's micro-step: each sample's stored SDE step at grid `index` (train_sd3.py:181-215: the
+    state before it in fp32, the state after, the rollout's log-probability). The forwards see the state in
+    the run dtype and the sigma the rollout's network saw (Sampler.model_call's)."""
+    device, path = run.device, batch.trajectory
+    rows = torch.arange(chunk.start, chunk.stop)
+    xt = path.states[rows, index].to(device)
+    sigmas = batch.sigmas.to(device)
+    sigma = sigmas[index.to(device)]
+    if run.engine.sampler.integer_timesteps:
+        sigma = (torch.floor(sigma.double() * 1000) / 1000).to(sigma.dtype)
+    return _Inputs(batch.latents[chunk].to(device), sigma, None, xt, xt.to(run.engine.dtype), cond.to(device),
+                   adv.to(device), weight, prev=path.states[rows, index + 1].to(device), index=index, sigmas=sigmas,
+                   old_log_prob=path.log_probs[rows, index].to(device))
 
 
 Targets = tuple[torch.Tensor | None, torch.Tensor | None]  # v_old (None where unweighed), v_ref (None at kl_beta 0)
@@ -141,7 +172,8 @@ def _targets(run: Run, steps: list[_Inputs], lanes: int) -> list[Targets]:
     ref = torch.no_grad()(lambda s: _policy_velocity(run, s.x_in, s.sigma, s.cond))
     alg = run.config.algorithm
     # AWM weighs v_old only in its anchor, which enters beside the KL: no forward for a term that is not there
-    needs_old = alg.loss != "awm" or (alg.kl_beta != 0 and alg.awm_anchor_beta != 0)
+    # flow_grpo's old policy is the rollout's, whose log-probabilities the batch holds
+    needs_old = alg.loss == "nft" or (alg.loss == "awm" and alg.kl_beta != 0 and alg.awm_anchor_beta != 0)
     v_olds = map_in_lanes(old, steps, lanes) if needs_old else [None] * len(steps)
     v_refs: list[torch.Tensor | None] = [None] * len(steps)
     if run.config.algorithm.kl_beta != 0:  # the reference only enters the loss through kl_beta: no forward for nothing
@@ -193,9 +225,24 @@ def _awm(alg: AlgorithmConfig, v: torch.Tensor, v_old: torch.Tensor | None, v_re
                     anchor_beta=alg.awm_anchor_beta, power=alg.awm_power, adv_clip_max=alg.adv_clip_max)
 
 
+def _grpo(alg: AlgorithmConfig, v: torch.Tensor, v_old: torch.Tensor | None, v_ref: torch.Tensor | None,
+          step: _Inputs) -> LossTerms:
+    """Flow-GRPO: the log-probability of the stored step under the trained policy (and the base's mean for
+    the KL), against the rollout's (train_sd3.py:877-904)."""
+    def at(velocity: torch.Tensor) -> SdeStep:
+        return sde_step(step.xt, velocity, step.sigmas, step.index, alg.sde_eta, kind=alg.sde_kind, prev=step.prev)
+
+    now = at(v)
+    ref_mean = at(v_ref).mean if v_ref is not None else None
+    terms = grpo_loss(now.log_prob, step.old_log_prob, step.adv, clip_range=alg.clip_range,
+                      adv_clip_max=alg.adv_clip_max, beta=alg.kl_beta, mean=now.mean, ref_mean=ref_mean,
+                      std_dev_t=now.std_dev_t)
+    return LossTerms(loss=terms.loss, policy=terms.policy, kl=terms.kl, nonfinite=0)
+
+
 # algorithm.loss -> its terms of one micro-step (config/choices.py: LOSSES names them)
 _LOSSES: dict[str, Callable[[AlgorithmConfig, torch.Tensor, torch.Tensor, torch.Tensor | None, _Inputs],
-                            LossTerms]] = {"nft": _nft, "awm": _awm}
+                            LossTerms]] = {"nft": _nft, "awm": _awm, "flow_grpo": _grpo}
 
 
 def _sums(terms: LossTerms, weight: float) -> torch.Tensor:
@@ -240,7 +287,7 @@ def _micro_steps(run: Run, steps: list[tuple[slice, int]], inputs: Callable[[sli
     return sums
 
 
-def _sharded_steps(run: Run, steps: Iterator[_Inputs], count: int, grid: torch.Tensor) -> torch.Tensor:
+def _sharded_steps(run: Run, steps: Iterator[_Inputs], count: int, sigmas: torch.Tensor) -> torch.Tensor:
     """FSDP: `_micro_step` of each of this rank's `count` steps with backward(), the gradients reduced
     over the ranks once, at the last. Every rank runs as many forwards and backwards (each gathers
     weights from all) as the rank with most (samples with a non-finite reward are dropped per rank):
@@ -255,7 +302,7 @@ def _sharded_steps(run: Run, steps: Iterator[_Inputs], count: int, grid: torch.T
     while backwards > 0:
         backwards -= 1
         sync_gradients(transformer, backwards == 0)
-        _idle_step(run, grid)
+        _idle_step(run, sigmas)
     return sums
 
 
@@ -277,12 +324,15 @@ def loss_inputs(x0: torch.Tensor, sigma: torch.Tensor, eps: torch.Tensor, dtype:
     return sigma, (xt.to(torch.bfloat16).float() if dtype == "bf16" else xt)
 
 
-def _idle_step(run: Run, grid: torch.Tensor) -> None:
+def _idle_step(run: Run, sigmas: torch.Tensor) -> None:
     """A micro-step that adds nothing to the gradient (weight 0, zero input): the collectives a
     sharded rank with fewer samples must join."""
     x0 = torch.zeros(1, *run.engine.model.latent_shape)
     cond = run.engine.conditioning(run.prompts[:1])
-    step = _inputs(run, x0, grid[:1], torch.zeros_like(x0), cond, torch.zeros(1), 0.0)
+    step = _inputs(run, x0, sigmas[:1], torch.zeros_like(x0), cond, torch.zeros(1), 0.0)
+    if run.config.algorithm.loss == "flow_grpo":  # its loss reads a stored step: the first, from and to zero
+        step = replace(step, prev=step.xt, index=torch.zeros(1, dtype=torch.long), sigmas=sigmas.to(run.device),
+                       old_log_prob=torch.zeros(1, device=run.device))
     _micro_step(run, step, _targets(run, [step], 1)[0], [])
 
 

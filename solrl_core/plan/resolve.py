@@ -11,7 +11,8 @@
   An fp8 explore copy on CUDA is compiled even with `explore.compile=false`, and the start-up line
   says so: eager, it is slower than bf16 (FP8_EAGER_SLOWER).
 - `sampler.rollout_copy` `auto`: a merged full-precision copy of the transformer for the full-precision
-  rollouts and the update's v_old when the memory estimate (footprint.py) says it fits this GPU.
+  rollouts and the update's v_old when the memory estimate (footprint.py) says it fits this GPU; none
+  under algorithm.loss=flow_grpo (FLOW_GRPO_NO_COPY).
 - `optimizer.compile` `auto`: on CUDA, the update's policy forwards (trained with its backward, the
   reference, v_old without a rollout copy) run with the policy's blocks torch.compile'd; off on a
   CPU. Without a rollout copy, the full-precision rollouts on the policy's old adapter use the same
@@ -38,6 +39,12 @@ from solrl_core.plan.memory_modes import choose_modes
 from solrl_core.plan.plan import COMPILED_ANYWAY, MachinePlan, RunPlan, plan_stages
 from solrl_core.precision import fp8_attention
 from solrl_core.precision.backends import speed_note
+
+# Measured on the tiny world in bf16 at iteration 1, where the rollout and the trained adapter are one: the
+# rollouts' log-probabilities on a merged copy part from the update's by up to 1.9e-4, more than Flow-GRPO's
+# clip of 1e-4; on the policy's own adapter by 0 (tests/test_grpo_runs.py)
+FLOW_GRPO_NO_COPY = ("flow_grpo: the trained-on rollouts on the policy's own adapter, where the update computes "
+                     "their log-probabilities")
 from solrl_core.precision.hardware import FP8_CC, NVFP4_CC, GpuInfo, explore_precisions, gpus
 from solrl_core.runtime.tf32 import describe_tf32
 
@@ -97,6 +104,8 @@ def resolve_machine(cfg: Config, device: torch.device, dtype_name: str, gpu: Gpu
         copy, copy_why = cfg.sampler.rollout_copy == "true", "as configured"
     elif copy_needed:
         copy, copy_why = True, "the compile family rolls out on a compiled copy"
+    elif cfg.algorithm.loss == "flow_grpo":  # no v_old to serve, and a merged copy's rounding would move the ratio
+        copy, copy_why = False, FLOW_GRPO_NO_COPY
     elif budget is None:
         copy, copy_why = True, "no GPU memory limit to respect"
     else:

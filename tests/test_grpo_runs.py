@@ -1,0 +1,164 @@
+"""algorithm.loss=flow_grpo in training: the SDE rollout keeps its path and its log-probabilities, which the
+update recomputes from the same inputs (ratio 1 before the step, bit for bit where the rollout runs on the
+policy's own adapter); the rollouts run on the policy being trained (old decay 0); every family trains with
+it; a Sol-RL + Flow-GRPO run resumes bit for bit; `solrl train --loss flow_grpo` runs and resumes."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from solrl_core.config.presets import resolve_config
+from solrl_core.engine.sde import SdeSetting, Trajectory, sample_sde, sde_step
+from solrl_core.errors import SolrlError
+from solrl_core.loop import update
+from solrl_core.plan.resolve import FLOW_GRPO_NO_COPY
+from tests.conftest import FAST
+from tests.helpers import logged_events, saved_adapters, train_recording
+
+SIGMAS = torch.tensor([1.0, 0.75, 0.5, 0.25, 0.0])
+
+
+def _velocity(x, sigma, cond):  # a smooth stand-in for a network: depends on the state, sigma and the conditioning
+    return torch.tanh(x) * (1 + sigma.view(-1, 1, 1, 1)) + cond
+
+
+def _noise(seeds):
+    return torch.stack([torch.randn(2, 3, 3, generator=torch.Generator().manual_seed(s)) for s in seeds])
+
+
+@pytest.mark.parametrize("kind", ["sde", "cps"])
+def test_the_sde_rollout_keeps_its_path_and_the_log_probs_recompute_from_it(kind):
+    seeds, setting = [3, 5, 8], SdeSetting(0.7, kind)
+    cond = torch.tensor([0.1, -0.2, 0.3]).view(-1, 1, 1, 1)
+    latents, path = sample_sde(_velocity, _noise(seeds), cond, SIGMAS, seeds, setting)
+    assert path.states.shape == (3, 5, 2, 3, 3) and path.log_probs.shape == (3, 4)
+    assert torch.equal(path.states[:, 0], _noise(seeds)) and torch.equal(path.states[:, -1], latents)
+    for i in range(4):
+        x = path.states[:, i]
+        again = sde_step(x, _velocity(x, SIGMAS[i].expand(3), cond), SIGMAS, i, 0.7, kind=kind,
+                         prev=path.states[:, i + 1])
+        assert torch.equal(again.log_prob, path.log_probs[:, i])
+    # a sample's path is its own: rolled out alone, the same bits
+    alone, path1 = sample_sde(_velocity, _noise(seeds[1:2]), cond[1:2], SIGMAS, seeds[1:2], setting)
+    assert torch.equal(alone, latents[1:2]) and torch.equal(path1.states, path.states[1:2])
+    assert torch.equal(Trajectory.cat([path.subset(torch.tensor([0])), path1]).log_probs, path.log_probs[:2])
+    # the noise differs from the ODE's: the paths are stochastic
+    assert not torch.equal(sample_sde(_velocity, _noise(seeds), cond, SIGMAS, [4, 6, 9], setting)[0], latents)
+
+
+def _sets(run_dir, *extra):
+    return [*FAST, "run.eval_prompts=", "run.iterations=2", "algorithm.loss=flow_grpo", f"run.run_dir={run_dir}",
+            *extra]
+
+
+def _gaps(monkeypatch):
+    """|log_prob - old_log_prob| of each micro-step, and the grpo_loss calls counted."""
+    gaps, real = [], update.grpo_loss
+
+    def recording(log_prob, old_log_prob, *args, **kwargs):  # type: ignore[no-untyped-def]
+        gaps.append(float((log_prob.detach() - old_log_prob).abs().max()))
+        return real(log_prob, old_log_prob, *args, **kwargs)
+
+    monkeypatch.setattr(update, "grpo_loss", recording)
+    return gaps
+
+
+@pytest.mark.parametrize("dtype,copy,most", [("fp32", "auto", 5e-7), ("bf16", "auto", 0.0), ("bf16", "true", None)])
+def test_the_update_recomputes_the_rollouts_log_probs_before_its_step(tmp_path, monkeypatch, dtype, copy, most):
+    """At iteration 1 the rollout's adapter is the trained one, so the ratio is 1 up to rounding. On the
+    policy's own adapter (flow_grpo's auto: no rollout copy) bf16 gives the same bits; a merged copy's
+    rounding moves the log-probabilities by more than the clip, which is why flow_grpo keeps none."""
+    gaps = _gaps(monkeypatch)
+    session, _ = train_recording(_sets(tmp_path, "run.iterations=1", f"run.dtype={dtype}",
+                                       f"sampler.rollout_copy={copy}"))
+    assert len(gaps) == 2  # 2 prompts x 4 kept = 8 samples, one micro-batch of 8, 2 of the 4 steps trained
+    if most is None:
+        assert max(gaps) > 1e-4
+    else:
+        assert max(gaps) <= most
+        assert session.run.engine.rollout_copy is None and session.run.plan.machine.rollout_copy_why == \
+            FLOW_GRPO_NO_COPY
+
+
+def test_flow_grpo_trains_the_first_steps_in_order():
+    alg = resolve_config("tiny", "sol_rl", sets=["algorithm.loss=flow_grpo"]).algorithm
+    picks = update.train_timesteps([torch.Generator().manual_seed(s) for s in range(3)], 10, 6, alg)
+    assert picks.tolist() == [list(range(6))] * 3
+
+
+@pytest.mark.parametrize("setting,named", [("algorithm.sde_eta=0", "algorithm.sde_eta"),
+                                           ("algorithm.clip_range=0", "algorithm.clip_range"),
+                                           ("algorithm.sde_kind=ode", "unknown algorithm.sde_kind 'ode'"),
+                                           ("algorithm.train_timesteps=stratified", "in order")])
+def test_flow_grpo_settings_out_of_range_are_refused(setting, named):
+    with pytest.raises(SolrlError, match=named):
+        resolve_config("tiny", "sol_rl", sets=["algorithm.loss=flow_grpo", "algorithm.strata=2", setting])
+
+
+@pytest.mark.slow
+def test_a_sol_rl_flow_grpo_run_resumes_bit_for_bit_and_its_rollouts_follow_the_policy(tmp_path, monkeypatch):
+    gaps = _gaps(monkeypatch)
+    train_recording(_sets(tmp_path / "straight"))
+    train_recording(_sets(tmp_path / "stopped"), stop_after=1)
+    train_recording(_sets(tmp_path / "stopped"), resume=True)
+    assert len(gaps) == 8 and max(gaps) <= 5e-7  # iteration 2 rolls out on the adapter after step 1
+    one, two = saved_adapters(tmp_path / "straight", 2), saved_adapters(tmp_path / "stopped", 2)
+    assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
+    for key in [k for k in one if k.startswith("/")]:  # old decay 0: the old adapter is the trained one
+        assert torch.equal(one[key], one["old" + key])
+    its = [[(e["loss"], e["old_decay"]) for e in logged_events(d) if e["event"] == "iteration"]
+           for d in (tmp_path / "straight", tmp_path / "stopped")]
+    assert len(its[0]) == 2 and its[0] == its[1] and {decay for _, decay in its[0]} == {0.0}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", ["diffusionnft", "naive_scaling", "naive_quant"])
+def test_the_families_without_regeneration_train_flow_grpo_on_their_sde_drafts(tmp_path, family, monkeypatch):
+    gaps = _gaps(monkeypatch)
+    _, seen = train_recording(_sets(tmp_path / family), family=family)
+    assert [e.iteration for e in seen if type(e).__name__ == "IterationFinished"] == [1, 2]
+    # naive_quant trains on its quantized drafts: their log-probabilities are the quantized copy's
+    assert gaps and (max(gaps) <= 5e-7 if family != "naive_quant" else max(gaps) > 0)
+
+
+@pytest.mark.slow
+def test_solrl_train_with_flow_grpo_from_the_cli_and_its_resume(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from solrl_cli.app import app
+
+    monkeypatch.chdir(tmp_path)
+    args = [a for s in (*FAST, "run.eval_prompts=") for a in ("--set", s)]
+    runner = CliRunner()
+    straight = runner.invoke(app, ["train", *args, "--loss", "flow_grpo", "--iterations", "2", "--run-dir", "a"])
+    first = runner.invoke(app, ["train", *args, "--loss", "flow_grpo", "--iterations", "1", "--run-dir", "b"])
+    more = runner.invoke(app, ["train", "--resume", "b", "--iterations", "2"])
+    assert straight.exit_code == first.exit_code == more.exit_code == 0, straight.output + more.output
+    assert "iter    2/2" in straight.output and "iter    2/2" in more.output
+    a, b = saved_adapters(tmp_path / "a", 2), saved_adapters(tmp_path / "b", 2)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert 'loss = "flow_grpo"' in (tmp_path / "b" / "config.toml").read_text()
+
+
+@pytest.mark.parametrize("model", ["sana", "flux1", "sd3"])
+def test_a_real_model_takes_flow_grpo_from_the_flag_and_plans_no_merged_copy(model):
+    from solrl_core.plan.resolve import resolve_plan
+
+    cfg = resolve_config(model, "sol_rl", "imagereward", sets=["algorithm.loss=flow_grpo"])
+    assert cfg.algorithm.loss == "flow_grpo" and cfg.algorithm.sde_eta == 0.7 and cfg.algorithm.clip_range == 1e-4
+    machine = resolve_plan(cfg, torch.device("cpu"), "bf16").machine
+    assert not machine.rollout_copy and machine.rollout_copy_why == FLOW_GRPO_NO_COPY
+
+
+def test_solrl_presets_lists_every_loss():
+    from typer.testing import CliRunner
+
+    from solrl_cli.app import app
+    from solrl_core.config.choices import LOSSES
+
+    shown = CliRunner().invoke(app, ["presets"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    flat = " ".join(shown.output.split())  # the table wraps its cells to the terminal
+    for name in LOSSES:
+        assert f"loss {name} " in flat and f"--loss {name}" in flat, name
