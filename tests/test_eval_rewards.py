@@ -99,8 +99,12 @@ def test_a_tiny_run_shows_its_second_score_base_to_now_with_standard_errors(fold
         state.apply(e)
     console = Console(file=io.StringIO(), width=120, record=True)
     console.print(eval_view(state))
-    shown = next(row for row in console.export_text().splitlines() if "tinyworld_fidelity (eval)" in row)
+    panel = console.export_text().splitlines()
+    shown = next(row for row in panel if "tinyworld_fidelity (eval)" in row)
     assert shown.split()[-1] == "-0.1"  # against its floor
+    assert "trade: gain per unit of tinyworld_fidelity lost since the last" in " ".join(panel)
+    row = next(r for r in panel if r.split()[:2] == ["2", "ema"])  # iter, weights, reward, change, s.e., trade, s
+    assert row.split()[5] == (f"{last.trade['tinyworld_fidelity']:.3g}" if "tinyworld_fidelity" in last.trade else "-")
     step, values = scalars(last)  # TensorBoard and W&B
     assert step == 2 and values["eval_reward/tinyworld_fidelity/change_se"] == se
     assert values["eval_reward/tinyworld_fidelity/floor"] == -floor

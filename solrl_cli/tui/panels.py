@@ -243,14 +243,19 @@ def eval_view(s: RunState) -> Group | str:
         return "" if s.evaluating else "no evaluation yet (run.eval_prompts sets the prompts, run.eval_every how often)"
     base, last = s.evals[0], s.evals[-1]
     sets = ", ".join(dict.fromkeys(f"{e.prompts} ({e.samples} images)" for e in s.evals))
-    head = Text(f"evaluations on {sets}, fixed prompts and seeds; change: since the base, +- its paired s.e.")
+    traded = sorted({k for e in s.evals for k in e.eval_rewards}) if any(e.trade_since >= 0 for e in s.evals) else []
+    head = Text(f"evaluations on {sets}, fixed prompts and seeds; change: since the base, +- its paired s.e."
+                + (f"; trade: gain per unit of {', '.join(traded)} lost since the last ('-': none lost beyond noise)"
+                   if traded else ""))
     runs = Table(box=None, padding=(0, 1))
-    for col in ("iter", "weights", "reward", "change", "s.e.", "seconds"):
+    for col in ("iter", "weights", "reward", "change", "s.e.", *(("trade",) if traded else ()), "seconds"):
         runs.add_column(col, justify="left" if col == "weights" else "right", no_wrap=True)
     for e in s.evals:
         first = e is base
+        trade = [", ".join(f"{e.trade[k]:.3g}" if k in e.trade else "-" for k in traded)
+                 if e.trade_since >= 0 else ""] if traded else []
         runs.add_row(str(e.iteration), e.weights, fmt(e.mean), "" if first else f"{e.mean - base.mean:+.4f}",
-                     f"{e.delta_se['mean']:.4f}" if "mean" in e.delta_se else "", f"{e.seconds:.1f}")
+                     f"{e.delta_se['mean']:.4f}" if "mean" in e.delta_se else "", *trade, f"{e.seconds:.1f}")
     if last is base:
         return Group(head, runs)
     kinds = Table(title=f"per kind: base against iteration {last.iteration} ({last.weights})", title_justify="left",
