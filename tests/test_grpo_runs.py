@@ -1,7 +1,8 @@
 """algorithm.loss=flow_grpo in training: the SDE rollout keeps its path and its log-probabilities, which the
 update recomputes from the same inputs (ratio 1 before the step, bit for bit where the rollout runs on the
 policy's own adapter); the rollouts run on the policy being trained (old decay 0); every family trains with
-it; a Sol-RL + Flow-GRPO run resumes bit for bit; `solrl train --loss flow_grpo` runs and resumes."""
+it; a Sol-RL + Flow-GRPO run resumes bit for bit and trains on two fsdp ranks as on one process; `solrl train
+--loss flow_grpo` runs and resumes; the real presets take it; `solrl presets` lists the losses."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from solrl_core.errors import SolrlError
 from solrl_core.loop import update
 from solrl_core.plan.resolve import FLOW_GRPO_NO_COPY
 from tests.conftest import FAST
-from tests.helpers import logged_events, saved_adapters, train_recording
+from tests.helpers import (assert_adapters_close, FSDP_SETS, logged_events, saved_adapters, spawn,
+                           train_recording)
 
 SIGMAS = torch.tensor([1.0, 0.75, 0.5, 0.25, 0.0])
 
@@ -139,6 +141,33 @@ def test_solrl_train_with_flow_grpo_from_the_cli_and_its_resume(tmp_path, monkey
     a, b = saved_adapters(tmp_path / "a", 2), saved_adapters(tmp_path / "b", 2)
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert 'loss = "flow_grpo"' in (tmp_path / "b" / "config.toml").read_text()
+
+
+def _fsdp_sets(root, run, strategy):
+    return [*FSDP_SETS, "run.eval_prompts=", "run.iterations=2", "algorithm.loss=flow_grpo",
+            f"run.run_dir={root / run}", f"distributed.strategy={strategy}"]
+
+
+def _fsdp_worker(rank: int, world: int, port: int, root) -> None:  # type: ignore[no-untyped-def]
+    import os
+
+    from solrl_core import events as ev
+    from solrl_core.loop.trainer import StopFlag, train
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    assert train(resolve_config("tiny", "sol_rl", sets=_fsdp_sets(root, "two", "fsdp")), ev.EventBus(),
+                 stop=StopFlag()).run.sharded
+
+
+@pytest.mark.slow
+def test_two_sharded_ranks_train_flow_grpo_as_one_process_does(tmp_path):
+    train_recording(_fsdp_sets(tmp_path, "one", "replicate"))
+    spawn(2, tmp_path, worker=_fsdp_worker)
+    rewards = [[(e["draft"], e["final"]) for e in logged_events(tmp_path / d) if e["event"] == "iteration"]
+               for d in ("one", "two")]
+    assert len(rewards[0]) == 2 and rewards[0] == rewards[1]  # the same SDE samples, scored alike
+    assert_adapters_close(saved_adapters(tmp_path / "one", 2), saved_adapters(tmp_path / "two", 2))
 
 
 @pytest.mark.parametrize("model", ["sana", "flux1", "sd3"])
