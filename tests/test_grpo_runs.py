@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from solrl_core.config.presets import resolve_config
-from solrl_core.engine.sde import SdeSetting, Trajectory, sample_sde, sde_step
+from solrl_core.engine.sde import SdeSetting, Trajectory, sample_sde, sde_step, sde_windows
 from solrl_core.errors import SolrlError
 from solrl_core.loop import update
 from solrl_core.plan.resolve import FLOW_GRPO_NO_COPY
@@ -49,6 +49,32 @@ def test_the_sde_rollout_keeps_its_path_and_the_log_probs_recompute_from_it(kind
     assert not torch.equal(sample_sde(_velocity, _noise(seeds), cond, SIGMAS, [4, 6, 9], setting)[0], latents)
 
 
+def test_a_window_takes_the_sde_at_its_steps_and_the_fp32_euler_step_elsewhere():
+    seeds = list(range(40))
+    starts = sde_windows(seeds, 8, 2)
+    assert set(starts.tolist()) == {0, 1, 2}  # Flow-GRPO-Fast's randint(0, 8 // 2 - 2), every value drawn
+    assert torch.equal(sde_windows(seeds[5:9], 8, 2), starts[5:9])  # a sample's window is its own
+    assert torch.equal(sde_windows(seeds, 8, 0), torch.zeros(40, dtype=torch.long))
+    with pytest.raises(ValueError, match="does not fit the first half"):
+        sde_windows(seeds, 8, 5)
+    sigmas, pick = torch.linspace(1, 0, 9), [0, 1, 2, 3, 4, 5]
+    cond = torch.linspace(-0.3, 0.3, 6).view(-1, 1, 1, 1)
+    latents, path = sample_sde(_velocity, _noise(pick), cond, sigmas, pick, SdeSetting(0.7, "sde", 2))
+    start = sde_windows(pick, 8, 2)
+    assert torch.equal(path.start, start) and path.window == 2 and len(set(start.tolist())) > 1
+    for i in range(8):
+        x, nxt = path.states[:, i], path.states[:, i + 1]
+        v = _velocity(x, sigmas[i].expand(6), cond)
+        on = (start <= i) & (i < start + 2)
+        euler = x + (sigmas[i + 1] - sigmas[i]) * v
+        assert torch.equal(nxt[~on], euler[~on]) and bool(path.log_probs[~on, i].isnan().all())
+        if on.any():
+            again = sde_step(x[on], v[on], sigmas, i, 0.7, prev=nxt[on])
+            assert torch.equal(again.log_prob, path.log_probs[on, i]) and not torch.equal(nxt[on], euler[on])
+    assert path.trained_steps(6).tolist() == [[int(s), int(s) + 1] for s in start]
+    assert Trajectory(path.states, path.log_probs, path.start).trained_steps(3).tolist() == [[0, 1, 2]] * 6
+
+
 def _sets(run_dir, *extra):
     return [*FAST, "run.eval_prompts=", "run.iterations=2", "algorithm.loss=flow_grpo", f"run.run_dir={run_dir}",
             *extra]
@@ -83,13 +109,18 @@ def test_the_update_recomputes_the_rollouts_log_probs_before_its_step(tmp_path, 
             FLOW_GRPO_NO_COPY
 
 
-def test_flow_grpo_trains_the_first_steps_in_order():
-    alg = resolve_config("tiny", "sol_rl", sets=["algorithm.loss=flow_grpo"]).algorithm
-    picks = update.train_timesteps([torch.Generator().manual_seed(s) for s in range(3)], 10, 6, alg)
-    assert picks.tolist() == [list(range(6))] * 3
+def test_a_flow_grpo_run_with_a_window_trains_its_steps(tmp_path, monkeypatch):
+    gaps, indices, real = _gaps(monkeypatch), [], update._path_inputs
+    monkeypatch.setattr(update, "_path_inputs", lambda run, batch, chunk, index, *a: indices.append(index.tolist())
+                        or real(run, batch, chunk, index, *a))
+    train_recording(_sets(tmp_path, "run.iterations=1", "algorithm.sde_window=1"))
+    assert len(gaps) == 1 and max(gaps) <= 5e-7  # one step a sample: one micro-step of 8
+    assert set(indices[0]) <= {0, 1} and len(indices[0]) == 8
 
 
 @pytest.mark.parametrize("setting,named", [("algorithm.sde_eta=0", "algorithm.sde_eta"),
+                                           ("algorithm.sde_window=6", "do not fit the first half of sampler.steps=10"),
+                                           ("algorithm.sde_window=-1", "algorithm.sde_window"),
                                            ("algorithm.clip_range=0", "algorithm.clip_range"),
                                            ("algorithm.sde_kind=ode", "unknown algorithm.sde_kind 'ode'"),
                                            ("algorithm.train_timesteps=stratified", "in order")])

@@ -23,7 +23,7 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
                      "reward.retries",
                      "optimizer.weight_decay", "optimizer.grad_clip", "algorithm.kl_beta", "algorithm.old_decay_rate",
                      "run.seed", "run.min_trade", "model.init_seed", "model.max_sequence_length",
-                     "explore.recalibrate_every", "algorithm.awm_anchor_beta"), _AT_LEAST_0),
+                     "explore.recalibrate_every", "algorithm.awm_anchor_beta", "algorithm.sde_window"), _AT_LEAST_0),
     **dict.fromkeys(("optimizer.lr", "optimizer.eps", "algorithm.nft_beta", "algorithm.adv_clip_max", "sampler.shift",
                      "model.lora_alpha", "algorithm.awm_power", "algorithm.sde_eta", "algorithm.clip_range"),
                     _POSITIVE),
@@ -78,3 +78,19 @@ def check_hacking(run: Any) -> None:
         if not (math.isfinite(floor) and floor >= 0):
             raise SolrlError(f"run.hacking_floors.{name}={floor:g}: a floor is a finite fall >= 0",
                              f"set it to a fall in {name}'s units, e.g. run.hacking_floors.{name}=0.05")
+
+
+def check_loss_settings(cfg: Any) -> None:
+    """The train timesteps and the SDE window against the steps (cfg: a schema.Config)."""
+    alg, steps = cfg.algorithm, cfg.sampler.steps
+    span = int(steps * alg.timestep_fraction)
+    if alg.train_timesteps == "stratified" and alg.strata > span:
+        raise SolrlError(f"algorithm.strata={alg.strata} strata over {span} grid steps would repeat timesteps",
+                         f"lower algorithm.strata to at most {span}, or raise algorithm.timestep_fraction or "
+                         "sampler.steps")
+    if alg.loss == "flow_grpo" and alg.sde_window > steps // 2:
+        raise SolrlError(f"algorithm.sde_window={alg.sde_window} steps do not fit the first half of "
+                         f"sampler.steps={steps}", f"set algorithm.sde_window to at most {steps // 2}, or 0")
+    if alg.loss == "flow_grpo" and alg.train_timesteps != "subset":
+        raise SolrlError("algorithm.loss=flow_grpo trains the steps of its SDE, in order",
+                         "drop algorithm.train_timesteps (stratified is AWM's)")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from solrl_core.config.bounds import check_hacking, check_ranges
+from solrl_core.config.bounds import check_hacking, check_loss_settings, check_ranges
 from solrl_core.config.choices import TRACKERS, check_choice, choices
 from solrl_core.config.families import FAMILIES
 from solrl_core.config.loaders import T5_LOADERS, TINY_LOADERS, VIDEO_LOADERS, check_frames, check_model_path
@@ -194,6 +194,8 @@ class AlgorithmConfig:
     sde_eta: float = _f(0.7, "flow_grpo: the SDE sampler's noise level (the reference's sample.noise_level, "
                              "config/base.py:61; 0.9 in its FLUX.1 configs).")
     sde_kind: str = _f("sde", "flow_grpo: the SDE step, sde (Flow-GRPO's) or cps (coefficients-preserving).")
+    sde_window: int = _f(0, "flow_grpo: 0, the SDE at every step; W, Flow-GRPO-Fast's window: the SDE at W steps "
+                            "from a random one of the first half (the ODE elsewhere), and those W trained.")
     clip_range: float = _f(1e-4, "flow_grpo: the ratio's clip, [1 - c, 1 + c] (the reference's train.clip_range, "
                                  "config/base.py:99).")
     loss_dtype: str = _f("fp32", "The update's inputs (sigma, training noise, xt): fp32, or bf16 (each rounded to bf16 "
@@ -418,14 +420,7 @@ class Config:
         if int(self.sampler.steps * self.algorithm.timestep_fraction) < 1:
             raise SolrlError("no timestep would be trained: sampler.steps * algorithm.timestep_fraction < 1",
                              "raise algorithm.timestep_fraction or sampler.steps")
-        span = int(self.sampler.steps * self.algorithm.timestep_fraction)
-        if self.algorithm.train_timesteps == "stratified" and self.algorithm.strata > span:
-            raise SolrlError(f"algorithm.strata={self.algorithm.strata} strata over {span} grid steps would repeat "
-                             "timesteps", f"lower algorithm.strata to at most {span}, or raise algorithm.timestep_"
-                             "fraction or sampler.steps")
-        if self.algorithm.loss == "flow_grpo" and self.algorithm.train_timesteps != "subset":
-            raise SolrlError("algorithm.loss=flow_grpo trains the first int(sampler.steps * timestep_fraction) SDE "
-                             "steps in order", "drop algorithm.train_timesteps (stratified is AWM's)")
+        check_loss_settings(self)
         if self.sampler.guidance != 1.0:
             raise SolrlError(f"sampler.guidance={self.sampler.guidance}: classifier-free guidance is not supported",
                              "Sol-RL trains and samples without CFG: keep sampler.guidance=1.0")

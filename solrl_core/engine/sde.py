@@ -56,6 +56,7 @@ import torch
 
 SDE_KINDS = ("sde", "cps")
 SDE_NOISE_TAG = 0x5DE  # third word of a step noise's SeedSequence: distinct from the initial noise's stream
+SDE_WINDOW_TAG = 0x5DF  # second word of a window's SeedSequence (sde_windows)
 
 
 @dataclass(frozen=True)
@@ -135,10 +136,27 @@ def sde_step(x: torch.Tensor, v: torch.Tensor, sigmas: torch.Tensor, index: int 
 @dataclass(frozen=True)
 class SdeSetting:
     """The stochastic rollout sampler of a loss that trains on log-probabilities (algorithm.loss=flow_grpo):
-    its noise level eta (the reference's sample.noise_level) and kind (sde or cps)."""
+    its noise level eta (the reference's sample.noise_level), kind (sde or cps) and window: 0, the SDE at
+    every step (Flow-GRPO); W > 0, at W consecutive steps only, the ODE elsewhere (Flow-GRPO-Fast:
+    `sde_windows`)."""
 
     eta: float
     kind: str = "sde"
+    window: int = 0
+
+
+def sde_windows(seeds: list[int] | torch.Tensor, steps: int, size: int) -> torch.Tensor:
+    """[B] each sample's first SDE step of `steps`: 0 where `size` is 0 (every step); else uniform over
+    [0, steps // 2 - size], as Flow-GRPO-Fast draws its window (random.randint(range[0], range[1] - size),
+    sd3_pipeline_with_logprob_fast.py:136-139, with sde_window_range (0, num_steps // 2) as its configs set
+    it, config/grpo.py:190), here from the sample's own generator, SeedSequence([seed, SDE_WINDOW_TAG])."""
+    seeds = seeds.tolist() if isinstance(seeds, torch.Tensor) else list(seeds)
+    if size == 0:
+        return torch.zeros(len(seeds), dtype=torch.long)
+    if size > steps // 2:
+        raise ValueError(f"an SDE window of {size} steps does not fit the first half of {steps} steps")
+    return torch.tensor([int(np.random.default_rng([int(s), SDE_WINDOW_TAG]).integers(0, steps // 2 - size + 1))
+                         for s in seeds], dtype=torch.long)
 
 
 @dataclass(frozen=True)
@@ -146,31 +164,57 @@ class Trajectory:
     """A batch's SDE path, what Flow-GRPO's update reads back (train_sd3.py:658-685 at 879042c)."""
 
     states: torch.Tensor  # [B, T + 1, *latent] fp32: the initial noise, then each step's result
-    log_probs: torch.Tensor  # [B, T] fp32: each step's log-probability under the network that rolled out
+    log_probs: torch.Tensor  # [B, T] fp32: each step's log-probability under the network that rolled out (NaN: ODE)
+    start: torch.Tensor  # [B] the first SDE step of each sample (`sde_windows`; 0 with no window)
+    window: int = 0  # SdeSetting.window: the SDE steps from `start`, 0: every step
 
     def subset(self, index: torch.Tensor) -> "Trajectory":
-        index = index.to(self.states.device)
-        return Trajectory(self.states[index], self.log_probs[index])
+        at = index.to(self.states.device)
+        return Trajectory(self.states[at], self.log_probs[at], self.start[index.to(self.start.device)], self.window)
 
     @staticmethod
     def cat(parts: Sequence["Trajectory"]) -> "Trajectory":
-        return Trajectory(torch.cat([p.states for p in parts]), torch.cat([p.log_probs for p in parts]))
+        return Trajectory(torch.cat([p.states for p in parts]), torch.cat([p.log_probs for p in parts]),
+                          torch.cat([p.start for p in parts]), parts[0].window)
+
+    def trained_steps(self, span: int) -> torch.Tensor:
+        """[B, steps] the grid indices the update trains of each sample: its window, or with none the
+        first `span` in order (Flow-GRPO's range(num_train_timesteps), train_sd3.py:345, :869)."""
+        if self.window:
+            return self.start[:, None] + torch.arange(self.window)
+        return torch.arange(span).repeat(self.start.numel(), 1)
 
 
 @torch.no_grad()
 def sample_sde(velocity: Callable[[torch.Tensor, torch.Tensor, Any], torch.Tensor], noise: torch.Tensor, cond: Any,
                sigmas: torch.Tensor, seeds: list[int] | torch.Tensor,
                setting: SdeSetting) -> tuple[torch.Tensor, Trajectory]:
-    """Integrate from `noise` (sigma = 1) to sigma = 0 with `sde_step` at every step, each sample's step
-    noise drawn from its seed (`sde_noise`). Returns the final latents in `noise`'s dtype and the path.
-    The network is called on the fp32 state cast to `noise`'s dtype (the run's)."""
+    """Integrate from `noise` (sigma = 1) to sigma = 0 with `sde_step` at each sample's SDE steps (every step,
+    or its window: `sde_windows`), each sample's step noise drawn from its seed (`sde_noise`), and at the
+    others the reference's step at noise level 0, the Euler step x + dt v in fp32 (its log-probability NaN,
+    never trained; sd3_pipeline_with_logprob_fast.py:152-160). Returns the final latents in `noise`'s dtype
+    and the path. The network is called on the fp32 state cast to `noise`'s dtype (the run's)."""
+    seeds = torch.as_tensor(seeds.tolist() if isinstance(seeds, torch.Tensor) else list(seeds), dtype=torch.long)
+    steps = len(sigmas) - 1
+    start = sde_windows(seeds, steps, setting.window)
     dtype = noise.dtype
     x = noise.float()
     states, log_probs = [x], []
-    for i in range(len(sigmas) - 1):
-        v = velocity(x.to(dtype), torch.full((x.shape[0],), float(sigmas[i]), device=x.device), cond)
-        step = sde_step(x, v, sigmas, i, setting.eta, kind=setting.kind, seeds=seeds)
-        x = step.prev_sample
+    for i in range(steps):
+        v = velocity(x.to(dtype), torch.full((x.shape[0],), float(sigmas[i]), device=x.device), cond).float()
+        on = (start <= i) & (i < start + setting.window) if setting.window else torch.ones_like(start, dtype=torch.bool)
+        if bool(on.all()):
+            step = sde_step(x, v, sigmas, i, setting.eta, kind=setting.kind, seeds=seeds)
+            x, log_prob = step.prev_sample, step.log_prob
+        else:
+            rows = torch.nonzero(on).flatten()
+            nxt = x + (sigmas[i + 1] - sigmas[i]).to(x.device) * v
+            log_prob = torch.full((x.shape[0],), float("nan"), device=x.device)
+            if rows.numel():
+                at = rows.to(x.device)
+                step = sde_step(x[at], v[at], sigmas, i, setting.eta, kind=setting.kind, seeds=seeds[rows])
+                nxt[at], log_prob[at] = step.prev_sample, step.log_prob
+            x = nxt
         states.append(x)
-        log_probs.append(step.log_prob)
-    return x.to(dtype), Trajectory(torch.stack(states, dim=1), torch.stack(log_probs, dim=1))
+        log_probs.append(log_prob)
+    return x.to(dtype), Trajectory(torch.stack(states, dim=1), torch.stack(log_probs, dim=1), start, setting.window)

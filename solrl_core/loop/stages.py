@@ -132,7 +132,7 @@ def rollout_sde(alg: AlgorithmConfig) -> SdeSetting | None:
     """The sampler of the samples the loss trains on: flow_grpo's SDE (it trains on the path's
     log-probabilities, sampled at sample.noise_level: train_sd3.py:643-656 at 879042c); None, the run's
     ODE solver, for nft and awm, which train on the final latents alone."""
-    return SdeSetting(alg.sde_eta, alg.sde_kind) if alg.loss == "flow_grpo" else None
+    return SdeSetting(alg.sde_eta, alg.sde_kind, alg.sde_window) if alg.loss == "flow_grpo" else None
 
 
 def quantized_copy(run: Run) -> bool:

@@ -61,7 +61,8 @@ def update(run: Run, batch: RolloutBatch, advantages: torch.Tensor, rng: np.rand
     per_sample = min(max(1, int(run.plan.full_steps * alg.timestep_fraction)), grid.numel())
     n = len(batch.prompts)
     gens = [torch.Generator().manual_seed(int(s)) for s in rng.integers(0, 2**63 - 1, size=samples)[local]]
-    picks = train_timesteps(gens, grid.numel(), per_sample, alg)
+    picks = train_timesteps(gens, grid.numel(), per_sample, alg) if batch.trajectory is None else \
+        batch.trajectory.trained_steps(per_sample)
     per_sample = picks.shape[1]
     cond = run.engine.conditioning(batch.prompts)
     micro = cfg.optimizer.micro_batch
@@ -101,10 +102,7 @@ def train_timesteps(gens: list[torch.Generator], grid_size: int, span: int, alg:
     subset: a random `span` of the `grid_size` (DiffusionNFT's). stratified: AWM's 'discrete' draw
     (scripts/train_sd3_awm.py:1172-1180): boundaries linspace(0, span, strata + 1), one index
     lower + trunc(u (upper - lower)) in each stratum, u ~ U[0, 1) (there one draw per micro-batch).
-    algorithm.loss=flow_grpo: the first `span` steps in order, for every sample (Flow-GRPO's
-    `range(num_train_timesteps)`, scripts/train_sd3.py:345, :869 at 879042c)."""
-    if alg.loss == "flow_grpo":
-        return torch.arange(span).repeat(len(gens), 1)
+    (algorithm.loss=flow_grpo trains the steps its rollouts' paths name: Trajectory.trained_steps.)"""
     if alg.train_timesteps == "stratified":
         bounds = torch.linspace(0, span, alg.strata + 1)
         lower, upper = bounds[:-1].long(), bounds[1:].long()
