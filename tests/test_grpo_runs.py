@@ -131,11 +131,13 @@ def test_flow_grpo_settings_out_of_range_are_refused(setting, named):
 
 @pytest.mark.slow
 def test_a_sol_rl_flow_grpo_run_resumes_bit_for_bit_and_its_rollouts_follow_the_policy(tmp_path, monkeypatch):
-    gaps = _gaps(monkeypatch)
+    gaps, lanes, real_lanes = _gaps(monkeypatch), [], update._lanes
+    monkeypatch.setattr(update, "_lanes", lambda run: lanes.append(real_lanes(run)) or lanes[-1])
     train_recording(_sets(tmp_path / "straight"))
     train_recording(_sets(tmp_path / "stopped"), stop_after=1)
     train_recording(_sets(tmp_path / "stopped"), resume=True)
     assert len(gaps) == 8 and max(gaps) <= 5e-7  # iteration 2 rolls out on the adapter after step 1
+    assert min(lanes) > 1  # no v_old to run on the old adapter: the micro-steps side by side, with no rollout copy
     one, two = saved_adapters(tmp_path / "straight", 2), saved_adapters(tmp_path / "stopped", 2)
     assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)
     for key in [k for k in one if k.startswith("/")]:  # old decay 0: the old adapter is the trained one

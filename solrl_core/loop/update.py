@@ -168,16 +168,19 @@ def _targets(run: Run, steps: list[_Inputs], lanes: int) -> list[Targets]:
     of all (the policy with no adapter, switched once for all of them)."""
     old = torch.no_grad()(lambda s: old_velocity(run, s.x_in, s.sigma, s.cond))
     ref = torch.no_grad()(lambda s: _policy_velocity(run, s.x_in, s.sigma, s.cond))
-    alg = run.config.algorithm
-    # AWM weighs v_old only in its anchor, which enters beside the KL: no forward for a term that is not there
-    # flow_grpo's old policy is the rollout's, whose log-probabilities the batch holds
-    needs_old = alg.loss == "nft" or (alg.loss == "awm" and alg.kl_beta != 0 and alg.awm_anchor_beta != 0)
-    v_olds = map_in_lanes(old, steps, lanes) if needs_old else [None] * len(steps)
+    v_olds = map_in_lanes(old, steps, lanes) if _needs_old(run.config.algorithm) else [None] * len(steps)
     v_refs: list[torch.Tensor | None] = [None] * len(steps)
     if run.config.algorithm.kl_beta != 0:  # the reference only enters the loss through kl_beta: no forward for nothing
         with run.engine.policy.use(None):
             v_refs = map_in_lanes(ref, steps, lanes)
     return list(zip(v_olds, v_refs))
+
+
+def _needs_old(alg: AlgorithmConfig) -> bool:
+    """Whether the loss weighs v_old: AWM only in its anchor, which enters beside the KL (no forward for a
+    term that is not there); flow_grpo never (its old policy is the rollout's, whose log-probabilities the
+    batch holds)."""
+    return alg.loss == "nft" or (alg.loss == "awm" and alg.kl_beta != 0 and alg.awm_anchor_beta != 0)
 
 
 def _micro_step(run: Run, step: _Inputs, targets: Targets,
@@ -256,10 +259,11 @@ def _skipped(x0: torch.Tensor) -> torch.Tensor:
 
 def _lanes(run: Run) -> int:
     """How many micro-steps run side by side (runtime/lanes.py): the engine's CPU lanes, for an eager
-    update in one process whose v_old comes from the rollout copy (the old adapter, like the reference
-    forward, is the policy's state, switched for all lanes at once: `_targets`)."""
+    update in one process whose v_old comes from the rollout copy or is not needed (the old adapter, like
+    the reference forward, is the policy's state, switched for all lanes at once: `_targets`)."""
     engine = run.engine
-    if run.world_size > 1 or run.sharded or engine.compiled_update or engine.rollout_copy is None:
+    if (run.world_size > 1 or run.sharded or engine.compiled_update
+            or (engine.rollout_copy is None and _needs_old(run.config.algorithm))):
         return 1
     return engine.lanes_for("trained")
 
