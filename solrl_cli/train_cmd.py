@@ -38,8 +38,9 @@ NoEval = Annotated[bool, typer.Option("--no-eval", help="Skip the evaluations (t
                                        "faster, but no held-out scores, warnings of reward hacking or pictures.")]
 Verbose = Annotated[bool, typer.Option("--verbose", help="Print the machine's plan, the model's FLOPs and each "
                                        "iteration's phase times, memory and MFU in full (always in RUN/events.jsonl).")]
-Loss = Annotated[Optional[str], typer.Option("--loss", help="The update's loss: nft (the default, Sol-RL's) or awm "
-                                                           "(Advantage Weighted Matching); algorithm.loss.")]
+Loss = Annotated[Optional[str], typer.Option("--loss", help="The update's loss: nft (the default, Sol-RL's), awm "
+                                                           "(Advantage Weighted Matching) or flow_grpo (Flow-GRPO); "
+                                                           "algorithm.loss.")]
 DumpConfig = Annotated[bool, typer.Option("--dump-config", help="Print the resolved config as TOML and exit.")]
 
 
