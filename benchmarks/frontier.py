@@ -81,7 +81,7 @@ NOT_DIGESTED = ("seed", "run_dir", "device", "threads")
 # so the recorded runs stay keyed; set to anything else, digested.
 LATER_SETTINGS = {"algorithm": {"loss": "nft", "awm_power": 0.25, "awm_anchor_beta": 1.0, "train_timesteps": "subset",
                                 "strata": 6, "sde_eta": 0.7, "sde_kind": "sde", "clip_range": 1e-4,
-                                "sde_window": 0}}
+                                "sde_window": 0}, "optimizer": {"steps_per_iteration": 1}}
 
 Trainer = Callable[[list[str], int], dict[str, Any]]
 Digest = Callable[[list[str]], str]

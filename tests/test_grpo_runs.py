@@ -118,7 +118,20 @@ def test_a_flow_grpo_run_with_a_window_trains_its_steps(tmp_path, monkeypatch):
     assert set(indices[0]) <= {0, 1} and len(indices[0]) == 8
 
 
-@pytest.mark.parametrize("setting,named", [("algorithm.sde_eta=0", "algorithm.sde_eta"),
+def test_two_optimizer_steps_an_iteration_each_train_half_and_the_second_sees_its_ratio_move(tmp_path, monkeypatch):
+    gaps = _gaps(monkeypatch)
+    session, seen = train_recording(_sets(tmp_path, "optimizer.steps_per_iteration=2"))
+    steps = {int(state["step"]) for state in session.run.optimizer.state.values()}
+    assert steps == {4}  # 2 iterations x 2 steps
+    # each iteration: 2 micro-steps of 4 samples a step; the first step's ratio is 1, the second's has moved
+    assert len(gaps) == 8 and max(gaps[0:2] + gaps[4:6]) <= 5e-7 and min(gaps[2:4] + gaps[6:8]) > 1e-5
+    finished = [e for e in seen if type(e).__name__ == "IterationFinished"]
+    assert len(finished) == 2 and all(e.loss["loss"] == e.loss["loss"] for e in finished)  # measured, not NaN
+
+
+@pytest.mark.parametrize("setting,named", [("optimizer.steps_per_iteration=0", "optimizer.steps_per_iteration"),
+                                           ("optimizer.steps_per_iteration=65", "over an iteration's 64 trained"),
+                                           ("algorithm.sde_eta=0", "algorithm.sde_eta"),
                                            ("algorithm.sde_window=6", "do not fit the first half of sampler.steps=10"),
                                            ("algorithm.sde_window=-1", "algorithm.sde_window"),
                                            ("algorithm.clip_range=0", "algorithm.clip_range"),
@@ -137,6 +150,12 @@ def test_a_sol_rl_flow_grpo_run_resumes_bit_for_bit_and_its_rollouts_follow_the_
     train_recording(_sets(tmp_path / "stopped"), stop_after=1)
     train_recording(_sets(tmp_path / "stopped"), resume=True)
     assert len(gaps) == 8 and max(gaps) <= 5e-7  # iteration 2 rolls out on the adapter after step 1
+    for run in ("two_straight", "two_stopped"):  # two optimizer steps an iteration resume alike
+        train_recording(_sets(tmp_path / run, "optimizer.steps_per_iteration=2"),
+                        stop_after=1 if "stop" in run else None)
+    train_recording(_sets(tmp_path / "two_stopped", "optimizer.steps_per_iteration=2"), resume=True)
+    a, b = saved_adapters(tmp_path / "two_straight", 2), saved_adapters(tmp_path / "two_stopped", 2)
+    assert all(torch.equal(a[k], b[k]) for k in a)
     assert min(lanes) > 1  # no v_old to run on the old adapter: the micro-steps side by side, with no rollout copy
     one, two = saved_adapters(tmp_path / "straight", 2), saved_adapters(tmp_path / "stopped", 2)
     assert one.keys() == two.keys() and all(torch.equal(one[k], two[k]) for k in one)

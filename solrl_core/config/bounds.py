@@ -17,7 +17,8 @@ RANGES: dict[str, tuple[float | None, float | None, bool, bool]] = {
     **dict.fromkeys(("sampler.steps", "explore.steps", "run.iterations", "run.prompts_per_iteration",
                      "sampler.rollout_batch", "optimizer.micro_batch", "run.checkpoint_every", "run.keep_checkpoints",
                      "model.lora_rank", "model.resolution", "sampler.eval_steps", "run.eval_every", "run.eval_seeds",
-                     "reward.batch_size", "explore.calibrate_prompts", "algorithm.strata"), _AT_LEAST_1),
+                     "reward.batch_size", "explore.calibrate_prompts", "algorithm.strata",
+                     "optimizer.steps_per_iteration"), _AT_LEAST_1),
     **dict.fromkeys(("explore.rank_check_every", "model.quant_min_dim", "run.image_every", "run.threads",
                      "reward.health_patience", "reward.health_min_std", "optimizer.max_nonfinite_steps",
                      "reward.retries",
@@ -81,7 +82,8 @@ def check_hacking(run: Any) -> None:
 
 
 def check_loss_settings(cfg: Any) -> None:
-    """The train timesteps and the SDE window against the steps (cfg: a schema.Config)."""
+    """The train timesteps and the SDE window against the steps, the optimizer steps against the samples
+    (cfg: a schema.Config)."""
     alg, steps = cfg.algorithm, cfg.sampler.steps
     span = int(steps * alg.timestep_fraction)
     if alg.train_timesteps == "stratified" and alg.strata > span:
@@ -91,6 +93,10 @@ def check_loss_settings(cfg: Any) -> None:
     if alg.loss == "flow_grpo" and alg.sde_window > steps // 2:
         raise SolrlError(f"algorithm.sde_window={alg.sde_window} steps do not fit the first half of "
                          f"sampler.steps={steps}", f"set algorithm.sde_window to at most {steps // 2}, or 0")
+    samples = cfg.selection.group_size * cfg.run.prompts_per_iteration
+    if cfg.optimizer.steps_per_iteration > samples:
+        raise SolrlError(f"optimizer.steps_per_iteration={cfg.optimizer.steps_per_iteration} steps over an iteration's "
+                         f"{samples} trained samples", f"set it to at most {samples}")
     if alg.loss == "flow_grpo" and alg.train_timesteps != "subset":
         raise SolrlError("algorithm.loss=flow_grpo trains the steps of its SDE, in order",
                          "drop algorithm.train_timesteps (stratified is AWM's)")

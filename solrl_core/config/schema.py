@@ -218,6 +218,8 @@ class OptimizerConfig:
                               "backward, the reference forward, and v_old when there is no rollout copy): auto (on "
                               "CUDA), true, false. One compiled module; each adapter state is its own graph, compiled "
                               "before iteration 1.")
+    steps_per_iteration: int = _f(1, "Optimizer steps per iteration, each on its share of the iteration's samples "
+                                      "(each process's, in order): 2 is Flow-GRPO's (config/grpo.py:98).")
     max_nonfinite_steps: int = _f(5, "Stop the run after this many optimizer steps in a row were skipped because the "
                                      "loss or gradient norm was NaN or infinite (each such step is skipped; 0 = never "
                                      "stop).")

@@ -224,7 +224,15 @@ def train(run: Run, finals: Scored, rng: np.random.Generator) -> UpdateResult:
     if usable is not finals.scores:
         batch = batch.subset(torch.nonzero(finals.screen.valid[finals.scores.local]).flatten())
     adv = advantages(run, usable, run.config.algorithm.adv_clip_max)[usable.local]  # std over every rank's rewards
-    return update(run, batch, adv, rng, usable.rewards.numel(), usable.local)
+    steps, n = run.config.optimizer.steps_per_iteration, len(batch.prompts)
+    if steps == 1:
+        return update(run, batch, adv, rng, usable.rewards.numel(), usable.local)
+    # several steps, each on its share of this rank's samples in order, as Flow-GRPO splits each GPU's epoch
+    # (config/grpo.py:98, :102): the later steps' ratios depart from 1, so its clip acts
+    cuts = [s * n // steps for s in range(steps + 1)]
+    parts = [update(run, batch.subset(torch.arange(lo, hi)), adv[lo:hi], rng, usable.rewards.numel(),
+                    slice(usable.local.start + lo, usable.local.start + hi)) for lo, hi in zip(cuts, cuts[1:])]
+    return UpdateResult.combined(parts, [hi - lo for lo, hi in zip(cuts, cuts[1:])])
 
 
 def after_step(run: Run, state: LoopState, bus: ev.EventBus, result: UpdateResult, finals: Scored) -> float:

@@ -58,8 +58,9 @@ differs, each with its reason in docs/official-settings.md ("Where solrl differs
   algorithm.old_decay_max (AWM's 0.3 by --set); no skipped first epochs; solrl's evaluation EMA;
   non-finite samples zeroed; run-dtype forwards
 - algorithm.loss=flow_grpo (docs/official-settings.md, "Flow-GRPO"): the SDE for the trained-on rollouts only;
-  one optimizer step per iteration (ratio 1); old decay 0 and no merged rollout copy (on-policy, exact
-  log-probabilities); step noise from (seed, step); trained steps from algorithm.timestep_fraction; no CFG
+  one optimizer step per iteration unless optimizer.steps_per_iteration (its 2); old decay 0 and no merged
+  rollout copy (on-policy, exact log-probabilities); step noise and window from the seed; trained steps from
+  algorithm.timestep_fraction; no CFG
 """
 
 from __future__ import annotations

@@ -45,6 +45,19 @@ class UpdateResult:
     def losses(self) -> dict[str, float]:
         return {"loss": self.loss, "policy": self.policy, "kl": self.kl}
 
+    @classmethod
+    def combined(cls, parts: list["UpdateResult"], sizes: list[int]) -> "UpdateResult":
+        """An iteration of several optimizer steps (optimizer.steps_per_iteration), each on `sizes[i]` samples:
+        the losses weighted by them, the non-finite terms summed, the mean gradient norm, stepped if any did."""
+        total = sum(sizes)
+
+        def mean(values: list[float]) -> float:
+            return sum(v * n for v, n in zip(values, sizes) if n) / total if total else math.nan
+
+        return cls(mean([r.loss for r in parts]), mean([r.policy for r in parts]), mean([r.kl for r in parts]),
+                   sum(r.nonfinite for r in parts), sum(r.grad_norm for r in parts) / len(parts),
+                   any(r.stepped for r in parts))
+
 
 def update(run: Run, batch: RolloutBatch, advantages: torch.Tensor, rng: np.random.Generator, samples: int,
            local: slice) -> UpdateResult:
