@@ -223,6 +223,19 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def report(rows: list[dict], seeds: list[int], results: Path, table_path: Path | None,
+           first_column: str = "point") -> list[str]:
+    """Print the table under its command, devices and load (and write it to `table_path`); returns the devices."""
+    devices = sorted({d for r in rows for d in r["devices"]})
+    text = (f"command: {shlex.join([sys.executable, *sys.argv])}\ndevice: {'; '.join(devices)}\nload (uptime, now): "
+            f"{load_text()}\nmean +- standard deviation over run seeds {' '.join(map(str, seeds))} (n per row); "
+            f"each run's load is in {results}\n\n{table(rows).replace('| point |', f'| {first_column} |', 1)}")
+    print(text)
+    if table_path:
+        table_path.write_text(text + "\n", encoding="utf-8")
+    return devices
+
+
 def figure(rows: list[dict], path: Path, title: str) -> None:
     """Held-out gain (y) against the fidelity fall (x), error bars one standard deviation over seeds."""
     import matplotlib
@@ -340,14 +353,7 @@ def main(argv: list[str] | None = None, trainer: Trainer | None = None, digest: 
     if not rows:
         print(f"no finished run of these points and seeds in {args.results}")
         return rows
-    devices = sorted({d for r in rows for d in r["devices"]})
-    head = (f"command: {shlex.join([sys.executable, *sys.argv])}\ndevice: {'; '.join(devices)}\nload (uptime, now): "
-            f"{load_text()}\nmean +- standard deviation over run seeds {' '.join(map(str, args.seeds))} (n per row); "
-            f"each run's load is in {args.results}")
-    text = head + "\n\n" + table(rows)
-    print(text)
-    if args.table:
-        args.table.write_text(text + "\n", encoding="utf-8")
+    devices = report(rows, args.seeds, args.results, args.table)
     figure(rows, args.figure, f"tiny world: held-out gain vs {FIDELITY} fall, mean +- sd over "
                               f"seeds\n{'; '.join(devices)}")
     print(f"figure: {args.figure}")

@@ -21,14 +21,12 @@ not run again.
 from __future__ import annotations
 
 import argparse
-import shlex
-import sys
 from pathlib import Path
 from typing import Any
 
 from _common import add_device_arg  # benchmarks/ is on sys.path when a script runs
-from frontier import (DOCS, config_digest, find_run, load_results, load_text, run_key, save_results, summarise,
-                      sweep, table, train_point)
+from frontier import (DOCS, config_digest, find_run, load_results, report, run_key, save_results, summarise, sweep,
+                      train_point)
 
 LOSSES = {"nft": [], "awm": ["algorithm.loss=awm"], "flow_grpo": ["algorithm.loss=flow_grpo"]}
 FAMILIES = ("sol_rl", "diffusionnft")
@@ -91,13 +89,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if not rows:
         print(f"no finished run of these losses, families and seeds in {args.results}")
         return rows
-    devices = sorted({d for r in rows for d in r["devices"]})
-    text = (f"command: {shlex.join([sys.executable, *sys.argv])}\ndevice: {'; '.join(devices)}\nload (uptime, now): "
-            f"{load_text()}\nmean +- standard deviation over run seeds {' '.join(map(str, args.seeds))} (n per row); "
-            f"each run's load is in {args.results}\n\n{table(rows).replace('| point |', '| family/loss |', 1)}")
-    print(text)
-    if args.table:
-        args.table.write_text(text + "\n", encoding="utf-8")
+    report(rows, args.seeds, args.results, args.table, first_column="family/loss")
     return rows
 
 

@@ -217,7 +217,11 @@ class Sampler:
         a wrapper's sigma x 1000 in fp32 is then that whole number to within one fp32 ulp)."""
         if not self.integer_timesteps:
             return lambda x, s, c: model.velocity(network, x, s, c)
-        return lambda x, s, c: model.velocity(network, x, (torch.floor(s.double() * 1000) / 1000).to(s.dtype), c)
+        return lambda x, s, c: model.velocity(network, x, self.seen_sigma(s), c)
+
+    def seen_sigma(self, sigma: torch.Tensor) -> torch.Tensor:
+        """The sigma the network is handed (`model_call`): trunc(sigma x 1000) / 1000 with integer_timesteps."""
+        return (torch.floor(sigma.double() * 1000) / 1000).to(sigma.dtype) if self.integer_timesteps else sigma
 
 
 def batch_slices(total: int, batch: int, groups: Sequence[int] | None = None) -> list[slice]:

@@ -164,9 +164,7 @@ def _path_inputs(run: Run, batch: RolloutBatch, chunk: slice, index: torch.Tenso
     rows = torch.arange(chunk.start, chunk.stop)
     xt = path.states[rows, index].to(device)
     sigmas = batch.sigmas.to(device)
-    sigma = sigmas[index.to(device)]
-    if run.engine.sampler.integer_timesteps:
-        sigma = (torch.floor(sigma.double() * 1000) / 1000).to(sigma.dtype)
+    sigma = run.engine.sampler.seen_sigma(sigmas[index.to(device)])
     return _Inputs(batch.latents[chunk].to(device), sigma, None, xt, xt.to(run.engine.dtype), cond.to(device),
                    adv.to(device), weight, prev=path.states[rows, index + 1].to(device), index=index, sigmas=sigmas,
                    old_log_prob=path.log_probs[rows, index].to(device))
